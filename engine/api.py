@@ -1,0 +1,133 @@
+"""The types every engine speaks: chat messages in, text pieces and stats out.
+
+The GUI, the sessions and the CLI use only these; `LocalEngine` (GGUF on this machine) and
+`RemoteEngine` (an OpenAI-compatible server) implement `Engine`.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal, Protocol, Union
+
+Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "cancelled", "stop_string", "error", "interrupted"]
+
+
+class EngineError(Exception):
+    """A problem the user should read (file, server, image, context...). Never a traceback."""
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """An image attached to a message: the encoded file bytes and where they came from."""
+
+    data: bytes
+    name: str = "image"
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> "ImagePart":
+        path = Path(path)
+        try:
+            return cls(path.read_bytes(), path.name)
+        except OSError as exc:
+            raise EngineError(f"{path}: cannot read image: {exc.strerror or exc}") from exc
+
+
+Part = Union[str, ImagePart]
+
+
+@dataclass
+class ChatMessage:
+    role: Role
+    parts: list[Part] = field(default_factory=list)
+
+    @classmethod
+    def text(cls, role: Role, text: str) -> "ChatMessage":
+        return cls(role, [text])
+
+    @property
+    def text_content(self) -> str:
+        return "".join(p for p in self.parts if isinstance(p, str))
+
+    @property
+    def images(self) -> list[ImagePart]:
+        return [p for p in self.parts if isinstance(p, ImagePart)]
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 1024
+    temperature: float = 0.15  # Mistral's recommended default for its instruct models
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the cache
+    prefilled_tokens: int = 0  # prompt tokens computed this turn
+    generated_tokens: int = 0
+    ttft_s: float = 0.0
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    context_used: int = 0
+    context_size: int = 0
+    finish_reason: FinishReason = "stop"
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    stats: GenerationStats
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        return self.stats.finish_reason
+
+
+PieceCallback = Callable[[str], None]
+
+
+class Engine(Protocol):
+    """What the GUI and sessions need from an engine; implementations are not thread-safe and
+    are owned by one worker thread."""
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def has_vision(self) -> bool: ...
+
+    def chat(
+        self,
+        messages: list[ChatMessage],
+        params: SamplingParams,
+        on_piece: PieceCallback | None = None,
+        cancel: threading.Event | None = None,
+        session_key: str | None = None,
+    ) -> GenerationResult:
+        """Generate the assistant reply to `messages` (the last one is the user's).
+
+        `session_key` names the chat so a local engine can reuse that chat's KV cache.
+        Raises EngineError with a readable message on any failure."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Triton kernels for quantized GGUF weights, each beside a plain-torch reference."""

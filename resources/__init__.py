@@ -1,0 +1,1 @@
+"""Data files: catalogue, icons, fonts."""

@@ -1,0 +1,12 @@
+import os
+import sys
+
+import torch
+
+# The Triton interpreter is read when kernels are decorated, so it must be set before any
+# kernels module is imported. With a GPU the real compiler runs instead.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
