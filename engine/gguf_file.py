@@ -1,0 +1,281 @@
+"""Memory-mapped GGUF reader that never trusts the file.
+
+Why not `gguf.GGUFReader`: it trusts counts and lengths from the header (a file claiming
+2^40 metadata entries makes it allocate or loop), and a damaged file surfaces as whatever
+numpy or struct raises. Here every count and length is checked against the bytes that are
+actually left, so any bad file ends in one `GGUFError` naming the file. The type tables
+(block sizes, type names) still come from the `gguf` package.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+MAX_NESTING = 4
+
+# GGUF metadata value types -> (struct format, size); 8 = string, 9 = array.
+_SCALARS = {
+    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+}
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
+          10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+
+
+class GGUFError(Exception):
+    """Any problem with a GGUF file; the message starts with the file's path."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # row-major (torch) order: the reverse of ggml's ne[]
+    ggml_type: int
+    offset: int  # absolute offset in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return GGMLQuantizationType(self.ggml_type).name
+
+
+def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
+    """Bytes of a tensor of `shape` (row-major) stored as `ggml_type`."""
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    count = 1
+    for d in shape:
+        count *= d
+    return count // block * type_size
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a buffer."""
+
+    def __init__(self, buf, path: Path):
+        self.buf, self.pos, self.size, self.path = buf, 0, len(buf), path
+
+    def fail(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {what}")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"truncated: {what} needs {n} bytes at offset {self.pos}, "
+                            f"file has {self.size}")
+
+    def scalar(self, vtype: int, what: str):
+        fmt, size = _SCALARS[vtype]
+        self.need(size, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def u32(self, what: str) -> int:
+        return self.scalar(4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar(10, what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail(f"{what} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+    def count(self, min_item_bytes: int, what: str) -> int:
+        """A count read from the file, refused if that many items could not fit in what is left."""
+        n = self.u64(what)
+        left = self.size - self.pos
+        if n * min_item_bytes > left:
+            raise self.fail(f"{what} is {n}, more than the {left} bytes left could hold")
+        return n
+
+    def value(self, vtype: int, what: str, depth: int = 0):
+        if vtype in _SCALARS:
+            return self.scalar(vtype, what)
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            if depth >= MAX_NESTING:
+                raise self.fail(f"{what}: arrays nested more than {MAX_NESTING} deep")
+            etype = self.u32(f"element type of {what}")
+            if etype in _SCALARS:
+                n = self.count(_SCALARS[etype][1], f"element count of {what}")
+                size = n * _SCALARS[etype][1]
+                arr = np.frombuffer(self.buf, dtype=_NUMPY[etype], count=n, offset=self.pos).copy()
+                self.pos += size
+                return arr.astype(bool) if etype == 7 else arr
+            if etype == _STRING:
+                n = self.count(8, f"element count of {what}")
+                return [self.string(f"{what}[{i}]") for i in range(n)]
+            if etype == _ARRAY:
+                n = self.count(12, f"element count of {what}")
+                return [self.value(_ARRAY, f"{what}[{i}]", depth + 1) for i in range(n)]
+            raise self.fail(f"{what}: unknown array element type {etype}")
+        raise self.fail(f"{what}: unknown metadata value type {vtype}")
+
+
+class GGUFFile:
+    """A typed, memory-mapped view of one GGUF file. Nothing is copied until a tensor is used."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < 24:
+                    raise GGUFError(f"{self.path}: not a GGUF file ({size} bytes, too short for a header)")
+                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise GGUFError(f"{self.path}: cannot open: {exc.strerror or exc}") from None
+        try:
+            self._parse()
+        except GGUFError:
+            self.close()
+            raise
+
+    def _parse(self) -> None:
+        cur = _Cursor(self._mm, self.path)
+        magic = bytes(self._mm[:4])
+        if magic != GGUF_MAGIC:
+            raise cur.fail(f"not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+        cur.pos = 4
+        self.version = cur.u32("version")
+        if self.version not in SUPPORTED_VERSIONS:
+            hint = " (a big-endian file?)" if struct.unpack("<I", struct.pack(">I", self.version))[0] in SUPPORTED_VERSIONS else ""
+            raise cur.fail(f"unsupported GGUF version {self.version}{hint}; "
+                           f"supported: {', '.join(map(str, SUPPORTED_VERSIONS))}")
+        n_tensors = cur.count(24, "tensor count")  # name length + dims + type + offset
+        n_kv = cur.count(12, "metadata entry count")  # key length + value type
+
+        self.kv: dict[str, Any] = {}
+        for i in range(n_kv):
+            key = cur.string(f"metadata key #{i}")
+            vtype = cur.u32(f"value type of '{key}'")
+            if key in self.kv:
+                raise cur.fail(f"metadata key '{key}' appears twice")
+            self.kv[key] = cur.value(vtype, f"metadata '{key}'")
+
+        alignment = self.kv.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment % 8 or alignment > 1 << 20:
+            raise cur.fail(f"general.alignment {alignment!r} is not a positive multiple of 8")
+
+        infos = []
+        for i in range(n_tensors):
+            name = cur.string(f"name of tensor #{i}")
+            n_dims = cur.u32(f"dimension count of tensor '{name}'")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise cur.fail(f"tensor '{name}' has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+            ne = [cur.u64(f"dimension of tensor '{name}'") for _ in range(n_dims)]
+            ggml_type = cur.u32(f"type of tensor '{name}'")
+            offset = cur.u64(f"offset of tensor '{name}'")
+            infos.append((name, ne, ggml_type, offset))
+
+        data_start = -(-cur.pos // alignment) * alignment
+        self.data_offset = data_start
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, ne, ggml_type, offset in infos:
+            self.tensors[name] = self._tensor_info(cur, name, ne, ggml_type, offset, data_start, alignment)
+
+        arch = self.kv.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise cur.fail("general.architecture is missing (every GGUF model file has it)")
+        self.architecture = arch
+
+    def _tensor_info(self, cur: _Cursor, name, ne, ggml_type, offset, data_start, alignment) -> TensorInfo:
+        if name in self.tensors:
+            raise cur.fail(f"tensor '{name}' appears twice")
+        try:
+            qtype = GGMLQuantizationType(ggml_type)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise cur.fail(f"tensor '{name}' has unknown GGML type {ggml_type}") from None
+        if any(d == 0 for d in ne):
+            raise cur.fail(f"tensor '{name}' has a zero dimension {ne}")
+        if ne[0] % block:
+            raise cur.fail(f"tensor '{name}': row length {ne[0]} is not a multiple of "
+                           f"{qtype.name}'s block size {block}")
+        count = 1
+        for d in ne:
+            count *= d
+        nbytes = count // block * type_size
+        if offset % alignment:
+            raise cur.fail(f"tensor '{name}': data offset {offset} is not aligned to {alignment}")
+        start = data_start + offset
+        if start + nbytes > cur.size:
+            raise cur.fail(f"tensor '{name}' ({qtype.name}, shape {tuple(reversed(ne))}, {nbytes} bytes) "
+                           f"runs past the end of the file (needs bytes {start}..{start + nbytes}, "
+                           f"file has {cur.size}): truncated download?")
+        return TensorInfo(name, tuple(reversed(ne)), int(qtype), start, nbytes)
+
+    # -- metadata ---------------------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.kv.get(key, default)
+
+    def arch(self, suffix: str, default: Any = None) -> Any:
+        """A key under this file's own architecture prefix, e.g. arch('block_count')."""
+        return self.kv.get(f"{self.architecture}.{suffix}", default)
+
+    # -- tensors ----------------------------------------------------------------------------
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a zero-copy uint8 view of the mapped file."""
+        info = self._info(name)
+        return np.frombuffer(self._mm, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+
+    def array(self, name: str) -> np.ndarray:
+        """An F32/F16/BF16 tensor as a numpy array of its shape (BF16 widened to float32)."""
+        info = self._info(name)
+        raw = self.raw(name)
+        if info.ggml_type == GGMLQuantizationType.F32:
+            return raw.view("<f4").reshape(info.shape)
+        if info.ggml_type == GGMLQuantizationType.F16:
+            return raw.view("<f2").reshape(info.shape)
+        if info.ggml_type == GGMLQuantizationType.BF16:
+            return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
+        raise GGUFError(f"{self.path}: tensor '{name}' is {info.type_name}, not a float type")
+
+    def _info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise GGUFError(f"{self.path}: tensor '{name}' is missing") from None
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def close(self) -> None:
+        mm = getattr(self, "_mm", None)
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # numpy views still point into the map; it closes when they are gone
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"GGUFFile({str(self.path)!r}, arch={self.architecture!r}, tensors={len(self.tensors)})"
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    return GGUFFile(path)
