@@ -1,2 +1,93 @@
-def main(argv=None):
-    print("tramontane-cli")
+"""`tramontane-cli`: the engine from a terminal.
+
+Every error a user can cause (missing file, refused architecture, bad image, context overflow)
+ends as one line on stderr naming the file, and a non-zero exit code — never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .api import EngineError
+from .gguf_file import GGUFError, open_gguf
+
+
+def _info(args) -> int:
+    from .model_file import describe, find_mmproj
+
+    with open_gguf(args.model) as gf:
+        info = describe(gf)
+    if info.get("architecture") != "clip":
+        mmproj = find_mmproj(args.model)
+        info["projector_found"] = str(mmproj) if mmproj else None
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for k, v in value.items():
+                print(f"  {k}: {v}")
+        else:
+            print(f"{key.ljust(width)}  {value}")
+    return 0 if info.get("kind") != "unsupported" else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tramontane-cli", description=__doc__.splitlines()[0])
+    from tramontane import __version__
+
+    parser.add_argument("--version", action="version", version=f"tramontane {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("info", help="describe a GGUF file (architecture, sizes, quant types, tokenizer)")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_info)
+
+    p = sub.add_parser("tokenize", help="token ids of TEXT (without BOS)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("text")
+    p.set_defaults(func=lambda a: _lazy("cli_tokenize", "tokenize_main")(a.model, a.text, a.json))
+
+    _add_optional(sub, "cli_run", "add_parsers")
+    _add_optional(sub, "models_cli", "add_parser")
+    return parser
+
+
+def _lazy(module: str, name: str):
+    import importlib
+
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+
+def _add_optional(sub, module: str, name: str) -> None:
+    """Subcommands that live in their own modules register themselves."""
+    try:
+        register = _lazy(module, name)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.{module}":
+            raise
+        return
+    register(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (GGUFError, EngineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"error: {exc.filename}: no such file", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
