@@ -1,0 +1,550 @@
+"""Resumable, verified model downloads.
+
+A download writes `<final>.part` plus a small JSON sidecar `<final>.part.json` (repo, file,
+revision, url, size, sha256, etag). The byte count already on disk is the part file's size,
+so a dropped connection, a pause, or an app restart continues with an HTTP `Range` request
+instead of starting over (huggingface_hub itself resumes only within one call and deletes
+its partial file on failure). The file gets its final name only after its size and sha256
+match what the hub published, so a file with the final name is always a verified one.
+
+`DownloadManager` runs each download on a worker thread and reports plain
+`DownloadStatus` snapshots to listener callables (called from worker threads: a GUI must
+hop to its own thread, e.g. by emitting a Qt signal).
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+from .hub import Hub, HubError, translate_error
+
+PART_SUFFIX = ".part"
+SIDECAR_SUFFIX = ".part.json"
+CHUNK_SIZE = 1 << 20
+SPACE_RESERVE = 64 << 20  # keep this much free beyond the file itself
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_GIT_OID_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+class DownloadState(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"
+    VERIFYING = "verifying"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (DownloadState.DONE, DownloadState.FAILED, DownloadState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class DownloadRequest:
+    repo_id: str
+    filename: str  # path inside the repo
+    revision: str = "main"
+    sha256: str | None = None  # expected; else taken from the hub (LFS) at start
+    size: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.repo_id}/{self.filename}@{self.revision}"
+
+
+@dataclass(frozen=True)
+class DownloadStatus:
+    """A snapshot of one download, handed to listeners."""
+
+    key: str
+    request: DownloadRequest
+    state: DownloadState
+    path: Path  # the final (verified) file
+    done_bytes: int = 0
+    total_bytes: int | None = None
+    speed_bps: float = 0.0
+    eta_s: float | None = None
+    error: str | None = None
+    error_kind: str | None = None  # gated, not_found, network, no_space, checksum, offline, io
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total_bytes:
+            return None
+        return min(1.0, self.done_bytes / self.total_bytes)
+
+
+Listener = Callable[[DownloadStatus], None]
+
+
+def safe_repo_path(path: str) -> PurePosixPath:
+    """A repo-relative path that cannot escape the target folder."""
+    p = PurePosixPath(path)
+    if p.is_absolute() or not p.parts or any(part in ("..", "") for part in p.parts):
+        raise HubError(f"{path!r}: not a safe file path inside a repository", "bad_data")
+    return p
+
+
+def repo_folder(models_dir: Path, repo_id: str) -> Path:
+    """Each repo gets its own folder so projectors of different models never mix."""
+    owner_name = "__".join(safe_repo_path(repo_id).parts)
+    return Path(models_dir) / owner_name
+
+
+def final_path(models_dir: Path, request: DownloadRequest) -> Path:
+    return repo_folder(models_dir, request.repo_id).joinpath(*safe_repo_path(request.filename).parts)
+
+
+def part_path(final: Path) -> Path:
+    return final.with_name(final.name + PART_SUFFIX)
+
+
+def sidecar_path(final: Path) -> Path:
+    return final.with_name(final.name + SIDECAR_SUFFIX)
+
+
+def git_blob_oid(path: Path) -> str:
+    """The git object id of a file (sha1 of 'blob <size>\\0' + bytes): what the hub gives
+    as the etag of small, non-LFS files."""
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK_SIZE), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_file(path: Path, progress: Callable[[int], None] | None = None,
+                stop: threading.Event | None = None) -> str:
+    h = hashlib.sha256()
+    done = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK_SIZE), b""):
+            if stop is not None and stop.is_set():
+                raise _Interrupted()
+            h.update(chunk)
+            done += len(chunk)
+            if progress:
+                progress(done)
+    return h.hexdigest()
+
+
+class _Interrupted(Exception):
+    """Raised inside a worker when pause or cancel was asked for."""
+
+
+class _Restart(Exception):
+    """The server's file changed or ignored our Range: start from byte 0."""
+
+
+class _Task:
+    def __init__(self, request: DownloadRequest, path: Path):
+        self.request = request
+        self.path = path
+        self.state = DownloadState.QUEUED
+        self.done_bytes = 0
+        self.total_bytes = request.size
+        self.speed_bps = 0.0
+        self.error: str | None = None
+        self.error_kind: str | None = None
+        self.stop = threading.Event()  # set for pause and cancel
+        self.cancel_requested = False
+        self.finished = threading.Event()
+        self.future = None
+
+    def status(self) -> DownloadStatus:
+        eta = None
+        if self.speed_bps > 0 and self.total_bytes:
+            eta = max(0.0, (self.total_bytes - self.done_bytes) / self.speed_bps)
+        return DownloadStatus(self.request.key, self.request, self.state, self.path,
+                              self.done_bytes, self.total_bytes, self.speed_bps, eta,
+                              self.error, self.error_kind)
+
+
+@dataclass
+class _Speed:
+    """Bytes per second over a sliding window of a few seconds."""
+
+    window_s: float = 3.0
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, t: float, total: int) -> float:
+        self.samples.append((t, total))
+        while len(self.samples) > 2 and t - self.samples[0][0] > self.window_s:
+            self.samples.pop(0)
+        t0, b0 = self.samples[0]
+        return (total - b0) / (t - t0) if t > t0 else 0.0
+
+
+class DownloadManager:
+    """Downloads hub files into `models_dir`, several at once, resumable and verified."""
+
+    def __init__(self, models_dir: str | os.PathLike, hub: Hub | None = None,
+                 max_parallel: int = 3, chunk_size: int = CHUNK_SIZE, max_retries: int = 5,
+                 retry_delay_s: float = 1.0, progress_interval_s: float = 0.2,
+                 read_timeout_s: float = 30.0):
+        self.models_dir = Path(models_dir)
+        self.hub = hub or Hub()
+        self.chunk_size = chunk_size
+        self.max_retries = max_retries
+        self.retry_delay_s = retry_delay_s
+        self.progress_interval_s = progress_interval_s
+        self.read_timeout_s = read_timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="download")
+        self._tasks: dict[str, _Task] = {}
+        self._listeners: list[Listener] = []
+        self._lock = threading.Lock()
+
+    # -- listeners ------------------------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _notify(self, task: _Task) -> None:
+        status = task.status()
+        for listener in list(self._listeners):
+            try:
+                listener(status)
+            except Exception:  # noqa: BLE001 - a broken listener must not kill a download
+                pass
+
+    # -- control --------------------------------------------------------------------------
+
+    def start(self, request: DownloadRequest) -> DownloadStatus:
+        """Queue a download (or resume a paused/failed one with the same key)."""
+        with self._lock:
+            task = self._tasks.get(request.key)
+            if task is not None and not task.finished.is_set():
+                return task.status()  # already queued or running
+            if task is None or task.state in (DownloadState.DONE, DownloadState.CANCELLED):
+                task = _Task(request, final_path(self.models_dir, request))
+                self._tasks[request.key] = task
+            task.stop.clear()
+            task.finished.clear()
+            task.cancel_requested = False
+            task.error = task.error_kind = None
+            task.state = DownloadState.QUEUED
+            task.future = self._pool.submit(self._run, task)
+        self._notify(task)
+        return task.status()
+
+    def pause(self, key: str) -> None:
+        task = self._tasks.get(key)
+        if task is not None and not task.finished.is_set():
+            task.stop.set()
+
+    def resume(self, key: str) -> DownloadStatus:
+        task = self._tasks[key]
+        return self.start(task.request)
+
+    def cancel(self, key: str) -> None:
+        """Stop the download and delete its partial file (a paused one too)."""
+        task = self._tasks.get(key)
+        if task is None:
+            return
+        with self._lock:
+            task.cancel_requested = True
+            task.stop.set()
+            running = not task.finished.is_set()
+        if not running and task.state != DownloadState.DONE:
+            self._discard_part(task.path)
+            task.state = DownloadState.CANCELLED
+            self._notify(task)
+
+    def status(self, key: str) -> DownloadStatus:
+        return self._tasks[key].status()
+
+    def statuses(self) -> list[DownloadStatus]:
+        return [t.status() for t in list(self._tasks.values())]
+
+    def wait(self, key: str, timeout: float | None = None) -> DownloadStatus:
+        task = self._tasks[key]
+        task.finished.wait(timeout)
+        return task.status()
+
+    def unfinished_requests(self) -> list[DownloadRequest]:
+        """Downloads left as `.part` + sidecar by an earlier run (e.g. before a restart)."""
+        found = []
+        if not self.models_dir.is_dir():
+            return found
+        for side in sorted(self.models_dir.rglob("*" + SIDECAR_SUFFIX)):
+            try:
+                meta = json.loads(side.read_text("utf-8"))
+                req = DownloadRequest(meta["repo_id"], meta["filename"],
+                                      meta.get("revision", "main"), meta.get("sha256"),
+                                      meta.get("size"))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            found.append(req)
+        return found
+
+    def partial_bytes(self, request: DownloadRequest) -> int:
+        part = part_path(final_path(self.models_dir, request))
+        return part.stat().st_size if part.exists() else 0
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Pause everything (parts stay for the next run) and stop the workers."""
+        for task in list(self._tasks.values()):
+            if not task.finished.is_set():
+                task.stop.set()
+        self._pool.shutdown(wait=wait)
+
+    # -- the worker -----------------------------------------------------------------------
+
+    def _discard_part(self, final: Path) -> None:
+        for p in (part_path(final), sidecar_path(final)):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _fail(self, task: _Task, message: str, kind: str) -> None:
+        task.state = DownloadState.FAILED
+        task.error, task.error_kind = message, kind
+
+    def _run(self, task: _Task) -> None:
+        try:
+            task.state = DownloadState.RUNNING
+            self._notify(task)
+            self._download(task)
+            task.state = DownloadState.DONE
+        except _Interrupted:
+            if task.cancel_requested:
+                self._discard_part(task.path)
+                task.state = DownloadState.CANCELLED
+            else:
+                task.state = DownloadState.PAUSED
+        except HubError as exc:
+            self._fail(task, str(exc), exc.kind)
+        except OSError as exc:
+            kind = "no_space" if getattr(exc, "errno", None) == 28 else "io"
+            self._fail(task, f"{task.path}: cannot write the download: {exc.strerror or exc}",
+                       kind)
+        except Exception as exc:  # noqa: BLE001 - never let a worker die silently
+            self._fail(task, f"{task.request.key}: {type(exc).__name__}: {exc}", "io")
+        finally:
+            task.speed_bps = 0.0
+            task.finished.set()
+            self._notify(task)
+
+    def _download(self, task: _Task) -> None:
+        req, final = task.request, task.path
+        part, side = part_path(final), sidecar_path(final)
+        if final.exists() and not part.exists():
+            # Only verified files ever get the final name, so this one is ready.
+            if req.size is None or final.stat().st_size == req.size:
+                task.done_bytes = task.total_bytes = final.stat().st_size
+                return
+        label = f"{req.repo_id}/{req.filename}"
+        remote = self.hub.remote_file(req.repo_id, req.filename, req.revision)
+        size = remote.size if remote.size is not None else req.size
+        etag = (remote.etag or "").strip('"').lower() or None
+        sha256 = (req.sha256 or "").lower() or None
+        if sha256 is None and etag and _SHA256_RE.match(etag):
+            sha256 = etag  # LFS files: the etag is the content's sha256
+        if sha256 is None and not (etag and _GIT_OID_RE.match(etag)):
+            try:
+                sha256 = self.hub.file_info(req.repo_id, req.filename, req.revision).sha256
+            except HubError:
+                pass
+        git_oid = etag if sha256 is None and etag and _GIT_OID_RE.match(etag) else None
+        if size is None:
+            raise HubError(f"{label}: the hub did not tell the file size; refusing to download "
+                           "a file that cannot be checked.", "bad_data")
+        task.total_bytes = size
+        sidecar = {"repo_id": req.repo_id, "filename": req.filename, "revision": req.revision,
+                   "url": remote.url, "size": size, "sha256": sha256, "etag": etag,
+                   "commit": remote.commit}
+
+        # Continue a part only if it belongs to exactly this version of the file.
+        offset = 0
+        if part.exists():
+            try:
+                old = json.loads(side.read_text("utf-8"))
+            except (OSError, ValueError):
+                old = {}
+            same = all(old.get(k) == sidecar[k] for k in ("size", "sha256", "etag"))
+            offset = part.stat().st_size if same else 0
+            if offset > size:
+                offset = 0
+        free = shutil.disk_usage(final.parent if final.parent.exists() else
+                                 _existing_parent(final)).free
+        needed = size - offset
+        if free < needed + SPACE_RESERVE:
+            raise HubError(
+                f"{label}: not enough disk space in {final.parent}: needs "
+                f"{_gb(needed + SPACE_RESERVE)} free, {_gb(free)} available.", "no_space")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        side.write_text(json.dumps(sidecar, indent=1), "utf-8")
+        hasher = self._start_part(task, part, offset)
+
+        location = remote.location
+        retries = 0
+        while task.done_bytes < size:
+            if task.stop.is_set():
+                raise _Interrupted()
+            before = task.done_bytes
+            try:
+                self._fetch_range(task, location, part, hasher, size)
+            except _Restart:
+                hasher = self._start_part(task, part, 0)
+                continue
+            except HubError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - network trouble: retry, then report
+                if task.stop.is_set():
+                    raise _Interrupted() from exc
+                # Retries count failures in a row; an attempt that moved forward resets them.
+                retries = 1 if task.done_bytes > before else retries + 1
+                if retries > self.max_retries:
+                    raise HubError(
+                        f"{label}: the connection keeps failing ({type(exc).__name__}); "
+                        f"{_gb(task.done_bytes)} of {_gb(size)} are kept and the download "
+                        "can be resumed later.", "network") from exc
+                if task.stop.wait(self.retry_delay_s * 2 ** (retries - 1)):
+                    raise _Interrupted() from exc
+                # A CDN location is signed and expires: ask the hub again, and start over
+                # if the file changed meanwhile.
+                try:
+                    fresh = self.hub.remote_file(req.repo_id, req.filename, req.revision)
+                except HubError as hub_exc:
+                    if hub_exc.kind != "network":
+                        raise
+                    continue
+                if ((fresh.etag or "").strip('"').lower() or None) != etag or fresh.size != size:
+                    raise HubError(f"{label}: the file changed on the hub during the download; "
+                                   "start it again.", "changed")
+                location = fresh.location
+
+        task.state = DownloadState.VERIFYING
+        self._notify(task)
+        got_size = part.stat().st_size
+        if got_size != size:
+            self._discard_part(final)
+            raise HubError(f"{label}: size mismatch: expected {size} bytes, got {got_size}; the "
+                           "partial file was deleted.", "checksum")
+        if sha256 is not None:
+            digest = hasher.hexdigest()
+            if digest != sha256:
+                self._discard_part(final)
+                raise HubError(f"{label}: checksum mismatch: expected sha256 {sha256}, got "
+                               f"{digest}; the downloaded data was deleted.", "checksum")
+        elif git_oid is not None:
+            digest = git_blob_oid(part)
+            if digest != git_oid:
+                self._discard_part(final)
+                raise HubError(f"{label}: checksum mismatch: expected git oid {git_oid}, got "
+                               f"{digest}; the downloaded data was deleted.", "checksum")
+        os.replace(part, final)
+        try:
+            side.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _start_part(self, task: _Task, part: Path, offset: int):
+        """Hash the bytes already in the part (no network), or empty it when offset is 0."""
+        hasher = hashlib.sha256()
+        if offset == 0:
+            part.write_bytes(b"")
+        else:
+            with open(part, "r+b") as f:
+                f.truncate(offset)
+                for chunk in iter(lambda: f.read(self.chunk_size), b""):
+                    if task.stop.is_set():
+                        raise _Interrupted()
+                    hasher.update(chunk)
+        task.done_bytes = offset
+        self._notify(task)
+        return hasher
+
+    def _fetch_range(self, task: _Task, location: str, part: Path, hasher, size: int) -> bool:
+        """GET bytes done_bytes.. and append them; returns whether any byte arrived.
+        Raises transport errors for the caller to retry, HubError for hopeless answers."""
+        from huggingface_hub.utils import get_session
+
+        req = task.request
+        start = task.done_bytes
+        headers = self.hub.auth_headers(location)
+        headers["Range"] = f"bytes={start}-"
+        got_any = False
+        speed = _Speed()
+        last_note = 0.0
+        with get_session().stream("GET", location, headers=headers, follow_redirects=True,
+                                  timeout=self.read_timeout_s) as resp:
+            if resp.status_code == 416 and start == size:
+                return False
+            if resp.status_code == 200 and start > 0:
+                raise _Restart()  # server ignored Range; take the whole body from byte 0
+            if resp.status_code not in (200, 206):
+                if resp.status_code >= 500 or resp.status_code == 429:
+                    raise ConnectionError(f"HTTP {resp.status_code}")
+                resp.read()
+                try:
+                    from huggingface_hub.utils import hf_raise_for_status
+                    hf_raise_for_status(resp)
+                except Exception as exc:  # noqa: BLE001
+                    raise translate_error(exc, f"{req.repo_id}/{req.filename}") from exc
+                raise HubError(f"{req.repo_id}/{req.filename}: unexpected HTTP "
+                               f"{resp.status_code}", "http")
+            if resp.status_code == 206:
+                content_range = resp.headers.get("Content-Range", "")
+                m = re.match(r"bytes (\d+)-", content_range)
+                if not m or int(m.group(1)) != start:
+                    raise _Restart()
+            with open(part, "ab") as f:
+                for chunk in resp.iter_bytes(self.chunk_size):
+                    if task.stop.is_set():
+                        f.flush()
+                        raise _Interrupted()
+                    if task.done_bytes + len(chunk) > size:
+                        raise HubError(f"{req.repo_id}/{req.filename}: the server sent more than "
+                                       f"the announced {size} bytes.", "checksum")
+                    f.write(chunk)
+                    hasher.update(chunk)
+                    task.done_bytes += len(chunk)
+                    got_any = True
+                    now = time.monotonic()
+                    task.speed_bps = speed.add(now, task.done_bytes)
+                    if now - last_note >= self.progress_interval_s:
+                        last_note = now
+                        f.flush()
+                        self._notify(task)
+        if task.done_bytes < size:
+            raise ConnectionError(f"connection closed after {task.done_bytes} of {size} bytes")
+        return got_any
+
+
+def _existing_parent(path: Path) -> Path:
+    p = path.parent
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def verify_file(path: str | os.PathLike, sha256: str) -> bool:
+    """Whether a file on disk has the expected sha256."""
+    return sha256_file(Path(path)) == sha256.lower()
+
+
+__all__ = [
+    "DownloadManager", "DownloadRequest", "DownloadState", "DownloadStatus", "final_path",
+    "part_path", "sidecar_path", "repo_folder", "sha256_file", "verify_file", "git_blob_oid",
+]

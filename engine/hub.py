@@ -1,0 +1,414 @@
+"""Hugging Face hub access for the model manager: catalogue, search, file lists, metadata.
+
+Everything that talks to the hub goes through `Hub`, which takes the endpoint (a mirror or a
+test server), the token and the offline switch at construction time. huggingface_hub reads
+`HF_ENDPOINT` / `HF_HUB_OFFLINE` once at import, so we read them ourselves at call time and
+pass `endpoint=` explicitly everywhere.
+
+Every failure leaves as one `HubError` whose `kind` says what happened (gated, not_found,
+network, offline, http) and whose message a user can act on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import PurePosixPath
+from typing import Any
+
+from .api import EngineError
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+MMPROJ_RE = re.compile(r"mmproj", re.IGNORECASE)
+# Quantization names as they appear in GGUF file names (longest alternatives first).
+QUANT_RE = re.compile(
+    r"(?<![A-Za-z0-9])(IQ\d_(?:XXS|XS|S|M|NL)|Q\d_K_(?:XL|S|M|L)|Q\d_K|Q\d_\d|TQ\d_\d|"
+    r"BF16|F16|F32|FP16|FP32|MXFP4)(?![A-Za-z0-9])",
+    re.IGNORECASE,
+)
+_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class HubError(EngineError):
+    """A hub problem in words. kind: gated | not_found | network | offline | http | bad_data."""
+
+    def __init__(self, message: str, kind: str = "http"):
+        super().__init__(message)
+        self.kind = kind
+
+
+# ---------------------------------------------------------------------------------------
+# settings
+
+
+def hub_endpoint(setting: str | None = None) -> str:
+    """The hub base URL: the app setting, else `HF_ENDPOINT`, else huggingface.co."""
+    return (setting or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def offline_mode(setting: bool | None = None) -> bool:
+    """True when the app setting or `HF_HUB_OFFLINE` forbids the network."""
+    if setting is not None:
+        return bool(setting)
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+# ---------------------------------------------------------------------------------------
+# plain data
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a repo as the hub lists it."""
+
+    repo_id: str
+    path: str
+    size: int | None
+    sha256: str | None = None  # LFS files only; None for small git-stored files
+    revision: str = "main"
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.path).name
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.lower().endswith(".gguf")
+
+    @property
+    def is_mmproj(self) -> bool:
+        return self.is_gguf and bool(MMPROJ_RE.search(self.name))
+
+    @property
+    def quant(self) -> str | None:
+        return quant_from_name(self.name)
+
+
+@dataclass(frozen=True)
+class RepoSummary:
+    repo_id: str
+    downloads: int | None = None
+    likes: int | None = None
+    gated: bool = False
+    last_modified: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """A downloadable model file and the projector that gives it vision (or None)."""
+
+    model: HubFile
+    mmproj: HubFile | None
+
+    @property
+    def total_size(self) -> int | None:
+        if self.model.size is None or (self.mmproj and self.mmproj.size is None):
+            return None
+        return self.model.size + (self.mmproj.size if self.mmproj else 0)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """What a HEAD on the resolve URL tells us right before downloading."""
+
+    url: str  # the hub resolve URL
+    location: str  # where the bytes are (a CDN after a redirect, or `url`)
+    size: int | None
+    etag: str | None
+    commit: str | None
+
+
+def quant_from_name(name: str) -> str | None:
+    """'model-Q4_K_M.gguf' -> 'Q4_K_M' (upper case); None when the name carries none."""
+    stem = re.sub(r"\.gguf$", "", _SHARD_RE.sub(".gguf", name), flags=re.IGNORECASE)
+    found = QUANT_RE.findall(stem)
+    return found[-1].upper() if found else None
+
+
+_PROJ_PREFERENCE = ("F16", "BF16", "F32", "Q8_0")
+
+
+def pair_projectors(files: list[HubFile]) -> list[ModelChoice]:
+    """Pair every model GGUF of a repo with the projector it should use.
+
+    GGUF repos ship one or a few `mmproj` files for all quantizations; prefer f16 (what
+    llama.cpp converts to by default), then bf16, f32, q8_0, then the first by name."""
+    ggufs = [f for f in files if f.is_gguf]
+    projectors = sorted((f for f in ggufs if f.is_mmproj), key=lambda f: f.path)
+    models = sorted((f for f in ggufs if not f.is_mmproj), key=lambda f: f.path)
+
+    def rank(p: HubFile) -> tuple[int, str]:
+        q = p.quant or ""
+        return (_PROJ_PREFERENCE.index(q) if q in _PROJ_PREFERENCE else len(_PROJ_PREFERENCE), p.path)
+
+    best = min(projectors, key=rank) if projectors else None
+    choices = []
+    for m in models:
+        # A projector in the same folder as the model wins over one elsewhere in the repo.
+        folder = str(PurePosixPath(m.path).parent)
+        near = [p for p in projectors if str(PurePosixPath(p.path).parent) == folder]
+        choices.append(ModelChoice(m, min(near, key=rank) if near else best))
+    return choices
+
+
+# ---------------------------------------------------------------------------------------
+# catalogue
+
+
+@dataclass(frozen=True)
+class CatalogVariant:
+    quant: str
+    file: str | None  # None: resolved from the repo listing by quant at download time
+    size_gb: float | None
+    memory_gb: float | None
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    id: str
+    name: str
+    repo_id: str
+    license: str
+    vision: bool
+    description: str
+    variants: tuple[CatalogVariant, ...]
+    mmproj_file: str | None
+    mmproj_size_gb: float | None
+    gated: bool = False
+    notes: str = ""
+
+    def variant(self, quant: str | None = None) -> CatalogVariant:
+        if quant is None:
+            return self.variants[0]
+        for v in self.variants:
+            if v.quant.upper() == quant.upper():
+                return v
+        raise HubError(
+            f"catalogue entry {self.id!r} has no quantization {quant!r} "
+            f"(has {', '.join(v.quant for v in self.variants)})", "not_found")
+
+
+def _catalog_error(where: str, what: str) -> HubError:
+    return HubError(f"catalog.json: {where}: {what}", "bad_data")
+
+
+def parse_catalog(data: Any) -> list[CatalogEntry]:
+    """Validate catalogue JSON (a dict with `models`) into entries; errors name the field."""
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise _catalog_error("top level", "expected an object with a 'models' list")
+    entries = []
+    for i, m in enumerate(data["models"]):
+        where = f"models[{i}]"
+        if not isinstance(m, dict):
+            raise _catalog_error(where, "expected an object")
+        for key in ("id", "name", "repo_id", "license", "variants"):
+            if key not in m:
+                raise _catalog_error(where, f"missing field {key!r}")
+        if not isinstance(m["variants"], list) or not m["variants"]:
+            raise _catalog_error(f"{where}.variants", "expected a non-empty list")
+        variants = []
+        for j, v in enumerate(m["variants"]):
+            if not isinstance(v, dict) or "quant" not in v:
+                raise _catalog_error(f"{where}.variants[{j}]", "expected an object with 'quant'")
+            variants.append(CatalogVariant(str(v["quant"]), v.get("file"), v.get("size_gb"),
+                                           v.get("memory_gb")))
+        mmproj = m.get("mmproj") or {}
+        entries.append(CatalogEntry(
+            id=str(m["id"]), name=str(m["name"]), repo_id=str(m["repo_id"]),
+            license=str(m["license"]), vision=bool(m.get("vision", False)),
+            description=str(m.get("description", "")), variants=tuple(variants),
+            mmproj_file=mmproj.get("file"), mmproj_size_gb=mmproj.get("size_gb"),
+            gated=bool(m.get("gated", False)), notes=str(m.get("notes", "")),
+        ))
+    return entries
+
+
+def load_catalog() -> list[CatalogEntry]:
+    """The recommended models shipped in `tramontane.resources/catalog.json`."""
+    text = resources.files("tramontane.resources").joinpath("catalog.json").read_text("utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _catalog_error(f"line {exc.lineno}", exc.msg) from exc
+    return parse_catalog(data)
+
+
+# ---------------------------------------------------------------------------------------
+# the hub
+
+
+def translate_error(exc: BaseException, what: str) -> HubError:
+    """Turn a huggingface_hub / httpx exception into a HubError a user can act on."""
+    from huggingface_hub import errors as hf_errors
+
+    if isinstance(exc, HubError):
+        return exc
+    if isinstance(exc, hf_errors.GatedRepoError):
+        return HubError(
+            f"{what}: access denied — this is a gated repository. Accept its license on the "
+            "model's hub page while logged in, then set a hub access token (Settings, or the "
+            "HF_TOKEN environment variable).", "gated")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if status in (401, 403):
+        return HubError(
+            f"{what}: access denied ({status}). The repository may be gated or private: accept "
+            "its license on the hub and set a hub access token (Settings, or HF_TOKEN).", "gated")
+    if isinstance(exc, hf_errors.RepositoryNotFoundError):
+        return HubError(f"{what}: repository not found (404). Check the repository name.",
+                        "not_found")
+    if isinstance(exc, hf_errors.RevisionNotFoundError):
+        return HubError(f"{what}: revision not found (404).", "not_found")
+    if isinstance(exc, hf_errors.EntryNotFoundError) or status == 404:
+        return HubError(f"{what}: file not found in the repository (404).", "not_found")
+    if isinstance(exc, hf_errors.OfflineModeIsEnabled):
+        return HubError(f"{what}: offline mode is on; the hub is not contacted.", "offline")
+    if status is not None:
+        return HubError(f"{what}: the hub answered HTTP {status}.", "http")
+    if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or _is_transport_error(exc):
+        return HubError(f"{what}: cannot reach the hub (network down or server unreachable: "
+                        f"{type(exc).__name__}).", "network")
+    return HubError(f"{what}: {type(exc).__name__}: {exc}", "http")
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    try:
+        import httpx2
+        return isinstance(exc, httpx2.TransportError)
+    except ImportError:  # pragma: no cover - huggingface_hub always brings its HTTP client
+        return False
+
+
+class Hub:
+    """The hub as the model manager sees it; safe to use from worker threads."""
+
+    def __init__(self, endpoint: str | None = None, token: str | bool | None = None,
+                 offline: bool | None = None, timeout: float = 20.0):
+        self.endpoint = hub_endpoint(endpoint)
+        self.token = token  # None: huggingface_hub's own (HF_TOKEN or `hf auth login`)
+        self.offline = offline_mode(offline)
+        self.timeout = timeout
+
+    def _check_online(self, what: str) -> None:
+        if self.offline:
+            raise HubError(f"{what}: offline mode is on (HF_HUB_OFFLINE or the app setting); "
+                           "only models already on disk are available.", "offline")
+
+    def _api(self):
+        from huggingface_hub import HfApi
+        return HfApi(endpoint=self.endpoint, token=self.token)
+
+    def search(self, query: str, limit: int = 50) -> list[RepoSummary]:
+        """GGUF model repos whose name matches `query`, most downloaded first."""
+        what = f"searching the hub for {query!r}"
+        self._check_online(what)
+        try:
+            models = self._api().list_models(search=query or None, filter="gguf",
+                                             sort="downloads", limit=limit)
+            return [RepoSummary(m.id, m.downloads, m.likes, bool(m.gated),
+                                m.last_modified.isoformat() if m.last_modified else None)
+                    for m in models]
+        except Exception as exc:  # noqa: BLE001 - translated into words
+            raise translate_error(exc, what) from exc
+
+    def list_files(self, repo_id: str, revision: str = "main") -> list[HubFile]:
+        """Every file of the repo with its size and (for LFS files) sha256."""
+        from huggingface_hub.hf_api import RepoFile
+
+        what = f"listing {repo_id}"
+        self._check_online(what)
+        try:
+            tree = self._api().list_repo_tree(repo_id, recursive=True, revision=revision)
+            return [HubFile(repo_id, e.path, e.size, e.lfs.sha256 if e.lfs else None, revision)
+                    for e in tree if isinstance(e, RepoFile)]
+        except Exception as exc:  # noqa: BLE001
+            raise translate_error(exc, what) from exc
+
+    def gguf_files(self, repo_id: str, revision: str = "main") -> list[HubFile]:
+        return [f for f in self.list_files(repo_id, revision) if f.is_gguf]
+
+    def model_choices(self, repo_id: str, revision: str = "main") -> list[ModelChoice]:
+        return pair_projectors(self.gguf_files(repo_id, revision))
+
+    def file_info(self, repo_id: str, filename: str, revision: str = "main") -> HubFile:
+        """The listing entry for one file (size and sha256), or HubError not_found."""
+        for f in self.list_files(repo_id, revision):
+            if f.path == filename:
+                return f
+        raise HubError(f"{repo_id}: file {filename!r} not found in the repository (404).",
+                       "not_found")
+
+    def url(self, repo_id: str, filename: str, revision: str = "main") -> str:
+        from huggingface_hub import hf_hub_url
+        return hf_hub_url(repo_id, filename, revision=revision, endpoint=self.endpoint)
+
+    def remote_file(self, repo_id: str, filename: str, revision: str = "main") -> RemoteFile:
+        """HEAD the resolve URL: final location, size, etag, commit."""
+        from huggingface_hub import get_hf_file_metadata
+
+        what = f"{repo_id}/{filename}"
+        self._check_online(what)
+        url = self.url(repo_id, filename, revision)
+        try:
+            meta = get_hf_file_metadata(url, token=self.token, timeout=self.timeout,
+                                        endpoint=self.endpoint)
+        except Exception as exc:  # noqa: BLE001
+            raise translate_error(exc, what) from exc
+        return RemoteFile(url, meta.location or url, meta.size, meta.etag, meta.commit_hash)
+
+    def auth_headers(self, url: str) -> dict[str, str]:
+        """Headers for a GET of `url`; the token goes only to the hub's own host (a CDN
+        redirect target gets a signed URL instead, as huggingface_hub does)."""
+        from urllib.parse import urlparse
+
+        from huggingface_hub.utils import build_hf_headers
+
+        headers = build_hf_headers(token=self.token)
+        if urlparse(url).netloc != urlparse(self.endpoint).netloc:
+            headers.pop("authorization", None)
+            headers.pop("Authorization", None)
+        headers["Accept-Encoding"] = "identity"
+        return headers
+
+
+@dataclass
+class ResolvedChoice:
+    """A catalogue entry turned into concrete hub files (after listing the repo)."""
+
+    entry: CatalogEntry
+    model: HubFile
+    mmproj: HubFile | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def resolve_catalog_entry(hub: Hub, entry: CatalogEntry, quant: str | None = None
+                          ) -> ResolvedChoice:
+    """List the entry's repo and find the variant's model file and its projector."""
+    variant = entry.variant(quant)
+    files = hub.gguf_files(entry.repo_id)
+    by_path = {f.path: f for f in files}
+    warnings = []
+    if variant.file:
+        model = by_path.get(variant.file)
+        if model is None:
+            raise HubError(f"{entry.repo_id}: catalogue file {variant.file!r} is not in the "
+                           "repository any more (404).", "not_found")
+    else:
+        matches = [c.model for c in pair_projectors(files)
+                   if (c.model.quant or "").upper() == variant.quant.upper()
+                   and not _SHARD_RE.search(c.model.name)]
+        if not matches:
+            raise HubError(f"{entry.repo_id}: no single-file {variant.quant} GGUF in the "
+                           "repository.", "not_found")
+        model = matches[0]
+    mmproj = None
+    if entry.mmproj_file:
+        mmproj = by_path.get(entry.mmproj_file)
+        if mmproj is None:
+            warnings.append(f"projector {entry.mmproj_file!r} not in the repository; "
+                            "picked another")
+    if mmproj is None and entry.vision:
+        mmproj = next((c.mmproj for c in pair_projectors(files) if c.model == model), None)
+    return ResolvedChoice(entry, model, mmproj, warnings)
