@@ -1,0 +1,1056 @@
+"""Saved chats: one SQLite database per data dir that survives crashes and kill -9.
+
+Layout of a data dir (default `platformdirs.user_data_dir("Tramontane")`, or
+`$TRAMONTANE_DATA_DIR`, or the path given to `Store`):
+
+    chats.sqlite3 (+ -wal, -shm)   chats, messages, image references, settings
+    tramontane.lock                 OS lock held by the one app instance using this dir
+    images/aa/<sha256>.<ext>        every attached image, stored once by content
+
+Why it does not lose chats:
+* WAL journal + `synchronous=FULL`: each commit is fsynced to the WAL before it returns, so a
+  finished reply survives kill -9 *and* power loss / OS crash (NORMAL survives kill -9 but
+  may roll back the last commits on power loss). The store commits about once a second
+  while a reply streams, so one fsync per commit costs nothing anyone can notice.
+* A streaming reply is a row in state `streaming` whose text is checkpointed in its own
+  transaction; on the next open it is marked `interrupted` and keeps its partial text.
+* Image files are written (fsync + atomic rename) before the row that refers to them is
+  committed, and unlinked only after the row is gone, so a crash leaves at most an
+  unreferenced file, which the next open removes.
+* Schema changes are forward migrations keyed on `PRAGMA user_version`, run in one
+  transaction after copying the old database to `chats.sqlite3.v<N>.bak`.
+
+Pure Python + sqlite3 (no Qt) so the GUI worker thread and the CLI can both use it; one
+`Store` may be shared between threads (every call holds an internal lock).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ..engine.api import ChatMessage, GenerationStats, ImagePart
+
+DB_NAME = "chats.sqlite3"
+LOCK_NAME = "tramontane.lock"
+IMAGES_DIR = "images"
+DATA_DIR_ENV = "TRAMONTANE_DATA_DIR"
+
+ROLES = ("system", "user", "assistant", "tool")
+STATES = ("complete", "streaming", "interrupted")
+
+
+class StoreError(Exception):
+    """A problem with the chat database or data dir; the message says which file and why."""
+
+
+class StoreLockedError(StoreError):
+    """Another Tramontane instance holds the data dir."""
+
+
+class NotFoundError(StoreError):
+    """A chat or message id that does not exist (any more)."""
+
+
+# --------------------------------------------------------------------------- schema
+
+# Version 1 as first released. Never edit: old databases were created from exactly this.
+SCHEMA_V1 = """
+CREATE TABLE chats (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    title          TEXT NOT NULL,
+    created_at     REAL NOT NULL,
+    updated_at     REAL NOT NULL,
+    model_path     TEXT,
+    projector_path TEXT,
+    remote_url     TEXT,
+    remote_model   TEXT,
+    system_prompt  TEXT NOT NULL DEFAULT '',
+    settings_json  TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX chats_by_updated ON chats(updated_at);
+
+CREATE TABLE messages (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    chat_id          INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    position         INTEGER NOT NULL,
+    role             TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant', 'tool')),
+    text             TEXT NOT NULL DEFAULT '',
+    state            TEXT NOT NULL DEFAULT 'complete'
+                     CHECK (state IN ('complete', 'streaming', 'interrupted')),
+    finish_reason    TEXT,
+    prompt_tokens    INTEGER NOT NULL DEFAULT 0,
+    generated_tokens INTEGER NOT NULL DEFAULT 0,
+    ttft_s           REAL,
+    decode_tok_s     REAL,
+    created_at       REAL NOT NULL,
+    UNIQUE (chat_id, position)
+);
+
+CREATE TABLE images (
+    sha256     TEXT PRIMARY KEY,
+    ext        TEXT NOT NULL,
+    size       INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+
+CREATE TABLE message_images (
+    message_id  INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    idx         INTEGER NOT NULL,
+    sha256      TEXT NOT NULL REFERENCES images(sha256),
+    name        TEXT NOT NULL,
+    text_offset INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (message_id, idx)
+);
+CREATE INDEX message_images_by_sha ON message_images(sha256);
+
+CREATE TABLE settings (
+    key        TEXT PRIMARY KEY,
+    value_json TEXT NOT NULL
+);
+"""
+
+# v1 -> v2: pinned chats, and the KV-reuse / prefill numbers of each reply.
+MIGRATE_V1_TO_V2 = """
+ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE messages ADD COLUMN reused_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE messages ADD COLUMN prefill_tok_s REAL;
+"""
+
+# MIGRATIONS[n] brings a version-n database to version n + 1.
+MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2}
+SCHEMA_VERSION = 1 + len(MIGRATIONS)
+
+# The search index is derived data, not part of the versioned schema: it is (re)built on
+# open when FTS5 is available and dropped from use when it is not. The trigram tokenizer
+# makes FTS5 match case-insensitive substrings, the same thing the fallback scan does.
+_SEARCH_TRIGGERS = {
+    "message_search_ai": """
+        CREATE TRIGGER message_search_ai AFTER INSERT ON messages BEGIN
+            INSERT INTO message_search(rowid, text) VALUES (new.id, new.text);
+        END""",
+    "message_search_ad": """
+        CREATE TRIGGER message_search_ad AFTER DELETE ON messages BEGIN
+            INSERT INTO message_search(message_search, rowid, text)
+                VALUES ('delete', old.id, old.text);
+        END""",
+    "message_search_au": """
+        CREATE TRIGGER message_search_au AFTER UPDATE OF text ON messages BEGIN
+            INSERT INTO message_search(message_search, rowid, text)
+                VALUES ('delete', old.id, old.text);
+            INSERT INTO message_search(rowid, text) VALUES (new.id, new.text);
+        END""",
+}
+_TRIGRAM_MIN_CHARS = 3  # a trigram index cannot match shorter queries
+
+
+def fts5_trigram_available() -> bool:
+    """True when this Python's SQLite has FTS5 with the trigram tokenizer (SQLite >= 3.34)."""
+    try:
+        probe = sqlite3.connect(":memory:")
+        try:
+            probe.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='trigram')")
+        finally:
+            probe.close()
+        return True
+    except sqlite3.Error:
+        return False
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass
+class StoredImage:
+    sha256: str
+    ext: str
+    name: str  # the file name the user attached
+    text_offset: int  # where in the message text the image sits (0: before the text)
+    path: Path
+
+
+@dataclass
+class Message:
+    id: int
+    chat_id: int
+    position: int
+    role: str
+    text: str
+    state: str  # complete | streaming | interrupted
+    finish_reason: str | None
+    prompt_tokens: int
+    generated_tokens: int
+    reused_tokens: int
+    ttft_s: float | None
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+    created_at: float
+    images: list[StoredImage] = field(default_factory=list)
+
+
+@dataclass
+class ChatInfo:
+    """A chat without its messages, as listed in the sidebar."""
+
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    model_path: str | None
+    projector_path: str | None
+    remote_url: str | None  # set when the chat is bound to a server instead of a file
+    remote_model: str | None
+    system_prompt: str
+    settings: dict[str, Any]
+    pinned: bool
+    message_count: int
+
+
+@dataclass
+class Chat(ChatInfo):
+    messages: list[Message] = field(default_factory=list)
+
+
+# Columns a caller may set through create_chat / update_chat.
+_CHAT_FIELDS = (
+    "title", "model_path", "projector_path", "remote_url", "remote_model",
+    "system_prompt", "settings", "pinned",
+)
+
+
+def default_data_dir() -> Path:
+    """$TRAMONTANE_DATA_DIR, else the platform's per-user data dir."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("Tramontane", appauthor=False))
+
+
+# --------------------------------------------------------------------------- lock
+
+
+class _DirLock:
+    """An OS lock on `<data dir>/tramontane.lock`. The OS drops it when the process dies,
+    so a file left behind by a crash never blocks the next start."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot create lock file: {exc.strerror or exc}") from exc
+        try:
+            _lock_fd(fd)
+        except OSError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f" (pid {holder})" if holder else ""
+            raise StoreLockedError(
+                f"Another Tramontane is running{who} with the data dir {self.path.parent} "
+                f"(it holds {self.path}). Close it first, or give this one another data "
+                f"dir with {DATA_DIR_ENV}."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                _unlock_fd(fd)
+            finally:
+                os.close(fd)
+
+
+if os.name == "nt":
+    import msvcrt
+
+    def _lock_fd(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+
+    def _unlock_fd(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+else:
+    import fcntl
+
+    def _lock_fd(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def _unlock_fd(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
+        return text if text.isdigit() else ""
+    except OSError:  # Windows: the holder's locked byte cannot be read
+        return ""
+
+
+# --------------------------------------------------------------------------- images
+
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"\xff\xd8\xff", "jpg"),
+    (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"),
+    (b"BM", "bmp"),
+)
+
+
+def image_extension(data: bytes, name: str = "") -> str:
+    """File extension for image bytes: from the magic number, else the name's suffix."""
+    for magic, ext in _MAGIC:
+        if data.startswith(magic):
+            return ext
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    suffix = Path(name).suffix.lower().lstrip(".")
+    if suffix.isalnum() and len(suffix) <= 5:
+        return suffix
+    return "bin"
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write a file so that it is either absent or complete, even after a crash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if os.name != "nt":  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _split_parts(parts: Sequence[Any]) -> tuple[str, list[tuple[ImagePart, int]]]:
+    """ChatMessage parts -> (text, [(image, offset in text)])."""
+    text = ""
+    images = []
+    for part in parts:
+        if isinstance(part, ImagePart):
+            images.append((part, len(text)))
+        elif isinstance(part, str):
+            text += part
+        else:
+            raise StoreError(f"message part of type {type(part).__name__}: expected str or ImagePart")
+    return text, images
+
+
+# --------------------------------------------------------------------------- store
+
+
+class Store:
+    """The chat database of one data dir. Opening it takes the data dir's lock."""
+
+    def __init__(self, data_dir: str | Path | None = None, *, checkpoint_interval_s: float = 1.0):
+        self.data_dir = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+        self.db_path = self.data_dir / DB_NAME
+        self.images_dir = self.data_dir / IMAGES_DIR
+        # checkpoint_reply writes at most once per this many seconds per message.
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self._lock = threading.RLock()
+        self._last_checkpoint: dict[int, float] = {}
+        self._last_now = 0.0
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.data_dir}: cannot create data dir: {exc.strerror or exc}") from exc
+        self._dir_lock = _DirLock(self.data_dir / LOCK_NAME)
+        self._dir_lock.acquire()
+        try:
+            self._conn = self._connect()
+            self._migrate()
+            self.search_method = self._setup_search()
+            self._recover()
+        except BaseException:
+            conn = getattr(self, "_conn", None)
+            if conn is not None:
+                conn.close()
+            self._dir_lock.release()
+            raise
+
+    # ---- opening
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.db_path, isolation_level=None, check_same_thread=False, timeout=10.0
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA foreign_keys = ON")
+            self.journal_mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA user_version").fetchone()  # fails here on a non-database
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.db_path}: cannot open the chat database: {exc}") from exc
+        conn.create_function("tramontane_fold", 1, _fold, deterministic=True)
+        return conn
+
+    def _migrate(self) -> None:
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.db_path}: schema version {version} is newer than this Tramontane "
+                f"understands ({SCHEMA_VERSION}); update Tramontane to open it"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        if version == 0 and self._has_tables():
+            raise StoreError(f"{self.db_path}: not a Tramontane chat database (no schema version)")
+        if version > 0:  # keep the old file until the user decides it is not needed
+            backup = self.db_path.with_name(f"{DB_NAME}.v{version}.bak")
+            dest = sqlite3.connect(backup)
+            try:
+                self._conn.backup(dest)
+            finally:
+                dest.close()
+        try:
+            with self._tx():
+                if version == 0:
+                    self._executescript(SCHEMA_V1)
+                    version = 1
+                while version < SCHEMA_VERSION:
+                    self._executescript(MIGRATIONS[version])
+                    version += 1
+                self._conn.execute(f"PRAGMA user_version = {version}")
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.db_path}: migrating to schema {SCHEMA_VERSION} failed: {exc}") from exc
+
+    def _executescript(self, script: str) -> None:
+        # sqlite3.executescript would COMMIT first; run statement by statement instead so
+        # the whole migration stays one transaction.
+        for statement in script.split(";"):
+            if statement.strip():
+                self._conn.execute(statement)
+
+    def _has_tables(self) -> bool:
+        row = self._conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()
+        return row[0] > 0
+
+    def _setup_search(self) -> str:
+        """Returns 'fts5' (trigram index on message text) or 'scan' (substring scan)."""
+        existing = {
+            r["name"] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        }
+        if not fts5_trigram_available():
+            # Triggers into an FTS table this SQLite cannot load would break every write;
+            # without them the index goes stale and is rebuilt by the next FTS5-able open.
+            with self._tx():
+                for name in _SEARCH_TRIGGERS:
+                    self._conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+            return "scan"
+        if existing.issuperset(_SEARCH_TRIGGERS):
+            return "fts5"
+        with self._tx():
+            self._conn.execute(
+                "CREATE VIRTUAL TABLE IF NOT EXISTS message_search USING fts5("
+                "text, content='messages', content_rowid='id', tokenize='trigram')"
+            )
+            for name, ddl in _SEARCH_TRIGGERS.items():
+                self._conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+                self._conn.execute(ddl)
+            self._conn.execute("INSERT INTO message_search(message_search) VALUES ('rebuild')")
+        return "fts5"
+
+    def _recover(self) -> None:
+        """After a crash: cut replies become `interrupted`, unreferenced image files go."""
+        with self._tx():
+            self._conn.execute(
+                "UPDATE messages SET state = 'interrupted', finish_reason = 'interrupted' "
+                "WHERE state = 'streaming'"
+            )
+        known = {
+            f"{r['sha256']}.{r['ext']}" for r in self._conn.execute("SELECT sha256, ext FROM images")
+        }
+        if not self.images_dir.is_dir():
+            return
+        for sub in self.images_dir.iterdir():
+            if not sub.is_dir():
+                continue
+            for file in sub.iterdir():
+                if file.name not in known:
+                    file.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+                self._dir_lock.release()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- small SQL layer
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; takes the write lock up front (BEGIN IMMEDIATE)."""
+        with self._lock:
+            conn = self._open_conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _open_conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"{self.db_path}: the store is closed")
+        return self._conn
+
+    def _rows(self, sql: str, params: Sequence[Any] | dict = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._open_conn().execute(sql, params).fetchall()
+
+    def _now(self) -> float:
+        # Strictly increasing, so "most recent first" never ties within one session.
+        now = max(time.time(), self._last_now + 1e-6)
+        self._last_now = now
+        return now
+
+    def _touch(self, chat_id: int, now: float | None = None) -> None:
+        self._conn.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now or self._now(), chat_id))
+
+    # ---- chats
+
+    def create_chat(self, title: str = "New chat", **fields: Any) -> int:
+        """A new empty chat; `fields` are any of model_path, projector_path, remote_url,
+        remote_model, system_prompt, settings (dict), pinned."""
+        values = self._chat_values({"title": title, **fields})
+        now = self._now()
+        values.setdefault("created_at", now)
+        values.setdefault("updated_at", now)
+        cols = ", ".join(values)
+        marks = ", ".join(f":{c}" for c in values)
+        with self._tx() as conn:
+            return conn.execute(f"INSERT INTO chats ({cols}) VALUES ({marks})", values).lastrowid
+
+    def update_chat(self, chat_id: int, **fields: Any) -> None:
+        """Change any of the create_chat fields (title, model, settings, ...)."""
+        values = self._chat_values(fields)
+        if not values:
+            return
+        sets = ", ".join(f"{c} = :{c}" for c in values)
+        with self._tx() as conn:
+            self._require_chat(chat_id)
+            conn.execute(f"UPDATE chats SET {sets} WHERE id = :id", {**values, "id": chat_id})
+            self._touch(chat_id)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self.update_chat(chat_id, title=title)
+
+    def set_pinned(self, chat_id: int, pinned: bool) -> None:
+        self.update_chat(chat_id, pinned=pinned)
+
+    def _chat_values(self, fields: dict[str, Any]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for key, value in fields.items():
+            if key not in _CHAT_FIELDS and key not in ("created_at", "updated_at"):
+                raise StoreError(f"chat field {key!r}: unknown (known: {', '.join(_CHAT_FIELDS)})")
+            if key == "settings":
+                if not isinstance(value, dict):
+                    raise StoreError(f"chat field 'settings': expected a dict, got {type(value).__name__}")
+                try:
+                    values["settings_json"] = json.dumps(value, sort_keys=True)
+                except (TypeError, ValueError) as exc:
+                    raise StoreError(f"chat field 'settings': not JSON-serialisable: {exc}") from exc
+            elif key == "pinned":
+                values["pinned"] = int(bool(value))
+            elif key in ("title", "system_prompt"):
+                if not isinstance(value, str):
+                    raise StoreError(f"chat field {key!r}: expected text, got {type(value).__name__}")
+                values[key] = value
+            elif key in ("created_at", "updated_at"):
+                values[key] = float(value)
+            else:
+                values[key] = None if value is None else str(value)
+        return values
+
+    def delete_chat(self, chat_id: int) -> None:
+        with self._tx() as conn:
+            self._require_chat(chat_id)
+            shas = self._image_shas("SELECT id FROM messages WHERE chat_id = ?", (chat_id,))
+            conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+            doomed = self._drop_unused_images(shas)
+        self._unlink_images(doomed)
+
+    def list_chats(self) -> list[ChatInfo]:
+        """Every chat, pinned ones first, then most recently updated first."""
+        return [self._chat_info(r) for r in self._rows(_CHAT_SELECT + _CHAT_ORDER)]
+
+    def get_chat_info(self, chat_id: int) -> ChatInfo:
+        rows = self._rows(_CHAT_SELECT + " WHERE c.id = ?", (chat_id,))
+        if not rows:
+            raise NotFoundError(f"chat {chat_id} does not exist")
+        return self._chat_info(rows[0])
+
+    def get_chat(self, chat_id: int) -> Chat:
+        """The chat with its messages in order."""
+        with self._lock:
+            info = self.get_chat_info(chat_id)
+            messages = self._messages("WHERE m.chat_id = ?", (chat_id,))
+        return Chat(**vars(info), messages=messages)
+
+    def search_chats(self, query: str) -> list[ChatInfo]:
+        """Chats whose title or any message contains `query` (case-insensitive substring),
+        ordered like list_chats. Uses the FTS5 trigram index when `search_method == 'fts5'`
+        and the query has at least 3 characters, else a scan of every message."""
+        query = query.strip()
+        if not query:
+            return self.list_chats()
+        folded = _fold(query)
+        if self.search_method == "fts5" and len(query) >= _TRIGRAM_MIN_CHARS:
+            phrase = '"' + query.replace('"', '""') + '"'
+            in_messages = (
+                "c.id IN (SELECT m.chat_id FROM messages m WHERE m.id IN "
+                "(SELECT rowid FROM message_search WHERE message_search MATCH :phrase))"
+            )
+        else:
+            phrase = None
+            in_messages = (
+                "c.id IN (SELECT m.chat_id FROM messages m "
+                "WHERE instr(tramontane_fold(m.text), :folded) > 0)"
+            )
+        sql = (
+            _CHAT_SELECT
+            + f" WHERE instr(tramontane_fold(c.title), :folded) > 0 OR {in_messages}"
+            + _CHAT_ORDER
+        )
+        rows = self._rows(sql, {"folded": folded, "phrase": phrase})
+        return [self._chat_info(r) for r in rows]
+
+    def branch_chat(self, chat_id: int, up_to_message_id: int | None = None, title: str | None = None) -> int:
+        """A new chat with the same settings and a copy of the messages up to and including
+        `up_to_message_id` (all of them when None). Images are shared, not copied."""
+        with self._tx() as conn:
+            info = self.get_chat_info(chat_id)
+            limit = (
+                None if up_to_message_id is None else self._message_position(up_to_message_id, chat_id)
+            )
+            now = self._now()
+            new_id = conn.execute(
+                "INSERT INTO chats (title, created_at, updated_at, model_path, projector_path,"
+                " remote_url, remote_model, system_prompt, settings_json, pinned)"
+                " SELECT ?, ?, ?, model_path, projector_path, remote_url, remote_model,"
+                " system_prompt, settings_json, 0 FROM chats WHERE id = ?",
+                (title if title is not None else f"{info.title} (branch)", now, now, chat_id),
+            ).lastrowid
+            sources = conn.execute(
+                "SELECT id FROM messages WHERE chat_id = ? AND (? IS NULL OR position <= ?)"
+                " ORDER BY position",
+                (chat_id, limit, limit),
+            ).fetchall()
+            for src in sources:
+                copy_id = conn.execute(
+                    "INSERT INTO messages (chat_id, position, role, text, state, finish_reason,"
+                    " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
+                    " decode_tok_s, created_at)"
+                    " SELECT ?, position, role, text,"
+                    " CASE state WHEN 'streaming' THEN 'interrupted' ELSE state END,"
+                    " CASE state WHEN 'streaming' THEN 'interrupted' ELSE finish_reason END,"
+                    " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
+                    " decode_tok_s, created_at FROM messages WHERE id = ?",
+                    (new_id, src["id"]),
+                ).lastrowid
+                conn.execute(
+                    "INSERT INTO message_images (message_id, idx, sha256, name, text_offset)"
+                    " SELECT ?, idx, sha256, name, text_offset FROM message_images WHERE message_id = ?",
+                    (copy_id, src["id"]),
+                )
+            return new_id
+
+    duplicate_chat = branch_chat
+
+    # ---- messages
+
+    def add_message(
+        self,
+        chat_id: int,
+        role: str,
+        text: str = "",
+        images: Sequence[ImagePart] = (),
+        *,
+        image_offsets: Sequence[int] | None = None,
+        state: str = "complete",
+        finish_reason: str | None = None,
+        stats: GenerationStats | None = None,
+        created_at: float | None = None,
+    ) -> int:
+        """Append a finished message. Images sit before the text unless `image_offsets`
+        gives each one's character offset in `text`."""
+        if image_offsets is None:
+            image_offsets = [0] * len(images)
+        if len(image_offsets) != len(images):
+            raise StoreError(f"image_offsets: {len(image_offsets)} offsets for {len(images)} images")
+        return self._insert_message(
+            chat_id, role, text, list(zip(images, image_offsets)), state, finish_reason, stats, created_at
+        )
+
+    def add_chat_message(self, chat_id: int, message: ChatMessage) -> int:
+        """Append an engine ChatMessage, keeping where its images sit among its text parts."""
+        text, images = _split_parts(message.parts)
+        return self._insert_message(chat_id, message.role, text, images, "complete", None, None, None)
+
+    def _insert_message(
+        self,
+        chat_id: int,
+        role: str,
+        text: str,
+        images: list[tuple[ImagePart, int]],
+        state: str,
+        finish_reason: str | None,
+        stats: GenerationStats | None,
+        created_at: float | None,
+    ) -> int:
+        if role not in ROLES:
+            raise StoreError(f"message role {role!r}: expected one of {', '.join(ROLES)}")
+        if state not in STATES:
+            raise StoreError(f"message state {state!r}: expected one of {', '.join(STATES)}")
+        if not isinstance(text, str):
+            raise StoreError(f"message text: expected str, got {type(text).__name__}")
+        with self._lock:
+            # Files first, rows second: a crash in between leaves only an orphan file.
+            stored = [(self._store_image_file(img), img.name, off) for img, off in images]
+            with self._tx() as conn:
+                self._require_chat(chat_id)
+                now = self._now()
+                stats = stats or GenerationStats()
+                message_id = conn.execute(
+                    "INSERT INTO messages (chat_id, position, role, text, state, finish_reason,"
+                    " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
+                    " decode_tok_s, created_at) VALUES (?, (SELECT coalesce(max(position), -1) + 1"
+                    " FROM messages WHERE chat_id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (chat_id, chat_id, role, text, state, finish_reason, *_stat_values(stats),
+                     created_at if created_at is not None else now),
+                ).lastrowid
+                for idx, ((sha, ext, size), name, offset) in enumerate(stored):
+                    conn.execute(
+                        "INSERT OR IGNORE INTO images (sha256, ext, size, created_at) VALUES (?, ?, ?, ?)",
+                        (sha, ext, size, now),
+                    )
+                    conn.execute(
+                        "INSERT INTO message_images (message_id, idx, sha256, name, text_offset)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        (message_id, idx, sha, name, max(0, min(int(offset), len(text)))),
+                    )
+                self._touch(chat_id, now)
+                return message_id
+
+    def get_message(self, message_id: int) -> Message:
+        found = self._messages("WHERE m.id = ?", (message_id,))
+        if not found:
+            raise NotFoundError(f"message {message_id} does not exist")
+        return found[0]
+
+    def edit_message(self, message_id: int, text: str) -> None:
+        """Replace a finished message's text (edit-and-resend edits, then truncates after)."""
+        with self._tx() as conn:
+            msg = self.get_message(message_id)
+            if msg.state == "streaming":
+                raise StoreError(f"message {message_id} is still streaming; finish it before editing")
+            conn.execute("UPDATE messages SET text = ? WHERE id = ?", (text, message_id))
+            self._touch(msg.chat_id)
+
+    def delete_message(self, message_id: int) -> None:
+        with self._tx() as conn:
+            msg = self.get_message(message_id)
+            shas = self._image_shas("SELECT ?", (message_id,))
+            conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            doomed = self._drop_unused_images(shas)
+            self._touch(msg.chat_id)
+        self._unlink_images(doomed)
+
+    def truncate_after(self, message_id: int, *, inclusive: bool = False) -> int:
+        """Delete every message after `message_id` in its chat (and it too when `inclusive`);
+        for regenerate and edit-and-resend. Returns how many messages went."""
+        with self._tx() as conn:
+            msg = self.get_message(message_id)
+            cut = msg.position if inclusive else msg.position + 1
+            where = "chat_id = ? AND position >= ?"
+            shas = self._image_shas(f"SELECT id FROM messages WHERE {where}", (msg.chat_id, cut))
+            count = conn.execute(f"DELETE FROM messages WHERE {where}", (msg.chat_id, cut)).rowcount
+            doomed = self._drop_unused_images(shas)
+            self._touch(msg.chat_id)
+        self._unlink_images(doomed)
+        return count
+
+    # ---- a reply being generated
+
+    def begin_reply(self, chat_id: int, role: str = "assistant") -> int:
+        """Create the (empty) reply row in state `streaming`; returns its message id."""
+        return self._insert_message(chat_id, role, "", [], "streaming", None, None, None)
+
+    def checkpoint_reply(self, message_id: int, text: str, *, force: bool = False) -> bool:
+        """Save the partial text of a streaming reply, in its own transaction. Skipped
+        (returns False) within `checkpoint_interval_s` of the previous checkpoint unless
+        `force`, and when the message is gone or no longer streaming."""
+        with self._lock:
+            now = time.monotonic()
+            last = self._last_checkpoint.get(message_id)
+            if not force and last is not None and now - last < self.checkpoint_interval_s:
+                return False
+            with self._tx() as conn:
+                updated = conn.execute(
+                    "UPDATE messages SET text = ? WHERE id = ? AND state = 'streaming'", (text, message_id)
+                ).rowcount
+                if updated:
+                    conn.execute(
+                        "UPDATE chats SET updated_at = ? WHERE id = "
+                        "(SELECT chat_id FROM messages WHERE id = ?)",
+                        (self._now(), message_id),
+                    )
+            self._last_checkpoint[message_id] = now
+            return bool(updated)
+
+    def finish_reply(
+        self,
+        message_id: int,
+        text: str,
+        stats: GenerationStats | None = None,
+        finish_reason: str | None = None,
+    ) -> bool:
+        """Save the final text and numbers; the reply becomes `complete`. `finish_reason`
+        defaults to stats.finish_reason. Returns False when the message was deleted
+        meanwhile (e.g. its chat), raises StoreError if it is not streaming."""
+        stats = stats or GenerationStats()
+        reason = finish_reason or stats.finish_reason
+        with self._tx() as conn:
+            self._last_checkpoint.pop(message_id, None)
+            row = conn.execute("SELECT chat_id, state FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                return False
+            if row["state"] != "streaming":
+                raise StoreError(f"message {message_id} is {row['state']}, not a streaming reply")
+            conn.execute(
+                "UPDATE messages SET text = ?, state = 'complete', finish_reason = ?,"
+                " prompt_tokens = ?, generated_tokens = ?, reused_tokens = ?, ttft_s = ?,"
+                " prefill_tok_s = ?, decode_tok_s = ? WHERE id = ?",
+                (text, reason, *_stat_values(stats), message_id),
+            )
+            self._touch(row["chat_id"])
+            return True
+
+    # ---- messages for the engine
+
+    def engine_messages(self, chat_id: int, *, include_system_prompt: bool = True) -> list[ChatMessage]:
+        """The chat as engine input: the chat's system prompt (if any) then every message
+        that is not still streaming, with images loaded from the image store."""
+        chat = self.get_chat(chat_id)
+        out = []
+        if include_system_prompt and chat.system_prompt:
+            out.append(ChatMessage.text("system", chat.system_prompt))
+        out.extend(self.to_chat_message(m) for m in chat.messages if m.state != "streaming")
+        return out
+
+    def to_chat_message(self, message: Message) -> ChatMessage:
+        if not message.images:
+            return ChatMessage(message.role, [message.text])  # type: ignore[arg-type]
+        parts: list[Any] = []
+        pos = 0
+        for image in message.images:
+            offset = min(max(image.text_offset, pos), len(message.text))
+            if offset > pos:
+                parts.append(message.text[pos:offset])
+            parts.append(ImagePart(self.image_bytes(image.sha256, image.ext), image.name))
+            pos = offset
+        if pos < len(message.text):
+            parts.append(message.text[pos:])
+        return ChatMessage(message.role, parts)  # type: ignore[arg-type]
+
+    # ---- images
+
+    def image_path(self, sha256: str, ext: str) -> Path:
+        return self.images_dir / sha256[:2] / f"{sha256}.{ext}"
+
+    def image_bytes(self, sha256: str, ext: str) -> bytes:
+        path = self.image_path(sha256, ext)
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read stored image: {exc.strerror or exc}") from exc
+
+    def _store_image_file(self, image: ImagePart) -> tuple[str, str, int]:
+        if not isinstance(image, ImagePart):
+            raise StoreError(f"image: expected ImagePart, got {type(image).__name__}")
+        if not image.data:
+            raise StoreError(f"image {image.name!r}: empty")
+        sha = image.sha256
+        known = self._open_conn().execute("SELECT ext FROM images WHERE sha256 = ?", (sha,)).fetchone()
+        ext = known["ext"] if known else image_extension(image.data, image.name)
+        path = self.image_path(sha, ext)
+        if not (path.is_file() and path.stat().st_size == len(image.data)):
+            try:
+                _write_durably(path, image.data)
+            except OSError as exc:
+                raise StoreError(f"{path}: cannot store image {image.name!r}: {exc.strerror or exc}") from exc
+        return sha, ext, len(image.data)
+
+    def _image_shas(self, message_ids_sql: str, params: Sequence[Any]) -> set[str]:
+        rows = self._conn.execute(
+            f"SELECT DISTINCT sha256 FROM message_images WHERE message_id IN ({message_ids_sql})", params
+        )
+        return {r["sha256"] for r in rows}
+
+    def _drop_unused_images(self, shas: set[str]) -> list[Path]:
+        """Inside a transaction, after deleting messages: forget images no message uses."""
+        doomed = []
+        for sha in shas:
+            if self._conn.execute("SELECT 1 FROM message_images WHERE sha256 = ? LIMIT 1", (sha,)).fetchone():
+                continue
+            row = self._conn.execute("SELECT ext FROM images WHERE sha256 = ?", (sha,)).fetchone()
+            self._conn.execute("DELETE FROM images WHERE sha256 = ?", (sha,))
+            if row:
+                doomed.append(self.image_path(sha, row["ext"]))
+        return doomed
+
+    @staticmethod
+    def _unlink_images(paths: list[Path]) -> None:
+        # After the commit: if we crash before this, the next open removes the orphans.
+        for path in paths:
+            path.unlink(missing_ok=True)
+            try:
+                path.parent.rmdir()  # only succeeds when the shard folder is now empty
+            except OSError:
+                pass
+
+    # ---- settings
+
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        rows = self._rows("SELECT value_json FROM settings WHERE key = ?", (key,))
+        return json.loads(rows[0]["value_json"]) if rows else default
+
+    def set_setting(self, key: str, value: Any) -> None:
+        try:
+            encoded = json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"setting {key!r}: not JSON-serialisable: {exc}") from exc
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO settings (key, value_json) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET value_json = excluded.value_json",
+                (key, encoded),
+            )
+
+    def delete_setting(self, key: str) -> None:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM settings WHERE key = ?", (key,))
+
+    def settings(self) -> dict[str, Any]:
+        return {r["key"]: json.loads(r["value_json"]) for r in self._rows("SELECT * FROM settings")}
+
+    # ---- checks
+
+    def integrity_check(self) -> str:
+        """'ok' when SQLite finds nothing wrong."""
+        return "; ".join(r[0] for r in self._rows("PRAGMA integrity_check"))
+
+    # ---- row helpers
+
+    def _require_chat(self, chat_id: int) -> None:
+        if not self._conn.execute("SELECT 1 FROM chats WHERE id = ?", (chat_id,)).fetchone():
+            raise NotFoundError(f"chat {chat_id} does not exist")
+
+    def _message_position(self, message_id: int, chat_id: int) -> int:
+        row = self._conn.execute("SELECT chat_id, position FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None or row["chat_id"] != chat_id:
+            raise NotFoundError(f"message {message_id} does not exist in chat {chat_id}")
+        return row["position"]
+
+    def _chat_info(self, row: sqlite3.Row) -> ChatInfo:
+        return ChatInfo(
+            id=row["id"],
+            title=row["title"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            model_path=row["model_path"],
+            projector_path=row["projector_path"],
+            remote_url=row["remote_url"],
+            remote_model=row["remote_model"],
+            system_prompt=row["system_prompt"],
+            settings=json.loads(row["settings_json"]),
+            pinned=bool(row["pinned"]),
+            message_count=row["message_count"],
+        )
+
+    def _messages(self, where: str, params: Sequence[Any]) -> list[Message]:
+        with self._lock:
+            conn = self._open_conn()
+            rows = conn.execute(f"SELECT m.* FROM messages m {where} ORDER BY m.chat_id, m.position", params).fetchall()
+            images: dict[int, list[StoredImage]] = {}
+            if rows:
+                marks = ",".join("?" * len(rows))
+                for r in conn.execute(
+                    "SELECT mi.message_id, mi.sha256, mi.name, mi.text_offset, i.ext"
+                    " FROM message_images mi JOIN images i USING (sha256)"
+                    f" WHERE mi.message_id IN ({marks}) ORDER BY mi.message_id, mi.idx",
+                    [r["id"] for r in rows],
+                ):
+                    images.setdefault(r["message_id"], []).append(
+                        StoredImage(r["sha256"], r["ext"], r["name"], r["text_offset"],
+                                    self.image_path(r["sha256"], r["ext"]))
+                    )
+        return [
+            Message(
+                id=r["id"], chat_id=r["chat_id"], position=r["position"], role=r["role"],
+                text=r["text"], state=r["state"], finish_reason=r["finish_reason"],
+                prompt_tokens=r["prompt_tokens"], generated_tokens=r["generated_tokens"],
+                reused_tokens=r["reused_tokens"], ttft_s=r["ttft_s"], prefill_tok_s=r["prefill_tok_s"],
+                decode_tok_s=r["decode_tok_s"], created_at=r["created_at"],
+                images=images.get(r["id"], []),
+            )
+            for r in rows
+        ]
+
+
+_CHAT_SELECT = (
+    "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.chat_id = c.id) AS message_count"
+    " FROM chats c"
+)
+_CHAT_ORDER = " ORDER BY c.pinned DESC, c.updated_at DESC, c.id DESC"
+
+
+def _fold(text: str | None) -> str:
+    return (text or "").lower()
+
+
+def _stat_values(stats: GenerationStats) -> tuple:
+    """The message columns filled from GenerationStats, in _insert_message's order."""
+    return (
+        stats.prompt_tokens,
+        stats.generated_tokens,
+        stats.reused_tokens,
+        stats.ttft_s or None,
+        stats.prefill_tok_s or None,
+        stats.decode_tok_s or None,
+    )
