@@ -1,0 +1,296 @@
+"""Tekken tokenizer from GGUF metadata: byte-level BPE (via `tokenizers`) + streaming detokenizer.
+
+A GGUF made by llama.cpp's converter stores the tekken vocabulary as GPT-2 style byte-level BPE:
+`tokenizer.ggml.model = gpt2`, `pre = tekken`, `tokens` (byte-level strings; control tokens as
+their plain text), `merges` ("left right"), `token_type` (llama.cpp's token types). The
+encoding must equal mistral-common's Tekkenizer (tiktoken) on the same vocabulary, so:
+- pre-tokenisation is tekken's regex (mistral-common's `config.pattern`), nothing else;
+- a pre-token that is itself in the vocabulary is taken whole (`ignore_merges`), like tiktoken;
+- control tokens are not in the BPE model at all: typed text can never produce `[INST]` or `<s>`.
+Decoding goes through a per-id byte table, so text split inside a UTF-8 sequence comes out
+whole, and the stream decoder never emits half a character.
+"""
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .api import EngineError
+
+if TYPE_CHECKING:
+    from .gguf_file import GGUFFile
+
+# mistral-common's tekken JSON `config.pattern` (tekken_240718/240911 and the v7 files).
+TEKKEN_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+    r"|\s*[\r\n]+"
+    r"|\s+(?!\S)"
+    r"|\s+"
+)
+
+# `tokenizer.ggml.pre` values we know the split pattern of. Anything else is refused: guessing
+# a pattern would silently give different ids than the model was trained on.
+PRE_TOKENIZER_PATTERNS = {"tekken": TEKKEN_PATTERN}
+
+
+class TokenizerError(EngineError):
+    """The file's tokenizer data is missing, malformed or of a kind we do not support."""
+
+
+class TokenType(IntEnum):
+    """llama.cpp's `tokenizer.ggml.token_type` values."""
+
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte <-> printable-character map, inverted (char -> byte)."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+_CHAR_TO_BYTE = _byte_level_alphabet()
+
+
+def _byte_token_value(piece: str) -> int | None:
+    """`<0xE4>` -> 0xE4 (SentencePiece-style byte-fallback tokens), else None."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return int(piece[3:5], 16)
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass
+class Tokenizer:
+    source: str
+    tokens: list[str]
+    token_types: np.ndarray
+    bos_id: int
+    eos_id: int
+    pad_id: int | None
+    unk_id: int | None
+    add_bos: bool
+    _hf: Any = field(repr=False)
+    _token_bytes: list[bytes] = field(repr=False)  # what each id decodes to (b"" for controls)
+    _is_control: np.ndarray = field(repr=False)  # bool per id
+    _piece_to_id: dict[str, int] = field(repr=False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_gguf(cls, gf: "GGUFFile") -> "Tokenizer":
+        return cls.from_kv(gf.kv, str(gf.path))
+
+    @classmethod
+    def from_kv(cls, kv: dict[str, Any], source: str) -> "Tokenizer":
+        def fail(msg: str) -> TokenizerError:
+            return TokenizerError(f"{source}: {msg}")
+
+        model = kv.get("tokenizer.ggml.model")
+        if model is None:
+            raise fail("has no tokenizer (tokenizer.ggml.model is missing)")
+        if model != "gpt2":
+            raise fail(f"tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') tekken "
+                       "vocabularies are supported")
+        pre = kv.get("tokenizer.ggml.pre")
+        if pre not in PRE_TOKENIZER_PATTERNS:
+            raise fail(f"tokenizer.ggml.pre is {pre!r}; supported pre-tokenizers: "
+                       f"{', '.join(PRE_TOKENIZER_PATTERNS)} (Mistral 3 files say 'tekken')")
+
+        tokens = kv.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise fail("tokenizer.ggml.tokens is missing or not a list of strings")
+        n = len(tokens)
+        types = kv.get("tokenizer.ggml.token_type")
+        if types is None:
+            raise fail("tokenizer.ggml.token_type is missing (needed to tell control tokens apart)")
+        types = np.asarray(types)
+        if types.ndim != 1 or len(types) != n or not np.issubdtype(types.dtype, np.integer):
+            raise fail(f"tokenizer.ggml.token_type must hold {n} integers (one per token), "
+                       f"got {types.dtype} × {types.shape}")
+        known = np.isin(types, [t.value for t in TokenType])
+        if not known.all():
+            bad = int(np.flatnonzero(~known)[0])
+            raise fail(f"tokenizer.ggml.token_type[{bad}] is {int(types[bad])}, not a known token type")
+        merges = kv.get("tokenizer.ggml.merges")
+        if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+            raise fail("tokenizer.ggml.merges is missing or not a list of strings")
+
+        is_control = np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN])
+        token_bytes: list[bytes] = []
+        bpe_vocab: dict[str, int] = {}
+        for i, (piece, ttype) in enumerate(zip(tokens, types.tolist())):
+            if ttype == TokenType.NORMAL:
+                try:
+                    token_bytes.append(bytes(_CHAR_TO_BYTE[c] for c in piece))
+                except KeyError:
+                    raise fail(f"token {i} {piece!r} is not byte-level BPE text") from None
+                if piece in bpe_vocab:
+                    raise fail(f"token {piece!r} appears twice (ids {bpe_vocab[piece]} and {i})")
+                bpe_vocab[piece] = i
+            elif ttype == TokenType.BYTE:
+                value = _byte_token_value(piece)
+                if value is None:
+                    raise fail(f"token {i} {piece!r} has type BYTE but is not of the form <0xHH>")
+                token_bytes.append(bytes([value]))
+            elif ttype == TokenType.USER_DEFINED:
+                token_bytes.append(piece.encode("utf-8"))  # llama.cpp stores these as plain text
+            else:  # CONTROL, UNKNOWN, UNUSED: nothing in decoded text
+                token_bytes.append(b"")
+
+        merge_pairs: list[tuple[str, str]] = []
+        for j, merge in enumerate(merges):
+            parts = merge.split(" ")
+            if len(parts) != 2 or not parts[0] or not parts[1]:
+                raise fail(f"tokenizer.ggml.merges[{j}] {merge!r} is not 'left right'")
+            merge_pairs.append((parts[0], parts[1]))
+
+        hf = _build_hf_tokenizer(bpe_vocab, merge_pairs, PRE_TOKENIZER_PATTERNS[pre], fail)
+
+        # control tokens win over a normal token with the same text
+        piece_to_id = {tokens[i]: i for i in np.flatnonzero(is_control)[::-1].tolist()}
+        for i, piece in enumerate(tokens):
+            piece_to_id.setdefault(piece, i)
+
+        def special(key: str, piece: str, required: bool) -> int | None:
+            value = kv.get(key)
+            if value is None:
+                value = piece_to_id.get(piece)
+            if value is None:
+                if required:
+                    raise fail(f"{key} is missing and the vocabulary has no {piece!r}")
+                return None
+            value = int(value)
+            if not 0 <= value < n:
+                raise fail(f"{key} = {value} is outside the vocabulary (0..{n - 1})")
+            return value
+
+        return cls(
+            source=source,
+            tokens=tokens,
+            token_types=types,
+            bos_id=special("tokenizer.ggml.bos_token_id", "<s>", True),
+            eos_id=special("tokenizer.ggml.eos_token_id", "</s>", True),
+            pad_id=special("tokenizer.ggml.padding_token_id", "<pad>", False),
+            unk_id=special("tokenizer.ggml.unknown_token_id", "<unk>", False),
+            add_bos=bool(kv.get("tokenizer.ggml.add_bos_token", True)),
+            _hf=hf,
+            _token_bytes=token_bytes,
+            _is_control=is_control,
+            _piece_to_id=piece_to_id,
+        )
+
+    # ------------------------------------------------------------------ lookups
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def token_id(self, piece: str) -> int:
+        """Id of a token by its text as stored in the file, e.g. "[IMG_BREAK]"."""
+        try:
+            return self._piece_to_id[piece]
+        except KeyError:
+            raise TokenizerError(f"{self.source}: the vocabulary has no token {piece!r}") from None
+
+    def has_token(self, piece: str) -> bool:
+        return piece in self._piece_to_id
+
+    def is_control(self, token_id: int) -> bool:
+        return bool(self._is_control[self._check_id(token_id)])
+
+    def piece(self, token_id: int) -> str:
+        """Readable text of one token: control tokens by name, others decoded (may hold U+FFFD)."""
+        token_id = self._check_id(token_id)
+        if self._is_control[token_id]:
+            return self.tokens[token_id]
+        return self._token_bytes[token_id].decode("utf-8", errors="replace")
+
+    def _check_id(self, token_id: int) -> int:
+        token_id = int(token_id)
+        if not 0 <= token_id < len(self.tokens):
+            raise TokenizerError(f"{self.source}: token id {token_id} is outside the vocabulary "
+                                 f"(0..{len(self.tokens) - 1})")
+        return token_id
+
+    # ------------------------------------------------------------------ encode / decode
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text (no BOS). Control-token text is encoded as ordinary text."""
+        if not text:
+            return []
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids, skip_special: bool = True) -> str:
+        """Text of `ids`. Like mistral-common, the runs between control tokens are decoded
+        separately (invalid UTF-8 becomes U+FFFD); control tokens vanish or, with
+        skip_special=False, appear by name."""
+        stream = self.stream(skip_special=skip_special)
+        return "".join(stream.push(t) for t in ids) + stream.flush()
+
+    def stream(self, skip_special: bool = True) -> "StreamDecoder":
+        return StreamDecoder(self, skip_special)
+
+
+class StreamDecoder:
+    """Turns generated ids into text pieces; a character split across tokens is held back until
+    its last byte arrives. The concatenation of all pieces equals `Tokenizer.decode`."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
+        self._tok = tokenizer
+        self._skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        token_id = self._tok._check_id(token_id)
+        if self._tok._is_control[token_id]:
+            text = self.flush()  # a control token ends the current byte run
+            return text if self._skip_special else text + self._tok.tokens[token_id]
+        return self._utf8.decode(self._tok._token_bytes[token_id])
+
+    def flush(self) -> str:
+        """Whatever is held back (an incomplete character becomes U+FFFD)."""
+        text = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return text
+
+
+def _build_hf_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]], pattern: str, fail):
+    from tokenizers import Regex
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    try:
+        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=True, fuse_unk=False,
+                         byte_fallback=False)
+    except Exception as exc:  # tokenizers raises plain Exception on a merge of unknown tokens
+        raise fail(f"the BPE merges do not fit the vocabulary: {exc}") from None
+    hf = HFTokenizer(bpe)
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        # maps bytes to GPT-2's printable alphabet; the split above already did the regex part
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
+    ])
+    return hf
