@@ -1,0 +1,191 @@
+"""Image preprocessing for the Pixtral encoder, exactly as mistral-common does it.
+
+mistral-common (`ImageEncoder` + `transform_image`) is the reference, not HF's
+`PixtralImageProcessor` (which antialiases when shrinking). The steps:
+
+1. decode with Pillow, first frame only, EXIF orientation applied (mistral-common does NOT
+   apply EXIF orientation; we do, so a phone photo is seen upright);
+2. any mode other than RGB → RGBA → pasted over white → RGB (mistral-common's
+   `_convert_to_rgb`); 16-bit grey is scaled to 8 bits first (Pillow alone would clip it
+   to 255, i.e. white — mistral-common's behaviour, which we do not copy);
+3. grid: if the longest side exceeds `image_size`, divide both sides by
+   `max(w, h) / image_size` and round (Python `round`, at least 1); then
+   `cols = (w - 1) // P + 1`, `rows = (h - 1) // P + 1` with `P = patch_size * merge`;
+4. resize the *original* RGB image (as float32 in [0, 255]) to `(cols * P, rows * P)` with
+   OpenCV's `INTER_CUBIC` (Keys a = -0.75, half-pixel centres, replicated border, no
+   antialiasing, no clipping), implemented here so cv2 is not a runtime dependency;
+5. divide by 255, subtract mean, divide by std (float32, like mistral-common's `normalize`).
+"""
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from .api import EngineError
+
+# Refuse anything above Pillow's own default bomb limit (~89.5 Mpx, e.g. 9459 x 9459) before
+# its pixels are decoded; the check reads only the header.
+MAX_IMAGE_PIXELS = 89_478_485
+
+ORIENTATION_TAG = 0x0112  # EXIF Orientation
+CUBIC_A = -0.75  # OpenCV's INTER_CUBIC kernel parameter (PIL/torch use -0.5 / -0.75 variously)
+
+
+def image_grid(size_wh: tuple[int, int], image_size: int, patch_size: int, merge: int) -> tuple[int, int]:
+    """(rows, cols) of merged image tokens for an image of `size_wh` = (width, height)."""
+    w, h = size_wh
+    if w < 1 or h < 1:
+        raise ValueError(f"image size must be positive, got {w}x{h}")
+    ratio = max(w / image_size, h / image_size)
+    if ratio > 1:
+        # Python's round (half to even) on purpose: it is what mistral-common uses.
+        w = max(round(w / ratio), 1)
+        h = max(round(h / ratio), 1)
+    tile = patch_size * merge
+    return (h - 1) // tile + 1, (w - 1) // tile + 1
+
+
+def decode_image(data: bytes, source: str = "image") -> Image.Image:
+    """Decode file bytes to an upright RGB Pillow image (first frame), or raise EngineError."""
+    if not data:
+        raise EngineError(f"{source}: empty file, not an image")
+    try:
+        with warnings.catch_warnings():
+            # We apply our own pixel limit below; silence Pillow's 1x-2x bomb warning.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise EngineError(f"{source}: image too large to decode safely ({exc})") from exc
+    except Image.UnidentifiedImageError as exc:
+        raise EngineError(f"{source}: not an image, or a format Pillow cannot read") from exc
+    except Exception as exc:  # Pillow raises many types on hostile headers
+        raise EngineError(f"{source}: cannot read image: {exc}") from exc
+
+    w, h = img.size
+    if w < 1 or h < 1:
+        raise EngineError(f"{source}: image has an empty size {w}x{h}")
+    if w * h > MAX_IMAGE_PIXELS:
+        raise EngineError(
+            f"{source}: image is {w}x{h} = {w * h:,} pixels, above the {MAX_IMAGE_PIXELS:,}-pixel "
+            "limit (possible decompression bomb); shrink it first"
+        )
+    try:
+        img.seek(0)  # animated GIF/WebP/APNG: the first frame, like mistral-common
+        img.load()  # decode now so a truncated file fails here, not later
+        img = ImageOps.exif_transpose(img)
+        return to_rgb(img)
+    except EngineError:
+        raise
+    except Exception as exc:
+        raise EngineError(f"{source}: cannot decode image (truncated or corrupt file?): {exc}") from exc
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """RGB as mistral-common's `_convert_to_rgb`: anything else → RGBA, pasted over white."""
+    if img.mode == "RGB":
+        return img
+    if img.mode.startswith("I;16") or img.mode == "I":
+        img = _sixteen_bit_to_l(img)
+    if img.mode != "RGBA":
+        img = img.convert("RGBA")
+    white = Image.new("RGBA", img.size, "WHITE")
+    white.paste(img, (0, 0), img)
+    return white.convert("RGB")
+
+
+def _sixteen_bit_to_l(img: Image.Image) -> Image.Image:
+    """16-bit (or 32-bit int) grey → 8-bit L. Pillow's convert would clip at 255 (white)."""
+    values = np.asarray(img).astype(np.float64)
+    if img.mode == "I" and values.max(initial=0) <= 255 and values.min(initial=0) >= 0:
+        return Image.fromarray(values.astype(np.uint8), "L")  # already 8-bit data in an I image
+    eight = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)
+    return Image.fromarray(eight, "L")
+
+
+def _cubic_taps(src_len: int, dst_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source indices (dst_len, 4) and weights (dst_len, 4) of OpenCV's INTER_CUBIC on one axis.
+
+    Mirrors cv2's resize: scale = 1 / (dst/src), fx = (dx + 0.5) * scale - 0.5 rounded to
+    float32, taps at floor(fx) - 1 .. floor(fx) + 2 clamped to the edge (replicate border),
+    weights from Keys' kernel with a = -0.75 in float32, the last one 1 - sum(others).
+    """
+    scale = 1.0 / (dst_len / src_len)
+    fx = ((np.arange(dst_len, dtype=np.float64) + 0.5) * scale - 0.5).astype(np.float32)
+    sx = np.floor(fx)
+    x = (fx - sx).astype(np.float32)
+    a = np.float32(CUBIC_A)
+    one = np.float32(1.0)
+    c0 = ((a * (x + one) - 5 * a) * (x + one) + 8 * a) * (x + one) - 4 * a
+    c1 = ((a + 2) * x - (a + 3)) * x * x + one
+    c2 = ((a + 2) * (one - x) - (a + 3)) * (one - x) * (one - x) + one
+    c3 = one - c0 - c1 - c2
+    weights = np.stack([c0, c1, c2, c3], axis=1).astype(np.float32)
+    idx = sx.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
+    idx = np.clip(idx, 0, src_len - 1)
+    return torch.from_numpy(idx), torch.from_numpy(weights)
+
+
+def resize_cubic(rgb: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """cv2.resize(rgb_float32, (width, height), interpolation=cv2.INTER_CUBIC) for (H, W, C).
+
+    Horizontal pass then vertical pass, float32, no clipping (like cv2 on float input).
+    Works from uint8 input to keep the big source image small in memory.
+    """
+    src_h, src_w, _ = rgb.shape
+    if (src_w, src_h) == (width, height):
+        return rgb.to(torch.float32)
+    x_idx, x_w = _cubic_taps(src_w, width)
+    y_idx, y_w = _cubic_taps(src_h, height)
+    # Horizontal: out[:, dx] = sum_k w[dx, k] * src[:, idx[dx, k]]
+    rows = torch.zeros(src_h, width, rgb.shape[2], dtype=torch.float32)
+    for k in range(4):
+        rows += rgb[:, x_idx[:, k], :].to(torch.float32) * x_w[:, k, None]
+    out = torch.zeros(height, width, rgb.shape[2], dtype=torch.float32)
+    for k in range(4):
+        out += rows[y_idx[:, k], :, :] * y_w[:, k, None, None]
+    return out
+
+
+def pixels_from_image(
+    img: Image.Image, *, image_size: int, patch_size: int, merge: int, mean, std
+) -> tuple[torch.Tensor, int, int]:
+    """RGB Pillow image → (normalised float32 (3, H, W), rows, cols)."""
+    rows, cols = image_grid(img.size, image_size, patch_size, merge)
+    tile = patch_size * merge
+    rgb = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy())
+    resized = resize_cubic(rgb, cols * tile, rows * tile)
+    # Same float32 order of operations as mistral-common's normalize().
+    resized /= 255.0
+    resized -= torch.tensor(mean, dtype=torch.float32)
+    resized /= torch.tensor(std, dtype=torch.float32)
+    return resized.permute(2, 0, 1).contiguous(), rows, cols
+
+
+def preprocess(
+    data: bytes, *, image_size: int, patch_size: int, merge: int, mean, std, source: str = "image"
+) -> tuple[torch.Tensor, int, int]:
+    """Image file bytes → (pixels float32 (3, rows*P, cols*P), rows, cols), P = patch*merge."""
+    img = decode_image(data, source)
+    return pixels_from_image(img, image_size=image_size, patch_size=patch_size, merge=merge, mean=mean, std=std)
+
+
+def image_size_of(data: bytes, source: str = "image") -> tuple[int, int]:
+    """(width, height) as the encoder will see it (EXIF orientation applied), from the header
+    only: cheap enough for prompt building. A file that fails later to decode still fails in
+    `preprocess` with the same kind of error."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            w, h = img.size
+            orientation = img.getexif().get(ORIENTATION_TAG, 1)
+    except Exception:
+        return decode_image(data, source).size  # raises the right EngineError
+    if w * h > MAX_IMAGE_PIXELS or w < 1 or h < 1:
+        return decode_image(data, source).size  # raises
+    # Orientations 5-8 include a 90-degree turn, which swaps the sides.
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
