@@ -1,0 +1,196 @@
+"""`QWeight` (a 2-D weight kept in its GGUF form) and `linear(x, w)`, the one matmul the model calls.
+
+Paths picked by `linear`:
+  * CUDA + Triton, quantized, <= DECODE_MAX_ROWS activation rows: fused decode kernel
+    (qmatmul.py) - reads the raw blocks once, dequantizes in registers, never writes the weight.
+  * CUDA + Triton, quantized, more rows (prefill): Triton dequant of a chunk of weight rows to
+    the activation dtype in a scratch buffer, then cuBLAS (torch.matmul).
+  * CPU (or no Triton): torch reference dequant of PREFILL_CHUNK_BYTES worth of weight rows at a
+    time in float32, then matmul. Nothing is cached: memory stays bounded by one chunk (~32 MiB)
+    for any file, at the price of dequantizing on every call.
+  * F32 / F16 / BF16 weights keep the file dtype on every device (F32 stays F32: exact, and
+    such tensors are small in real files); the matmul runs in the weight dtype when it equals
+    the activation dtype, else in float32.
+Outputs come back in x.dtype.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import quant_iq4, quant_k, quant_legacy
+from .ggml_types import QuantFormatError, row_bytes, type_info, type_name
+from .quant_float import FLOAT_DTYPES
+from .triton_compat import HAVE_TRITON
+
+REFERENCES = {**quant_legacy.REFERENCES, **quant_k.REFERENCES, **quant_iq4.REFERENCES}
+
+DECODE_MAX_ROWS = 8  # activation rows up to which the fused decode kernel is used
+PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / GPU compute dtype)
+
+
+def _as_uint8_tensor(raw) -> torch.Tensor:
+    if isinstance(raw, np.ndarray):
+        if raw.dtype != np.uint8:
+            raw = raw.view(np.uint8)
+        with warnings.catch_warnings():  # memmaps are read-only; we never write through them
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(raw.reshape(-1))
+    if isinstance(raw, torch.Tensor):
+        if raw.dtype != torch.uint8:
+            raw = raw.contiguous().view(torch.uint8)
+        return raw.reshape(-1)
+    raise TypeError(f"raw weight bytes must be a numpy array or torch tensor, got {type(raw).__name__}")
+
+
+def dequantize(raw: torch.Tensor, ggml_type: int, shape) -> torch.Tensor:
+    """float32 reference dequantization of raw GGUF bytes (any device torch supports)."""
+    raw = _as_uint8_tensor(raw)
+    shape = tuple(int(s) for s in shape)
+    info = type_info(ggml_type)
+    n = int(np.prod(shape)) if shape else 1
+    expected = row_bytes(ggml_type, shape[-1]) * (n // shape[-1]) if shape else 0
+    if raw.numel() != expected:
+        raise QuantFormatError(
+            f"{info.name} tensor of shape {shape} needs {expected} bytes, got {raw.numel()}"
+        )
+    if info.is_float:
+        return raw.contiguous().view(FLOAT_DTYPES[ggml_type]).to(torch.float32).reshape(shape)
+    blocks = raw.reshape(-1, info.type_size)
+    return REFERENCES[info.id](blocks).reshape(shape)
+
+
+@dataclass
+class QWeight:
+    """A 2-D weight (out_features, in_features) in its GGUF form.
+
+    `data` is uint8 (rows, row_bytes) raw blocks for quantized types - rows are independent,
+    so slicing rows or concatenating weights is slicing/concatenating bytes - or a float
+    tensor (out, in) in the file dtype for F32/F16/BF16.
+    """
+
+    ggml_type: int
+    shape: tuple[int, int]
+    data: torch.Tensor
+
+    @classmethod
+    def from_raw(cls, raw, ggml_type: int, shape, device="cpu", name: str = "") -> QWeight:
+        """Wrap GGUFFile.raw(name) bytes. On CPU the memmap is used in place (no copy); for
+        another device the bytes are copied straight there, one tensor at a time."""
+        what = f"tensor {name!r}: " if name else ""
+        try:
+            info = type_info(ggml_type)
+            shape = tuple(int(s) for s in shape)
+            if len(shape) != 2 or shape[0] <= 0:
+                raise QuantFormatError(f"a linear weight must be 2-D (out, in), got shape {shape}")
+            rb = row_bytes(ggml_type, shape[1])
+        except QuantFormatError as e:
+            raise QuantFormatError(what + str(e)) from None
+        data = _as_uint8_tensor(raw)
+        if data.numel() != shape[0] * rb:
+            raise QuantFormatError(
+                f"{what}{info.name} weight of shape {shape} needs {shape[0] * rb} bytes, got {data.numel()}"
+            )
+        if info.is_float:
+            data = data.view(FLOAT_DTYPES[info.id]).reshape(shape)
+        else:
+            data = data.reshape(shape[0], rb)
+        return cls(info.id, shape, data.to(device))
+
+    @classmethod
+    def cat(cls, weights: list[QWeight]) -> QWeight:
+        """Concatenate along the output rows (fused QKV / gate_up)."""
+        if not weights:
+            raise ValueError("QWeight.cat needs at least one weight")
+        first = weights[0]
+        for w in weights[1:]:
+            if w.ggml_type != first.ggml_type or w.shape[1] != first.shape[1]:
+                raise ValueError(
+                    "QWeight.cat needs one type and one in_features: got "
+                    + ", ".join(f"{type_name(v.ggml_type)} {v.shape}" for v in weights)
+                )
+            if w.data.device != first.data.device:
+                raise ValueError("QWeight.cat needs all weights on one device")
+        data = torch.cat([w.data for w in weights], dim=0)
+        return cls(first.ggml_type, (sum(w.shape[0] for w in weights), first.shape[1]), data)
+
+    def rows(self, start: int, stop: int) -> QWeight:
+        """Output rows [start, stop) as a QWeight (a view, no copy)."""
+        start, stop, _ = slice(start, stop).indices(self.shape[0])
+        if stop <= start:
+            raise ValueError(f"empty row range [{start}, {stop}) of a weight with {self.shape[0]} rows")
+        return QWeight(self.ggml_type, (stop - start, self.shape[1]), self.data[start:stop])
+
+    @property
+    def is_quantized(self) -> bool:
+        return not type_info(self.ggml_type).is_float
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def to(self, device) -> QWeight:
+        return QWeight(self.ggml_type, self.shape, self.data.to(device))
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        """(out, in) dense weight; Triton on CUDA, torch reference elsewhere."""
+        if not self.is_quantized:
+            return self.data.to(dtype)
+        if self.data.device.type == "cuda" and HAVE_TRITON:
+            from .qmatmul import dequantize_triton
+
+            return dequantize_triton(self, dtype)
+        return dequantize(self.data, self.ggml_type, self.shape).to(dtype)
+
+    def __repr__(self) -> str:
+        return f"QWeight({type_name(self.ggml_type)}, shape={self.shape}, device={self.data.device})"
+
+
+def _chunk_rows(w: QWeight, bytes_per_value: int) -> int:
+    return max(1, PREFILL_CHUNK_BYTES // (w.shape[1] * bytes_per_value))
+
+
+def linear_reference(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """Torch reference: float32 dequant of row chunks + matmul. Any device; bounded memory."""
+    x32 = x.reshape(-1, w.shape[1]).to(torch.float32)
+    out = torch.empty(x32.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
+    step = _chunk_rows(w, 4)
+    for start in range(0, w.shape[0], step):
+        part = w.rows(start, min(start + step, w.shape[0]))
+        wd = dequantize(part.data.reshape(-1), part.ggml_type, part.shape).to(x.device)
+        torch.matmul(x32, wd.t(), out=out[:, start : start + part.shape[0]])
+    return out.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
+
+
+def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    if x.dtype == w.data.dtype:
+        return F.linear(x, w.data)
+    if x.device.type == "cpu" or w.data.dtype == torch.float32:
+        return linear_reference(x, w)
+    return F.linear(x.float(), w.data.float()).to(x.dtype)
+
+
+def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """x (..., in) -> (..., out) in x.dtype; weight stays quantized."""
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: x has {x.shape[-1]} features, weight {w!r} expects {w.shape[1]}")
+    if x.device != w.data.device:
+        raise ValueError(f"linear: x is on {x.device}, weight on {w.data.device}")
+    if not w.is_quantized:
+        return _linear_float(x, w)
+    if x.device.type == "cuda" and HAVE_TRITON:
+        from .qmatmul import linear_decode, linear_prefill
+
+        n_rows = x.numel() // x.shape[-1]
+        if n_rows <= DECODE_MAX_ROWS:
+            return linear_decode(x, w)
+        return linear_prefill(x, w)
+    return linear_reference(x, w)

@@ -1,0 +1,121 @@
+"""K-quants: 256-element super-blocks Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+
+Block layouts (ggml-common.h), byte offsets:
+  Q2_K (84 B):  scales[16] @0 (lo4 scale, hi4 min), qs[64] @16 (2 bit), f16 d @80, f16 dmin @82
+  Q3_K (110 B): hmask[32] @0, qs[64] @32 (2 bit), scales[12] @96 (16 x 6 bit), f16 d @108
+  Q4_K (144 B): f16 d @0, f16 dmin @2, scales[12] @4 (8 x 6 bit scale + min), qs[128] @16
+  Q5_K (176 B): f16 d @0, f16 dmin @2, scales[12] @4, qh[32] @16, qs[128] @48
+  Q6_K (210 B): ql[128] @0, qh[64] @128, int8 scales[16] @192, f16 d @208
+The float operations follow gguf-py's order so results are bit-identical to gguf.quants.
+"""
+from __future__ import annotations
+
+import torch
+
+from .ggml_types import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, f16_field
+from .triton_compat import tl, triton
+
+# ---------------------------------------------------------------- torch references
+
+
+def _shifted(x: torch.Tensor, shifts: list[int], dim: int) -> torch.Tensor:
+    """Insert a new axis `dim` holding x >> s for each s (uint8 arithmetic)."""
+    s = torch.tensor(shifts, dtype=torch.uint8, device=x.device)
+    shape = [1] * (x.dim() + 1)
+    shape[dim] = len(shifts)
+    return x.unsqueeze(dim) >> s.reshape(shape)
+
+
+def _q2_3_low_bits(qs: torch.Tensor) -> torch.Tensor:
+    """(n, 64) bytes of 2-bit quants -> (n, 256): element h*128 + s*32 + l = byte h*32+l >> 2s."""
+    n = qs.shape[0]
+    return (_shifted(qs.reshape(n, 2, 32), [0, 2, 4, 6], 2) & 3).reshape(n, 256)
+
+
+def _bit_planes(hmask: torch.Tensor) -> torch.Tensor:
+    """(n, 32) bytes -> (n, 256): element b*32 + l = bit b of byte l."""
+    n = hmask.shape[0]
+    return (_shifted(hmask, list(range(8)), 1) & 1).reshape(n, 256)
+
+
+def dequantize_q2_k_ref(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    scales = blocks[:, 0:16]
+    d, dmin = f16_field(blocks, 80), f16_field(blocks, 82)
+    dl = (d * (scales & 0xF).to(torch.float32)).reshape(n, 16, 1)
+    ml = (dmin * (scales >> 4).to(torch.float32)).reshape(n, 16, 1)
+    q = _q2_3_low_bits(blocks[:, 16:80]).reshape(n, 16, 16).to(torch.float32)
+    return (dl * q - ml).reshape(n, 256)
+
+
+def q3_k_scales(sc: torch.Tensor) -> torch.Tensor:
+    """(n, 12) packed bytes -> (n, 16) signed 6-bit scales: low 4 bits from bytes 0-7
+    (low nibbles then high nibbles), high 2 bits from bytes 8-11 (2 bits at a time)."""
+    n = sc.shape[0]
+    low = _shifted(sc[:, 0:8], [0, 4], 1).reshape(n, 16) & 0x0F
+    high = _shifted(sc[:, 8:12], [0, 2, 4, 6], 1).reshape(n, 16) & 0x03
+    return (low | (high << 4)).to(torch.int8) - 32
+
+
+def dequantize_q3_k_ref(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    d = f16_field(blocks, 108)
+    dl = (d * q3_k_scales(blocks[:, 96:108]).to(torch.float32)).reshape(n, 16, 1)
+    low = _q2_3_low_bits(blocks[:, 32:96]).to(torch.int8)
+    # a *clear* hmask bit subtracts 4
+    high = (_bit_planes(blocks[:, 0:32]) ^ 1).to(torch.int8) << 2
+    q = (low - high).reshape(n, 16, 16).to(torch.float32)
+    return (dl * q).reshape(n, 256)
+
+
+def k_scale_min(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, 12) packed bytes of Q4_K/Q5_K -> 8 six-bit scales and 8 six-bit mins (uint8)."""
+    d, m, md = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
+    scale = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    mins = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return scale, mins
+
+
+def _k_scaled(blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    d, dmin = f16_field(blocks, 0), f16_field(blocks, 2)
+    sc, mn = k_scale_min(blocks[:, 4:16])
+    dl = (d * sc.to(torch.float32)).reshape(n, 8, 1)
+    ml = (dmin * mn.to(torch.float32)).reshape(n, 8, 1)
+    return (dl * q.reshape(n, 8, 32).to(torch.float32) - ml).reshape(n, 256)
+
+
+def _k_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """(n, 128) bytes -> (n, 256): element c*64 + h*32 + l = nibble h of byte c*32 + l."""
+    n = qs.shape[0]
+    return (_shifted(qs.reshape(n, 4, 32), [0, 4], 2) & 0x0F).reshape(n, 256)
+
+
+def dequantize_q4_k_ref(blocks: torch.Tensor) -> torch.Tensor:
+    return _k_scaled(blocks, _k_nibbles(blocks[:, 16:144]))
+
+
+def dequantize_q5_k_ref(blocks: torch.Tensor) -> torch.Tensor:
+    q = _k_nibbles(blocks[:, 48:176]) | (_bit_planes(blocks[:, 16:48]) << 4)
+    return _k_scaled(blocks, q)
+
+
+def dequantize_q6_k_ref(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
+    d = (f16_field(blocks, 208) * scales).reshape(n, 16, 1)
+    # element h*128 + r: low 4 bits = nibble r//64 of ql byte h*64 + r%64,
+    # high 2 bits = bits 2*(r//32) of qh byte h*32 + r%32
+    ql = (_shifted(blocks[:, 0:128].reshape(n, 2, 64), [0, 4], 2) & 0x0F).reshape(n, 256)
+    qh = (_shifted(blocks[:, 128:192].reshape(n, 2, 32), [0, 2, 4, 6], 2) & 0x03).reshape(n, 256)
+    q = (ql | (qh << 4)).to(torch.int8) - 32
+    return (d * q.reshape(n, 16, 16).to(torch.float32)).reshape(n, 256)
+
+
+REFERENCES = {
+    Q2_K: dequantize_q2_k_ref,
+    Q3_K: dequantize_q3_k_ref,
+    Q4_K: dequantize_q4_k_ref,
+    Q5_K: dequantize_q5_k_ref,
+    Q6_K: dequantize_q6_k_ref,
+}
