@@ -1,0 +1,625 @@
+"""The Mistral 3 text decoder (mistral3 and llama-labelled GGUF files) and its KV cache.
+
+gpt-fast-like: a config dataclass (`TextConfig` from model_file), weights uploaded tensor by
+tensor from the memory-mapped file, small pure functions, SDPA for attention.
+
+Facts this module relies on (see docs/mistral3.md of the shared notes):
+- llama.cpp's converter permutes the rows of attn_q / attn_k of every head from HF's
+  rotate-half layout into interleaved pairs. We keep the file's layout and rotate adjacent
+  pairs (x[2i], x[2i+1]) with frequency i, which is exactly HF's rotate-half on (x[i], x[i+d/2]).
+  Q·K dot products do not care about the (shared) permutation; V and O are not permuted.
+- YaRN follows transformers' `_compute_yarn_parameters` (truncated correction range, linear
+  ramp between beta_fast and beta_slow, attention factor applied to cos and sin). GGUF keeps
+  HF's `mscale_all_dim` in `rope.scaling.yarn_log_multiplier` and has no `mscale` (llama.cpp
+  takes it as 1): attention factor = get_mscale(f, 1) / get_mscale(f, log_mul), or
+  get_mscale(f) when log_mul is 0, unless the file states `yarn_attn_factor` explicitly.
+- Ministral 3's query scale `1 + beta * ln(1 + floor(pos / original_context))` multiplies q
+  after RoPE; being one number per position it is folded into the query's cos/sin tables.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..kernels import ggml_types
+from ..kernels.linear import QWeight, dequantize, linear
+from .api import EngineError
+from .gguf_file import GGUFError, GGUFFile, open_gguf
+from .model_file import TextConfig, text_config
+
+CPU_DEFAULT_CONTEXT = 8192
+PREFILL_CHUNK = 2048  # prompt rows per forward pass: bounds activation memory on long prompts
+CUDA_HEADROOM_BYTES = 1536 << 20  # left free after weights + KV for activations / allocator slack
+MIN_DECODE_BUCKET = 256
+
+
+# ----------------------------------------------------------------------------- device
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise EngineError(f"device '{device}' was asked for but no CUDA GPU is available "
+                              f"(use --device cpu or auto)")
+        return torch.device(device)
+    raise EngineError(f"unknown device '{device}': use cpu, cuda or auto")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """f32 on CPU (exactness, and bf16 matmuls are slow there); bf16 on CUDA."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+# ----------------------------------------------------------------------------- RoPE / YaRN
+
+def _yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_inv_freq(cfg: TextConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (rope_dim/2,) float32 and the attention factor for cos/sin.
+
+    Plain RoPE: theta^(-2i/d), factor 1. YaRN: transformers' `_compute_yarn_parameters`."""
+    dim, base = cfg.rope_dim, cfg.rope_theta
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim)
+    if cfg.rope_scaling != "yarn":
+        return 1.0 / pos_freqs, 1.0
+    factor = cfg.yarn_factor
+    if cfg.yarn_attn_factor is not None:
+        attention_factor = cfg.yarn_attn_factor
+    elif cfg.yarn_log_multiplier:
+        attention_factor = _yarn_get_mscale(factor, 1.0) / _yarn_get_mscale(factor, cfg.yarn_log_multiplier)
+    else:
+        attention_factor = _yarn_get_mscale(factor)
+    beta_fast = cfg.yarn_beta_fast or 32.0
+    beta_slow = cfg.yarn_beta_slow or 1.0
+    original = cfg.yarn_original_context
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation_weight = 1 - ramp
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    inv_freq = (inv_freq_interpolation * (1 - extrapolation_weight)
+                + inv_freq_extrapolation * extrapolation_weight)
+    return inv_freq, float(attention_factor)
+
+
+def query_scale(cfg: TextConfig, positions: torch.Tensor) -> torch.Tensor | None:
+    """Ministral 3 / Llama 4 position-dependent query scale, or None when the file has none."""
+    beta, original = cfg.attn_temperature_scale, cfg.yarn_original_context
+    if not beta or original <= 0:
+        return None
+    return 1 + beta * torch.log(1 + torch.floor(positions.to(torch.float32) / original))
+
+
+@dataclass
+class RopeTables:
+    """Per-position cos/sin (n, rope_dim/2) for keys, and for queries with the query scale
+    folded in. Built in float32 like transformers, then cast to the compute dtype."""
+
+    cos_k: torch.Tensor
+    sin_k: torch.Tensor
+    cos_q: torch.Tensor
+    sin_q: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.cos_k.shape[0]
+
+
+def build_rope_tables(cfg: TextConfig, n_positions: int, dtype: torch.dtype,
+                      device: torch.device) -> RopeTables:
+    inv_freq, attention_factor = rope_inv_freq(cfg)
+    positions = torch.arange(n_positions, dtype=torch.int64).to(torch.float32)
+    angles = positions[:, None] * inv_freq[None, :]  # one f32 product each, as HF's outer matmul
+    cos = angles.cos() * attention_factor
+    sin = angles.sin() * attention_factor
+    scale = query_scale(cfg, torch.arange(n_positions))
+    cos_q, sin_q = (cos, sin) if scale is None else (cos * scale[:, None], sin * scale[:, None])
+
+    def put(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    return RopeTables(put(cos), put(sin), put(cos_q), put(sin_q))
+
+
+def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs: x (T, H, d), cos/sin (T, d/2). (x0, x1) -> (x0c - x1s, x1c + x0s)."""
+    pairs = x.unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.stack((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1).flatten(-2)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF MistralRMSNorm: normalise in float32, cast back, then scale by the (f32) weight."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * xf.to(x.dtype)).to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+@dataclass
+class KVSnapshot:
+    """A cache's first `length` positions copied to host memory (see KVCache.to_host)."""
+
+    k: torch.Tensor  # (layers, kv_heads, length, head_dim), CPU
+    v: torch.Tensor
+    length: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+class KVCache:
+    """Preallocated keys/values for one sequence: (layers, kv_heads, capacity, head_dim).
+
+    Positions [0, length) are valid. Zero-initialised so masked-out slots are finite (a NaN
+    there would leak through 0 * NaN in attention)."""
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
+                 capacity: int, dtype: torch.dtype, device: torch.device):
+        if capacity <= 0:
+            raise EngineError(f"context length must be positive, got {capacity}")
+        self.k = torch.zeros(n_layers, n_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros(n_layers, n_kv_heads, capacity, v_head_dim, dtype=dtype, device=device)
+        self.length = 0
+        self._decode_graphs = None  # CUDA graphs bound to these tensors (built lazily)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def truncate(self, n: int) -> None:
+        """Forget every position from n on (n <= length)."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot truncate a KV cache of length {self.length} to {n}")
+        self.length = n
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def to_host(self) -> KVSnapshot:
+        n = self.length
+        pin = self.device.type == "cuda"
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            src = t[:, :, :n]
+            out = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
+            out.copy_(src)
+            return out
+
+        return KVSnapshot(copy(self.k), copy(self.v), n)
+
+    def from_host(self, snap: KVSnapshot) -> None:
+        """Restore a snapshot taken from a cache of the same model (same or smaller length)."""
+        n = snap.length
+        if snap.k.shape[:2] != self.k.shape[:2] or snap.k.shape[3] != self.k.shape[3] \
+                or snap.v.shape[3] != self.v.shape[3]:
+            raise EngineError(f"KV snapshot of shape {tuple(snap.k.shape)} does not fit this cache "
+                              f"{tuple(self.k.shape)} (another model?)")
+        if n > self.capacity:
+            raise EngineError(f"KV snapshot holds {n} positions, the context is {self.capacity}")
+        self.k[:, :, :n].copy_(snap.k)
+        self.v[:, :, :n].copy_(snap.v)
+        self.length = n
+
+
+# ----------------------------------------------------------------------------- weights
+
+class TokenEmbedding:
+    """token_embd kept as the file stores it (a QWeight); looked-up rows are dequantized.
+
+    Quantized tables stay quantized on the device (131072×5120 is 1.3 GB in bf16, 0.4 GB in
+    Q4_K), and a tied head multiplies with the very same bytes."""
+
+    def __init__(self, weight: QWeight, dtype: torch.dtype):
+        self.weight = weight
+        self.dtype = dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        rows = w.data.index_select(0, ids)
+        if not w.is_quantized:
+            return rows.to(self.dtype)
+        return dequantize(rows.reshape(-1), w.ggml_type, (ids.numel(), w.shape[1])).to(self.dtype)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    wo: QWeight
+    w_down: QWeight
+    wqkv: QWeight | None = None  # fused when the three types match
+    wq: QWeight | None = None
+    wk: QWeight | None = None
+    wv: QWeight | None = None
+    w_gate_up: QWeight | None = None  # fused when the two types match
+    w_gate: QWeight | None = None
+    w_up: QWeight | None = None
+
+
+def _fusable(gf: GGUFFile, names: Sequence[str]) -> bool:
+    return len({gf.tensors[n].ggml_type for n in names}) == 1
+
+
+# ----------------------------------------------------------------------------- the model
+
+class Mistral3Text:
+    """Weights + forward of the decoder. One sequence at a time (batch 1).
+
+    `embed(ids)` gives the input rows; image features may be spliced into them before
+    `forward(embeds, start_pos, cache)`, which writes K/V at [start_pos, start_pos + T) and
+    returns float32 logits of the last row (or all rows)."""
+
+    def __init__(self, cfg: TextConfig, device: torch.device, dtype: torch.dtype):
+        self.cfg = cfg
+        self.device = device
+        self.dtype = dtype
+        self.layers: list[LayerWeights] = []
+        self.embedding: TokenEmbedding | None = None
+        self.output_norm: torch.Tensor | None = None
+        self.head: QWeight | None = None
+        self.rope: RopeTables | None = None
+        self.path = None
+        self.weight_bytes = 0
+        self.use_cuda_graphs = device.type == "cuda" and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
+        self.prefill_chunk = PREFILL_CHUNK
+
+    # -- loading ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path_or_gf, device: str | torch.device = "auto", dtype: torch.dtype | None = None,
+             progress=None) -> "Mistral3Text":
+        """Read a mistral3 / llama-labelled Mistral 3 GGUF. Raises GGUFError naming the file."""
+        gf = path_or_gf if isinstance(path_or_gf, GGUFFile) else open_gguf(path_or_gf)
+        cfg = text_config(gf)
+        if cfg.rope_dim != cfg.head_dim:
+            raise GGUFError(f"{gf.path}: rope.dimension_count {cfg.rope_dim} differs from the head "
+                            f"size {cfg.head_dim}; partial RoPE is not a Mistral 3 layout")
+        if cfg.head_dim % 2:
+            raise GGUFError(f"{gf.path}: attention.key_length {cfg.head_dim} is odd")
+        if cfg.rope_scaling == "yarn" and cfg.yarn_original_context <= 0:
+            raise GGUFError(f"{gf.path}: rope.scaling.type is yarn but "
+                            f"'{cfg.arch}.rope.scaling.original_context_length' is missing or 0")
+        device = resolve_device(device)
+        model = cls(cfg, device, dtype or default_dtype(device))
+        model.path = gf.path
+        model._load_weights(gf, progress)
+        return model
+
+    def _upload(self, gf: GGUFFile, name: str) -> QWeight:
+        info = gf.tensors[name]
+        self.weight_bytes += info.nbytes
+        return QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), self.device)
+
+    def _upload_fused(self, gf: GGUFFile, names: Sequence[str]) -> QWeight:
+        parts = [self._upload(gf, n) for n in names]
+        fused = QWeight.cat(parts)
+        del parts  # the separate copies go; only the fused one stays on the device
+        return fused
+
+    def _norm(self, gf: GGUFFile, name: str) -> torch.Tensor:
+        self.weight_bytes += gf.tensors[name].nbytes
+        return torch.from_numpy(np.array(gf.array(name), dtype=np.float32)).to(self.device)
+
+    def _load_weights(self, gf: GGUFFile, progress=None) -> None:
+        cfg = self.cfg
+        try:
+            self.embedding = TokenEmbedding(self._upload(gf, "token_embd.weight"), self.dtype)
+            for i in range(cfg.n_layers):
+                b = f"blk.{i}."
+                qkv = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
+                gate_up = [b + "ffn_gate.weight", b + "ffn_up.weight"]
+                layer = LayerWeights(
+                    attn_norm=self._norm(gf, b + "attn_norm.weight"),
+                    ffn_norm=self._norm(gf, b + "ffn_norm.weight"),
+                    wo=self._upload(gf, b + "attn_output.weight"),
+                    w_down=self._upload(gf, b + "ffn_down.weight"),
+                )
+                if _fusable(gf, qkv):
+                    layer.wqkv = self._upload_fused(gf, qkv)
+                else:  # e.g. Q4_K_M: attn_v is Q6_K while q/k are Q4_K
+                    layer.wq, layer.wk, layer.wv = (self._upload(gf, n) for n in qkv)
+                if _fusable(gf, gate_up):
+                    layer.w_gate_up = self._upload_fused(gf, gate_up)
+                else:
+                    layer.w_gate, layer.w_up = (self._upload(gf, n) for n in gate_up)
+                self.layers.append(layer)
+                if progress is not None:
+                    progress(i + 1, cfg.n_layers)
+            self.output_norm = self._norm(gf, "output_norm.weight")
+            # No output.weight: the head is the embedding table (tied), same device bytes.
+            self.head = self.embedding.weight if cfg.tied_embeddings else self._upload(gf, "output.weight")
+        except ggml_types.QuantFormatError as exc:
+            raise GGUFError(f"{gf.path}: {exc}") from None
+
+    # -- context ------------------------------------------------------------------------------
+    def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
+        cfg = self.cfg
+        size = torch.tensor([], dtype=dtype or self.dtype).element_size()
+        return cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * size
+
+    def default_context_length(self) -> int:
+        """What fits: on CUDA the free memory after weights minus headroom; on CPU 8192.
+        Never more than the file's context_length."""
+        limit = self.cfg.context_length
+        if self.device.type != "cuda":
+            return min(limit, CPU_DEFAULT_CONTEXT)
+        free, _total = torch.cuda.mem_get_info(self.device)
+        # Prefill activations scale with the chunk: keep room for them too.
+        act = self.prefill_chunk * (2 * self.cfg.ffn + 4 * self.cfg.hidden) * 4
+        room = free - CUDA_HEADROOM_BYTES - act
+        fits = max(room // self.kv_bytes_per_token(), 0)
+        n = min(limit, int(fits) // 256 * 256)
+        if n < 256:
+            raise EngineError(f"not enough GPU memory left for a KV cache after loading the weights "
+                              f"({free / 2**30:.1f} GiB free); try a smaller quantization or --device cpu")
+        return n
+
+    def new_cache(self, context_length: int | None = None) -> KVCache:
+        cfg = self.cfg
+        n = self.default_context_length() if context_length is None else int(context_length)
+        if n <= 0:
+            raise EngineError(f"context length must be positive, got {n}")
+        n = min(n, cfg.context_length)
+        self._ensure_rope(n)
+        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, self.dtype, self.device)
+
+    def _ensure_rope(self, n: int) -> None:
+        if self.rope is None or self.rope.length < n:
+            self.rope = build_rope_tables(self.cfg, n, self.dtype, self.device)
+
+    # -- forward ------------------------------------------------------------------------------
+    def embed(self, ids) -> torch.Tensor:
+        """(T,) token ids -> (T, hidden) rows in the compute dtype."""
+        if not isinstance(ids, torch.Tensor):
+            ids = torch.tensor(list(ids), dtype=torch.long)
+        ids = ids.to(device=self.device, dtype=torch.long).reshape(-1)
+        return self.embedding(ids)
+
+    @torch.inference_mode()
+    def forward(self, embeds: torch.Tensor, start_pos: int, cache: KVCache | None = None,
+                all_logits: bool = False) -> torch.Tensor:
+        """Run T rows at positions [start_pos, start_pos + T). Returns float32 logits (vocab,)
+        for the last row, or (T, vocab) with all_logits. Without a cache a temporary one is used.
+
+        The cache must hold exactly start_pos valid positions before the call (truncate it
+        first to rewind); afterwards it holds start_pos + T."""
+        if embeds.dim() == 3:
+            embeds = embeds.squeeze(0)
+        T = embeds.shape[0]
+        if T == 0:
+            raise EngineError("nothing to run: the prompt is empty")
+        if cache is None:
+            cache = self.new_cache(start_pos + T)
+            cache.length = start_pos
+        if start_pos != cache.length:
+            raise EngineError(f"forward at position {start_pos} but the KV cache holds {cache.length} "
+                              f"positions (truncate it first)")
+        if start_pos + T > cache.capacity:
+            raise EngineError(f"context full: {start_pos} + {T} tokens exceed the context length "
+                              f"{cache.capacity}")
+        self._ensure_rope(cache.capacity)
+        embeds = embeds.to(device=self.device, dtype=self.dtype)
+        outs = []
+        for lo in range(0, T, self.prefill_chunk):
+            chunk = embeds[lo:lo + self.prefill_chunk]
+            last = lo + chunk.shape[0] == T
+            hidden = self._layers(chunk, start_pos + lo, cache)
+            cache.length = start_pos + lo + chunk.shape[0]
+            if all_logits:
+                outs.append(self._logits(hidden))
+            elif last:
+                outs.append(self._logits(hidden[-1:])[0])
+        return torch.cat(outs, 0) if all_logits else outs[0]
+
+    def logits(self, ids, start_pos: int = 0, cache: KVCache | None = None,
+               all_logits: bool = False) -> torch.Tensor:
+        return self.forward(self.embed(ids), start_pos, cache, all_logits)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(hidden, self.output_norm, self.cfg.norm_eps)
+        return linear(h, self.head).float()
+
+    def _layers(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+        T = x.shape[0]
+        rope = self.rope
+        sl = slice(start, start + T)
+        tables = (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, self.cfg.norm_eps)
+            x = x + self._attention(i, layer, h, start, tables, cache)
+            h = rms_norm(x, layer.ffn_norm, self.cfg.norm_eps)
+            x = x + self._mlp(layer, h)
+        return x
+
+    def _qkv(self, layer: LayerWeights, h: torch.Tensor):
+        cfg = self.cfg
+        q_w, k_w = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        if layer.wqkv is not None:
+            q, k, v = linear(h, layer.wqkv).split([q_w, k_w, cfg.n_kv_heads * cfg.v_head_dim], dim=-1)
+        else:
+            q, k, v = linear(h, layer.wq), linear(h, layer.wk), linear(h, layer.wv)
+        T = h.shape[0]
+        return (q.reshape(T, cfg.n_heads, cfg.head_dim), k.reshape(T, cfg.n_kv_heads, cfg.head_dim),
+                v.reshape(T, cfg.n_kv_heads, cfg.v_head_dim))
+
+    def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, start: int, tables,
+                   cache: KVCache) -> torch.Tensor:
+        cfg = self.cfg
+        T = h.shape[0]
+        cos_q, sin_q, cos_k, sin_k = tables
+        q, k, v = self._qkv(layer, h)
+        q = apply_rope_pairs(q, cos_q, sin_q)
+        k = apply_rope_pairs(k, cos_k, sin_k)
+        end = start + T
+        cache.k[i, :, start:end] = k.transpose(0, 1)
+        cache.v[i, :, start:end] = v.transpose(0, 1)
+        keys = cache.k[i, :, :end].unsqueeze(0)  # (1, Hkv, S, d)
+        values = cache.v[i, :, :end].unsqueeze(0)
+        n_rep = cfg.n_heads // cfg.n_kv_heads
+        if T == 1:
+            # One new row sees every cached position: no mask. The query heads of a KV group
+            # become that group's "rows", so GQA needs no key/value expansion.
+            o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim), keys, values)
+            o = o.reshape(1, cfg.n_heads * cfg.v_head_dim)
+        else:
+            qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, d)
+            if start == 0:
+                o = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=n_rep > 1)
+            else:
+                # Rows are the last T of S positions: causal aligned to the bottom right.
+                from torch.nn.attention.bias import causal_lower_right
+                o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=causal_lower_right(T, end),
+                                                   enable_gqa=n_rep > 1)
+            o = o[0].transpose(0, 1).reshape(T, cfg.n_heads * cfg.v_head_dim)
+        return linear(o, layer.wo)
+
+    def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        if layer.w_gate_up is not None:
+            gate, up = linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        else:
+            gate, up = linear(h, layer.w_gate), linear(h, layer.w_up)
+        return linear(F.silu(gate) * up, layer.w_down)
+
+    # -- one-token decode ------------------------------------------------------------------------
+    def decode_bucket(self, n_keys: int, capacity: int) -> int:
+        """Key length a static decode step attends over: the next power of two ≥ n_keys
+        (at least MIN_DECODE_BUCKET), capped by the cache. Few buckets → few CUDA graphs,
+        and never more than 2× the keys actually needed."""
+        bucket = MIN_DECODE_BUCKET
+        while bucket < n_keys:
+            bucket *= 2
+        return min(bucket, capacity)
+
+    def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, bucket: int) -> torch.Tensor:
+        """One row at the device position `pos` (1,) with shapes fixed by `bucket`: no host
+        syncs, no data-dependent shapes — the body that a CUDA graph captures.
+
+        x: (1, hidden) input row. Writes K/V at pos, attends over [0, bucket) with a mask
+        hiding positions > pos. Returns float32 logits (vocab,). Does not touch cache.length."""
+        cfg = self.cfg
+        rope = self.rope
+        n_rep = cfg.n_heads // cfg.n_kv_heads
+        cos_q, sin_q = rope.cos_q.index_select(0, pos), rope.sin_q.index_select(0, pos)
+        cos_k, sin_k = rope.cos_k.index_select(0, pos), rope.sin_k.index_select(0, pos)
+        visible = (torch.arange(bucket, device=x.device) <= pos).reshape(1, 1, 1, bucket)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
+            q, k, v = self._qkv(layer, h)
+            q = apply_rope_pairs(q, cos_q, sin_q)
+            k = apply_rope_pairs(k, cos_k, sin_k)
+            cache.k[i].index_copy_(1, pos, k.transpose(0, 1))
+            cache.v[i].index_copy_(1, pos, v.transpose(0, 1))
+            keys = cache.k[i, :, :bucket].unsqueeze(0)
+            values = cache.v[i, :, :bucket].unsqueeze(0)
+            o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
+                                               keys, values, attn_mask=visible)
+            x = x + linear(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo)
+            h = rms_norm(x, layer.ffn_norm, cfg.norm_eps)
+            x = x + self._mlp(layer, h)
+        return self._logits(x)[0]
+
+    @torch.inference_mode()
+    def decode(self, token_id: int, cache: KVCache) -> torch.Tensor:
+        """Feed one token at position cache.length; float32 logits (vocab,)."""
+        pos = cache.length
+        if pos >= cache.capacity:
+            raise EngineError(f"context full: the context length is {cache.capacity} tokens")
+        if self.use_cuda_graphs and self.device.type == "cuda":
+            try:
+                if cache._decode_graphs is None:
+                    cache._decode_graphs = _DecodeGraphs(self, cache)
+                logits = cache._decode_graphs.run(token_id, pos)
+                cache.length = pos + 1
+                return logits
+            except Exception as exc:  # noqa: BLE001 - keep generating on the eager path
+                warnings.warn(f"CUDA graph decode failed ({exc!r}); using eager decode")
+                self.use_cuda_graphs = False
+                cache._decode_graphs = None
+        return self.forward(self.embed([token_id]), pos, cache)
+
+
+class _DecodeGraphs:
+    """CUDA graphs of `decode_static`, one per key bucket, bound to one cache's tensors.
+
+    Inputs live in static buffers (the input row and the position); the embedding lookup runs
+    eagerly before replay (quantized row dequantization builds small host tensors). Graphs
+    share one memory pool: they are never replayed concurrently, and the logits are cloned
+    right after each replay, so reuse of intermediate memory between graphs is safe."""
+
+    def __init__(self, model: Mistral3Text, cache: KVCache):
+        self.model = model
+        self.cache = cache
+        dev = model.device
+        self.x = torch.zeros(1, model.cfg.hidden, dtype=model.dtype, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def _capture(self, bucket: int):
+        model, cache = self.model, self.cache
+        stream = torch.cuda.Stream(device=model.device)
+        stream.wait_stream(torch.cuda.current_stream(model.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: Triton compiles / autotunes outside the capture
+                model.decode_static(self.x, self.pos, cache, bucket)
+        torch.cuda.current_stream(model.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = model.decode_static(self.x, self.pos, cache, bucket)
+        return graph, out
+
+    def run(self, token_id: int, pos: int) -> torch.Tensor:
+        model = self.model
+        self.x.copy_(model.embed([token_id]))
+        self.pos.fill_(pos)
+        bucket = model.decode_bucket(pos + 1, self.cache.capacity)
+        if bucket not in self.graphs:
+            self.graphs[bucket] = self._capture(bucket)
+        graph, out = self.graphs[bucket]
+        graph.replay()
+        return out.clone()
+
+
+def load_model(path, device: str | torch.device = "auto", dtype: torch.dtype | None = None,
+               progress=None) -> Mistral3Text:
+    return Mistral3Text.load(path, device=device, dtype=dtype, progress=progress)
+
+
+__all__ = ["Mistral3Text", "KVCache", "KVSnapshot", "load_model", "resolve_device", "default_dtype",
+           "rope_inv_freq", "build_rope_tables", "apply_rope_pairs", "rms_norm", "query_scale"]
