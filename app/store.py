@@ -742,30 +742,83 @@ class Store:
         with self._lock:
             # Files first, rows second: a crash in between leaves only an orphan file.
             stored = [(self._store_image_file(img), img.name, off) for img, off in images]
-            with self._tx() as conn:
+            with self._tx():
                 self._require_chat(chat_id)
                 now = self._now()
-                stats = stats or GenerationStats()
-                message_id = conn.execute(
-                    "INSERT INTO messages (chat_id, position, role, text, state, finish_reason,"
-                    " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
-                    " decode_tok_s, created_at) VALUES (?, (SELECT coalesce(max(position), -1) + 1"
-                    " FROM messages WHERE chat_id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (chat_id, chat_id, role, text, state, finish_reason, *_stat_values(stats),
-                     created_at if created_at is not None else now),
-                ).lastrowid
-                for idx, ((sha, ext, size), name, offset) in enumerate(stored):
-                    conn.execute(
-                        "INSERT OR IGNORE INTO images (sha256, ext, size, created_at) VALUES (?, ?, ?, ?)",
-                        (sha, ext, size, now),
-                    )
-                    conn.execute(
-                        "INSERT INTO message_images (message_id, idx, sha256, name, text_offset)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        (message_id, idx, sha, name, max(0, min(int(offset), len(text)))),
-                    )
+                message_id = self._insert_message_row(
+                    chat_id, role, text, stored, state, finish_reason, stats,
+                    created_at if created_at is not None else now,
+                )
                 self._touch(chat_id, now)
                 return message_id
+
+    def _insert_message_row(
+        self,
+        chat_id: int,
+        role: str,
+        text: str,
+        stored_images: list[tuple[tuple[str, str, int], str, int]],
+        state: str,
+        finish_reason: str | None,
+        stats: GenerationStats | None,
+        created_at: float,
+    ) -> int:
+        """Inside a transaction: one message row and its image references."""
+        conn = self._conn
+        message_id = conn.execute(
+            "INSERT INTO messages (chat_id, position, role, text, state, finish_reason,"
+            " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
+            " decode_tok_s, created_at) VALUES (?, (SELECT coalesce(max(position), -1) + 1"
+            " FROM messages WHERE chat_id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (chat_id, chat_id, role, text, state, finish_reason,
+             *_stat_values(stats or GenerationStats()), created_at),
+        ).lastrowid
+        for idx, ((sha, ext, size), name, offset) in enumerate(stored_images):
+            conn.execute(
+                "INSERT OR IGNORE INTO images (sha256, ext, size, created_at) VALUES (?, ?, ?, ?)",
+                (sha, ext, size, created_at),
+            )
+            conn.execute(
+                "INSERT INTO message_images (message_id, idx, sha256, name, text_offset)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (message_id, idx, sha, name, max(0, min(int(offset), len(text)))),
+            )
+        return message_id
+
+    def restore_chat(self, chat_fields: dict[str, Any], messages: Sequence[dict[str, Any]]) -> int:
+        """Create a whole chat in one transaction, keeping the given timestamps, states and
+        stats (used by import). Each message dict has role, text and optionally images
+        [(ImagePart, text_offset)], state, finish_reason, stats (GenerationStats), created_at."""
+        values = self._chat_values(chat_fields)
+        now = self._now()
+        values.setdefault("title", "Imported chat")
+        values.setdefault("created_at", now)
+        values.setdefault("updated_at", now)
+        rows = []
+        for i, msg in enumerate(messages):
+            role, state = msg["role"], msg.get("state", "complete")
+            if role not in ROLES:
+                raise StoreError(f"messages[{i}].role {role!r}: expected one of {', '.join(ROLES)}")
+            if state not in STATES:
+                raise StoreError(f"messages[{i}].state {state!r}: expected one of {', '.join(STATES)}")
+            rows.append(msg)
+        with self._lock:
+            stored = [
+                [(self._store_image_file(img), img.name, off) for img, off in msg.get("images", ())]
+                for msg in rows
+            ]
+            with self._tx() as conn:
+                cols = ", ".join(values)
+                marks = ", ".join(f":{c}" for c in values)
+                chat_id = conn.execute(f"INSERT INTO chats ({cols}) VALUES ({marks})", values).lastrowid
+                for msg, images in zip(rows, stored):
+                    state = msg.get("state", "complete")
+                    self._insert_message_row(
+                        chat_id, msg["role"], msg.get("text", ""), images,
+                        "interrupted" if state == "streaming" else state,
+                        msg.get("finish_reason"), msg.get("stats"), float(msg.get("created_at", now)),
+                    )
+                return chat_id
 
     def get_message(self, message_id: int) -> Message:
         found = self._messages("WHERE m.id = ?", (message_id,))

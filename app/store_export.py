@@ -1,0 +1,288 @@
+"""Export a saved chat to Markdown or JSON, and import the JSON back.
+
+JSON (`"format": "tramontane-chat"`, version 1) carries everything the store keeps about a
+chat, images included as base64, so export -> import -> export gives the same document.
+Markdown is for reading: the images are written as files in a folder beside the .md.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..engine.api import GenerationStats, ImagePart
+from .store import ROLES, STATES, Chat, Store, StoreError
+
+FORMAT = "tramontane-chat"
+FORMAT_VERSION = 1
+
+_CHAT_KEYS = (
+    "title", "created_at", "updated_at", "model_path", "projector_path", "remote_url",
+    "remote_model", "system_prompt", "settings", "pinned",
+)
+_STAT_KEYS = ("prompt_tokens", "generated_tokens", "reused_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s")
+
+
+class ChatFileError(StoreError):
+    """An import file that is not a valid Tramontane chat export; says which field."""
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
+    chat = store.get_chat(chat_id)
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "chat": {key: getattr(chat, key) for key in _CHAT_KEYS},
+        "messages": [
+            {
+                "role": m.role,
+                "text": m.text,
+                "state": m.state,
+                "finish_reason": m.finish_reason,
+                "created_at": m.created_at,
+                "stats": {key: getattr(m, key) for key in _STAT_KEYS},
+                "images": [
+                    {
+                        "name": img.name,
+                        "sha256": img.sha256,
+                        "ext": img.ext,
+                        "text_offset": img.text_offset,
+                        "data_base64": base64.b64encode(store.image_bytes(img.sha256, img.ext)).decode("ascii"),
+                    }
+                    for img in m.images
+                ],
+            }
+            for m in chat.messages
+        ],
+    }
+
+
+def export_json(store: Store, chat_id: int, path: str | Path) -> Path:
+    path = Path(path)
+    text = json.dumps(chat_to_json(store, chat_id), ensure_ascii=False, indent=1)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot write export: {exc.strerror or exc}") from exc
+    return path
+
+
+def import_json(store: Store, path: str | Path) -> int:
+    """Read a chat exported by export_json into a new chat; returns its id."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ChatFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ChatFileError(f"{path}: not JSON: {exc}") from exc
+    return chat_from_json(store, data, source=str(path))
+
+
+def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
+    """Validate a chat_to_json document and store it as a new chat (one transaction)."""
+    doc = _Reader(source)
+    doc.require(isinstance(data, dict), "", "expected a JSON object")
+    doc.require(data.get("format") == FORMAT, "format", f"expected {FORMAT!r}, got {data.get('format')!r}")
+    doc.require(
+        data.get("version") == FORMAT_VERSION, "version",
+        f"version {data.get('version')!r} is not supported (this Tramontane reads {FORMAT_VERSION})",
+    )
+    chat = doc.object(data, "chat")
+    fields: dict[str, Any] = {
+        "title": doc.string(chat, "chat.title"),
+        "created_at": doc.number(chat, "chat.created_at"),
+        "updated_at": doc.number(chat, "chat.updated_at"),
+        "system_prompt": doc.string(chat, "chat.system_prompt", default=""),
+        "settings": doc.object(chat, "chat.settings", default={}),
+        "pinned": doc.boolean(chat, "chat.pinned", default=False),
+    }
+    for key in ("model_path", "projector_path", "remote_url", "remote_model"):
+        fields[key] = doc.string(chat, f"chat.{key}", default=None, nullable=True)
+
+    raw_messages = data.get("messages", [])
+    doc.require(isinstance(raw_messages, list), "messages", "expected a list")
+    messages = []
+    for i, raw in enumerate(raw_messages):
+        at = f"messages[{i}]"
+        doc.require(isinstance(raw, dict), at, "expected an object")
+        role = doc.string(raw, f"{at}.role")
+        doc.require(role in ROLES, f"{at}.role", f"{role!r} is not one of {', '.join(ROLES)}")
+        state = doc.string(raw, f"{at}.state", default="complete")
+        doc.require(state in STATES, f"{at}.state", f"{state!r} is not one of {', '.join(STATES)}")
+        text = doc.string(raw, f"{at}.text", default="")
+        raw_stats = doc.object(raw, f"{at}.stats", default={})
+        stats = GenerationStats()
+        for key in _STAT_KEYS:
+            value = raw_stats.get(key)
+            if key.endswith("_tokens"):
+                doc.require(
+                    isinstance(value, int) and not isinstance(value, bool) and value >= 0 or value is None,
+                    f"{at}.stats.{key}", f"expected a count, got {value!r}",
+                )
+                setattr(stats, key, value or 0)
+            else:
+                doc.require(
+                    value is None or _is_number(value), f"{at}.stats.{key}", f"expected a number, got {value!r}"
+                )
+                setattr(stats, key, value)
+        images = []
+        raw_images = raw.get("images", [])
+        doc.require(isinstance(raw_images, list), f"{at}.images", "expected a list")
+        for j, raw_image in enumerate(raw_images):
+            where = f"{at}.images[{j}]"
+            doc.require(isinstance(raw_image, dict), where, "expected an object")
+            encoded = doc.string(raw_image, f"{where}.data_base64")
+            try:
+                blob = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ChatFileError(f"{source}: {where}.data_base64: not base64: {exc}") from exc
+            doc.require(len(blob) > 0, f"{where}.data_base64", "empty image")
+            sha = raw_image.get("sha256")
+            doc.require(
+                sha is None or sha == hashlib.sha256(blob).hexdigest(), f"{where}.sha256",
+                "does not match the image data (file damaged?)",
+            )
+            offset = raw_image.get("text_offset", 0)
+            doc.require(
+                isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= len(text),
+                f"{where}.text_offset", f"expected 0..{len(text)}, got {offset!r}",
+            )
+            name = doc.string(raw_image, f"{where}.name", default="image")
+            images.append((ImagePart(blob, name), offset))
+        messages.append({
+            "role": role,
+            "text": text,
+            "state": state,
+            "finish_reason": doc.string(raw, f"{at}.finish_reason", default=None, nullable=True),
+            "created_at": doc.number(raw, f"{at}.created_at", default=fields["created_at"]),
+            "stats": stats,
+            "images": images,
+        })
+    return store.restore_chat(fields, messages)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _Reader:
+    """Field checks that name the file and the field in their error."""
+
+    _MISSING = object()
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def require(self, ok: bool, field: str, problem: str) -> None:
+        if not ok:
+            where = f"{self.source}: {field}: " if field else f"{self.source}: "
+            raise ChatFileError(where + problem)
+
+    def _get(self, obj: dict, path: str, default: Any) -> Any:
+        value = obj.get(path.rsplit(".", 1)[-1], self._MISSING)
+        if value is self._MISSING:
+            self.require(default is not self._MISSING, path, "missing")
+            return default
+        return value
+
+    def string(self, obj: dict, path: str, default: Any = _MISSING, nullable: bool = False) -> Any:
+        value = self._get(obj, path, default)
+        if value is None and (nullable or default is None):
+            return None
+        self.require(isinstance(value, str), path, f"expected text, got {type(value).__name__}")
+        return value
+
+    def number(self, obj: dict, path: str, default: Any = _MISSING) -> float:
+        value = self._get(obj, path, default)
+        self.require(_is_number(value), path, f"expected a number, got {value!r}")
+        return float(value)
+
+    def boolean(self, obj: dict, path: str, default: Any = _MISSING) -> bool:
+        value = self._get(obj, path, default)
+        self.require(isinstance(value, bool), path, f"expected true or false, got {value!r}")
+        return value
+
+    def object(self, obj: dict, path: str, default: Any = _MISSING) -> dict:
+        value = self._get(obj, path, default)
+        self.require(isinstance(value, dict), path, f"expected an object, got {type(value).__name__}")
+        return value
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def export_markdown(store: Store, chat_id: int, path: str | Path) -> Path:
+    """Write the chat as Markdown; its images go to `<name>_images/` beside the file."""
+    path = Path(path)
+    chat = store.get_chat(chat_id)
+    image_dir = path.with_name(f"{path.stem}_images")
+    try:
+        for m in chat.messages:
+            for img in m.images:
+                image_dir.mkdir(parents=True, exist_ok=True)
+                target = image_dir / f"{img.sha256}.{img.ext}"
+                if not target.exists():
+                    target.write_bytes(store.image_bytes(img.sha256, img.ext))
+        path.write_text(chat_to_markdown(chat, image_dir.name), encoding="utf-8")
+    except OSError as exc:
+        raise StoreError(f"{exc.filename or path}: cannot write export: {exc.strerror or exc}") from exc
+    return path
+
+
+def chat_to_markdown(chat: Chat, image_folder: str) -> str:
+    lines = [f"# {chat.title}", ""]
+    if chat.remote_url:
+        lines.append(f"- Server: {chat.remote_url}" + (f", model `{chat.remote_model}`" if chat.remote_model else ""))
+    if chat.model_path:
+        lines.append(f"- Model: `{os.path.basename(chat.model_path)}`")
+    if chat.projector_path:
+        lines.append(f"- Vision projector: `{os.path.basename(chat.projector_path)}`")
+    lines.append(f"- Created: {_iso(chat.created_at)}, last change: {_iso(chat.updated_at)}")
+    lines.append("")
+    if chat.system_prompt:
+        lines += ["## System prompt", ""]
+        lines += [f"> {line}" if line else ">" for line in chat.system_prompt.splitlines()]
+        lines.append("")
+    for m in chat.messages:
+        lines += [f"## {m.role.capitalize()}", ""]
+        pos = 0
+        for img in m.images:  # images at their place in the text, as the model saw them
+            offset = min(max(img.text_offset, pos), len(m.text))
+            if m.text[pos:offset].strip():
+                lines += [m.text[pos:offset].strip("\n"), ""]
+            alt = img.name.replace("[", "(").replace("]", ")")
+            lines += [f"![{alt}]({quote(image_folder)}/{img.sha256}.{img.ext})", ""]
+            pos = offset
+        if m.text[pos:].strip():
+            lines += [m.text[pos:].strip("\n"), ""]
+        note = _reply_note(m)
+        if note:
+            lines += [f"*{note}*", ""]
+    return "\n".join(lines)
+
+
+def _reply_note(m: Any) -> str:
+    notes = []
+    if m.state == "interrupted":
+        notes.append("reply interrupted")
+    elif m.finish_reason and m.finish_reason not in ("stop", "stop_string"):
+        notes.append(f"finished: {m.finish_reason}")
+    if m.generated_tokens:
+        notes.append(f"{m.generated_tokens} tokens")
+    if m.decode_tok_s:
+        notes.append(f"{m.decode_tok_s:.1f} tok/s")
+    return " · ".join(notes)
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
