@@ -1,0 +1,510 @@
+"""Pixtral vision encoder + Mistral 3 projector, loaded from an mmproj GGUF.
+
+What it computes (HF `PixtralVisionModel` + `Mistral3MultiModalProjector`):
+
+  pixels (3, H, W) → patch conv (p×p, stride p) → RMSNorm(pre_ln)
+  → blocks: x += o(attn(RoPE2D(q), RoPE2D(k), v)) of RMSNorm(x);  x += down(act(gate)·up) of RMSNorm(x)
+  → RMSNorm(mm.input_norm) → 2×2 merge, channel-major (feature ch·4 + ky·2 + kx, like
+    F.unfold) → merging_layer (4h→h) → linear_1 → GELU(erf) → linear_2
+  → (rows·cols, text_hidden) in patch-major merged order.
+
+Two tensor layouts are accepted (same keys `clip.*`):
+  * llama.cpp (`v.patch_embd`, `v.pre_ln`, `ln1/ln2`, `attn_out`, `mm.input_norm`,
+    `mm.patch_merger`, `mm.1/mm.2`): its converter permuted the rows of attn_q/attn_k into
+    interleaved RoPE pairs; we un-permute them at load so one rotate-half RoPE serves both.
+  * Ollama (`v.patch_conv`, `v.encoder_norm`, `attn_norm/ffn_norm`, `attn_output`, `mm.norm`,
+    `mm.patch_merger.merging_layer`, `mm.linear_1/mm.linear_2`): HF's row order.
+
+Weights stay in the file's dtype on the device (QWeight / `linear`); the residual stream and
+norms run in float32, matmuls in the compute dtype (float32 on CPU, the weights' half type on
+CUDA). Images never attend to each other: their tokens share the matmuls, attention runs per
+image.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..kernels.linear import QWeight, linear
+from .api import EngineError, ImagePart
+from .gguf_file import GGUFError, GGUFFile, open_gguf
+from .image import image_grid, image_size_of, preprocess
+
+ROPE_THETA = 10000.0  # Pixtral's; the mmproj has no key for it unless a converter adds one
+
+# Per-layout tensor names. "{i}" is the block index.
+LAYOUTS: dict[str, dict[str, str]] = {
+    "llama.cpp": {
+        "patch": "v.patch_embd",
+        "pre_norm": "v.pre_ln",
+        "attn_norm": "v.blk.{i}.ln1",
+        "q": "v.blk.{i}.attn_q",
+        "k": "v.blk.{i}.attn_k",
+        "v": "v.blk.{i}.attn_v",
+        "o": "v.blk.{i}.attn_out",
+        "ffn_norm": "v.blk.{i}.ln2",
+        "gate": "v.blk.{i}.ffn_gate",
+        "up": "v.blk.{i}.ffn_up",
+        "down": "v.blk.{i}.ffn_down",
+        "mm_norm": "mm.input_norm",
+        "merger": "mm.patch_merger",
+        "mm1": "mm.1",
+        "mm2": "mm.2",
+    },
+    "Ollama": {
+        "patch": "v.patch_conv",
+        "pre_norm": "v.encoder_norm",
+        "attn_norm": "v.blk.{i}.attn_norm",
+        "q": "v.blk.{i}.attn_q",
+        "k": "v.blk.{i}.attn_k",
+        "v": "v.blk.{i}.attn_v",
+        "o": "v.blk.{i}.attn_output",
+        "ffn_norm": "v.blk.{i}.ffn_norm",
+        "gate": "v.blk.{i}.ffn_gate",
+        "up": "v.blk.{i}.ffn_up",
+        "down": "v.blk.{i}.ffn_down",
+        "mm_norm": "mm.norm",
+        "merger": "mm.patch_merger.merging_layer",
+        "mm1": "mm.linear_1",
+        "mm2": "mm.linear_2",
+    },
+}
+LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "merger", "mm1", "mm2")
+BLOCK_ROLES = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")
+
+
+def _layouts_text() -> str:
+    return "; ".join(
+        f"{name} layout ({names['patch']}, {names['pre_norm']}, {names['attn_norm'].format(i='N')}, "
+        f"{names['o'].format(i='N')}, {names['mm_norm']}, {names['merger']}, {names['mm1']}/{names['mm2']})"
+        for name, names in LAYOUTS.items()
+    )
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    image_size: int
+    patch_size: int
+    merge: int
+    hidden: int
+    ffn: int
+    n_layers: int
+    n_heads: int
+    eps: float
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    activation: str  # "gelu" (erf) or "silu"
+    rope_theta: float
+    text_hidden: int
+    layout: str
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+
+def _fail(path, what: str) -> EngineError:
+    return EngineError(f"{path}: {what}")
+
+
+def read_config(gf: GGUFFile) -> VisionConfig:
+    """Check that `gf` is a Pixtral mmproj we can run and read its hyper-parameters."""
+    path = gf.path
+    if gf.architecture != "clip":
+        raise _fail(path, f"not a vision projector: general.architecture is '{gf.architecture}', "
+                          "expected 'clip' with clip.projector_type 'pixtral'")
+    ptype = gf.get("clip.projector_type")
+    if ptype != "pixtral":
+        raise _fail(path, f"clip.projector_type {ptype!r} is not supported; only 'pixtral' "
+                          f"(Mistral 3 / Pixtral projectors) is. Accepted: {_layouts_text()}")
+    if gf.get("clip.has_vision_encoder") is False:
+        raise _fail(path, "clip.has_vision_encoder is false: this projector has no image encoder")
+    use_gelu, use_silu = bool(gf.get("clip.use_gelu", False)), bool(gf.get("clip.use_silu", False))
+    if use_gelu and use_silu:
+        raise _fail(path, "clip.use_gelu and clip.use_silu are both set; the vision activation is ambiguous")
+    activation = "silu" if use_silu else "gelu"
+
+    def need_int(key: str) -> int:
+        value = gf.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise _fail(path, f"{key} is {'missing' if value is None else repr(value)}; "
+                              "a positive integer is required")
+        return int(value)
+
+    def triple(key: str) -> tuple[float, float, float]:
+        value = gf.get(key)
+        try:
+            out = tuple(float(v) for v in value)
+        except TypeError:
+            out = ()
+        if len(out) != 3 or not all(math.isfinite(v) for v in out):
+            raise _fail(path, f"{key} must be 3 finite numbers (RGB), got {value!r}")
+        return out  # type: ignore[return-value]
+
+    hidden = need_int("clip.vision.embedding_length")
+    n_heads = need_int("clip.vision.attention.head_count")
+    if hidden % n_heads or (hidden // n_heads) % 4:
+        raise _fail(path, f"clip.vision.embedding_length {hidden} / attention.head_count {n_heads} "
+                          "must give a head size divisible by 4 (2D RoPE)")
+    eps = gf.get("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    theta = gf.get("clip.vision.rope.freq_base", gf.get("clip.rope.freq_base", ROPE_THETA))
+    std = triple("clip.vision.image_std")
+    if any(v == 0 for v in std):
+        raise _fail(path, f"clip.vision.image_std has a zero: {std}")
+
+    layout = _detect_layout(gf)
+    names = LAYOUTS[layout]
+    merger_shape = gf.tensors[names["merger"] + ".weight"].shape
+    merge_sq = merger_shape[1] // hidden if len(merger_shape) == 2 else 0
+    merge = int(round(math.sqrt(merge_sq))) if merge_sq > 0 else 0
+    if merge * merge * hidden != (merger_shape[1] if len(merger_shape) == 2 else -1):
+        raise _fail(path, f"{names['merger']}.weight has shape {merger_shape}; expected "
+                          f"({hidden}, {hidden}·merge²)")
+    key_merge = gf.get("clip.vision.spatial_merge_size")
+    if key_merge is not None and int(key_merge) != merge:
+        raise _fail(path, f"clip.vision.spatial_merge_size {key_merge} disagrees with "
+                          f"{names['merger']}.weight shape {merger_shape} (merge {merge})")
+    text_hidden = gf.tensors[names["mm2"] + ".weight"].shape[0]
+    return VisionConfig(
+        image_size=need_int("clip.vision.image_size"),
+        patch_size=need_int("clip.vision.patch_size"),
+        merge=merge,
+        hidden=hidden,
+        ffn=need_int("clip.vision.feed_forward_length"),
+        n_layers=need_int("clip.vision.block_count"),
+        n_heads=n_heads,
+        eps=float(eps),
+        mean=triple("clip.vision.image_mean"),
+        std=std,
+        activation=activation,
+        rope_theta=float(theta),
+        text_hidden=int(text_hidden),
+        layout=layout,
+    )
+
+
+def _detect_layout(gf: GGUFFile) -> str:
+    found = [name for name, names in LAYOUTS.items() if names["patch"] + ".weight" in gf.tensors]
+    if len(found) != 1:
+        what = "tensors of both layouts" if found else "no patch embedding tensor"
+        raise _fail(gf.path, f"{what}; a Pixtral projector uses one of: {_layouts_text()}")
+    layout = found[0]
+    names = LAYOUTS[layout]
+    biases = sorted(
+        n for n in gf.tensors
+        if n.endswith(".bias") and n != names["patch"] + ".bias" and (n.startswith("mm.") or n.startswith("v.blk."))
+    )
+    if biases:
+        raise _fail(gf.path, f"linear biases present ({', '.join(biases[:4])}{'…' if len(biases) > 4 else ''}); "
+                             "Mistral 3's Pixtral projector has none (is this a Pixtral-12B or other "
+                             f"LLaVA projector?). Accepted: {_layouts_text()}")
+    n_layers = gf.get("clip.vision.block_count")
+    if not isinstance(n_layers, (int, np.integer)) or n_layers <= 0:
+        raise _fail(gf.path, f"clip.vision.block_count is {n_layers!r}; a positive integer is required")
+    required = [names[r] + ".weight" for r in ("patch", "pre_norm", "mm_norm", "merger", "mm1", "mm2")]
+    required += [names[r].format(i=i) + ".weight" for i in range(int(n_layers)) for r in BLOCK_ROLES]
+    missing = [n for n in required if n not in gf.tensors]
+    if missing:
+        raise _fail(gf.path, f"{layout}-layout projector is missing {len(missing)} tensor(s): "
+                             f"{', '.join(missing[:6])}{'…' if len(missing) > 6 else ''}. "
+                             f"Accepted: {_layouts_text()}")
+    return layout
+
+
+def unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's Q/K permutation (interleaved pairs → rotate-half).
+
+    The converter wrote w.reshape(heads, 2, hd/2, in).swapaxes(1, 2): file row (h, i, j) holds
+    HF row (h, j, i). So HF row (h, j, i) = file row h·hd + 2i + j.
+    """
+    hd = n_rows // n_heads
+    return np.arange(n_rows).reshape(n_heads, hd // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+@dataclass
+class _Block:
+    attn_norm: torch.Tensor
+    q: QWeight
+    k: QWeight
+    v: QWeight
+    o: QWeight
+    ffn_norm: torch.Tensor
+    gate: QWeight
+    up: QWeight
+    down: QWeight
+
+
+class VisionTower:
+    """Pixtral encoder + projector. `encode(pixels)` / `encode_images(...)` / `encode_image(part)`."""
+
+    def __init__(self, cfg: VisionConfig, path: Path, patch: QWeight, patch_bias, pre_norm, blocks,
+                 mm_norm, merger, mm1, mm2, device, dtype, cache_bytes: int):
+        self.cfg = cfg
+        self.path = path
+        self.patch, self.patch_bias, self.pre_norm = patch, patch_bias, pre_norm
+        self.blocks: list[_Block] = blocks
+        self.mm_norm, self.merger, self.mm1, self.mm2 = mm_norm, merger, mm1, mm2
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, gf_or_path, device="cpu", dtype: torch.dtype | None = None,
+             cache_bytes: int = 512 << 20) -> "VisionTower":
+        """Load from an mmproj GGUF (path or open GGUFFile). `dtype` is the matmul dtype:
+        default float32 on CPU, on CUDA the weights' half type (bf16/f16; bf16 for others)."""
+        gf = gf_or_path
+        if not isinstance(gf, GGUFFile):
+            try:
+                gf = open_gguf(gf_or_path)
+            except GGUFError as exc:
+                raise EngineError(str(exc)) from exc
+        cfg = read_config(gf)
+        names = LAYOUTS[cfg.layout]
+        device = torch.device(device)
+
+        def shape_of(name: str) -> tuple[int, ...]:
+            return tuple(gf.tensors[name].shape)
+
+        def expect(name: str, shape: tuple[int, ...]) -> None:
+            if shape_of(name) != shape:
+                raise _fail(gf.path, f"tensor {name} has shape {shape_of(name)}, expected {shape} "
+                                     f"from the clip.vision.* keys")
+
+        def qweight(name: str, shape: tuple[int, int], rows: np.ndarray | None = None) -> QWeight:
+            info = gf.tensors[name]
+            raw = gf.raw(name)
+            if rows is not None:  # reorder whole rows of bytes (works for any row-wise type)
+                raw = np.ascontiguousarray(raw.reshape(shape[0], -1)[rows]).reshape(-1)
+            try:
+                return QWeight.from_raw(raw, info.ggml_type, shape, device, name=name)
+            except ValueError as exc:  # QuantFormatError
+                raise _fail(gf.path, str(exc)) from exc
+
+        def vector(name: str, size: int) -> torch.Tensor:
+            expect(name, (size,))
+            try:
+                return torch.from_numpy(np.array(gf.array(name), dtype=np.float32)).to(device)
+            except GGUFError as exc:
+                raise EngineError(str(exc)) from exc
+
+        def matrix(role: str, out_f: int, in_f: int, i: int | None = None, rows=None) -> QWeight:
+            name = (names[role].format(i=i) if i is not None else names[role]) + ".weight"
+            expect(name, (out_f, in_f))
+            return qweight(name, (out_f, in_f), rows)
+
+        h, p = cfg.hidden, cfg.patch_size
+        patch_name = names["patch"] + ".weight"
+        expect(patch_name, (h, 3, p, p))
+        patch = qweight(patch_name, (h, 3 * p * p))  # conv as unfold + linear
+        patch_bias = None
+        if names["patch"] + ".bias" in gf.tensors:
+            patch_bias = vector(names["patch"] + ".bias", h)
+        pre_norm = vector(names["pre_norm"] + ".weight", h)
+        qk_rows = unpermute_rows(h, cfg.n_heads) if cfg.layout == "llama.cpp" else None
+        blocks = []
+        for i in range(cfg.n_layers):
+            blocks.append(_Block(
+                attn_norm=vector(names["attn_norm"].format(i=i) + ".weight", h),
+                q=matrix("q", h, h, i, qk_rows),
+                k=matrix("k", h, h, i, qk_rows),
+                v=matrix("v", h, h, i),
+                o=matrix("o", h, h, i),
+                ffn_norm=vector(names["ffn_norm"].format(i=i) + ".weight", h),
+                gate=matrix("gate", cfg.ffn, h, i),
+                up=matrix("up", cfg.ffn, h, i),
+                down=matrix("down", h, cfg.ffn, i),
+            ))
+        mm_norm = vector(names["mm_norm"] + ".weight", h)
+        merger = matrix("merger", h, h * cfg.merge ** 2)
+        text_hidden = cfg.text_hidden
+        mm1 = matrix("mm1", text_hidden, h)
+        mm2 = matrix("mm2", text_hidden, text_hidden)
+
+        if dtype is None:
+            if device.type == "cpu":
+                dtype = torch.float32
+            else:
+                wdtype = blocks[0].q.data.dtype
+                dtype = wdtype if wdtype in (torch.float16, torch.bfloat16, torch.float32) else torch.bfloat16
+        return cls(cfg, gf.path, patch, patch_bias, pre_norm, blocks, mm_norm, merger, mm1, mm2,
+                   device, dtype, cache_bytes)
+
+    # -- properties the prompt builder needs -------------------------------------------------
+    @property
+    def image_size(self) -> int:
+        return self.cfg.image_size
+
+    @property
+    def patch_size(self) -> int:
+        return self.cfg.patch_size
+
+    @property
+    def merge(self) -> int:
+        return self.cfg.merge
+
+    @property
+    def mean(self) -> tuple[float, float, float]:
+        return self.cfg.mean
+
+    @property
+    def std(self) -> tuple[float, float, float]:
+        return self.cfg.std
+
+    @property
+    def text_hidden(self) -> int:
+        return self.cfg.text_hidden
+
+    def grid(self, image: bytes | ImagePart, source: str | None = None) -> tuple[int, int]:
+        """(rows, cols) of image tokens for an image file, from its header (cheap)."""
+        data, name = (image.data, image.name) if isinstance(image, ImagePart) else (image, source or "image")
+        return image_grid(image_size_of(data, name), self.image_size, self.patch_size, self.merge)
+
+    def preprocess(self, image: bytes | ImagePart, source: str | None = None):
+        data, name = (image.data, image.name) if isinstance(image, ImagePart) else (image, source or "image")
+        return preprocess(data, image_size=self.image_size, patch_size=self.patch_size, merge=self.merge,
+                          mean=self.mean, std=self.std, source=name)
+
+    # -- forward ------------------------------------------------------------------------------
+    def _linear(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
+        return linear(x.to(self.dtype), w)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.cfg.eps) * weight
+
+    def _rope(self, hp: int, wp: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin (hp·wp, head_dim) for a patch grid, patch-major (row by row)."""
+        hd = self.cfg.head_dim
+        inv = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=self.device) / hd))
+        rows = torch.arange(hp, device=self.device, dtype=torch.float32)
+        cols = torch.arange(wp, device=self.device, dtype=torch.float32)
+        row_angles = torch.outer(rows, inv[0::2])[:, None, :].expand(hp, wp, hd // 4)
+        col_angles = torch.outer(cols, inv[1::2])[None, :, :].expand(hp, wp, hd // 4)
+        half = torch.cat([row_angles, col_angles], dim=-1).reshape(hp * wp, hd // 2)
+        angles = torch.cat([half, half], dim=-1)
+        return angles.cos(), angles.sin()
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x) if self.cfg.activation == "silu" else F.gelu(x)
+
+    def _attention(self, blk: _Block, x: torch.Tensor, spans, ropes) -> torch.Tensor:
+        n_heads, hd = self.cfg.n_heads, self.cfg.head_dim
+        q = self._linear(x, blk.q).view(-1, n_heads, hd).float()
+        k = self._linear(x, blk.k).view(-1, n_heads, hd).float()
+        v = self._linear(x, blk.v).view(-1, n_heads, hd)
+        outs = []
+        for (start, stop), (cos, sin) in zip(spans, ropes):
+            # Each image attends only to itself (HF builds the same block-diagonal mask).
+            qi = self._rotate(q[start:stop], cos[:, None], sin[:, None]).to(self.dtype).transpose(0, 1)
+            ki = self._rotate(k[start:stop], cos[:, None], sin[:, None]).to(self.dtype).transpose(0, 1)
+            vi = v[start:stop].to(self.dtype).transpose(0, 1)
+            outs.append(F.scaled_dot_product_attention(qi[None], ki[None], vi[None])[0].transpose(0, 1))
+        attn = torch.cat(outs, dim=0).reshape(-1, n_heads * hd)
+        return self._linear(attn, blk.o)
+
+    def _merge(self, x: torch.Tensor, hp: int, wp: int) -> torch.Tensor:
+        """(hp·wp, h) → (hp/m · wp/m, h·m²), feature index ch·m² + ky·m + kx (F.unfold order)."""
+        m, h = self.merge, x.shape[-1]
+        grid = x.view(hp // m, m, wp // m, m, h)  # (R, ky, C, kx, ch)
+        return grid.permute(0, 2, 4, 1, 3).reshape((hp // m) * (wp // m), h * m * m)
+
+    @torch.inference_mode()
+    def encode_images(self, pixel_list: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Several preprocessed images (3, H, W) → per image (rows·cols, text_hidden)."""
+        if not pixel_list:
+            return []
+        p, m = self.patch_size, self.merge
+        patches, spans, ropes, grids = [], [], [], []
+        start = 0
+        for pixels in pixel_list:
+            if pixels.dim() != 3 or pixels.shape[0] != 3 or pixels.shape[1] % (p * m) or pixels.shape[2] % (p * m):
+                raise EngineError(f"{self.path}: pixels must be (3, H, W) with H and W multiples of "
+                                  f"{p * m}, got {tuple(pixels.shape)}")
+            hp, wp = pixels.shape[1] // p, pixels.shape[2] // p
+            # Patch conv as unfold + linear: unfold's (ch, ky, kx) order is the conv weight's.
+            cols = F.unfold(pixels.to(self.device, torch.float32)[None], kernel_size=p, stride=p)[0].t()
+            patches.append(cols)
+            spans.append((start, start + hp * wp))
+            ropes.append(self._rope(hp, wp))
+            grids.append((hp, wp))
+            start += hp * wp
+        x = self._linear(torch.cat(patches, dim=0), self.patch).float()
+        if self.patch_bias is not None:
+            x = x + self.patch_bias
+        x = self._rms(x, self.pre_norm)
+        for blk in self.blocks:
+            x = x + self._attention(blk, self._rms(x, blk.attn_norm), spans, ropes).float()
+            hn = self._rms(x, blk.ffn_norm)
+            x = x + self._linear(self._act(self._linear(hn, blk.gate)) * self._linear(hn, blk.up), blk.down).float()
+        x = self._rms(x, self.mm_norm)
+        merged = torch.cat([self._merge(x[a:b], hp, wp) for (a, b), (hp, wp) in zip(spans, grids)], dim=0)
+        y = self._linear(merged, self.merger)
+        y = self._linear(F.gelu(self._linear(y, self.mm1)), self.mm2)
+        sizes = [(hp // m) * (wp // m) for hp, wp in grids]
+        return list(torch.split(y, sizes, dim=0))
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """One preprocessed image (3, H, W) → (rows·cols, text_hidden)."""
+        return self.encode_images([pixels])[0]
+
+    # -- images with a content-hash cache ------------------------------------------------------
+    def encode_image(self, image: ImagePart) -> torch.Tensor:
+        """Embeddings of an image file, cached by the sha256 of its bytes (a follow-up turn with
+        the same picture never re-encodes it)."""
+        return self.encode_image_parts([image])[0]
+
+    def encode_image_parts(self, images: list[ImagePart]) -> list[torch.Tensor]:
+        keys = [hashlib.sha256(im.data).hexdigest() for im in images]
+        todo = {}
+        for key, im in zip(keys, images):
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+            elif key not in todo:
+                todo[key] = im
+        if todo:
+            self.cache_misses += len(todo)
+            pixels = [self.preprocess(im)[0] for im in todo.values()]
+            for key, emb in zip(todo, self.encode_images(pixels)):
+                self._remember(key, emb)
+        out = []
+        for key in keys:
+            if key in self._cache:
+                out.append(self._cache[key])
+            else:  # larger than the whole cache budget: encode without keeping it
+                out.append(self.encode_images([self.preprocess(images[keys.index(key)])[0]])[0])
+        return out
+
+    def _remember(self, key: str, emb: torch.Tensor) -> None:
+        size = emb.numel() * emb.element_size()
+        if size > self.cache_bytes:
+            return
+        self._cache[key] = emb
+        while sum(t.numel() * t.element_size() for t in self._cache.values()) > self.cache_bytes:
+            self._cache.popitem(last=False)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return (f"VisionTower({self.path.name}, {c.layout} layout, {c.n_layers}x{c.hidden} "
+                f"heads {c.n_heads}, {c.activation}, image {c.image_size}/patch {c.patch_size}/merge "
+                f"{c.merge} → {c.text_hidden}, {self.device}, {self.dtype})")
