@@ -222,6 +222,10 @@ class Tokenizer:
     def is_control(self, token_id: int) -> bool:
         return bool(self._is_control[self._check_id(token_id)])
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token adds to decoded text (b"" for control tokens)."""
+        return self._token_bytes[self._check_id(token_id)]
+
     def piece(self, token_id: int) -> str:
         """Readable text of one token: control tokens by name, others decoded (may hold U+FFFD)."""
         token_id = self._check_id(token_id)
