@@ -1,0 +1,355 @@
+"""The text decoder against HF transformers on llama.cpp-converted fixtures (CPU, float32).
+
+References nobody here wrote: HF `Mistral3ForConditionalGeneration` / `Ministral3ForCausalLM`
+on the original checkpoints, and HF `MistralForCausalLM` holding gguf-py's dequantization of a
+file's own (quantized) bytes (tests/fixture_models.py)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import FIXTURES  # noqa: E402
+from fixture_models import hf_text_model_from_gguf  # noqa: E402
+from gguf_edit import rewrite_gguf  # noqa: E402
+
+from tramontane.engine.api import EngineError  # noqa: E402
+from tramontane.engine.gguf_file import GGUFError, open_gguf  # noqa: E402
+from tramontane.engine.model import Mistral3Text, rope_inv_freq  # noqa: E402
+from tramontane.engine.model_file import text_config  # noqa: E402
+
+MISTRAL3_F32 = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
+MISTRAL3_F16 = os.path.join(FIXTURES, "mistral3_tiny-f16.gguf")
+MISTRAL3_Q8 = os.path.join(FIXTURES, "mistral3_tiny-q8_0.gguf")
+MINISTRAL3_F32 = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
+MISTRAL3_HF = os.path.join(FIXTURES, "mistral3_tiny")
+MINISTRAL3_HF = os.path.join(FIXTURES, "ministral3_tiny")
+QUANT_MIXES = ["Q4_K_M", "Q6_K", "Q5_K", "Q4_0", "Q8_0"]
+
+F32_TOL = 1e-4  # f32 file vs HF f32 (observed ~2e-6)
+QUANT_TOL = 1e-3  # quantized file vs HF on the same dequantized weights (observed ~1e-5)
+F16_VS_ORIGINAL_TOL = 2e-2  # f16 file vs the f32 checkpoint: weight rounding (observed ~3e-3)
+
+
+def _ids(n: int, seed: int = 0, vocab: int = 2048) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g)
+
+
+@pytest.fixture(scope="module")
+def hf_mistral3():
+    from transformers import Mistral3ForConditionalGeneration
+
+    return Mistral3ForConditionalGeneration.from_pretrained(MISTRAL3_HF, dtype=torch.float32).eval()
+
+
+def _hf_ministral3(**rope_overrides):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(MINISTRAL3_HF)
+    cfg.rope_parameters = {**cfg.rope_parameters, **rope_overrides}
+    return AutoModelForCausalLM.from_pretrained(MINISTRAL3_HF, config=cfg, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def hf_ministral3():
+    return _hf_ministral3()
+
+
+def _hf_logits(hf, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(input_ids=ids[None]).logits[0].float()
+
+
+def _hf_greedy(hf, ids: torch.Tensor, n: int) -> list[int]:
+    out = list(ids.tolist())
+    with torch.no_grad():
+        for _ in range(n):  # full re-run each step: no HF cache code in the reference path
+            out.append(int(hf(input_ids=torch.tensor([out])).logits[0, -1].argmax()))
+    return out[len(ids):]
+
+
+def _our_greedy(model: Mistral3Text, ids: torch.Tensor, n: int) -> list[int]:
+    cache = model.new_cache(len(ids) + n)
+    logits = model.logits(ids, 0, cache)
+    out = []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = model.decode(out[-1], cache)
+    return out
+
+
+# ------------------------------------------------------------------ agreement with HF
+
+def test_mistral3_f32_matches_hf_at_every_position(hf_mistral3):
+    model = Mistral3Text.load(MISTRAL3_F32, device="cpu")
+    assert model.cfg.q_width != model.cfg.hidden  # q width 128 vs hidden 64: not hidden-derived
+    ids = _ids(48)
+    ours = model.logits(ids, all_logits=True)
+    ref = _hf_logits(hf_mistral3, ids)
+    assert ours.shape == ref.shape == (48, 2048)
+    assert (ours - ref).abs().max().item() < F32_TOL
+    # prefill's default returns only the last row, and it is that same row
+    assert (model.logits(ids) - ours[-1]).abs().max().item() < 1e-5
+    assert _our_greedy(model, ids[:20], 12) == _hf_greedy(hf_mistral3, ids[:20], 12)
+
+
+def test_ministral3_yarn_and_query_scale_match_hf_past_original_context(hf_ministral3):
+    model = Mistral3Text.load(MINISTRAL3_F32, device="cpu")
+    cfg = model.cfg
+    assert cfg.rope_scaling == "yarn" and cfg.yarn_original_context == 16 and cfg.attn_temperature_scale > 0
+    ids = _ids(60, seed=1)  # positions up to 59: floor(pos/16) takes values 0..3
+    ours = model.logits(ids, all_logits=True)
+    ref = _hf_logits(hf_ministral3, ids)
+    assert (ours - ref).abs().max().item() < F32_TOL
+    assert _our_greedy(model, ids[:30], 12) == _hf_greedy(hf_ministral3, ids[:30], 12)
+
+
+@pytest.mark.parametrize("edit", [
+    # attention factor != 1: log multiplier 0 -> get_mscale(factor) (HF: mscale_all_dim 0)
+    dict(gguf={"rope.scaling.yarn_log_multiplier": 0.0}, hf={"mscale_all_dim": 0.0}),
+    dict(gguf={"rope.scaling.yarn_log_multiplier": 0.5}, hf={"mscale_all_dim": 0.5}),
+    dict(gguf={"rope.scaling.factor": 8.0, "attention.temperature_scale": 0.4,
+               "rope.scaling.yarn_beta_fast": 16.0, "rope.scaling.yarn_beta_slow": 2.0},
+         hf={"factor": 8.0, "llama_4_scaling_beta": 0.4, "beta_fast": 16.0, "beta_slow": 2.0}),
+])
+def test_ministral3_yarn_variants_match_hf(tmp_path, edit):
+    with open_gguf(MINISTRAL3_F32) as gf:
+        arch = gf.architecture
+    dst = tmp_path / "variant.gguf"
+    rewrite_gguf(MINISTRAL3_F32, dst, set_kv={f"{arch}.{k}": v for k, v in edit["gguf"].items()})
+    model = Mistral3Text.load(dst, device="cpu")
+    ids = _ids(50, seed=2)
+    ours = model.logits(ids, all_logits=True)
+    ref = _hf_logits(_hf_ministral3(**edit["hf"]), ids)
+    assert (ours - ref).abs().max().item() < F32_TOL
+
+
+@pytest.mark.parametrize("factor,original,theta,head_dim,beta_fast,beta_slow,mscale_all_dim", [
+    (4.0, 16, 1e6, 32, 32.0, 1.0, 1.0),
+    (16.0, 16384, 1e9, 128, 32.0, 1.0, 1.0),  # Ministral-3-like
+    (8.0, 4096, 1e6, 64, 16.0, 2.0, 0.0),
+    (40.0, 4096, 1e4, 128, 32.0, 1.0, 0.707),
+    (2.0, 8192, 5e5, 96, 64.0, 0.5, 1.0),
+])
+def test_yarn_frequencies_and_attention_factor_equal_transformers(
+        factor, original, theta, head_dim, beta_fast, beta_slow, mscale_all_dim):
+    from dataclasses import replace
+
+    from transformers import Ministral3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_cfg = Ministral3Config(
+        hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim,
+        max_position_embeddings=int(original * factor),
+        rope_parameters={"rope_type": "yarn", "rope_theta": theta, "factor": factor,
+                         "original_max_position_embeddings": original, "beta_fast": beta_fast,
+                         "beta_slow": beta_slow, "mscale": 1.0, "mscale_all_dim": mscale_all_dim,
+                         "llama_4_scaling_beta": 0.1})
+    ref_inv, ref_factor = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg, "cpu")
+    with open_gguf(MINISTRAL3_F32) as gf:
+        base = text_config(gf)
+    cfg = replace(base, head_dim=head_dim, rope_dim=head_dim, rope_theta=theta, rope_scaling="yarn",
+                  yarn_factor=factor, yarn_original_context=original, yarn_beta_fast=beta_fast,
+                  yarn_beta_slow=beta_slow, yarn_log_multiplier=mscale_all_dim)
+    inv, att = rope_inv_freq(cfg)
+    torch.testing.assert_close(inv, ref_inv.float(), rtol=1e-6, atol=0)
+    assert att == pytest.approx(ref_factor, rel=1e-7)
+
+
+def test_f16_file(hf_mistral3):
+    model = Mistral3Text.load(MISTRAL3_F16, device="cpu")
+    ids = _ids(40, seed=3)
+    ours = model.logits(ids, all_logits=True)
+    # Same f16-rounded weights in HF (computed in f32): as tight as f32.
+    exact = _hf_logits(hf_text_model_from_gguf(MISTRAL3_F16), ids)
+    assert (ours - exact).abs().max().item() < F32_TOL
+    # Against the f32 checkpoint only the weight rounding remains.
+    assert (ours - _hf_logits(hf_mistral3, ids)).abs().max().item() < F16_VS_ORIGINAL_TOL
+
+
+@pytest.mark.parametrize("path", [MISTRAL3_Q8] + [os.path.join(FIXTURES, f"mistral3_q256-{m}.gguf") for m in QUANT_MIXES],
+                         ids=["q8_0-converter"] + QUANT_MIXES)
+def test_quantized_files_match_hf_on_their_dequantized_weights(path):
+    model = Mistral3Text.load(path, device="cpu")
+    hf = hf_text_model_from_gguf(path)
+    ids = _ids(40, seed=4)
+    ours = model.logits(ids, all_logits=True)
+    ref = _hf_logits(hf, ids)
+    assert (ours - ref).abs().max().item() < QUANT_TOL
+    assert _our_greedy(model, ids[:16], 8) == _hf_greedy(hf, ids[:16], 8)
+
+
+def test_mixed_types_fall_back_to_separate_linears():
+    """Q4_K_M mixes types inside a layer: those projections are not fused; equal types are."""
+    path = os.path.join(FIXTURES, "mistral3_q256-Q4_K_M.gguf")
+    model = Mistral3Text.load(path, device="cpu")
+    with open_gguf(path) as gf:
+        for i, layer in enumerate(model.layers):
+            types = {gf.tensors[f"blk.{i}.attn_{p}.weight"].ggml_type for p in "qkv"}
+            assert (layer.wqkv is not None) == (len(types) == 1)
+            assert (layer.wq is None) == (len(types) == 1)
+    assert any(layer.wqkv is None for layer in model.layers)  # the fixture does mix
+
+
+@pytest.mark.parametrize("src", [MISTRAL3_F32, MINISTRAL3_F32])
+def test_llama_labelled_copy_gives_identical_logits(tmp_path, src):
+    dst = tmp_path / "llama.gguf"
+    rewrite_gguf(src, dst, rename_arch="llama")
+    a = Mistral3Text.load(src, device="cpu")
+    b = Mistral3Text.load(dst, device="cpu")
+    assert b.cfg.arch == "llama"
+    ids = _ids(40, seed=5)
+    assert torch.equal(a.logits(ids, all_logits=True), b.logits(ids, all_logits=True))
+
+
+def test_tied_head_uses_token_embeddings(tmp_path, hf_mistral3):
+    """A file without output.weight: the head is token_embd (HF with tie_word_embeddings)."""
+    dst = tmp_path / "tied.gguf"
+    rewrite_gguf(MISTRAL3_F32, dst, drop_tensors=["output.weight"])
+    model = Mistral3Text.load(dst, device="cpu")
+    assert model.cfg.tied_embeddings and model.head is model.embedding.weight
+    ref_model = hf_text_model_from_gguf(dst)  # copies token_embd into lm_head
+    ids = _ids(32, seed=6)
+    ours = model.logits(ids, all_logits=True)
+    assert (ours - _hf_logits(ref_model, ids)).abs().max().item() < F32_TOL
+
+
+# ------------------------------------------------------------------ the KV cache
+
+@pytest.fixture(scope="module")
+def ministral():
+    return Mistral3Text.load(MINISTRAL3_F32, device="cpu")
+
+
+CACHE_TOL = 1e-5
+
+
+def test_cached_decoding_equals_full_forward(ministral):
+    ids = _ids(40, seed=7)
+    full = ministral.logits(ids, all_logits=True)
+    cache = ministral.new_cache(64)
+    rows = [ministral.logits(ids[:20], 0, cache)]
+    for t in ids[20:].tolist():
+        rows.append(ministral.decode(t, cache))
+    assert cache.length == 40  # 20 prefilled + 20 decoded
+    stepped = torch.stack(rows)  # rows[k] are the logits at position 19 + k
+    assert (stepped - full[19:]).abs().max().item() <= CACHE_TOL
+
+
+def test_prefill_in_pieces_and_chunks_equals_one_pass(ministral):
+    ids = _ids(45, seed=8)
+    full = ministral.logits(ids, all_logits=True)
+    cache = ministral.new_cache(64)
+    a = ministral.logits(ids[:17], 0, cache, all_logits=True)
+    b = ministral.logits(ids[17:], 17, cache, all_logits=True)  # offset: bottom-right causal
+    assert (torch.cat([a, b]) - full).abs().max().item() <= CACHE_TOL
+    old = ministral.prefill_chunk
+    try:
+        ministral.prefill_chunk = 7  # chunked prefill goes through the offset path
+        chunked = ministral.logits(ids, all_logits=True)
+        last = ministral.logits(ids)
+    finally:
+        ministral.prefill_chunk = old
+    assert (chunked - full).abs().max().item() <= CACHE_TOL
+    assert (last - full[-1]).abs().max().item() <= CACHE_TOL
+
+
+def test_truncate_then_continue_equals_fresh_forward(ministral):
+    a, b = _ids(40, seed=9), _ids(40, seed=10)
+    cache = ministral.new_cache(64)
+    ministral.logits(a, 0, cache)
+    cache.truncate(25)  # keep a[:25], replace the rest with b[25:]
+    assert cache.length == 25
+    new = torch.cat([a[:25], b[25:]])
+    rows = ministral.logits(new[25:35], 25, cache, all_logits=True)
+    rows = torch.cat([rows, torch.stack([ministral.decode(t, cache) for t in new[35:].tolist()])])
+    full = ministral.logits(new, all_logits=True)
+    assert (rows - full[25:]).abs().max().item() <= CACHE_TOL
+    with pytest.raises(ValueError):
+        cache.truncate(cache.length + 1)
+
+
+def test_snapshot_to_host_and_back(ministral):
+    a, b = _ids(30, seed=11), _ids(30, seed=12)
+    cache = ministral.new_cache(64)
+    ministral.logits(a, 0, cache)
+    snap = cache.to_host()
+    assert snap.k.device.type == "cpu" and snap.length == 30 and snap.k.shape[2] == 30
+    ministral.logits(b, 0, (cache.truncate(0), cache)[1])  # overwrite with another chat
+    cache.from_host(snap)
+    assert cache.length == 30
+    cont = ministral.logits(b[:5], 30, cache, all_logits=True)
+    full = ministral.logits(torch.cat([a, b[:5]]), all_logits=True)
+    assert (cont - full[30:]).abs().max().item() <= CACHE_TOL
+    other = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_q256-Q8_0.gguf"), device="cpu").new_cache(64)
+    with pytest.raises(EngineError):
+        other.from_host(snap)
+
+
+def test_static_decode_step_equals_forward_for_every_bucket(ministral):
+    """The CUDA-graph body (fixed key bucket + mask, device position) run eagerly on CPU,
+    with junk beyond the valid length that the mask must hide."""
+    ids = _ids(41, seed=13)
+    full = ministral.logits(ids, all_logits=True)
+    cache = ministral.new_cache(64)
+    ministral.logits(ids[:40], 0, cache)
+    cache.k[:, :, 40:] = 1e4  # stale / junk positions beyond what is valid
+    cache.v[:, :, 40:] = -1e4
+    x = ministral.embed(ids[40:41])
+    pos = torch.tensor([40])
+    for bucket in (41, 48, 64):
+        out = ministral.decode_static(x, pos, cache, bucket)
+        assert (out - full[40]).abs().max().item() <= CACHE_TOL
+    assert ministral.decode_bucket(1, 64) == 64 and ministral.decode_bucket(300, 4096) == 512
+    assert ministral.decode_bucket(5000, 4096) == 4096
+
+
+def test_default_context_and_cache_dtype(ministral):
+    cache = ministral.new_cache()
+    assert cache.capacity == min(ministral.cfg.context_length, 8192)
+    assert cache.dtype == torch.float32 and cache.device.type == "cpu"
+    assert ministral.new_cache(10_000_000).capacity == ministral.cfg.context_length  # capped
+
+
+def test_bad_positions_and_full_context_raise_engine_error(ministral):
+    cache = ministral.new_cache(20)
+    ministral.logits(_ids(10), 0, cache)
+    with pytest.raises(EngineError, match="truncate"):
+        ministral.logits(_ids(3), 5, cache)
+    with pytest.raises(EngineError, match="context full"):
+        ministral.logits(_ids(11), 10, cache)
+    ministral.logits(_ids(10), 10, cache)
+    with pytest.raises(EngineError, match="context full"):
+        ministral.decode(1, cache)
+
+
+def test_refuses_non_mistral_file_with_gguf_error(tmp_path):
+    dst = tmp_path / "qwen.gguf"
+    rewrite_gguf(MISTRAL3_F32, dst, rename_arch="qwen2")
+    with pytest.raises(GGUFError, match=re.escape(str(dst))):
+        Mistral3Text.load(dst, device="cpu")
+
+
+def test_embed_then_forward_equals_ids(ministral):
+    """Spliced embeddings path: forward(embed(ids)) is the ids path; a changed row changes it."""
+    ids = _ids(12, seed=14)
+    emb = ministral.embed(ids)
+    assert emb.shape == (12, ministral.cfg.hidden)
+    assert torch.equal(ministral.forward(emb, 0), ministral.logits(ids))
+    emb2 = emb.clone()
+    emb2[3] = 0
+    assert not torch.equal(ministral.forward(emb2, 0), ministral.logits(ids))
+
+
+def test_hf_fixture_config_is_what_the_file_says():
+    with open(os.path.join(MINISTRAL3_HF, "config.json")) as fh:
+        hf = json.load(fh)
+    model = Mistral3Text.load(MINISTRAL3_F32, device="cpu")
+    assert model.cfg.yarn_factor == hf["rope_parameters"]["factor"]
+    assert model.cfg.n_heads * model.cfg.head_dim == hf["num_attention_heads"] * hf["head_dim"]
