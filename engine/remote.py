@@ -446,7 +446,7 @@ class _CancelWatch:
 @dataclass
 class _Progress:
     pieces: list[str] = field(default_factory=list)
-    content_chunks: int = 0
+    token_chunks: int = 0
     t_first: float | None = None  # first chunk with text
     t_last: float | None = None
     t_first_any: float | None = None  # first chunk of any kind (for empty replies)
@@ -487,11 +487,14 @@ def _consume_chunk(obj: dict, progress: _Progress, on_piece: PieceCallback | Non
             continue
         delta = choice.get("delta") or {}
         content = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(content, str) and "role" not in delta:
+            # One chunk per token, even when the token completes no character yet ("" from
+            # llama.cpp, vLLM's EOS); the opening role chunk is not a token.
+            progress.token_chunks += 1
         if isinstance(content, str) and content:
             if progress.t_first is None:
                 progress.t_first = now
             progress.t_last = now
-            progress.content_chunks += 1
             progress.pieces.append(content)
             if on_piece is not None:
                 on_piece(content)
@@ -523,10 +526,10 @@ def _stats(progress: _Progress, t_sent: float, finish: FinishReason,
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     reused = int(cached) if isinstance(cached, (int, float)) else 0
-    # Without usage (cancelled, cut, or a server that ignores include_usage), count text
-    # chunks: vLLM and llama.cpp send one chunk per token, so it is a close estimate.
+    # Without usage (cancelled, cut, or a server that ignores include_usage), count token
+    # chunks: vLLM and llama.cpp send one chunk per token (vLLM may batch a few under load).
     generated = count("completion_tokens") if "completion_tokens" in usage \
-        else progress.content_chunks
+        else progress.token_chunks
     t_first = progress.t_first if progress.t_first is not None else progress.t_first_any
     ttft = (t_first - t_sent) if t_first is not None else 0.0
     prefilled = max(prompt_tokens - reused, 0)
@@ -723,7 +726,7 @@ class RemoteEngine:
         progress.t_first_any = progress.t_first = progress.t_last = now
         if text:
             progress.pieces.append(text)
-            progress.content_chunks = 1
+            progress.token_chunks = 1
             if on_piece is not None:
                 on_piece(text)
         progress.server_finish = choice.get("finish_reason") or "stop"
