@@ -161,6 +161,7 @@ class _Task:
         self.cancel_requested = False
         self.finished = threading.Event()
         self.future = None
+        self.hasher = None  # sha256 of the bytes in the part so far
 
     def status(self) -> DownloadStatus:
         eta = None
@@ -390,7 +391,7 @@ class DownloadManager:
                 f"{_gb(needed + SPACE_RESERVE)} free, {_gb(free)} available.", "no_space")
         final.parent.mkdir(parents=True, exist_ok=True)
         side.write_text(json.dumps(sidecar, indent=1), "utf-8")
-        hasher = self._start_part(task, part, offset)
+        self._start_part(task, part, offset)
 
         location = remote.location
         retries = 0
@@ -399,9 +400,9 @@ class DownloadManager:
                 raise _Interrupted()
             before = task.done_bytes
             try:
-                self._fetch_range(task, location, part, hasher, size)
+                self._fetch_range(task, location, part, size)
             except _Restart:
-                hasher = self._start_part(task, part, 0)
+                self._start_part(task, part, 0)
                 continue
             except HubError:
                 raise
@@ -438,7 +439,7 @@ class DownloadManager:
             raise HubError(f"{label}: size mismatch: expected {size} bytes, got {got_size}; the "
                            "partial file was deleted.", "checksum")
         if sha256 is not None:
-            digest = hasher.hexdigest()
+            digest = task.hasher.hexdigest()
             if digest != sha256:
                 self._discard_part(final)
                 raise HubError(f"{label}: checksum mismatch: expected sha256 {sha256}, got "
@@ -455,7 +456,7 @@ class DownloadManager:
         except FileNotFoundError:
             pass
 
-    def _start_part(self, task: _Task, part: Path, offset: int):
+    def _start_part(self, task: _Task, part: Path, offset: int) -> None:
         """Hash the bytes already in the part (no network), or empty it when offset is 0."""
         hasher = hashlib.sha256()
         if offset == 0:
@@ -468,10 +469,10 @@ class DownloadManager:
                         raise _Interrupted()
                     hasher.update(chunk)
         task.done_bytes = offset
+        task.hasher = hasher
         self._notify(task)
-        return hasher
 
-    def _fetch_range(self, task: _Task, location: str, part: Path, hasher, size: int) -> bool:
+    def _fetch_range(self, task: _Task, location: str, part: Path, size: int) -> bool:
         """GET bytes done_bytes.. and append them; returns whether any byte arrived.
         Raises transport errors for the caller to retry, HubError for hopeless answers."""
         from huggingface_hub.utils import get_session
@@ -482,13 +483,18 @@ class DownloadManager:
         headers["Range"] = f"bytes={start}-"
         got_any = False
         speed = _Speed()
+        speed.add(time.monotonic(), start)
         last_note = 0.0
         with get_session().stream("GET", location, headers=headers, follow_redirects=True,
                                   timeout=self.read_timeout_s) as resp:
             if resp.status_code == 416 and start == size:
                 return False
             if resp.status_code == 200 and start > 0:
-                raise _Restart()  # server ignored Range; take the whole body from byte 0
+                # The server ignored Range and sends the whole file: take it from byte 0.
+                self._start_part(task, part, 0)
+                start = 0
+                speed = _Speed()
+                speed.add(time.monotonic(), 0)
             if resp.status_code not in (200, 206):
                 if resp.status_code >= 500 or resp.status_code == 429:
                     raise ConnectionError(f"HTTP {resp.status_code}")
@@ -506,7 +512,8 @@ class DownloadManager:
                 if not m or int(m.group(1)) != start:
                     raise _Restart()
             with open(part, "ab") as f:
-                for chunk in resp.iter_bytes(self.chunk_size):
+                # Chunks as they arrive: whatever came before a dropped connection is kept.
+                for chunk in resp.iter_bytes():
                     if task.stop.is_set():
                         f.flush()
                         raise _Interrupted()
@@ -514,7 +521,7 @@ class DownloadManager:
                         raise HubError(f"{req.repo_id}/{req.filename}: the server sent more than "
                                        f"the announced {size} bytes.", "checksum")
                     f.write(chunk)
-                    hasher.update(chunk)
+                    task.hasher.update(chunk)
                     task.done_bytes += len(chunk)
                     got_any = True
                     now = time.monotonic()

@@ -290,11 +290,33 @@ class Hub:
         self.token = token  # None: huggingface_hub's own (HF_TOKEN or `hf auth login`)
         self.offline = offline_mode(offline)
         self.timeout = timeout
+        self._reachable_at = -1e9
 
     def _check_online(self, what: str) -> None:
         if self.offline:
             raise HubError(f"{what}: offline mode is on (HF_HUB_OFFLINE or the app setting); "
                            "only models already on disk are available.", "offline")
+        self._check_reachable(what)
+
+    def _check_reachable(self, what: str) -> None:
+        """One quick TCP connect before an API call: huggingface_hub retries a dead network
+        with back-off for ~20 s, far too long for a search box. Skipped behind a proxy."""
+        import socket
+        import time
+        from urllib.parse import urlsplit
+
+        if time.monotonic() - self._reachable_at < 60 or any(
+                os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY",
+                                            "http_proxy", "ALL_PROXY", "all_proxy")):
+            return
+        parts = urlsplit(self.endpoint)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=min(self.timeout, 5)).close()
+        except OSError as exc:
+            raise HubError(f"{what}: cannot reach the hub at {self.endpoint} (network down or "
+                           f"server unreachable: {exc.strerror or exc}).", "network") from exc
+        self._reachable_at = time.monotonic()
 
     def _api(self):
         from huggingface_hub import HfApi

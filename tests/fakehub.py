@@ -59,7 +59,7 @@ class FakeHub:
         self.faults = Faults()
         self.chunk = chunk
         self.bytes_served: dict[str, int] = {}
-        self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers)
+        self.requests: list[tuple[str, str, dict]] = []  # (method, path, lower-cased headers)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler(cdn=False))
         self.server.daemon_threads = True
@@ -82,7 +82,8 @@ class FakeHub:
     def start(self) -> "FakeHub":
         for srv in (self.server, self.cdn_server):
             if srv is not None:
-                t = threading.Thread(target=srv.serve_forever, daemon=True)
+                t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                                     daemon=True)
                 t.start()
                 self._threads.append(t)
         return self
@@ -150,7 +151,8 @@ class FakeHub:
                 path = unquote(url.path)
                 query = parse_qs(url.query)
                 with hub.lock:
-                    hub.requests.append((self.command, self.path, dict(self.headers)))
+                    hub.requests.append((self.command, self.path,
+                                         {k.lower(): v for k, v in self.headers.items()}))
                 if cdn:
                     m = re.fullmatch(r"/blob/([0-9a-f]{64})/(.+?)/resolve/([^/]+)/(.+)", path)
                     if not m:
@@ -360,3 +362,39 @@ def make_gguf_bytes(path, arch: str = "llama", n_embd: int = 64, n_layers: int =
     w.close()
     with open(path, "rb") as f:
         return f.read()
+
+
+_GGUF_CACHE: dict[tuple, bytes] = {}
+
+
+def tiny_gguf(tmp_dir, **kwargs) -> bytes:
+    """make_gguf_bytes, memoised per argument set (the bytes are deterministic)."""
+    key = tuple(sorted(kwargs.items()))
+    if key not in _GGUF_CACHE:
+        import os
+        os.makedirs(str(tmp_dir), exist_ok=True)
+        _GGUF_CACHE[key] = make_gguf_bytes(os.path.join(str(tmp_dir), f"tiny-{len(_GGUF_CACHE)}.gguf"),
+                                           **kwargs)
+    return _GGUF_CACHE[key]
+
+
+MODEL_FILE = "Tiny-Vision-Q8_0.gguf"
+PROJ_FILE = "mmproj-Tiny-Vision-f16.gguf"
+
+
+def tiny_repos(tmp_dir) -> dict[str, FakeRepo]:
+    """A public vision repo (model + two projectors + a README), a gated one, a text one."""
+    model = tiny_gguf(tmp_dir, n_embd=256, quant="Q8_0")
+    model_q4 = tiny_gguf(tmp_dir, n_embd=256, quant="Q4_0", seed=1)
+    proj = tiny_gguf(tmp_dir, n_embd=64, quant="F16", mmproj=True)
+    proj32 = tiny_gguf(tmp_dir, n_embd=64, quant="F32", mmproj=True)
+    return {
+        "tiny-org/Tiny-Vision-GGUF": FakeRepo(
+            {MODEL_FILE: model, "Tiny-Vision-Q4_0.gguf": model_q4, PROJ_FILE: proj,
+             "mmproj-Tiny-Vision-f32.gguf": proj32, "README.md": b"# Tiny vision model\n"},
+            downloads=100, likes=3),
+        "tiny-org/Tiny-Gated-GGUF": FakeRepo({"Tiny-Gated-Q8_0.gguf": model}, gated=True,
+                                             downloads=50),
+        "other/Text-Only-GGUF": FakeRepo({"text-only-Q4_0.gguf": model_q4}, downloads=7),
+        "other/not-a-gguf-repo": FakeRepo({"model.safetensors": b"\0" * 10}, downloads=1000),
+    }

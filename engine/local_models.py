@@ -1,0 +1,267 @@
+"""GGUF files on this machine: scan the models folder, import, describe, pair, delete.
+
+The models folder holds what the downloader fetched (one sub-folder per repo) and what the
+user copied in. Files imported "in place" stay where they are and are remembered in
+`imported.json` inside the models folder. Only header bytes are read (memory-mapped), so
+scanning many multi-GB files is quick. Nothing in a file is ever executed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .api import EngineError
+from .downloads import PART_SUFFIX, SIDECAR_SUFFIX
+from .hub import MMPROJ_RE
+
+IMPORTS_FILE = "imported.json"
+ENV_MODELS_DIR = "TRAMONTANE_MODELS_DIR"
+
+
+class LocalModelError(EngineError):
+    """A local-file problem; the message names the file."""
+
+
+def default_models_dir() -> Path:
+    """`$TRAMONTANE_MODELS_DIR`, else `<user data dir>/Tramontane/models`."""
+    env = os.environ.get(ENV_MODELS_DIR)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+    return Path(platformdirs.user_data_dir("Tramontane", appauthor=False)) / "models"
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    architecture: str | None
+    name: str | None
+    quant: str | None  # most common type among 2-D weights, e.g. 'Q4_K', 'Q8_0', 'F16'
+    quant_types: dict[str, int]
+    is_projector: bool
+    tensor_count: int
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    path: Path
+    size: int
+    header: GGUFHeader | None
+    error: str | None  # why the header could not be read (the file is still listed)
+    imported_in_place: bool  # lives outside the models folder, referenced from imported.json
+    mmproj: Path | None  # for a model: the projector beside it, if any
+
+    @property
+    def is_projector(self) -> bool:
+        if self.header is not None:
+            return self.header.is_projector
+        return bool(MMPROJ_RE.search(self.path.name))
+
+    @property
+    def architecture(self) -> str | None:
+        return self.header.architecture if self.header else None
+
+    @property
+    def quant(self) -> str | None:
+        return self.header.quant if self.header else None
+
+    @property
+    def folder(self) -> Path:
+        """What "open folder" opens."""
+        return self.path.parent
+
+
+def _most_common_quant(types: Counter) -> str | None:
+    return types.most_common(1)[0][0] if types else None
+
+
+def read_header(path: str | os.PathLike) -> GGUFHeader:
+    """Architecture, name and quantization from a GGUF header (raises LocalModelError)."""
+    path = Path(path)
+    try:
+        from .gguf_file import GGUFError, open_gguf
+    except ImportError:  # the project reader not there yet: gguf-py's reader
+        return _read_header_gguf_py(path)
+    try:
+        gf = open_gguf(path)
+    except GGUFError as exc:
+        raise LocalModelError(str(exc)) from exc
+    except OSError as exc:
+        raise LocalModelError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        types = Counter(t.type_name for t in gf.tensors.values() if len(t.shape) == 2)
+        arch = gf.architecture
+        return GGUFHeader(arch, _str_or_none(gf.get("general.name")), _most_common_quant(types),
+                          dict(types.most_common()), _is_projector(arch, gf.get), len(gf.tensors))
+    finally:
+        gf.close()
+
+
+def _read_header_gguf_py(path: Path) -> GGUFHeader:
+    try:
+        from gguf import GGUFReader
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - gguf-py raises many types on bad files
+        raise LocalModelError(f"{path}: not a readable GGUF file: {exc}") from exc
+
+    def get(key, default=None):
+        field = reader.get_field(key)
+        return field.contents() if field is not None else default
+
+    types = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) == 2)
+    arch = get("general.architecture")
+    return GGUFHeader(arch, _str_or_none(get("general.name")), _most_common_quant(types),
+                      dict(types.most_common()), _is_projector(arch, get), len(reader.tensors))
+
+
+def _str_or_none(v) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _is_projector(arch, get) -> bool:
+    return arch == "clip" or bool(get("clip.has_vision_encoder", False))
+
+
+def find_projector(model_path: str | os.PathLike) -> Path | None:
+    """The projector beside a model. The engine's rule first (`mistral3-mmproj.gguf`, then
+    `*mmproj*istral*.gguf`); then, since downloads keep one repo per folder, the single
+    `*mmproj*.gguf` there (repos name it e.g. `mmproj-F16.gguf`), f16 preferred."""
+    try:
+        from .model_file import find_mmproj
+    except ImportError:
+        find_mmproj = None
+    if find_mmproj is not None:
+        found = find_mmproj(model_path)
+        if found is not None:
+            return Path(found)
+    folder = Path(model_path).resolve().parent
+    try:
+        candidates = sorted(p for p in folder.iterdir()
+                            if p.is_file() and p.suffix.lower() == ".gguf"
+                            and MMPROJ_RE.search(p.name))
+    except OSError:
+        return None
+    if not candidates:
+        return None
+    f16 = [p for p in candidates if "f16" in p.name.lower() and "bf16" not in p.name.lower()]
+    return (f16 or candidates)[0]
+
+
+# ---------------------------------------------------------------------------------------
+# the models folder
+
+
+def _imports_path(models_dir: Path) -> Path:
+    return Path(models_dir) / IMPORTS_FILE
+
+
+def _load_imports(models_dir: Path) -> list[Path]:
+    try:
+        data = json.loads(_imports_path(models_dir).read_text("utf-8"))
+        return [Path(p) for p in data.get("files", []) if isinstance(p, str)]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _save_imports(models_dir: Path, paths: list[Path]) -> None:
+    Path(models_dir).mkdir(parents=True, exist_ok=True)
+    tmp = _imports_path(models_dir).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"files": [str(p) for p in paths]}, indent=1), "utf-8")
+    os.replace(tmp, _imports_path(models_dir))
+
+
+def _describe(path: Path, imported: bool) -> LocalModel:
+    try:
+        header, error = read_header(path), None
+    except LocalModelError as exc:
+        header, error = None, str(exc)
+    size = path.stat().st_size
+    lm = LocalModel(path, size, header, error, imported, None)
+    if not lm.is_projector:
+        lm = LocalModel(path, size, header, error, imported, find_projector(path))
+    return lm
+
+
+def scan_models(models_dir: str | os.PathLike | None = None) -> list[LocalModel]:
+    """Every finished `.gguf` in the models folder (sub-folders too) and every imported one
+    that still exists. `.part` downloads are not listed: they are not ready."""
+    models_dir = Path(models_dir) if models_dir else default_models_dir()
+    found: dict[Path, bool] = {}
+    if models_dir.is_dir():
+        for p in sorted(models_dir.rglob("*")):
+            if p.is_file() and p.suffix.lower() == ".gguf":
+                found[p.resolve()] = False
+    for p in _load_imports(models_dir):
+        if p.is_file():
+            found.setdefault(p.resolve(), True)
+    return [_describe(p, imported) for p, imported in found.items()]
+
+
+def import_model(src: str | os.PathLike, models_dir: str | os.PathLike | None = None,
+                 copy: bool = False) -> LocalModel:
+    """Make a GGUF from anywhere available: copy it into the models folder, or reference it
+    in place. The header must read as GGUF (so junk is refused with the reason)."""
+    src = Path(src).expanduser()
+    models_dir = Path(models_dir) if models_dir else default_models_dir()
+    if not src.is_file():
+        raise LocalModelError(f"{src}: no such file")
+    if src.suffix.lower() != ".gguf":
+        raise LocalModelError(f"{src}: not a .gguf file")
+    read_header(src)  # refuses a broken file with the reason
+    if copy:
+        dest_dir = models_dir / "imported"
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        dest = dest_dir / src.name
+        if dest.exists():
+            raise LocalModelError(f"{dest}: a file with this name is already in the models folder")
+        part = dest.with_name(dest.name + PART_SUFFIX)
+        try:
+            shutil.copyfile(src, part)
+            os.replace(part, dest)
+        except OSError as exc:
+            part.unlink(missing_ok=True)
+            raise LocalModelError(f"{src}: cannot copy into {dest_dir}: {exc.strerror or exc}") from exc
+        return _describe(dest, False)
+    resolved = src.resolve()
+    if _inside(resolved, models_dir):
+        return _describe(resolved, False)
+    imports = _load_imports(models_dir)
+    if resolved not in [p.resolve() for p in imports]:
+        _save_imports(models_dir, imports + [resolved])
+    return _describe(resolved, True)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(Path(folder).resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def delete_model(path: str | os.PathLike, models_dir: str | os.PathLike | None = None) -> str:
+    """Delete a file from the models folder (with any leftover part), or forget an imported
+    file without touching it. Returns what was done, in words."""
+    path = Path(path).expanduser()
+    models_dir = Path(models_dir) if models_dir else default_models_dir()
+    resolved = path.resolve()
+    imports = _load_imports(models_dir)
+    kept = [p for p in imports if p.resolve() != resolved]
+    if len(kept) != len(imports):
+        _save_imports(models_dir, kept)
+        return f"{resolved}: removed from the list (the file itself was left where it is)"
+    if not _inside(resolved, models_dir):
+        raise LocalModelError(f"{path}: not in the models folder {models_dir}; refusing to delete")
+    if not resolved.is_file():
+        raise LocalModelError(f"{path}: no such file")
+    resolved.unlink()
+    for leftover in (resolved.with_name(resolved.name + PART_SUFFIX),
+                     resolved.with_name(resolved.name + SIDECAR_SUFFIX)):
+        leftover.unlink(missing_ok=True)
+    parent = resolved.parent
+    if parent != Path(models_dir).resolve() and not any(parent.iterdir()):
+        parent.rmdir()
+    return f"{resolved}: deleted"
