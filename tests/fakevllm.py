@@ -55,6 +55,7 @@ class FakeVLLM:
     max_images         > this many images in a request -> 400 like vLLM's limit_mm_per_prompt
     max_model_len      prompt + max_tokens beyond it -> 400 with vLLM's context message
     chunk_delay_s      pause between token chunks
+    models_delay_s     pause before answering /v1/models
     fault              None, "cut", "stall", "malformed", "error_event", "status"
     fault_after        token chunks sent before the fault
     fault_status       HTTP status for fault="status"
@@ -72,6 +73,7 @@ class FakeVLLM:
         self.max_images: int | None = None
         self.max_model_len = max_model_len
         self.chunk_delay_s = 0.0
+        self.models_delay_s = 0.0
         self.fault: str | None = None
         self.fault_after = 2
         self.fault_status = 500
@@ -187,6 +189,8 @@ def _make_handler(fake: FakeVLLM):
                 return
             if not self._authorized():
                 return
+            if fake.models_delay_s:
+                fake._release.wait(fake.models_delay_s)
             now = int(time.time())
             self._json(200, {"object": "list", "data": [
                 {"id": m, "object": "model", "created": now, "owned_by": "vllm", "root": m,

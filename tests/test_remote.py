@@ -422,3 +422,16 @@ def test_key_echoed_by_server_is_redacted(server):
     with pytest.raises(RemoteError) as info:
         engine_for(server).chat(user("hi"), SamplingParams())
     assert KEY not in str(info.value) and "bad token <hidden>" in str(info.value)
+
+
+@pytest.mark.parametrize("status,kind,words", [
+    (413, "rejected", r"rejected the chat request \(413\): fault"),
+    (422, "rejected", r"rejected the chat request \(422\): fault"),
+    (429, "rejected", r"busy or rate-limited \(429\): fault"),
+    (418, "protocol", r"answered 418"),
+])
+def test_other_statuses_in_words(server, status, kind, words):
+    server.fault, server.fault_status = "status", status
+    with pytest.raises(RemoteError, match=words) as info:
+        engine_for(server).chat(user("hi"), SamplingParams())
+    assert info.value.kind == kind and info.value.status == status

@@ -1,0 +1,487 @@
+"""Remote servers in the GUI: the settings page to add, edit, test and remove
+OpenAI-compatible servers, and the per-chat model picker ("Local model" + servers' models).
+
+Persistence goes through any settings object passed in: one with `get_setting(key, default)`
+/ `set_setting(key, value)` (app/store.py's Store), or `get(key[, default])` / `set(key,
+value)`, or a plain dict. Servers are saved under `remote_servers` as a JSON list of
+{name, base_url, api_key, default_model, models}. The key is stored there (the settings
+table, never a chat export) and is never shown: the field is a password field and
+`ServerConfig.__repr__` leaves it out.
+
+Network calls (Test connection, refreshing the model lists) run on a worker thread; their
+results come back to the GUI thread through a queued Qt signal.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+    QListWidget, QPushButton, QVBoxLayout, QWidget)
+
+from ..engine.api import EngineError
+from ..engine.remote import RemoteEngine, RemoteError, fetch_models, parse_base_url
+
+SETTINGS_KEY = "remote_servers"
+LOCAL_LABEL = "Local model"
+TEST_TIMEOUT_S = 10.0
+
+
+@dataclass
+class ServerConfig:
+    name: str
+    base_url: str
+    api_key: str = field(default="", repr=False)
+    default_model: str = ""
+    models: list[str] = field(default_factory=list)  # last list the server gave
+
+    def check(self) -> None:
+        """Raises EngineError naming the field that is wrong."""
+        if not self.name.strip():
+            raise EngineError("server name: must not be empty")
+        try:
+            parse_base_url(self.base_url)
+        except RemoteError as exc:
+            raise EngineError(f"server {self.name!r}: {exc}") from None
+
+    def engine(self, model: str | None = None, **kwargs) -> RemoteEngine:
+        model = model or self.default_model or (self.models[0] if self.models else "")
+        if not model:
+            raise EngineError(f"server {self.name!r}: no model chosen (test the connection "
+                              "to list the server's models)")
+        return RemoteEngine(self.base_url, model, self.api_key or None, **kwargs)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> "ServerConfig | None":
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        models = obj.get("models")
+        return cls(name=obj["name"], base_url=str(obj.get("base_url") or ""),
+                   api_key=str(obj.get("api_key") or ""),
+                   default_model=str(obj.get("default_model") or ""),
+                   models=[str(m) for m in models] if isinstance(models, list) else [])
+
+
+class ServerList:
+    """The saved servers, read from and written to the settings object."""
+
+    def __init__(self, settings: Any):
+        self._settings = settings
+
+    def _get(self) -> Any:
+        s = self._settings
+        if hasattr(s, "get_setting"):
+            return s.get_setting(SETTINGS_KEY, None)
+        try:
+            return s.get(SETTINGS_KEY, None)
+        except TypeError:  # a get(key) without a default
+            return s.get(SETTINGS_KEY)
+
+    def _set(self, value: Any) -> None:
+        s = self._settings
+        if hasattr(s, "set_setting"):
+            s.set_setting(SETTINGS_KEY, value)
+        elif hasattr(s, "set"):
+            s.set(SETTINGS_KEY, value)
+        else:
+            s[SETTINGS_KEY] = value
+
+    def load(self) -> list[ServerConfig]:
+        raw = self._get()
+        if isinstance(raw, str):  # a settings backend that keeps only strings
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                raw = None
+        if not isinstance(raw, list):
+            return []
+        return [c for c in (ServerConfig.from_dict(o) for o in raw) if c is not None]
+
+    def save(self, servers: list[ServerConfig]) -> None:
+        self._set([asdict(s) for s in servers])
+
+    def find(self, name: str) -> ServerConfig | None:
+        return next((s for s in self.load() if s.name == name), None)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What a chat runs on: the local model (server None) or `model` on the named server."""
+
+    server: str | None = None
+    model: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.server is None
+
+
+def engine_for_choice(choice: ModelChoice, servers: ServerList, **kwargs) -> RemoteEngine | None:
+    """The RemoteEngine for a remote choice; None for the local model."""
+    if choice.is_local:
+        return None
+    config = servers.find(choice.server)
+    if config is None:
+        raise EngineError(f"server {choice.server!r} is no longer in the settings")
+    return config.engine(choice.model, **kwargs)
+
+
+class _Relay(QObject):
+    """Carries a worker thread's result to the GUI thread."""
+
+    done = Signal(object, object)  # callback, result
+
+
+def _run_off_thread(relay: _Relay, work: Callable[[], Any],
+                    on_done: Callable[[Any], None]) -> threading.Thread:
+    def target() -> None:
+        try:
+            result: Any = work()
+        except Exception as exc:  # noqa: BLE001 - handed to the GUI as a value
+            result = exc
+        try:
+            relay.done.emit(on_done, result)
+        except RuntimeError:  # the widget is gone
+            pass
+
+    thread = threading.Thread(target=target, name="servers-net", daemon=True)
+    thread.start()
+    return thread
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
+
+
+class ServersWidget(QWidget):
+    """Add / edit / remove servers, and test a server's connection (lists its models)."""
+
+    serversChanged = Signal()
+    testFinished = Signal(bool, str)  # ok, message shown
+
+    def __init__(self, settings: Any, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.servers = ServerList(settings)
+        self._configs = self.servers.load()
+        self._relay = _Relay(self)
+        self._relay.done.connect(self._deliver, Qt.ConnectionType.QueuedConnection)
+        self._threads: list[threading.Thread] = []
+        self._loading = False
+
+        self.list = QListWidget()
+        self.add_button = QPushButton("Add")
+        self.remove_button = QPushButton("Remove")
+        self.name_edit = QLineEdit()
+        self.url_edit = QLineEdit()
+        self.url_edit.setPlaceholderText("http://127.0.0.1:8000/v1")
+        self.key_edit = QLineEdit()
+        self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.key_edit.setPlaceholderText("optional")
+        self.model_combo = QComboBox()
+        self.model_combo.setEditable(True)
+        self.test_button = QPushButton("Test connection")
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        form = QFormLayout()
+        form.addRow("Name", self.name_edit)
+        form.addRow("Base URL", self.url_edit)
+        form.addRow("API key", self.key_edit)
+        form.addRow("Default model", self.model_combo)
+        form.addRow(self.test_button)
+        form.addRow(self.status)
+        self.form_box = QWidget()
+        self.form_box.setLayout(form)
+
+        left = QVBoxLayout()
+        left.addWidget(self.list)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.add_button)
+        buttons.addWidget(self.remove_button)
+        left.addLayout(buttons)
+        layout = QHBoxLayout(self)
+        layout.addLayout(left, 1)
+        layout.addWidget(self.form_box, 2)
+
+        self.add_button.clicked.connect(self.add_server)
+        self.remove_button.clicked.connect(self.remove_current)
+        self.test_button.clicked.connect(self.test_connection)
+        self.list.currentRowChanged.connect(self._show_row)
+        for edit in (self.name_edit, self.url_edit, self.key_edit):
+            edit.editingFinished.connect(self.commit_form)
+        self.model_combo.currentTextChanged.connect(lambda _text: self.commit_form())
+
+        self._reload_list(0)
+
+    # -- list -------------------------------------------------------------------------------
+    def configs(self) -> list[ServerConfig]:
+        return list(self._configs)
+
+    def current(self) -> ServerConfig | None:
+        row = self.list.currentRow()
+        return self._configs[row] if 0 <= row < len(self._configs) else None
+
+    def _reload_list(self, row: int) -> None:
+        self._loading = True
+        self.list.clear()
+        self.list.addItems([c.name for c in self._configs])
+        self._loading = False
+        if self._configs:
+            self.list.setCurrentRow(max(0, min(row, len(self._configs) - 1)))
+        else:
+            self._show_row(-1)
+
+    def _show_row(self, row: int) -> None:
+        if self._loading:
+            return
+        config = self._configs[row] if 0 <= row < len(self._configs) else None
+        self._loading = True
+        self.form_box.setEnabled(config is not None)
+        self.remove_button.setEnabled(config is not None)
+        self.name_edit.setText(config.name if config else "")
+        self.url_edit.setText(config.base_url if config else "")
+        self.key_edit.setText(config.api_key if config else "")
+        self.model_combo.clear()
+        if config:
+            models = list(config.models)
+            if config.default_model and config.default_model not in models:
+                models.insert(0, config.default_model)
+            self.model_combo.addItems(models)
+            self.model_combo.setCurrentText(config.default_model)
+        self.status.setText("")
+        self._loading = False
+
+    def add_server(self, name: str = "", base_url: str = "http://127.0.0.1:8000/v1") -> None:
+        taken = {c.name for c in self._configs}
+        if not name:
+            n = len(self._configs) + 1
+            while f"Server {n}" in taken:
+                n += 1
+            name = f"Server {n}"
+        elif name in taken:
+            self._say(False, f"server name {name!r} is already used")
+            return
+        self._configs.append(ServerConfig(name, base_url))
+        self._save()
+        self._reload_list(len(self._configs) - 1)
+        self.name_edit.setFocus()
+
+    def remove_current(self) -> None:
+        row = self.list.currentRow()
+        if 0 <= row < len(self._configs):
+            del self._configs[row]
+            self._save()
+            self._reload_list(row)
+
+    # -- form -------------------------------------------------------------------------------
+    @Slot()
+    def commit_form(self) -> None:
+        """Write the form into the selected server and save (called as fields are left)."""
+        config = self.current()
+        if self._loading or config is None:
+            return
+        name = self.name_edit.text().strip()
+        if not name:
+            self._say(False, "server name: must not be empty")
+            self.name_edit.setText(config.name)
+            return
+        if name != config.name and any(c.name == name for c in self._configs):
+            self._say(False, f"server name {name!r} is already used")
+            self.name_edit.setText(config.name)
+            return
+        url = self.url_edit.text().strip()
+        updated = ServerConfig(name, url, self.key_edit.text().strip(),
+                               self.model_combo.currentText().strip(), list(config.models))
+        if updated == config:
+            return
+        if url != config.base_url:
+            updated.models = []  # another server: the old list says nothing about it
+        self._configs[self.list.currentRow()] = updated
+        if name != config.name:
+            self.list.currentItem().setText(name)
+        try:
+            updated.check()
+        except EngineError as exc:
+            self._say(False, str(exc))
+        self._save()
+
+    def _save(self) -> None:
+        self.servers.save(self._configs)
+        self.serversChanged.emit()
+
+    def _say(self, ok: bool, message: str) -> None:
+        self.status.setStyleSheet("" if ok else "color: #b00020;")
+        self.status.setText(message)
+
+    # -- test connection ---------------------------------------------------------------------
+    def test_connection(self) -> None:
+        self.commit_form()
+        config = self.current()
+        if config is None:
+            return
+        try:
+            config.check()
+        except EngineError as exc:
+            self._say(False, str(exc))
+            self.testFinished.emit(False, str(exc))
+            return
+        self.test_button.setEnabled(False)
+        self._say(True, f"Connecting to {parse_base_url(config.base_url).display}…")
+        name, url, key = config.name, config.base_url, config.api_key or None
+        self._threads.append(_run_off_thread(
+            self._relay, lambda: fetch_models(url, key, timeout=TEST_TIMEOUT_S),
+            lambda result: self._test_done(name, result)))
+
+    @Slot(object, object)
+    def _deliver(self, callback: Callable[[Any], None], result: Any) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        callback(result)
+
+    def _test_done(self, name: str, result: Any) -> None:
+        self.test_button.setEnabled(True)
+        index = next((i for i, c in enumerate(self._configs) if c.name == name), None)
+        if isinstance(result, BaseException):
+            message = f"Connection failed: {_describe(result)}"
+            self._say(False, message)
+            self.testFinished.emit(False, message)
+            return
+        models = [m.id for m in result]
+        if index is not None:
+            config = self._configs[index]
+            config.models = models
+            if not config.default_model and models:
+                config.default_model = models[0]
+            self._save()
+            if index == self.list.currentRow():
+                self._show_row(index)
+        listed = ", ".join(models) if models else "none"
+        message = f"Connected: {len(models)} model(s): {listed}"
+        self._say(True, message)
+        self.testFinished.emit(True, message)
+
+
+class ServersDialog(QDialog):
+    """The servers page as a dialog (Settings → Servers…)."""
+
+    def __init__(self, settings: Any, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("Servers")
+        self.widget = ServersWidget(settings, self)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        buttons.accepted.connect(self.accept)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.widget)
+        layout.addWidget(buttons)
+        self.resize(640, 360)
+
+    def done(self, result: int) -> None:
+        self.widget.commit_form()
+        super().done(result)
+
+
+class ModelChoiceCombo(QComboBox):
+    """Per-chat model picker: "Local model", then each server's models ("model — server")."""
+
+    choiceChanged = Signal(object)  # ModelChoice
+    modelsRefreshed = Signal()
+
+    def __init__(self, settings: Any, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.servers = ServerList(settings)
+        self._relay = _Relay(self)
+        self._relay.done.connect(self._deliver, Qt.ConnectionType.QueuedConnection)
+        self._threads: list[threading.Thread] = []
+        self._pending = 0
+        self.errors: dict[str, str] = {}  # server name -> last refresh error
+        self.currentIndexChanged.connect(self._emit_choice)
+        self.reload()
+
+    def choices(self) -> list[ModelChoice]:
+        return [self.itemData(i) for i in range(self.count())
+                if isinstance(self.itemData(i), ModelChoice)]
+
+    def current_choice(self) -> ModelChoice:
+        data = self.currentData()
+        return data if isinstance(data, ModelChoice) else ModelChoice()
+
+    def set_choice(self, choice: ModelChoice) -> bool:
+        for i in range(self.count()):
+            if self.itemData(i) == choice:
+                self.setCurrentIndex(i)
+                return True
+        return False
+
+    @Slot()
+    def reload(self) -> None:
+        """Rebuild the items from the saved servers, keeping the current choice if it stays."""
+        keep = self.current_choice() if self.count() else ModelChoice()
+        self.blockSignals(True)
+        self.clear()
+        self.addItem(LOCAL_LABEL, ModelChoice())
+        for server in self.servers.load():
+            models = list(server.models)
+            if server.default_model and server.default_model not in models:
+                models.insert(0, server.default_model)
+            if models:
+                self.insertSeparator(self.count())
+            for model in models:
+                self.addItem(f"{model} — {server.name}", ModelChoice(server.name, model))
+                tip = f"{model} on {parse_base_url(server.base_url).display}" \
+                    if _url_ok(server.base_url) else model
+                self.setItemData(self.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
+        if not self.set_choice(keep):
+            self.setCurrentIndex(0)
+        self.blockSignals(False)
+        if self.current_choice() != keep:  # the chosen server or model went away
+            self._emit_choice()
+
+    def refresh_models(self) -> None:
+        """Ask every saved server for its models (off the GUI thread), then reload."""
+        servers = [s for s in self.servers.load() if _url_ok(s.base_url)]
+        if not servers:
+            self.modelsRefreshed.emit()
+            return
+        self._pending += len(servers)
+        for server in servers:
+            name, url, key = server.name, server.base_url, server.api_key or None
+            self._threads.append(_run_off_thread(
+                self._relay, lambda url=url, key=key: fetch_models(url, key,
+                                                                   timeout=TEST_TIMEOUT_S),
+                lambda result, name=name: self._models_done(name, result)))
+
+    @Slot(object, object)
+    def _deliver(self, callback: Callable[[Any], None], result: Any) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        callback(result)
+
+    def _models_done(self, name: str, result: Any) -> None:
+        if isinstance(result, BaseException):
+            self.errors[name] = _describe(result)
+        else:
+            self.errors.pop(name, None)
+            configs = self.servers.load()
+            for config in configs:
+                if config.name == name:
+                    config.models = [m.id for m in result]
+            self.servers.save(configs)
+        self._pending -= 1
+        if self._pending == 0:
+            self.reload()
+            self.modelsRefreshed.emit()
+
+    def _emit_choice(self, *_args) -> None:
+        self.choiceChanged.emit(self.current_choice())
+
+
+def _url_ok(url: str) -> bool:
+    try:
+        parse_base_url(url)
+        return True
+    except RemoteError:
+        return False
