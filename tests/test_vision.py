@@ -82,6 +82,54 @@ def hf_features(model, pixel_list: list[torch.Tensor]) -> list[torch.Tensor]:
     return list(out.pooler_output)
 
 
+def hf_param_to_gguf(hf_name: str) -> str | None:
+    """HF Mistral3 parameter name → llama.cpp mmproj tensor name (None: not a vision weight)."""
+    table = {
+        "vision_tower.patch_conv": "v.patch_embd", "vision_tower.ln_pre": "v.pre_ln",
+        "multi_modal_projector.norm": "mm.input_norm",
+        "multi_modal_projector.patch_merger.merging_layer": "mm.patch_merger",
+        "multi_modal_projector.linear_1": "mm.1", "multi_modal_projector.linear_2": "mm.2",
+    }
+    block = {
+        "attention_norm": "ln1", "attention.q_proj": "attn_q", "attention.k_proj": "attn_k",
+        "attention.v_proj": "attn_v", "attention.o_proj": "attn_out", "ffn_norm": "ln2",
+        "feed_forward.gate_proj": "ffn_gate", "feed_forward.up_proj": "ffn_up",
+        "feed_forward.down_proj": "ffn_down",
+    }
+    name = hf_name.removeprefix("model.").removesuffix(".weight")
+    if name in table:
+        return table[name] + ".weight"
+    prefix = "vision_tower.transformer.layers."
+    if name.startswith(prefix):
+        i, rest = name[len(prefix):].split(".", 1)
+        return f"v.blk.{i}.{block[rest]}.weight"
+    return None
+
+
+def hf_model_from_file(name: str, path: str):
+    """A fresh HF model whose vision weights are the file's, dequantized by gguf-py (Q/K rows
+    un-permuted): HF then runs exactly the numbers a quantized or half file holds."""
+    model = transformers.Mistral3ForConditionalGeneration.from_pretrained(
+        os.path.join(FIXTURES, name), dtype=torch.float32).eval()
+    reader = gguf.GGUFReader(path)
+    n_head = model.config.vision_config.num_attention_heads
+    tensors = {t.name: t for t in reader.tensors}
+    seen = 0
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            gname = hf_param_to_gguf(pname)
+            if gname is None:
+                continue
+            t = tensors[gname]
+            values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(param.shape)
+            if gname.endswith(("attn_q.weight", "attn_k.weight")):  # file = permute(HF): invert
+                values = values.reshape(n_head, values.shape[0] // n_head // 2, 2, -1).swapaxes(1, 2).reshape(param.shape)
+            param.copy_(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)))
+            seen += 1
+    assert seen == len(tensors)
+    return model
+
+
 def token_cosines(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     assert ours.shape == ref.shape
     return F.cosine_similarity(ours.double(), ref.double(), dim=-1)
@@ -169,6 +217,30 @@ def test_f16_file(layout, ollama_files):
     assert tower.blocks[0].q.data.dtype == torch.float16  # the file's dtype is kept
     encode_and_compare(tower, hf_model("mistral3_tiny", torch.float16), 0.99999)
     encode_and_compare(tower, hf_model("mistral3_tiny"), 0.999)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "BF16"])
+def test_quantized_and_bf16_files(tmp_path, qtype):
+    """Every linear of the f32 file re-encoded (gguf-py's quantizer); HF runs the file's numbers."""
+    src = mmproj("mistral3_tiny")
+    reader = gguf.GGUFReader(src)
+    kind = gguf.GGMLQuantizationType[qtype]
+    replace = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2:  # the linears; the conv (4-D) and norms (1-D) stay f32
+            rows = np.array(t.data).reshape(int(t.shape[1]), int(t.shape[0]))
+            replace[t.name] = (gguf.quants.quantize(rows, kind), kind)
+    path = str(rewrite_gguf(src, tmp_path / f"mmproj-{qtype}.gguf", replace_tensors=replace))
+    tower = VisionTower.load(path)
+    assert tower.blocks[0].up.ggml_type == int(kind)
+    encode_and_compare(tower, hf_model_from_file("mistral3_tiny", path), 0.99999)
+
+
+def test_hf_from_file_loader_is_faithful():
+    """The helper above, on the f32 file, must give back HF's own model (it maps every tensor)."""
+    a = hf_model("mistral3_tiny").state_dict()
+    b = hf_model_from_file("mistral3_tiny", mmproj("mistral3_tiny")).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_one_call_equals_separate_calls():
