@@ -52,3 +52,28 @@ def dequantize_iq4_xs_ref(blocks: torch.Tensor) -> torch.Tensor:
 
 
 REFERENCES = {IQ4_NL: dequantize_iq4_nl_ref, IQ4_XS: dequantize_iq4_xs_ref}
+
+
+# ---------------------------------------------------------------- Triton tiles (see quant_legacy)
+from .quant_legacy import _legacy_blocks, _nibble_tile, load_f16, load_u8  # noqa: E402
+
+
+@triton.jit
+def tile_iq4_nl(rowp, u, n_blocks, rmask, table_ptr):
+    base, mask = _legacy_blocks(rowp, u, n_blocks, rmask, 18)
+    q, col = _nibble_tile(base, mask, 2)
+    return load_f16(base, mask) * tl.load(table_ptr + q), col
+
+
+@triton.jit
+def tile_iq4_xs(rowp, u, rmask, table_ptr):
+    base = rowp + u * 136
+    p = tl.arange(0, 2)[None, :, None, None]
+    g = tl.arange(0, 8)[None, None, :, None]  # 32-element sub-block
+    s = tl.arange(0, 16)[None, None, None, :]
+    q = (load_u8(base + 8 + g * 16 + s, rmask) >> (p * 4)) & 0x0F
+    scales_h = load_u8(base + 2, rmask) | (load_u8(base + 3, rmask) << 8)
+    low = (load_u8(base + 4 + g // 2, rmask) >> ((g % 2) * 4)) & 0x0F
+    high = (scales_h >> (g * 2)) & 3
+    dl = load_f16(base, rmask) * ((low | (high << 4)) - 32).to(tl.float32)
+    return dl * tl.load(table_ptr + q), g * 32 + p * 16 + s

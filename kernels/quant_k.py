@@ -119,3 +119,98 @@ REFERENCES = {
     Q5_K: dequantize_q5_k_ref,
     Q6_K: dequantize_q6_k_ref,
 }
+
+
+# ---------------------------------------------------------------- Triton tiles (see quant_legacy)
+# One super-block (256 elements) per unit; `base` = row pointer + u * type_size.
+from .quant_legacy import load_f16, load_u8  # noqa: E402
+
+
+@triton.jit
+def _q2_3_layout():
+    """Element j = (g//2)*128 + p*32 + (g%2)*16 + s of the 2-bit layouts (Q2_K, Q3_K):
+    its bits are (qs byte g*16 + s) >> 2p and its 16-element sub-block is j // 16."""
+    p = tl.arange(0, 4)[None, :, None, None]
+    g = tl.arange(0, 4)[None, None, :, None]
+    s = tl.arange(0, 16)[None, None, None, :]
+    col = (g // 2) * 128 + p * 32 + (g % 2) * 16 + s
+    sub = (g // 2) * 8 + p * 2 + (g % 2)
+    return p, g, s, col, sub
+
+
+@triton.jit
+def tile_q2_k(rowp, u, rmask):
+    base = rowp + u * 84
+    p, g, s, col, sub = _q2_3_layout()
+    q = ((load_u8(base + 16 + g * 16 + s, rmask) >> (p * 2)) & 3).to(tl.float32)
+    sc = load_u8(base + sub, rmask)
+    dl = load_f16(base + 80, rmask) * (sc & 0x0F).to(tl.float32)
+    ml = load_f16(base + 82, rmask) * (sc >> 4).to(tl.float32)
+    return dl * q - ml, col
+
+
+@triton.jit
+def tile_q3_k(rowp, u, rmask):
+    base = rowp + u * 110
+    p, g, s, col, sub = _q2_3_layout()
+    low = (load_u8(base + 32 + g * 16 + s, rmask) >> (p * 2)) & 3
+    hbit = (load_u8(base + (g % 2) * 16 + s, rmask) >> ((g // 2) * 4 + p)) & 1
+    q = (low - ((hbit ^ 1) << 2)).to(tl.float32)
+    sc_lo = (load_u8(base + 96 + sub % 8, rmask) >> ((sub // 8) * 4)) & 0x0F
+    sc_hi = (load_u8(base + 104 + sub % 4, rmask) >> ((sub // 4) * 2)) & 3
+    dl = load_f16(base + 108, rmask) * ((sc_lo | (sc_hi << 4)) - 32).to(tl.float32)
+    return dl * q, col
+
+
+@triton.jit
+def _k_layout_scaled(base, q_lo, rmask, p, g):
+    """Apply Q4_K/Q5_K 6-bit scales and mins of sub-block 2g + p."""
+    i = g * 2 + p  # [1,2,4,1], 0..7
+    b_i = load_u8(base + 4 + i, rmask)
+    b_i4 = load_u8(base + 8 + i, rmask)  # byte i + 4
+    b_im4 = load_u8(base + 4 + (i % 4), rmask)  # byte i - 4 (for i >= 4)
+    lo = i < 4
+    sc = tl.where(lo, b_i & 0x3F, (b_i4 & 0x0F) | ((b_im4 >> 6) << 4))
+    mn = tl.where(lo, b_i4 & 0x3F, (b_i4 >> 4) | ((b_i >> 6) << 4))
+    dl = load_f16(base, rmask) * sc.to(tl.float32)
+    ml = load_f16(base + 2, rmask) * mn.to(tl.float32)
+    return dl * q_lo.to(tl.float32) - ml
+
+
+@triton.jit
+def tile_q4_k(rowp, u, rmask):
+    base = rowp + u * 144
+    p = tl.arange(0, 2)[None, :, None, None]  # nibble
+    g = tl.arange(0, 4)[None, None, :, None]  # 64-element chunk
+    s = tl.arange(0, 32)[None, None, None, :]
+    q = (load_u8(base + 16 + g * 32 + s, rmask) >> (p * 4)) & 0x0F
+    return _k_layout_scaled(base, q, rmask, p, g), g * 64 + p * 32 + s
+
+
+@triton.jit
+def tile_q5_k(rowp, u, rmask):
+    base = rowp + u * 176
+    p = tl.arange(0, 2)[None, :, None, None]
+    g = tl.arange(0, 4)[None, None, :, None]
+    s = tl.arange(0, 32)[None, None, None, :]
+    q = (load_u8(base + 48 + g * 32 + s, rmask) >> (p * 4)) & 0x0F
+    q = q | (((load_u8(base + 16 + s, rmask) >> (g * 2 + p)) & 1) << 4)
+    return _k_layout_scaled(base, q, rmask, p, g), g * 64 + p * 32 + s
+
+
+@triton.jit
+def tile_q6_k(rowp, u, rmask):
+    base = rowp + u * 210
+    # element j = h*128 + p*32 + l with h = g//2, l = (g%2)*16 + s
+    p = tl.arange(0, 4)[None, :, None, None]
+    g = tl.arange(0, 4)[None, None, :, None]
+    s = tl.arange(0, 16)[None, None, None, :]
+    h = g // 2
+    l = (g % 2) * 16 + s
+    ql = (load_u8(base + h * 64 + (p % 2) * 32 + l, rmask) >> ((p // 2) * 4)) & 0x0F
+    qh = (load_u8(base + 128 + h * 32 + l, rmask) >> (p * 2)) & 3
+    q = ((ql | (qh << 4)) - 32).to(tl.float32)
+    sub = h * 8 + p * 2 + (g % 2)
+    sc = tl.load(base + 192 + sub, mask=rmask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+    dl = load_f16(base + 208, rmask) * sc
+    return dl * q, h * 128 + p * 32 + l

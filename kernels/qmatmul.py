@@ -1,0 +1,187 @@
+"""Triton kernels over raw GGUF blocks: dequantize, and the fused decode matmul.
+
+Both walk a weight in units of 256 elements per row (one K-quant super-block or 8 legacy blocks)
+and get the unit's values from the per-family tile functions (quant_legacy / quant_k /
+quant_iq4), chosen at compile time by the QTYPE constexpr.
+
+Decode (few activation rows): each program owns BLOCK_N output rows and a 1/SPLIT_K share of
+the units; it reads each raw byte of its rows exactly once, dequantizes in registers, multiplies
+by up to BLOCK_M activation rows and writes float32 partial sums; the host sums the SPLIT_K
+partials (deterministic, no atomics). The dense weight never exists in memory.
+
+Prefill (many rows): Triton-dequantize a chunk of weight rows to the activation dtype in a
+scratch buffer, then torch.matmul (cuBLAS) - simple, and compute-bound anyway.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ggml_types as gt
+from .quant_iq4 import kvalues_table, tile_iq4_nl, tile_iq4_xs
+from .quant_k import tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k
+from .quant_legacy import tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
+from .triton_compat import tl, triton
+
+UNIT = 256  # elements per row handled by one tile call
+
+TRITON_TYPES = (gt.Q4_0, gt.Q4_1, gt.Q5_0, gt.Q5_1, gt.Q8_0, gt.Q2_K, gt.Q3_K, gt.Q4_K,
+                gt.Q5_K, gt.Q6_K, gt.IQ4_NL, gt.IQ4_XS)
+
+
+@triton.jit
+def _tile(QTYPE: tl.constexpr, rowp, u, n_blocks, rmask, table_ptr):
+    # ggml ids: Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q2_K 10 .. Q6_K 14, IQ4_NL 20, IQ4_XS 23
+    if QTYPE == 2:
+        return tile_q4_0(rowp, u, n_blocks, rmask)
+    elif QTYPE == 3:
+        return tile_q4_1(rowp, u, n_blocks, rmask)
+    elif QTYPE == 6:
+        return tile_q5_0(rowp, u, n_blocks, rmask)
+    elif QTYPE == 7:
+        return tile_q5_1(rowp, u, n_blocks, rmask)
+    elif QTYPE == 8:
+        return tile_q8_0(rowp, u, n_blocks, rmask)
+    elif QTYPE == 10:
+        return tile_q2_k(rowp, u, rmask)
+    elif QTYPE == 11:
+        return tile_q3_k(rowp, u, rmask)
+    elif QTYPE == 12:
+        return tile_q4_k(rowp, u, rmask)
+    elif QTYPE == 13:
+        return tile_q5_k(rowp, u, rmask)
+    elif QTYPE == 14:
+        return tile_q6_k(rowp, u, rmask)
+    elif QTYPE == 20:
+        return tile_iq4_nl(rowp, u, n_blocks, rmask, table_ptr)
+    else:
+        tl.static_assert(QTYPE == 23, "unsupported ggml type")
+        return tile_iq4_xs(rowp, u, rmask, table_ptr)
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, out_ptr, table_ptr, N, K, row_bytes, n_blocks,
+                    QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_n = tl.program_id(0)
+    u = tl.program_id(1)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None, None, None]
+    rmask = rows < N
+    vals, col = _tile(QTYPE, w_ptr + rows * row_bytes, u, n_blocks, rmask, table_ptr)
+    kcol = u * 256 + col
+    tl.store(out_ptr + rows * K + kcol, vals.to(out_ptr.dtype.element_ty), mask=rmask & (kcol < K))
+
+
+@triton.jit
+def _decode_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_blocks, n_units,
+                   units_per_split, stride_xm,
+                   QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows4 = rows[:, None, None, None]
+    rmask = rows4 < N
+    rowp = w_ptr + rows4 * row_bytes
+    m_ids = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    u_start = pid_k * units_per_split
+    u_stop = tl.minimum(u_start + units_per_split, n_units)
+    for u in range(u_start, u_stop):
+        w, col = _tile(QTYPE, rowp, u, n_blocks, rmask, table_ptr)
+        kcol = u * 256 + col
+        kmask = kcol < K
+        for mi in tl.static_range(BLOCK_M):
+            m = pid_m * BLOCK_M + mi
+            x_mask = kmask & ((kcol * 0 + m) < M)  # (a scalar bool mask confuses the interpreter)
+            x = tl.load(x_ptr + m * stride_xm + kcol, mask=x_mask, other=0.0).to(tl.float32)
+            part = tl.sum(tl.sum(tl.sum(w * x, axis=3), axis=2), axis=1)  # [BLOCK_N]
+            acc += tl.where(m_ids[None, :] == mi, part[:, None], 0.0)
+    m_all = pid_m * BLOCK_M + m_ids
+    out = part_ptr + pid_k.to(tl.int64) * M * N + m_all[None, :].to(tl.int64) * N + rows[:, None]
+    tl.store(out, acc, mask=(rows[:, None] < N) & (m_all[None, :] < M))
+
+
+def _check(w) -> None:
+    if w.ggml_type not in TRITON_TYPES:
+        raise gt.QuantFormatError(f"no Triton kernel for {gt.type_name(w.ggml_type)} weights")
+
+
+def _table(device) -> torch.Tensor:
+    return kvalues_table(device)
+
+
+def _launch_opts(device: torch.device) -> dict:
+    # No FMA contraction: dequantized values must round exactly like gguf-py's separate ops.
+    return {"enable_fp_fusion": False} if device.type == "cuda" else {}
+
+
+def dequantize_triton(w, dtype=torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(out_features, in_features) dense copy of a quantized QWeight, computed by Triton."""
+    _check(w)
+    n, k = w.shape
+    data = w.data if w.data.is_contiguous() else w.data.contiguous()
+    if out is None:
+        out = torch.empty(n, k, dtype=dtype, device=data.device)
+    block_n = 8
+    grid = (triton.cdiv(n, block_n), triton.cdiv(k, UNIT))
+    n_blocks = k // gt.type_info(w.ggml_type).block_size
+    _dequant_kernel[grid](data, out, _table(data.device), n, k, data.shape[1], n_blocks,
+                          QTYPE=w.ggml_type, BLOCK_N=block_n, num_warps=4, **_launch_opts(data.device))
+    return out
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def decode_config(n: int, k: int, m: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_M, SPLIT_K): enough programs to fill every SM a few times over."""
+    block_m = 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
+    block_n = 4 if m > 4 else 8
+    n_units = triton.cdiv(k, UNIT)
+    programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    want = 4 * _sm_count(device)
+    split_k = max(1, min(n_units // 4 if n_units >= 8 else 1, triton.cdiv(want, programs)))
+    return block_n, block_m, split_k
+
+
+def linear_decode(x: torch.Tensor, w, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """Fused dequant+matmul for few activation rows. x (..., in) -> (..., out) in x.dtype."""
+    _check(w)
+    n, k = w.shape
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    data = w.data if w.data.is_contiguous() else w.data.contiguous()
+    block_n, block_m, split_k = config or decode_config(n, k, m, x.device)
+    n_units = triton.cdiv(k, UNIT)
+    units_per_split = triton.cdiv(n_units, split_k)
+    split_k = triton.cdiv(n_units, units_per_split)
+    part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
+    n_blocks = k // gt.type_info(w.ggml_type).block_size
+    _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
+                         units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
+                         BLOCK_M=block_m, num_warps=4)
+    out = part[0] if split_k == 1 else part.sum(0)
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def linear_prefill(x: torch.Tensor, w, chunk_bytes: int | None = None) -> torch.Tensor:
+    """Many activation rows: Triton dequant of weight-row chunks into scratch, then matmul."""
+    from .linear import PREFILL_CHUNK_BYTES
+
+    n, k = w.shape
+    x2 = x.reshape(-1, k)
+    # float16/float32 compute stays in x's dtype; the interpreter cannot do bf16 arithmetic
+    dtype = x.dtype
+    out = torch.empty(x2.shape[0], n, dtype=dtype, device=x.device)
+    step = max(1, (chunk_bytes or PREFILL_CHUNK_BYTES) // (k * x.element_size()))
+    scratch = torch.empty(min(step, n), k, dtype=dtype, device=x.device)
+    for start in range(0, n, step):
+        part = w.rows(start, min(start + step, n))
+        wd = dequantize_triton(part, dtype, out=scratch[: part.shape[0]])
+        torch.matmul(x2, wd.t(), out=out[:, start : start + part.shape[0]])
+    return out.reshape(*x.shape[:-1], n)
