@@ -37,6 +37,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=SamplingParams.temperature)
     parser.add_argument("--top-p", type=float, default=SamplingParams.top_p)
     parser.add_argument("--top-k", type=int, default=SamplingParams.top_k)
+    parser.add_argument("--min-p", type=float, default=SamplingParams.min_p)
+    parser.add_argument("--repetition-penalty", type=float,
+                        default=SamplingParams.repetition_penalty)
+    parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of streaming text")
@@ -76,13 +80,18 @@ def run_remote(args: argparse.Namespace) -> int:
         messages = []
         if _arg(args, "system"):
             messages.append(ChatMessage.text("system", args.system))
-        messages.append(ChatMessage("user", [prompt, *images]))
+        # images first, then the prompt: the same message the local `run` builds
+        messages.append(ChatMessage("user", [*images, prompt]))
+        defaults = SamplingParams()
         params = SamplingParams(
-            max_tokens=_arg(args, "max_tokens", SamplingParams.max_tokens),
-            temperature=_arg(args, "temperature", SamplingParams.temperature),
-            top_p=_arg(args, "top_p", SamplingParams.top_p),
-            top_k=_arg(args, "top_k", SamplingParams.top_k),
-            seed=_arg(args, "seed"))
+            max_tokens=_arg(args, "max_tokens", defaults.max_tokens),
+            temperature=_arg(args, "temperature", defaults.temperature),
+            top_p=_arg(args, "top_p", defaults.top_p),
+            top_k=_arg(args, "top_k", defaults.top_k),
+            min_p=_arg(args, "min_p", defaults.min_p),
+            repetition_penalty=_arg(args, "repetition_penalty", defaults.repetition_penalty),
+            seed=_arg(args, "seed"),
+            ignore_eos=bool(_arg(args, "ignore_eos", False)))
         engine = RemoteEngine(server, model, api_key,
                               connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_S,
                                                   _arg(args, "timeout", DEFAULT_READ_TIMEOUT_S)),
@@ -122,12 +131,18 @@ def run_remote(args: argparse.Namespace) -> int:
             "ttft_s": stats.ttft_s,
             "prefill_tok_s": stats.prefill_tok_s,
             "decode_tok_s": stats.decode_tok_s,
+            "prompt_tokens": stats.prompt_tokens,
+            "generated_tokens": stats.generated_tokens,
             "usage": getattr(result, "usage", None),
             "error": error,
         }, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
+        print(f"[{stats.prompt_tokens} prompt tokens, {stats.generated_tokens} generated, "
+              f"TTFT {stats.ttft_s:.3f}s, prefill {stats.prefill_tok_s:.1f} tok/s, decode "
+              f"{stats.decode_tok_s:.1f} tok/s, {stats.finish_reason}, {engine.description}]",
+              file=sys.stderr)
     if result.finish_reason == "interrupted":
         print(f"error: the reply was interrupted: {error}", file=sys.stderr)
         return 1

@@ -30,6 +30,7 @@ def test_streams_text_to_stdout(server, capsys, monkeypatch):
     assert run_remote(args) == 0
     out = capsys.readouterr()
     assert out.out == REPLY + "\n"
+    assert f"{server.last_usage['prompt_tokens']} prompt tokens" in out.err
     body = server.requests[0].body
     assert body["messages"] == [{"role": "system", "content": "Réponds en français."},
                                 {"role": "user", "content": "Salut"}]
@@ -52,7 +53,7 @@ def test_json_output_with_image(server, capsys, monkeypatch, tmp_path):
     assert out["ttft_s"] > 0 and out["prefill_tok_s"] > 0 and out["decode_tok_s"] >= 0
     chat = next(r for r in server.requests if r.method == "POST")
     assert chat.images == [("image/jpeg", image.read_bytes())]
-    assert chat.body["messages"][0]["content"][0] == {"type": "text", "text": "What is this?"}
+    assert chat.body["messages"][0]["content"][-1] == {"type": "text", "text": "What is this?"}
 
 
 def test_errors_exit_1_without_the_key(server, capsys, monkeypatch):
@@ -88,3 +89,21 @@ def test_missing_image_file_is_a_usage_error(server, capsys, tmp_path):
     assert main(["--server", server.url, "--model", "small", "--prompt", "hi",
                  "--image", str(missing)]) == 2
     assert f"{missing}: cannot read image" in capsys.readouterr().err
+
+
+def test_through_tramontane_cli_run(server, capsys, monkeypatch):
+    """The real `tramontane-cli run --server` parser (engine/cli.py) reaches run_remote with
+    its shared run options (min-p, repetition penalty, ignore-eos)."""
+    cli = pytest.importorskip("tramontane.engine.cli")
+    monkeypatch.setenv("K", KEY)
+    try:
+        code = cli.main(["run", "--server", server.url, "--model", "small", "--api-key-env",
+                         "K", "--prompt", "hi", "--min-p", "0.1", "--repetition-penalty",
+                         "1.2", "--ignore-eos", "--json"])
+    except SystemExit as exc:  # a main() that exits instead of returning
+        code = exc.code
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == REPLY
+    body = server.requests[0].body
+    assert (body["min_p"], body["repetition_penalty"], body["ignore_eos"]) == (0.1, 1.2, True)
