@@ -70,6 +70,7 @@ def export_json(store: Store, chat_id: int, path: str | Path) -> Path:
     path = Path(path)
     text = json.dumps(chat_to_json(store, chat_id), ensure_ascii=False, indent=1)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise StoreError(f"{path}: cannot write export: {exc.strerror or exc}") from exc
@@ -227,6 +228,7 @@ def export_markdown(store: Store, chat_id: int, path: str | Path) -> Path:
     chat = store.get_chat(chat_id)
     image_dir = path.with_name(f"{path.stem}_images")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         for m in chat.messages:
             for img in m.images:
                 image_dir.mkdir(parents=True, exist_ok=True)
@@ -259,12 +261,13 @@ def chat_to_markdown(chat: Chat, image_folder: str) -> str:
         for img in m.images:  # images at their place in the text, as the model saw them
             offset = min(max(img.text_offset, pos), len(m.text))
             if m.text[pos:offset].strip():
-                lines += [m.text[pos:offset].strip("\n"), ""]
+                lines += [m.text[pos:offset].strip(), ""]
             alt = img.name.replace("[", "(").replace("]", ")")
             lines += [f"![{alt}]({quote(image_folder)}/{img.sha256}.{img.ext})", ""]
             pos = offset
-        if m.text[pos:].strip():
-            lines += [m.text[pos:].strip("\n"), ""]
+        if m.text[pos:].strip():  # whole texts keep their indentation (code blocks)
+            tail = m.text[pos:]
+            lines += [tail.strip() if m.images else tail.strip("\n"), ""]
         note = _reply_note(m)
         if note:
             lines += [f"*{note}*", ""]

@@ -1,0 +1,171 @@
+"""Export to Markdown and JSON, and import the JSON back (round trip equal)."""
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import re
+from urllib.parse import unquote
+
+import pytest
+
+from tramontane.app.store import Store
+from tramontane.app.store_export import (
+    ChatFileError,
+    chat_from_json,
+    chat_to_json,
+    export_json,
+    export_markdown,
+    import_json,
+)
+from tramontane.engine.api import ChatMessage, GenerationStats, ImagePart
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 3
+JPG = b"\xff\xd8\xff\xe0" + b"\x00jpeg" * 50
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "data") as s:
+        yield s
+
+
+def rich_chat(s: Store) -> int:
+    chat = s.create_chat("Vacances à Perpignan — [draft]", model_path="/models/Ministral-3-3B.gguf",
+                         projector_path="/models/mmproj.gguf", system_prompt="Line one.\n\nLine three.",
+                         settings={"temperature": 0.15, "top_p": 0.9, "stop": ["</s>"]})
+    s.add_chat_message(chat, ChatMessage("user", ["Compare ", ImagePart(PNG, "beach photo.png"), " and ",
+                                                  ImagePart(JPG, "hill.jpg")]))
+    reply = s.begin_reply(chat)
+    s.finish_reply(reply, "The **beach** is flatter.\n\n```py\nprint('x')\n```",
+                   GenerationStats(prompt_tokens=812, reused_tokens=0, generated_tokens=17, ttft_s=0.42,
+                                   prefill_tok_s=1930.5, decode_tok_s=31.25, finish_reason="stop"))
+    s.add_message(chat, "user", "Again with the same photo", [ImagePart(PNG, "beach photo.png")])
+    cut = s.begin_reply(chat)
+    s.checkpoint_reply(cut, "It was cut he", force=True)
+    s.set_pinned(chat, True)
+    s._conn.execute("UPDATE messages SET state = 'interrupted', finish_reason = 'interrupted' WHERE id = ?", (cut,))
+    s.add_message(chat, "tool", '{"result": 42}')
+    return chat
+
+
+def test_json_round_trip_is_equal(store, tmp_path):
+    chat = rich_chat(store)
+    first = chat_to_json(store, chat)
+    path = export_json(store, chat, tmp_path / "chat.json")
+    imported = import_json(store, path)
+    assert imported != chat
+    second = chat_to_json(store, imported)
+    assert second == first
+    a, b = store.get_chat(chat), store.get_chat(imported)
+    for field in ("title", "created_at", "updated_at", "model_path", "projector_path", "remote_url",
+                  "remote_model", "system_prompt", "settings", "pinned"):
+        assert getattr(a, field) == getattr(b, field), field
+    strip = lambda m: {k: v for k, v in vars(m).items() if k not in ("id", "chat_id")}  # noqa: E731
+    assert [strip(m) for m in a.messages] == [strip(m) for m in b.messages]
+    assert store.engine_messages(chat) == store.engine_messages(imported)
+    # images are shared by content, not duplicated
+    assert len(list(store.images_dir.glob("*/*"))) == 2
+    # the file is self-contained: images are inside as base64
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    images = doc["messages"][0]["images"]
+    assert [base64.b64decode(i["data_base64"]) for i in images] == [PNG, JPG]
+    assert [i["text_offset"] for i in images] == [8, 13]
+
+
+def test_json_import_into_another_data_dir(store, tmp_path):
+    path = export_json(store, rich_chat(store), tmp_path / "c.json")
+    with Store(tmp_path / "elsewhere") as other:
+        chat = import_json(other, path)
+        assert chat_to_json(other, chat) == json.loads(path.read_text(encoding="utf-8"))
+        assert other.engine_messages(chat)[1].images[1].data == JPG
+
+
+def test_streaming_reply_exports_and_imports_as_interrupted(store):
+    chat = store.create_chat()
+    reply = store.begin_reply(chat)
+    store.checkpoint_reply(reply, "partial", force=True)
+    doc = chat_to_json(store, chat)
+    assert doc["messages"][0]["state"] == "streaming"
+    imported = store.get_chat(chat_from_json(store, doc))
+    assert [(m.state, m.text) for m in imported.messages] == [("interrupted", "partial")]
+
+
+def _bad(doc, mutate):
+    doc = copy.deepcopy(doc)
+    mutate(doc)
+    return doc
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda d: d.update(format="other"), "format"),
+    (lambda d: d.update(version=7), "version"),
+    (lambda d: d.pop("chat"), "chat"),
+    (lambda d: d["chat"].update(title=3), "chat.title"),
+    (lambda d: d["chat"].update(created_at="yesterday"), "chat.created_at"),
+    (lambda d: d["chat"].update(settings=[1]), "chat.settings"),
+    (lambda d: d["chat"].update(pinned="yes"), "chat.pinned"),
+    (lambda d: d.update(messages={}), "messages"),
+    (lambda d: d["messages"][1].update(role="wizard"), "messages[1].role"),
+    (lambda d: d["messages"][1].update(state="thinking"), "messages[1].state"),
+    (lambda d: d["messages"][1]["stats"].update(generated_tokens=-1), "messages[1].stats.generated_tokens"),
+    (lambda d: d["messages"][1]["stats"].update(ttft_s="fast"), "messages[1].stats.ttft_s"),
+    (lambda d: d["messages"][0]["images"][1].update(data_base64="not base64!"), "messages[0].images[1].data_base64"),
+    (lambda d: d["messages"][0]["images"][0].update(sha256="0" * 64), "messages[0].images[0].sha256"),
+    (lambda d: d["messages"][0]["images"][0].update(text_offset=10_000), "messages[0].images[0].text_offset"),
+])
+def test_bad_json_names_file_and_field(store, tmp_path, mutate, field):
+    doc = _bad(chat_to_json(store, rich_chat(store)), mutate)
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    before = len(store.list_chats())
+    with pytest.raises(ChatFileError) as info:
+        import_json(store, path)
+    assert str(info.value).startswith(f"{path}: {field}"), str(info.value)
+    assert len(store.list_chats()) == before  # nothing half-imported
+
+
+def test_unreadable_json_files(store, tmp_path):
+    with pytest.raises(ChatFileError, match="missing.json: cannot read"):
+        import_json(store, tmp_path / "missing.json")
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ChatFileError, match="garbage.json: not JSON"):
+        import_json(store, garbage)
+    garbage.write_text("[]", encoding="utf-8")
+    with pytest.raises(ChatFileError, match="garbage.json: expected a JSON object"):
+        import_json(store, garbage)
+
+
+def test_markdown_export_with_image_files_beside_it(store, tmp_path):
+    chat = rich_chat(store)
+    md_path = export_markdown(store, chat, tmp_path / "out" / "My chat.md")
+    text = md_path.read_text(encoding="utf-8")
+    assert text.startswith("# Vacances à Perpignan — [draft]\n")
+    assert "- Model: `Ministral-3-3B.gguf`" in text and "- Vision projector: `mmproj.gguf`" in text
+    assert "## System prompt\n\n> Line one.\n>\n> Line three." in text
+    assert "The **beach** is flatter.\n\n```py\nprint('x')\n```" in text
+    assert "*reply interrupted*" in text and "It was cut he" in text
+    assert "*17 tokens · 31.2 tok/s*" in text
+    headings = re.findall(r"^## (\w+)$", text, flags=re.M)
+    assert headings == ["User", "Assistant", "User", "Assistant", "Tool"]
+    links = re.findall(r"!\[([^\]]*)\]\(([^)]+)\)", text)
+    assert [alt for alt, _ in links] == ["beach photo.png", "hill.jpg", "beach photo.png"]
+    for (_, link), data in zip(links, [PNG, JPG, PNG]):
+        assert (md_path.parent / unquote(link)).read_bytes() == data
+        assert unquote(link).startswith("My chat_images/")
+    # images sit where they were in the message: "Compare ", image, " and ", image
+    first_user = text.split("## User\n\n", 1)[1].split("## Assistant", 1)[0]
+    assert re.sub(r"\(.*?\)", "()", first_user).split("\n\n")[:4] == [
+        "Compare", "![beach photo.png]()", "and", "![hill.jpg]()"]
+    assert sorted(p.name for p in (md_path.parent / "My chat_images").iterdir()) == sorted(
+        f"{hashlib.sha256(d).hexdigest()}.{e}" for d, e in [(PNG, "png"), (JPG, "jpg")])
+
+
+def test_markdown_for_a_remote_chat(store, tmp_path):
+    chat = store.create_chat("R", remote_url="http://127.0.0.1:8080/v1", remote_model="ministral")
+    store.add_message(chat, "user", "hi")
+    text = export_markdown(store, chat, tmp_path / "r.md").read_text(encoding="utf-8")
+    assert "- Server: http://127.0.0.1:8080/v1, model `ministral`" in text
+    assert not (tmp_path / "r_images").exists()
