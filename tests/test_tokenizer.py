@@ -234,6 +234,25 @@ def test_tiny_model_vocabulary_matches_its_tekken_json():
         assert tiny.decode(ids) == ref.decode(ids) == text
 
 
+def test_matches_llama_cpp_on_the_same_file(tok):
+    """Second, independent reader of the same GGUF: llama.cpp's own tokenizer. Its tekken regex
+    approximates letter classes and splits combining marks (\\p{M}) differently from
+    mistral-common, so only texts without combining marks are compared; decoding is byte-exact."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import unicodedata
+
+    lm = llama_cpp.Llama(TEKKEN_GGUF, vocab_only=True, verbose=False)
+    texts = [t for t in CORPUS + _mixed_strings(3000, seed=77)
+             if t and not any(unicodedata.category(c).startswith("M") for c in t)]
+    assert len(texts) > 500
+    for text in texts:
+        assert tok.encode(text) == lm.tokenize(text.encode("utf-8"), add_bos=False, special=False), text
+    rng = random.Random(3)
+    for _ in range(300):
+        ids = [rng.randrange(1000, tok.vocab_size) for _ in range(5)]
+        assert b"".join(tok.token_bytes(i) for i in ids) == lm.detokenize(ids)
+
+
 def _byte_level(b: bytes) -> str:
     from tramontane.engine.tokenizer import _CHAR_TO_BYTE
 
