@@ -1,0 +1,280 @@
+"""Sampling and the generation loop.
+
+The sampling steps are small pure functions on one logits vector (vocab,), with the same
+semantics as transformers' logits processors, applied in HF's order: repetition penalty,
+then temperature, top-k, top-p, min-p, then a draw with a seeded `torch.Generator` on the
+logits' device (greedy = argmax when temperature <= 0).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .api import EngineError, FinishReason, GenerationStats, SamplingParams
+
+# ----------------------------------------------------------------------------- sampling
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF RepetitionPenaltyLogitsProcessor: for every token already seen (prompt + output),
+    negative logits are multiplied by `penalty`, positive ones divided by it.
+    `seen` is a bool mask (vocab,) or a tensor of token ids."""
+    if penalty == 1.0:
+        return logits
+    if penalty <= 0:
+        raise EngineError(f"repetition penalty must be positive, got {penalty}")
+    if seen.dtype != torch.bool:
+        mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        mask[seen.to(device=logits.device, dtype=torch.long)] = True
+        seen = mask
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    if temperature <= 0:
+        raise EngineError(f"temperature must be > 0 to sample (use 0 for greedy), got {temperature}")
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k highest logits (ties with the k-th are kept, as in HF); 0 = off."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus: keep the smallest set of most likely tokens whose mass exceeds top_p
+    (HF TopPLogitsWarper: drop tokens whose ascending cumulative mass is <= 1 - top_p;
+    the most likely token always stays). top_p >= 1 = off."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=False)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative <= (1 - top_p)
+    drop_sorted[..., -1:] = False
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p x the top token's (HF MinPLogitsWarper)."""
+    if min_p <= 0:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    drop = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    drop.scatter_(-1, probs.argmax(dim=-1, keepdim=True), False)  # the top token always stays
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole chain before the draw (float32). Greedy only applies the penalty."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if params.greedy:
+        return logits
+    logits = apply_temperature(logits, params.temperature)
+    logits = top_k_filter(logits, params.top_k)
+    logits = top_p_filter(logits, params.top_p)
+    return min_p_filter(logits, params.min_p)
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(int(seed))
+    return g
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+           seen: torch.Tensor | None = None) -> int:
+    """One token id from a logits vector (vocab,)."""
+    logits = process_logits(logits, params, seen)
+    if params.greedy:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def check_params(params: SamplingParams) -> None:
+    """Clear errors for values the user typed (CLI / settings), before any work."""
+    problems = []
+    if params.max_tokens < 0:
+        problems.append(f"max_tokens must be >= 0, got {params.max_tokens}")
+    if params.top_k < 0:
+        problems.append(f"top_k must be >= 0 (0 = off), got {params.top_k}")
+    if not 0.0 < params.top_p <= 1.0:
+        problems.append(f"top_p must be in (0, 1], got {params.top_p}")
+    if not 0.0 <= params.min_p <= 1.0:
+        problems.append(f"min_p must be in [0, 1], got {params.min_p}")
+    if params.repetition_penalty <= 0:
+        problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+    if params.temperature != params.temperature:  # NaN
+        problems.append("temperature is NaN")
+    if problems:
+        raise EngineError("bad sampling settings: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- stop strings
+
+class StopStringFilter:
+    """Holds back text that could be the start of a stop string, so that a stop string never
+    reaches the user: `feed(piece)` returns what is safe to show and whether a stop was hit
+    (the text is then cut just before it)."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""
+        self.shown = 0
+        self.stopped = False
+
+    def feed(self, piece: str, final: bool = False) -> str:
+        self.text += piece
+        if self.stopped:
+            return ""
+        search_from = max(0, self.shown - self.longest)
+        hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            self.stopped = True
+            return self._show(len(self.text))
+        if final:
+            return self._show(len(self.text))
+        return self._show(len(self.text) - self._held())
+
+    def _held(self) -> int:
+        """Length of the longest suffix of the text that is a proper prefix of a stop string."""
+        held = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text)), held, -1):
+                if self.text.endswith(s[:k]):
+                    held = k
+                    break
+        return held
+
+    def _show(self, end: int) -> str:
+        end = max(end, self.shown)
+        out = self.text[self.shown:end]
+        self.shown = end
+        return out
+
+
+# ----------------------------------------------------------------------------- the loop
+
+@dataclass
+class GenerationOutput:
+    token_ids: list[int]  # generated ids, without a final EOS
+    text: str  # decoded, stop string (and what followed it) cut off
+    stats: GenerationStats
+    # The generated ids whose K/V are in the cache (all but the last sampled one, which was
+    # never fed back): the cache holds prompt + cached_ids.
+    cached_ids: list[int] = field(default_factory=list)
+
+
+def _prompt_embeds(model, prompt) -> tuple[torch.Tensor, list[int] | None]:
+    if isinstance(prompt, torch.Tensor) and prompt.is_floating_point():
+        return prompt, None
+    ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else [int(t) for t in prompt]
+    return model.embed(ids), ids
+
+
+def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: Callable[[str], None] | None = None,
+             cancel: threading.Event | None = None, start_pos: int | None = None,
+             history_ids: Sequence[int] | None = None) -> GenerationOutput:
+    """Prefill `prompt` (token ids, or (T, hidden) input embeddings with image features
+    spliced in) at `start_pos` (default: the cache's length; a smaller value truncates the
+    cache first), then sample until EOS (unless params.ignore_eos), a stop string, max_tokens,
+    a full context, or `cancel` (checked before every step, so another thread stops it within
+    one token). Text pieces stream through `on_piece`.
+
+    `history_ids`: every token id of the sequence so far (for the repetition penalty); defaults
+    to the prompt ids when the prompt is ids."""
+    check_params(params)
+    t0 = time.perf_counter()
+    start_pos = cache.length if start_pos is None else start_pos
+    if start_pos > cache.length:
+        raise EngineError(f"cannot start at position {start_pos}: the KV cache holds {cache.length}")
+    cache.truncate(start_pos)
+    embeds, prompt_ids = _prompt_embeds(model, prompt)
+    n_prompt = embeds.shape[-2]
+    stats = GenerationStats(prompt_tokens=start_pos + n_prompt, reused_tokens=start_pos,
+                            prefilled_tokens=n_prompt, context_size=cache.capacity)
+    eos_id = getattr(tokenizer, "eos_id", None)
+    decoder = tokenizer.stream()
+    stop_filter = StopStringFilter(params.stop)
+
+    def emit(piece: str) -> None:
+        if piece and on_piece is not None:
+            on_piece(piece)
+
+    def finish(reason: FinishReason, generated: list[int], cached: list[int], t_first, t_last, n_sampled):
+        if not stop_filter.stopped:
+            emit(stop_filter.feed(decoder.flush(), final=True))
+        stats.generated_tokens = len(generated)
+        stats.finish_reason = reason
+        stats.context_used = cache.length
+        if t_first is not None:
+            stats.ttft_s = t_first - t0
+            stats.prefill_tok_s = n_prompt / max(t_first - t0, 1e-9)
+            if n_sampled > 1:
+                stats.decode_tok_s = (n_sampled - 1) / max(t_last - t_first, 1e-9)
+        return GenerationOutput(generated, stop_filter.text, stats, cached)
+
+    if cancel is not None and cancel.is_set():
+        return finish("cancelled", [], [], None, None, 0)
+    if start_pos + n_prompt > cache.capacity:
+        raise EngineError(f"the prompt ({start_pos + n_prompt} tokens) does not fit the context "
+                          f"length {cache.capacity}")
+    logits = model.forward(embeds, start_pos, cache)
+
+    device = logits.device
+    generator = None if params.greedy else make_generator(params.seed, device)
+    seen = None
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
+        history = list(history_ids) if history_ids is not None else (prompt_ids or [])
+        if history:
+            seen[torch.tensor(history, dtype=torch.long, device=device).clamp_(0, logits.shape[-1] - 1)] = True
+
+    generated: list[int] = []
+    cached: list[int] = []
+    t_first = t_last = None
+    n_sampled = 0
+    if params.max_tokens == 0:
+        return finish("length", generated, cached, None, None, 0)
+    while True:
+        token = sample(logits, params, generator, seen)
+        n_sampled += 1
+        t_last = time.perf_counter()
+        if t_first is None:
+            t_first = t_last
+        if token == eos_id and not params.ignore_eos:
+            return finish("stop", generated, cached, t_first, t_last, n_sampled)
+        generated.append(token)
+        if seen is not None:
+            seen[token] = True
+        emit(stop_filter.feed(decoder.push(token)))
+        if stop_filter.stopped:
+            return finish("stop_string", generated, cached, t_first, t_last, n_sampled)
+        if len(generated) >= params.max_tokens:
+            return finish("length", generated, cached, t_first, t_last, n_sampled)
+        if cancel is not None and cancel.is_set():
+            return finish("cancelled", generated, cached, t_first, t_last, n_sampled)
+        if cache.length >= cache.capacity:  # context full
+            return finish("length", generated, cached, t_first, t_last, n_sampled)
+        logits = model.decode(token, cache)
+        cached.append(token)
+
+
+__all__ = ["apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
+           "process_logits", "sample", "make_generator", "check_params", "StopStringFilter",
+           "GenerationOutput", "generate"]
