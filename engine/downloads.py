@@ -30,6 +30,7 @@ from .hub import Hub, HubError, translate_error
 
 PART_SUFFIX = ".part"
 SIDECAR_SUFFIX = ".part.json"
+MANIFEST_FILE = "downloads.json"
 CHUNK_SIZE = 1 << 20
 SPACE_RESERVE = 64 << 20  # keep this much free beyond the file itself
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -455,6 +456,7 @@ class DownloadManager:
             side.unlink()
         except FileNotFoundError:
             pass
+        record_download(self.models_dir, final, {**sidecar, "sha256": sha256, "git_oid": git_oid})
 
     def _start_part(self, task: _Task, part: Path, offset: int) -> None:
         """Hash the bytes already in the part (no network), or empty it when offset is 0."""
@@ -535,6 +537,32 @@ class DownloadManager:
         return got_any
 
 
+_MANIFEST_LOCK = threading.Lock()
+
+
+def manifest_path(models_dir: Path) -> Path:
+    return Path(models_dir) / MANIFEST_FILE
+
+
+def load_manifest(models_dir: Path) -> dict[str, dict]:
+    """What each finished download was checked against, by path relative to the folder
+    (lets `verify` re-check a file offline)."""
+    try:
+        data = json.loads(manifest_path(models_dir).read_text("utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def record_download(models_dir: Path, final: Path, meta: dict) -> None:
+    with _MANIFEST_LOCK:
+        data = load_manifest(models_dir)
+        data[final.relative_to(models_dir).as_posix()] = meta
+        tmp = manifest_path(models_dir).with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), "utf-8")
+        os.replace(tmp, manifest_path(models_dir))
+
+
 def _existing_parent(path: Path) -> Path:
     p = path.parent
     while not p.exists() and p != p.parent:
@@ -554,4 +582,5 @@ def verify_file(path: str | os.PathLike, sha256: str) -> bool:
 __all__ = [
     "DownloadManager", "DownloadRequest", "DownloadState", "DownloadStatus", "final_path",
     "part_path", "sidecar_path", "repo_folder", "sha256_file", "verify_file", "git_blob_oid",
+    "load_manifest", "record_download",
 ]

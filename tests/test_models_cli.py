@@ -1,0 +1,85 @@
+"""`tramontane-cli models ...` against the loopback fake hub."""
+import json
+
+import pytest
+from fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
+
+from tramontane.engine.downloads import DownloadRequest, final_path
+from tramontane.engine.models_cli import main
+
+REPO = "tiny-org/Tiny-Vision-GGUF"
+
+
+@pytest.fixture
+def fake(tmp_path):
+    with FakeHub(tiny_repos(tmp_path / "src"), tokens={"hf_good"}) as hub:
+        yield hub
+
+
+def test_download_list_verify_delete(fake, tmp_path, capsys):
+    d = str(tmp_path / "models")
+    hub_args = ["--endpoint", fake.endpoint, "--dir", d]
+    assert main(["download", REPO, "--quant", "Q8_0", "--quiet", *hub_args]) == 0
+    out = capsys.readouterr().out.split()
+    model = final_path(d, DownloadRequest(REPO, MODEL_FILE))
+    proj = final_path(d, DownloadRequest(REPO, PROJ_FILE))
+    assert out == [str(model), str(proj)]
+    assert model.read_bytes() == fake.repos[REPO].files[MODEL_FILE]
+
+    assert main(["list", "--json", "--dir", d]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    by = {f["path"]: f for f in listed["files"]}
+    assert by[str(model.resolve())]["quant"] == "Q8_0"
+    assert by[str(model.resolve())]["mmproj"] == str(proj.resolve())
+    assert by[str(proj.resolve())]["projector"] is True
+
+    assert main(["verify", "--dir", d]) == 0
+    assert capsys.readouterr().out.count("sha256 ok") == 2
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 1  # bit rot in the last tensor
+    model.write_bytes(bytes(data))
+    assert main(["verify", "--dir", d, str(model)]) == 1
+    assert "BAD" in capsys.readouterr().out
+
+    assert main(["delete", "--dir", d, str(model)]) == 0
+    assert not model.exists() and proj.exists()
+
+
+def test_search_and_repo_files(fake, capsys):
+    assert main(["search", "tiny", "--endpoint", fake.endpoint]) == 0
+    out = capsys.readouterr().out
+    assert REPO in out and "tiny-org/Tiny-Gated-GGUF" in out and "gated" in out
+    assert main(["search", "--repo", REPO, "--json", "--endpoint", fake.endpoint]) == 0
+    choices = json.loads(capsys.readouterr().out)
+    assert {c["model"]["path"] for c in choices} == {MODEL_FILE, "Tiny-Vision-Q4_0.gguf"}
+    assert all(c["mmproj"]["path"] == PROJ_FILE for c in choices)
+
+
+def test_errors_are_one_line(fake, tmp_path, capsys):
+    d = str(tmp_path / "m")
+    assert main(["download", "tiny-org/Tiny-Gated-GGUF", "--file", "Tiny-Gated-Q8_0.gguf",
+                 "--quiet", "--endpoint", fake.endpoint, "--dir", d]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "token" in err and "\n" not in err
+    assert main(["download", REPO, "--quiet", "--endpoint", fake.endpoint, "--dir", d]) == 2
+    assert "--quant" in capsys.readouterr().err  # two models: must choose
+    assert main(["download", "no-such-catalogue-id", "--endpoint", fake.endpoint]) == 2
+    assert "catalogue id" in capsys.readouterr().err
+    before = len(fake.requests)
+    assert main(["download", REPO, "--quant", "Q8_0", "--offline", "--dir", d,
+                 "--endpoint", fake.endpoint]) == 2
+    assert "offline" in capsys.readouterr().err
+    assert len(fake.requests) == before  # offline: not one request
+
+
+def test_catalogue_listing(tmp_path, capsys):
+    assert main(["list", "--catalog", "--json", "--dir", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert any(r["file"] == "mistralai_Mistral-Small-3.1-24B-Instruct-2503-Q4_K_M.gguf"
+               for r in rows)
+
+
+def test_registered_in_the_main_cli(fake, tmp_path, capsys):
+    from tramontane.engine import cli
+    assert cli.main(["models", "list", "--dir", str(tmp_path)]) == 0
+    assert str(tmp_path) in capsys.readouterr().out
