@@ -438,8 +438,9 @@ class Store:
                     self._executescript(MIGRATIONS[version])
                     version += 1
                 self._conn.execute(f"PRAGMA user_version = {version}")
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.db_path}: migrating to schema {SCHEMA_VERSION} failed: {exc}") from exc
+        except StoreError as exc:
+            cause = exc.__cause__ or exc
+            raise StoreError(f"{self.db_path}: migrating to schema {SCHEMA_VERSION} failed: {cause}") from cause
 
     def _executescript(self, script: str) -> None:
         # sqlite3.executescript would COMMIT first; run statement by statement instead so
@@ -516,13 +517,16 @@ class Store:
         """One write transaction; takes the write lock up front (BEGIN IMMEDIATE)."""
         with self._lock:
             conn = self._open_conn()
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):  # disk full, I/O error...: say which file
+                    raise StoreError(f"{self.db_path}: {exc}") from exc
                 raise
-            conn.execute("COMMIT")
 
     def _open_conn(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -531,7 +535,10 @@ class Store:
 
     def _rows(self, sql: str, params: Sequence[Any] | dict = ()) -> list[sqlite3.Row]:
         with self._lock:
-            return self._open_conn().execute(sql, params).fetchall()
+            try:
+                return self._open_conn().execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.db_path}: {exc}") from exc
 
     def _now(self) -> float:
         # Strictly increasing, so "most recent first" never ties within one session.
@@ -1058,12 +1065,11 @@ class Store:
 
     def _messages(self, where: str, params: Sequence[Any]) -> list[Message]:
         with self._lock:
-            conn = self._open_conn()
-            rows = conn.execute(f"SELECT m.* FROM messages m {where} ORDER BY m.chat_id, m.position", params).fetchall()
+            rows = self._rows(f"SELECT m.* FROM messages m {where} ORDER BY m.chat_id, m.position", params)
             images: dict[int, list[StoredImage]] = {}
             if rows:
                 marks = ",".join("?" * len(rows))
-                for r in conn.execute(
+                for r in self._rows(
                     "SELECT mi.message_id, mi.sha256, mi.name, mi.text_offset, i.ext"
                     " FROM message_images mi JOIN images i USING (sha256)"
                     f" WHERE mi.message_id IN ({marks}) ORDER BY mi.message_id, mi.idx",

@@ -242,7 +242,7 @@ def export_markdown(store: Store, chat_id: int, path: str | Path) -> Path:
 
 
 def chat_to_markdown(chat: Chat, image_folder: str) -> str:
-    lines = [f"# {chat.title}", ""]
+    lines = [f"# {' '.join(chat.title.split()) or 'Chat'}", ""]
     if chat.remote_url:
         lines.append(f"- Server: {chat.remote_url}" + (f", model `{chat.remote_model}`" if chat.remote_model else ""))
     if chat.model_path:

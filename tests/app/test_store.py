@@ -475,3 +475,16 @@ def test_no_qt_import(tmp_path):
             "print(sorted(m for m in sys.modules if 'PySide' in m or 'Qt' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_failing_write_rolls_back_and_names_the_database(store):
+    chat = store.create_chat()
+    store.add_message(chat, "user", "kept")
+    # Stand in for "disk full" and friends: SQLite aborts the insert of the image reference.
+    store._conn.execute(
+        "CREATE TEMP TRIGGER fail AFTER INSERT ON message_images BEGIN SELECT RAISE(ABORT, 'disk is full'); END")
+    with pytest.raises(StoreError, match=r"chats\.sqlite3: disk is full"):
+        store.add_message(chat, "user", "lost", [ImagePart(PNG, "p.png")])
+    store._conn.execute("DROP TRIGGER fail")
+    assert [m.text for m in store.get_chat(chat).messages] == ["kept"]  # no half message
+    assert store.add_message(chat, "user", "next") and store.integrity_check() == "ok"
