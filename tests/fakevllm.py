@@ -347,7 +347,8 @@ def _make_handler(fake: FakeVLLM):
             return False
 
         def _event(self, obj: dict) -> None:
-            self._send_chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            # pydantic's model_dump_json writes UTF-8 as is (no \\u escapes), like this
+            self._send_chunk(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
 
         def _send_chunk(self, data: bytes) -> None:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

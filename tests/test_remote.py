@@ -90,6 +90,15 @@ def test_streams_reply_maps_messages_and_fills_stats(server):
     assert 5 < stats.decode_tok_s < 110
 
 
+def test_non_ascii_reply_and_prompt(server):
+    server.reply = "Ça va ? 日本語のテキスト 🌬️ tramontane — ok"
+    pieces = []
+    result = engine_for(server).chat(user("Qu'en penses-tu, 風?"), SamplingParams(),
+                                     on_piece=pieces.append)
+    assert result.text == server.reply == "".join(pieces)
+    assert server.requests[0].body["messages"][0]["content"] == "Qu'en penses-tu, 風?"
+
+
 def test_models_list(server):
     models = fetch_models(server.url, KEY)
     assert [m.id for m in models] == [MODEL, "ministral-3b"]
