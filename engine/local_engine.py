@@ -1,0 +1,181 @@
+"""The local GGUF engine: model + optional Pixtral projector + tokenizer + KV reuse across turns.
+
+Owned by one thread (the GUI's worker, or the CLI). `chat()` encodes the conversation with the
+official v7 format, keeps the longest reusable prefix of the active chat's KV cache, splices
+image features into the new rows and streams the reply.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .api import ChatMessage, EngineError, GenerationResult, SamplingParams
+from .chat_format import EncodedPrompt, encode_chat
+from .generate import generate
+from .gguf_file import GGUFError, open_gguf
+from .model import Mistral3Text
+from .session import HostKVStore, Session, position_keys
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+LoadProgress = Callable[[float, str], None]  # fraction 0..1, what is loading
+
+
+class LocalEngine:
+    def __init__(self, model_path: str | Path, mmproj_path: str | Path | None = None, *,
+                 device: str = "auto", context_length: int | None = None,
+                 kv_host_budget_mb: int = 2048, progress: LoadProgress | None = None):
+        self.model_path = Path(model_path)
+        self.mmproj_path = Path(mmproj_path) if mmproj_path else None
+        try:
+            gf = open_gguf(self.model_path)
+            self.tokenizer = Tokenizer.from_gguf(gf)
+            self.model = Mistral3Text.load(gf, device=device, progress=_scaled(progress, 0.0, 0.85))
+        except GGUFError as exc:
+            raise EngineError(str(exc)) from None
+        self.vision = None
+        if self.mmproj_path is not None:
+            self.vision = self._load_vision(self.mmproj_path)
+        if progress:
+            progress(0.95, "allocating the KV cache")
+        self.cache = self.model.new_cache(context_length)
+        self.session = Session()
+        self.session_key: str | None = None
+        self.host_kv = HostKVStore(kv_host_budget_mb << 20)
+        if progress:
+            progress(1.0, "ready")
+
+    def _load_vision(self, path: Path):
+        from .vision import VisionTower
+
+        tower = VisionTower.load(path, device=self.model.device,
+                                 dtype=self.model.dtype if self.model.device.type == "cuda" else None)
+        if tower.text_hidden != self.model.cfg.hidden:
+            raise EngineError(f"{path}: projector outputs {tower.text_hidden} features but "
+                              f"{self.model_path.name} has hidden size {self.model.cfg.hidden}: "
+                              f"they belong to different models")
+        return tower
+
+    # -- Engine protocol ---------------------------------------------------------------------
+    @property
+    def description(self) -> str:
+        vision = f" + {self.mmproj_path.name}" if self.vision else ""
+        return f"{self.model_path.name}{vision} on {self.model.device.type}"
+
+    @property
+    def has_vision(self) -> bool:
+        return self.vision is not None
+
+    @property
+    def context_size(self) -> int:
+        return self.cache.capacity
+
+    def close(self) -> None:
+        self.cache = None
+        self.model = None
+        self.vision = None
+        self.host_kv = HostKVStore(0)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def encode(self, messages: list[ChatMessage]) -> EncodedPrompt:
+        grid = self.vision.grid if self.vision is not None else None
+        return encode_chat(self.tokenizer, messages, grid)
+
+    def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
+             cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+        prompt = self.encode(messages)
+        n_prompt = len(prompt.ids)
+        room = 1 if params.max_tokens > 0 else 0
+        if n_prompt + room > self.cache.capacity:
+            raise EngineError(f"the conversation is {n_prompt} tokens, more than the context length "
+                              f"of {self.cache.capacity}: start a new chat or raise the context length")
+        self._activate(session_key)
+        keys = position_keys(prompt.ids, prompt.image_spans)
+        reused = self.session.plan(keys, prompt.image_spans)
+        self.cache.truncate(reused)
+        self.session.keys = keys[:reused]
+
+        t0 = time.perf_counter()
+        embeds = self._embeddings(prompt, reused)
+        before_prefill = time.perf_counter() - t0  # image encoding counts towards TTFT
+        try:
+            out = generate(self.model, self.cache, embeds, params, self.tokenizer, on_piece=on_piece,
+                           cancel=cancel, start_pos=reused, history_ids=prompt.ids)
+        except BaseException:
+            # Keep only what is known to be in the cache: a prefix of this prompt.
+            kept = min(self.cache.length, len(keys))
+            self.cache.truncate(kept)
+            self.session.keys = keys[:kept]
+            raise
+        # The cache holds the prompt (unless cancelled before prefill) and all but the last token.
+        self.session.keys = (keys + list(out.cached_ids))[: self.cache.length]
+        result = GenerationResult(out.text, out.token_ids, prompt.ids, out.stats)
+        if result.stats.ttft_s:
+            result.stats.ttft_s += before_prefill
+        stats = result.stats
+        stats.prompt_tokens = n_prompt
+        stats.reused_tokens = reused
+        stats.prefilled_tokens = n_prompt - reused
+        stats.context_used = self.cache.length
+        stats.context_size = self.cache.capacity
+        return result
+
+    # -- internals ---------------------------------------------------------------------------
+    def _activate(self, session_key: str | None) -> None:
+        """Make `session_key`'s KV the resident one, parking the previous chat's in host RAM."""
+        if session_key == self.session_key:
+            return
+        if self.session_key is not None and self.cache.length:
+            snap = self.cache.to_host()
+            self.host_kv.put(self.session_key, self.session.keys[: self.cache.length], snap, snap.nbytes)
+        self.session_key = session_key
+        restored = self.host_kv.take(session_key) if session_key is not None else None
+        if restored is None:
+            self.cache.truncate(0)
+            self.session = Session()
+            return
+        keys, snap = restored
+        self.cache.from_host(snap)
+        self.session = Session(list(keys))
+
+    def forget_session(self, session_key: str) -> None:
+        """Drop a chat's cached KV (the chat was deleted)."""
+        self.host_kv.drop(session_key)
+        if session_key == self.session_key:
+            self.cache.truncate(0)
+            self.session = Session()
+
+    def _embeddings(self, prompt: EncodedPrompt, start: int) -> torch.Tensor:
+        """Input rows for prompt positions [start, end): token embeddings with each image's
+        features in place of its [IMG] rows ([IMG_BREAK]/[IMG_END] keep their embeddings)."""
+        ids = prompt.ids[start:]
+        embeds = self.model.embed(ids)
+        spans = [s for s in prompt.image_spans if s.end > start]
+        if not spans:
+            return embeds
+        if self.vision is None:
+            raise EngineError("this model has no vision projector: load one to send images")
+        img_id = self.tokenizer.token_id("[IMG]")
+        features = self.vision.encode_image_parts([s.image for s in spans])
+        ids_t = torch.tensor(ids, device=embeds.device)
+        for span, feats in zip(spans, features):
+            lo, hi = span.start - start, span.end - start
+            rows = (ids_t[lo:hi] == img_id).nonzero().squeeze(1) + lo
+            if rows.numel() != feats.shape[0]:
+                raise EngineError(f"{span.image.name}: the image gives {feats.shape[0]} features for "
+                                  f"{rows.numel()} [IMG] tokens")
+            embeds[rows] = feats.to(device=embeds.device, dtype=embeds.dtype)
+        return embeds
+
+
+def _scaled(progress: LoadProgress | None, lo: float, hi: float) -> LoadProgress | None:
+    if progress is None:
+        return None
+    return lambda frac, what: progress(lo + (hi - lo) * frac, what)
