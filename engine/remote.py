@@ -659,7 +659,8 @@ class RemoteEngine:
             watch.stop()
             conn.close()
 
-        if watch.fired or (cancel is not None and cancel.is_set() and not progress.done):
+        complete = progress.done or progress.server_finish is not None
+        if not complete and (watch.fired or (cancel is not None and cancel.is_set())):
             return self._result(progress, "cancelled", t_sent, None)
         if broken is None and not progress.done and progress.server_finish is None:
             broken = _StreamBroken("the server closed the stream before [DONE]", "protocol")
