@@ -194,3 +194,64 @@ def rewrite_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+# ----------------------------------------------------------------------------- common neighbours
+def llama_labelled_copy(src: str | Path, dst: str | Path) -> Path:
+    """What bartowski's Mistral-Small-3.1 files look like: `general.architecture = llama`, every
+    `mistral3.*` key under `llama.*`, tensors unchanged."""
+    return rewrite_gguf(src, dst, rename_arch="llama")
+
+
+def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    # inverse of llama.cpp's convert-time permute (interleaved pairs -> HF rotate-half rows)
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def ollama_projector_renames(tensor_names) -> dict[str, str]:
+    """llama.cpp mmproj tensor names -> Ollama's names (see shared/docs/mistral3.md)."""
+    fixed = {"v.pre_ln.weight": "v.encoder_norm.weight",
+             "mm.input_norm.weight": "mm.norm.weight",
+             "mm.patch_merger.weight": "mm.patch_merger.merging_layer.weight"}
+    out = {}
+    for name in tensor_names:
+        new = fixed.get(name, name)
+        new = new.replace("v.patch_embd.", "v.patch_conv.")
+        new = new.replace(".ln1.", ".attn_norm.").replace(".ln2.", ".ffn_norm.")
+        new = new.replace(".attn_out.", ".attn_output.")
+        if new.startswith("mm.1."):
+            new = "mm.linear_1." + new[len("mm.1."):]
+        if new.startswith("mm.2."):
+            new = "mm.linear_2." + new[len("mm.2."):]
+        if new != name:
+            out[name] = new
+    return out
+
+
+def ollama_projector_copy(src: str | Path, dst: str | Path) -> Path:
+    """A llama.cpp Pixtral mmproj re-laid out with Ollama's tensor names and HF's Q/K row order
+    (Ollama does not permute). F32/F16 files only; `clip.*` keys unchanged."""
+    reader = GGUFReader(src)
+    n_head = int(reader.fields["clip.vision.attention.head_count"].contents())
+    replace = {}
+    for t in reader.tensors:
+        if t.name.startswith("v.blk.") and t.name.split(".")[3] in ("attn_q", "attn_k"):
+            data, qtype = read_tensor_payload(t)
+            if qtype is not None:
+                raise GGUFEditError(f"{src}: {t.name} is quantized; un-permuting needs F32/F16")
+            replace[t.name] = _unpermute_rows(np.array(data), n_head)
+    renames = ollama_projector_renames([t.name for t in reader.tensors])
+    del reader
+    return rewrite_gguf(src, dst, replace_tensors={renames.get(n, n): w for n, w in replace.items()},
+                        rename_tensors=renames)
+
+
+def with_img_break(mmproj: str | Path, text_gguf: str | Path, dst: str | Path, token_id: int = 12) -> Path:
+    """The mmproj plus `v.token_embd.img_break` (F32, text hidden) = row `token_id` of the text
+    model's token_embd — what older llama.cpp converters wrote."""
+    reader = GGUFReader(text_gguf)
+    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    if GGMLQuantizationType(emb.tensor_type) not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        raise GGUFEditError(f"{text_gguf}: token_embd must be F32/F16 here")
+    row = np.array(read_tensor_payload(emb)[0][token_id], dtype=np.float32)
+    return rewrite_gguf(mmproj, dst, add_tensors={"v.token_embd.img_break": row})

@@ -335,3 +335,28 @@ def test_edit_errors_name_the_problem(tmp_path):
         rewrite_gguf(src, tmp_path / "x.gguf", drop_tensors=["nope"])
     with pytest.raises(GGUFEditError, match="already exists"):
         rewrite_gguf(src, tmp_path / "x.gguf", add_tensors={"output.weight": np.zeros(3, np.float32)})
+
+
+def test_neighbour_helpers(tmp_path):
+    from gguf_edit import llama_labelled_copy, ollama_projector_copy, with_img_break
+
+    llama = llama_labelled_copy(FIX / "mistral3_tiny-f32.gguf", tmp_path / "llama.gguf")
+    assert kv(GGUFReader(llama), "llama.attention.head_count") == 4
+
+    src = FIX / "mmproj-mistral3_tiny-f32.gguf"
+    oll = {x.name: x for x in GGUFReader(ollama_projector_copy(src, tmp_path / "ollama.gguf")).tensors}
+    expected = {"v.patch_conv.weight", "v.encoder_norm.weight", "v.blk.2.attn_norm.weight",
+                "v.blk.2.ffn_norm.weight", "v.blk.2.attn_output.weight", "mm.norm.weight",
+                "mm.patch_merger.merging_layer.weight", "mm.linear_1.weight", "mm.linear_2.weight"}
+    assert expected <= set(oll) and len(oll) == len(tensors(src))
+    assert not any(n.startswith(("v.patch_embd", "v.pre_ln", "mm.1.", "mm.2.")) or ".ln1." in n for n in oll)
+    sd = load_file(FIX / "mistral3_tiny" / "model.safetensors")
+    p = "vision_tower.transformer.layers.1.attention."
+    assert np.array_equal(arr(oll["v.blk.1.attn_q.weight"]), sd[p + "q_proj.weight"])  # HF row order
+    assert np.array_equal(arr(oll["v.blk.1.attn_k.weight"]), sd[p + "k_proj.weight"])
+    assert np.array_equal(arr(oll["mm.linear_1.weight"]), sd["multi_modal_projector.linear_1.weight"])
+
+    withbreak = {x.name: x for x in GGUFReader(with_img_break(src, FIX / "mistral3_tiny-f32.gguf",
+                                                              tmp_path / "b.gguf")).tensors}
+    emb = sd["language_model.model.embed_tokens.weight"]
+    assert np.array_equal(arr(withbreak["v.token_embd.img_break"]), emb[12])
