@@ -21,6 +21,7 @@ import base64
 import json
 import re
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -85,9 +86,18 @@ class FakeVLLM:
         self.last_usage: dict | None = None
         self.client_gone = threading.Event()  # set when a write hit a closed connection
         self._release = threading.Event()
+        self._scheme = "http"
         self._server = _QuietServer(("127.0.0.1", 0), _make_handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def use_tls(self, certfile: str, keyfile: str) -> "FakeVLLM":
+        """Serve https with this certificate (call before start())."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certfile, keyfile)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self._scheme = "https"
+        return self
 
     @property
     def port(self) -> int:
@@ -95,7 +105,7 @@ class FakeVLLM:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self._scheme}://127.0.0.1:{self.port}/v1"
 
     def start(self) -> "FakeVLLM":
         self._thread.start()

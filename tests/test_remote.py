@@ -207,6 +207,23 @@ def test_unreachable_dns(monkeypatch):
     assert info.value.kind == "unreachable"
 
 
+def test_untrusted_tls_certificate(tmp_path):
+    """https to a server whose certificate nobody signed: refused, in words."""
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a self-signed certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    with FakeVLLM(models=[MODEL]).use_tls(str(cert), str(key)) as fake:
+        assert fake.url.startswith("https://")
+        with pytest.raises(RemoteError, match="TLS failed.*CERTIFICATE_VERIFY_FAILED") as info:
+            RemoteEngine(fake.url, MODEL).chat(user("hi"), SamplingParams())
+    assert info.value.kind == "unreachable"
+
+
 def test_wrong_or_missing_api_key(server):
     with pytest.raises(RemoteError, match=r"refused the API key \(401") as info:
         engine_for(server, api_key="sk-wrong").chat(user("hi"), SamplingParams())
