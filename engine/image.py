@@ -106,7 +106,7 @@ def _sixteen_bit_to_l(img: Image.Image) -> Image.Image:
     return Image.fromarray(eight, "L")
 
 
-def _cubic_taps(src_len: int, dst_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _cubic_taps(src_len: int, dst_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Source indices (dst_len, 4) and weights (dst_len, 4) of OpenCV's INTER_CUBIC on one axis.
 
     Mirrors cv2's resize: scale = 1 / (dst/src), fx = (dx + 0.5) * scale - 0.5 rounded to
@@ -125,29 +125,30 @@ def _cubic_taps(src_len: int, dst_len: int) -> tuple[torch.Tensor, torch.Tensor]
     c3 = one - c0 - c1 - c2
     weights = np.stack([c0, c1, c2, c3], axis=1).astype(np.float32)
     idx = sx.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
-    idx = np.clip(idx, 0, src_len - 1)
-    return torch.from_numpy(idx), torch.from_numpy(weights)
+    return np.clip(idx, 0, src_len - 1), weights
 
 
-def resize_cubic(rgb: torch.Tensor, width: int, height: int) -> torch.Tensor:
+def resize_cubic(rgb, width: int, height: int) -> torch.Tensor:
     """cv2.resize(rgb_float32, (width, height), interpolation=cv2.INTER_CUBIC) for (H, W, C).
 
-    Horizontal pass then vertical pass, float32, no clipping (like cv2 on float input).
-    Works from uint8 input to keep the big source image small in memory.
+    Horizontal pass then vertical pass (cv2's order), float32, no clipping (like cv2 on float
+    input). Takes uint8 (numpy or torch) so the big source image stays small in memory.
     """
-    src_h, src_w, _ = rgb.shape
+    src = rgb.numpy() if isinstance(rgb, torch.Tensor) else np.asarray(rgb)
+    src_h, src_w, channels = src.shape
     if (src_w, src_h) == (width, height):
-        return rgb.to(torch.float32)
+        return torch.from_numpy(src.astype(np.float32))
     x_idx, x_w = _cubic_taps(src_w, width)
     y_idx, y_w = _cubic_taps(src_h, height)
-    # Horizontal: out[:, dx] = sum_k w[dx, k] * src[:, idx[dx, k]]
-    rows = torch.zeros(src_h, width, rgb.shape[2], dtype=torch.float32)
+    # Horizontal: rows[:, dx] = sum_k w[dx, k] * src[:, idx[dx, k]]  (4 gathers, not a matmul:
+    # a dense weight matrix would cost W x width multiplies per row)
+    rows = np.zeros((src_h, width, channels), dtype=np.float32)
     for k in range(4):
-        rows += rgb[:, x_idx[:, k], :].to(torch.float32) * x_w[:, k, None]
-    out = torch.zeros(height, width, rgb.shape[2], dtype=torch.float32)
+        rows += src[:, x_idx[:, k], :] * x_w[None, :, k, None]
+    out = np.zeros((height, width, channels), dtype=np.float32)
     for k in range(4):
-        out += rows[y_idx[:, k], :, :] * y_w[:, k, None, None]
-    return out
+        out += rows[y_idx[:, k]] * y_w[:, k, None, None]
+    return torch.from_numpy(out)
 
 
 def pixels_from_image(
@@ -156,8 +157,7 @@ def pixels_from_image(
     """RGB Pillow image → (normalised float32 (3, H, W), rows, cols)."""
     rows, cols = image_grid(img.size, image_size, patch_size, merge)
     tile = patch_size * merge
-    rgb = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy())
-    resized = resize_cubic(rgb, cols * tile, rows * tile)
+    resized = resize_cubic(np.asarray(img, dtype=np.uint8), cols * tile, rows * tile)
     # Same float32 order of operations as mistral-common's normalize().
     resized /= 255.0
     resized -= torch.tensor(mean, dtype=torch.float32)

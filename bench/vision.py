@@ -1,0 +1,208 @@
+"""Pixtral vision benchmark: our encoder + projector vs HF transformers on the same weights.
+
+    python bench/vision.py                       # CPU, small tower (fast)
+    python bench/vision.py --shape real --device cuda --dtype f16   # Mistral-Small-3.1's shape
+
+A random tower is built with HF (`PixtralVisionModel` + `Mistral3MultiModalProjector`), written
+to an mmproj GGUF the way llama.cpp's converter lays it out (Q/K rows permuted), loaded by
+`VisionTower`, and both encode the same preprocessed 640×480 and 1540×1540 images. Prints
+median times, our/HF ratios and the per-token cosine of the two outputs (a sanity check).
+Preprocessing (decode + resize + normalise) is timed too, against mistral-common when present.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from tramontane.engine.image import preprocess
+from tramontane.engine.vision import VisionTower
+
+SHAPES = {
+    # Mistral-Small-3.1-24B's vision_config: hidden 1024, 24 layers, 16 heads, ffn 4096,
+    # patch 14, image 1540, merge 2, text hidden 5120, SiLU.
+    "real": dict(hidden=1024, layers=24, heads=16, ffn=4096, text_hidden=5120),
+    "small": dict(hidden=128, layers=4, heads=4, ffn=256, text_hidden=256),
+    "tiny": dict(hidden=32, layers=3, heads=2, ffn=64, text_hidden=64),
+}
+PATCH, IMAGE_SIZE, MERGE = 14, 1540, 2
+MEAN = (0.48145466, 0.4578275, 0.40821073)
+STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def build_hf(shape: dict, device: str):
+    from transformers import Mistral3Config, PixtralVisionConfig
+    from transformers.models.mistral3.modeling_mistral3 import Mistral3MultiModalProjector
+    from transformers.models.pixtral.modeling_pixtral import PixtralVisionModel
+
+    vcfg = PixtralVisionConfig(
+        hidden_size=shape["hidden"], intermediate_size=shape["ffn"], num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"], head_dim=shape["hidden"] // shape["heads"],
+        patch_size=PATCH, image_size=IMAGE_SIZE, hidden_act="silu",
+    )
+    cfg = Mistral3Config(vision_config=vcfg, text_config={"model_type": "mistral", "hidden_size": shape["text_hidden"],
+                                                           "rms_norm_eps": 1e-5}, spatial_merge_size=MERGE)
+    cfg._attn_implementation = "sdpa"
+    vcfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        tower = PixtralVisionModel(vcfg).eval()
+        projector = Mistral3MultiModalProjector(cfg).eval()
+        with torch.no_grad():  # give the norms non-trivial weights
+            for mod in list(tower.modules()) + list(projector.modules()):
+                if "RMSNorm" in type(mod).__name__:
+                    mod.weight.uniform_(0.5, 1.5)
+    return tower, projector
+
+
+def write_mmproj(path: str, tower, projector, shape: dict, ftype: str) -> None:
+    """Write the HF weights as llama.cpp's converter would (names, keys, Q/K row permutation)."""
+    import gguf
+
+    wdtype = np.float16 if ftype == "f16" else np.float32
+    w = gguf.GGUFWriter(path, "clip")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_string("clip.projector_type", "pixtral")
+    w.add_uint32("clip.vision.image_size", IMAGE_SIZE)
+    w.add_uint32("clip.vision.patch_size", PATCH)
+    w.add_uint32("clip.vision.embedding_length", shape["hidden"])
+    w.add_uint32("clip.vision.feed_forward_length", shape["ffn"])
+    w.add_uint32("clip.vision.block_count", shape["layers"])
+    w.add_uint32("clip.vision.attention.head_count", shape["heads"])
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    w.add_uint32("clip.vision.projection_dim", shape["text_hidden"])
+    w.add_array("clip.vision.image_mean", list(MEAN))
+    w.add_array("clip.vision.image_std", list(STD))
+    w.add_bool("clip.use_silu", True)
+    w.add_uint32("clip.vision.spatial_merge_size", MERGE)
+    n_head = shape["heads"]
+
+    def permute(t: np.ndarray) -> np.ndarray:
+        return t.reshape(n_head, 2, t.shape[0] // n_head // 2, t.shape[1]).swapaxes(1, 2).reshape(t.shape)
+
+    def add(name, t, keep_f32=False):
+        arr = t.detach().float().cpu().numpy()
+        w.add_tensor(name, arr.astype(np.float32 if keep_f32 or arr.ndim == 1 else wdtype))
+
+    add("v.patch_embd.weight", tower.patch_conv.weight)
+    add("v.pre_ln.weight", tower.ln_pre.weight)
+    for i, layer in enumerate(tower.transformer.layers):
+        a, f = layer.attention, layer.feed_forward
+        add(f"v.blk.{i}.ln1.weight", layer.attention_norm.weight)
+        w.add_tensor(f"v.blk.{i}.attn_q.weight", permute(a.q_proj.weight.detach().float().cpu().numpy()).astype(wdtype))
+        w.add_tensor(f"v.blk.{i}.attn_k.weight", permute(a.k_proj.weight.detach().float().cpu().numpy()).astype(wdtype))
+        add(f"v.blk.{i}.attn_v.weight", a.v_proj.weight)
+        add(f"v.blk.{i}.attn_out.weight", a.o_proj.weight)
+        add(f"v.blk.{i}.ln2.weight", layer.ffn_norm.weight)
+        add(f"v.blk.{i}.ffn_gate.weight", f.gate_proj.weight)
+        add(f"v.blk.{i}.ffn_up.weight", f.up_proj.weight)
+        add(f"v.blk.{i}.ffn_down.weight", f.down_proj.weight)
+    add("mm.input_norm.weight", projector.norm.weight)
+    add("mm.patch_merger.weight", projector.patch_merger.merging_layer.weight)
+    add("mm.1.weight", projector.linear_1.weight)
+    add("mm.2.weight", projector.linear_2.weight)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def image_bytes(w: int, h: int) -> bytes:
+    rng = np.random.default_rng(w * 7 + h)
+    yy, xx = np.mgrid[0:h, 0:w]
+    arr = np.stack([(xx * 255 // w), (yy * 255 // h), ((xx + yy) * 127 // (w + h))], -1)
+    arr = np.clip(arr + rng.integers(-20, 20, arr.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def timed(fn, device: str, repeat: int) -> tuple[float, object]:
+    out = fn()  # warm-up (allocator, kernels, caches)
+    times = []
+    for _ in range(repeat):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="tower shape (default: tiny on CPU, real on CUDA)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=["f32", "f16"], default=None, help="file/compute dtype (default f32 CPU, f16 CUDA)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sizes", default="640x480,1540x1540")
+    args = ap.parse_args(argv)
+    shape_name = args.shape or ("real" if args.device == "cuda" else "tiny")
+    ftype = args.dtype or ("f16" if args.device == "cuda" else "f32")
+    shape = SHAPES[shape_name]
+    hf_dtype = torch.float16 if ftype == "f16" else torch.float32
+    print(f"device {args.device}, tower {shape_name} {shape}, weights {ftype}, torch {torch.__version__}, "
+          f"threads {torch.get_num_threads()}")
+
+    t0 = time.perf_counter()
+    tower_hf, projector_hf = build_hf(shape, args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"mmproj-bench-{shape_name}-{ftype}.gguf")
+        write_mmproj(path, tower_hf, projector_hf, shape, ftype)
+        tower_hf, projector_hf = tower_hf.to(hf_dtype), projector_hf.to(hf_dtype)
+        t1 = time.perf_counter()
+        ours = VisionTower.load(path, device=args.device)
+        load_s = time.perf_counter() - t1
+        print(f"built HF + wrote GGUF in {t1 - t0:.1f}s; VisionTower.load {load_s * 1000:.0f} ms; {ours!r}")
+
+        for size in args.sizes.split(","):
+            w, h = (int(v) for v in size.split("x"))
+            data = image_bytes(w, h)
+            pre_s, (pixels, rows, cols) = timed(
+                lambda: preprocess(data, image_size=IMAGE_SIZE, patch_size=PATCH, merge=MERGE, mean=MEAN, std=STD),
+                "cpu", args.repeat)
+            line = f"{w}x{h}: grid {rows}x{cols} ({rows * cols} tokens, {rows * cols * MERGE * MERGE} patches)"
+            line += f" | preprocess {pre_s * 1000:.1f} ms"
+            try:
+                from mistral_common.tokens.tokenizers.image import ImageConfig, ImageEncoder, SpecialImageIDs
+                from mistral_common.protocol.instruct.chunk import ImageChunk
+
+                enc = ImageEncoder(ImageConfig(PATCH, IMAGE_SIZE, MERGE), SpecialImageIDs(10, 12, 13))
+                mc_s, _ = timed(lambda: enc(ImageChunk(image=Image.open(io.BytesIO(data)))), "cpu", args.repeat)
+                line += f" (mistral-common {mc_s * 1000:.1f} ms, ratio {pre_s / mc_s:.2f})"
+            except ImportError:
+                pass
+            print(line)
+
+            px = pixels.to(args.device)
+            ours_s, y = timed(lambda: ours.encode(px), args.device, args.repeat)
+
+            def hf_run():
+                with torch.inference_mode():
+                    sizes = torch.tensor([list(px.shape[1:])], device=args.device)
+                    feats = tower_hf(px[None].to(hf_dtype), image_sizes=sizes).last_hidden_state
+                    return projector_hf(feats.squeeze(0), sizes)
+
+            hf_s, ref = timed(hf_run, args.device, args.repeat)
+            cos = F.cosine_similarity(y.double(), ref.double(), dim=-1)
+            extra = ""
+            if args.device == "cuda":
+                extra = f", peak GPU mem {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+            print(f"  encode: ours {ours_s * 1000:.1f} ms, HF {hf_s * 1000:.1f} ms, ours/HF time ratio "
+                  f"{ours_s / hf_s:.2f}; per-token cosine min {cos.min().item():.6f} mean {cos.mean().item():.6f}{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
