@@ -424,11 +424,14 @@ class Store:
             raise StoreError(f"{self.db_path}: not a Tramontane chat database (no schema version)")
         if version > 0:  # keep the old file until the user decides it is not needed
             backup = self.db_path.with_name(f"{DB_NAME}.v{version}.bak")
-            dest = sqlite3.connect(backup)
             try:
-                self._conn.backup(dest)
-            finally:
-                dest.close()
+                dest = sqlite3.connect(backup)
+                try:
+                    self._conn.backup(dest)
+                finally:
+                    dest.close()
+            except sqlite3.Error as exc:
+                raise StoreError(f"{backup}: cannot back up the database before migrating: {exc}") from exc
         try:
             with self._tx():
                 if version == 0:
@@ -445,9 +448,14 @@ class Store:
     def _executescript(self, script: str) -> None:
         # sqlite3.executescript would COMMIT first; run statement by statement instead so
         # the whole migration stays one transaction.
-        for statement in script.split(";"):
-            if statement.strip():
+        statement = ""
+        for line in script.splitlines(keepends=True):
+            statement += line
+            if sqlite3.complete_statement(statement):  # also right for BEGIN ... END; bodies
                 self._conn.execute(statement)
+                statement = ""
+        if statement.strip():  # a last statement without its semicolon
+            self._conn.execute(statement)
 
     def _has_tables(self) -> bool:
         row = self._conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()

@@ -27,7 +27,7 @@ _WORDS = "le vent tramontane souffle fort sur la côte 北風 ∑ naïve café \
 def reply_text(message_id: int) -> str:
     """The deterministic full text of reply `message_id`."""
     rng = random.Random(message_id * 7919)
-    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(40, 400)))
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(20, 200)))
 
 
 def say(*fields: object) -> None:
