@@ -256,7 +256,10 @@ class DownloadManager:
     def cancel(self, key: str) -> None:
         """Stop the download and delete its partial file (a paused one too)."""
         task = self._tasks.get(key)
-        if task is None:
+        if task is None:  # a part left by an earlier run: just delete it
+            for req in self.unfinished_requests():
+                if req.key == key:
+                    self._discard_part(final_path(self.models_dir, req))
             return
         with self._lock:
             task.cancel_requested = True

@@ -1,0 +1,666 @@
+"""The model manager dialog: recommended models, hub search, files on this computer, and
+the downloads with progress, speed, ETA, pause, resume and cancel.
+
+All network work runs off the UI thread: hub calls on a QThreadPool, downloads on the
+`DownloadManager`'s own workers, whose plain-Python status callbacks are turned into a
+queued Qt signal here. `load_requested(model_path, mmproj_path)` asks the chat window to
+load a model ('' when there is no projector).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, QUrl, Signal, Slot
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialog, QHBoxLayout,
+                               QHeaderView, QInputDialog, QLabel, QLineEdit, QMessageBox,
+                               QProgressBar, QPushButton, QScrollArea, QSplitter,
+                               QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
+
+from ..engine.downloads import (DownloadManager, DownloadRequest, DownloadState, DownloadStatus,
+                                final_path)
+from ..engine.hub import (CatalogEntry, Hub, HubError, ModelChoice, load_catalog,
+                          resolve_catalog_entry)
+from ..engine.local_models import (LocalModel, default_models_dir, delete_model,
+                                   find_projector, import_model, scan_models)
+
+
+def human_size(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def human_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(seconds + 0.5)
+    if s < 60:
+        return f"{s} s left"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s left"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min left"
+
+
+def describe_progress(st: DownloadStatus) -> str:
+    """'3.20 GB of 14.33 GB · 41.0 MB/s · 4 min 31 s left', or the state / error in words."""
+    if st.state is DownloadState.FAILED:
+        return st.error or "failed"
+    if st.state is DownloadState.DONE:
+        return f"ready · {human_size(st.total_bytes)} verified"
+    if st.state is DownloadState.CANCELLED:
+        return "cancelled"
+    if st.state is DownloadState.VERIFYING:
+        return "checking the sha256…"
+    parts = [f"{human_size(st.done_bytes)} of {human_size(st.total_bytes)}"]
+    if st.state is DownloadState.PAUSED:
+        parts.append("paused")
+    elif st.state is DownloadState.QUEUED:
+        parts.append("waiting")
+    elif st.speed_bps > 0:
+        parts.append(f"{human_size(st.speed_bps)}/s")
+        if st.eta_s is not None:
+            parts.append(human_eta(st.eta_s))
+    return " · ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# background work
+
+
+class _JobSignals(QObject):
+    done = Signal(object)
+    failed = Signal(str)
+
+
+class _Job(QRunnable):
+    """Runs `fn()` on the thread pool; reports its result or error text via signals."""
+
+    def __init__(self, fn: Callable[[], object]):
+        super().__init__()
+        self.fn = fn
+        self.signals = _JobSignals()
+
+    def run(self) -> None:
+        try:
+            result = self.fn()
+        except HubError as exc:
+            self.signals.failed.emit(str(exc))
+        except Exception as exc:  # noqa: BLE001 - shown to the user in words
+            self.signals.failed.emit(f"{type(exc).__name__}: {exc}")
+        else:
+            self.signals.done.emit(result)
+
+
+class _StatusBridge(QObject):
+    """Download callbacks arrive on worker threads; re-emitted, they reach the UI thread."""
+
+    status = Signal(object)
+
+
+# ---------------------------------------------------------------------------------------
+# one download row
+
+
+class DownloadRow(QWidget):
+    def __init__(self, request: DownloadRequest, manager: DownloadManager, parent=None):
+        super().__init__(parent)
+        self.request, self.key, self.manager = request, request.key, manager
+        title = Path(request.filename).name
+        self._load_connected = False
+        self.state: DownloadState | None = None
+        self.title = QLabel(title)
+        self.title.setMinimumWidth(220)
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 1000)
+        self.bar.setTextVisible(True)
+        self.detail = QLabel("waiting")
+        self.detail.setWordWrap(True)
+        self.pause_button = QPushButton("Pause")
+        self.cancel_button = QPushButton("Cancel")
+        # Present from the start (hidden) so every row's bar has the same width.
+        self.load_button = QPushButton("Load in chat")
+        policy = self.load_button.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)
+        self.load_button.setSizePolicy(policy)
+        self.load_button.hide()
+        self.pause_button.clicked.connect(self._pause_or_resume)
+        self.cancel_button.clicked.connect(lambda: self.manager.cancel(self.key))
+        top = QHBoxLayout()
+        top.addWidget(self.title, 2)
+        top.addWidget(self.bar, 3)
+        top.addWidget(self.pause_button)
+        top.addWidget(self.cancel_button)
+        top.addWidget(self.load_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 2, 4, 2)
+        layout.addLayout(top)
+        layout.addWidget(self.detail)
+
+    def _pause_or_resume(self) -> None:
+        if self.state in (DownloadState.PAUSED, DownloadState.FAILED):
+            self.manager.start(self.request)  # continues the part on disk
+        else:
+            self.manager.pause(self.key)
+
+    def update_status(self, st: DownloadStatus) -> None:
+        self.state = st.state
+        frac = st.fraction
+        self.bar.setValue(int(1000 * frac) if frac is not None else 0)
+        self.bar.setFormat(f"{100 * frac:.1f} %" if frac is not None else "")
+        self.detail.setText(describe_progress(st))
+        failed = st.state is DownloadState.FAILED
+        self.detail.setStyleSheet("color: #b00020;" if failed else "")
+        can_resume = st.state is DownloadState.PAUSED or (
+            failed and st.error_kind in ("network", "io", "no_space"))
+        self.pause_button.setText("Resume" if can_resume else "Pause")
+        self.pause_button.setEnabled(not st.state.finished or can_resume)
+        self.cancel_button.setEnabled(st.state not in (DownloadState.DONE,
+                                                       DownloadState.CANCELLED))
+
+
+# ---------------------------------------------------------------------------------------
+# the dialog
+
+
+def _item(text: str, data=None) -> QTableWidgetItem:
+    it = QTableWidgetItem(text)
+    it.setFlags(it.flags() & ~Qt.ItemIsEditable)
+    if data is not None:
+        it.setData(Qt.UserRole, data)
+    return it
+
+
+def _table(headers: list[str]) -> QTableWidget:
+    t = QTableWidget(0, len(headers))
+    t.setHorizontalHeaderLabels(headers)
+    t.setSelectionBehavior(QAbstractItemView.SelectRows)
+    t.setSelectionMode(QAbstractItemView.SingleSelection)
+    t.verticalHeader().setVisible(False)
+    t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+    t.horizontalHeader().setStretchLastSection(True)
+    return t
+
+
+class ModelManagerDialog(QDialog):
+    load_requested = Signal(str, str)  # model path, projector path ('' if none)
+    token_changed = Signal(str)  # the user typed a hub token (the app may save it)
+
+    def __init__(self, models_dir: str | os.PathLike | None = None, hub: Hub | None = None,
+                 manager: DownloadManager | None = None,
+                 catalog: list[CatalogEntry] | None = None, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Models")
+        self.resize(980, 680)
+        self.models_dir = Path(models_dir) if models_dir else default_models_dir()
+        self.hub = hub or Hub()
+        self._own_manager = manager is None
+        self.manager = manager or DownloadManager(self.models_dir, hub=self.hub)
+        self.catalog = catalog if catalog is not None else load_catalog()
+        self.pool = QThreadPool(self)
+        self.pool.setMaxThreadCount(2)
+        self._jobs: set[_Job] = set()
+        self._rows: dict[str, DownloadRow] = {}
+        # model download key -> (model request, projector request or None)
+        self._pairs: dict[str, tuple[DownloadRequest, DownloadRequest | None]] = {}
+        self._bridge = _StatusBridge(self)
+        self._bridge.status.connect(self._on_status, Qt.QueuedConnection)
+        self._listener = self._bridge.status.emit
+        self.manager.add_listener(self._listener)
+
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        self.message.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self._build_catalog_tab(), "Recommended")
+        self.tabs.addTab(self._build_search_tab(), "Search the hub")
+        self.tabs.addTab(self._build_local_tab(), "On this computer")
+
+        self.downloads_box = QWidget()
+        self.downloads_layout = QVBoxLayout(self.downloads_box)
+        self.downloads_layout.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(self.downloads_box)
+        scroll.setMinimumHeight(120)
+        downloads = QWidget()
+        dl = QVBoxLayout(downloads)
+        dl.setContentsMargins(0, 0, 0, 0)
+        dl.addWidget(QLabel("<b>Downloads</b>"))
+        dl.addWidget(scroll)
+
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(self.tabs)
+        split.addWidget(downloads)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 1)
+
+        self.token_button = QPushButton("Hub token…")
+        self.token_button.clicked.connect(self._ask_token)
+        self.folder_label = QLabel(f"Models folder: {self.models_dir}")
+        self.folder_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.folder_label, 1)
+        bottom.addWidget(self.token_button)
+        layout = QVBoxLayout(self)
+        if self.hub.offline:
+            banner = QLabel("Offline mode: only files already on this computer are shown; "
+                            "the hub is not contacted.")
+            banner.setStyleSheet("background: #fff3cd; padding: 6px;")
+            layout.addWidget(banner)
+        layout.addWidget(split, 1)
+        layout.addWidget(self.message)
+        layout.addLayout(bottom)
+
+        self.refresh_local()
+        self._refresh_catalog_status()
+        self._show_unfinished()
+        if self.hub.offline:
+            self.tabs.setCurrentIndex(2)
+            for w in (self.search_button, self.search_edit, self.catalog_download,
+                      self.repo_download, self.token_button):
+                w.setEnabled(False)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def show_message(self, text: str, error: bool = False) -> None:
+        self.message.setText(text)
+        self.message.setStyleSheet("color: #b00020;" if error else "")
+
+    def run_in_background(self, fn: Callable[[], object], on_done: Callable[[object], None],
+                          what: str) -> None:
+        job = _Job(fn)
+        self._jobs.add(job)
+
+        def finished(result):
+            self._jobs.discard(job)
+            on_done(result)
+
+        def failed(text):
+            self._jobs.discard(job)
+            self.show_message(text, error=True)
+
+        job.signals.done.connect(finished, Qt.QueuedConnection)
+        job.signals.failed.connect(failed, Qt.QueuedConnection)
+        self.show_message(what)
+        self.pool.start(job)
+
+    # -- recommended --------------------------------------------------------------------
+
+    def _build_catalog_tab(self) -> QWidget:
+        self.catalog_table = _table(["Model", "Quant", "Download", "Memory", "License",
+                                     "Status"])
+        for entry in self.catalog:
+            for v in entry.variants:
+                r = self.catalog_table.rowCount()
+                self.catalog_table.insertRow(r)
+                total = (v.size_gb or 0) + (entry.mmproj_size_gb or 0) if v.size_gb else None
+                name = entry.name + ("" if entry.vision else " (text only)")
+                self.catalog_table.setItem(r, 0, _item(name, (entry, v.quant)))
+                self.catalog_table.setItem(r, 1, _item(v.quant))
+                self.catalog_table.setItem(r, 2, _item(human_size(total * 1e9) if total else "?"))
+                self.catalog_table.setItem(r, 3, _item(f"~{v.memory_gb:g} GB" if v.memory_gb
+                                                       else "?"))
+                self.catalog_table.setItem(r, 4, _item(entry.license))
+                self.catalog_table.setItem(r, 5, _item(""))
+                self.catalog_table.item(r, 0).setToolTip(
+                    f"{entry.repo_id}\n{entry.description}\n{entry.notes}".strip())
+        self.catalog_download = QPushButton("Download")
+        self.catalog_load = QPushButton("Load in chat")
+        self.catalog_download.clicked.connect(self._download_catalog_row)
+        self.catalog_load.clicked.connect(self._load_catalog_row)
+        self.catalog_table.itemSelectionChanged.connect(self._refresh_catalog_status)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.catalog_download)
+        buttons.addWidget(self.catalog_load)
+        w = QWidget()
+        layout = QVBoxLayout(w)
+        layout.addWidget(self.catalog_table)
+        layout.addLayout(buttons)
+        if self.catalog_table.rowCount():
+            self.catalog_table.selectRow(0)
+        return w
+
+    def _catalog_local_files(self, entry: CatalogEntry, quant: str) -> tuple[Path | None, Path | None]:
+        """The entry's model and projector if both are on disk and verified."""
+        v = entry.variant(quant)
+        folder = self.models_dir / entry.repo_id.replace("/", "__")
+        if v.file:
+            model = folder / v.file
+            if not model.is_file():
+                return None, None
+        else:
+            hits = sorted(p for p in folder.glob(f"*{v.quant}*.gguf")) if folder.is_dir() else []
+            hits = [p for p in hits if "mmproj" not in p.name.lower()]
+            if not hits:
+                return None, None
+            model = hits[0]
+        mmproj = None
+        if entry.vision:
+            mmproj = folder / entry.mmproj_file if entry.mmproj_file else find_projector(model)
+            if mmproj is None or not mmproj.is_file():
+                return model, None
+        return model, mmproj
+
+    def _refresh_catalog_status(self) -> None:
+        for r in range(self.catalog_table.rowCount()):
+            entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
+            model, mmproj = self._catalog_local_files(entry, quant)
+            busy = any(req.repo_id == entry.repo_id and key in self._rows
+                       and self._rows[key].state in (DownloadState.QUEUED, DownloadState.RUNNING,
+                                                     DownloadState.VERIFYING)
+                       for key, (req, _) in self._pairs.items())
+            if model and (mmproj or not entry.vision):
+                status = "ready"
+            elif busy:
+                status = "downloading…"
+            elif model:
+                status = "projector missing"
+            else:
+                status = ""
+            self.catalog_table.item(r, 5).setText(status)
+        row = self.catalog_table.currentRow()
+        ready = row >= 0 and self.catalog_table.item(row, 5).text() == "ready"
+        self.catalog_load.setEnabled(ready)
+        busy_row = row >= 0 and self.catalog_table.item(row, 5).text() == "downloading…"
+        self.catalog_download.setEnabled(row >= 0 and not ready and not busy_row
+                                         and not self.hub.offline)
+
+    def _selected_catalog(self) -> tuple[CatalogEntry, str] | None:
+        row = self.catalog_table.currentRow()
+        return self.catalog_table.item(row, 0).data(Qt.UserRole) if row >= 0 else None
+
+    def _download_catalog_row(self) -> None:
+        sel = self._selected_catalog()
+        if sel is None:
+            return
+        entry, quant = sel
+
+        def done(resolved):
+            for w in resolved.warnings:
+                self.show_message(w)
+            self.start_pair(resolved.model, resolved.mmproj)
+
+        self.run_in_background(lambda: resolve_catalog_entry(self.hub, entry, quant), done,
+                               f"Looking up {entry.repo_id}…")
+
+    def _load_catalog_row(self) -> None:
+        sel = self._selected_catalog()
+        if sel is None:
+            return
+        model, mmproj = self._catalog_local_files(*sel)
+        if model is not None:
+            self.load_requested.emit(str(model), str(mmproj) if mmproj else "")
+
+    # -- search -------------------------------------------------------------------------
+
+    def _build_search_tab(self) -> QWidget:
+        self.search_edit = QLineEdit()
+        self.search_edit.setPlaceholderText("Search GGUF models, e.g. “Mistral Small 3.1”")
+        self.search_button = QPushButton("Search")
+        self.search_edit.returnPressed.connect(self.search)
+        self.search_button.clicked.connect(self.search)
+        self.results_table = _table(["Repository", "Downloads", "Access"])
+        self.results_table.itemSelectionChanged.connect(self._list_selected_repo)
+        self.results_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
+        self.files_table = _table(["Model file", "Quant", "Size with projector",
+                                   "Vision projector"])
+        self.files_table.itemSelectionChanged.connect(
+            lambda: self.repo_download.setEnabled(self.files_table.currentRow() >= 0
+                                                  and not self.hub.offline))
+        self.with_projector = QCheckBox("Also download the vision projector")
+        self.with_projector.setChecked(True)
+        self.repo_download = QPushButton("Download")
+        self.repo_download.setEnabled(False)
+        self.repo_download.clicked.connect(self._download_selected_file)
+        top = QHBoxLayout()
+        top.addWidget(self.search_edit, 1)
+        top.addWidget(self.search_button)
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(self.results_table)
+        split.addWidget(self.files_table)
+        split.setSizes([420, 520])
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.with_projector)
+        buttons.addStretch(1)
+        buttons.addWidget(self.repo_download)
+        w = QWidget()
+        layout = QVBoxLayout(w)
+        layout.addLayout(top)
+        layout.addWidget(split, 1)
+        layout.addLayout(buttons)
+        return w
+
+    def search(self) -> None:
+        query = self.search_edit.text().strip()
+        self.run_in_background(lambda: self.hub.search(query), self._show_results,
+                               f"Searching the hub for “{query}”…")
+
+    def _show_results(self, results) -> None:
+        self.results_table.setRowCount(0)
+        self.files_table.setRowCount(0)
+        for r in results:
+            row = self.results_table.rowCount()
+            self.results_table.insertRow(row)
+            self.results_table.setItem(row, 0, _item(r.repo_id, r.repo_id))
+            self.results_table.setItem(row, 1, _item(f"{r.downloads or 0:,}"))
+            self.results_table.setItem(row, 2, _item("gated: accept license on the hub"
+                                                     if r.gated else "open"))
+        self.show_message(f"{len(results)} GGUF repositories found." if results
+                          else "No GGUF repositories match.")
+
+    def _list_selected_repo(self) -> None:
+        row = self.results_table.currentRow()
+        if row < 0:
+            return
+        repo_id = self.results_table.item(row, 0).data(Qt.UserRole)
+        self.files_table.setRowCount(0)
+        self.run_in_background(lambda: self.hub.model_choices(repo_id), self._show_files,
+                               f"Listing {repo_id}…")
+
+    def _show_files(self, choices: list[ModelChoice]) -> None:
+        self.files_table.setRowCount(0)
+        for c in choices:
+            row = self.files_table.rowCount()
+            self.files_table.insertRow(row)
+            self.files_table.setItem(row, 0, _item(c.model.path, c))
+            self.files_table.setItem(row, 1, _item(c.model.quant or "?"))
+            self.files_table.setItem(row, 2, _item(human_size(c.total_size or c.model.size)))
+            self.files_table.setItem(row, 3, _item(
+                f"{c.mmproj.path} ({human_size(c.mmproj.size)})" if c.mmproj else "none (text only)"))
+        self.show_message(f"{len(choices)} model files." if choices
+                          else "This repository has no GGUF model files.")
+
+    def _download_selected_file(self) -> None:
+        row = self.files_table.currentRow()
+        if row < 0:
+            return
+        choice: ModelChoice = self.files_table.item(row, 0).data(Qt.UserRole)
+        self.start_pair(choice.model, choice.mmproj if self.with_projector.isChecked() else None)
+
+    # -- downloads ----------------------------------------------------------------------
+
+    def start_pair(self, model, mmproj) -> None:
+        """Download a model file and its projector (HubFile objects) together."""
+        reqs = [DownloadRequest(f.repo_id, f.path, f.revision, f.sha256, f.size)
+                for f in (model, mmproj) if f is not None]
+        self._pairs[reqs[0].key] = (reqs[0], reqs[1] if len(reqs) > 1 else None)
+        for r in reqs:
+            self._ensure_row(r)
+            self.manager.start(r)
+        self.show_message(f"Downloading {model.path}" + (" and its projector" if mmproj else "")
+                          + f" into {self.models_dir}.")
+        self._refresh_catalog_status()
+
+    def _ensure_row(self, req: DownloadRequest) -> DownloadRow:
+        row = self._rows.get(req.key)
+        if row is None:
+            row = DownloadRow(req, self.manager)
+            row.title.setToolTip(req.key)
+            self._rows[req.key] = row
+            self.downloads_layout.insertWidget(self.downloads_layout.count() - 1, row)
+        return row
+
+    def _show_unfinished(self) -> None:
+        """Parts left by an earlier session appear paused, ready to resume."""
+        for req in self.manager.unfinished_requests():
+            if req.key in self._rows:
+                continue
+            row = self._ensure_row(req)
+            done = self.manager.partial_bytes(req)
+            row.update_status(DownloadStatus(req.key, req, DownloadState.PAUSED,
+                                             final_path(self.models_dir, req), done, req.size))
+            self._pairs.setdefault(req.key, (req, None))
+
+    @Slot(object)
+    def _on_status(self, st: DownloadStatus) -> None:
+        row = self._ensure_row(st.request)
+        row.update_status(st)
+        if st.state is DownloadState.FAILED:
+            self.show_message(st.error or "download failed", error=True)
+        if st.state is DownloadState.DONE:
+            self.refresh_local()
+            self._check_pair_ready()
+        if st.state.finished or st.state is DownloadState.PAUSED:
+            self._refresh_catalog_status()
+
+    def _check_pair_ready(self) -> None:
+        for key, (model_req, proj_req) in list(self._pairs.items()):
+            states = [self._rows[r.key].state for r in (model_req, proj_req)
+                      if r is not None and r.key in self._rows]
+            if states and all(s is DownloadState.DONE for s in states):
+                model_path = self.manager.status(model_req.key).path
+                row = self._rows[model_req.key]
+                if not row._load_connected:
+                    row._load_connected = True
+                    proj_path = (self.manager.status(proj_req.key).path if proj_req else None)
+                    row.load_button.clicked.connect(
+                        lambda _=False, m=model_path, p=proj_path: self.load_requested.emit(
+                            str(m), str(p) if p else ""))
+                    row.load_button.show()
+                self.show_message(f"{model_path.name} is ready.")
+
+    # -- local files --------------------------------------------------------------------
+
+    def _build_local_tab(self) -> QWidget:
+        self.local_table = _table(["File", "Kind", "Architecture", "Quant", "Size",
+                                   "Projector", "Folder"])
+        self.local_table.itemSelectionChanged.connect(self._local_selection_changed)
+        self.local_load = QPushButton("Load in chat")
+        self.local_import = QPushButton("Import GGUF…")
+        self.local_copy = QCheckBox("copy into the models folder")
+        self.local_delete = QPushButton("Delete")
+        self.local_open = QPushButton("Open folder")
+        self.local_refresh = QPushButton("Refresh")
+        self.local_load.clicked.connect(self._load_local)
+        self.local_import.clicked.connect(self._import_dialog)
+        self.local_delete.clicked.connect(self._delete_local)
+        self.local_open.clicked.connect(self._open_folder)
+        self.local_refresh.clicked.connect(self.refresh_local)
+        buttons = QHBoxLayout()
+        for b in (self.local_import, self.local_copy):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        for b in (self.local_refresh, self.local_open, self.local_delete, self.local_load):
+            buttons.addWidget(b)
+        w = QWidget()
+        layout = QVBoxLayout(w)
+        layout.addWidget(self.local_table)
+        layout.addLayout(buttons)
+        return w
+
+    def refresh_local(self) -> None:
+        self.local_models = scan_models(self.models_dir)
+        t = self.local_table
+        t.setRowCount(0)
+        for m in self.local_models:
+            row = t.rowCount()
+            t.insertRow(row)
+            t.setItem(row, 0, _item(m.path.name, m))
+            t.setItem(row, 1, _item("projector" if m.is_projector else "model"))
+            t.setItem(row, 2, _item(m.architecture or ("unreadable" if m.error else "?")))
+            t.setItem(row, 3, _item(m.quant or "?"))
+            t.setItem(row, 4, _item(human_size(m.size)))
+            t.setItem(row, 5, _item(m.mmproj.name if m.mmproj else ""))
+            t.setItem(row, 6, _item(str(m.folder) + ("  (imported in place)"
+                                                      if m.imported_in_place else "")))
+            if m.error:
+                t.item(row, 0).setToolTip(m.error)
+        self._local_selection_changed()
+
+    def _selected_local(self) -> LocalModel | None:
+        row = self.local_table.currentRow()
+        return self.local_table.item(row, 0).data(Qt.UserRole) if row >= 0 else None
+
+    def _local_selection_changed(self) -> None:
+        m = self._selected_local()
+        self.local_load.setEnabled(m is not None and not m.is_projector and m.error is None)
+        for b in (self.local_delete, self.local_open):
+            b.setEnabled(m is not None)
+
+    def _load_local(self) -> None:
+        m = self._selected_local()
+        if m is not None and not m.is_projector:
+            self.load_requested.emit(str(m.path), str(m.mmproj) if m.mmproj else "")
+
+    def import_file(self, path: str, copy: bool) -> None:
+        try:
+            m = import_model(path, self.models_dir, copy=copy)
+        except Exception as exc:  # noqa: BLE001 - LocalModelError and OSError, in words
+            self.show_message(str(exc), error=True)
+            return
+        self.refresh_local()
+        self.show_message(f"Imported {m.path.name} ({m.architecture}, {m.quant}).")
+
+    def _import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import a GGUF model", str(Path.home()),
+                                              "GGUF models (*.gguf)")
+        if path:
+            self.import_file(path, self.local_copy.isChecked())
+
+    def _delete_local(self) -> None:
+        m = self._selected_local()
+        if m is None:
+            return
+        what = ("forget this imported file (it stays on disk)" if m.imported_in_place
+                else f"delete {m.path.name} ({human_size(m.size)})")
+        if QMessageBox.question(self, "Delete model", f"Really {what}?") != QMessageBox.Yes:
+            return
+        self.delete_file(m.path)
+
+    def delete_file(self, path: Path) -> None:
+        try:
+            self.show_message(delete_model(path, self.models_dir))
+        except Exception as exc:  # noqa: BLE001
+            self.show_message(str(exc), error=True)
+        self.refresh_local()
+        self._refresh_catalog_status()
+
+    def _open_folder(self) -> None:
+        m = self._selected_local()
+        folder = m.folder if m else self.models_dir
+        QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
+
+    # -- settings -----------------------------------------------------------------------
+
+    def _ask_token(self) -> None:
+        token, ok = QInputDialog.getText(
+            self, "Hub token", "Access token for gated models (create one in your hub "
+            "account settings, after accepting the model's license):", QLineEdit.Password)
+        if ok:
+            self.hub.token = token.strip() or None
+            self.token_changed.emit(token.strip())
+            self.show_message("Token set for this session." if token.strip()
+                              else "Token cleared.")
+
+    def closeEvent(self, event) -> None:
+        self.manager.remove_listener(self._listener)
+        if self._own_manager:
+            self.manager.shutdown(wait=False)  # pauses: the parts resume next time
+        super().closeEvent(event)
