@@ -14,6 +14,7 @@ The full reply of message id N is always reply_text(N), so the parent can check 
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import sys
 import time
@@ -67,7 +68,7 @@ def write_forever(store: Store, seed: int) -> None:
 def main() -> None:
     data_dir, seed, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     store = Store(data_dir, checkpoint_interval_s=0.0)
-    say("ready", __import__("os").getpid())
+    say("ready", os.getpid())
     if mode == "hold":
         while True:
             time.sleep(60)

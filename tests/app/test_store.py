@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import sqlite3
 import threading
 from pathlib import Path
 
@@ -62,7 +61,9 @@ def test_lock_second_instance_refused_until_first_closes(tmp_path):
     first = Store(tmp_path)
     with pytest.raises(StoreLockedError, match="Another Tramontane is running") as info:
         Store(tmp_path)
-    assert str(tmp_path) in str(info.value) and f"pid {os.getpid()}" in str(info.value)
+    assert str(tmp_path) in str(info.value)
+    if os.name != "nt":  # Windows does not let others read the holder's locked byte
+        assert f"pid {os.getpid()}" in str(info.value)
     chat = first.create_chat("still usable")
     first.close()
     with Store(tmp_path) as again:
