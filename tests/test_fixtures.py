@@ -360,3 +360,48 @@ def test_neighbour_helpers(tmp_path):
                                                               tmp_path / "b.gguf")).tensors}
     emb = sd["language_model.model.embed_tokens.weight"]
     assert np.array_equal(arr(withbreak["v.token_embd.img_break"]), emb[12])
+
+
+def test_reference_image_needs_no_resize_in_mistral_common():
+    from mistral_common.protocol.instruct.chunk import ImageChunk
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+    from PIL import Image
+
+    image = Image.open(FIX / "ref_image_112x84.png")
+    assert image.size == (112, 84) and image.mode == "RGB"
+    enc = MistralTokenizer.from_file(FIX / "tekken_tiny.json").instruct_tokenizer.image_encoder(ImageChunk(image=image))
+    rows, cols = 3, 4
+    assert list(enc.tokens) == ([10] * cols + [12]) * (rows - 1) + [10] * cols + [13]
+    r = GGUFReader(FIX / "mmproj-mistral3_tiny-f32.gguf")
+    mean = np.array(kv(r, "clip.vision.image_mean"))[:, None, None]
+    std = np.array(kv(r, "clip.vision.image_std"))[:, None, None]
+    manual = (np.asarray(image, dtype=np.float64).transpose(2, 0, 1) / 255.0 - mean) / std
+    assert np.abs(enc.image - manual).max() < 1e-5
+
+
+def test_recorded_llamacpp_image_embeddings_agree_with_hf():
+    """llama.cpp's Pixtral path is a loose reference (observed 1.6e-3 vs HF at std ~0.75);
+    HF transformers on the committed checkpoint is the tight one."""
+    from PIL import Image
+    from transformers import Mistral3ForConditionalGeneration
+
+    rec = json.loads((FIX / "reference_image_embd_llamacpp.json").read_text())
+    img = np.asarray(Image.open(FIX / rec["image"]).convert("RGB"))
+    assert set(rec["files"]) == {"mmproj-mistral3_tiny-f32.gguf", "mmproj-mistral3_tiny_gelu-f32.gguf"}
+    for mmproj, entry in rec["files"].items():
+        model_dir = mmproj.removeprefix("mmproj-").removesuffix("-f32.gguf")
+        model = Mistral3ForConditionalGeneration.from_pretrained(FIX / model_dir).eval()
+        r = GGUFReader(FIX / mmproj)
+        mean, std = np.array(kv(r, "clip.vision.image_mean")), np.array(kv(r, "clip.vision.image_std"))
+        px = ((img / 255.0 - mean) / std).astype(np.float32).transpose(2, 0, 1)[None]
+        with torch.no_grad():
+            out = model.model.get_image_features(pixel_values=torch.from_numpy(px),
+                                                 image_sizes=torch.tensor([img.shape[:2]]))
+        feats = torch.cat(list(out.pooler_output)).numpy()
+        embd = np.asarray(entry["embd"], dtype=np.float32)
+        rows, cols = entry["merged_rows"], entry["merged_cols"]
+        assert embd.shape == (rows * (cols + 1) - 1, 64) and feats.shape == (rows * cols, 64)
+        assert np.abs(embd[entry["image_row_indices"]] - feats).max() < 5e-3
+        breaks = [r * (cols + 1) + cols for r in range(rows - 1)]
+        token_embd = model.model.language_model.embed_tokens.weight.detach().numpy()
+        assert np.abs(embd[breaks] - token_embd[12]).max() < 1e-5
