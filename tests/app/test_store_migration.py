@@ -8,6 +8,7 @@ import pytest
 
 from tramontane.app import store as store_module
 from tramontane.app.store import Store, StoreError
+from tramontane.engine.api import GenerationStats
 
 # A frozen copy of the schema version 1 shipped with (independent of app/store.py, so an
 # edit there that would break old databases shows up here).
@@ -94,7 +95,6 @@ def test_v1_database_opens_intact_and_upgraded(tmp_path):
         # the new columns work
         s.set_pinned(2, True)
         reply = s.begin_reply(2)
-        from tramontane.engine.api import GenerationStats
         s.finish_reply(reply, "hi", GenerationStats(reused_tokens=12, prefill_tok_s=99.0))
         assert (s.get_message(reply).reused_tokens, s.get_message(reply).prefill_tok_s) == (12, 99.0)
         assert s.list_chats()[0].id == 2
