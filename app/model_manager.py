@@ -659,8 +659,16 @@ class ModelManagerDialog(QDialog):
             self.show_message("Token set for this session." if token.strip()
                               else "Token cleared.")
 
-    def closeEvent(self, event) -> None:
-        self.manager.remove_listener(self._listener)
+    def _on_close(self) -> None:
+        # A manager the dialog made itself would die with it: pause its downloads (the
+        # parts resume next time). A manager passed in by the app keeps downloading.
         if self._own_manager:
-            self.manager.shutdown(wait=False)  # pauses: the parts resume next time
+            self.manager.pause_all()
+
+    def closeEvent(self, event) -> None:
+        self._on_close()
         super().closeEvent(event)
+
+    def done(self, result: int) -> None:  # Esc / reject / accept hide without closeEvent
+        self._on_close()
+        super().done(result)

@@ -21,7 +21,6 @@ import re
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable
@@ -161,7 +160,7 @@ class _Task:
         self.stop = threading.Event()  # set for pause and cancel
         self.cancel_requested = False
         self.finished = threading.Event()
-        self.future = None
+        self.thread: threading.Thread | None = None
         self.hasher = None  # sha256 of the bytes in the part so far
 
     def status(self) -> DownloadStatus:
@@ -202,7 +201,9 @@ class DownloadManager:
         self.retry_delay_s = retry_delay_s
         self.progress_interval_s = progress_interval_s
         self.read_timeout_s = read_timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="download")
+        # Daemon threads, not an executor: quitting the app must not wait for a 14 GB file
+        # (the part and its sidecar stay on disk and resume next time).
+        self._slots = threading.BoundedSemaphore(max_parallel)
         self._tasks: dict[str, _Task] = {}
         self._listeners: list[Listener] = []
         self._lock = threading.Lock()
@@ -240,7 +241,9 @@ class DownloadManager:
             task.cancel_requested = False
             task.error = task.error_kind = None
             task.state = DownloadState.QUEUED
-            task.future = self._pool.submit(self._run, task)
+            task.thread = threading.Thread(target=self._run_in_slot, args=(task,), daemon=True,
+                                           name=f"download {request.filename}")
+            task.thread.start()
         self._notify(task)
         return task.status()
 
@@ -301,12 +304,18 @@ class DownloadManager:
         part = part_path(final_path(self.models_dir, request))
         return part.stat().st_size if part.exists() else 0
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Pause everything (parts stay for the next run) and stop the workers."""
+    def pause_all(self) -> None:
         for task in list(self._tasks.values()):
             if not task.finished.is_set():
                 task.stop.set()
-        self._pool.shutdown(wait=wait)
+
+    def shutdown(self, wait: bool = True, timeout: float | None = 10.0) -> None:
+        """Pause everything (parts stay for the next run) and optionally wait for the
+        workers to let go of their files."""
+        self.pause_all()
+        if wait:
+            for task in list(self._tasks.values()):
+                task.finished.wait(timeout)
 
     # -- the worker -----------------------------------------------------------------------
 
@@ -321,8 +330,14 @@ class DownloadManager:
         task.state = DownloadState.FAILED
         task.error, task.error_kind = message, kind
 
+    def _run_in_slot(self, task: _Task) -> None:
+        with self._slots:  # at most max_parallel downloads move bytes at once
+            self._run(task)
+
     def _run(self, task: _Task) -> None:
         try:
+            if task.stop.is_set():  # paused or cancelled while waiting for a slot
+                raise _Interrupted()
             task.state = DownloadState.RUNNING
             self._notify(task)
             self._download(task)
@@ -366,6 +381,10 @@ class DownloadManager:
                 sha256 = self.hub.file_info(req.repo_id, req.filename, req.revision).sha256
             except HubError:
                 pass
+        if sha256 and etag and _SHA256_RE.match(etag) and etag != sha256:
+            raise HubError(f"{label}: the file on the hub (sha256 {etag}) is not the one "
+                           f"expected (sha256 {sha256}); it changed since it was listed.",
+                           "changed")
         git_oid = etag if sha256 is None and etag and _GIT_OID_RE.match(etag) else None
         if size is None:
             raise HubError(f"{label}: the hub did not tell the file size; refusing to download "

@@ -109,9 +109,15 @@ def test_checksum_mismatch_is_rejected_and_never_ready(fake, tmp_path, name):
 
 
 def test_expected_sha256_from_caller_is_enforced(fake, tmp_path):
+    # LFS file: the hub's etag already says it is another file, so nothing is fetched.
     st = run(manager(fake, tmp_path / "m"), DownloadRequest(REPO, PROJ_FILE, sha256="0" * 64))
-    assert st.state is DownloadState.FAILED and st.error_kind == "checksum"
+    assert st.state is DownloadState.FAILED and st.error_kind == "changed"
+    assert fake.served(PROJ_FILE) == 0
     assert not final_path(tmp_path / "m", DownloadRequest(REPO, PROJ_FILE)).exists()
+    # git-stored file: fetched, then refused by the caller's sha256.
+    st = run(manager(fake, tmp_path / "m"), DownloadRequest(REPO, "README.md", sha256="0" * 64))
+    assert st.state is DownloadState.FAILED and st.error_kind == "checksum"
+    assert not final_path(tmp_path / "m", DownloadRequest(REPO, "README.md")).exists()
 
 
 def test_gated_and_missing_are_explained(fake, tmp_path):
@@ -269,3 +275,31 @@ def test_unsafe_paths_are_refused(tmp_path):
             final_path(tmp_path, DownloadRequest(repo, name))
     assert final_path(tmp_path, DownloadRequest(REPO, "sub/x.gguf")) == \
         tmp_path / "tiny-org__Tiny-Vision-GGUF" / "sub" / "x.gguf"
+
+
+def test_queue_limit_and_cancel_while_queued(fake, tmp_path):
+    fake.faults.delay_per_chunk_s = 0.01
+    dm = manager(fake, tmp_path / "m", max_parallel=1)
+    a, b = DownloadRequest(REPO, MODEL_FILE), DownloadRequest(REPO, PROJ_FILE)
+    dm.start(a)
+    wait_for(lambda: dm.status(a.key).done_bytes > 0)
+    dm.start(b)
+    time.sleep(0.1)
+    assert dm.status(b.key).state is DownloadState.QUEUED  # one slot, taken by a
+    dm.cancel(b.key)
+    assert dm.wait(b.key, 30).state is DownloadState.CANCELLED
+    fake.faults.delay_per_chunk_s = 0
+    assert dm.wait(a.key, 30).state is DownloadState.DONE
+    assert not any(PROJ_FILE in p for _, p, _ in fake.requests)
+
+
+def test_shutdown_pauses_and_keeps_the_part(fake, tmp_path):
+    fake.faults.delay_per_chunk_s = 0.02
+    dm = manager(fake, tmp_path / "m")
+    req = DownloadRequest(REPO, MODEL_FILE)
+    dm.start(req)
+    wait_for(lambda: dm.status(req.key).done_bytes > 0)
+    dm.shutdown(wait=True)
+    st = dm.status(req.key)
+    assert st.state is DownloadState.PAUSED
+    assert part_path(st.path).stat().st_size == st.done_bytes and not st.path.exists()
