@@ -76,12 +76,16 @@ def decode_image(data: bytes, source: str = "image") -> Image.Image:
     try:
         img.seek(0)  # animated GIF/WebP/APNG: the first frame, like mistral-common
         img.load()  # decode now so a truncated file fails here, not later
-        img = ImageOps.exif_transpose(img)
-        return to_rgb(img)
-    except EngineError:
-        raise
     except Exception as exc:
         raise EngineError(f"{source}: cannot decode image (truncated or corrupt file?): {exc}") from exc
+    try:
+        img = ImageOps.exif_transpose(img)
+    except Exception:
+        pass  # unreadable EXIF: keep the pixels as stored rather than refuse the picture
+    try:
+        return to_rgb(img)
+    except Exception as exc:
+        raise EngineError(f"{source}: cannot convert a {img.mode} image to RGB: {exc}") from exc
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -98,12 +102,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def _sixteen_bit_to_l(img: Image.Image) -> Image.Image:
-    """16-bit (or 32-bit int) grey → 8-bit L. Pillow's convert would clip at 255 (white)."""
-    values = np.asarray(img).astype(np.float64)
-    if img.mode == "I" and values.max(initial=0) <= 255 and values.min(initial=0) >= 0:
-        return Image.fromarray(values.astype(np.uint8), "L")  # already 8-bit data in an I image
-    eight = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)
-    return Image.fromarray(eight, "L")
+    """16-bit (or 32-bit int) grey → 8-bit L, rounding v·255/65535. Pillow's convert would
+    clip at 255 (a white sheet)."""
+    values = np.asarray(img)
+    if img.mode == "I" and 0 <= values.min(initial=0) and values.max(initial=0) <= 255:
+        return Image.fromarray(values.astype(np.uint8), "L")  # 8-bit data stored in an I image
+    wide = np.clip(values, 0, 65535).astype(np.uint32)
+    return Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8), "L")
 
 
 def _cubic_taps(src_len: int, dst_len: int) -> tuple[np.ndarray, np.ndarray]:
