@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from ..engine.downloads import (DownloadManager, DownloadRequest, DownloadState, DownloadStatus,
-                                final_path)
+                                final_path, repo_folder)
 from ..engine.hub import (CatalogEntry, Hub, HubError, ModelChoice, load_catalog,
                           resolve_catalog_entry)
 from ..engine.local_models import (LocalModel, default_models_dir, delete_model,
@@ -330,7 +330,7 @@ class ModelManagerDialog(QDialog):
     def _catalog_local_files(self, entry: CatalogEntry, quant: str) -> tuple[Path | None, Path | None]:
         """The entry's model and projector if both are on disk and verified."""
         v = entry.variant(quant)
-        folder = self.models_dir / entry.repo_id.replace("/", "__")
+        folder = repo_folder(self.models_dir, entry.repo_id)
         if v.file:
             model = folder / v.file
             if not model.is_file():

@@ -50,10 +50,8 @@ def hub_endpoint(setting: str | None = None) -> str:
 
 
 def offline_mode(setting: bool | None = None) -> bool:
-    """True when the app setting or `HF_HUB_OFFLINE` forbids the network."""
-    if setting is not None:
-        return bool(setting)
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+    """True when the app setting or `HF_HUB_OFFLINE` (either one) forbids the network."""
+    return bool(setting) or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,13 +250,16 @@ def translate_error(exc: BaseException, what: str) -> HubError:
             "model's hub page while logged in, then set a hub access token (Settings, or the "
             "HF_TOKEN environment variable).", "gated")
     status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, hf_errors.RepositoryNotFoundError):
+        # The hub answers 401 for a repo that does not exist *or* is private.
+        private = (" If it is private, set a hub access token (Settings, or HF_TOKEN)."
+                   if status == 401 else "")
+        return HubError(f"{what}: repository not found ({status or 404}). Check the repository "
+                        f"name.{private}", "not_found")
     if status in (401, 403):
         return HubError(
             f"{what}: access denied ({status}). The repository may be gated or private: accept "
             "its license on the hub and set a hub access token (Settings, or HF_TOKEN).", "gated")
-    if isinstance(exc, hf_errors.RepositoryNotFoundError):
-        return HubError(f"{what}: repository not found (404). Check the repository name.",
-                        "not_found")
     if isinstance(exc, hf_errors.RevisionNotFoundError):
         return HubError(f"{what}: revision not found (404).", "not_found")
     if isinstance(exc, hf_errors.EntryNotFoundError) or status == 404:

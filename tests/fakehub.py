@@ -173,10 +173,15 @@ class FakeHub:
                                             redirect=hub.cdn_server is not None)
                 return self._error(404, "RepoNotFound", "unknown route")
 
+            def _repo_not_found(self, repo_id):
+                # Like the hub: without a token an unknown repo could be private -> 401.
+                status = 404 if self.headers.get("Authorization") else 401
+                self._error(status, "RepoNotFound", f"Repository {repo_id} not found")
+
             def _repo_or_error(self, repo_id):
                 repo = hub.repos.get(repo_id)
                 if repo is None:
-                    self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
+                    self._repo_not_found(repo_id)
                     return None
                 if not self._authorized(repo):
                     auth = self.headers.get("Authorization")
@@ -206,7 +211,7 @@ class FakeHub:
             def _model_info(self, repo_id):
                 repo = hub.repos.get(repo_id)
                 if repo is None:
-                    return self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
+                    return self._repo_not_found(repo_id)
                 # Like the hub: metadata of a gated repo is public, its files are not.
                 self._json({"id": repo_id, "_id": repo_id, "modelId": repo_id, "sha": COMMIT,
                             "gated": "manual" if repo.gated else False, "private": False,
@@ -216,7 +221,7 @@ class FakeHub:
             def _tree(self, repo_id, sub, query):
                 repo = hub.repos.get(repo_id)
                 if repo is None:
-                    return self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
+                    return self._repo_not_found(repo_id)
                 recursive = (query.get("recursive") or ["false"])[0].lower() == "true"
                 prefix = sub.strip("/") + "/" if sub.strip("/") else ""
                 entries, folders = [], set()

@@ -124,16 +124,16 @@ def test_gated_and_missing_are_explained(fake, tmp_path):
     gated = DownloadRequest("tiny-org/Tiny-Gated-GGUF", "Tiny-Gated-Q8_0.gguf")
     st = run(manager(fake, tmp_path / "a"), gated)
     assert st.state is DownloadState.FAILED and st.error_kind == "gated"
-    assert "accept its license" in st.error.lower() or "accept" in st.error.lower()
-    assert "token" in st.error
+    assert "accept its license" in st.error and "token" in st.error
     st = run(manager(fake, tmp_path / "b", token="hf_good"), gated)
     assert st.state is DownloadState.DONE, st.error
     assert_ready(fake, tmp_path / "b", gated.filename, repo=gated.repo_id)
-    for req in (DownloadRequest("nobody/nothing-GGUF", "x.gguf"),
-                DownloadRequest(REPO, "no-such-file.gguf")):
-        st = run(manager(fake, tmp_path / "c"), req)
+    for req, token, code in ((DownloadRequest("nobody/nothing-GGUF", "x.gguf"), False, "401"),
+                             (DownloadRequest("nobody/nothing-GGUF", "x.gguf"), "hf_good", "404"),
+                             (DownloadRequest(REPO, "no-such-file.gguf"), False, "404")):
+        st = run(manager(fake, tmp_path / "c", token=token), req)
         assert st.state is DownloadState.FAILED and st.error_kind == "not_found"
-        assert "not found" in st.error and "404" in st.error
+        assert "not found" in st.error and code in st.error and req.repo_id in st.error
 
 
 def test_disk_full_refuses_before_downloading(fake, tmp_path, monkeypatch):

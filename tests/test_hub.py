@@ -90,6 +90,10 @@ def test_errors_in_words(fake):
     with pytest.raises(HubError) as e:
         anon.list_files("nobody/no-such-repo")
     assert e.value.kind == "not_found" and "nobody/no-such-repo" in str(e.value)
+    assert "private" in str(e.value)  # anonymous: the hub cannot say which (401)
+    with pytest.raises(HubError) as e:
+        good.remote_file("nobody/no-such-repo", "x.gguf")
+    assert e.value.kind == "not_found" and "404" in str(e.value)
     with pytest.raises(HubError) as e:
         anon.remote_file("tiny-org/Tiny-Vision-GGUF", "missing-Q4_0.gguf")
     assert e.value.kind == "not_found" and "missing-Q4_0.gguf" in str(e.value)
@@ -116,7 +120,10 @@ def test_offline_never_touches_the_network(fake, monkeypatch):
             call()
         assert e.value.kind == "offline"
     assert fake.requests == []
-    assert Hub(endpoint=fake.endpoint, offline=False).offline is False  # the setting wins
+    assert Hub(endpoint=fake.endpoint, offline=False).offline  # either one switches it on
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert Hub(endpoint=fake.endpoint, offline=True).offline
+    assert not Hub(endpoint=fake.endpoint).offline
 
 
 def test_endpoint_from_environment(fake, monkeypatch):
