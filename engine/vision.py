@@ -425,9 +425,11 @@ class VisionTower:
         grid = x.view(hp // m, m, wp // m, m, h)  # (R, ky, C, kx, ch)
         return grid.permute(0, 2, 4, 1, 3).reshape((hp // m) * (wp // m), h * m * m)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def encode_images(self, pixel_list: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Several preprocessed images (3, H, W) → per image (rows·cols, text_hidden)."""
+        """Several preprocessed images (3, H, W) → per image (rows·cols, text_hidden) in
+        `self.dtype` on `self.device`, rows in patch-major merged order. One call, no
+        attention across images."""
         if not pixel_list:
             return []
         p, m = self.patch_size, self.merge
@@ -467,7 +469,8 @@ class VisionTower:
     # -- images with a content-hash cache ------------------------------------------------------
     def encode_image(self, image: ImagePart) -> torch.Tensor:
         """Embeddings of an image file, cached by the sha256 of its bytes (a follow-up turn with
-        the same picture never re-encodes it)."""
+        the same picture never re-encodes it). The returned tensor is shared with the cache:
+        treat it as read-only."""
         return self.encode_image_parts([image])[0]
 
     def encode_image_parts(self, images: list[ImagePart]) -> list[torch.Tensor]:
