@@ -124,7 +124,7 @@ def test_gated_and_missing_are_explained(fake, tmp_path):
     gated = DownloadRequest("tiny-org/Tiny-Gated-GGUF", "Tiny-Gated-Q8_0.gguf")
     st = run(manager(fake, tmp_path / "a"), gated)
     assert st.state is DownloadState.FAILED and st.error_kind == "gated"
-    assert "accept its license" in st.error and "token" in st.error
+    assert "accept its license" in st.error.lower() and "token" in st.error
     st = run(manager(fake, tmp_path / "b", token="hf_good"), gated)
     assert st.state is DownloadState.DONE, st.error
     assert_ready(fake, tmp_path / "b", gated.filename, repo=gated.repo_id)
