@@ -154,7 +154,11 @@ def read_config(gf: GGUFFile) -> VisionConfig:
         raise _fail(path, f"clip.vision.embedding_length {hidden} / attention.head_count {n_heads} "
                           "must give a head size divisible by 4 (2D RoPE)")
     eps = gf.get("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.number)) or not 0 <= float(eps) < 1:
+        raise _fail(path, f"clip.vision.attention.layer_norm_epsilon is {eps!r}; expected a small positive number")
     theta = gf.get("clip.vision.rope.freq_base", gf.get("clip.rope.freq_base", ROPE_THETA))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float, np.number)) or not float(theta) > 1:
+        raise _fail(path, f"vision rope.freq_base is {theta!r}; expected a number > 1 (Pixtral: 10000)")
     std = triple("clip.vision.image_std")
     if any(v == 0 for v in std):
         raise _fail(path, f"clip.vision.image_std has a zero: {std}")
