@@ -32,6 +32,8 @@ SIDECAR_SUFFIX = ".part.json"
 MANIFEST_FILE = "downloads.json"
 CHUNK_SIZE = 1 << 20
 SPACE_RESERVE = 64 << 20  # keep this much free beyond the file itself
+_ACTIVE_PARTS: set[Path] = set()  # final paths being written in this process
+_ACTIVE_LOCK = threading.Lock()
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _GIT_OID_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -335,9 +337,16 @@ class DownloadManager:
             self._run(task)
 
     def _run(self, task: _Task) -> None:
+        claimed = False
         try:
             if task.stop.is_set():  # paused or cancelled while waiting for a slot
                 raise _Interrupted()
+            with _ACTIVE_LOCK:  # two managers appending to one part would corrupt it
+                if task.path in _ACTIVE_PARTS:
+                    raise HubError(f"{task.path.name}: already being downloaded by another "
+                                   "download manager in this program.", "busy")
+                _ACTIVE_PARTS.add(task.path)
+                claimed = True
             task.state = DownloadState.RUNNING
             self._notify(task)
             self._download(task)
@@ -357,6 +366,9 @@ class DownloadManager:
         except Exception as exc:  # noqa: BLE001 - never let a worker die silently
             self._fail(task, f"{task.request.key}: {type(exc).__name__}: {exc}", "io")
         finally:
+            if claimed:
+                with _ACTIVE_LOCK:
+                    _ACTIVE_PARTS.discard(task.path)
             task.speed_bps = 0.0
             task.finished.set()
             self._notify(task)

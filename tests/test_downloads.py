@@ -303,3 +303,16 @@ def test_shutdown_pauses_and_keeps_the_part(fake, tmp_path):
     st = dm.status(req.key)
     assert st.state is DownloadState.PAUSED
     assert part_path(st.path).stat().st_size == st.done_bytes and not st.path.exists()
+
+
+def test_two_managers_never_write_the_same_part(fake, tmp_path):
+    fake.faults.delay_per_chunk_s = 0.01
+    req = DownloadRequest(REPO, MODEL_FILE)
+    one, two = manager(fake, tmp_path / "m"), manager(fake, tmp_path / "m")
+    one.start(req)
+    wait_for(lambda: one.status(req.key).done_bytes > 0)
+    st = run(two, req)
+    assert st.state is DownloadState.FAILED and st.error_kind == "busy"
+    fake.faults.delay_per_chunk_s = 0
+    assert one.wait(req.key, 30).state is DownloadState.DONE
+    assert_ready(fake, tmp_path / "m", MODEL_FILE)
