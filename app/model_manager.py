@@ -156,10 +156,12 @@ class DownloadRow(QWidget):
         self.detail.setText(describe_progress(st))
         failed = st.state is DownloadState.FAILED
         self.detail.setStyleSheet("color: #b00020;" if failed else "")
-        can_resume = st.state is DownloadState.PAUSED or (
-            failed and st.error_kind in ("network", "io", "no_space"))
-        self.pause_button.setText("Resume" if can_resume else "Pause")
-        self.pause_button.setEnabled(not st.state.finished or can_resume)
+        # A failed download can be retried (after setting a token, freeing space...);
+        # a network failure keeps its part, so the retry continues where it stopped.
+        label = {DownloadState.PAUSED: "Resume", DownloadState.FAILED: "Retry"}.get(st.state,
+                                                                                   "Pause")
+        self.pause_button.setText(label)
+        self.pause_button.setEnabled(not st.state.finished or failed)
         self.cancel_button.setEnabled(st.state not in (DownloadState.DONE,
                                                        DownloadState.CANCELLED))
 

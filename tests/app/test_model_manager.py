@@ -148,7 +148,11 @@ def test_gated_error_in_words(qtbot, dialog):
     # so the error comes from the download itself.
     qtbot.waitUntil(lambda: key in dialog._rows and
                     dialog._rows[key].state is DownloadState.FAILED, timeout=TIMEOUT)
-    assert "token" in dialog._rows[key].detail.text()
+    row = dialog._rows[key]
+    assert "token" in row.detail.text() and row.pause_button.text() == "Retry"
+    dialog.hub.token = "hf_good"  # what the "Hub token…" button does
+    qtbot.mouseClick(row.pause_button, qtbot_left())
+    qtbot.waitUntil(lambda: row.state is DownloadState.DONE, timeout=TIMEOUT)
 
 
 def test_unfinished_download_from_an_earlier_session_resumes(qtbot, fake, tmp_path):
@@ -193,3 +197,24 @@ def test_describe_progress_words():
     st = DownloadStatus(req.key, req, DownloadState.RUNNING, None, 3_200_000_000,
                         14_334_000_000, 41e6, 271.0)
     assert describe_progress(st) == "3.20 GB of 14.33 GB · 41.0 MB/s · 4 min 31 s left"
+
+
+def test_import_and_delete_from_the_local_tab(qtbot, dialog, tmp_path):
+    from fakehub import make_gguf_bytes
+    src = tmp_path / "elsewhere" / "mine-Q4_0.gguf"
+    src.parent.mkdir()
+    make_gguf_bytes(src, quant="Q4_0", seed=7)
+    dialog.import_file(str(src), copy=False)
+    assert "Imported mine-Q4_0.gguf" in dialog.message.text()
+    rows = {dialog.local_table.item(r, 0).text(): r for r in range(dialog.local_table.rowCount())}
+    assert "imported in place" in dialog.local_table.item(rows["mine-Q4_0.gguf"], 6).text()
+    dialog.local_table.selectRow(rows["mine-Q4_0.gguf"])
+    with qtbot.waitSignal(dialog.load_requested, timeout=TIMEOUT) as sig:
+        qtbot.mouseClick(dialog.local_load, qtbot_left())
+    assert sig.args == [str(src.resolve()), ""]  # no projector beside it
+    dialog.delete_file(src)
+    assert src.exists() and dialog.local_table.rowCount() == 0
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf")
+    dialog.import_file(str(junk), copy=True)
+    assert "junk.gguf" in dialog.message.text() and "color: #b00020" in dialog.message.styleSheet()
