@@ -1,6 +1,5 @@
 """Local GGUF files: scan, header facts (checked against gguf-py's reader), projector
 pairing, import in place / by copy, delete."""
-import os
 import shutil
 from collections import Counter
 from pathlib import Path
