@@ -268,12 +268,20 @@ class VisionTower:
              cache_bytes: int = 512 << 20) -> "VisionTower":
         """Load from an mmproj GGUF (path or open GGUFFile). `dtype` is the matmul dtype:
         default float32 on CPU, on CUDA the weights' half type (bf16/f16; bf16 for others)."""
-        gf = gf_or_path
-        if not isinstance(gf, GGUFFile):
-            try:
-                gf = open_gguf(gf_or_path)
-            except GGUFError as exc:
-                raise EngineError(str(exc)) from exc
+        if isinstance(gf_or_path, GGUFFile):
+            return cls._load(gf_or_path, device, dtype, cache_bytes)
+        try:
+            gf = open_gguf(gf_or_path)
+        except GGUFError as exc:
+            raise EngineError(str(exc)) from exc
+        try:
+            return cls._load(gf, device, dtype, cache_bytes)  # CPU weights keep mapping the file
+        except BaseException:
+            gf.close()
+            raise
+
+    @classmethod
+    def _load(cls, gf: GGUFFile, device, dtype, cache_bytes) -> "VisionTower":
         cfg = read_config(gf)
         names = LAYOUTS[cfg.layout]
         device = torch.device(device)
