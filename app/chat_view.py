@@ -1,0 +1,398 @@
+"""The conversation: one widget per message (Markdown body, image thumbnails that open full
+size, a status line with the reply's numbers, and Copy / Edit / Regenerate / Branch buttons),
+in a scroll area that follows a streaming reply.
+
+A streaming reply is re-rendered at most every `RENDER_INTERVAL_MS`, however fast the pieces
+arrive, so the UI thread never spends its time re-parsing Markdown on every token.
+"""
+from __future__ import annotations
+
+from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
+
+from pathlib import Path
+
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap
+from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
+                               QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout,
+                               QWidget)
+
+from ..engine.api import GenerationStats
+from .markdown import COPY_SCHEME, code_blocks, render_markdown
+
+RENDER_INTERVAL_MS = 50
+THUMB_SIZE = 96
+
+
+def status_text(message, live: GenerationStats | None = None) -> str:
+    """'12.3 tok/s · TTFT 0.21 s · context 345 / 4096 · 120 reused' for a finished reply."""
+    parts = []
+    reason = getattr(message, "finish_reason", None)
+    state = getattr(message, "state", "complete")
+    if state == "interrupted":
+        parts.append("interrupted (the app closed while it was written)")
+    elif reason == "cancelled":
+        parts.append("stopped")
+    elif reason == "length":
+        parts.append("max tokens reached")
+    elif reason == "error":
+        parts.append("failed")
+    decode = live.decode_tok_s if live else message.decode_tok_s
+    ttft = live.ttft_s if live else message.ttft_s
+    if decode:
+        parts.append(f"{decode:.1f} tok/s")
+    if ttft:
+        parts.append(f"TTFT {ttft:.2f} s")
+    if live and live.context_size:
+        parts.append(f"context {live.context_used} / {live.context_size}")
+    elif message.prompt_tokens:
+        parts.append(f"context {message.prompt_tokens + message.generated_tokens}")
+    reused = live.reused_tokens if live else message.reused_tokens
+    if message.prompt_tokens or (live and live.prompt_tokens):
+        parts.append(f"{reused} reused from cache")
+    return " · ".join(parts)
+
+
+class ImageViewer(QDialog):
+    """An attached image at full size (scrollable), closed with Esc."""
+
+    def __init__(self, path: str | Path, title: str = "", parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle(title or Path(path).name)
+        self.label = QLabel()
+        self.label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        pixmap = QPixmap(str(path))
+        if pixmap.isNull():
+            self.label.setText(f"{Path(path).name}: cannot show this image")
+        else:
+            self.label.setPixmap(pixmap)
+        self.label.setAccessibleName(f"Image {title}")
+        scroll = QScrollArea()
+        scroll.setWidget(self.label)
+        scroll.setWidgetResizable(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(scroll)
+        screen = QGuiApplication.primaryScreen()
+        limit = screen.availableSize() * 0.9 if screen else QSize(1200, 900)
+        size = pixmap.size() if not pixmap.isNull() else QSize(300, 100)
+        self.resize(min(size.width() + 24, limit.width()), min(size.height() + 24, limit.height()))
+
+
+def thumbnail(path: str | Path, size: int = THUMB_SIZE) -> QPixmap:
+    """A small pixmap of an image file, decoded at reduced size where the format allows."""
+    reader = QImageReader(str(path))
+    reader.setAutoTransform(True)
+    full = reader.size()
+    if full.isValid() and (full.width() > size or full.height() > size):
+        reader.setScaledSize(full.scaled(size, size, Qt.AspectRatioMode.KeepAspectRatio))
+    image = reader.read()
+    return QPixmap.fromImage(image) if not image.isNull() else QPixmap()
+
+
+class MarkdownView(QTextBrowser):
+    """Read-only Markdown that is as tall as its text (the scroll area scrolls, not it)."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction
+                                     | Qt.TextInteractionFlag.TextSelectableByKeyboard)
+        self.viewport().setAutoFillBackground(False)
+        self.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.anchorClicked.connect(self._open_link)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self.markdown = ""
+
+    def set_markdown(self, text: str, dark: bool) -> None:
+        self.markdown = text
+        render_markdown(self.document(), text, dark)
+        self._fit()
+
+    def _open_link(self, url: QUrl) -> None:
+        if url.scheme() == COPY_SCHEME:
+            blocks = code_blocks(self.markdown)
+            index = int(url.path() or -1) if url.path().isdigit() else -1
+            if 0 <= index < len(blocks):
+                QGuiApplication.clipboard().setText(blocks[index].code)
+        elif url.scheme() in ("http", "https"):
+            QDesktopServices.openUrl(url)  # the user clicked it; nothing opens by itself
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit()
+
+    def _fit(self, *_args) -> None:
+        self.document().setTextWidth(self.viewport().width())
+        height = int(self.document().size().height()) + 4
+        if height != self.height():
+            self.setFixedHeight(height)
+
+
+class MessageWidget(QFrame):
+    """One message. Buttons are shown only where they make sense for its role and place."""
+
+    editSubmitted = Signal(int, str)  # message id, new text
+    regenerateRequested = Signal(int)  # message id of the assistant reply
+    branchRequested = Signal(int)  # message id to branch after
+    imageOpened = Signal(str, str)  # path, name
+
+    def __init__(self, message, *, dark: bool, can_regenerate: bool, busy: bool,
+                 live: GenerationStats | None = None, error: str = "", parent: QWidget | None = None):
+        super().__init__(parent)
+        self.message = message
+        self.dark = dark
+        self.error = error
+        self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        who = {"user": "You", "assistant": "Assistant", "system": "System"}.get(message.role, message.role)
+        self.role_label = QLabel(f"<b>{who}</b>")
+        self.role_label.setObjectName("roleLabel")
+        self.body = MarkdownView(self)
+        self.body.setAccessibleName(f"{who} message")
+        self.status = QLabel()
+        self.status.setObjectName("statusLine")
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error_label = QLabel()
+        self.error_label.setObjectName("errorLine")
+        self.error_label.setWordWrap(True)
+        self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 6, 10, 6)
+        layout.setSpacing(4)
+        header = QHBoxLayout()
+        header.addWidget(self.role_label)
+        header.addStretch(1)
+        self.buttons: dict[str, QToolButton] = {}
+        self._add_button(header, "copy", "Copy", "Copy this message's text", self._copy)
+        if message.role == "user":
+            self._add_button(header, "edit", "Edit", "Edit this message and send it again",
+                             self._start_edit, enabled=not busy)
+        if message.role == "assistant" and can_regenerate:
+            self._add_button(header, "regenerate", "Regenerate", "Write this reply again",
+                             lambda: self.regenerateRequested.emit(self.message.id), enabled=not busy)
+        self._add_button(header, "branch", "Branch", "Start a new chat that copies the "
+                         "conversation up to this message",
+                         lambda: self.branchRequested.emit(self.message.id), enabled=message.state != "streaming")
+        layout.addLayout(header)
+
+        self.thumbs = []
+        if message.images:
+            row = QHBoxLayout()
+            for image in message.images:
+                button = QToolButton()
+                button.setIcon(QIcon(thumbnail(image.path)))
+                button.setIconSize(QSize(THUMB_SIZE, THUMB_SIZE))
+                button.setToolTip(f"{image.name} — click to open at full size")
+                button.setAccessibleName(f"Image {image.name}")
+                button.setAutoRaise(True)
+                button.clicked.connect(lambda _=False, p=str(image.path), n=image.name:
+                                       self.imageOpened.emit(p, n))
+                row.addWidget(button)
+                self.thumbs.append(button)
+            row.addStretch(1)
+            layout.addLayout(row)
+        layout.addWidget(self.body)
+        self.editor: QPlainTextEdit | None = None
+        self.edit_box = QWidget()
+        layout.addWidget(self.edit_box)
+        self.edit_box.hide()
+        layout.addWidget(self.error_label)
+        layout.addWidget(self.status)
+        self.set_text(message.text)
+        self.set_stats(live)
+        self.set_error(error)
+
+    def _add_button(self, layout, key: str, text: str, tip: str, slot, enabled: bool = True) -> None:
+        button = QToolButton()
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.setEnabled(enabled)
+        button.clicked.connect(slot)
+        layout.addWidget(button)
+        self.buttons[key] = button
+
+    def set_text(self, text: str) -> None:
+        self.text = text
+        if self.message.role == "user":
+            # What the user typed is shown as typed, not interpreted as Markdown.
+            self.body.markdown = text
+            self.body.setPlainText(text)
+            self.body._fit()
+        elif not text and self.message.state == "streaming":
+            self.body.set_markdown("*…*", self.dark)
+        else:
+            self.body.set_markdown(text, self.dark)
+
+    def set_stats(self, live: GenerationStats | None) -> None:
+        if self.message.role != "assistant" or self.message.state == "streaming":
+            self.status.setText("writing…" if self.message.state == "streaming" else "")
+        else:
+            self.status.setText(status_text(self.message, live))
+        self.status.setVisible(bool(self.status.text()))
+
+    def set_error(self, text: str) -> None:
+        self.error = text
+        self.error_label.setText(text)
+        self.error_label.setVisible(bool(text))
+
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.text)
+
+    # -- edit and resend ------------------------------------------------------------------------
+    def _start_edit(self) -> None:
+        if self.editor is not None:
+            self.editor.setFocus()
+            return
+        self.editor = QPlainTextEdit(self.text)
+        self.editor.setAccessibleName("Edit message")
+        self.editor.setTabChangesFocus(True)
+        send = QPushButton("Save && resend")
+        send.setToolTip("Replace this message, drop everything after it and get a new reply "
+                        "(Ctrl+Enter)")
+        send.setShortcut(QKeySequence("Ctrl+Return"))
+        cancel = QPushButton("Cancel")
+        cancel.setShortcut(QKeySequence("Escape"))
+        send.clicked.connect(self._submit_edit)
+        cancel.clicked.connect(self._cancel_edit)
+        box = QVBoxLayout(self.edit_box)
+        box.setContentsMargins(0, 0, 0, 0)
+        box.addWidget(self.editor)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(cancel)
+        row.addWidget(send)
+        box.addLayout(row)
+        self.edit_send = send
+        self.body.hide()
+        self.edit_box.show()
+        self.editor.setFocus()
+
+    def _submit_edit(self) -> None:
+        if self.editor is None:
+            return
+        text = self.editor.toPlainText()
+        if not text.strip() and not self.message.images:
+            return
+        self.editSubmitted.emit(self.message.id, text)
+
+    def _cancel_edit(self) -> None:
+        if self.editor is None:
+            return
+        self.edit_box.hide()
+        self.body.show()
+        # Drop the edit widgets so a later edit starts fresh from the current text.
+        QWidget().setLayout(self.edit_box.layout())
+        self.editor = None
+
+
+class ChatView(QScrollArea):
+    """The messages of one chat, newest at the bottom."""
+
+    editSubmitted = Signal(int, str)
+    regenerateRequested = Signal(int)
+    branchRequested = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setAccessibleName("Conversation")
+        self.inner = QWidget()
+        self.inner.setObjectName("conversation")
+        self.column = QVBoxLayout(self.inner)
+        self.column.setContentsMargins(12, 12, 12, 12)
+        self.column.setSpacing(10)
+        self.column.addStretch(1)
+        self.setWidget(self.inner)
+        self.dark = False
+        self.widgets: list[MessageWidget] = []
+        self.notice = QLabel()
+        self.notice.setObjectName("errorLine")
+        self.notice.setWordWrap(True)
+        self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.notice.hide()
+        self.column.addWidget(self.notice)
+        self.streaming: MessageWidget | None = None
+        self._pending_text: str | None = None
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self._render_pending)
+        self._follow = True
+        self.verticalScrollBar().rangeChanged.connect(self._keep_at_bottom)
+        self.verticalScrollBar().valueChanged.connect(self._note_position)
+
+    def clear(self) -> None:
+        self._render_timer.stop()
+        self._pending_text = None
+        self.streaming = None
+        for w in self.widgets:
+            self.column.removeWidget(w)
+            w.hide()  # deleteLater waits for the event loop; never show stale messages
+            w.deleteLater()
+        self.widgets = []
+        self.show_notice("")
+
+    def show_messages(self, messages, *, live: dict, errors: dict, busy: bool,
+                      streaming_id: int | None = None) -> None:
+        """Rebuild from stored messages; `live` maps message id -> GenerationStats of replies
+        made in this run, `errors` message id -> error text."""
+        self.clear()
+        last_assistant = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
+        for m in messages:
+            w = self._add(m, can_regenerate=m.id == last_assistant, busy=busy,
+                          live=live.get(m.id), error=errors.get(m.id, ""))
+            if m.id == streaming_id:
+                self.streaming = w
+        self._follow = True
+
+    def _add(self, message, **kwargs) -> MessageWidget:
+        w = MessageWidget(message, dark=self.dark, **kwargs)
+        w.editSubmitted.connect(self.editSubmitted)
+        w.regenerateRequested.connect(self.regenerateRequested)
+        w.branchRequested.connect(self.branchRequested)
+        w.imageOpened.connect(self._open_image)
+        self.column.insertWidget(self.column.count() - 2, w)  # before the notice and stretch
+        self.widgets.append(w)
+        return w
+
+    def stream_text(self, text: str) -> None:
+        """The streaming reply's whole text so far (rendered at most every 50 ms)."""
+        self._pending_text = text
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def flush(self) -> None:
+        self._render_timer.stop()
+        self._render_pending()
+
+    def _render_pending(self) -> None:
+        if self._pending_text is not None and self.streaming is not None:
+            self.streaming.set_text(self._pending_text)
+        self._pending_text = None
+
+    def show_notice(self, text: str) -> None:
+        self.notice.setText(text)
+        self.notice.setVisible(bool(text))
+
+    def _open_image(self, path: str, name: str) -> None:
+        viewer = ImageViewer(path, name, self)
+        viewer.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        viewer.show()
+        self.last_viewer = viewer
+
+    def _note_position(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - 24
+
+    def _keep_at_bottom(self, _lo: int, hi: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(hi)

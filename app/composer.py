@@ -1,0 +1,354 @@
+"""The message composer: multi-line text (Enter sends, Shift+Enter starts a new line) and
+images attached by drag-and-drop, paste or the file button, each shown as a thumbnail with a
+remove button.
+
+Every attachment is checked before it is accepted, reading only the file header: not an
+image, an empty file, a file too big, or more pixels than the engine will decode all give a
+message that names the file and says what is wrong, and nothing is attached.
+"""
+from __future__ import annotations
+
+from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
+
+import io
+import warnings
+from pathlib import Path
+
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, Qt, Signal
+from PySide6.QtGui import QIcon, QImage, QPixmap
+from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
+                               QSizePolicy, QToolButton, QVBoxLayout, QWidget)
+
+from ..engine.api import ImagePart
+from ..engine.image import MAX_IMAGE_PIXELS
+
+MAX_IMAGE_BYTES = 50 << 20
+IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)"
+THUMB = 56
+
+
+class AttachmentError(ValueError):
+    """An image the composer refuses; the message names the file and the reason."""
+
+
+def check_image(data: bytes, name: str) -> tuple[int, int]:
+    """(width, height) of image bytes, or AttachmentError. Reads the header only, so a
+    decompression bomb costs nothing."""
+    if not data:
+        raise AttachmentError(f"{name}: the file is empty")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise AttachmentError(f"{name}: {len(data) / 1e6:.0f} MB is too big "
+                              f"(images up to {MAX_IMAGE_BYTES >> 20} MB)")
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as img:  # lazy: parses the header only
+                w, h = img.size
+    except Image.DecompressionBombError:
+        raise AttachmentError(f"{name}: the image is too large to open safely") from None
+    except Exception:  # noqa: BLE001 - Pillow raises many types on non-images
+        raise AttachmentError(f"{name}: not an image (PNG, JPEG, WebP, GIF or BMP)") from None
+    if w < 1 or h < 1:
+        raise AttachmentError(f"{name}: the image has no pixels ({w}×{h})")
+    if w * h > MAX_IMAGE_PIXELS:
+        raise AttachmentError(
+            f"{name}: {w}×{h} pixels is too large (at most {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels); "
+            "shrink it first")
+    return w, h
+
+
+class PromptEdit(QPlainTextEdit):
+    """Enter sends; Shift+Enter (or Ctrl+Enter in an IME) inserts a new line. Dropped or pasted
+    images go to the composer instead of into the text."""
+
+    submitted = Signal()
+    imagesOffered = Signal(object)  # QMimeData
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setTabChangesFocus(True)
+        self.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
+        self.setAccessibleName("Message")
+        self.min_lines, self.max_lines = 2, 8
+        self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        self._fit_height()
+
+    def _fit_height(self, *_args) -> None:
+        """Grow with the text from 2 to 8 lines, then scroll."""
+        line = self.fontMetrics().lineSpacing()
+        lines = max(self.min_lines, min(self.max_lines, int(self.document().size().height())))
+        margins = self.contentsMargins()
+        frame = int(self.document().documentMargin() * 2) + margins.top() + margins.bottom()
+        self.setFixedHeight(lines * line + frame)
+
+    def changeEvent(self, event) -> None:  # noqa: N802
+        super().changeEvent(event)
+        if event.type() == event.Type.FontChange:
+            self._fit_height()
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
+                event.modifiers() & (Qt.KeyboardModifier.ShiftModifier | Qt.KeyboardModifier.AltModifier)):
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802
+        return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802
+        if source.hasImage() or (source.hasUrls() and any(u.isLocalFile() for u in source.urls())):
+            self.imagesOffered.emit(source)
+            return
+        super().insertFromMimeData(source)
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+        else:
+            super().dragEnterEvent(event)
+
+    def dragMoveEvent(self, event) -> None:  # noqa: N802
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+        else:
+            super().dragMoveEvent(event)
+
+    def dropEvent(self, event) -> None:  # noqa: N802
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            self.imagesOffered.emit(event.mimeData())
+            event.acceptProposedAction()
+        else:
+            super().dropEvent(event)
+
+
+class AttachmentChip(QFrame):
+    removed = Signal(object)  # self
+
+    def __init__(self, image: ImagePart, size: tuple[int, int], parent: QWidget | None = None):
+        super().__init__(parent)
+        self.image = image
+        self.setObjectName("attachment")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        picture = QLabel()
+        pixmap = QPixmap()
+        if pixmap.loadFromData(image.data):
+            pixmap = pixmap.scaled(THUMB, THUMB, Qt.AspectRatioMode.KeepAspectRatio,
+                                   Qt.TransformationMode.SmoothTransformation)
+            picture.setPixmap(pixmap)
+        else:
+            picture.setText("image")
+        picture.setToolTip(f"{image.name} ({size[0]}×{size[1]})")
+        self.remove_button = QToolButton()
+        self.remove_button.setText("✕")
+        self.remove_button.setToolTip(f"Remove {image.name}")
+        self.remove_button.setAccessibleName(f"Remove {image.name}")
+        self.remove_button.setAutoRaise(True)
+        self.remove_button.clicked.connect(lambda: self.removed.emit(self))
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(picture)
+        layout.addWidget(self.remove_button, 0, Qt.AlignmentFlag.AlignTop)
+
+
+class Composer(QFrame):
+    """Text + attachments + Send / Stop / Regenerate. Emits `sendRequested(text, images)`."""
+
+    sendRequested = Signal(str, object)  # text, list[ImagePart]
+    stopRequested = Signal()
+    regenerateRequested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("composer")
+        self.setAcceptDrops(True)
+        self.images: list[ImagePart] = []
+        self.chips: list[AttachmentChip] = []
+        self.vision_enabled = True
+        self.vision_hint = ""
+
+        self.edit = PromptEdit()
+        self.edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.edit.submitted.connect(self.submit)
+        self.edit.imagesOffered.connect(self.add_mime)
+        self.attach_button = QToolButton()
+        self.attach_button.setText("Image…")
+        self.attach_button.setIcon(QIcon.fromTheme("insert-image"))
+        self.attach_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.attach_button.clicked.connect(self.choose_files)
+        self.send_button = QPushButton("Send")
+        self.send_button.setToolTip("Send the message (Enter)")
+        self.send_button.setDefault(True)
+        self.send_button.clicked.connect(self.submit)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop the reply now (Esc); what was written is kept")
+        self.stop_button.clicked.connect(self.stopRequested)
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.setToolTip("Write the last reply again (Ctrl+R)")
+        self.regenerate_button.clicked.connect(self.regenerateRequested)
+        self.message = QLabel()
+        self.message.setObjectName("composerMessage")
+        self.message.setWordWrap(True)
+        self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.message.hide()
+        self.chip_row = QHBoxLayout()
+        self.chip_row.setContentsMargins(0, 0, 0, 0)
+        self.chip_row.addStretch(1)
+        self.chip_box = QWidget()
+        self.chip_box.setLayout(self.chip_row)
+        self.chip_box.hide()
+
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.regenerate_button)
+        buttons.addStretch(1)
+        row = QHBoxLayout()
+        row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignTop)
+        row.addWidget(self.edit, 1)
+        row.addLayout(buttons)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 6, 8, 8)
+        layout.addWidget(self.chip_box)
+        layout.addWidget(self.message)
+        layout.addLayout(row)
+        self.set_busy(False)
+        self.set_vision(True)
+
+    # -- state from the window ------------------------------------------------------------------
+    def set_busy(self, busy: bool, can_regenerate: bool = False) -> None:
+        self.busy = busy
+        self.send_button.setEnabled(not busy)
+        self.stop_button.setEnabled(busy)
+        self.regenerate_button.setEnabled(not busy and can_regenerate)
+
+    def set_vision(self, enabled: bool, hint: str = "") -> None:
+        self.vision_enabled = enabled
+        self.vision_hint = hint
+        self.attach_button.setEnabled(enabled)
+        self.attach_button.setToolTip("Attach images (or drop / paste them here)" if enabled else hint)
+
+    def show_message(self, text: str, error: bool = True) -> None:
+        self.message.setProperty("error", error)
+        self.message.setStyleSheet("color: #c62828;" if error else "")
+        self.message.setText(text)
+        self.message.setVisible(bool(text))
+
+    # -- attachments ----------------------------------------------------------------------------
+    def add_image(self, image: ImagePart) -> bool:
+        """Attach an image after checking it; False (and a message) when refused."""
+        if not self.vision_enabled:
+            self.show_message(self.vision_hint or "This model cannot read images.")
+            return False
+        try:
+            size = check_image(image.data, image.name)
+        except AttachmentError as exc:
+            self.show_message(str(exc))
+            return False
+        if any(im.sha256 == image.sha256 for im in self.images):
+            self.show_message(f"{image.name}: already attached", error=False)
+            return False
+        chip = AttachmentChip(image, size)
+        chip.removed.connect(self.remove_chip)
+        self.chip_row.insertWidget(self.chip_row.count() - 1, chip)
+        self.chips.append(chip)
+        self.images.append(image)
+        self.chip_box.show()
+        return True
+
+    def add_files(self, paths: list[str]) -> int:
+        """Attach image files; returns how many were accepted. Errors are shown, joined."""
+        errors, added = [], 0
+        for path in paths:
+            p = Path(path)
+            try:
+                if p.is_dir():
+                    raise AttachmentError(f"{p.name}: is a folder, not an image")
+                if p.stat().st_size > MAX_IMAGE_BYTES:
+                    raise AttachmentError(f"{p.name}: {p.stat().st_size / 1e6:.0f} MB is too big "
+                                          f"(images up to {MAX_IMAGE_BYTES >> 20} MB)")
+                image = ImagePart(p.read_bytes(), p.name)
+            except AttachmentError as exc:
+                errors.append(str(exc))
+                continue
+            except OSError as exc:
+                errors.append(f"{p.name}: cannot read: {exc.strerror or exc}")
+                continue
+            if self.add_image(image):
+                added += 1
+            elif self.message.isVisible():
+                errors.append(self.message.text())
+        if errors:
+            self.show_message("\n".join(errors))
+        elif added:
+            self.show_message("")
+        return added
+
+    def add_mime(self, mime: QMimeData) -> int:
+        if mime.hasUrls() and any(u.isLocalFile() for u in mime.urls()):
+            return self.add_files([u.toLocalFile() for u in mime.urls() if u.isLocalFile()])
+        if mime.hasImage():
+            image = QImage(mime.imageData())
+            if image.isNull():
+                self.show_message("The pasted data is not an image")
+                return 0
+            ba = QByteArray()
+            buf = QBuffer(ba)
+            buf.open(QIODevice.OpenModeFlag.WriteOnly)
+            image.save(buf, "PNG")
+            added = int(self.add_image(ImagePart(bytes(ba.data()), "pasted.png")))
+            if added:
+                self.show_message("")
+            return added
+        self.show_message("Only image files can be attached")
+        return 0
+
+    def remove_chip(self, chip: AttachmentChip) -> None:
+        index = self.chips.index(chip)
+        self.chips.pop(index)
+        self.images.pop(index)
+        self.chip_row.removeWidget(chip)
+        chip.deleteLater()
+        self.chip_box.setVisible(bool(self.chips))
+
+    def clear_images(self) -> None:
+        for chip in list(self.chips):
+            self.remove_chip(chip)
+
+    def choose_files(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", IMAGE_FILTER)
+        if paths:
+            self.add_files(paths)
+
+    # -- drag and drop on the whole composer ----------------------------------------------------
+    def dragEnterEvent(self, event) -> None:  # noqa: N802
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def dragMoveEvent(self, event) -> None:  # noqa: N802
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802
+        self.add_mime(event.mimeData())
+        event.acceptProposedAction()
+
+    # -- sending --------------------------------------------------------------------------------
+    def submit(self) -> None:
+        if self.busy:
+            return
+        text = self.edit.toPlainText()
+        if not text.strip() and not self.images:
+            return
+        self.sendRequested.emit(text, list(self.images))
+
+    def accepted(self) -> None:
+        """The window took the message: empty the composer."""
+        self.edit.clear()
+        self.clear_images()
+        self.show_message("")
+
+
+__all__ = ["AttachmentError", "Composer", "PromptEdit", "check_image", "IMAGE_FILTER"]

@@ -1,0 +1,163 @@
+"""`tramontane`: the desktop app's entry point.
+
+    tramontane [--data-dir DIR] [--version] [--self-test]
+
+Options that must work without a display (`--version`, `--self-test`) are handled before
+Qt is imported; `COMMANDS` is the hook where packaging adds more (each is a function taking
+the parsed args and returning an exit code).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+APP_NAME = "Tramontane"
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import version as dist_version
+
+        return dist_version("tramontane")
+    except Exception:  # noqa: BLE001 - running from a source tree without metadata
+        return "0+unknown"
+
+
+def _print_version(_args) -> int:
+    print(f"{APP_NAME} {version()}")
+    return 0
+
+
+def _self_test(args) -> int:
+    """Packaging hook: `tramontane.app.self_test.run(args) -> int` when that module exists."""
+    try:
+        from . import self_test  # type: ignore[attr-defined]
+    except ImportError:
+        print("tramontane: --self-test is not available in this build", file=sys.stderr)
+        return 2
+    return int(self_test.run(args))
+
+
+# flag attribute -> handler, checked in this order before any window is made.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "version": _print_version,
+    "self_test": _self_test,
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tramontane", description="Offline multimodal chat "
+                                     "for Mistral 3 models")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--self-test", action="store_true",
+                        help="check the installation (engine, GPU, Qt) and exit")
+    parser.add_argument("--data-dir", help="where chats and settings live "
+                        "(default: $TRAMONTANE_DATA_DIR or the per-user data folder)")
+    parser.add_argument("--no-autoload", action="store_true",
+                        help="do not load the last used model at start")
+    # Qt's own options (-platform, -style...) pass through to QApplication.
+    return parser.parse_known_args(argv)[0]
+
+
+def dark_palette():
+    from PySide6.QtGui import QColor, QPalette
+
+    p = QPalette()
+    role, group = QPalette.ColorRole, QPalette.ColorGroup
+    colours = {
+        role.Window: "#202328", role.WindowText: "#e6e6e6", role.Base: "#1b1e23",
+        role.AlternateBase: "#262a30", role.ToolTipBase: "#2b2f36", role.ToolTipText: "#e6e6e6",
+        role.PlaceholderText: "#8a8f98", role.Text: "#e6e6e6", role.Button: "#2b2f36",
+        role.ButtonText: "#e6e6e6", role.BrightText: "#ff6b6b", role.Light: "#3a3f47",
+        role.Midlight: "#33373e", role.Mid: "#2a2d33", role.Dark: "#16181c", role.Shadow: "#000000",
+        role.Highlight: "#3d6fb4", role.HighlightedText: "#ffffff", role.Link: "#82aaff",
+        role.LinkVisited: "#c792ea",
+    }
+    for r, c in colours.items():
+        p.setColor(r, QColor(c))
+    for r in (role.WindowText, role.Text, role.ButtonText):
+        p.setColor(group.Disabled, r, QColor("#6b7078"))
+    return p
+
+
+def light_palette():
+    from PySide6.QtWidgets import QApplication, QStyleFactory
+
+    style = QStyleFactory.create("Fusion")
+    return style.standardPalette() if style else QApplication.style().standardPalette()
+
+
+def apply_color_scheme(app, dark: bool | None = None) -> bool:
+    """Light or dark palette: `dark` forces one, None follows the system (Qt 6.5+
+    styleHints().colorScheme()). Returns whether dark is in use."""
+    from PySide6.QtCore import Qt
+
+    if dark is None:
+        scheme = app.styleHints().colorScheme() if hasattr(app.styleHints(), "colorScheme") else None
+        dark = scheme == Qt.ColorScheme.Dark
+    app.setPalette(dark_palette() if dark else light_palette())
+    return dark
+
+
+def follow_system_scheme(app) -> None:
+    hints = app.styleHints()
+    if hasattr(hints, "colorSchemeChanged"):
+        hints.colorSchemeChanged.connect(lambda _scheme: apply_color_scheme(app))
+
+
+def run_app(args: argparse.Namespace, argv: list[str]) -> int:
+    from . import refcount_guard  # noqa: F401 - PySide6 6.12 on Python < 3.12 (see the module)
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    from .store import Store, StoreError
+    from .window import MainWindow
+
+    app = QApplication.instance() or QApplication(argv)
+    app.setApplicationName(APP_NAME)
+    app.setOrganizationName(APP_NAME)
+    app.setDesktopFileName("tramontane")
+    app.setStyle("Fusion")  # the same look everywhere, and palettes that follow light/dark
+    icon = _icon_path()
+    if icon:
+        app.setWindowIcon(QIcon(icon))
+    apply_color_scheme(app)
+    follow_system_scheme(app)
+    try:
+        store = Store(args.data_dir)
+    except StoreError as exc:
+        QMessageBox.critical(None, APP_NAME, str(exc))
+        return 1
+    try:
+        window = MainWindow(store, autoload=not args.no_autoload)
+        window.show()
+        return app.exec()
+    finally:
+        store.close()
+
+
+def _icon_path() -> str:
+    try:
+        from importlib.resources import files
+
+        path = files("tramontane.resources") / "icon.svg"
+        return str(path) if path.is_file() else ""
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv if argv is None else [sys.argv[0] if sys.argv else "tramontane", *argv])
+    args = parse_args(argv[1:])
+    for flag, handler in COMMANDS.items():
+        if getattr(args, flag, False):
+            return handler(args)
+    if args.data_dir:
+        os.environ.setdefault("TRAMONTANE_DATA_DIR", args.data_dir)
+    return run_app(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

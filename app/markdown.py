@@ -1,0 +1,240 @@
+"""Markdown for chat messages: Qt's own CommonMark/GFM reader (QTextDocument.setMarkdown),
+a "Copy code" link above every fenced code block, a tinted background on code, and syntax
+highlighting by pygments when it is installed (a small keyword/string/comment highlighter
+otherwise).
+
+Model output is never trusted as HTML: setMarkdown does not run scripts or load remote
+resources, and links only open through the message view's own handler.
+"""
+from __future__ import annotations
+
+from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
+
+import re
+from dataclasses import dataclass
+
+from PySide6.QtGui import (QColor, QFont, QSyntaxHighlighter, QTextCharFormat, QTextCursor,
+                           QTextDocument, QTextFormat)
+
+try:  # optional: much better lexers
+    import pygments.lexers
+    import pygments.token as ptoken
+    from pygments.util import ClassNotFound
+except ImportError:  # pragma: no cover - exercised on installs without pygments
+    pygments = None
+
+COPY_SCHEME = "copy-code"
+_FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})\s*([^`\s]*)[^`]*$")
+
+
+@dataclass
+class CodeBlock:
+    language: str
+    code: str
+    closed: bool  # False while a reply is still streaming inside the block
+
+
+def code_blocks(markdown: str) -> list[CodeBlock]:
+    """The fenced code blocks of `markdown`, in order (an unclosed last fence runs to the end)."""
+    blocks, _ = _scan(markdown)
+    return blocks
+
+
+def with_copy_links(markdown: str) -> str:
+    """`markdown` with a "Copy code" link line before every fenced code block; the link's
+    URL is copy-code:<index into code_blocks()>."""
+    _, out = _scan(markdown, link=True)
+    return out
+
+
+def _scan(markdown: str, link: bool = False) -> tuple[list[CodeBlock], str]:
+    blocks: list[CodeBlock] = []
+    out: list[str] = []
+    fence: str | None = None
+    lines: list[str] = []
+    lang = ""
+    for line in markdown.split("\n"):
+        if fence is None:
+            m = _FENCE.match(line)
+            if m:
+                fence, lang, lines = m.group(2), m.group(3), []
+                if link:
+                    label = f"Copy {lang} code" if lang else "Copy code"
+                    # A blank line first so the link is its own paragraph even after text.
+                    out.extend(["", f"[⧉ {label}]({COPY_SCHEME}:{len(blocks)})", ""])
+            out.append(line)
+            continue
+        stripped = line.strip()
+        if stripped and set(stripped) == {fence[0]} and len(stripped) >= len(fence) and len(line) - len(line.lstrip()) < 4:
+            blocks.append(CodeBlock(lang, "\n".join(lines), True))
+            fence = None
+        else:
+            lines.append(line)
+        out.append(line)
+    if fence is not None:
+        blocks.append(CodeBlock(lang, "\n".join(lines), False))
+    return blocks, "\n".join(out)
+
+
+# --------------------------------------------------------------------------- highlighting
+
+# (light, dark) colours per kind of token; readable on the code background of each scheme.
+_COLOURS = {
+    "keyword": ("#8e24aa", "#c792ea"),
+    "string": ("#2e7d32", "#a5d6a7"),
+    "comment": ("#757575", "#8a8f98"),
+    "number": ("#d84315", "#f78c6c"),
+    "function": ("#1565c0", "#82aaff"),
+    "builtin": ("#00838f", "#89ddff"),
+}
+CODE_BACKGROUND = ("#f3f4f6", "#2b2f36")
+
+
+def _kind_of(token) -> str | None:
+    if pygments is None:
+        return None
+    T = ptoken
+    if token in T.Comment:
+        return "comment"
+    if token in T.String:
+        return "string"
+    if token in T.Keyword or token in T.Operator.Word:
+        return "keyword"
+    if token in T.Number:
+        return "number"
+    if token in T.Name.Function or token in T.Name.Class:
+        return "function"
+    if token in T.Name.Builtin or token in T.Name.Decorator:
+        return "builtin"
+    return None
+
+
+_SIMPLE_RULES = [
+    ("comment", re.compile(r"(#|//).*$")),
+    ("string", re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")),
+    ("number", re.compile(r"\b\d+(?:\.\d+)?\b")),
+    ("keyword", re.compile(
+        r"\b(?:def|class|return|if|elif|else|for|while|in|import|from|as|with|try|except|finally|"
+        r"raise|lambda|yield|async|await|fn|let|mut|const|var|function|struct|enum|impl|pub|use|"
+        r"match|switch|case|break|continue|new|null|None|True|False|true|false|self|this|int|"
+        r"float|void|char|auto|static|public|private|package|func|type|interface)\b")),
+]
+
+
+def _code_language(block) -> str | None:
+    """The fence language of a code block ('' for none), or None if `block` is not code."""
+    fmt = block.blockFormat()
+    if not fmt.hasProperty(QTextFormat.Property.BlockCodeFence) and not fmt.hasProperty(
+            QTextFormat.Property.BlockCodeLanguage):
+        return None
+    return str(fmt.property(QTextFormat.Property.BlockCodeLanguage) or "")
+
+
+class CodeHighlighter(QSyntaxHighlighter):
+    """Colours the code blocks of a markdown document. With pygments each code block is
+    lexed whole (so multi-line strings and comments come out right), then cut per line."""
+
+    def __init__(self, document: QTextDocument, dark: bool = False):
+        super().__init__(document)
+        self.formats = {}
+        for kind, colours in _COLOURS.items():
+            fmt = QTextCharFormat()
+            fmt.setForeground(QColor(colours[1 if dark else 0]))
+            if kind == "keyword":
+                fmt.setFontWeight(QFont.Weight.DemiBold)
+            if kind == "comment":
+                fmt.setFontItalic(True)
+            self.formats[kind] = fmt
+        self._runs: dict[int, tuple[str, list[list[tuple[int, int, str]]]]] = {}
+
+    def highlightBlock(self, text: str) -> None:  # noqa: N802 - Qt override
+        block = self.currentBlock()
+        lang = _code_language(block)
+        if lang is None:
+            return
+        spans = None
+        if pygments is not None:
+            spans = self._pygments_spans(block, lang)
+        if spans is None:
+            spans = self._simple_spans(text)
+        for start, length, kind in spans:
+            self.setFormat(start, length, self.formats[kind])
+
+    def _simple_spans(self, text: str) -> list[tuple[int, int, str]]:
+        taken = [False] * len(text)
+        spans = []
+        for kind, rule in _SIMPLE_RULES:
+            for m in rule.finditer(text):
+                if any(taken[m.start():m.end()]):
+                    continue
+                taken[m.start():m.end()] = [True] * (m.end() - m.start())
+                spans.append((m.start(), m.end() - m.start(), kind))
+        return spans
+
+    def _pygments_spans(self, block, lang: str) -> list[tuple[int, int, str]] | None:
+        first = block
+        while first.previous().isValid() and _code_language(first.previous()) == lang:
+            first = first.previous()
+        lines, b = [], first
+        while b.isValid() and _code_language(b) == lang:
+            lines.append(b.text())
+            b = b.next()
+        source = "\n".join(lines)
+        cached = self._runs.get(first.blockNumber())
+        if cached is None or cached[0] != source:
+            per_line = self._lex(source, lang, len(lines))
+            if per_line is None:
+                return None
+            cached = (source, per_line)
+            self._runs[first.blockNumber()] = cached
+        index = block.blockNumber() - first.blockNumber()
+        return cached[1][index] if index < len(cached[1]) else []
+
+    @staticmethod
+    def _lex(source: str, lang: str, n_lines: int) -> list[list[tuple[int, int, str]]] | None:
+        try:
+            lexer = (pygments.lexers.get_lexer_by_name(lang) if lang
+                     else pygments.lexers.guess_lexer(source))
+        except ClassNotFound:
+            return None
+        lexer.stripnl = False
+        lexer.ensurenl = False
+        per_line: list[list[tuple[int, int, str]]] = [[] for _ in range(n_lines)]
+        line, col = 0, 0
+        for token, value in lexer.get_tokens(source):
+            kind = _kind_of(token)
+            for i, piece in enumerate(value.split("\n")):
+                if i:
+                    line, col = line + 1, 0
+                if kind and piece and line < n_lines:
+                    per_line[line].append((col, len(piece), kind))
+                col += len(piece)
+        return per_line
+
+
+def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) -> None:
+    """Fill `document` with `markdown` (plus copy links), tint its code blocks and make sure
+    a CodeHighlighter of the right colour scheme is attached."""
+    highlighter = getattr(document, "_tramontane_highlighter", None)
+    if highlighter is not None and highlighter.dark != dark:
+        highlighter.setDocument(None)
+        highlighter = None
+    if highlighter is not None:
+        highlighter._runs.clear()
+    document.setMarkdown(with_copy_links(markdown),
+                         QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    background = QColor(CODE_BACKGROUND[1 if dark else 0])
+    cursor = QTextCursor(document)
+    block = document.begin()
+    while block.isValid():
+        if _code_language(block) is not None:
+            fmt = block.blockFormat()
+            fmt.setBackground(background)
+            fmt.setLeftMargin(6)
+            cursor.setPosition(block.position())
+            cursor.setBlockFormat(fmt)
+        block = block.next()
+    if highlighter is None:
+        highlighter = CodeHighlighter(document, dark)
+        highlighter.dark = dark
+        document._tramontane_highlighter = highlighter  # keep a Python reference

@@ -1,0 +1,270 @@
+"""App settings remembered across runs (the store's settings table) and the Settings dialog.
+
+Everything lives under keys starting with `app.` so other parts (servers, model manager) can
+keep their own keys in the same table. Values are validated on read: a hand-edited or old
+database never crashes the window, it falls back to the default for that field.
+"""
+from __future__ import annotations
+
+from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog,
+                               QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
+                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from ..engine.api import SamplingParams
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclass
+class Sampling:
+    """The sampling knobs the GUI exposes (a subset of SamplingParams)."""
+
+    temperature: float = SamplingParams.temperature
+    top_p: float = SamplingParams.top_p
+    top_k: int = SamplingParams.top_k
+    repetition_penalty: float = SamplingParams.repetition_penalty
+    max_tokens: int = SamplingParams.max_tokens
+    seed: int | None = None  # None: a new random draw each time
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "Sampling":
+        out = cls()
+        if not isinstance(raw, dict):
+            return out
+        checks = {
+            "temperature": (float, 0.0, 5.0), "top_p": (float, 0.0, 1.0), "top_k": (int, 0, 100000),
+            "repetition_penalty": (float, 0.5, 5.0), "max_tokens": (int, 1, 1 << 20),
+        }
+        for name, (kind, lo, hi) in checks.items():
+            value = raw.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi:
+                setattr(out, name, kind(value))
+        seed = raw.get("seed")
+        if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+            out.seed = seed
+        return out
+
+    def params(self, **overrides: Any) -> SamplingParams:
+        values = asdict(self)
+        values.update(overrides)
+        return SamplingParams(**values)
+
+
+class AppSettings:
+    """Typed access to the `app.*` settings of a Store (anything with get_setting/set_setting)."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    def _get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self.store.get_setting(f"app.{key}", default)
+        except Exception:  # noqa: BLE001 - unreadable value: use the default
+            return default
+
+    def _set(self, key: str, value: Any) -> None:
+        self.store.set_setting(f"app.{key}", value)
+
+    # sampling
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling.from_dict(self._get("sampling"))
+
+    @sampling.setter
+    def sampling(self, value: Sampling) -> None:
+        self._set("sampling", asdict(value))
+
+    def _str(self, key: str, default: str = "") -> str:
+        value = self._get(key, default)
+        return value if isinstance(value, str) else default
+
+    def _int(self, key: str, default: int = 0) -> int:
+        value = self._get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    @property
+    def default_system_prompt(self) -> str:
+        return self._str("default_system_prompt")
+
+    @default_system_prompt.setter
+    def default_system_prompt(self, text: str) -> None:
+        self._set("default_system_prompt", text)
+
+    @property
+    def context_length(self) -> int:
+        """0: the model's own length."""
+        return max(0, self._int("context_length"))
+
+    @context_length.setter
+    def context_length(self, n: int) -> None:
+        self._set("context_length", int(n))
+
+    @property
+    def device(self) -> str:
+        value = self._str("device", "auto")
+        return value if value in DEVICES else "auto"
+
+    @device.setter
+    def device(self, value: str) -> None:
+        self._set("device", value if value in DEVICES else "auto")
+
+    @property
+    def models_dir(self) -> str:
+        """'' means the default (engine.local_models.default_models_dir())."""
+        return self._str("models_dir")
+
+    @models_dir.setter
+    def models_dir(self, path: str) -> None:
+        self._set("models_dir", str(path))
+
+    @property
+    def last_model(self) -> tuple[str, str]:
+        """(model path, projector path or '') loaded last; ('', '') when none."""
+        value = self._get("last_model")
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+            return value[0], value[1]
+        return "", ""
+
+    @last_model.setter
+    def last_model(self, paths: tuple[str, str]) -> None:
+        self._set("last_model", [str(paths[0]), str(paths[1] or "")])
+
+    @property
+    def last_chat_id(self) -> int | None:
+        value = self._get("last_chat_id")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @last_chat_id.setter
+    def last_chat_id(self, chat_id: int | None) -> None:
+        self._set("last_chat_id", chat_id)
+
+    @property
+    def font_size(self) -> int:
+        """Conversation font size in points; 0: the system's."""
+        size = self._int("font_size")
+        return size if 6 <= size <= 48 else 0
+
+    @font_size.setter
+    def font_size(self, size: int) -> None:
+        self._set("font_size", int(size))
+
+    @property
+    def geometry(self) -> str:
+        return self._str("geometry")
+
+    @geometry.setter
+    def geometry(self, value: str) -> None:
+        self._set("geometry", value)
+
+
+class SettingsDialog(QDialog):
+    """Default system prompt, sampling, context length, device, models folder."""
+
+    def __init__(self, settings: AppSettings, parent: QWidget | None = None, *, servers_dialog=None):
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.settings = settings
+        s = settings.sampling
+
+        self.system_prompt = QPlainTextEdit(settings.default_system_prompt)
+        self.system_prompt.setPlaceholderText("Used by new chats; each chat can change its own.")
+        self.system_prompt.setTabChangesFocus(True)
+        self.system_prompt.setFixedHeight(90)
+        self.temperature = self._double(0.0, 5.0, 0.05, s.temperature,
+                                        "0 = always the most likely token (greedy)")
+        self.top_p = self._double(0.0, 1.0, 0.05, s.top_p, "Nucleus sampling; 1 = off")
+        self.top_k = self._int(0, 100000, s.top_k, "Keep the k most likely tokens; 0 = off")
+        self.repetition_penalty = self._double(0.5, 5.0, 0.05, s.repetition_penalty,
+                                               "Above 1 discourages repeating tokens; 1 = off")
+        self.max_tokens = self._int(1, 1 << 20, s.max_tokens, "Longest reply, in tokens")
+        self.seed = QLineEdit("" if s.seed is None else str(s.seed))
+        self.seed.setPlaceholderText("random")
+        self.seed.setToolTip("A number makes replies repeatable; empty = random")
+        self.context_length = self._int(0, 1 << 20, settings.context_length,
+                                        "KV cache length in tokens; 0 = the model's own. "
+                                        "Applies at the next model load.")
+        self.context_length.setSpecialValueText("model default")
+        self.device = QComboBox()
+        self.device.addItems(DEVICES)
+        self.device.setCurrentText(settings.device)
+        self.device.setToolTip("auto = the GPU when there is one. Applies at the next model load.")
+        self.models_dir = QLineEdit(settings.models_dir)
+        self.models_dir.setPlaceholderText("default")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        folder = QHBoxLayout()
+        folder.addWidget(self.models_dir, 1)
+        folder.addWidget(browse)
+        self.error = QLabel()
+        self.error.setStyleSheet("color: #c62828;")
+
+        form = QFormLayout()
+        form.addRow("Default &system prompt:", self.system_prompt)
+        form.addRow("&Temperature:", self.temperature)
+        form.addRow("Top-&p:", self.top_p)
+        form.addRow("Top-&k:", self.top_k)
+        form.addRow("&Repetition penalty:", self.repetition_penalty)
+        form.addRow("&Max tokens:", self.max_tokens)
+        form.addRow("S&eed:", self.seed)
+        form.addRow("&Context length:", self.context_length)
+        form.addRow("&Device:", self.device)
+        form.addRow("Models &folder:", folder)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        if servers_dialog is not None:
+            servers = buttons.addButton("Servers…", QDialogButtonBox.ButtonRole.ActionRole)
+            servers.clicked.connect(servers_dialog)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.error)
+        layout.addWidget(buttons)
+
+    @staticmethod
+    def _double(lo: float, hi: float, step: float, value: float, tip: str) -> QDoubleSpinBox:
+        box = QDoubleSpinBox()
+        box.setRange(lo, hi)
+        box.setSingleStep(step)
+        box.setDecimals(2)
+        box.setValue(value)
+        box.setToolTip(tip)
+        return box
+
+    @staticmethod
+    def _int(lo: int, hi: int, value: int, tip: str) -> QSpinBox:
+        box = QSpinBox()
+        box.setRange(lo, hi)
+        box.setValue(value)
+        box.setToolTip(tip)
+        return box
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Models folder", self.models_dir.text())
+        if folder:
+            self.models_dir.setText(folder)
+
+    def accept(self) -> None:
+        seed_text = self.seed.text().strip()
+        if seed_text and not (seed_text.isdigit() and int(seed_text) < 2**63):
+            self.error.setText(f"Seed {seed_text!r}: give a whole number ≥ 0, or leave it empty")
+            self.seed.setFocus()
+            return
+        folder = self.models_dir.text().strip()
+        if folder and Path(folder).exists() and not Path(folder).is_dir():
+            self.error.setText(f"Models folder {folder}: is a file, not a folder")
+            return
+        self.settings.sampling = Sampling(
+            temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
+            repetition_penalty=self.repetition_penalty.value(), max_tokens=self.max_tokens.value(),
+            seed=int(seed_text) if seed_text else None)
+        self.settings.default_system_prompt = self.system_prompt.toPlainText()
+        self.settings.context_length = self.context_length.value()
+        self.settings.device = self.device.currentText()
+        self.settings.models_dir = folder
+        super().accept()

@@ -1,0 +1,932 @@
+"""The main window: chat list | model bar, conversation, composer.
+
+The window is the only place that ties the store (chats on disk) to the engine worker
+(generation off the UI thread):
+
+* send: the user message is saved, an empty `streaming` reply row is created, and the chat
+  as the store has it goes to the worker with a fresh cancel Event;
+* pieces: appended to the reply, shown (throttled by ChatView) and checkpointed to the store
+  about once a second (Store.checkpoint_reply throttles);
+* finished: the final text and stats are saved; failed: the partial text is kept (finish
+  reason 'error') and the message is shown in the chat; Stop just sets the Event, and the
+  engine returns what it has with finish reason 'cancelled'.
+"""
+from __future__ import annotations
+
+from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QEvent, Qt, Signal
+from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence, QPalette
+from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QFrame,
+                               QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListView,
+                               QMainWindow, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton,
+                               QSplitter, QStackedWidget, QToolButton, QVBoxLayout, QWidget)
+
+from ..engine.api import GenerationStats
+from .chat_list import ChatListModel
+from .chat_view import ChatView
+from .composer import Composer
+from .settings import AppSettings, SettingsDialog
+from .store import Store, StoreError
+from .worker import ChatRequest, EngineInfo, EngineWorker
+
+log = logging.getLogger(__name__)
+
+NO_VISION_HINT = ("Images need a vision projector (mmproj-….gguf): load one together with the "
+                  "model (Models… or Open…).")
+GGUF_FILTER = "GGUF models (*.gguf)"
+
+
+@dataclass
+class PendingReply:
+    request_id: int
+    chat_id: int
+    message_id: int
+    cancel: threading.Event
+    text: str = ""
+    pieces: int = 0
+    stats: GenerationStats | None = field(default=None)
+
+
+def is_dark(palette: QPalette | None = None) -> bool:
+    palette = palette or QGuiApplication.palette()
+    return palette.color(QPalette.ColorRole.Window).lightness() < 128
+
+
+def style_sheet(dark: bool) -> str:
+    user_bg, assistant_bg, border, muted, error = (
+        ("#2d3b55", "#23272e", "#3a3f47", "#9aa0a6", "#ef9a9a") if dark else
+        ("#e3ecfa", "#ffffff", "#d9dce1", "#5f6368", "#c62828"))
+    conversation = "#1b1e23" if dark else "#f6f7f9"
+    return f"""
+        QWidget#conversation {{ background: {conversation}; }}
+        QFrame#userMessage {{ background: {user_bg}; border: none; border-radius: 10px; }}
+        QFrame#assistantMessage {{ background: {assistant_bg}; border: 1px solid {border};
+                                   border-radius: 10px; }}
+        QLabel#statusLine {{ color: {muted}; }}
+        QLabel#errorLine {{ color: {error}; }}
+        QLabel#composerMessage {{ color: {error}; }}
+        QLabel#emptyTitle {{ font-size: 18pt; font-weight: 600; }}
+        QFrame#attachment {{ border: 1px solid {border}; border-radius: 6px; }}
+    """
+
+
+class ModelBar(QFrame):
+    """Which model/projector is loaded, device and memory, load/unload, load progress."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("modelBar")
+        self.model_label = QLabel("No model loaded")
+        self.model_label.setAccessibleName("Loaded model")
+        self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.projector_label = QLabel()
+        self.device_label = QLabel()
+        self.device_label.setToolTip("Where the model runs and the memory it uses")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setMaximumWidth(220)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        self.models_button = QPushButton("Models…")
+        self.models_button.setToolTip("Recommended models, downloads and the models on this "
+                                      "computer (Ctrl+M)")
+        self.open_button = QPushButton("Open…")
+        self.open_button.setToolTip("Load a GGUF file (its mmproj projector beside it is "
+                                    "loaded too)")
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setToolTip("Free the memory the model uses")
+        self.unload_button.setEnabled(False)
+        self.model_combo = None  # the servers' model picker, added by the window when available
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 4)
+        text = QVBoxLayout()
+        text.setSpacing(0)
+        text.addWidget(self.model_label)
+        line = QHBoxLayout()
+        line.setSpacing(16)
+        line.addWidget(self.projector_label)
+        line.addWidget(self.device_label)
+        line.addStretch(1)
+        text.addLayout(line)
+        layout.addLayout(text, 1)
+        layout.addWidget(self.progress)
+        self.buttons = QHBoxLayout()
+        self.buttons.addWidget(self.models_button)
+        self.buttons.addWidget(self.open_button)
+        self.buttons.addWidget(self.unload_button)
+        layout.addLayout(self.buttons)
+
+    def show_loading(self, name: str) -> None:
+        self.model_label.setText(f"Loading {name}…")
+        self.model_label.setStyleSheet("")
+        self.progress.setValue(0)
+        self.progress.setFormat("%p %")
+        self.progress.show()
+        self.unload_button.setEnabled(False)
+
+    def show_progress(self, frac: float, what: str) -> None:
+        self.progress.setValue(int(1000 * max(0.0, min(1.0, frac))))
+        self.progress.setToolTip(what)
+        self.progress.setFormat(f"{what} %p %" if what else "%p %")
+
+    def show_info(self, info: EngineInfo | None) -> None:
+        self.progress.hide()
+        self.model_label.setStyleSheet("")
+        if info is None:
+            self.model_label.setText("No model loaded")
+            self.projector_label.setText("")
+            self.device_label.setText("")
+            self.unload_button.setEnabled(False)
+            return
+        if info.remote:
+            self.model_label.setText(f"<b>{info.description}</b>")
+            self.projector_label.setText("server")
+            self.device_label.setText("")
+        else:
+            self.model_label.setText(f"<b>{Path(info.model_path).name}</b>")
+            self.model_label.setToolTip(info.model_path)
+            if info.mmproj_path:
+                self.projector_label.setText(f"Projector: {Path(info.mmproj_path).name}")
+                self.projector_label.setToolTip(info.mmproj_path)
+            else:
+                self.projector_label.setText("No projector (text only)")
+                self.projector_label.setToolTip(NO_VISION_HINT)
+            bits = [info.device]
+            if info.memory:
+                bits.append(info.memory)
+            if info.context_size:
+                bits.append(f"context {info.context_size}")
+            self.device_label.setText(" · ".join(bits))
+        self.unload_button.setEnabled(True)
+
+    def show_error(self, text: str) -> None:
+        self.progress.hide()
+        self.model_label.setText(text)
+        self.model_label.setStyleSheet("color: #c62828;")
+        self.model_label.setWordWrap(True)
+
+
+class EmptyState(QWidget):
+    """What an empty chat shows: how to get a model, or what to do once one is loaded."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.title = QLabel()
+        self.title.setObjectName("emptyTitle")
+        self.title.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.text = QLabel()
+        self.text.setWordWrap(True)
+        self.text.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.recommended_button = QPushButton("Get a recommended model…")
+        self.recommended_button.setToolTip("Opens the model manager on its recommended models")
+        self.open_button = QPushButton("Open a GGUF file…")
+        self.local_buttons: list[QPushButton] = []
+        self.local_box = QVBoxLayout()
+        column = QVBoxLayout(self)
+        column.addStretch(1)
+        column.addWidget(self.title)
+        column.addWidget(self.text)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(self.recommended_button)
+        row.addWidget(self.open_button)
+        row.addStretch(1)
+        column.addLayout(row)
+        column.addLayout(self.local_box)
+        column.addStretch(2)
+
+    def show_state(self, *, loaded: EngineInfo | None, loading: bool, local_models, on_load) -> None:
+        for b in self.local_buttons:
+            self.local_box.removeWidget(b)
+            b.deleteLater()
+        self.local_buttons = []
+        if loaded is not None or loading:
+            self.title.setText("Start a conversation")
+            vision = (" Drop, paste or attach images to ask about them." if loaded and loaded.has_vision
+                      else "")
+            self.text.setText(("The model is loading; you can type meanwhile." if loading else
+                               f"Type a message below and press Enter.{vision}"))
+            self.recommended_button.hide()
+            self.open_button.hide()
+            return
+        self.title.setText("No model loaded")
+        self.recommended_button.show()
+        self.open_button.show()
+        if local_models:
+            self.text.setText("Load a model from this computer with one click, or get another:")
+        else:
+            self.text.setText("Tramontane runs Mistral 3 models (GGUF) on this computer. Download "
+                              "a recommended one (with its vision projector for images), or open a "
+                              "GGUF file you already have.")
+        for model, mmproj in local_models[:5]:
+            label = f"Load {Path(model).name}" + (" + projector" if mmproj else "")
+            button = QPushButton(label)
+            button.setToolTip(str(model))
+            button.clicked.connect(lambda _=False, m=str(model), p=str(mmproj or ""): on_load(m, p))
+            self.local_box.addWidget(button, 0, Qt.AlignmentFlag.AlignHCenter)
+            self.local_buttons.append(button)
+
+
+class MainWindow(QMainWindow):
+    """The app window. `store` may be given (tests, main()); else the data dir's store is
+    opened and closed with the window."""
+
+    replyFinished = Signal(int)  # message id, after the store has the final text
+    replyFailed = Signal(str)
+    modelLoaded = Signal(object)  # EngineInfo
+
+    def __init__(self, store: Store | None = None, *, data_dir: str | Path | None = None,
+                 autoload: bool = True):
+        super().__init__()
+        self._own_store = store is None
+        self.store = store if store is not None else Store(data_dir)
+        self.settings = AppSettings(self.store)
+        self.setWindowTitle("Tramontane")
+        self.param_overrides: dict = {}  # extra SamplingParams fields (tests, power users)
+
+        self.engine_info: EngineInfo | None = None
+        self.loading: str | None = None  # model path being loaded
+        self.pending: PendingReply | None = None
+        self.current_chat_id: int | None = None
+        self.live_stats: dict[int, GenerationStats] = {}
+        self.errors: dict[int, str] = {}  # message id -> failure text
+        self.notices: dict[int | None, str] = {}  # chat id -> failure with nothing kept
+        self._next_request = 0
+        self._dark = is_dark()
+
+        self.worker = EngineWorker()
+        self.worker.loadProgress.connect(self._on_load_progress)
+        self.worker.loaded.connect(self._on_loaded)
+        self.worker.loadFailed.connect(self._on_load_failed)
+        self.worker.unloaded.connect(self._on_unloaded)
+        self.worker.piece.connect(self._on_piece)
+        self.worker.finished.connect(self._on_finished)
+        self.worker.failed.connect(self._on_failed)
+        self.worker.start()
+
+        self._build()
+        self._build_menus()
+        self.setStyleSheet(style_sheet(self._dark))
+        self._apply_font_size(self.settings.font_size)
+        geometry = self.settings.geometry
+        if geometry:
+            self.restoreGeometry(QByteArray.fromBase64(geometry.encode()))
+        else:
+            self.resize(1100, 760)
+
+        self.chat_model.refresh()
+        last = self.settings.last_chat_id
+        self.open_chat(last if self.chat_model.row_of(last) >= 0 else None)
+        if autoload:
+            self.load_last_model()
+        self._update_model_state()
+
+    # ------------------------------------------------------------------ building
+    def _build(self) -> None:
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats (Ctrl+F)")
+        self.search.setClearButtonEnabled(True)
+        self.search.setAccessibleName("Search chats")
+        self.search.textChanged.connect(self._search_changed)
+        self.chat_model = ChatListModel(self.store, self)
+        self.chat_list = QListView()
+        self.chat_list.setModel(self.chat_model)
+        self.chat_list.setAccessibleName("Chats")
+        self.chat_list.setUniformItemSizes(True)
+        self.chat_list.selectionModel().currentChanged.connect(self._chat_selected)
+        self.chat_list.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
+        buttons = QHBoxLayout()
+        self.new_button = self._tool("New", "New chat (Ctrl+N)", self.new_chat)
+        self.rename_button = self._tool("Rename", "Rename the chat (F2)", self._rename_selected)
+        self.branch_button = self._tool("Branch", "Copy the chat into a new one", self._branch_selected)
+        self.delete_button = self._tool("Delete", "Delete the chat (Del)", self._delete_selected)
+        for b in (self.new_button, self.rename_button, self.branch_button, self.delete_button):
+            buttons.addWidget(b)
+        sidebar = QWidget()
+        side = QVBoxLayout(sidebar)
+        side.setContentsMargins(6, 6, 0, 6)
+        side.addWidget(self.search)
+        side.addWidget(self.chat_list, 1)
+        side.addLayout(buttons)
+
+        self.model_bar = ModelBar()
+        self.model_bar.models_button.clicked.connect(self.open_model_manager)
+        self.model_bar.open_button.clicked.connect(self.open_model_file)
+        self.model_bar.unload_button.clicked.connect(self.unload_model)
+        self._add_server_picker()
+
+        self.chat_title = QLabel()
+        self.chat_title.setAccessibleName("Chat title")
+        self.system_button = self._tool("System prompt…", "This chat's system prompt", self.edit_system_prompt)
+        header = QHBoxLayout()
+        header.setContentsMargins(12, 2, 12, 2)
+        header.addWidget(self.chat_title, 1)
+        header.addWidget(self.system_button)
+
+        self.view = ChatView()
+        self.view.editSubmitted.connect(self.edit_and_resend)
+        self.view.regenerateRequested.connect(self.regenerate)
+        self.view.branchRequested.connect(self.branch_at)
+        self.empty = EmptyState()
+        self.empty.recommended_button.clicked.connect(lambda: self.open_model_manager(tab=0))
+        self.empty.open_button.clicked.connect(self.open_model_file)
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.empty)
+        self.stack.addWidget(self.view)
+
+        self.composer = Composer()
+        self.composer.sendRequested.connect(self.send)
+        self.composer.stopRequested.connect(self.stop)
+        self.composer.regenerateRequested.connect(lambda: self.regenerate(None))
+
+        right = QWidget()
+        main = QVBoxLayout(right)
+        main.setContentsMargins(0, 0, 0, 0)
+        main.setSpacing(0)
+        main.addWidget(self.model_bar)
+        main.addLayout(header)
+        main.addWidget(self.stack, 1)
+        main.addWidget(self.composer)
+
+        split = QSplitter()
+        split.addWidget(sidebar)
+        split.addWidget(right)
+        split.setStretchFactor(1, 1)
+        split.setSizes([240, 860])
+        self.setCentralWidget(split)
+        self.status_label = QLabel()
+        self.statusBar().addWidget(self.status_label, 1)
+        self.composer.edit.setFocus()
+
+    def _tool(self, text: str, tip: str, slot) -> QToolButton:
+        b = QToolButton()
+        b.setText(text)
+        b.setToolTip(tip)
+        b.clicked.connect(slot)
+        return b
+
+    def _add_server_picker(self) -> None:
+        try:
+            from .servers import ModelChoiceCombo
+        except ImportError:  # the servers module is optional for the window
+            return
+        combo = ModelChoiceCombo(self.store)
+        combo.setToolTip("Run on the local model or on a model of a configured server")
+        combo.setAccessibleName("Model source")
+        combo.choiceChanged.connect(self._model_choice_changed)
+        self.model_bar.model_combo = combo
+        self.model_bar.buttons.insertWidget(0, combo)
+
+    def _build_menus(self) -> None:
+        def action(menu, text, slot, shortcut=None, tip=""):
+            a = QAction(text, self)
+            if shortcut:
+                a.setShortcut(QKeySequence(shortcut))
+            a.setStatusTip(tip)
+            a.triggered.connect(slot)
+            menu.addAction(a)
+            return a
+
+        chat = self.menuBar().addMenu("&Chat")
+        action(chat, "&New chat", self.new_chat, "Ctrl+N")
+        action(chat, "&Search chats", self._focus_search, "Ctrl+F")
+        self.rename_action = action(chat, "&Rename…", self._rename_selected, "F2")
+        action(chat, "&Branch", self._branch_selected)
+        self.delete_action = action(chat, "&Delete…", self._delete_selected)
+        chat.addSeparator()
+        action(chat, "Regenerate the last reply", lambda: self.regenerate(None), "Ctrl+R")
+        action(chat, "&Stop the reply", self.stop, "Esc")
+        chat.addSeparator()
+        action(chat, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        for a in (self.rename_action, self.delete_action):
+            self.chat_list.addAction(a)
+        delete_key = QAction(self.chat_list)
+        delete_key.setShortcut(QKeySequence(QKeySequence.StandardKey.Delete))
+        delete_key.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+        delete_key.triggered.connect(self._delete_selected)
+        self.chat_list.addAction(delete_key)
+
+        model = self.menuBar().addMenu("&Model")
+        action(model, "&Models…", lambda: self.open_model_manager(), "Ctrl+M")
+        action(model, "&Open GGUF file…", self.open_model_file, "Ctrl+O")
+        action(model, "&Unload", self.unload_model)
+
+        view = self.menuBar().addMenu("&View")
+        action(view, "Zoom &in", lambda: self._zoom(+1), QKeySequence.StandardKey.ZoomIn)
+        action(view, "Zoom &out", lambda: self._zoom(-1), QKeySequence.StandardKey.ZoomOut)
+        action(view, "&Reset zoom", lambda: self._zoom(0), "Ctrl+0")
+
+        settings = self.menuBar().addMenu("&Settings")
+        action(settings, "&Settings…", self.open_settings, "Ctrl+,")
+        action(settings, "S&ervers…", self.open_servers)
+
+    # ------------------------------------------------------------------ theme and fonts
+    def changeEvent(self, event) -> None:  # noqa: N802
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            dark = is_dark(self.palette())
+            if dark != self._dark:
+                self._dark = dark
+                self.setStyleSheet(style_sheet(dark))
+                self.view.dark = dark
+                self.refresh_view()
+        super().changeEvent(event)
+
+    def _apply_font_size(self, size: int) -> None:
+        font = QFont(QApplication.font())
+        if size:
+            font.setPointSize(size)
+        for w in (self.view, self.composer, self.chat_list):
+            w.setFont(font)
+
+    def _zoom(self, step: int) -> None:
+        base = QApplication.font().pointSize() or 10
+        size = self.settings.font_size or base
+        size = base if step == 0 else max(6, min(48, size + step))
+        self.settings.font_size = 0 if size == base else size
+        self._apply_font_size(size)
+        self.refresh_view()
+
+    # ------------------------------------------------------------------ chats
+    def _search_changed(self, text: str) -> None:
+        self.chat_model.refresh(text)
+        self._select_current_in_list()
+
+    def _focus_search(self) -> None:
+        self.search.setFocus()
+        self.search.selectAll()
+
+    def _select_current_in_list(self) -> None:
+        row = self.chat_model.row_of(self.current_chat_id)
+        sel = self.chat_list.selectionModel()
+        sel.blockSignals(True)
+        if row >= 0:
+            self.chat_list.setCurrentIndex(self.chat_model.index(row))
+        else:
+            self.chat_list.clearSelection()
+        sel.blockSignals(False)
+
+    def _chat_selected(self, current, _previous) -> None:
+        chat_id = self.chat_model.chat_id(current.row()) if current.isValid() else None
+        if chat_id is not None and chat_id != self.current_chat_id:
+            self.open_chat(chat_id)
+
+    def _refresh_list(self) -> None:
+        self.chat_model.refresh()
+        self._select_current_in_list()
+
+    def open_chat(self, chat_id: int | None) -> None:
+        self.current_chat_id = chat_id
+        if chat_id is not None:
+            self.settings.last_chat_id = chat_id
+        self._select_current_in_list()
+        self.refresh_view()
+
+    def new_chat(self) -> None:
+        self.open_chat(None)
+        self.composer.edit.setFocus()
+
+    def selected_chat_id(self) -> int | None:
+        index = self.chat_list.currentIndex()
+        return self.chat_model.chat_id(index.row()) if index.isValid() else self.current_chat_id
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        title = title.strip()
+        if title:
+            self._guard(self.store.rename_chat, chat_id, title)
+            self._refresh_list()
+            self._update_header()
+
+    def _rename_selected(self) -> None:
+        chat_id = self.selected_chat_id()
+        if chat_id is None:
+            return
+        old = self.store.get_chat_info(chat_id).title
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=old)
+        if ok:
+            self.rename_chat(chat_id, title)
+
+    def delete_chat(self, chat_id: int) -> None:
+        if self.pending is not None and self.pending.chat_id == chat_id:
+            self.pending.cancel.set()
+        if self._guard(self.store.delete_chat, chat_id) is False:
+            return
+        self.worker.forget_session(str(chat_id))
+        self.notices.pop(chat_id, None)
+        if self.current_chat_id == chat_id:
+            self.current_chat_id = None
+        self._refresh_list()
+        self.refresh_view()
+
+    def _delete_selected(self) -> None:
+        chat_id = self.selected_chat_id()
+        if chat_id is None:
+            return
+        title = self.store.get_chat_info(chat_id).title
+        answer = QMessageBox.question(self, "Delete chat", f"Delete “{title}” and its messages?")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.delete_chat(chat_id)
+
+    def branch_at(self, message_id: int | None = None, chat_id: int | None = None) -> int | None:
+        chat_id = chat_id if chat_id is not None else self.current_chat_id
+        if chat_id is None:
+            return None
+        new_id = self._guard(self.store.branch_chat, chat_id, message_id)
+        if new_id is not False:
+            self._refresh_list()
+            self.open_chat(new_id)
+            return new_id
+        return None
+
+    def _branch_selected(self) -> None:
+        chat_id = self.selected_chat_id()
+        if chat_id is not None:
+            self.branch_at(None, chat_id)
+
+    def edit_system_prompt(self) -> None:
+        current = (self.store.get_chat_info(self.current_chat_id).system_prompt
+                   if self.current_chat_id is not None else self.settings.default_system_prompt)
+        dialog = QDialog(self)
+        dialog.setWindowTitle("System prompt")
+        edit = QPlainTextEdit(current)
+        edit.setAccessibleName("System prompt")
+        edit.setTabChangesFocus(True)
+        box = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        box.accepted.connect(dialog.accept)
+        box.rejected.connect(dialog.reject)
+        layout = QVBoxLayout(dialog)
+        layout.addWidget(QLabel("Instructions the model reads before this chat:"))
+        layout.addWidget(edit)
+        layout.addWidget(box)
+        dialog.resize(520, 260)
+        if dialog.exec() == QDialog.DialogCode.Accepted:
+            self.set_system_prompt(edit.toPlainText())
+
+    def set_system_prompt(self, text: str) -> None:
+        if self.current_chat_id is None:
+            self.settings.default_system_prompt = text
+        else:
+            self._guard(self.store.update_chat, self.current_chat_id, system_prompt=text)
+
+    # ------------------------------------------------------------------ view
+    def refresh_view(self) -> None:
+        chat = None
+        if self.current_chat_id is not None:
+            try:
+                chat = self.store.get_chat(self.current_chat_id)
+            except StoreError:
+                self.current_chat_id = None
+        messages = chat.messages if chat else []
+        streaming_id = (self.pending.message_id if self.pending and chat
+                        and self.pending.chat_id == chat.id else None)
+        self.view.show_messages(messages, live=self.live_stats, errors=self.errors,
+                                busy=self.pending is not None, streaming_id=streaming_id)
+        if streaming_id is not None and self.pending.text:
+            self.view.stream_text(self.pending.text)
+        self.view.show_notice(self.notices.get(self.current_chat_id, ""))
+        if messages or self.notices.get(self.current_chat_id):
+            self.stack.setCurrentWidget(self.view)
+        else:
+            self._show_empty_state()
+        self._update_header()
+        self._update_busy()
+
+    def _show_empty_state(self) -> None:
+        local = []
+        if self.engine_info is None and not self.loading:
+            local = self._local_models()
+        self.empty.show_state(loaded=self.engine_info, loading=bool(self.loading),
+                              local_models=local, on_load=self.load_model)
+        self.stack.setCurrentWidget(self.empty)
+
+    def _local_models(self) -> list[tuple[str, str]]:
+        try:
+            from ..engine.local_models import scan_models
+
+            found = scan_models(self.settings.models_dir or None)
+        except Exception:  # noqa: BLE001 - an unreadable folder just lists nothing
+            return []
+        return [(str(m.path), str(m.mmproj or "")) for m in found
+                if not m.is_projector and m.error is None]
+
+    def _update_header(self) -> None:
+        if self.current_chat_id is None:
+            self.chat_title.setText("<b>New chat</b>")
+        else:
+            try:
+                self.chat_title.setText(f"<b>{_escape(self.store.get_chat_info(self.current_chat_id).title)}</b>")
+            except StoreError:
+                self.chat_title.setText("")
+        self.setWindowTitle(f"{self.chat_title.text().replace('<b>', '').replace('</b>', '')} — Tramontane")
+
+    def _can_regenerate(self) -> bool:
+        if self.current_chat_id is None:
+            return False
+        try:
+            messages = self.store.get_chat(self.current_chat_id).messages
+        except StoreError:
+            return False
+        return bool(messages) and messages[-1].role in ("user", "assistant")
+
+    def _update_busy(self) -> None:
+        busy = self.pending is not None
+        self.composer.set_busy(busy, can_regenerate=not busy and self._can_regenerate())
+        self.status_label.setText("Writing…" if busy else "")
+
+    # ------------------------------------------------------------------ generation
+    def send(self, text: str, images: list) -> bool:
+        """Save the user's message and start the reply. False (and a message) when it
+        cannot be sent now."""
+        if self.pending is not None:
+            return False
+        if self.engine_info is None and not self.loading:
+            self.composer.show_message("Load a model first (Models… or Open… in the model bar).")
+            return False
+        try:
+            chat_id = self.current_chat_id
+            if chat_id is None:
+                title = (text.strip().splitlines() or ["Image chat"])[0][:60]
+                chat_id = self.store.create_chat(title or "Image chat",
+                                                 system_prompt=self.settings.default_system_prompt)
+                self.current_chat_id = chat_id
+                self.settings.last_chat_id = chat_id
+            self.store.add_message(chat_id, "user", text, images)
+        except StoreError as exc:
+            self.composer.show_message(str(exc))
+            return False
+        self.composer.accepted()
+        self.notices.pop(chat_id, None)
+        self._refresh_list()
+        self._start_reply(chat_id)
+        return True
+
+    def _start_reply(self, chat_id: int) -> None:
+        try:
+            messages = self.store.engine_messages(chat_id)
+            message_id = self.store.begin_reply(chat_id)
+        except StoreError as exc:
+            self.notices[chat_id] = str(exc)
+            self.refresh_view()
+            return
+        self._next_request += 1
+        params = self.settings.sampling.params(**self.param_overrides)
+        self.pending = PendingReply(self._next_request, chat_id, message_id, threading.Event())
+        self.refresh_view()
+        self.worker.chat(ChatRequest(self.pending.request_id, messages, params, str(chat_id),
+                                     self.pending.cancel))
+
+    def stop(self) -> None:
+        """Stop the reply being written; the engine returns at the next token."""
+        if self.pending is not None:
+            self.pending.cancel.set()
+
+    def regenerate(self, message_id: int | None = None) -> None:
+        """Drop the reply `message_id` (default: the last one) and everything after, and
+        write it again."""
+        if self.pending is not None or self.current_chat_id is None:
+            return
+        chat_id = self.current_chat_id
+        try:
+            messages = self.store.get_chat(chat_id).messages
+            if message_id is None:
+                message_id = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
+                if message_id is None or messages[-1].role == "user":
+                    message_id = None  # a question without a reply: just answer it
+            if message_id is not None:
+                self.errors.pop(message_id, None)
+                self.store.truncate_after(message_id, inclusive=True)
+        except StoreError as exc:
+            self.notices[chat_id] = str(exc)
+            self.refresh_view()
+            return
+        if not self.store.get_chat(chat_id).messages:
+            self.refresh_view()
+            return
+        self.notices.pop(chat_id, None)
+        self._start_reply(chat_id)
+
+    def edit_and_resend(self, message_id: int, text: str) -> None:
+        """Replace a user message's text, drop everything after it, and reply again."""
+        if self.pending is not None:
+            return
+        try:
+            msg = self.store.get_message(message_id)
+            self.store.edit_message(message_id, text)
+            self.store.truncate_after(message_id)
+        except StoreError as exc:
+            self.notices[self.current_chat_id] = str(exc)
+            self.refresh_view()
+            return
+        self.notices.pop(msg.chat_id, None)
+        self._start_reply(msg.chat_id)
+
+    def _on_piece(self, request_id: int, text: str) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        p.text += text
+        p.pieces += 1
+        try:
+            self.store.checkpoint_reply(p.message_id, p.text)  # the store writes ~1/s
+        except StoreError as exc:
+            log.warning("checkpoint failed: %s", exc)
+        if self.current_chat_id == p.chat_id:
+            self.view.stream_text(p.text)
+
+    def _on_finished(self, request_id: int, result) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        self.pending = None
+        text = result.text if result.text or not p.text else p.text
+        try:
+            self.store.finish_reply(p.message_id, text, result.stats)
+        except StoreError as exc:
+            self.notices[p.chat_id] = str(exc)
+        self.live_stats[p.message_id] = result.stats
+        self._after_reply(p)
+        self.replyFinished.emit(p.message_id)
+
+    def _on_failed(self, request_id: int, message: str) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        self.pending = None
+        try:
+            if p.text:
+                self.store.finish_reply(p.message_id, p.text, finish_reason="error")
+                self.errors[p.message_id] = message
+            else:
+                self.store.delete_message(p.message_id)
+                self.notices[p.chat_id] = message
+        except StoreError as exc:
+            self.notices[p.chat_id] = f"{message} ({exc})"
+        self._after_reply(p)
+        self.replyFailed.emit(message)
+
+    def _after_reply(self, p: PendingReply) -> None:
+        self._refresh_list()
+        if self.current_chat_id == p.chat_id:
+            self.view.flush()
+            self.refresh_view()
+        else:
+            self._update_busy()
+
+    # ------------------------------------------------------------------ models
+    def load_last_model(self) -> bool:
+        model, mmproj = self.settings.last_model
+        if model and Path(model).is_file():
+            self.load_model(model, mmproj if mmproj and Path(mmproj).is_file() else "")
+            return True
+        return False
+
+    def load_model(self, model_path: str, mmproj_path: str = "") -> None:
+        """Load a local GGUF (and its projector) on the worker; the bar shows progress."""
+        if self.pending is not None:
+            self.pending.cancel.set()
+        self.loading = str(model_path)
+        self.engine_info = None
+        if self.model_bar.model_combo is not None:
+            combo = self.model_bar.model_combo
+            combo.blockSignals(True)
+            combo.setCurrentIndex(0)
+            combo.blockSignals(False)
+        self.model_bar.show_loading(Path(model_path).name)
+        self._update_model_state()
+        self.worker.load(model_path, mmproj_path or None, self.settings.device,
+                         self.settings.context_length or None)
+
+    def open_model_file(self) -> None:
+        start = self.settings.models_dir or str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", start, GGUF_FILTER)
+        if path:
+            from ..engine.local_models import find_projector
+
+            self.load_model(path, str(find_projector(path) or ""))
+
+    def unload_model(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel.set()
+        self.worker.unload()
+
+    def _model_choice_changed(self, choice) -> None:
+        if choice.is_local:
+            if not self.load_last_model():
+                self.worker.unload()
+            return
+        from .servers import ServerList, engine_for_choice
+
+        try:
+            engine = engine_for_choice(choice, ServerList(self.store))
+        except Exception as exc:  # noqa: BLE001 - a bad server entry is shown, not raised
+            self.model_bar.show_error(str(exc))
+            return
+        if self.pending is not None:
+            self.pending.cancel.set()
+        self.loading = choice.model or "server"
+        self.worker.use_engine(engine)
+
+    def _on_load_progress(self, frac: float, what: str) -> None:
+        if self.loading:
+            self.model_bar.show_progress(frac, what)
+
+    def _on_loaded(self, info: EngineInfo) -> None:
+        self.loading = None
+        self.engine_info = info
+        if not info.remote:
+            self.settings.last_model = (info.model_path, info.mmproj_path)
+        self.model_bar.show_info(info)
+        self._update_model_state()
+        self.modelLoaded.emit(info)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.loading = None
+        self.engine_info = None
+        self.model_bar.show_error(message)
+        self.notices[self.current_chat_id] = message
+        self._update_model_state()
+        self.refresh_view()
+
+    def _on_unloaded(self) -> None:
+        if self.loading:
+            return  # a new model is on its way
+        self.engine_info = None
+        self.model_bar.show_info(None)
+        self._update_model_state()
+
+    def _update_model_state(self) -> None:
+        info = self.engine_info
+        vision = info is not None and info.has_vision
+        if info is None and self.loading:
+            self.composer.set_vision(False, "The model is still loading")
+        else:
+            self.composer.set_vision(vision, "" if vision else NO_VISION_HINT)
+        if self.stack.currentWidget() is self.empty:
+            self._show_empty_state()
+
+    def open_model_manager(self, tab: int | None = None) -> None:
+        from .model_manager import ModelManagerDialog
+
+        try:
+            dialog = ModelManagerDialog(self.settings.models_dir or None, parent=self)
+        except Exception as exc:  # noqa: BLE001
+            self.model_bar.show_error(f"Cannot open the model manager: {exc}")
+            return
+        dialog.load_requested.connect(lambda m, p: (self.load_model(m, p), dialog.accept()))
+        if tab is not None:
+            dialog.tabs.setCurrentIndex(tab)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        self.model_manager = dialog
+
+    def open_settings(self) -> None:
+        dialog = SettingsDialog(self.settings, self, servers_dialog=self.open_servers)
+        dialog.exec()
+
+    def open_servers(self) -> None:
+        from .servers import ServersDialog
+
+        dialog = ServersDialog(self.store, self)
+        dialog.exec()
+        if self.model_bar.model_combo is not None:
+            self.model_bar.model_combo.reload()
+
+    # ------------------------------------------------------------------ helpers and closing
+    def _guard(self, fn, *args, **kwargs):
+        """Run a store call; a StoreError becomes a message in the status bar, not a crash."""
+        try:
+            return fn(*args, **kwargs)
+        except StoreError as exc:
+            self.status_label.setText(str(exc))
+            return False
+
+    def closeEvent(self, event) -> None:  # noqa: N802
+        p = self.pending
+        if p is not None:
+            p.cancel.set()
+        try:
+            self.settings.geometry = bytes(self.saveGeometry().toBase64()).decode()
+        except StoreError:
+            pass
+        self.worker.stop()
+        if p is not None and self.pending is p:  # the worker's answer will never be handled
+            self.pending = None
+            try:
+                self.store.finish_reply(p.message_id, p.text, finish_reason="cancelled")
+            except StoreError:
+                pass
+        if self._own_store:
+            self.store.close()
+        super().closeEvent(event)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+__all__ = ["MainWindow", "is_dark", "style_sheet"]

@@ -1,0 +1,244 @@
+"""The one thread that owns the engine.
+
+Engines are not thread-safe and their calls block for a long time (loading weights, a whole
+reply), so a single `EngineWorker` living in its own QThread makes every engine call. Widgets
+never touch the engine: they call the worker's request methods (which only emit queued
+signals into the worker thread) and listen to its typed result signals, which Qt delivers on
+the UI thread. The only thing shared across threads is a reply's `threading.Event`, which
+the UI sets to stop a reply immediately (the engine checks it between tokens).
+
+Every failure comes back as a readable message (`failed` / `loadFailed`), never as an
+exception in the UI thread.
+"""
+from __future__ import annotations
+
+from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from ..engine.api import ChatMessage, EngineError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the model bar shows about the loaded engine."""
+
+    description: str
+    has_vision: bool
+    model_path: str = ""  # '' for a remote engine
+    mmproj_path: str = ""
+    device: str = ""  # cpu / cuda / remote
+    memory: str = ""  # words, e.g. "1.2 GB GPU" ('' when unknown)
+    context_size: int = 0
+    remote: bool = False
+
+
+@dataclass
+class ChatRequest:
+    """One reply to generate. `cancel` is set from the UI thread to stop it."""
+
+    request_id: int
+    messages: list[ChatMessage]
+    params: SamplingParams
+    session_key: str | None
+    cancel: threading.Event
+
+
+def _human_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n / 1024)} KB"
+
+
+def _process_rss() -> int:
+    """Resident memory of this process in bytes (0 when the OS does not say cheaply)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
+
+
+def _memory_words(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            used = torch.cuda.memory_allocated()
+            total = torch.cuda.get_device_properties(0).total_memory
+            return f"{_human_bytes(used)} of {_human_bytes(total)} GPU"
+    rss = _process_rss()
+    return f"{_human_bytes(rss)} RAM (process)" if rss else ""
+
+
+def describe_engine(engine, model_path: str = "", mmproj_path: str = "") -> EngineInfo:
+    model = getattr(engine, "model", None)
+    device = getattr(getattr(model, "device", None), "type", "") if model is not None else "remote"
+    return EngineInfo(
+        description=engine.description,
+        has_vision=bool(engine.has_vision),
+        model_path=model_path,
+        mmproj_path=mmproj_path,
+        device=device,
+        memory=_memory_words(device) if device != "remote" else "",
+        context_size=int(getattr(engine, "context_size", 0) or 0),
+        remote=device == "remote",
+    )
+
+
+class EngineWorker(QObject):
+    """Lives in its own QThread (see `start()`); owns at most one engine at a time."""
+
+    # -- results, delivered on the UI thread -------------------------------------------------
+    loadProgress = Signal(float, str)  # fraction 0..1, what is loading
+    loaded = Signal(object)  # EngineInfo
+    loadFailed = Signal(str)  # readable message
+    unloaded = Signal()
+    piece = Signal(int, str)  # request id, a piece of reply text
+    finished = Signal(int, object)  # request id, GenerationResult (stats inside)
+    failed = Signal(int, str)  # request id, readable message
+
+    # -- requests, queued into the worker thread ---------------------------------------------
+    _loadRequested = Signal(str, str, str, int)  # model, mmproj ('' none), device, context (0 default)
+    _remoteRequested = Signal(object)  # a ready-made engine object (RemoteEngine)
+    _chatRequested = Signal(object)  # ChatRequest
+    _unloadRequested = Signal()
+    _forgetRequested = Signal(str)
+
+    def __init__(self):
+        super().__init__()
+        self.engine = None  # touched only in the worker thread
+        self._thread: QThread | None = None
+        self._loadRequested.connect(self._load)
+        self._remoteRequested.connect(self._use_engine)
+        self._chatRequested.connect(self._chat)
+        self._unloadRequested.connect(self._unload)
+        self._forgetRequested.connect(self._forget)
+
+    # -- lifetime (UI thread) ----------------------------------------------------------------
+    def start(self) -> QThread:
+        thread = QThread()
+        thread.setObjectName("tramontane-engine")
+        self.moveToThread(thread)
+        thread.start()
+        self._thread = thread
+        return thread
+
+    def stop(self, timeout_ms: int = 30000) -> None:
+        """Unload and end the thread; waits for the current job (cancel it first)."""
+        if self._thread is None:
+            return
+        self._unloadRequested.emit()
+        self._thread.quit()
+        if not self._thread.wait(timeout_ms):
+            log.warning("engine thread did not stop within %d ms", timeout_ms)
+        self._thread = None
+
+    # -- requests (UI thread) ----------------------------------------------------------------
+    def load(self, model_path: str | Path, mmproj_path: str | Path | None = None,
+             device: str = "auto", context_length: int | None = None) -> None:
+        self._loadRequested.emit(str(model_path), str(mmproj_path or ""), device or "auto",
+                                 int(context_length or 0))
+
+    def use_engine(self, engine) -> None:
+        """Switch to an engine built elsewhere (a RemoteEngine: its constructor does no I/O)."""
+        self._remoteRequested.emit(engine)
+
+    def chat(self, request: ChatRequest) -> None:
+        self._chatRequested.emit(request)
+
+    def unload(self) -> None:
+        self._unloadRequested.emit()
+
+    def forget_session(self, key: str) -> None:
+        self._forgetRequested.emit(key)
+
+    # -- the work (worker thread) ------------------------------------------------------------
+    def _close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001 - closing must never take the app down
+                log.exception("closing the engine failed")
+
+    @Slot(str, str, str, int)
+    def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int) -> None:
+        from ..engine.local_engine import LocalEngine
+
+        self._close_engine()
+        try:
+            engine = LocalEngine(model_path, mmproj_path or None, device=device,
+                                 context_length=context_length or None,
+                                 progress=lambda frac, what: self.loadProgress.emit(float(frac), str(what)))
+        except EngineError as exc:
+            self.loadFailed.emit(str(exc))
+            return
+        except MemoryError:
+            self.loadFailed.emit(f"{Path(model_path).name}: not enough memory to load this model")
+            return
+        except Exception as exc:  # noqa: BLE001 - shown in words, logged in full
+            log.exception("loading %s failed", model_path)
+            self.loadFailed.emit(f"{Path(model_path).name}: cannot load: {type(exc).__name__}: {exc}")
+            return
+        self.engine = engine
+        self.loaded.emit(describe_engine(engine, model_path, mmproj_path))
+
+    @Slot(object)
+    def _use_engine(self, engine) -> None:
+        self._close_engine()
+        self.engine = engine
+        self.loaded.emit(describe_engine(engine))
+
+    @Slot()
+    def _unload(self) -> None:
+        had = self.engine is not None
+        self._close_engine()
+        if had:
+            self.unloaded.emit()
+
+    @Slot(str)
+    def _forget(self, key: str) -> None:
+        forget = getattr(self.engine, "forget_session", None)
+        if forget is not None:
+            try:
+                forget(key)
+            except Exception:  # noqa: BLE001
+                log.exception("forget_session failed")
+
+    @Slot(object)
+    def _chat(self, req: ChatRequest) -> None:
+        rid = req.request_id
+        if self.engine is None:
+            self.failed.emit(rid, "No model is loaded: load one from the model bar first.")
+            return
+        if req.cancel.is_set():  # stopped while it waited behind a load
+            from ..engine.api import GenerationResult, GenerationStats
+
+            self.finished.emit(rid, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")))
+            return
+        try:
+            result = self.engine.chat(req.messages, req.params,
+                                      on_piece=lambda text: self.piece.emit(rid, text),
+                                      cancel=req.cancel, session_key=req.session_key)
+        except EngineError as exc:
+            self.failed.emit(rid, str(exc) or type(exc).__name__)
+            return
+        except MemoryError:
+            self.failed.emit(rid, "Out of memory while generating: shorten the chat or lower the "
+                                  "context length")
+            return
+        except Exception as exc:  # noqa: BLE001 - an engine bug must not crash the app
+            log.exception("generation failed")
+            self.failed.emit(rid, f"The engine failed: {type(exc).__name__}: {exc}")
+            return
+        self.finished.emit(rid, result)
