@@ -85,16 +85,32 @@ def _decode_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_bloc
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     u_start = pid_k * units_per_split
     u_stop = tl.minimum(u_start + units_per_split, n_units)
-    for u in range(u_start, u_stop):
-        w, col = _tile(QTYPE, rowp, u, n_blocks, rmask, table_ptr)
-        kcol = u * 256 + col
-        kmask = kcol < K
-        for mi in tl.static_range(BLOCK_M):
-            m = pid_m * BLOCK_M + mi
-            x_mask = kmask & ((kcol * 0 + m) < M)  # (a scalar bool mask confuses the interpreter)
-            x = tl.load(x_ptr + m * stride_xm + kcol, mask=x_mask, other=0.0).to(tl.float32)
-            part = tl.sum(tl.sum(tl.sum(w * x, axis=3), axis=2), axis=1)  # [BLOCK_N]
-            acc += tl.where(m_ids[None, :] == mi, part[:, None], 0.0)
+    if BLOCK_M == 1:
+        # one activation row: accumulate products elementwise and reduce once at the end, so
+        # the loop body is loads + integer unpacking + FMAs, with no cross-lane reductions
+        # (the host gives every split at least one unit; the first one is peeled to get
+        # the tile's shape for the accumulator)
+        w, col = _tile(QTYPE, rowp, u_start, n_blocks, rmask, table_ptr)
+        kcol = u_start * 256 + col
+        x = tl.load(x_ptr + pid_m * stride_xm + kcol, mask=kcol < K, other=0.0).to(tl.float32)
+        acc_full = w * x
+        for u in range(u_start + 1, u_stop):
+            w, col = _tile(QTYPE, rowp, u, n_blocks, rmask, table_ptr)
+            kcol = u * 256 + col
+            x = tl.load(x_ptr + pid_m * stride_xm + kcol, mask=kcol < K, other=0.0).to(tl.float32)
+            acc_full += w * x
+        acc += tl.sum(tl.sum(tl.sum(acc_full, axis=3), axis=2), axis=1)[:, None]
+    else:
+        for u in range(u_start, u_stop):
+            w, col = _tile(QTYPE, rowp, u, n_blocks, rmask, table_ptr)
+            kcol = u * 256 + col
+            kmask = kcol < K
+            for mi in tl.static_range(BLOCK_M):
+                m = pid_m * BLOCK_M + mi
+                x_mask = kmask & ((kcol * 0 + m) < M)  # (a scalar bool mask confuses the interpreter)
+                x = tl.load(x_ptr + m * stride_xm + kcol, mask=x_mask, other=0.0).to(tl.float32)
+                part = tl.sum(tl.sum(tl.sum(w * x, axis=3), axis=2), axis=1)  # [BLOCK_N]
+                acc += tl.where(m_ids[None, :] == mi, part[:, None], 0.0)
     m_all = pid_m * BLOCK_M + m_ids
     out = part_ptr + pid_k.to(tl.int64) * M * N + m_all[None, :].to(tl.int64) * N + rows[:, None]
     tl.store(out, acc, mask=(rows[:, None] < N) & (m_all[None, :] < M))
@@ -135,19 +151,20 @@ def _sm_count(device: torch.device) -> int:
     return 4
 
 
-def decode_config(n: int, k: int, m: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_M, SPLIT_K): enough programs to fill every SM a few times over."""
+def decode_config(n: int, k: int, m: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_M, SPLIT_K, num_warps): enough programs to fill every SM a few times."""
     block_m = 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
     block_n = 4 if m > 4 else 8
     n_units = triton.cdiv(k, UNIT)
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     want = 4 * _sm_count(device)
     split_k = max(1, min(n_units // 4 if n_units >= 8 else 1, triton.cdiv(want, programs)))
-    return block_n, block_m, split_k
+    return block_n, block_m, split_k, 4
 
 
-def linear_decode(x: torch.Tensor, w, config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """Fused dequant+matmul for few activation rows. x (..., in) -> (..., out) in x.dtype."""
+def linear_decode(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Fused dequant+matmul for few activation rows. x (..., in) -> (..., out) in x.dtype.
+    config: (BLOCK_N, BLOCK_M, SPLIT_K[, num_warps]), default from decode_config."""
     _check(w)
     n, k = w.shape
     x2 = x.reshape(-1, k)
@@ -155,7 +172,8 @@ def linear_decode(x: torch.Tensor, w, config: tuple[int, int, int] | None = None
         x2 = x2.contiguous()
     m = x2.shape[0]
     data = w.data if w.data.is_contiguous() else w.data.contiguous()
-    block_n, block_m, split_k = config or decode_config(n, k, m, x.device)
+    block_n, block_m, split_k, *warps = config or decode_config(n, k, m, x.device)
+    num_warps = warps[0] if warps else 4
     n_units = triton.cdiv(k, UNIT)
     units_per_split = triton.cdiv(n_units, split_k)
     split_k = triton.cdiv(n_units, units_per_split)
@@ -164,7 +182,7 @@ def linear_decode(x: torch.Tensor, w, config: tuple[int, int, int] | None = None
     n_blocks = k // gt.type_info(w.ggml_type).block_size
     _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
                          units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
-                         BLOCK_M=block_m, num_warps=4)
+                         BLOCK_M=block_m, num_warps=num_warps)
     out = part[0] if split_k == 1 else part.sum(0)
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
 

@@ -1,0 +1,178 @@
+"""Quantized-matmul benchmark.
+
+On a GPU, per type and Mistral-Small-3.1 linear shape (in -> out), prints the fused decode
+kernel's time and effective bandwidth (weight bytes / time, L2 flushed before every call), its
+ratio to a device-to-device copy measured on the same GPU (read + write bytes / time), and its
+speed-up over dequantize-to-bf16 + cuBLAS matmul. Goal on H200: >= 0.80 of copy for Q4_K and
+Q6_K at 1 row.
+
+    python bench/kernels.py                 # default types, 1 activation row
+    python bench/kernels.py --types all --rows 1,4,8
+    python bench/kernels.py --sweep         # try decode configs for Q4_K/Q6_K, print the best
+
+Without a GPU it runs a reduced CPU mode (torch reference path on small shapes) and says so.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from tramontane.kernels import ggml_types as gt
+from tramontane.kernels.linear import QWeight, linear_reference
+from tramontane.kernels.testing import F16_FIELDS
+
+# (in_features, out_features) of Mistral-Small-3.1's text layers
+MISTRAL_SMALL_SHAPES = {
+    "q_proj 5120->4096": (5120, 4096),
+    "o_proj 4096->5120": (4096, 5120),
+    "gate/up 5120->32768": (5120, 32768),
+    "down 32768->5120": (32768, 5120),
+    "k/v 5120->1024": (5120, 1024),
+}
+DEFAULT_TYPES = ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "Q4_0", "Q5_0"]
+
+
+def random_weight(ggml_type: int, out_f: int, in_f: int, device) -> QWeight:
+    """Random valid blocks generated on the device (host numpy would be slow for 100+ MB)."""
+    info = gt.type_info(ggml_type)
+    rb = gt.row_bytes(ggml_type, in_f)
+    g = torch.Generator(device=device).manual_seed(ggml_type)
+    raw = torch.randint(0, 256, (out_f * rb,), dtype=torch.uint8, device=device, generator=g)
+    blocks = raw.view(-1, info.type_size)
+    for off in F16_FIELDS[ggml_type]:
+        vals = (torch.randn(blocks.shape[0], device=device, generator=g) * 0.01).to(torch.float16)
+        blocks[:, off : off + 2] = vals.view(torch.uint8).view(-1, 2)
+    return QWeight(ggml_type, (out_f, in_f), raw.view(out_f, rb))
+
+
+def gpu_time_ms(fn, iters: int = 30, flush_bytes: int = 256 << 20) -> float:
+    """Median time of fn() with the L2 cache flushed before each call (CUDA events)."""
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = gpu_time_ms(lambda: dst.copy_(src), iters=20)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def _types(arg: str) -> list[int]:
+    names = [t.name for t in gt.TYPES.values() if not t.is_float] if arg == "all" else arg.split(",")
+    by_name = {t.name: t.id for t in gt.TYPES.values()}
+    return [by_name[n.strip().upper()] for n in names]
+
+
+def run_gpu(args) -> None:
+    from tramontane.kernels.qmatmul import decode_config, dequantize_triton, linear_decode
+
+    props = torch.cuda.get_device_properties(0)
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"GPU: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}")
+    print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read+write bytes / time)")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    print(f"{'type':7} {'shape':22} {'rows':>4} {'decode us':>10} {'GB/s':>7} {'of copy':>8} "
+          f"{'deq+mm us':>10} {'speedup':>8} {'bf16 F.linear GB/s':>18}  config")
+    summary = {}
+    for t in _types(args.types):
+        for label, (in_f, out_f) in MISTRAL_SMALL_SHAPES.items():
+            w = random_weight(t, out_f, in_f, "cuda")
+            for rows in rows_list:
+                x = torch.randn(rows, in_f, device="cuda", dtype=torch.bfloat16)
+                cfg = decode_config(out_f, in_f, rows, x.device)
+                t_dec = gpu_time_ms(lambda: linear_decode(x, w))
+                t_dm = gpu_time_ms(lambda: x @ dequantize_triton(w, torch.bfloat16).t())
+                dense_gbs = ""
+                if args.dense and t == _types(args.types)[0]:
+                    wd = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16)
+                    t_dense = gpu_time_ms(lambda: torch.nn.functional.linear(x, wd))
+                    dense_gbs = f"{wd.numel() * 2 / (t_dense * 1e-3) / 1e9:.0f}"
+                    del wd
+                gbs = w.nbytes / (t_dec * 1e-3) / 1e9
+                summary.setdefault((gt.type_name(t), rows), []).append(gbs / copy_gbs)
+                print(f"{gt.type_name(t):7} {label:22} {rows:>4} {t_dec * 1e3:>10.1f} {gbs:>7.0f} "
+                      f"{gbs / copy_gbs:>8.2f} {t_dm * 1e3:>10.1f} {t_dm / t_dec:>8.2f} {dense_gbs:>18}  {cfg}",
+                      flush=True)
+            del w
+    print("mean fraction of copy bandwidth per type/rows: "
+          + ", ".join(f"{k[0]}@{k[1]}={statistics.mean(v):.2f}" for k, v in summary.items()))
+
+
+def run_sweep(args) -> None:
+    """Try decode configs on the two shapes that matter most; print the best per type."""
+    from tramontane.kernels.qmatmul import linear_decode
+
+    copy_gbs = copy_bandwidth_gbs()
+    print(f"sweep (copy {copy_gbs:.0f} GB/s): type shape rows -> best (block_n, block_m, split_k, num_warps)")
+    for t in _types(args.sweep_types):
+        for label in ("q_proj 5120->4096", "gate/up 5120->32768", "k/v 5120->1024"):
+            in_f, out_f = MISTRAL_SMALL_SHAPES[label]
+            w = random_weight(t, out_f, in_f, "cuda")
+            for rows in [int(r) for r in args.rows.split(",")]:
+                x = torch.randn(rows, in_f, device="cuda", dtype=torch.bfloat16)
+                bm = 1 if rows == 1 else 2 if rows == 2 else 4 if rows <= 4 else 8
+                results = []
+                for bn in (2, 4, 8, 16, 32):
+                    for split in (1, 2, 4, 8):
+                        for warps in (1, 2, 4, 8):
+                            cfg = (bn, bm, split, warps)
+                            try:
+                                ms = gpu_time_ms(lambda: linear_decode(x, w, config=cfg), iters=10)
+                            except Exception as e:  # e.g. out of registers / shared memory
+                                print(f"  {cfg}: {type(e).__name__}", file=sys.stderr)
+                                continue
+                            results.append((ms, cfg))
+                results.sort()
+                best = ", ".join(f"{cfg}:{w.nbytes / (ms * 1e-3) / 1e9 / copy_gbs:.2f}" for ms, cfg in results[:3])
+                print(f"{gt.type_name(t):6} {label:22} rows={rows}: {best}", flush=True)
+
+
+def run_cpu(args) -> None:
+    print("no GPU: reduced CPU mode (torch reference path, small shapes; Triton kernels not timed)")
+    for t in _types(args.types)[:3]:
+        w = random_weight(t, 1024, 2048, "cpu")
+        for rows in (1, 64):
+            x = torch.randn(rows, 2048)
+            linear_reference(x, w)
+            start = time.perf_counter()
+            for _ in range(3):
+                linear_reference(x, w)
+            dt = (time.perf_counter() - start) / 3
+            print(f"{gt.type_name(t):6} 2048->1024 rows={rows:>3}: {dt * 1e3:7.1f} ms "
+                  f"({w.nbytes / dt / 1e9:.2f} GB/s of raw weight bytes)")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", default=",".join(DEFAULT_TYPES), help="comma list of GGUF types or 'all'")
+    ap.add_argument("--rows", default="1", help="comma list of activation row counts")
+    ap.add_argument("--dense", action="store_true", help="also time a dense bf16 F.linear of the same shape")
+    ap.add_argument("--sweep", action="store_true", help="search decode configs instead")
+    ap.add_argument("--sweep-types", default="Q4_K,Q6_K")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        run_cpu(args)
+    elif args.sweep:
+        run_sweep(args)
+    else:
+        run_gpu(args)
+
+
+if __name__ == "__main__":
+    main()
