@@ -1,0 +1,93 @@
+"""`tramontane --self-test` (app/selftest.py): passes on a working install, and names the failing
+step and file when something is broken."""
+import io
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tramontane.app import selftest
+from tramontane.app.selftest import run_self_test
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+MODEL = os.path.join(FIXTURES, selftest.MODEL_NAME)
+MMPROJ = os.path.join(FIXTURES, selftest.MMPROJ_NAME)
+STEPS = ("version", "model", "vision", "generate", "store", "gui")
+
+
+def run(*args, **kwargs) -> tuple[int, str]:
+    out = io.StringIO()
+    code = run_self_test(*args, out=out, **kwargs)
+    return code, out.getvalue()
+
+
+def test_self_test_passes_with_the_fixture_model(qapp):
+    code, text = run(gui=True)
+    assert code == 0, text
+    lines = text.splitlines()
+    assert lines[-1] == "OK"
+    for step in STEPS:
+        assert any(line.split()[:2] == [step, "ok"] for line in lines), (step, text)
+    assert f"{selftest.GEN_TOKENS} generated" in text
+
+
+def test_finds_the_model_in_a_source_checkout():
+    model, mmproj = selftest.find_model()
+    assert model.name == selftest.MODEL_NAME and model.is_file()
+    assert mmproj is not None and mmproj.name == selftest.MMPROJ_NAME
+
+
+def test_missing_model_fails_with_the_path(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    code, text = run(missing, gui=False)
+    assert code == 1
+    assert text.splitlines()[-1] == f"FAILED: model: {missing}: no such file"
+    assert "generate" not in text  # later steps are not attempted
+
+
+def test_corrupt_model_fails_naming_the_file(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    code, text = run(bad, gui=False)
+    assert code == 1
+    last = text.splitlines()[-1]
+    assert last.startswith("FAILED: model: ") and str(bad) in last, text
+    assert "Traceback" not in text
+
+
+def test_model_without_projector_fails_at_the_vision_step(tmp_path):
+    lone = tmp_path / selftest.MODEL_NAME
+    shutil.copy(MODEL, lone)
+    code, text = run(lone, gui=False)
+    assert code == 1
+    assert "model     ok" in text
+    assert text.splitlines()[-1] == "FAILED: vision: the model was loaded without a vision projector"
+
+
+def test_env_override_and_missing_bundle_resources(tmp_path, monkeypatch):
+    monkeypatch.setenv(selftest.MODEL_ENV, str(tmp_path / "elsewhere.gguf"))
+    code, text = run(gui=False)
+    assert code == 1 and "elsewhere.gguf: no such file" in text
+
+    monkeypatch.delenv(selftest.MODEL_ENV)
+    monkeypatch.setattr(selftest, "_candidate_dirs", lambda: [tmp_path])
+    with pytest.raises(selftest.SelfTestFailure, match=str(tmp_path)):
+        selftest.find_model()
+    code, text = run(gui=False)
+    assert code == 1 and f"FAILED: model: the self-test model {selftest.MODEL_NAME}" in text
+
+
+@pytest.mark.slow
+def test_module_entry_point_exit_codes(tmp_path):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    ok = subprocess.run([sys.executable, "-m", "tramontane.app.selftest", "--no-gui"],
+                        capture_output=True, text=True, env=env, timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.splitlines()[-1] == "OK"
+    bad = subprocess.run([sys.executable, "-m", "tramontane.app.selftest", "--no-gui",
+                          "--model", str(tmp_path / "x.gguf")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 1
+    assert bad.stdout.splitlines()[-1] == f"FAILED: model: {tmp_path / 'x.gguf'}: no such file"
