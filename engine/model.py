@@ -273,6 +273,24 @@ class LayerWeights:
     w_up: QWeight | None = None
 
 
+def _available_ram() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux: stay quantized
+        return 0
+
+
+def _want_dense(gf: GGUFFile, cfg: TextConfig, device: torch.device, requested: bool | None) -> bool:
+    if device.type != "cpu":
+        return False
+    if requested is not None:
+        return requested
+    dense_bytes = sum(4 * math.prod(t.shape) for n, t in gf.tensors.items()
+                      if n.startswith("blk.") and len(t.shape) == 2)
+    dense_bytes += 4 * cfg.vocab_size * cfg.hidden  # the head
+    return dense_bytes <= _available_ram() // 2
+
+
 def _fusable(gf: GGUFFile, names: Sequence[str]) -> bool:
     return len({gf.tensors[n].ggml_type for n in names}) == 1
 
@@ -296,15 +314,20 @@ class Mistral3Text:
         self.head: QWeight | None = None
         self.rope: RopeTables | None = None
         self.path = None
-        self.weight_bytes = 0
+        self.weight_bytes = 0  # bytes of the file's tensors in use (as stored)
+        self.dense_weights = False  # CPU: linear weights dequantized to float32 at load
         self.use_cuda_graphs = device.type == "cuda" and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
         self.prefill_chunk = PREFILL_CHUNK
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
     def load(cls, path_or_gf, device: str | torch.device = "auto", dtype: torch.dtype | None = None,
-             progress=None) -> "Mistral3Text":
-        """Read a mistral3 / llama-labelled Mistral 3 GGUF. Raises GGUFError naming the file."""
+             progress=None, dense_on_cpu: bool | None = None) -> "Mistral3Text":
+        """Read a mistral3 / llama-labelled Mistral 3 GGUF. Raises GGUFError naming the file.
+
+        dense_on_cpu: on CPU, dequantize the linear weights to float32 once at load (None:
+        when that fits in half the available RAM). The CPU reference matmul otherwise
+        dequantizes every weight on every call, ~100x slower per decoded token."""
         gf = path_or_gf if isinstance(path_or_gf, GGUFFile) else open_gguf(path_or_gf)
         cfg = text_config(gf)
         if cfg.rope_dim != cfg.head_dim:
@@ -318,13 +341,17 @@ class Mistral3Text:
         device = resolve_device(device)
         model = cls(cfg, device, dtype or default_dtype(device))
         model.path = gf.path
+        model.dense_weights = _want_dense(gf, cfg, model.device, dense_on_cpu)
         model._load_weights(gf, progress)
         return model
 
-    def _upload(self, gf: GGUFFile, name: str) -> QWeight:
+    def _upload(self, gf: GGUFFile, name: str, dense: bool = True) -> QWeight:
         info = gf.tensors[name]
         self.weight_bytes += info.nbytes
-        return QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), self.device)
+        w = QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), self.device)
+        if dense and self.dense_weights and w.ggml_type != ggml_types.F32:
+            w = QWeight(ggml_types.F32, w.shape, w.dequantize(torch.float32))
+        return w
 
     def _upload_fused(self, gf: GGUFFile, names: Sequence[str]) -> QWeight:
         parts = [self._upload(gf, n) for n in names]
@@ -339,7 +366,8 @@ class Mistral3Text:
     def _load_weights(self, gf: GGUFFile, progress=None) -> None:
         cfg = self.cfg
         try:
-            self.embedding = TokenEmbedding(self._upload(gf, "token_embd.weight"), self.dtype)
+            # Looked-up rows are dequantized on the fly: the table stays as stored.
+            self.embedding = TokenEmbedding(self._upload(gf, "token_embd.weight", dense=False), self.dtype)
             for i in range(cfg.n_layers):
                 b = f"blk.{i}."
                 qkv = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
@@ -363,7 +391,13 @@ class Mistral3Text:
                     progress(i + 1, cfg.n_layers)
             self.output_norm = self._norm(gf, "output_norm.weight")
             # No output.weight: the head is the embedding table (tied), same device bytes.
-            self.head = self.embedding.weight if cfg.tied_embeddings else self._upload(gf, "output.weight")
+            if not cfg.tied_embeddings:
+                self.head = self._upload(gf, "output.weight")
+            elif self.dense_weights and self.embedding.weight.ggml_type != ggml_types.F32:
+                self.head = self._upload(gf, "token_embd.weight")
+                self.weight_bytes -= gf.tensors["token_embd.weight"].nbytes  # counted once
+            else:
+                self.head = self.embedding.weight
         except ggml_types.QuantFormatError as exc:
             raise GGUFError(f"{gf.path}: {exc}") from None
 
@@ -563,8 +597,8 @@ class Mistral3Text:
         if self.use_cuda_graphs and self.device.type == "cuda":
             try:
                 if cache._decode_graphs is None:
-                    cache._decode_graphs = _DecodeGraphs(self, cache)
-                logits = cache._decode_graphs.run(token_id, pos)
+                    cache._decode_graphs = _DecodeGraphs(self)
+                logits = cache._decode_graphs.run(cache, token_id, pos)
                 cache.length = pos + 1
                 return logits
             except Exception as exc:  # noqa: BLE001 - keep generating on the eager path
@@ -575,24 +609,25 @@ class Mistral3Text:
 
 
 class _DecodeGraphs:
-    """CUDA graphs of `decode_static`, one per key bucket, bound to one cache's tensors.
+    """CUDA graphs of `decode_static`, one per key bucket, for one cache (stored on it; they
+    bind its tensors' addresses, and go when the cache goes — no reference back to it).
 
     Inputs live in static buffers (the input row and the position); the embedding lookup runs
-    eagerly before replay (quantized row dequantization builds small host tensors). Graphs
-    share one memory pool: they are never replayed concurrently, and the logits are cloned
-    right after each replay, so reuse of intermediate memory between graphs is safe."""
+    eagerly before replay (row dequantization builds small host tensors). Graphs share one
+    memory pool: they never run concurrently and the logits are cloned right after each
+    replay, so the pool's reuse of intermediate memory between graphs is safe."""
 
-    def __init__(self, model: Mistral3Text, cache: KVCache):
+    def __init__(self, model: Mistral3Text):
         self.model = model
-        self.cache = cache
         dev = model.device
         self.x = torch.zeros(1, model.cfg.hidden, dtype=model.dtype, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
+        self.rope = model.rope  # graphs read these tables' memory: keep them alive, notice a rebuild
 
-    def _capture(self, bucket: int):
-        model, cache = self.model, self.cache
+    def _capture(self, cache: KVCache, bucket: int):
+        model = self.model
         stream = torch.cuda.Stream(device=model.device)
         stream.wait_stream(torch.cuda.current_stream(model.device))
         with torch.cuda.stream(stream):
@@ -604,13 +639,16 @@ class _DecodeGraphs:
             out = model.decode_static(self.x, self.pos, cache, bucket)
         return graph, out
 
-    def run(self, token_id: int, pos: int) -> torch.Tensor:
+    def run(self, cache: KVCache, token_id: int, pos: int) -> torch.Tensor:
         model = self.model
         self.x.copy_(model.embed([token_id]))
         self.pos.fill_(pos)
-        bucket = model.decode_bucket(pos + 1, self.cache.capacity)
+        bucket = model.decode_bucket(pos + 1, cache.capacity)
+        if self.rope is not model.rope:  # tables rebuilt for a longer cache: recapture
+            self.graphs.clear()
+            self.rope = model.rope
         if bucket not in self.graphs:
-            self.graphs[bucket] = self._capture(bucket)
+            self.graphs[bucket] = self._capture(cache, bucket)
         graph, out = self.graphs[bucket]
         graph.replay()
         return out.clone()
