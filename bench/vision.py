@@ -6,7 +6,7 @@
 A random tower is built with HF (`PixtralVisionModel` + `Mistral3MultiModalProjector`), written
 to an mmproj GGUF the way llama.cpp's converter lays it out (Q/K rows permuted), loaded by
 `VisionTower`, and both encode the same preprocessed 640×480 and 1540×1540 images. Prints
-median times, our/HF ratios and the per-token cosine of the two outputs (a sanity check).
+median and min times (runs interleaved), our/HF ratios and the per-token cosine of the two outputs (a sanity check).
 Preprocessing (decode + resize + normalise) is timed too, against mistral-common when present.
 """
 from __future__ import annotations
@@ -126,18 +126,26 @@ def image_bytes(w: int, h: int) -> bytes:
     return buf.getvalue()
 
 
-def timed(fn, device: str, repeat: int) -> tuple[float, object]:
-    out = fn()  # warm-up (allocator, kernels, caches)
-    times = []
+def _once(fn, device: str) -> tuple[float, object]:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def timed_pair(fns, device: str, repeat: int) -> list[tuple[tuple[float, float], object]]:
+    """For each fn: ((median s, min s), last output). Runs are interleaved (a, b, a, b...) so
+    a noisy shared machine slows both alike; one warm-up run each first."""
+    outs = [fn() for fn in fns]
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeat):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        for i, fn in enumerate(fns):
+            dt, outs[i] = _once(fn, device)
+            times[i].append(dt)
+    return [((statistics.median(t), min(t)), o) for t, o in zip(times, outs)]
 
 
 def main(argv=None) -> int:
@@ -145,7 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="tower shape (default: tiny on CPU, real on CUDA)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["f32", "f16"], default=None, help="file/compute dtype (default f32 CPU, f16 CUDA)")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sizes", default="640x480,1540x1540")
     args = ap.parse_args(argv)
     shape_name = args.shape or ("real" if args.device == "cuda" else "tiny")
@@ -169,9 +177,9 @@ def main(argv=None) -> int:
         for size in args.sizes.split(","):
             w, h = (int(v) for v in size.split("x"))
             data = image_bytes(w, h)
-            pre_s, (pixels, rows, cols) = timed(
-                lambda: preprocess(data, image_size=IMAGE_SIZE, patch_size=PATCH, merge=MERGE, mean=MEAN, std=STD),
-                "cpu", args.repeat)
+            ours_pre = lambda: preprocess(data, image_size=IMAGE_SIZE, patch_size=PATCH, merge=MERGE,  # noqa: E731
+                                          mean=MEAN, std=STD)
+            ((pre_s, _), (pixels, rows, cols)), = timed_pair([ours_pre], "cpu", args.repeat)
             line = f"{w}x{h}: grid {rows}x{cols} ({rows * cols} tokens, {rows * cols * MERGE * MERGE} patches)"
             line += f" | preprocess {pre_s * 1000:.1f} ms"
             try:
@@ -179,28 +187,29 @@ def main(argv=None) -> int:
                 from mistral_common.protocol.instruct.chunk import ImageChunk
 
                 enc = ImageEncoder(ImageConfig(PATCH, IMAGE_SIZE, MERGE), SpecialImageIDs(10, 12, 13))
-                mc_s, _ = timed(lambda: enc(ImageChunk(image=Image.open(io.BytesIO(data)))), "cpu", args.repeat)
+                ((mc_s, _), _), = timed_pair([lambda: enc(ImageChunk(image=Image.open(io.BytesIO(data))))],
+                                             "cpu", args.repeat)
                 line += f" (mistral-common {mc_s * 1000:.1f} ms, ratio {pre_s / mc_s:.2f})"
             except ImportError:
                 pass
             print(line)
 
             px = pixels.to(args.device)
-            ours_s, y = timed(lambda: ours.encode(px), args.device, args.repeat)
-
             def hf_run():
                 with torch.inference_mode():
                     sizes = torch.tensor([list(px.shape[1:])], device=args.device)
                     feats = tower_hf(px[None].to(hf_dtype), image_sizes=sizes).last_hidden_state
                     return projector_hf(feats.squeeze(0), sizes)
 
-            hf_s, ref = timed(hf_run, args.device, args.repeat)
+            ((ours_s, ours_min), y), ((hf_s, hf_min), ref) = timed_pair(
+                [lambda: ours.encode(px), hf_run], args.device, args.repeat)
             cos = F.cosine_similarity(y.double(), ref.double(), dim=-1)
             extra = ""
             if args.device == "cuda":
                 extra = f", peak GPU mem {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
-            print(f"  encode: ours {ours_s * 1000:.1f} ms, HF {hf_s * 1000:.1f} ms, ours/HF time ratio "
-                  f"{ours_s / hf_s:.2f}; per-token cosine min {cos.min().item():.6f} mean {cos.mean().item():.6f}{extra}")
+            print(f"  encode (median / min of {args.repeat}): ours {ours_s * 1000:.1f} / {ours_min * 1000:.1f} ms, "
+                  f"HF {hf_s * 1000:.1f} / {hf_min * 1000:.1f} ms, ours/HF ratio {ours_s / hf_s:.2f} / "
+                  f"{ours_min / hf_min:.2f}; per-token cosine min {cos.min().item():.6f} mean {cos.mean().item():.6f}{extra}")
     return 0
 
 
