@@ -335,6 +335,9 @@ class Mistral3Text:
                             f"size {cfg.head_dim}; partial RoPE is not a Mistral 3 layout")
         if cfg.head_dim % 2:
             raise GGUFError(f"{gf.path}: attention.key_length {cfg.head_dim} is odd")
+        if cfg.rope_scaling not in (None, "yarn"):
+            raise GGUFError(f"{gf.path}: rope.scaling.type {cfg.rope_scaling!r} is not supported "
+                            f"(Mistral 3 uses none or yarn)")
         if cfg.rope_scaling == "yarn" and cfg.yarn_original_context <= 0:
             raise GGUFError(f"{gf.path}: rope.scaling.type is yarn but "
                             f"'{cfg.arch}.rope.scaling.original_context_length' is missing or 0")
@@ -446,13 +449,16 @@ class Mistral3Text:
         return self.embedding(ids)
 
     @torch.inference_mode()
-    def forward(self, embeds: torch.Tensor, start_pos: int, cache: KVCache | None = None,
+    def forward(self, embeds, start_pos: int, cache: KVCache | None = None,
                 all_logits: bool = False) -> torch.Tensor:
-        """Run T rows at positions [start_pos, start_pos + T). Returns float32 logits (vocab,)
+        """Run T rows at positions [start_pos, start_pos + T): `embeds` (T, hidden) input rows
+        (image features spliced in), or token ids. Returns float32 logits (vocab,)
         for the last row, or (T, vocab) with all_logits. Without a cache a temporary one is used.
 
         The cache must hold exactly start_pos valid positions before the call (truncate it
         first to rewind); afterwards it holds start_pos + T."""
+        if not (isinstance(embeds, torch.Tensor) and embeds.is_floating_point()):
+            embeds = self.embed(embeds)  # token ids
         if embeds.dim() == 3:
             embeds = embeds.squeeze(0)
         T = embeds.shape[0]

@@ -373,6 +373,26 @@ def test_refuses_non_mistral_file_with_gguf_error(tmp_path):
     rewrite_gguf(MISTRAL3_F32, dst, rename_arch="qwen2")
     with pytest.raises(GGUFError, match=re.escape(str(dst))):
         Mistral3Text.load(dst, device="cpu")
+    linear = tmp_path / "linear.gguf"
+    rewrite_gguf(MISTRAL3_F32, linear, set_kv={"mistral3.rope.scaling.type": "linear"})
+    with pytest.raises(GGUFError, match="rope.scaling.type 'linear'"):
+        Mistral3Text.load(linear, device="cpu")
+    no_orig = tmp_path / "yarn-no-orig.gguf"
+    rewrite_gguf(MINISTRAL3_F32, no_orig, drop_kv=["mistral3.rope.scaling.original_context_length"])
+    with pytest.raises(GGUFError, match="original_context_length"):
+        Mistral3Text.load(no_orig, device="cpu")
+
+
+def test_cpu_never_uses_cuda_graphs(ministral):
+    assert not ministral.use_cuda_graphs
+    ministral.use_cuda_graphs = True  # even when asked, a CPU model decodes eagerly
+    try:
+        cache = ministral.new_cache(16)
+        ministral.logits(_ids(4), 0, cache)
+        ministral.decode(5, cache)
+        assert cache._decode_graphs is None and cache.length == 5
+    finally:
+        ministral.use_cuda_graphs = False
 
 
 def test_embed_then_forward_equals_ids(ministral):
@@ -381,6 +401,7 @@ def test_embed_then_forward_equals_ids(ministral):
     emb = ministral.embed(ids)
     assert emb.shape == (12, ministral.cfg.hidden)
     assert torch.equal(ministral.forward(emb, 0), ministral.logits(ids))
+    assert torch.equal(ministral.forward(ids, 0), ministral.logits(ids))  # ids accepted too
     emb2 = emb.clone()
     emb2[3] = 0
     assert not torch.equal(ministral.forward(emb2, 0), ministral.logits(ids))
