@@ -164,6 +164,7 @@ class _Task:
         self.finished = threading.Event()
         self.thread: threading.Thread | None = None
         self.hasher = None  # sha256 of the bytes in the part so far
+        self.response = None  # the HTTP response being read, closed to interrupt a stall
 
     def status(self) -> DownloadStatus:
         eta = None
@@ -252,7 +253,23 @@ class DownloadManager:
     def pause(self, key: str) -> None:
         task = self._tasks.get(key)
         if task is not None and not task.finished.is_set():
-            task.stop.set()
+            self._interrupt(task)
+
+    @staticmethod
+    def _interrupt(task: _Task) -> None:
+        """Ask the worker to stop, and close its response so a stalled read ends now
+        rather than at the read timeout."""
+        task.stop.set()
+        resp = task.response
+        if resp is None:
+            return
+        try:  # shutting the socket down wakes a blocked recv(); the worker then sees stop
+            import socket
+            sock = resp.extensions["network_stream"].get_extra_info("socket")
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except Exception:  # noqa: BLE001 - no socket to reach: the read timeout ends it
+            pass
 
     def resume(self, key: str) -> DownloadStatus:
         task = self._tasks[key]
@@ -268,8 +285,8 @@ class DownloadManager:
             return
         with self._lock:
             task.cancel_requested = True
-            task.stop.set()
             running = not task.finished.is_set()
+        self._interrupt(task)
         if not running and task.state != DownloadState.DONE:
             self._discard_part(task.path)
             task.state = DownloadState.CANCELLED
@@ -309,7 +326,7 @@ class DownloadManager:
     def pause_all(self) -> None:
         for task in list(self._tasks.values()):
             if not task.finished.is_set():
-                task.stop.set()
+                self._interrupt(task)
 
     def shutdown(self, wait: bool = True, timeout: float | None = 10.0) -> None:
         """Pause everything (parts stay for the next run) and optionally wait for the
@@ -521,51 +538,57 @@ class DownloadManager:
         speed = _Speed()
         speed.add(time.monotonic(), start)
         last_note = 0.0
-        with get_session().stream("GET", location, headers=headers, follow_redirects=True,
-                                  timeout=self.read_timeout_s) as resp:
-            if resp.status_code == 416 and start == size:
-                return False
-            if resp.status_code == 200 and start > 0:
-                # The server ignored Range and sends the whole file: take it from byte 0.
-                self._start_part(task, part, 0)
-                start = 0
-                speed = _Speed()
-                speed.add(time.monotonic(), 0)
-            if resp.status_code not in (200, 206):
-                if resp.status_code >= 500 or resp.status_code == 429:
-                    raise ConnectionError(f"HTTP {resp.status_code}")
-                resp.read()
-                try:
-                    from huggingface_hub.utils import hf_raise_for_status
-                    hf_raise_for_status(resp)
-                except Exception as exc:  # noqa: BLE001
-                    raise translate_error(exc, f"{req.repo_id}/{req.filename}") from exc
-                raise HubError(f"{req.repo_id}/{req.filename}: unexpected HTTP "
-                               f"{resp.status_code}", "http")
-            if resp.status_code == 206:
-                content_range = resp.headers.get("Content-Range", "")
-                m = re.match(r"bytes (\d+)-", content_range)
-                if not m or int(m.group(1)) != start:
-                    raise _Restart()
-            with open(part, "ab") as f:
-                # Chunks as they arrive: whatever came before a dropped connection is kept.
-                for chunk in resp.iter_bytes():
-                    if task.stop.is_set():
-                        f.flush()
-                        raise _Interrupted()
-                    if task.done_bytes + len(chunk) > size:
-                        raise HubError(f"{req.repo_id}/{req.filename}: the server sent more than "
-                                       f"the announced {size} bytes.", "checksum")
-                    f.write(chunk)
-                    task.hasher.update(chunk)
-                    task.done_bytes += len(chunk)
-                    got_any = True
-                    now = time.monotonic()
-                    task.speed_bps = speed.add(now, task.done_bytes)
-                    if now - last_note >= self.progress_interval_s:
-                        last_note = now
-                        f.flush()
-                        self._notify(task)
+        try:
+            with get_session().stream("GET", location, headers=headers, follow_redirects=True,
+                                      timeout=self.read_timeout_s) as resp:
+                task.response = resp
+                if task.stop.is_set():
+                    raise _Interrupted()
+                if resp.status_code == 416 and start == size:
+                    return False
+                if resp.status_code == 200 and start > 0:
+                    # The server ignored Range and sends the whole file: take it from byte 0.
+                    self._start_part(task, part, 0)
+                    start = 0
+                    speed = _Speed()
+                    speed.add(time.monotonic(), 0)
+                if resp.status_code not in (200, 206):
+                    if resp.status_code >= 500 or resp.status_code == 429:
+                        raise ConnectionError(f"HTTP {resp.status_code}")
+                    resp.read()
+                    try:
+                        from huggingface_hub.utils import hf_raise_for_status
+                        hf_raise_for_status(resp)
+                    except Exception as exc:  # noqa: BLE001
+                        raise translate_error(exc, f"{req.repo_id}/{req.filename}") from exc
+                    raise HubError(f"{req.repo_id}/{req.filename}: unexpected HTTP "
+                                   f"{resp.status_code}", "http")
+                if resp.status_code == 206:
+                    content_range = resp.headers.get("Content-Range", "")
+                    m = re.match(r"bytes (\d+)-", content_range)
+                    if not m or int(m.group(1)) != start:
+                        raise _Restart()
+                with open(part, "ab") as f:
+                    # Chunks as they arrive: whatever came before a dropped connection is kept.
+                    for chunk in resp.iter_bytes():
+                        if task.stop.is_set():
+                            f.flush()
+                            raise _Interrupted()
+                        if task.done_bytes + len(chunk) > size:
+                            raise HubError(f"{req.repo_id}/{req.filename}: the server sent "
+                                           f"more than the announced {size} bytes.", "checksum")
+                        f.write(chunk)
+                        task.hasher.update(chunk)
+                        task.done_bytes += len(chunk)
+                        got_any = True
+                        now = time.monotonic()
+                        task.speed_bps = speed.add(now, task.done_bytes)
+                        if now - last_note >= self.progress_interval_s:
+                            last_note = now
+                            f.flush()
+                            self._notify(task)
+        finally:
+            task.response = None
         if task.done_bytes < size:
             raise ConnectionError(f"connection closed after {task.done_bytes} of {size} bytes")
         return got_any

@@ -49,6 +49,19 @@ class Faults:
     ignore_range: bool = False
     delay_per_chunk_s: float = 0.0
     fail_status: dict[str, int] = field(default_factory=dict)  # filename -> HTTP status on GET
+    # filename -> byte offset where the server stops sending (connection left open) until
+    # `release` is set: a stalled network.
+    stall_at: dict[str, int] = field(default_factory=dict)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):  # clients hanging up is expected here
+        import sys
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):
+            super().handle_error(request, client_address)
 
 
 class FakeHub:
@@ -61,11 +74,11 @@ class FakeHub:
         self.bytes_served: dict[str, int] = {}
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, lower-cased headers)
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler(cdn=False))
+        self.server = _QuietServer(("127.0.0.1", 0), self._handler(cdn=False))
         self.server.daemon_threads = True
         self.cdn_server = None
         if cdn:
-            self.cdn_server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler(cdn=True))
+            self.cdn_server = _QuietServer(("127.0.0.1", 0), self._handler(cdn=True))
             self.cdn_server.daemon_threads = True
         self._threads = []
 
@@ -89,6 +102,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.faults.release.set()
         for srv in (self.server, self.cdn_server):
             if srv is not None:
                 srv.shutdown()
@@ -309,8 +323,12 @@ class FakeHub:
                         cut = cuts.pop(0)
                 pos = start
                 stop_at = cut if cut is not None else end + 1
+                stall = hub.faults.stall_at.get(name)
                 while pos < stop_at:
-                    n = min(hub.chunk, stop_at - pos)
+                    if stall is not None and pos >= stall:
+                        hub.faults.release.wait(30)
+                        stall = None
+                    n = min(hub.chunk, stop_at - pos, (stall - pos) if stall else hub.chunk)
                     try:
                         self.wfile.write(body[pos:pos + n])
                         self.wfile.flush()

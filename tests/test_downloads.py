@@ -316,3 +316,22 @@ def test_two_managers_never_write_the_same_part(fake, tmp_path):
     fake.faults.delay_per_chunk_s = 0
     assert one.wait(req.key, 30).state is DownloadState.DONE
     assert_ready(fake, tmp_path / "m", MODEL_FILE)
+
+
+def test_pause_during_a_stalled_read_is_immediate(fake, tmp_path):
+    size = len(fake.repos[REPO].files[MODEL_FILE])
+    fake.faults.stall_at[MODEL_FILE] = size // 2
+    dm = manager(fake, tmp_path / "m", read_timeout_s=60)
+    req = DownloadRequest(REPO, MODEL_FILE)
+    dm.start(req)
+    wait_for(lambda: dm.status(req.key).done_bytes == size // 2)
+    time.sleep(0.2)  # now blocked in a read that would wait 60 s
+    t0 = time.monotonic()
+    dm.pause(req.key)
+    st = dm.wait(req.key, 10)
+    assert st.state is DownloadState.PAUSED and time.monotonic() - t0 < 5
+    assert part_path(st.path).stat().st_size == size // 2
+    fake.faults.stall_at.clear()
+    fake.faults.release.set()
+    assert run(dm, req).state is DownloadState.DONE
+    assert_ready(fake, tmp_path / "m", MODEL_FILE)
