@@ -14,6 +14,7 @@ hop to its own thread, e.g. by emitting a Qt signal).
 from __future__ import annotations
 
 import enum
+import errno
 import hashlib
 import json
 import os
@@ -143,6 +144,14 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None,
 
 class _Interrupted(Exception):
     """Raised inside a worker when pause or cancel was asked for."""
+
+
+class _DiskError(Exception):
+    """Writing the part failed (disk full, permissions): not a network problem, no retry."""
+
+    def __init__(self, cause: OSError):
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _Restart(Exception):
@@ -376,8 +385,9 @@ class DownloadManager:
                 task.state = DownloadState.PAUSED
         except HubError as exc:
             self._fail(task, str(exc), exc.kind)
-        except OSError as exc:
-            kind = "no_space" if getattr(exc, "errno", None) == 28 else "io"
+        except (OSError, _DiskError) as exc:
+            exc = exc.cause if isinstance(exc, _DiskError) else exc
+            kind = "no_space" if getattr(exc, "errno", None) == errno.ENOSPC else "io"
             self._fail(task, f"{task.path}: cannot write the download: {exc.strerror or exc}",
                        kind)
         except Exception as exc:  # noqa: BLE001 - never let a worker die silently
@@ -456,7 +466,7 @@ class DownloadManager:
             except _Restart:
                 self._start_part(task, part, 0)
                 continue
-            except HubError:
+            except (HubError, _DiskError):
                 raise
             except Exception as exc:  # noqa: BLE001 - network trouble: retry, then report
                 if task.stop.is_set():
@@ -568,16 +578,20 @@ class DownloadManager:
                     m = re.match(r"bytes (\d+)-", content_range)
                     if not m or int(m.group(1)) != start:
                         raise _Restart()
-                with open(part, "ab") as f:
+                # Unbuffered: each chunk is on disk once written (the part's size is the
+                # resume offset) and a full disk fails at that write, not at some close.
+                with open(part, "ab", buffering=0) as f:
                     # Chunks as they arrive: whatever came before a dropped connection is kept.
                     for chunk in resp.iter_bytes():
                         if task.stop.is_set():
-                            f.flush()
                             raise _Interrupted()
                         if task.done_bytes + len(chunk) > size:
                             raise HubError(f"{req.repo_id}/{req.filename}: the server sent "
                                            f"more than the announced {size} bytes.", "checksum")
-                        f.write(chunk)
+                        try:
+                            f.write(chunk)
+                        except OSError as exc:
+                            raise _DiskError(exc) from exc
                         task.hasher.update(chunk)
                         task.done_bytes += len(chunk)
                         got_any = True
@@ -585,7 +599,6 @@ class DownloadManager:
                         task.speed_bps = speed.add(now, task.done_bytes)
                         if now - last_note >= self.progress_interval_s:
                             last_note = now
-                            f.flush()
                             self._notify(task)
         finally:
             task.response = None

@@ -335,3 +335,44 @@ def test_pause_during_a_stalled_read_is_immediate(fake, tmp_path):
     fake.faults.release.set()
     assert run(dm, req).state is DownloadState.DONE
     assert_ready(fake, tmp_path / "m", MODEL_FILE)
+
+
+def test_disk_filling_up_mid_download_is_reported_and_resumable(fake, tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    from tramontane.engine import downloads
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            if self.f.tell() + len(data) > 100_000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def full_open(path, mode="r", *a, **kw):
+        f = builtins.open(path, mode, *a, **kw)
+        return FullDisk(f) if mode == "ab" else f
+
+    monkeypatch.setattr(downloads, "open", full_open, raising=False)
+    models = tmp_path / "m"
+    req = DownloadRequest(REPO, MODEL_FILE)
+    st = run(manager(fake, models), req)
+    assert st.state is DownloadState.FAILED and st.error_kind == "no_space"
+    assert "No space left" in st.error and MODEL_FILE in st.error
+    assert not st.path.exists() and 0 < part_path(st.path).stat().st_size <= 100_000
+    monkeypatch.undo()  # space freed: the retry continues the part
+    st = run(manager(fake, models), req)
+    assert st.state is DownloadState.DONE, st.error
+    assert_ready(fake, models, MODEL_FILE)
