@@ -273,6 +273,9 @@ class LayerWeights:
     w_up: QWeight | None = None
 
 
+_DTYPE_TYPES = {torch.bfloat16: ggml_types.BF16, torch.float16: ggml_types.F16}
+
+
 def _available_ram() -> int:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -354,6 +357,10 @@ class Mistral3Text:
         w = QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), self.device)
         if dense and self.dense_weights and w.ggml_type != ggml_types.F32:
             w = QWeight(ggml_types.F32, w.shape, w.dequantize(torch.float32))
+        elif self.device.type != "cpu" and w.ggml_type == ggml_types.F32 and self.dtype in _DTYPE_TYPES:
+            # An f32 file on a GPU: hold the weights in the compute dtype (as HF loading in bf16
+            # does), so matmuls run natively instead of upcasting activations every call.
+            w = QWeight(_DTYPE_TYPES[self.dtype], w.shape, w.data.to(self.dtype))
         return w
 
     def _upload_fused(self, gf: GGUFFile, names: Sequence[str]) -> QWeight:
