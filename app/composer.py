@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, Qt, Signal
-from PySide6.QtGui import QIcon, QImage, QPixmap
+from PySide6.QtGui import QIcon, QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QSizePolicy, QToolButton, QVBoxLayout, QWidget)
 
@@ -31,6 +31,29 @@ class AttachmentError(ValueError):
     """An image the composer refuses; the message names the file and the reason."""
 
 
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the image header, without decoding pixels; None if unknown."""
+    buffer = QBuffer()
+    buffer.setData(QByteArray(data))
+    buffer.open(QIODevice.OpenModeFlag.ReadOnly)
+    reader = QImageReader(buffer)
+    reader.setDecideFormatFromContent(True)
+    size = reader.size() if reader.canRead() else None
+    if size is not None and size.isValid():
+        return size.width(), size.height()
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as img:  # lazy: parses the header only
+                return img.size
+    except Image.DecompressionBombError:
+        return (1 << 30, 1 << 30)  # more pixels than anything we accept
+    except Exception:  # noqa: BLE001 - Pillow raises many types on non-images
+        return None
+
+
 def check_image(data: bytes, name: str) -> tuple[int, int]:
     """(width, height) of image bytes, or AttachmentError. Reads the header only, so a
     decompression bomb costs nothing."""
@@ -39,22 +62,16 @@ def check_image(data: bytes, name: str) -> tuple[int, int]:
     if len(data) > MAX_IMAGE_BYTES:
         raise AttachmentError(f"{name}: {len(data) / 1e6:.0f} MB is too big "
                               f"(images up to {MAX_IMAGE_BYTES >> 20} MB)")
-    from PIL import Image
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as img:  # lazy: parses the header only
-                w, h = img.size
-    except Image.DecompressionBombError:
-        raise AttachmentError(f"{name}: the image is too large to open safely") from None
-    except Exception:  # noqa: BLE001 - Pillow raises many types on non-images
-        raise AttachmentError(f"{name}: not an image (PNG, JPEG, WebP, GIF or BMP)") from None
+    size = image_size(data)
+    if size is None:
+        raise AttachmentError(f"{name}: not an image (PNG, JPEG, WebP, GIF or BMP)")
+    w, h = size
     if w < 1 or h < 1:
         raise AttachmentError(f"{name}: the image has no pixels ({w}×{h})")
     if w * h > MAX_IMAGE_PIXELS:
+        shown = f"{w}×{h} pixels" if w < (1 << 30) else "the image"
         raise AttachmentError(
-            f"{name}: {w}×{h} pixels is too large (at most {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels); "
+            f"{name}: {shown} is too large (at most {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels); "
             "shrink it first")
     return w, h
 

@@ -31,13 +31,13 @@ def _print_version(_args) -> int:
 
 
 def _self_test(args) -> int:
-    """Packaging hook: `tramontane.app.self_test.run(args) -> int` when that module exists."""
+    """Packaging hook: `tramontane.app.selftest.run(args) -> int` when that module exists."""
     try:
-        from . import self_test  # type: ignore[attr-defined]
+        from . import selftest  # type: ignore[attr-defined]
     except ImportError:
         print("tramontane: --self-test is not available in this build", file=sys.stderr)
         return 2
-    return int(self_test.run(args))
+    return int(selftest.run(args))
 
 
 # flag attribute -> handler, checked in this order before any window is made.

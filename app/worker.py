@@ -81,8 +81,12 @@ def _memory_words(device: str) -> str:
 
 
 def describe_engine(engine, model_path: str = "", mmproj_path: str = "") -> EngineInfo:
-    model = getattr(engine, "model", None)
-    device = getattr(getattr(model, "device", None), "type", "") if model is not None else "remote"
+    from ..engine.remote import RemoteEngine
+
+    if isinstance(engine, RemoteEngine):
+        device = "remote"
+    else:
+        device = getattr(getattr(getattr(engine, "model", None), "device", None), "type", "") or "?"
     return EngineInfo(
         description=engine.description,
         has_vision=bool(engine.has_vision),
