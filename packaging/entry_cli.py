@@ -1,0 +1,23 @@
+"""Frozen entry point of `tramontane-cli` (console executable beside the GUI one).
+
+`tramontane-cli self-test` runs the self-test without the window step: on Windows the GUI
+executable has no console, so this is where its output can be read.
+"""
+import multiprocessing
+import sys
+
+
+def _main() -> int:
+    args = sys.argv[1:]
+    if args and args[0] in ("self-test", "--self-test"):
+        from tramontane.app.selftest import main as self_test
+
+        return self_test(["--no-gui", *args[1:]])
+    from tramontane.engine.cli import main
+
+    return main()
+
+
+if __name__ == "__main__":
+    multiprocessing.freeze_support()
+    sys.exit(_main())
