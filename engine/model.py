@@ -607,7 +607,7 @@ class Mistral3Text:
         pos = cache.length
         if pos >= cache.capacity:
             raise EngineError(f"context full: the context length is {cache.capacity} tokens")
-        if self.use_cuda_graphs and self.device.type == "cuda":
+        if self._graphs_enabled():
             try:
                 if cache._decode_graphs is None:
                     cache._decode_graphs = _DecodeGraphs(self)
@@ -620,37 +620,44 @@ class Mistral3Text:
                 cache._decode_graphs = None
         return self.forward(self.embed([token_id]), pos, cache)
 
+    def _graphs_enabled(self) -> bool:
+        return self.use_cuda_graphs and self.device.type == "cuda"
+
+
+def _capture_cuda_graph(fn, device: torch.device, pool):
+    """Warm fn up on a side stream (Triton compiles / autotunes there, outside the capture),
+    then capture one call into a CUDA graph. Returns (replay, output tensor)."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph.replay, out
+
 
 class _DecodeGraphs:
     """CUDA graphs of `decode_static`, one per key bucket, for one cache (stored on it; they
     bind its tensors' addresses, and go when the cache goes — no reference back to it).
 
-    Inputs live in static buffers (the input row and the position); the embedding lookup runs
-    eagerly before replay (row dequantization builds small host tensors). Graphs share one
-    memory pool: they never run concurrently and the logits are cloned right after each
-    replay, so the pool's reuse of intermediate memory between graphs is safe."""
+    Inputs live in static buffers (the input row and the position) read at replay; the
+    embedding lookup runs eagerly before replay (row dequantization builds small host
+    tensors). Graphs share one memory pool: they never run concurrently and the logits are
+    cloned right after each replay, so the pool's reuse of intermediate memory is safe."""
+
+    capture = staticmethod(_capture_cuda_graph)
 
     def __init__(self, model: Mistral3Text):
         self.model = model
         dev = model.device
         self.x = torch.zeros(1, model.cfg.hidden, dtype=model.dtype, device=dev)
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, tuple] = {}  # bucket -> (replay, out)
+        self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         self.rope = model.rope  # graphs read these tables' memory: keep them alive, notice a rebuild
-
-    def _capture(self, cache: KVCache, bucket: int):
-        model = self.model
-        stream = torch.cuda.Stream(device=model.device)
-        stream.wait_stream(torch.cuda.current_stream(model.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: Triton compiles / autotunes outside the capture
-                model.decode_static(self.x, self.pos, cache, bucket)
-        torch.cuda.current_stream(model.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = model.decode_static(self.x, self.pos, cache, bucket)
-        return graph, out
 
     def run(self, cache: KVCache, token_id: int, pos: int) -> torch.Tensor:
         model = self.model
@@ -661,9 +668,10 @@ class _DecodeGraphs:
             self.graphs.clear()
             self.rope = model.rope
         if bucket not in self.graphs:
-            self.graphs[bucket] = self._capture(cache, bucket)
-        graph, out = self.graphs[bucket]
-        graph.replay()
+            self.graphs[bucket] = self.capture(
+                lambda: model.decode_static(self.x, self.pos, cache, bucket), model.device, self.pool)
+        replay, out = self.graphs[bucket]
+        replay()
         return out.clone()
 
 

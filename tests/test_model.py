@@ -432,3 +432,33 @@ def test_half_precision_compute_stays_close_to_float32(dtype, tol):
     full = ref.logits(ids[:-1], all_logits=True)
     assert ours.dtype == torch.float32
     assert (ours - full).abs().max().item() < tol
+
+
+def test_decode_graph_orchestration_with_an_eager_stand_in(monkeypatch):
+    """Everything around the CUDA capture, on CPU: static input buffers read at replay, one
+    "graph" per key bucket reused across steps, recapture after the RoPE tables are rebuilt,
+    cache bookkeeping — with a stand-in whose replay re-runs the captured function."""
+    from tramontane.engine import model as model_mod
+
+    captured = []
+
+    def eager_capture(fn, device, pool):
+        out = fn()
+        captured.append(out)
+        return (lambda: out.copy_(fn())), out
+
+    monkeypatch.setattr(model_mod._DecodeGraphs, "capture", staticmethod(eager_capture))
+    m = Mistral3Text.load(MINISTRAL3_F32, device="cpu")
+    monkeypatch.setattr(m, "_graphs_enabled", lambda: True)
+    ids = _ids(40, seed=17)
+    full = m.logits(ids, all_logits=True)
+    cache = m.new_cache(64)
+    rows = [m.logits(ids[:10], 0, cache)]
+    rows += [m.decode(t, cache) for t in ids[10:].tolist()]
+    assert cache.length == 40 and cache._decode_graphs is not None
+    assert (torch.stack(rows[:-1]) - full[9:39]).abs().max().item() <= CACHE_TOL
+    assert len(captured) == 1  # one bucket (64) for every step
+    m._ensure_rope(128)  # a longer cache elsewhere rebuilt the tables
+    cache.truncate(39)
+    last = m.decode(int(ids[39]), cache)
+    assert len(captured) == 2 and (last - rows[-1]).abs().max().item() <= CACHE_TOL
