@@ -99,9 +99,21 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """One token id from a logits vector (vocab,)."""
     logits = process_logits(logits, params, seen)
     if params.greedy:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        scores = logits
+    else:
+        # A draw from softmax(logits): argmax of p / E with E ~ Exp(1) (the exponential race,
+        # same distribution as torch.multinomial, but no device-side assert on NaN on CUDA).
+        probs = torch.softmax(logits, dim=-1)
+        race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+        scores = probs / race
+    token, bad = torch.stack((torch.argmax(scores), torch.isnan(logits).any().long())).tolist()
+    if bad:  # one host sync for both answers
+        raise EngineError(_INVALID_LOGITS)
+    return int(token)
+
+
+_INVALID_LOGITS = ("the model produced invalid logits (NaN): the weights may be corrupt, or the "
+                   "compute dtype overflowed (try --dtype bf16 / f32)")
 
 
 def check_params(params: SamplingParams) -> None:

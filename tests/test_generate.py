@@ -128,6 +128,12 @@ def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
     g = make_generator(7, "cpu")
     counts = torch.bincount(torch.tensor([sample(small, params, g) for _ in range(4000)]), minlength=4).float()
     assert (counts / 4000 - small.softmax(-1)).abs().max() < 0.03
+    # filtered tokens never come out; the kept ones in their renormalised proportions
+    g = make_generator(8, "cpu")
+    k2 = SamplingParams(temperature=1.0, top_k=2)
+    draws2 = torch.tensor([sample(small, k2, g) for _ in range(4000)])
+    assert set(draws2.tolist()) == {1, 2}
+    assert abs((draws2 == 2).float().mean().item() - torch.tensor([1.0, 2.0]).softmax(-1)[1].item()) < 0.03
     # greedy ignores the generator; with top_k=1 sampling is greedy too
     assert sample(logits, SamplingParams(temperature=0.0)) == int(logits.argmax())
     assert sample(logits, SamplingParams(temperature=5.0, top_k=1), make_generator(0, "cpu")) == int(logits.argmax())
@@ -308,3 +314,12 @@ def test_context_full_ends_with_length(model, tok):
     assert out.stats.finish_reason == "length" and len(out.token_ids) == 4 and cache.length == cache.capacity
     with pytest.raises(EngineError, match="does not fit"):
         generate(model, model.new_cache(4), PROMPT, SamplingParams(), tok)
+
+
+def test_nan_logits_are_a_clear_error():
+    bad = _logits(0)
+    bad[7] = float("nan")
+    with pytest.raises(EngineError, match="invalid logits"):
+        sample(bad, SamplingParams(temperature=0.0))
+    with pytest.raises(EngineError, match="invalid logits"):
+        sample(bad, SamplingParams(temperature=1.0), make_generator(0, "cpu"))
