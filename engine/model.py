@@ -424,6 +424,8 @@ class Mistral3Text:
         if self.device.type != "cuda":
             return min(limit, CPU_DEFAULT_CONTEXT)
         free, _total = torch.cuda.mem_get_info(self.device)
+        # Blocks torch's allocator holds but does not use (load-time temporaries) are free too.
+        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         # Prefill activations scale with the chunk: keep room for them too.
         act = self.prefill_chunk * (2 * self.cfg.ffn + 4 * self.cfg.hidden) * 4
         room = free - CUDA_HEADROOM_BYTES - act
