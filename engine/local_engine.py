@@ -19,6 +19,7 @@ from .chat_format import EncodedPrompt, encode_chat
 from .generate import generate
 from .gguf_file import GGUFError, open_gguf
 from .model import Mistral3Text
+from .model_file import text_config
 from .session import HostKVStore, Session, position_keys
 from .tokenizer import Tokenizer
 
@@ -35,6 +36,7 @@ class LocalEngine:
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         try:
             gf = open_gguf(self.model_path)
+            text_config(gf)  # refuse a projector or another architecture before anything else
             self.tokenizer = Tokenizer.from_gguf(gf)
             self.model = Mistral3Text.load(gf, device=device, progress=_scaled(progress, 0.0, 0.85))
         except GGUFError as exc:
@@ -94,7 +96,7 @@ class LocalEngine:
         n_prompt = len(prompt.ids)
         room = 1 if params.max_tokens > 0 else 0
         if n_prompt + room > self.cache.capacity:
-            raise EngineError(f"the conversation is {n_prompt} tokens, more than the context length "
+            raise EngineError(f"{self.model_path}: the conversation is {n_prompt} tokens, more than the context length "
                               f"of {self.cache.capacity}: start a new chat or raise the context length")
         self._activate(session_key)
         keys = position_keys(prompt.ids, prompt.image_spans)
