@@ -113,8 +113,10 @@ def query_scale(cfg: TextConfig, positions: torch.Tensor) -> torch.Tensor | None
 
 @dataclass
 class RopeTables:
-    """Per-position cos/sin (n, rope_dim/2) for keys, and for queries with the query scale
-    folded in. Built in float32 like transformers, then cast to the compute dtype."""
+    """Per-position tables (n, rope_dim) in the file's interleaved-pair layout: cos repeated
+    for both members of a pair, sin with the sign of its member (-s for x[2i], +s for x[2i+1]).
+    Keys use them as is; queries have the query scale folded in. Built in float32 like
+    transformers, then cast to the compute dtype."""
 
     cos_k: torch.Tensor
     sin_k: torch.Tensor
@@ -133,21 +135,25 @@ def build_rope_tables(cfg: TextConfig, n_positions: int, dtype: torch.dtype,
     angles = positions[:, None] * inv_freq[None, :]  # one f32 product each, as HF's outer matmul
     cos = angles.cos() * attention_factor
     sin = angles.sin() * attention_factor
+    cos_full = cos.repeat_interleave(2, dim=-1)
+    sin_signed = torch.stack((-sin, sin), dim=-1).flatten(-2)
     scale = query_scale(cfg, torch.arange(n_positions))
-    cos_q, sin_q = (cos, sin) if scale is None else (cos * scale[:, None], sin * scale[:, None])
+    if scale is None:
+        cos_q, sin_q = cos_full, sin_signed
+    else:
+        cos_q, sin_q = cos_full * scale[:, None], sin_signed * scale[:, None]
 
     def put(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=device, dtype=dtype).contiguous()
 
-    return RopeTables(put(cos), put(sin), put(cos_q), put(sin_q))
+    return RopeTables(put(cos_full), put(sin_signed), put(cos_q), put(sin_q))
 
 
-def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs: x (T, H, d), cos/sin (T, d/2). (x0, x1) -> (x0c - x1s, x1c + x0s)."""
-    pairs = x.unflatten(-1, (-1, 2))
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.stack((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1).flatten(-2)
+def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs: x (T, H, d), tables (T, d) from RopeTables.
+    (x0, x1) -> (x0·c - x1·s, x1·c + x0·s): x·cos + swap(x)·sin_signed, four kernels."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x * cos[:, None, :] + swapped * sin_signed[:, None, :]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -586,7 +592,9 @@ class Mistral3Text:
         n_rep = cfg.n_heads // cfg.n_kv_heads
         cos_q, sin_q = rope.cos_q.index_select(0, pos), rope.sin_q.index_select(0, pos)
         cos_k, sin_k = rope.cos_k.index_select(0, pos), rope.sin_k.index_select(0, pos)
-        visible = (torch.arange(bucket, device=x.device) <= pos).reshape(1, 1, 1, bucket)
+        # Additive mask, made once per step (a bool mask would be converted in every layer).
+        visible = torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
+            torch.arange(bucket, device=x.device) > pos, float("-inf"))
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
             q, k, v = self._qkv(layer, h)
