@@ -489,3 +489,21 @@ def test_default_context_on_cuda_is_what_fits(monkeypatch):
     free_mem(base + 100 * per_token)
     with pytest.raises(EngineError, match="not enough GPU memory"):
         m.default_context_length()
+
+
+def test_unsupported_tensor_type_is_a_gguf_error_naming_the_file(tmp_path):
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import GGML_QUANT_SIZES
+
+    src = os.path.join(FIXTURES, "mistral3_q256-Q8_0.gguf")
+    qtype = GGMLQuantizationType.IQ2_XXS
+    block, size = GGML_QUANT_SIZES[qtype]
+    with open_gguf(src) as gf:
+        rows, cols = gf.tensors["blk.0.ffn_up.weight"].shape
+    raw = np.zeros((rows, cols // block * size), dtype=np.uint8)
+    dst = tmp_path / "iq2.gguf"
+    rewrite_gguf(src, dst, replace_tensors={"blk.0.ffn_up.weight": (raw, qtype)})
+    with pytest.raises(GGUFError) as err:
+        Mistral3Text.load(dst, device="cpu")
+    assert str(err.value).startswith(str(dst)) and "not supported" in str(err.value)
