@@ -334,6 +334,7 @@ class Mistral3Text:
              progress=None, dense_on_cpu: bool | None = None) -> "Mistral3Text":
         """Read a mistral3 / llama-labelled Mistral 3 GGUF. Raises GGUFError naming the file.
 
+        progress(fraction, what): called after each layer (fraction in (0, 1]).
         dense_on_cpu: on CPU, dequantize the linear weights to float32 once at load (None:
         when that fits in half the available RAM). The CPU reference matmul otherwise
         dequantizes every weight on every call, ~100x slower per decoded token."""
@@ -404,7 +405,7 @@ class Mistral3Text:
                     layer.w_gate, layer.w_up = (self._upload(gf, n) for n in gate_up)
                 self.layers.append(layer)
                 if progress is not None:
-                    progress(i + 1, cfg.n_layers)
+                    progress((i + 1) / cfg.n_layers, f"loading layer {i + 1}/{cfg.n_layers}")
             self.output_norm = self._norm(gf, "output_norm.weight")
             # No output.weight: the head is the embedding table (tied), same device bytes.
             if not cfg.tied_embeddings:

@@ -507,3 +507,9 @@ def test_unsupported_tensor_type_is_a_gguf_error_naming_the_file(tmp_path):
     with pytest.raises(GGUFError) as err:
         Mistral3Text.load(dst, device="cpu")
     assert str(err.value).startswith(str(dst)) and "not supported" in str(err.value)
+
+
+def test_load_progress_reports_fractions():
+    seen = []
+    Mistral3Text.load(MISTRAL3_F32, device="cpu", progress=lambda frac, what: seen.append((frac, what)))
+    assert [f for f, _ in seen] == [0.5, 1.0] and all(isinstance(w, str) for _, w in seen)
