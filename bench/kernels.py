@@ -95,7 +95,7 @@ def run_gpu(args) -> None:
             w = random_weight(t, out_f, in_f, "cuda")
             for rows in rows_list:
                 x = torch.randn(rows, in_f, device="cuda", dtype=torch.bfloat16)
-                cfg = decode_config(out_f, in_f, rows, x.device)
+                cfg = decode_config(out_f, in_f, rows, x.device, t)
                 t_dec = gpu_time_ms(lambda: linear_decode(x, w))
                 t_dm = gpu_time_ms(lambda: x @ dequantize_triton(w, torch.bfloat16).t())
                 dense_gbs = ""

@@ -151,15 +151,27 @@ def _sm_count(device: torch.device) -> int:
     return 4
 
 
-def decode_config(n: int, k: int, m: int, device: torch.device) -> tuple[int, int, int, int]:
+# (BLOCK_N, num_warps) for one activation row, chosen offline from the sm_90 PTX of the inner
+# loop (instructions per weight element, barriers) and ptxas register counts (no spills):
+# BLOCK_N=16 / 4 warps gives 8-14 instructions per element for most types where the old
+# 8 / 4 gave up to 34. To be confirmed on the GPU: `bench/kernels.py --sweep`.
+_DECODE_TILE_1ROW = {gt.Q6_K: (16, 8)}
+
+
+def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int = gt.Q4_K
+                  ) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_M, SPLIT_K, num_warps): enough programs to fill every SM a few times."""
-    block_m = 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
-    block_n = 4 if m > 4 else 8
+    if m <= 1:
+        block_m = 1
+        block_n, warps = _DECODE_TILE_1ROW.get(ggml_type, (16, 4))
+    else:
+        block_m = 2 if m <= 2 else 4 if m <= 4 else 8
+        block_n, warps = (4 if m > 4 else 8), 4
     n_units = triton.cdiv(k, UNIT)
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     want = 4 * _sm_count(device)
     split_k = max(1, min(n_units // 4 if n_units >= 8 else 1, triton.cdiv(want, programs)))
-    return block_n, block_m, split_k, 4
+    return block_n, block_m, split_k, warps
 
 
 def linear_decode(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -172,7 +184,7 @@ def linear_decode(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> 
         x2 = x2.contiguous()
     m = x2.shape[0]
     data = w.data if w.data.is_contiguous() else w.data.contiguous()
-    block_n, block_m, split_k, *warps = config or decode_config(n, k, m, x.device)
+    block_n, block_m, split_k, *warps = config or decode_config(n, k, m, x.device, w.ggml_type)
     num_warps = warps[0] if warps else 4
     n_units = triton.cdiv(k, UNIT)
     units_per_split = triton.cdiv(n_units, split_k)
