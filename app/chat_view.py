@@ -173,10 +173,10 @@ class MessageWidget(QFrame):
         self._add_button(header, "copy", "Copy", "Copy this message's text", self._copy)
         if message.role == "user":
             self._add_button(header, "edit", "Edit", "Edit this message and send it again",
-                             self._start_edit, enabled=not busy)
-        if message.role == "assistant" and can_regenerate:
+                             self._start_edit)
+        if message.role == "assistant":
             self._add_button(header, "regenerate", "Regenerate", "Write this reply again",
-                             lambda: self.regenerateRequested.emit(self.message.id), enabled=not busy)
+                             lambda: self.regenerateRequested.emit(self.message.id))
         self._add_button(header, "branch", "Branch", "Start a new chat that copies the "
                          "conversation up to this message",
                          lambda: self.branchRequested.emit(self.message.id), enabled=message.state != "streaming")
@@ -205,9 +205,26 @@ class MessageWidget(QFrame):
         self.edit_box.hide()
         layout.addWidget(self.error_label)
         layout.addWidget(self.status)
+        self.has_live = live is not None
         self.set_text(message.text)
         self.set_stats(live)
         self.set_error(error)
+        self.set_busy(busy, can_regenerate)
+
+    def set_busy(self, busy: bool, can_regenerate: bool) -> None:
+        """Edit/Regenerate are off while a reply is written; Regenerate only on the last reply."""
+        if "edit" in self.buttons:
+            self.buttons["edit"].setEnabled(not busy)
+        if "regenerate" in self.buttons:
+            self.buttons["regenerate"].setVisible(can_regenerate)
+            self.buttons["regenerate"].setEnabled(not busy)
+
+    def shows(self, message, live, error: str, dark: bool) -> bool:
+        """Whether this widget already shows `message` exactly as it is now."""
+        mine = self.message
+        return (mine.id == message.id and mine.state == message.state and mine.text == message.text
+                and mine.finish_reason == message.finish_reason and self.error == error
+                and self.has_live == (live is not None) and self.dark == dark and self.editor is None)
 
     def _add_button(self, layout, key: str, text: str, tip: str, slot, enabled: bool = True) -> None:
         button = QToolButton()
@@ -343,11 +360,26 @@ class ChatView(QScrollArea):
 
     def show_messages(self, messages, *, live: dict, errors: dict, busy: bool,
                       streaming_id: int | None = None) -> None:
-        """Rebuild from stored messages; `live` maps message id -> GenerationStats of replies
-        made in this run, `errors` message id -> error text."""
-        self.clear()
+        """Show stored `messages`; `live` maps message id -> GenerationStats of replies made in
+        this run, `errors` message id -> error text. Widgets that already show a message as
+        it is are kept, so a new turn only builds the new messages."""
+        self._render_timer.stop()
+        self._pending_text = None
+        self.streaming = None
         last_assistant = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
-        for m in messages:
+        keep = 0
+        while (keep < len(self.widgets) and keep < len(messages) and messages[keep].id != streaming_id
+               and self.widgets[keep].shows(messages[keep], live.get(messages[keep].id),
+                                            errors.get(messages[keep].id, ""), self.dark)):
+            keep += 1
+        for w in self.widgets[keep:]:
+            self.column.removeWidget(w)
+            w.hide()  # deleteLater waits for the event loop; never show stale messages
+            w.deleteLater()
+        del self.widgets[keep:]
+        for w in self.widgets:
+            w.set_busy(busy, w.message.id == last_assistant)
+        for m in messages[keep:]:
             w = self._add(m, can_regenerate=m.id == last_assistant, busy=busy,
                           live=live.get(m.id), error=errors.get(m.id, ""))
             if m.id == streaming_id:

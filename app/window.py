@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, Qt, Signal
+from PySide6.QtCore import QByteArray, QEvent, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence, QPalette
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QFrame,
                                QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListView,
@@ -33,7 +33,7 @@ from .chat_view import ChatView
 from .composer import Composer
 from .settings import AppSettings, SettingsDialog
 from .store import Store, StoreError
-from .worker import ChatRequest, EngineInfo, EngineWorker
+from .worker import ChatRequest, EngineInfo, EngineWorker, warm_up_imports
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ GGUF_FILTER = "GGUF models (*.gguf)"
 @dataclass
 class PendingReply:
     request_id: int
-    chat_id: int
-    message_id: int
+    chat_id: int | None
+    message_id: int | None  # None until the worker has saved the reply row (_on_started)
     cancel: threading.Event
     text: str = ""
     pieces: int = 0
@@ -258,13 +258,16 @@ class MainWindow(QMainWindow):
         self.errors: dict[int, str] = {}  # message id -> failure text
         self.notices: dict[int | None, str] = {}  # chat id -> failure with nothing kept
         self._next_request = 0
+        self._unsent = None
         self._dark = is_dark()
 
+        warm_up_imports()
         self.worker = EngineWorker()
         self.worker.loadProgress.connect(self._on_load_progress)
         self.worker.loaded.connect(self._on_loaded)
         self.worker.loadFailed.connect(self._on_load_failed)
         self.worker.unloaded.connect(self._on_unloaded)
+        self.worker.started.connect(self._on_started)
         self.worker.piece.connect(self._on_piece)
         self.worker.finished.connect(self._on_finished)
         self.worker.failed.connect(self._on_failed)
@@ -640,45 +643,60 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ generation
     def send(self, text: str, images: list) -> bool:
-        """Save the user's message and start the reply. False (and a message) when it
-        cannot be sent now."""
+        """Start the reply to a new user message. False (and a message) when it cannot be
+        sent now. The message is saved by the worker, so a slow disk never stalls the UI."""
         if self.pending is not None:
             return False
         if self.engine_info is None and not self.loading:
             self.composer.show_message("Load a model first (Models… or Open… in the model bar).")
             return False
-        try:
-            chat_id = self.current_chat_id
-            if chat_id is None:
-                title = (text.strip().splitlines() or ["Image chat"])[0][:60]
-                chat_id = self.store.create_chat(title or "Image chat",
-                                                 system_prompt=self.settings.default_system_prompt)
-                self.current_chat_id = chat_id
-                self.settings.last_chat_id = chat_id
-            self.store.add_message(chat_id, "user", text, images)
-        except StoreError as exc:
-            self.composer.show_message(str(exc))
-            return False
+        store, chat_id = self.store, self.current_chat_id
+        title = (text.strip().splitlines() or ["Image chat"])[0][:60] or "Image chat"
+        system_prompt = self.settings.default_system_prompt
+        images = list(images)
+
+        def write() -> int:
+            cid = chat_id if chat_id is not None else store.create_chat(title, system_prompt=system_prompt)
+            store.add_message(cid, "user", text, images)
+            return cid
+
         self.composer.accepted()
+        self._unsent = (text, images)  # put back in the composer if saving fails
         self.notices.pop(chat_id, None)
-        self._refresh_list()
-        self._start_reply(chat_id)
+        self._start_reply(write)
         return True
 
-    def _start_reply(self, chat_id: int) -> None:
-        try:
-            messages = self.store.engine_messages(chat_id)
-            message_id = self.store.begin_reply(chat_id)
-        except StoreError as exc:
-            self.notices[chat_id] = str(exc)
-            self.refresh_view()
-            return
+    def _start_reply(self, write) -> None:
+        """Generate a reply. `write()` runs on the worker first: it saves what the user did
+        (new message, edit, truncation) and returns the chat id; then the worker reads the
+        chat, creates the streaming reply row and generates (see `_on_started`)."""
+        store = self.store
+
+        def prepare():
+            chat_id = write()
+            return chat_id, store.engine_messages(chat_id), store.begin_reply(chat_id)
+
         self._next_request += 1
         params = self.settings.sampling.params(**self.param_overrides)
-        self.pending = PendingReply(self._next_request, chat_id, message_id, threading.Event())
-        self.refresh_view()
-        self.worker.chat(ChatRequest(self.pending.request_id, messages, params, str(chat_id),
-                                     self.pending.cancel))
+        self.pending = PendingReply(self._next_request, self.current_chat_id, None, threading.Event())
+        self._update_busy()
+        self.worker.chat(ChatRequest(
+            self.pending.request_id, [], params, None, self.pending.cancel, prepare=prepare,
+            checkpoint=lambda message_id, text: store.checkpoint_reply(message_id, text)))
+
+    @Slot(int, int, int)
+    def _on_started(self, request_id: int, chat_id: int, message_id: int) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        self._unsent = None
+        new_chat = p.chat_id is None
+        p.chat_id, p.message_id = chat_id, message_id
+        if new_chat and self.current_chat_id is None:  # still on the new chat: show it
+            self.current_chat_id = chat_id
+        self._refresh_list()
+        if self.current_chat_id == chat_id:
+            self.refresh_view()
 
     def stop(self) -> None:
         """Stop the reply being written; the engine returns at the next token."""
@@ -693,56 +711,65 @@ class MainWindow(QMainWindow):
         chat_id = self.current_chat_id
         try:
             messages = self.store.get_chat(chat_id).messages
-            if message_id is None:
-                message_id = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
-                if message_id is None or messages[-1].role == "user":
-                    message_id = None  # a question without a reply: just answer it
-            if message_id is not None:
-                self.errors.pop(message_id, None)
-                self.store.truncate_after(message_id, inclusive=True)
         except StoreError as exc:
             self.notices[chat_id] = str(exc)
             self.refresh_view()
             return
-        if not self.store.get_chat(chat_id).messages:
-            self.refresh_view()
-            return
+        if message_id is None and messages and messages[-1].role == "assistant":
+            message_id = messages[-1].id
+        cut = next((i for i, m in enumerate(messages) if m.id == message_id), len(messages))
+        if not any(m.role == "user" for m in messages[:cut]):
+            return  # nothing to answer
+        self.errors.pop(message_id, None)
         self.notices.pop(chat_id, None)
-        self._start_reply(chat_id)
+        store = self.store
+
+        def write() -> int:
+            if message_id is not None:
+                store.truncate_after(message_id, inclusive=True)
+            return chat_id
+
+        self._start_reply(write)
 
     def edit_and_resend(self, message_id: int, text: str) -> None:
         """Replace a user message's text, drop everything after it, and reply again."""
         if self.pending is not None:
             return
         try:
-            msg = self.store.get_message(message_id)
-            self.store.edit_message(message_id, text)
-            self.store.truncate_after(message_id)
+            chat_id = self.store.get_message(message_id).chat_id
         except StoreError as exc:
             self.notices[self.current_chat_id] = str(exc)
             self.refresh_view()
             return
-        self.notices.pop(msg.chat_id, None)
-        self._start_reply(msg.chat_id)
+        self.notices.pop(chat_id, None)
+        store = self.store
 
+        def write() -> int:
+            store.edit_message(message_id, text)
+            store.truncate_after(message_id)
+            return chat_id
+
+        self._start_reply(write)
+
+    @Slot(int, str)
     def _on_piece(self, request_id: int, text: str) -> None:
         p = self.pending
         if p is None or p.request_id != request_id:
             return
-        p.text += text
+        p.text += text  # the worker checkpoints it to the store (about once a second)
         p.pieces += 1
-        try:
-            self.store.checkpoint_reply(p.message_id, p.text)  # the store writes ~1/s
-        except StoreError as exc:
-            log.warning("checkpoint failed: %s", exc)
         if self.current_chat_id == p.chat_id:
             self.view.stream_text(p.text)
 
+    @Slot(int, object)
     def _on_finished(self, request_id: int, result) -> None:
         p = self.pending
         if p is None or p.request_id != request_id:
             return
         self.pending = None
+        if p.message_id is None:  # stopped before it started
+            self._after_reply(p)
+            return
         text = result.text if result.text or not p.text else p.text
         try:
             self.store.finish_reply(p.message_id, text, result.stats)
@@ -752,13 +779,21 @@ class MainWindow(QMainWindow):
         self._after_reply(p)
         self.replyFinished.emit(p.message_id)
 
+    @Slot(int, str)
     def _on_failed(self, request_id: int, message: str) -> None:
         p = self.pending
         if p is None or p.request_id != request_id:
             return
         self.pending = None
         try:
-            if p.text:
+            if p.message_id is None:  # failed before the reply row existed
+                self.notices[p.chat_id] = message
+                unsent, self._unsent = self._unsent, None
+                if unsent and not self.composer.edit.toPlainText() and not self.composer.images:
+                    self.composer.edit.setPlainText(unsent[0])
+                    for image in unsent[1]:
+                        self.composer.add_image(image)
+            elif p.text:
                 self.store.finish_reply(p.message_id, p.text, finish_reason="error")
                 self.errors[p.message_id] = message
             else:
@@ -771,7 +806,7 @@ class MainWindow(QMainWindow):
 
     def _after_reply(self, p: PendingReply) -> None:
         self._refresh_list()
-        if self.current_chat_id == p.chat_id:
+        if self.current_chat_id == p.chat_id or p.message_id is None:
             self.view.flush()
             self.refresh_view()
         else:
@@ -831,10 +866,12 @@ class MainWindow(QMainWindow):
         self.loading = choice.model or "server"
         self.worker.use_engine(engine)
 
+    @Slot(float, str)
     def _on_load_progress(self, frac: float, what: str) -> None:
         if self.loading:
             self.model_bar.show_progress(frac, what)
 
+    @Slot(object)
     def _on_loaded(self, info: EngineInfo) -> None:
         self.loading = None
         self.engine_info = info
@@ -844,6 +881,7 @@ class MainWindow(QMainWindow):
         self._update_model_state()
         self.modelLoaded.emit(info)
 
+    @Slot(str)
     def _on_load_failed(self, message: str) -> None:
         self.loading = None
         self.engine_info = None
@@ -852,6 +890,7 @@ class MainWindow(QMainWindow):
         self._update_model_state()
         self.refresh_view()
 
+    @Slot()
     def _on_unloaded(self) -> None:
         if self.loading:
             return  # a new model is on its way
@@ -911,10 +950,13 @@ class MainWindow(QMainWindow):
             p.cancel.set()
         try:
             self.settings.geometry = bytes(self.saveGeometry().toBase64()).decode()
+            if self.current_chat_id is not None:
+                self.settings.last_chat_id = self.current_chat_id
         except StoreError:
             pass
         self.worker.stop()
-        if p is not None and self.pending is p:  # the worker's answer will never be handled
+        if p is not None and self.pending is p and p.message_id is not None:
+            # The worker's answer will never be handled: keep what was written.
             self.pending = None
             try:
                 self.store.finish_reply(p.message_id, p.text, finish_reason="cancelled")

@@ -16,15 +16,22 @@ from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the mo
 
 import logging
 import os
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from ..engine.api import ChatMessage, EngineError, SamplingParams
 
 log = logging.getLogger(__name__)
+
+# Offer the partial reply to the store this often; the store itself writes at most once per
+# its checkpoint_interval_s (1 s), so this only bounds the cost of joining the text.
+CHECKPOINT_EVERY_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -43,13 +50,34 @@ class EngineInfo:
 
 @dataclass
 class ChatRequest:
-    """One reply to generate. `cancel` is set from the UI thread to stop it."""
+    """One reply to generate. `cancel` is set from the UI thread to stop it.
+
+    Disk writes happen here, on the worker, so a slow disk never stalls the UI:
+    `prepare()`, if given, runs first and returns (chat id, messages, reply message id); the
+    worker then emits `started` and uses those messages, with the chat id as session key.
+    `checkpoint(message id, text so far)` is called after every piece (the store throttles
+    it to about once a second)."""
 
     request_id: int
     messages: list[ChatMessage]
     params: SamplingParams
     session_key: str | None
     cancel: threading.Event
+    prepare: Callable[[], tuple[int, list[ChatMessage], int]] | None = None
+    checkpoint: Callable[[int, str], object] | None = None
+
+
+def warm_up_imports() -> None:
+    """Import the engine (torch, gguf, tokenizers, Pillow plugins...) on the calling thread.
+
+    Call it on the UI thread before the window shows: imports hold the GIL for long
+    stretches (module bodies, C-extension init), so doing them lazily in the worker on the
+    first load or first image would freeze the UI for a moment."""
+    from PIL import Image
+
+    from ..engine import chat_format, generate, image, local_engine, remote, tokenizer, vision  # noqa: F401
+
+    Image.init()  # Pillow loads its format plugins lazily otherwise
 
 
 def _human_bytes(n: float) -> str:
@@ -80,6 +108,16 @@ def _memory_words(device: str) -> str:
     return f"{_human_bytes(rss)} RAM (process)" if rss else ""
 
 
+def _leave_a_core_for_the_ui(device: str) -> None:
+    """On the CPU path, torch's intra-op threads would take every core; keep one for the UI."""
+    import torch
+
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        cores = os.cpu_count() or 1
+        if cores > 1 and torch.get_num_threads() >= cores:
+            torch.set_num_threads(cores - 1)
+
+
 def describe_engine(engine, model_path: str = "", mmproj_path: str = "") -> EngineInfo:
     from ..engine.remote import RemoteEngine
 
@@ -107,6 +145,7 @@ class EngineWorker(QObject):
     loaded = Signal(object)  # EngineInfo
     loadFailed = Signal(str)  # readable message
     unloaded = Signal()
+    started = Signal(int, int, int)  # request id, chat id, reply message id (after prepare)
     piece = Signal(int, str)  # request id, a piece of reply text
     finished = Signal(int, object)  # request id, GenerationResult (stats inside)
     failed = Signal(int, str)  # request id, readable message
@@ -130,6 +169,10 @@ class EngineWorker(QObject):
 
     # -- lifetime (UI thread) ----------------------------------------------------------------
     def start(self) -> QThread:
+        # The worker runs Python between torch calls; a short switch interval lets the UI
+        # thread take the GIL within ~1 ms when it has an event to handle (default 5 ms).
+        if sys.getswitchinterval() > 0.001:
+            sys.setswitchinterval(0.001)
         thread = QThread()
         thread.setObjectName("tramontane-engine")
         self.moveToThread(thread)
@@ -180,6 +223,7 @@ class EngineWorker(QObject):
         from ..engine.local_engine import LocalEngine
 
         self._close_engine()
+        _leave_a_core_for_the_ui(device)
         try:
             engine = LocalEngine(model_path, mmproj_path or None, device=device,
                                  context_length=context_length or None,
@@ -225,14 +269,40 @@ class EngineWorker(QObject):
         if self.engine is None:
             self.failed.emit(rid, "No model is loaded: load one from the model bar first.")
             return
+        message_id = None
+        if req.prepare is not None:
+            try:
+                chat_id, req.messages, message_id = req.prepare()
+            except Exception as exc:  # noqa: BLE001 - StoreError and the like, in words
+                log.exception("saving the message failed")
+                self.failed.emit(rid, f"Could not save the message: {exc}")
+                return
+            req.session_key = str(chat_id)
+            self.started.emit(rid, chat_id, message_id)
         if req.cancel.is_set():  # stopped while it waited behind a load
             from ..engine.api import GenerationResult, GenerationStats
 
             self.finished.emit(rid, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")))
             return
+        so_far: list[str] = []
+        last_save = [float("-inf")]
+
+        def on_piece(text: str) -> None:
+            self.piece.emit(rid, text)
+            if req.checkpoint is None or message_id is None:
+                return
+            so_far.append(text)
+            now = time.monotonic()
+            if now - last_save[0] < CHECKPOINT_EVERY_S:  # the first piece is saved at once
+                return
+            last_save[0] = now
+            try:
+                req.checkpoint(message_id, "".join(so_far))
+            except Exception:  # noqa: BLE001 - a failed save must not stop the reply
+                log.exception("checkpointing the reply failed")
+
         try:
-            result = self.engine.chat(req.messages, req.params,
-                                      on_piece=lambda text: self.piece.emit(rid, text),
+            result = self.engine.chat(req.messages, req.params, on_piece=on_piece,
                                       cancel=req.cancel, session_key=req.session_key)
         except EngineError as exc:
             self.failed.emit(rid, str(exc) or type(exc).__name__)

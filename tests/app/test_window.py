@@ -350,6 +350,9 @@ def test_ui_stays_responsive_while_loading_and_generating(qtbot, tmp_path):
         counter = PieceCounter(window)
         last[0] = time.perf_counter()
         gaps.clear()
+        image = tmp_path / "scene.png"
+        image.write_bytes(png_bytes(64, 48, seed=5))
+        drop_files(window.composer, [image])  # the image is encoded on the worker too
         with qtbot.waitSignal(window.replyFinished, timeout=30000):
             window.composer.edit.setPlainText("Keep talking")
             window.composer.submit()
