@@ -61,6 +61,11 @@ MODEL=$(find "$B" -name mistral3_tiny-f32.gguf -path '*resources/selftest/*' | h
 [ -n "$MODEL" ] || { echo "the self-test model is not in the bundle" >&2; exit 1; }
 "$B/tramontane-cli" info "$MODEL"
 "$B/tramontane-cli" self-test
+if command -v xvfb-run >/dev/null 2>&1; then  # a real X11 window through the bundled xcb plugin
+    QT_QPA_PLATFORM=xcb xvfb-run -a "$B/tramontane" --self-test
+else
+    echo "(xvfb-run not installed: the xcb window check is skipped)"
+fi
 
 step "bundle contents"
 QT_PLUGINS=$(find "$B" -type d -path '*Qt/plugins' | head -1)

@@ -199,10 +199,14 @@ def test_install_sh_installs_and_uninstalls(tmp_path):
     assert out.stdout.strip() == "tramontane-cli info"
     assert (home / ".local/share/icons/hicolor/256x256/apps/tramontane.png").is_file()
     assert (home / ".local/share/icons/hicolor/scalable/apps/tramontane.svg").is_file()
-    entry = read_desktop(home / ".local/share/applications/tramontane.desktop")
+    installed = home / ".local/share/applications/tramontane.desktop"
+    entry = read_desktop(installed)
     assert entry["Exec"] == f'"{prefix}/tramontane"'
     assert entry["TryExec"] == f"{prefix}/tramontane"
     assert entry["Icon"] == "tramontane"
+    if shutil.which("desktop-file-validate"):  # a quoted path with a space is still valid
+        res = subprocess.run(["desktop-file-validate", str(installed)], capture_output=True, text=True)
+        assert res.returncode == 0 and not res.stdout.strip(), res.stdout + res.stderr
 
     # Reinstalling replaces the app (no stale files), an unrelated link survives uninstall.
     (prefix / "stale.txt").write_text("old")
