@@ -58,8 +58,13 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """f32 on CPU (exactness, and bf16 matmuls are slow there); bf16 on CUDA."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+    """f32 on CPU (exactness, and bf16 matmuls are slow there); bf16 on CUDA (what the
+    checkpoints are trained in), f16 on GPUs older than Ampere, which have no bf16 units."""
+    if device.type == "cpu":
+        return torch.float32
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
+        return torch.float16
+    return torch.bfloat16
 
 
 # ----------------------------------------------------------------------------- RoPE / YaRN
