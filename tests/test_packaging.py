@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import tomllib
+import types
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,13 @@ class FakeAnalysis(Recorder):
 
 
 def evaluate_spec(tmp_path, monkeypatch, **env) -> dict:
-    pytest.importorskip("PyInstaller", reason="PyInstaller not installed (pip install pyinstaller)")
+    """Run the spec as PyInstaller would, with recording classes (no build, no PyInstaller
+    needed: its `copy_metadata` is stubbed too)."""
+    hooks = types.ModuleType("PyInstaller.utils.hooks")
+    hooks.copy_metadata = lambda dist: [(f"/site/{dist}.dist-info", f"{dist}.dist-info")]
+    for name in ("PyInstaller", "PyInstaller.utils"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "PyInstaller.utils.hooks", hooks)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     Recorder.made = []
