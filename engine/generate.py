@@ -205,8 +205,8 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     """Prefill `prompt` (token ids, or (T, hidden) input embeddings with image features
     spliced in) at `start_pos` (default: the cache's length; a smaller value truncates the
     cache first), then sample until EOS (unless params.ignore_eos), a stop string, max_tokens,
-    a full context, or `cancel` (checked before every step, so another thread stops it within
-    one token). Text pieces stream through `on_piece`.
+    a full context, or `cancel` (checked between prefill chunks and before every decode step,
+    so another thread stops it within one token). Text pieces stream through `on_piece`.
 
     `history_ids`: every token id of the sequence so far (for the repetition penalty); defaults
     to the prompt ids when the prompt is ids."""
@@ -246,7 +246,9 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     if start_pos + n_prompt > cache.capacity:
         raise EngineError(f"the prompt ({start_pos + n_prompt} tokens) does not fit the context "
                           f"length {cache.capacity}")
-    logits = model.forward(embeds, start_pos, cache)
+    logits = model.forward(embeds, start_pos, cache, cancel=cancel)
+    if logits is None:  # cancelled between prefill chunks: the cache holds a prefix
+        return finish("cancelled", [], [], None, None, 0)
 
     device = logits.device
     generator = None if params.greedy else make_generator(params.seed, device)

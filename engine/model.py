@@ -36,6 +36,7 @@ from .model_file import TextConfig, text_config
 
 CPU_DEFAULT_CONTEXT = 8192
 PREFILL_CHUNK = 2048  # prompt rows per forward pass: bounds activation memory on long prompts
+CPU_PREFILL_CHUNK = 512  # CPU is ~100x slower: smaller passes keep a cancel responsive
 CUDA_HEADROOM_BYTES = 1536 << 20  # left free after weights + KV for activations / allocator slack
 MIN_DECODE_BUCKET = 256
 
@@ -331,7 +332,8 @@ class Mistral3Text:
         self.weight_bytes = 0  # bytes of the file's tensors in use (as stored)
         self.dense_weights = False  # CPU: linear weights dequantized to float32 at load
         self.use_cuda_graphs = device.type == "cuda" and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
-        self.prefill_chunk = PREFILL_CHUNK
+        # Prompt rows per pass: bounds activation memory, and how often a cancel is seen.
+        self.prefill_chunk = PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
@@ -471,13 +473,16 @@ class Mistral3Text:
 
     @torch.inference_mode()
     def forward(self, embeds, start_pos: int, cache: KVCache | None = None,
-                all_logits: bool = False) -> torch.Tensor:
+                all_logits: bool = False, cancel=None) -> torch.Tensor | None:
         """Run T rows at positions [start_pos, start_pos + T): `embeds` (T, hidden) input rows
         (image features spliced in), or token ids. Returns float32 logits (vocab,)
         for the last row, or (T, vocab) with all_logits. Without a cache a temporary one is used.
 
         The cache must hold exactly start_pos valid positions before the call (truncate it
-        first to rewind); afterwards it holds start_pos + T."""
+        first to rewind); afterwards it holds start_pos + T.
+
+        `cancel` (a threading.Event) is checked between prefill chunks: when set, returns None
+        with the cache holding the rows done so far (a valid prefix)."""
         if not (isinstance(embeds, torch.Tensor) and embeds.is_floating_point()):
             embeds = self.embed(embeds)  # token ids
         if embeds.dim() == 3:
@@ -498,6 +503,8 @@ class Mistral3Text:
         embeds = embeds.to(device=self.device, dtype=self.dtype)
         outs = []
         for lo in range(0, T, self.prefill_chunk):
+            if lo and cancel is not None and cancel.is_set():
+                return None
             chunk = embeds[lo:lo + self.prefill_chunk]
             last = lo + chunk.shape[0] == T
             hidden = self._layers(chunk, start_pos + lo, cache)

@@ -323,3 +323,28 @@ def test_nan_logits_are_a_clear_error():
         sample(bad, SamplingParams(temperature=0.0))
     with pytest.raises(EngineError, match="invalid logits"):
         sample(bad, SamplingParams(temperature=1.0), make_generator(0, "cpu"))
+
+
+def test_cancel_during_a_long_prefill_keeps_a_valid_prefix(model, tok):
+    cancel = threading.Event()
+    real_layers = model._layers
+    passes = []
+
+    def layers_then_cancel(x, start, cache):
+        passes.append(start)
+        cancel.set()  # set by "another thread" while the first chunk runs
+        return real_layers(x, start, cache)
+
+    model._layers = layers_then_cancel
+    old_chunk = model.prefill_chunk
+    model.prefill_chunk = 4
+    try:
+        ids = list(range(1000, 1010))
+        out, pieces, cache = _run(model, tok, SamplingParams(max_tokens=5), prompt=ids, cancel=cancel)
+    finally:
+        model.prefill_chunk = old_chunk
+        del model._layers
+    assert passes == [0] and out.stats.finish_reason == "cancelled" and out.token_ids == []
+    assert cache.length == 4  # the chunk done is kept: a prefix of the prompt
+    rest = model.logits(ids[4:], 4, cache, all_logits=True)
+    assert (rest - model.logits(ids, all_logits=True)[4:]).abs().max().item() <= 1e-5
