@@ -114,6 +114,16 @@ def window(qtbot, tmp_path):
     close_window(w)
 
 
+@pytest.fixture(autouse=True)
+def no_cross_thread_widget_calls(qtlog):
+    """A slot run on the worker thread by mistake shows up as Qt warnings like 'Timers cannot
+    be started from another thread' or 'Cannot create children for a parent that is in a
+    different thread'."""
+    yield
+    bad = [r.message for r in qtlog.records if "thread" in r.message.lower()]
+    assert not bad, bad
+
+
 # --------------------------------------------------------------------------- tests
 
 def test_drop_image_type_send_streams_pieces(qtbot, window, tmp_path):
