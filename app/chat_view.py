@@ -187,8 +187,9 @@ class MessageWidget(QFrame):
             row = QHBoxLayout()
             for image in message.images:
                 button = QToolButton()
-                button.setIcon(QIcon(thumbnail(image.path)))
-                button.setIconSize(QSize(THUMB_SIZE, THUMB_SIZE))
+                pixmap = thumbnail(image.path)
+                button.setIcon(QIcon(pixmap))
+                button.setIconSize(pixmap.size() if not pixmap.isNull() else QSize(THUMB_SIZE, THUMB_SIZE))
                 button.setToolTip(f"{image.name} — click to open at full size")
                 button.setAccessibleName(f"Image {image.name}")
                 button.setAutoRaise(True)

@@ -88,6 +88,7 @@ class PromptEdit(QPlainTextEdit):
         self.setTabChangesFocus(True)
         self.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.setAccessibleName("Message")
+        self.setObjectName("prompt")
         self.min_lines, self.max_lines = 2, 8
         self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
         self._fit_height()

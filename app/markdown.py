@@ -59,9 +59,9 @@ def _scan(markdown: str, link: bool = False) -> tuple[list[CodeBlock], str]:
             if m:
                 fence, lang, lines = m.group(2), m.group(3), []
                 if link:
-                    label = f"Copy {lang} code" if lang else "Copy code"
+                    label = f"Copy code ({lang})" if lang else "Copy code"
                     # A blank line first so the link is its own paragraph even after text.
-                    out.extend(["", f"[⧉ {label}]({COPY_SCHEME}:{len(blocks)})", ""])
+                    out.extend(["", f"[{label}]({COPY_SCHEME}:{len(blocks)})", ""])
             out.append(line)
             continue
         stripped = line.strip()

@@ -73,6 +73,8 @@ def style_sheet(dark: bool) -> str:
         QLabel#composerMessage {{ color: {error}; }}
         QLabel#emptyTitle {{ font-size: 18pt; font-weight: 600; }}
         QFrame#attachment {{ border: 1px solid {border}; border-radius: 6px; }}
+        QPlainTextEdit#prompt {{ border: 1px solid {border}; border-radius: 6px; padding: 2px; }}
+        QListView#chatList::item {{ padding: 4px 2px; }}
     """
 
 
@@ -301,7 +303,10 @@ class MainWindow(QMainWindow):
         self.chat_list = QListView()
         self.chat_list.setModel(self.chat_model)
         self.chat_list.setAccessibleName("Chats")
+        self.chat_list.setObjectName("chatList")
         self.chat_list.setUniformItemSizes(True)
+        self.chat_list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.chat_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.chat_list.selectionModel().currentChanged.connect(self._chat_selected)
         self.chat_list.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
         buttons = QHBoxLayout()
