@@ -163,39 +163,54 @@ def tile_q3_k(rowp, u, rmask):
 
 
 @triton.jit
-def _k_layout_scaled(base, q_lo, rmask, p, g):
-    """Apply Q4_K/Q5_K 6-bit scales and mins of sub-block 2g + p."""
-    i = g * 2 + p  # [1,2,4,1], 0..7
+def _k_scale_min(base, rmask, i):
+    """Q4_K/Q5_K 6-bit scale and min of sub-block i (int tensor, 0..7) as float32 d*sc, dmin*m."""
     b_i = load_u8(base + 4 + i, rmask)
     b_i4 = load_u8(base + 8 + i, rmask)  # byte i + 4
-    b_im4 = load_u8(base + 4 + (i % 4), rmask)  # byte i - 4 (for i >= 4)
+    b_im4 = load_u8(base + 4 + (i % 4), rmask)  # byte i - 4 (used for i >= 4)
     lo = i < 4
     sc = tl.where(lo, b_i & 0x3F, (b_i4 & 0x0F) | ((b_im4 >> 6) << 4))
     mn = tl.where(lo, b_i4 & 0x3F, (b_i4 >> 4) | ((b_i >> 6) << 4))
-    dl = load_f16(base, rmask) * sc.to(tl.float32)
-    ml = load_f16(base + 2, rmask) * mn.to(tl.float32)
-    return dl * q_lo.to(tl.float32) - ml
+    return load_f16(base, rmask) * sc.to(tl.float32), load_f16(base + 2, rmask) * mn.to(tl.float32)
+
+
+@triton.jit
+def _k_nibble_tile(base, q_lo, q_hi, rmask):
+    """[BN, 4 chunks, 32 bytes, 2 nibbles] values of Q4_K/Q5_K and their columns: element
+    c*64 + h*32 + l comes from byte c*32 + l, nibble h, of sub-block 2c + h. The nibble axis is
+    innermost (tl.join), so both nibbles of a byte stay in the thread that loaded it."""
+    g = tl.arange(0, 4)[None, :, None]
+    s = tl.arange(0, 32)[None, None, :]
+    dl_lo, ml_lo = _k_scale_min(base, rmask, g * 2)
+    dl_hi, ml_hi = _k_scale_min(base, rmask, g * 2 + 1)
+    v_lo = dl_lo * q_lo.to(tl.float32) - ml_lo
+    v_hi = dl_hi * q_hi.to(tl.float32) - ml_hi
+    return tl.join(v_lo, v_hi), tl.join(g * 64 + s, g * 64 + 32 + s)
 
 
 @triton.jit
 def tile_q4_k(rowp, u, rmask):
     base = rowp + u * 144
-    p = tl.arange(0, 2)[None, :, None, None]  # nibble
-    g = tl.arange(0, 4)[None, None, :, None]  # 64-element chunk
-    s = tl.arange(0, 32)[None, None, None, :]
-    q = (load_u8(base + 16 + g * 32 + s, rmask) >> (p * 4)) & 0x0F
-    return _k_layout_scaled(base, q, rmask, p, g), g * 64 + p * 32 + s
+    rmask = tl.reshape(rmask, [rmask.shape[0], 1, 1])
+    base = tl.reshape(base, [base.shape[0], 1, 1])
+    g = tl.arange(0, 4)[None, :, None]  # 64-element chunk
+    s = tl.arange(0, 32)[None, None, :]
+    q = load_u8(base + 16 + g * 32 + s, rmask)
+    return _k_nibble_tile(base, q & 0x0F, q >> 4, rmask)
 
 
 @triton.jit
 def tile_q5_k(rowp, u, rmask):
+    # [BN, 2 nibbles, 4 chunks, 32 bytes] (measured on sm_90 PTX: fewer instructions per element
+    # for Q5_K than the joined-nibble layout of Q4_K)
     base = rowp + u * 176
     p = tl.arange(0, 2)[None, :, None, None]
     g = tl.arange(0, 4)[None, None, :, None]
     s = tl.arange(0, 32)[None, None, None, :]
     q = (load_u8(base + 48 + g * 32 + s, rmask) >> (p * 4)) & 0x0F
     q = q | (((load_u8(base + 16 + s, rmask) >> (g * 2 + p)) & 1) << 4)
-    return _k_layout_scaled(base, q, rmask, p, g), g * 64 + p * 32 + s
+    dl, ml = _k_scale_min(base, rmask, g * 2 + p)
+    return dl * q.to(tl.float32) - ml, g * 64 + p * 32 + s
 
 
 @triton.jit
