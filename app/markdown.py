@@ -192,9 +192,10 @@ class CodeHighlighter(QSyntaxHighlighter):
 
     @staticmethod
     def _lex(source: str, lang: str, n_lines: int) -> list[list[tuple[int, int, str]]] | None:
+        if not lang:  # guessing tries every lexer: too slow to redo while a reply streams
+            return None
         try:
-            lexer = (pygments.lexers.get_lexer_by_name(lang) if lang
-                     else pygments.lexers.guess_lexer(source))
+            lexer = pygments.lexers.get_lexer_by_name(lang)
         except ClassNotFound:
             return None
         lexer.stripnl = False
@@ -238,3 +239,4 @@ def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) 
         highlighter = CodeHighlighter(document, dark)
         highlighter.dark = dark
         document._tramontane_highlighter = highlighter  # keep a Python reference
+        highlighter.rehighlight()  # now, not at the next event loop turn: heights are final

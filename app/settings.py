@@ -198,9 +198,11 @@ class SettingsDialog(QDialog):
         self.models_dir.setPlaceholderText("default")
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse)
-        folder = QHBoxLayout()
-        folder.addWidget(self.models_dir, 1)
-        folder.addWidget(browse)
+        folder = QWidget()
+        row = QHBoxLayout(folder)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.models_dir, 1)
+        row.addWidget(browse)
         self.error = QLabel()
         self.error.setStyleSheet("color: #c62828;")
 
@@ -215,6 +217,7 @@ class SettingsDialog(QDialog):
         form.addRow("&Context length:", self.context_length)
         form.addRow("&Device:", self.device)
         form.addRow("Models &folder:", folder)
+        form.labelForField(folder).setBuddy(self.models_dir)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         if servers_dialog is not None:
             servers = buttons.addButton("Servers…", QDialogButtonBox.ButtonRole.ActionRole)
