@@ -14,6 +14,8 @@ scratch buffer, then torch.matmul (cuBLAS) - simple, and compute-bound anyway.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import ggml_types as gt
@@ -113,7 +115,8 @@ def _decode_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_bloc
                 acc += tl.where(m_ids[None, :] == mi, part[:, None], 0.0)
     m_all = pid_m * BLOCK_M + m_ids
     out = part_ptr + pid_k.to(tl.int64) * M * N + m_all[None, :].to(tl.int64) * N + rows[:, None]
-    tl.store(out, acc, mask=(rows[:, None] < N) & (m_all[None, :] < M))
+    # float32 partials when split over K, else the final output dtype directly (one launch)
+    tl.store(out, acc.to(part_ptr.dtype.element_ty), mask=(rows[:, None] < N) & (m_all[None, :] < M))
 
 
 def _check(w) -> None:
@@ -140,8 +143,9 @@ def dequantize_triton(w, dtype=torch.float32, out: torch.Tensor | None = None) -
     block_n = 8
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, UNIT))
     n_blocks = k // gt.type_info(w.ggml_type).block_size
-    _dequant_kernel[grid](data, out, _table(data.device), n, k, data.shape[1], n_blocks,
-                          QTYPE=w.ggml_type, BLOCK_N=block_n, num_warps=4, **_launch_opts(data.device))
+    with _on_device(data.device):
+        _dequant_kernel[grid](data, out, _table(data.device), n, k, data.shape[1], n_blocks,
+                              QTYPE=w.ggml_type, BLOCK_N=block_n, num_warps=4, **_launch_opts(data.device))
     return out
 
 
@@ -189,14 +193,20 @@ def linear_decode(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> 
     n_units = triton.cdiv(k, UNIT)
     units_per_split = triton.cdiv(n_units, split_k)
     split_k = triton.cdiv(n_units, units_per_split)
-    part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    part = torch.empty(split_k, m, n, dtype=torch.float32 if split_k > 1 else x.dtype, device=x.device)
     grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
     n_blocks = k // gt.type_info(w.ggml_type).block_size
-    _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
-                         units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
-                         BLOCK_M=block_m, num_warps=num_warps)
-    out = part[0] if split_k == 1 else part.sum(0)
-    return out.to(x.dtype).reshape(*x.shape[:-1], n)
+    with _on_device(x.device):
+        _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
+                             units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
+                             BLOCK_M=block_m, num_warps=num_warps)
+    out = part[0] if split_k == 1 else part.sum(0).to(x.dtype)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _on_device(device: torch.device):
+    """Triton launches on the *current* CUDA device: make it the tensors' one (multi-GPU maps)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def linear_prefill(x: torch.Tensor, w, chunk_bytes: int | None = None) -> torch.Tensor:

@@ -38,9 +38,10 @@ result = {}
 for t in qmatmul.TRITON_TYPES:
     try:
         compile_(qmatmul._dequant_kernel, deq, {"QTYPE": t, "BLOCK_N": 8}, 4, enable_fp_fusion=False)
-        for m in (1, 8):
+        for m, out_type in ((1, "*bf16"), (1, "*fp32"), (8, "*fp32")):  # direct output / split-K partials
             bn, bm, _, warps = qmatmul.decode_config(4096, 5120, m, Dev(), t)
-            compile_(qmatmul._decode_kernel, dec, {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": bm}, warps)
+            compile_(qmatmul._decode_kernel, {**dec, "part_ptr": out_type},
+                     {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": bm}, warps)
         result[gt.type_name(t)] = "ok"
     except Exception:
         result[gt.type_name(t)] = traceback.format_exc()[-2000:]
