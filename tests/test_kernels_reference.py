@@ -81,3 +81,20 @@ def test_cpu_linear_matches_dequant_matmul(ggml_type, monkeypatch):
             assert err <= (1e-5 if dtype == torch.float32 else 1e-2), (rows, dtype, err)
     x3 = torch.randn(2, 3, shape[1])
     assert linear(x3, w).shape == (2, 3, shape[0])
+
+
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K, gt.Q8_0, gt.F16, gt.BF16, gt.F32], ids=gt.type_name)
+def test_embedding_gathers_dequantized_rows(ggml_type):
+    from tramontane.kernels.linear import embedding
+
+    rng = np.random.default_rng(3)
+    shape = (50, 256)
+    raw = random_quant_bytes(ggml_type, shape, rng)
+    w = QWeight.from_raw(raw, ggml_type, shape, "cpu")
+    full = torch.from_numpy(_gguf_ref(raw, ggml_type, shape))
+    ids = torch.tensor([[3, 0, 49], [7, 7, 12]])
+    out = embedding(ids, w)
+    assert out.shape == (2, 3, 256)
+    assert torch.equal(out, full[ids])
+    with pytest.raises(IndexError, match=r"\[0, 50\)"):
+        embedding(torch.tensor([50]), w)
