@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Linux bundle and its installer archive:
-#   dist/tramontane/                                   one folder: tramontane, tramontane-cli, _internal/
+#   dist/tramontane/                                   one folder: tramontane, tramontane-cli (link), _internal/
 #   dist/tramontane-<version>-linux-<arch>.tar.gz      that folder + install.sh + desktop entry + icons
 #
 # Run from anywhere, with the Python that has the app installed (`pip install .`), the torch
@@ -19,6 +19,10 @@ NAME="tramontane-$VERSION-linux-$ARCH"
 t0=$(date +%s)
 "$PY" -m PyInstaller --noconfirm --clean --log-level WARN \
     --distpath dist --workpath build/pyinstaller packaging/tramontane.spec
+# On Linux the console/windowed distinction does not exist: tramontane-cli becomes a link to
+# tramontane (entry_gui.py dispatches on the name it was started as), so the 30+ MB Python
+# archive each executable embeds is shipped once.
+ln -sfn tramontane dist/tramontane/tramontane-cli
 t1=$(date +%s)
 echo "bundle: dist/tramontane ($(du -sh dist/tramontane | cut -f1), $((t1 - t0)) s)"
 [ "${NO_ARCHIVE:-0}" = 1 ] && exit 0

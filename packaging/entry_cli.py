@@ -1,4 +1,5 @@
-"""Frozen entry point of `tramontane-cli` (console executable beside the GUI one).
+"""Frozen entry point of `tramontane-cli` (console executable beside the GUI one, Windows/macOS;
+on Linux `tramontane-cli` is a symlink to `tramontane`, whose entry_gui.py dispatches the same way).
 
 `tramontane-cli self-test` runs the self-test without the window step: on Windows the GUI
 executable has no console, so this is where its output can be read.
@@ -15,7 +16,7 @@ def _main() -> int:
         return self_test(["--no-gui", *args[1:]])
     from tramontane.engine.cli import main
 
-    return main()
+    return main(args)
 
 
 if __name__ == "__main__":

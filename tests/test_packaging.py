@@ -277,6 +277,21 @@ def test_gui_entry_answers_version():
     assert res.stdout.strip() == f"Tramontane {pyproject()['project']['version']}"
 
 
+def test_gui_entry_started_as_tramontane_cli_is_the_cli(tmp_path):
+    """The Linux bundle's tramontane-cli is a symlink to tramontane: argv[0] decides."""
+    link = tmp_path / "tramontane-cli"
+    link.symlink_to(PACKAGING / "entry_gui.py")
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    res = subprocess.run([sys.executable, str(link), "info", "--json", str(FIXTURE_MODEL)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert '"architecture": "mistral3"' in res.stdout
+    bad = subprocess.run([sys.executable, str(link), "self-test", "--model", str(tmp_path / "x.gguf")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 1
+    assert bad.stdout.splitlines()[-1] == f"FAILED: model: {tmp_path / 'x.gguf'}: no such file"
+
+
 def test_cli_entry_runs_the_cli_and_its_self_test_fails_cleanly(tmp_path):
     res = run_entry("entry_cli.py", "info", str(FIXTURE_MODEL))
     assert res.returncode == 0, res.stderr
