@@ -55,6 +55,9 @@ def test_load_reports_progress_and_info_on_the_ui_thread(qtbot, worker):
     assert info.has_vision and info.device == "cpu" and not info.remote
     assert info.model_path == str(MODEL) and info.mmproj_path == str(MMPROJ)
     assert info.context_size == 512 and info.memory
+    # qtbot's waitSignal hears `loaded` directly on the worker thread; the queued progress
+    # calls reach the UI thread's event loop right after.
+    qtbot.waitUntil(lambda: progress and progress[-1][0] == 1.0, timeout=5000)
     fracs = [f for f, _ in progress]
     assert len(fracs) >= 2 and fracs == sorted(fracs) and fracs[-1] == 1.0
     assert set(threads) == {ui_thread}  # delivered (queued) to the UI thread
