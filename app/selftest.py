@@ -6,6 +6,7 @@ Steps, each printed as it passes or fails:
 2. model      load the tiny bundled GGUF model + projector with `LocalEngine` on the CPU
 3. vision     encode a small generated image through the projector (shape and finite values)
 4. generate   a few greedy tokens for a prompt that holds that image
+   gpu        the same on the GPU when torch sees a CUDA device (skipped, and said so, without)
 5. store      write a chat (text + image) with `Store` in a temporary data dir, reopen, read back
 6. gui        build the main window offscreen, if the GUI modules are present
 
@@ -120,11 +121,12 @@ class _Runner:
 
 
 def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = None, *,
-                  gui: bool | None = None, out: TextIO | None = None) -> int:
+                  gui: bool | None = None, gpu: bool | None = None, out: TextIO | None = None) -> int:
     """Run every step; 0 when all pass, 1 (after printing what failed) otherwise.
 
     `gui`: True requires the window step, False skips it, None runs it when PySide6 and the
-    window module import."""
+    window module import. `gpu`: False skips the GPU step, otherwise it runs when torch sees a
+    CUDA device."""
     out = out or sys.stdout
     from tramontane import __version__
 
@@ -197,6 +199,30 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
         return (f"{res.stats.prompt_tokens} prompt tokens, {len(res.token_ids)} generated"
                 f"{f', {tps:.0f} tok/s' if tps and math.isfinite(tps) else ''}")
 
+    def on_gpu() -> str:
+        """The same prompt on the GPU (torch's CUDA build, and the Triton kernels where they
+        apply): it must run and give the requested number of tokens."""
+        import torch
+
+        from ..engine.api import ChatMessage, EngineError, SamplingParams
+        from ..engine.local_engine import LocalEngine
+
+        cpu = state["engine"]
+        name = torch.cuda.get_device_name(0)
+        try:
+            eng = LocalEngine(cpu.model_path, cpu.mmproj_path, device="cuda", context_length=512)
+        except EngineError as exc:
+            raise SelfTestFailure(str(exc)) from None
+        try:
+            msg = ChatMessage("user", [state["image"], "What is in this picture?"])
+            params = SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True, seed=0)
+            res = eng.chat([msg], params)
+        finally:
+            eng.close()
+        if len(res.token_ids) != GEN_TOKENS:
+            raise SelfTestFailure(f"asked for {GEN_TOKENS} tokens on {name}, got {len(res.token_ids)}")
+        return f"{name}, CUDA {torch.version.cuda}, {GEN_TOKENS} tokens generated"
+
     def store() -> str:
         from ..engine.api import ChatMessage
         from .store import Store
@@ -244,6 +270,14 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
     r.step("model", load)
     r.step("vision", vision)
     r.step("generate", generate)
+    if gpu is not False and not r.failed:
+        import torch
+
+        if torch.cuda.is_available():
+            r.step("gpu", on_gpu)
+        else:
+            why = "a CPU build of torch" if torch.version.cuda is None else "no CUDA device or driver"
+            print(f"  gpu       skipped ({why}: models run on the CPU)", file=out, flush=True)
     r.step("store", store)
     if gui is not False:
         if gui is None and not _gui_available():
@@ -280,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="GGUF model to test with (default: the bundled tiny one)")
     parser.add_argument("--mmproj", help="its vision projector")
     parser.add_argument("--no-gui", action="store_true", help="skip the window step")
+    parser.add_argument("--no-gpu", action="store_true", help="skip the GPU step")
     args = parser.parse_args(argv)
-    return run_self_test(args.model, args.mmproj, gui=False if args.no_gui else None)
+    return run_self_test(args.model, args.mmproj, gui=False if args.no_gui else None,
+                         gpu=False if args.no_gpu else None)
 
 
 if __name__ == "__main__":

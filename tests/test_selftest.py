@@ -33,6 +33,33 @@ def test_self_test_passes_with_the_fixture_model(qapp):
     assert f"{selftest.GEN_TOKENS} generated" in text
 
 
+def test_gpu_step_reports_and_fails_cleanly_when_cuda_is_broken(monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU: test_gpu_step_on_a_real_gpu covers it")
+    code, text = run(gui=False)
+    assert code == 0 and "  gpu       skipped (" in text, text
+    # torch claims a device it cannot use: the step runs and its failure is reported.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Fake GPU")
+    code, text = run(gui=False)
+    assert code == 1
+    last = text.splitlines()[-1]
+    assert last.startswith("FAILED: gpu: "), text
+    assert "store" not in text  # later steps are not attempted
+    code, text = run(gui=False, gpu=False)
+    assert code == 0 and "gpu" not in text
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_step_on_a_real_gpu():
+    code, text = run(gui=False)
+    assert code == 0, text
+    assert any(line.split()[:2] == ["gpu", "ok"] for line in text.splitlines()), text
+
+
 def test_finds_the_model_in_a_source_checkout():
     model, mmproj = selftest.find_model()
     assert model.name == selftest.MODEL_NAME and model.is_file()
