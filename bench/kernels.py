@@ -128,9 +128,9 @@ def run_sweep(args) -> None:
                 x = torch.randn(rows, in_f, device="cuda", dtype=torch.bfloat16)
                 bm = 1 if rows == 1 else 2 if rows == 2 else 4 if rows <= 4 else 8
                 results = []
-                for bn in (2, 4, 8, 16, 32):
+                for bn in (4, 8, 16, 32, 64):
                     for split in (1, 2, 4, 8):
-                        for warps in (1, 2, 4, 8):
+                        for warps in (2, 4, 8):
                             cfg = (bn, bm, split, warps)
                             try:
                                 ms = gpu_time_ms(lambda: linear_decode(x, w, config=cfg), iters=10)
