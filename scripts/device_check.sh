@@ -38,7 +38,8 @@ export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 
 setup() {
-    "$PY" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA device'" || {
+    # DEVICE_CHECK_ALLOW_CPU=1: rehearse the script on a CPU machine (CUDA tests skip, bench says no GPU)
+    "$PY" -c "import torch, triton; assert torch.cuda.is_available() or '${DEVICE_CHECK_ALLOW_CPU:-0}' == '1', 'no CUDA device'" || {
         echo "device_check: needs torch + triton with a CUDA GPU"; exit 2; }
     local missing=()
     for mod in "${!DEPS[@]}"; do "$PY" -c "import $mod" 2>/dev/null || missing+=("${DEPS[$mod]}"); done
@@ -47,7 +48,9 @@ setup() {
         { [ -d "$WHEELS" ] && "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${missing[@]}"; } \
             || "$PY" -m pip install -q "${missing[@]}" || echo "WARNING: could not install ${missing[*]}"
     fi
-    if ! "$PY" -m pip install -q -e . --no-deps --no-build-isolation 2>/dev/null; then
+    if "$PY" -c "import tramontane.kernels, os, sys; sys.exit(os.path.realpath(tramontane.kernels.__path__[0]) != os.path.realpath('kernels'))" 2>/dev/null; then
+        echo "tramontane already importable from this checkout"
+    elif ! "$PY" -m pip install -q -e . --no-deps --no-build-isolation 2>/dev/null; then
         # fallback: the tramontane.* namespace through links, no install
         local shim; shim=$(mktemp -d)
         mkdir -p "$shim/tramontane"
@@ -56,13 +59,15 @@ setup() {
         export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
         echo "pip install -e failed; using PYTHONPATH shim $shim"
     fi
-    nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv,noheader || true
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.memory,driver_version --format=csv,noheader 2>/dev/null || true
     "$PY" -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
 }
 
 pytest_allow_none() {  # pytest, but "no tests selected" (rc 5) is not a failure
     "$PY" -m pytest "$@"; local rc=$?; [ $rc -eq 5 ] && return 0; return $rc
 }
+export PY
+export -f pytest_allow_none
 
 FAILED=()
 declare -A TOOK
@@ -71,7 +76,11 @@ section() {  # section NAME SECONDS cmd...
     if [ ${#ONLY[@]} -gt 0 ] && [[ ! " ${ONLY[*]} " == *" $name "* ]]; then return; fi
     echo; echo "=================== $name (limit ${limit}s) ==================="
     local start=$SECONDS
-    timeout --kill-after=10 "$limit" "$@"
+    if declare -F "$1" >/dev/null; then  # a shell function: run it in a child bash under timeout
+        timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@"
+    else
+        timeout --kill-after=10 "$limit" "$@"
+    fi
     local rc=$?
     TOOK[$name]="rc=$rc $((SECONDS - start))s"
     echo "=================== $name: rc=$rc in $((SECONDS - start))s ==================="
