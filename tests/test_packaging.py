@@ -299,3 +299,15 @@ def test_cli_entry_runs_the_cli_and_its_self_test_fails_cleanly(tmp_path):
     bad = run_entry("entry_cli.py", "self-test", "--model", str(tmp_path / "gone.gguf"))
     assert bad.returncode == 1
     assert bad.stdout.splitlines()[-1] == f"FAILED: model: {tmp_path / 'gone.gguf'}: no such file"
+
+
+# -- the real build (opt-in) -------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TRAMONTANE_PACKAGE_SMOKE") != "1",
+                    reason="builds the bundle from a clean clone (~5-20 min, ~4 GB): "
+                           "TRAMONTANE_PACKAGE_SMOKE=1 to run, or scripts/package_smoke.sh")
+def test_package_smoke():
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "package_smoke.sh")], capture_output=True,
+                         text=True, timeout=3600)
+    assert res.returncode == 0 and res.stdout.rstrip().endswith("SMOKE OK"), (
+        res.stdout[-4000:] + res.stderr[-4000:])
