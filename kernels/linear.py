@@ -102,6 +102,15 @@ class QWeight:
         return cls(info.id, shape, data.to(device))
 
     @classmethod
+    def from_gguf(cls, gf, name: str, device="cpu") -> QWeight:
+        """Tensor `name` of an open GGUFFile (engine.gguf_file). On CPU the weight keeps the file
+        mapped (zero copy); errors name the file and the tensor."""
+        if name not in gf.tensors:
+            raise QuantFormatError(f"{gf.path}: no tensor {name!r}")
+        info = gf.tensors[name]
+        return cls.from_raw(gf.raw(name), info.ggml_type, info.shape, device, name=f"{gf.path}: {name}")
+
+    @classmethod
     def cat(cls, weights: list[QWeight]) -> QWeight:
         """Concatenate along the output rows (fused QKV / gate_up)."""
         if not weights:

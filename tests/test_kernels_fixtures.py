@@ -66,3 +66,23 @@ def test_llamacpp_quantized_files_dequantize_like_gguf(path):
 def test_other_fixture_files_dequantize_like_gguf():
     for path in OTHER_FILES:
         _check_file(path, triton_rows=0)
+
+
+@pytest.mark.skipif(not LLAMACPP_FILES, reason="no tests/fixtures/*-llamacpp-*.gguf (llama.cpp-quantized fixtures not generated)")
+def test_qweight_from_gguf_file():
+    from tramontane.engine.gguf_file import open_gguf
+
+    path = LLAMACPP_FILES[0]
+    refs = {name: (t, shape, ref) for name, t, shape, _, ref in _tensors(path)}
+    gf = open_gguf(path)
+    checked = 0
+    for name, (ggml_type, shape, ref) in refs.items():
+        if len(shape) != 2:
+            continue
+        w = QWeight.from_gguf(gf, name, "cpu")
+        assert (w.ggml_type, w.shape) == (ggml_type, shape)
+        np.testing.assert_array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
+        checked += 1
+    assert checked >= 5
+    with pytest.raises(gt.QuantFormatError, match="no tensor 'nope'"):
+        QWeight.from_gguf(gf, "nope")
