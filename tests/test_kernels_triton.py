@@ -1,5 +1,6 @@
 """Triton kernels under the interpreter (CPU tensors): dequant bit-exact vs gguf.quants, fused
-decode matmul and prefill path within 1e-3 (relative to max |ref|) of dequant -> f32 matmul."""
+decode matmul and prefill path within 1e-5 (relative to max |ref|; the issue asks 1e-3) of
+gguf.quants dequant -> float32 matmul; float16 activations within 1e-3."""
 import numpy as np
 import pytest
 import torch
@@ -70,14 +71,16 @@ def test_triton_decode_and_prefill_match_dequant_matmul(ggml_type):
         if rows == 7:  # f16 activations: output dtype follows x
             out16 = linear_decode(x.to(DEV, torch.float16), w)
             assert out16.dtype == torch.float16
-            errs[("decode-f16", rows)] = _rel_err(out16, x.half().float() @ w_ref.t()) / 5  # f16 output rounding
+            # f16 output rounding (2^-11 relative) dominates
+            assert _rel_err(out16, x.half().float() @ w_ref.t()) <= 1e-3
     for rows in (2, 64, 300):
         x = torch.randn(rows, shape[1], generator=gen)
         ref = x @ w_ref.t()
         errs[("prefill", rows)] = _rel_err(linear_prefill(x.to(DEV), w, chunk_bytes=4 * shape[1] * 5), ref)
         errs[("reference", rows)] = _rel_err(linear_reference(x, w.to("cpu")), ref)
+    # float32 everywhere: only summation order differs (measured ~1e-7); the issue asks 1e-3
     worst = max(errs.values())
-    assert worst <= 1e-3, {k: v for k, v in errs.items() if v > 1e-3}
+    assert worst <= 1e-5, {k: v for k, v in errs.items() if v > 1e-5}
 
 
 @pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K, gt.Q5_0])
