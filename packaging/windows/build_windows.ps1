@@ -5,7 +5,7 @@
 # Needs: Python 3.11+ x64 with the app and the torch build to ship installed, PyInstaller, and
 # Inno Setup 6 (ISCC.exe on PATH or in its default folder). For example:
 #   py -3.11 -m venv .venv; .venv\Scripts\activate
-#   pip install torch --index-url https://download.pytorch.org/whl/cu128   # or CPU: plain `pip install torch`
+#   pip install torch    # Windows wheels on PyPI are CPU builds; for CUDA use the index PyTorch's install page names
 #   pip install . pyinstaller
 #   powershell -ExecutionPolicy Bypass -File packaging\windows\build_windows.ps1
 # Triton has no Windows wheels: the kernels' torch path runs (tramontane.spec leaves Triton out).
@@ -32,7 +32,7 @@ if ($NoInstaller) { exit 0 }
 
 $Iscc = (Get-Command ISCC.exe -ErrorAction SilentlyContinue).Source
 if (-not $Iscc) { $Iscc = Join-Path ${env:ProgramFiles(x86)} "Inno Setup 6\ISCC.exe" }
-if (-not (Test-Path $Iscc)) { throw "Inno Setup 6 not found (https://jrsoftware.org/isdl.php)" }
+if (-not (Test-Path $Iscc)) { throw "Inno Setup 6 not found: install it (ISCC.exe) or put it on PATH" }
 $Defines = @("/DAppVersion=$Version", "/DSourceDir=$Root\dist\tramontane")
 if ($Split) { $Defines += "/DSplit" }
 & $Iscc @Defines packaging\windows\tramontane.iss
