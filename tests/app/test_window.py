@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("pytestqt")
 
 import tramontane.app.refcount_guard  # noqa: E402,F401 - before PySide6 is used
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QTimer, QUrl  # noqa: E402
+from PySide6.QtCore import QMimeData, QObject, QPoint, QPointF, Qt, QTimer, QUrl, Slot  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
@@ -66,10 +66,21 @@ def drop_files(widget, paths) -> QDropEvent:
     return event
 
 
-class PieceCounter:
-    def __init__(self, window):
+class PieceCounter(QObject):
+    """Counts the pieces as the UI thread receives them (a QObject slot, like the window's;
+    a plain lambda would be called on the worker thread)."""
+
+    def __init__(self, window, then=None):
+        super().__init__()
         self.pieces: list[str] = []
-        window.worker.piece.connect(lambda _rid, text: self.pieces.append(text))
+        self.then = then
+        window.worker.piece.connect(self.on_piece)
+
+    @Slot(int, str)
+    def on_piece(self, _rid: int, text: str) -> None:
+        self.pieces.append(text)
+        if self.then is not None:
+            self.then()
 
 
 def make_window(qtbot, data_dir, *, load=True, mmproj=True, autoload=False):
@@ -186,10 +197,9 @@ def test_stop_mid_reply_keeps_text_and_checkpoints(qtbot, window):
     # The tiny model's context is 512, so the longest reply is ~500 tokens, a fraction of a
     # second warm: Stop is pressed from the UI thread as the third piece arrives.
     window.param_overrides["max_tokens"] = 480
-    counter = PieceCounter(window)
     seen = {}
 
-    def stop_after_three(_rid, _text):
+    def stop_after_three():  # on the UI thread, after the window has handled the piece
         if len(counter.pieces) == 3 and not seen:
             # The partial reply is already in the database while it streams.
             seen["saved"] = window.store.get_message(window.pending.message_id)
@@ -197,7 +207,7 @@ def test_stop_mid_reply_keeps_text_and_checkpoints(qtbot, window):
             seen["t0"] = time.monotonic()
             window.composer.stop_button.click()
 
-    window.worker.piece.connect(stop_after_three)
+    counter = PieceCounter(window, then=stop_after_three)
     window.composer.edit.setPlainText("Tell me a long story")
     with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
         window.composer.send_button.click()

@@ -120,14 +120,20 @@ def test_prepare_and_checkpoint_run_on_the_worker(qtbot, worker):
 def test_cancel_from_the_ui_thread_stops_at_once(qtbot, worker):
     load(qtbot, worker)
     cancel = threading.Event()
-    count = [0]
+    ui = threading.get_ident()
 
-    def on_piece(_rid, _text):
-        count[0] += 1
-        if count[0] == 2:
-            cancel.set()
+    class Stopper(QObject):  # lives in the UI thread: its slot runs there
+        count = 0
 
-    worker.piece.connect(on_piece)
+        @Slot(int, str)
+        def on_piece(self, _rid, _text):
+            assert threading.get_ident() == ui
+            self.count += 1
+            if self.count == 2:
+                cancel.set()
+
+    stopper = Stopper()
+    worker.piece.connect(stopper.on_piece)
     params = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
     with qtbot.waitSignal(worker.finished, timeout=30000) as blocker:
         worker.chat(ChatRequest(3, [ChatMessage.text("user", "go")], params, "s", cancel))
