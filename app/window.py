@@ -405,12 +405,15 @@ class MainWindow(QMainWindow):
         chat = self.menuBar().addMenu("&Chat")
         action(chat, "&New chat", self.new_chat, "Ctrl+N")
         action(chat, "&Search chats", self._focus_search, "Ctrl+F")
+        action(chat, "Write a &message", lambda: self.composer.edit.setFocus(), "Ctrl+L")
         self.rename_action = action(chat, "&Rename…", self._rename_selected, "F2")
         action(chat, "&Branch", self._branch_selected)
         self.delete_action = action(chat, "&Delete…", self._delete_selected)
         chat.addSeparator()
         action(chat, "Regenerate the last reply", lambda: self.regenerate(None), "Ctrl+R")
-        action(chat, "&Stop the reply", self.stop, "Esc")
+        # Enabled only while a reply is written, so Esc stays free for dialogs and editors.
+        self.stop_action = action(chat, "&Stop the reply", self.stop, "Esc")
+        self.stop_action.setEnabled(False)
         chat.addSeparator()
         action(chat, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         for a in (self.rename_action, self.delete_action):
@@ -645,6 +648,8 @@ class MainWindow(QMainWindow):
     def _update_busy(self) -> None:
         busy = self.pending is not None
         self.composer.set_busy(busy, can_regenerate=not busy and self._can_regenerate())
+        if hasattr(self, "stop_action"):
+            self.stop_action.setEnabled(busy)
         self.status_label.setText("Writing…" if busy else "")
 
     # ------------------------------------------------------------------ generation

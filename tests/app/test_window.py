@@ -551,3 +551,40 @@ def test_switch_to_remote_server(qtbot, window):
         assert window.engine_info.remote and "served-model" in window.model_bar.model_label.text()
         reply_id = send(qtbot, window, "hello server")
         assert window.store.get_message(reply_id).text == "Hi from the server."
+
+
+def test_keyboard_only(qtbot, window):
+    window.activateWindow()
+    qtbot.waitActive(window)
+    window.chat_list.setFocus()
+    qtbot.keyClick(window, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
+    assert window.composer.edit.hasFocus()
+    window.param_overrides["max_tokens"] = 480
+
+    def escape_on_second_piece():
+        if len(counter.pieces) == 2:
+            qtbot.keyClick(window.composer.edit, Qt.Key.Key_Escape)  # Esc stops the reply
+
+    counter = PieceCounter(window, then=escape_on_second_piece)
+    qtbot.keyClicks(window.composer.edit, "Type, Enter, Esc")
+    with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
+        qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    assert window.store.get_message(blocker.args[0]).finish_reason == "cancelled"
+    assert not window.stop_action.isEnabled()
+
+    window.param_overrides["max_tokens"] = 8
+    with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
+        qtbot.keyClick(window.composer.edit, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)
+    reply = window.store.get_message(blocker.args[0])
+    assert reply.finish_reason == "length" and reply.generated_tokens == 8
+
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.current_chat_id is None and window.stack.currentWidget() is window.empty
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+    assert window.search.hasFocus()
+    # Every button says what it does.
+    from PySide6.QtWidgets import QAbstractButton
+
+    unexplained = [b.text() for b in window.findChildren(QAbstractButton)
+                   if b.isVisible() and not (b.toolTip() or b.text())]
+    assert not unexplained
