@@ -21,6 +21,8 @@ def apply() -> bool:
     global _applied
     if _applied or sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         return False
+    if hasattr(sys, "gettotalrefcount"):  # a debug build: the object header is laid out differently
+        return False
     for obj in (None, True, False, Ellipsis, NotImplemented):
         # ob_refcnt is the first field of every PyObject in release builds.
         ref = ctypes.c_ssize_t.from_address(id(obj))

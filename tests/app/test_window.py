@@ -588,3 +588,35 @@ def test_keyboard_only(qtbot, window):
     unexplained = [b.text() for b in window.findChildren(QAbstractButton)
                    if b.isVisible() and not (b.toolTip() or b.text())]
     assert not unexplained
+
+
+def test_closing_mid_reply_keeps_the_partial_reply(qtbot, tmp_path):
+    data = tmp_path / "data"
+    window = make_window(qtbot, data)
+    window.param_overrides["max_tokens"] = 480
+    closed = {}
+
+    def close_on_third_piece():
+        if len(counter.pieces) == 3 and not closed:
+            closed["text"] = window.pending.text
+            closed["id"] = window.pending.message_id
+            window.close()  # stops the worker, keeps what was written
+
+    counter = PieceCounter(window, then=close_on_third_piece)
+    window.composer.edit.setPlainText("A long answer please")
+    window.composer.submit()
+    qtbot.waitUntil(lambda: bool(closed), timeout=30000)
+    window._test_store.close()
+
+    store = Store(data)
+    try:
+        reply = store.get_message(closed["id"])
+        assert reply.state == "complete" and reply.finish_reason == "cancelled"
+        assert reply.text == closed["text"] != ""
+        window2 = MainWindow(store, autoload=False)
+        qtbot.addWidget(window2)
+        assert [w.text for w in window2.view.widgets] == ["A long answer please", closed["text"]]
+        assert "stopped" in window2.view.widgets[1].status.text()
+        window2.close()
+    finally:
+        store.close()
