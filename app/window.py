@@ -627,14 +627,14 @@ class MainWindow(QMainWindow):
                 if not m.is_projector and m.error is None]
 
     def _update_header(self) -> None:
-        if self.current_chat_id is None:
-            self.chat_title.setText("<b>New chat</b>")
-        else:
+        title = "New chat"
+        if self.current_chat_id is not None:
             try:
-                self.chat_title.setText(f"<b>{_escape(self.store.get_chat_info(self.current_chat_id).title)}</b>")
+                title = self.store.get_chat_info(self.current_chat_id).title
             except StoreError:
-                self.chat_title.setText("")
-        self.setWindowTitle(f"{self.chat_title.text().replace('<b>', '').replace('</b>', '')} — Tramontane")
+                title = ""
+        self.chat_title.setText(f"<b>{_escape(title)}</b>")
+        self.setWindowTitle(f"{title} — Tramontane" if title else "Tramontane")
 
     def _can_regenerate(self) -> bool:
         if self.current_chat_id is None:
