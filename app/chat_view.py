@@ -12,7 +12,8 @@ from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the mo
 from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap
+from PySide6.QtGui import (QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap,
+                           QTextDocument)
 from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout,
                                QWidget)
@@ -90,11 +91,20 @@ def thumbnail(path: str | Path, size: int = THUMB_SIZE) -> QPixmap:
     return QPixmap.fromImage(image) if not image.isNull() else QPixmap()
 
 
+class SafeDocument(QTextDocument):
+    """A document that loads no resources: model output must not make the app read local
+    files or reach the network (`![](file:///...)` shows as a missing image)."""
+
+    def loadResource(self, kind: int, url: QUrl):  # noqa: N802 - Qt override
+        return None
+
+
 class MarkdownView(QTextBrowser):
     """Read-only Markdown that is as tall as its text (the scroll area scrolls, not it)."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        self.setDocument(SafeDocument(self))
         self.setOpenLinks(False)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)

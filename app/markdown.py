@@ -56,6 +56,8 @@ def _scan(markdown: str, link: bool = False) -> tuple[list[CodeBlock], str]:
     for line in markdown.split("\n"):
         if fence is None:
             m = _FENCE.match(line)
+            if link and not m:
+                line = _image_to_link(line)
             if m:
                 fence, lang, lines = m.group(2), m.group(3), []
                 if link:
@@ -74,6 +76,19 @@ def _scan(markdown: str, link: bool = False) -> tuple[list[CodeBlock], str]:
     if fence is not None:
         blocks.append(CodeBlock(lang, "\n".join(lines), False))
     return blocks, "\n".join(out)
+
+
+_IMAGE = re.compile(r"!(?=\[)")
+
+
+def _image_to_link(line: str) -> str:
+    """`![alt](url)` -> `[alt](url)` outside inline code: Qt's image handler would read a
+    local file (or show a tracking pixel) named by model output; a link does nothing until
+    clicked, and only http(s) links open."""
+    parts = line.split("`")
+    for i in range(0, len(parts), 2):  # even parts are outside `code` spans
+        parts[i] = _IMAGE.sub("", parts[i])
+    return "`".join(parts)
 
 
 # --------------------------------------------------------------------------- highlighting
@@ -222,8 +237,10 @@ def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) 
         highlighter = None
     if highlighter is not None:
         highlighter._runs.clear()
-    document.setMarkdown(with_copy_links(markdown),
-                         QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    # No raw HTML: model output is text, not markup that could pull in resources.
+    features = (QTextDocument.MarkdownFeature.MarkdownDialectGitHub
+                | QTextDocument.MarkdownFeature.MarkdownNoHTML)
+    document.setMarkdown(with_copy_links(markdown), features)
     background = QColor(CODE_BACKGROUND[1 if dark else 0])
     cursor = QTextCursor(document)
     block = document.begin()

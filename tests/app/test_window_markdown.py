@@ -116,3 +116,25 @@ def test_status_line():
     assert status_text(Msg()).startswith("stopped · ")
     Msg.state = "interrupted"
     assert status_text(Msg()).startswith("interrupted")
+
+
+def test_markdown_images_and_html_are_not_loaded(qtbot, tmp_path):
+    from PySide6.QtGui import QImage
+
+    secret = tmp_path / "secret.png"
+    image = QImage(32, 32, QImage.Format.Format_RGB32)
+    image.fill(0xFF0000)
+    image.save(str(secret))
+    url = QUrl.fromLocalFile(str(secret))
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.show()
+    view.set_markdown(f"look: ![x]({url.toString()})\n\n<img src=\"{url.toString()}\">", False)
+    qtbot.wait(20)  # layout and paint ask for the image
+    resource = view.document().resource(QTextDocument.ResourceType.ImageResource, url)
+    assert resource is None
+    assert "<img" not in view.document().toHtml()
+    assert "<img src=" in view.document().toPlainText()  # raw HTML is shown as text
+    assert "x" in view.document().toPlainText()  # the alt text stays, as a link
+    # Image syntax inside code is code, left alone.
+    assert md.with_copy_links("`![a](b)`\n```\n![c](d)\n```").count("![") == 2
