@@ -103,16 +103,20 @@ def _decode_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_bloc
             acc_full += w * x
         acc += tl.sum(tl.sum(tl.sum(acc_full, axis=3), axis=2), axis=1)[:, None]
     else:
-        for u in range(u_start, u_stop):
+        # several activation rows: one [BLOCK_M, BLOCK_N, ...] product tile per unit, so each
+        # dequantized weight is reused BLOCK_M times from registers; reduced once at the end
+        m5 = (pid_m * BLOCK_M + m_ids)[:, None, None, None, None]
+        x_rows = x_ptr + m5 * stride_xm
+        w, col = _tile(QTYPE, rowp, u_start, n_blocks, rmask, table_ptr)
+        kcol = (u_start * 256 + col)[None]
+        x = tl.load(x_rows + kcol, mask=(m5 < M) & (kcol < K), other=0.0).to(tl.float32)
+        acc_full = w[None] * x
+        for u in range(u_start + 1, u_stop):
             w, col = _tile(QTYPE, rowp, u, n_blocks, rmask, table_ptr)
-            kcol = u * 256 + col
-            kmask = kcol < K
-            for mi in tl.static_range(BLOCK_M):
-                m = pid_m * BLOCK_M + mi
-                x_mask = kmask & ((kcol * 0 + m) < M)  # (a scalar bool mask confuses the interpreter)
-                x = tl.load(x_ptr + m * stride_xm + kcol, mask=x_mask, other=0.0).to(tl.float32)
-                part = tl.sum(tl.sum(tl.sum(w * x, axis=3), axis=2), axis=1)  # [BLOCK_N]
-                acc += tl.where(m_ids[None, :] == mi, part[:, None], 0.0)
+            kcol = (u * 256 + col)[None]
+            x = tl.load(x_rows + kcol, mask=(m5 < M) & (kcol < K), other=0.0).to(tl.float32)
+            acc_full += w[None] * x
+        acc += tl.trans(tl.sum(tl.sum(tl.sum(acc_full, axis=4), axis=3), axis=2))  # [BLOCK_N, BLOCK_M]
     m_all = pid_m * BLOCK_M + m_ids
     out = part_ptr + pid_k.to(tl.int64) * M * N + m_all[None, :].to(tl.int64) * N + rows[:, None]
     # float32 partials when split over K, else the final output dtype directly (one launch)
@@ -168,9 +172,9 @@ def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int =
     if m <= 1:
         block_m = 1
         block_n, warps = _DECODE_TILE_1ROW.get(ggml_type, (16, 4))
-    else:
+    else:  # [BLOCK_M, BLOCK_N, unit] products in registers: 2-4 PTX instructions per MAC
         block_m = 2 if m <= 2 else 4 if m <= 4 else 8
-        block_n, warps = (4 if m > 4 else 8), 4
+        block_n, warps = (16 if block_m == 2 else 8), 8
     n_units = triton.cdiv(k, UNIT)
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     want = 4 * _sm_count(device)
