@@ -278,6 +278,7 @@ class MainWindow(QMainWindow):
 
         self._build()
         self._build_menus()
+        self.setAcceptDrops(True)
         self.setStyleSheet(style_sheet(self._dark))
         self._apply_font_size(self.settings.font_size)
         geometry = self.settings.geometry
@@ -945,6 +946,21 @@ class MainWindow(QMainWindow):
         dialog.exec()
         if self.model_bar.model_combo is not None:
             self.model_bar.model_combo.reload()
+
+    # ------------------------------------------------------------------ drops anywhere
+    def dragEnterEvent(self, event) -> None:  # noqa: N802
+        """Images dropped anywhere on the window (the conversation, the empty state) go to
+        the composer, like drops on the composer itself."""
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def dragMoveEvent(self, event) -> None:  # noqa: N802
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802
+        self.composer.add_mime(event.mimeData())
+        event.acceptProposedAction()
 
     # ------------------------------------------------------------------ helpers and closing
     def _guard(self, fn, *args, **kwargs):

@@ -121,7 +121,8 @@ def _memory_words(device: str) -> str:
 
 
 def _leave_a_core_for_the_ui(device: str) -> None:
-    """On the CPU path, torch's intra-op threads would take every core; keep one for the UI."""
+    """On the CPU path, torch's intra-op threads would take every core; keep one for the UI.
+    (OpenMP keeps this per thread: it applies to the worker's ops only.)"""
     import torch
 
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):

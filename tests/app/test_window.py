@@ -330,7 +330,8 @@ def test_several_images_by_paste_and_drop(qtbot, window, tmp_path):
     for i in range(2):
         paths.append(tmp_path / f"img{i}.png")
         paths[-1].write_bytes(png_bytes(12 + i, 10, seed=i))
-    drop_files(window.composer.edit, paths)  # dropping on the text box works too
+    drop_files(window.composer.edit, paths[:1])  # dropping on the text box works too
+    drop_files(window.view.viewport(), paths[1:])  # and on the conversation
     mime = QMimeData()
     from PySide6.QtGui import QImage
 
