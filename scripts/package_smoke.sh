@@ -57,7 +57,7 @@ out=$("$B/tramontane" --version)
 echo "$out"
 [ "$out" = "Tramontane $VERSION" ] || { echo "version: expected 'Tramontane $VERSION'" >&2; exit 1; }
 "$B/tramontane" --self-test
-MODEL=$(find "$B" -name mistral3_tiny-f32.gguf -path '*resources/selftest/*' | head -1)
+MODEL=$(find "$B" -name mistral3_tiny-f32.gguf -path '*resources/selftest/*' -print -quit)
 [ -n "$MODEL" ] || { echo "the self-test model is not in the bundle" >&2; exit 1; }
 "$B/tramontane-cli" info "$MODEL"
 "$B/tramontane-cli" self-test
@@ -68,18 +68,19 @@ else
 fi
 
 step "bundle contents"
-QT_PLUGINS=$(find "$B" -type d -path '*Qt/plugins' | head -1)
+QT_PLUGINS=$(find "$B" -type d -path '*Qt/plugins' -print -quit)
 for plugin in platforms/libqxcb.so platforms/libqoffscreen.so platforms/libqwayland.so \
               imageformats/libqsvg.so imageformats/libqjpeg.so; do
     if [ -f "$QT_PLUGINS/$plugin" ]; then echo "  have $plugin"; else echo "  MISSING $plugin"; missing=1; fi
 done
 [ -z "${missing:-}" ] || { echo "Qt plugins missing" >&2; exit 1; }
-find "$B" -path '*tramontane/kernels/qmatmul.py' | grep -q . || { echo "kernel sources missing" >&2; exit 1; }
+[ -n "$(find "$B" -path '*tramontane/kernels/qmatmul.py' -print -quit)" ] || { echo "kernel sources missing" >&2; exit 1; }
 echo "bundle: $(du -sh "$B" | cut -f1); archive: $(du -sh dist/*.tar.gz | cut -f1)"
 echo "largest parts:"
-du -s "$B"/_internal/* | sort -rn | head -12 | awk '{printf "  %6.0f MB  %s\n", $1/1024, $2}'
+# (awk NR<= rather than head: head closing the pipe early is a SIGPIPE failure under pipefail)
+du -s "$B"/_internal/* | sort -rn | awk 'NR <= 12 {printf "  %6.0f MB  %s\n", $1/1024, $2}'
 echo "largest files:"
-find "$B" -type f -size +20M -printf '%s %P\n' | sort -rn | head -10 | awk '{printf "  %6.0f MB  %s\n", $1/1048576, $2}'
+find "$B" -type f -size +20M -printf '%s %P\n' | sort -rn | awk 'NR <= 10 {printf "  %6.0f MB  %s\n", $1/1048576, $2}'
 
 step "install.sh from the archive into a throw-away HOME"
 mkdir -p "$WORK/unpack" "$WORK/home"
