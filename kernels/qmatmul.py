@@ -163,7 +163,7 @@ def _sm_count(device: torch.device) -> int:
 # loop (instructions per weight element, barriers) and ptxas register counts (no spills):
 # BLOCK_N=16 / 4 warps gives 8-14 instructions per element for most types where the old
 # 8 / 4 gave up to 34. To be confirmed on the GPU: `bench/kernels.py --sweep`.
-_DECODE_TILE_1ROW = {gt.Q6_K: (16, 8)}
+_DECODE_TILE_1ROW = {gt.Q6_K: (8, 2)}
 
 
 def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int = gt.Q4_K

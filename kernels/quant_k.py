@@ -222,9 +222,12 @@ def tile_q6_k(rowp, u, rmask):
     s = tl.arange(0, 16)[None, None, None, :]
     h = g // 2
     l = (g % 2) * 16 + s
-    ql = (load_u8(base + h * 64 + (p % 2) * 32 + l, rmask) >> ((p // 2) * 4)) & 0x0F
-    qh = (load_u8(base + 128 + h * 32 + l, rmask) >> (p * 2)) & 3
-    q = ((ql | (qh << 4)) - 32).to(tl.float32)
+    # bit work in uint8 (one widening at the end)
+    ql = tl.load(base + h * 64 + (p % 2) * 32 + l, mask=rmask, other=0)
+    qh = tl.load(base + 128 + h * 32 + l, mask=rmask, other=0)
+    ql = (ql >> ((p // 2) * 4).to(tl.uint8)) & 0x0F
+    qh = (qh >> (p * 2).to(tl.uint8)) & 3
+    q = ((ql | (qh << 4)).to(tl.int32) - 32).to(tl.float32)
     sub = h * 8 + p * 2 + (g % 2)
     sc = tl.load(base + 192 + sub, mask=rmask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
     dl = load_f16(base + 208, rmask) * sc
