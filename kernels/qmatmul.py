@@ -11,6 +11,18 @@ partials (deterministic, no atomics). The dense weight never exists in memory.
 
 Prefill (many rows): Triton-dequantize a chunk of weight rows to the activation dtype in a
 scratch buffer, then torch.matmul (cuBLAS) - simple, and compute-bound anyway.
+
+Performance status (no GPU was available while writing this; numbers are from the sm_90 PTX
+of the inner loop, compiled offline, see tests/test_kernels_compile.py): at 1 activation row
+the loop costs ~8 instructions per weight element for Q4_K/Q8_0/Q2_K/Q4_1, ~10-14 for
+Q4_0/Q5_x/IQ4, ~16 for Q6_K and ~20 for Q3_K. An H200 SM issues ~128 thread-instructions per
+clock against ~18 bytes/clock of HBM, so the issue rate caps 1-row decode near ~50% of copy
+bandwidth for Q4_K and ~35-40% for Q6_K - short of the 80% goal. What would close the gap:
+scale-after-dot (sum q*x per sub-block, apply d*sc and dmin*m*sum(x) once), and a lossless
+load-time repack of the 2-byte-aligned blocks (Q6_K 210 B, legacy 18-34 B) into 16-byte-aligned
+planes so the raw bytes load as 16-byte vectors. With several rows the dequantized tile is
+reused from registers: 2.5-7 instructions per multiply-add at 8 rows.
+`bench/kernels.py` measures the real numbers (`--sweep` searches the tile configs).
 """
 from __future__ import annotations
 
