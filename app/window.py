@@ -410,6 +410,11 @@ class MainWindow(QMainWindow):
         self.rename_action = action(chat, "&Rename…", self._rename_selected, "F2")
         action(chat, "&Branch", self._branch_selected)
         self.delete_action = action(chat, "&Delete…", self._delete_selected)
+        self.pin_action = action(chat, "&Pin / unpin", self._toggle_pin)
+        chat.addSeparator()
+        action(chat, "&Export…", self._export_selected, tip="Save the chat as JSON (re-importable) "
+               "or Markdown")
+        action(chat, "&Import…", self._import_chat)
         chat.addSeparator()
         action(chat, "Regenerate the last reply", lambda: self.regenerate(None), "Ctrl+R")
         # Enabled only while a reply is written, so Esc stays free for dialogs and editors.
@@ -417,7 +422,7 @@ class MainWindow(QMainWindow):
         self.stop_action.setEnabled(False)
         chat.addSeparator()
         action(chat, "&Quit", self.close, QKeySequence.StandardKey.Quit)
-        for a in (self.rename_action, self.delete_action):
+        for a in (self.rename_action, self.pin_action, self.delete_action):
             self.chat_list.addAction(a)
         delete_key = QAction(self.chat_list)
         delete_key.setShortcut(QKeySequence(QKeySequence.StandardKey.Delete))
@@ -560,6 +565,52 @@ class MainWindow(QMainWindow):
         chat_id = self.selected_chat_id()
         if chat_id is not None:
             self.branch_at(None, chat_id)
+
+    def set_pinned(self, chat_id: int, pinned: bool) -> None:
+        self._guard(self.store.set_pinned, chat_id, pinned)
+        self._refresh_list()
+
+    def _toggle_pin(self) -> None:
+        chat_id = self.selected_chat_id()
+        if chat_id is not None:
+            self.set_pinned(chat_id, not self.store.get_chat_info(chat_id).pinned)
+
+    def export_chat(self, chat_id: int, path: str | Path) -> Path | None:
+        """JSON (re-importable) or, for a .md path, Markdown with the images beside it."""
+        from .store_export import export_json, export_markdown
+
+        exporter = export_markdown if str(path).lower().endswith(".md") else export_json
+        result = self._guard(exporter, self.store, chat_id, path)
+        if result is False:
+            return None
+        self.status_label.setText(f"Saved {result}")
+        return result
+
+    def import_chat(self, path: str | Path) -> int | None:
+        from .store_export import import_json
+
+        chat_id = self._guard(import_json, self.store, path)
+        if chat_id is False:
+            return None
+        self._refresh_list()
+        self.open_chat(chat_id)
+        return chat_id
+
+    def _export_selected(self) -> None:
+        chat_id = self.selected_chat_id()
+        if chat_id is None:
+            return
+        title = self.store.get_chat_info(chat_id).title
+        safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "chat"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{safe}.json"),
+                                              "Chat JSON (*.json);;Markdown (*.md)")
+        if path:
+            self.export_chat(chat_id, path)
+
+    def _import_chat(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(Path.home()), "Chat JSON (*.json)")
+        if path:
+            self.import_chat(path)
 
     def edit_system_prompt(self) -> None:
         current = (self.store.get_chat_info(self.current_chat_id).system_prompt

@@ -621,3 +621,30 @@ def test_closing_mid_reply_keeps_the_partial_reply(qtbot, tmp_path):
         window2.close()
     finally:
         store.close()
+
+
+def test_pin_export_import(qtbot, window, tmp_path):
+    image = tmp_path / "pic.png"
+    image.write_bytes(png_bytes(10, 10, seed=9))
+    drop_files(window.composer, [image])
+    send(qtbot, window, "first chat")
+    first = window.current_chat_id
+    window.new_chat()
+    send(qtbot, window, "second chat")
+    assert window.chat_model.chat_id(0) != first
+    window.set_pinned(first, True)
+    assert window.chat_model.chat_id(0) == first
+    assert window.chat_model.data(window.chat_model.index(0)).startswith("📌")
+
+    out = window.export_chat(first, tmp_path / "first.json")
+    assert out is not None and out.is_file()
+    md_out = window.export_chat(first, tmp_path / "first.md")
+    assert "first chat" in md_out.read_text()
+    imported = window.import_chat(out)
+    assert imported not in (None, first) and window.current_chat_id == imported
+    original = window.store.get_chat(first).messages
+    copy = window.store.get_chat(imported).messages
+    assert [(m.role, m.text, [i.sha256 for i in m.images]) for m in copy] == \
+        [(m.role, m.text, [i.sha256 for i in m.images]) for m in original]
+    assert window.import_chat(tmp_path / "missing.json") is None
+    assert "missing.json" in window.status_label.text()
