@@ -144,18 +144,24 @@ def run_sweep(args) -> None:
 
 
 def run_cpu(args) -> None:
+    from tramontane.kernels import linear as linear_mod
+
     print("no GPU: reduced CPU mode (torch reference path, small shapes; Triton kernels not timed)")
+    budget = linear_mod.CPU_DENSE_CACHE_BYTES
     for t in _types(args.types)[:3]:
-        w = random_weight(t, 1024, 2048, "cpu")
-        for rows in (1, 64):
-            x = torch.randn(rows, 2048)
-            linear_reference(x, w)
-            start = time.perf_counter()
-            for _ in range(3):
+        for mode, cache in (("chunked", 0), ("cached", budget)):
+            linear_mod.CPU_DENSE_CACHE_BYTES = cache
+            w = random_weight(t, 1024, 2048, "cpu")
+            for rows in (1, 64):
+                x = torch.randn(rows, 2048)
                 linear_reference(x, w)
-            dt = (time.perf_counter() - start) / 3
-            print(f"{gt.type_name(t):6} 2048->1024 rows={rows:>3}: {dt * 1e3:7.1f} ms "
-                  f"({w.nbytes / dt / 1e9:.2f} GB/s of raw weight bytes)")
+                start = time.perf_counter()
+                for _ in range(3):
+                    linear_reference(x, w)
+                dt = (time.perf_counter() - start) / 3
+                print(f"{gt.type_name(t):6} 2048->1024 rows={rows:>3} {mode:8}: {dt * 1e3:7.1f} ms "
+                      f"({w.nbytes / dt / 1e9:.2f} GB/s of raw weight bytes)")
+    linear_mod.CPU_DENSE_CACHE_BYTES = budget
 
 
 def main(argv=None) -> None:

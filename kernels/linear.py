@@ -5,9 +5,10 @@ Paths picked by `linear`:
     (qmatmul.py) - reads the raw blocks once, dequantizes in registers, never writes the weight.
   * CUDA + Triton, quantized, more rows (prefill): Triton dequant of a chunk of weight rows to
     the activation dtype in a scratch buffer, then cuBLAS (torch.matmul).
-  * CPU (or no Triton): torch reference dequant of PREFILL_CHUNK_BYTES worth of weight rows at a
-    time in float32, then matmul. Nothing is cached: memory stays bounded by one chunk (~32 MiB)
-    for any file, at the price of dequantizing on every call.
+  * CPU (or no Triton): torch reference dequant to float32, then matmul. A weight's dense copy
+    is cached while the process-wide CPU_DENSE_CACHE_BYTES budget (1 GiB) lasts - small models
+    run at full speed; beyond it weights are dequantized PREFILL_CHUNK_BYTES (32 MiB) of rows at
+    a time on every call, so memory stays bounded for any file.
   * F32 / F16 / BF16 weights keep the file dtype on every device (F32 stays F32: exact, and
     such tensors are small in real files); the matmul runs in the weight dtype when it equals
     the activation dtype, else in float32.
@@ -16,14 +17,15 @@ Outputs come back in x.dtype.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import quant_iq4, quant_k, quant_legacy
-from .ggml_types import QuantFormatError, row_bytes, type_info, type_name
+from .ggml_types import F32, QuantFormatError, row_bytes, type_info, type_name
 from .quant_float import FLOAT_DTYPES
 from .triton_compat import HAVE_TRITON
 
@@ -31,6 +33,11 @@ REFERENCES = {**quant_legacy.REFERENCES, **quant_k.REFERENCES, **quant_iq4.REFER
 
 DECODE_MAX_ROWS = 8  # activation rows up to which the fused decode kernel is used
 PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / GPU compute dtype)
+# CPU: float32 dense copies of weights are cached first come, first served, up to this total
+# (released when the QWeight dies); weights past the budget are dequantized chunk by chunk on
+# every call. 0 disables the cache. Bounded either way, fast for small models.
+CPU_DENSE_CACHE_BYTES = 1 << 30
+_cpu_cache_used = 0
 
 
 def _as_uint8_tensor(raw) -> torch.Tensor:
@@ -76,6 +83,8 @@ class QWeight:
     ggml_type: int
     shape: tuple[int, int]
     data: torch.Tensor
+    # CPU only: float32 dense copy kept while the global CPU_DENSE_CACHE_BYTES budget allows
+    _dense: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_raw(cls, raw, ggml_type: int, shape, device="cpu", name: str = "") -> QWeight:
@@ -174,9 +183,36 @@ def _chunk_rows(w: QWeight, bytes_per_value: int) -> int:
     return max(1, PREFILL_CHUNK_BYTES // (w.shape[1] * bytes_per_value))
 
 
+def _release_cache(nbytes: int) -> None:
+    global _cpu_cache_used
+    _cpu_cache_used -= nbytes
+
+
+def _cached_dense(w: QWeight) -> torch.Tensor | None:
+    """The CPU float32 dense weight if cached or if it fits the remaining budget, else None."""
+    global _cpu_cache_used
+    if w._dense is not None:
+        return w._dense
+    nbytes = w.shape[0] * w.shape[1] * 4
+    if w.data.device.type != "cpu":
+        return None
+    if w.ggml_type == F32:
+        return w.data  # already dense float32 (a view of the file)
+    if _cpu_cache_used + nbytes > CPU_DENSE_CACHE_BYTES:
+        return None
+    w._dense = dequantize(w.data.reshape(-1), w.ggml_type, w.shape)
+    _cpu_cache_used += nbytes
+    weakref.finalize(w, _release_cache, nbytes)
+    return w._dense
+
+
 def linear_reference(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    """Torch reference: float32 dequant of row chunks + matmul. Any device; bounded memory."""
+    """Torch reference: float32 dequant (cached on CPU within budget, else by row chunks) +
+    matmul. Any device; bounded memory."""
     x32 = x.reshape(-1, w.shape[1]).to(torch.float32)
+    dense = _cached_dense(w)
+    if dense is not None:
+        return (x32 @ dense.t()).to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
     out = torch.empty(x32.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
     step = _chunk_rows(w, 4)
     for start in range(0, w.shape[0], step):

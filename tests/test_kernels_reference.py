@@ -66,6 +66,7 @@ def test_cpu_linear_matches_dequant_matmul(ggml_type, monkeypatch):
     from tramontane.kernels import linear as linear_mod
 
     monkeypatch.setattr(linear_mod, "PREFILL_CHUNK_BYTES", 4096)  # force several row chunks
+    monkeypatch.setattr(linear_mod, "CPU_DENSE_CACHE_BYTES", 0)  # (and no dense cache)
     rng = np.random.default_rng(100 + ggml_type)
     shape = (37, 512)
     raw = random_quant_bytes(ggml_type, shape, rng)
@@ -98,3 +99,25 @@ def test_embedding_gathers_dequantized_rows(ggml_type):
     assert torch.equal(out, full[ids])
     with pytest.raises(IndexError, match=r"\[0, 50\)"):
         embedding(torch.tensor([50]), w)
+
+
+def test_cpu_dense_cache_is_bounded_and_released(monkeypatch):
+    import gc
+
+    from tramontane.kernels import linear as linear_mod
+
+    rng = np.random.default_rng(9)
+    shape = (64, 256)  # 64 KiB dense float32
+    monkeypatch.setattr(linear_mod, "CPU_DENSE_CACHE_BYTES", linear_mod._cpu_cache_used + 100_000)
+    used0 = linear_mod._cpu_cache_used
+    a = QWeight.from_raw(random_quant_bytes(gt.Q4_K, shape, rng), gt.Q4_K, shape, "cpu")
+    b = QWeight.from_raw(random_quant_bytes(gt.Q6_K, shape, rng), gt.Q6_K, shape, "cpu")
+    x = torch.randn(2, 256)
+    ya, yb = linear(x, a), linear(x, b)
+    assert a._dense is not None and b._dense is None  # the second one did not fit the budget
+    assert linear_mod._cpu_cache_used == used0 + 64 * 256 * 4
+    torch.testing.assert_close(ya, x @ a.dequantize().t())  # cached path
+    torch.testing.assert_close(yb, x @ b.dequantize().t())  # chunked path
+    del a
+    gc.collect()
+    assert linear_mod._cpu_cache_used == used0
