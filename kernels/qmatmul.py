@@ -144,9 +144,10 @@ def _table(device) -> torch.Tensor:
     return kvalues_table(device)
 
 
-def _launch_opts(device: torch.device) -> dict:
-    # No FMA contraction: dequantized values must round exactly like gguf-py's separate ops.
-    return {"enable_fp_fusion": False} if device.type == "cuda" else {}
+def _launch_opts(device: torch.device, fp_fusion: bool) -> dict:
+    # Dequant: no FMA contraction, values must round exactly like gguf-py's separate ops.
+    # Decode: FMAs wanted (explicit: Triton's default is due to flip to off).
+    return {"enable_fp_fusion": fp_fusion} if device.type == "cuda" else {}
 
 
 def dequantize_triton(w, dtype=torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -161,7 +162,7 @@ def dequantize_triton(w, dtype=torch.float32, out: torch.Tensor | None = None) -
     n_blocks = k // gt.type_info(w.ggml_type).block_size
     with _on_device(data.device):
         _dequant_kernel[grid](data, out, _table(data.device), n, k, data.shape[1], n_blocks,
-                              QTYPE=w.ggml_type, BLOCK_N=block_n, num_warps=4, **_launch_opts(data.device))
+                              QTYPE=w.ggml_type, BLOCK_N=block_n, num_warps=4, **_launch_opts(data.device, False))
     return out
 
 
@@ -215,7 +216,7 @@ def linear_decode(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> 
     with _on_device(x.device):
         _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
                              units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
-                             BLOCK_M=block_m, num_warps=num_warps)
+                             BLOCK_M=block_m, num_warps=num_warps, **_launch_opts(x.device, True))
     out = part[0] if split_k == 1 else part.sum(0).to(x.dtype)
     return out.reshape(*x.shape[:-1], n)
 
