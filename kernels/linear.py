@@ -225,9 +225,13 @@ def linear_reference(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     if x.dtype == w.data.dtype:
         return F.linear(x, w.data)
-    if x.device.type == "cpu" or w.data.dtype == torch.float32:
+    if x.device.type == "cpu":
         return linear_reference(x, w)
-    return F.linear(x.float(), w.data.float()).to(x.dtype)
+    if w.data.dtype == torch.float32:
+        return F.linear(x.float(), w.data).to(x.dtype)
+    # f16 weights with bf16 activations (or the reverse): cast the small activations, never
+    # the weight — upcasting a weight per call would copy the whole model on every token.
+    return F.linear(x.to(w.data.dtype), w.data).to(x.dtype)
 
 
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
