@@ -262,6 +262,7 @@ class MainWindow(QMainWindow):
         self.notices: dict[int | None, str] = {}  # chat id -> failure with nothing kept
         self._next_request = 0
         self._unsent = None
+        self._shown_messages: list = []
         self._dark = is_dark()
 
         warm_up_imports()
@@ -646,6 +647,7 @@ class MainWindow(QMainWindow):
             except StoreError:
                 self.current_chat_id = None
         messages = chat.messages if chat else []
+        self._shown_messages = messages
         streaming_id = (self.pending.message_id if self.pending and chat
                         and self.pending.chat_id == chat.id else None)
         self.view.show_messages(messages, live=self.live_stats, errors=self.errors,
@@ -657,7 +659,7 @@ class MainWindow(QMainWindow):
             self.stack.setCurrentWidget(self.view)
         else:
             self._show_empty_state()
-        self._update_header()
+        self._update_header(chat.title if chat else "New chat")
         self._update_busy()
 
     def _show_empty_state(self) -> None:
@@ -678,23 +680,21 @@ class MainWindow(QMainWindow):
         return [(str(m.path), str(m.mmproj or "")) for m in found
                 if not m.is_projector and m.error is None]
 
-    def _update_header(self) -> None:
-        title = "New chat"
-        if self.current_chat_id is not None:
-            try:
-                title = self.store.get_chat_info(self.current_chat_id).title
-            except StoreError:
-                title = ""
+    def _update_header(self, title: str | None = None) -> None:
+        if title is None:
+            title = "New chat"
+            if self.current_chat_id is not None:
+                try:
+                    title = self.store.get_chat_info(self.current_chat_id).title
+                except StoreError:
+                    title = ""
         self.chat_title.setText(f"<b>{_escape(title)}</b>")
         self.setWindowTitle(f"{title} — Tramontane" if title else "Tramontane")
 
     def _can_regenerate(self) -> bool:
-        if self.current_chat_id is None:
-            return False
-        try:
-            messages = self.store.get_chat(self.current_chat_id).messages
-        except StoreError:
-            return False
+        # From what the view shows (read once per refresh), not another store read: while a
+        # reply streams, the worker may hold the store for a checkpoint.
+        messages = self._shown_messages
         return bool(messages) and messages[-1].role in ("user", "assistant")
 
     def _update_busy(self) -> None:
