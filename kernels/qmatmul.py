@@ -32,11 +32,12 @@ import torch
 
 from . import ggml_types as gt
 from .quant_iq4 import kvalues_table, tile_iq4_nl, tile_iq4_xs
-from .quant_k import tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k
+from .quant_k import dot_q4_k, tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k
 from .quant_legacy import tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
 from .triton_compat import tl, triton
 
 UNIT = 256  # elements per row handled by one tile call
+F32_BITS_2P23 = 0x4B000000  # bit pattern of float32 2**23, see quant_k._nibble_f32
 
 TRITON_TYPES = (gt.Q4_0, gt.Q4_1, gt.Q5_0, gt.Q5_1, gt.Q8_0, gt.Q2_K, gt.Q3_K, gt.Q4_K,
                 gt.Q5_K, gt.Q6_K, gt.IQ4_NL, gt.IQ4_XS)
@@ -135,6 +136,40 @@ def _decode_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_bloc
     tl.store(out, acc.to(part_ptr.dtype.element_ty), mask=(rows[:, None] < N) & (m_all[None, :] < M))
 
 
+@triton.jit
+def _dot(QTYPE: tl.constexpr, rowp, u, rmask, xp, f2p23):
+    if QTYPE == 12:
+        return dot_q4_k(rowp, u, rmask, xp, f2p23)
+    else:
+        tl.static_assert(QTYPE == 12, "no scale-after-dot unit for this type")
+        return dot_q4_k(rowp, u, rmask, xp, f2p23)
+
+
+@triton.jit
+def _decode_dot_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_blocks, n_units,
+                       units_per_split, stride_xm, f2p23,
+                       QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One activation row, K-quants with a scale-after-dot unit (see quant_k.dot_q4_k).
+    Same grid and outputs as _decode_kernel."""
+    tl.static_assert(BLOCK_M == 1)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows4 = rows[:, None, None, None]
+    rmask = rows4 < N
+    rowp = w_ptr + rows4 * row_bytes
+    xp = x_ptr + pid_m * stride_xm
+    u_start = pid_k * units_per_split
+    u_stop = tl.minimum(u_start + units_per_split, n_units)
+    acc = _dot(QTYPE, rowp, u_start, rmask, xp, f2p23)  # peeled: gives the accumulator its shape
+    for u in range(u_start + 1, u_stop):
+        acc += _dot(QTYPE, rowp, u, rmask, xp, f2p23)
+    acc = tl.sum(tl.sum(acc, axis=2), axis=1)  # every unit returns [BLOCK_N, a, b]
+    out = part_ptr + pid_k.to(tl.int64) * M * N + pid_m.to(tl.int64) * N + rows
+    tl.store(out, acc.to(part_ptr.dtype.element_ty), mask=rows < N)
+
+
 def _check(w) -> None:
     if w.ggml_type not in TRITON_TYPES:
         raise gt.QuantFormatError(f"no Triton kernel for {gt.type_name(w.ggml_type)} weights")
@@ -177,6 +212,10 @@ def _sm_count(device: torch.device) -> int:
 # BLOCK_N=16 / 4 warps gives 8-14 instructions per element for most types where the old
 # 8 / 4 gave up to 34. To be confirmed on the GPU: `bench/kernels.py --sweep`.
 _DECODE_TILE_1ROW = {gt.Q6_K: (8, 2)}
+# Types with a scale-after-dot unit for one activation row (_decode_dot_kernel), and its tile:
+# 32 rows on one warp gives each thread 4 rows of the same 64 columns, so the activations it
+# loads and sums are reused 4 times (PTX/SASS per element vs tile: see the module docstring).
+DOT_TYPES = {gt.Q4_K: (32, 1)}
 
 
 def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int = gt.Q4_K
@@ -184,7 +223,7 @@ def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int =
     """(BLOCK_N, BLOCK_M, SPLIT_K, num_warps): enough programs to fill every SM a few times."""
     if m <= 1:
         block_m = 1
-        block_n, warps = _DECODE_TILE_1ROW.get(ggml_type, (16, 4))
+        block_n, warps = DOT_TYPES.get(ggml_type) or _DECODE_TILE_1ROW.get(ggml_type, (16, 4))
     else:  # [BLOCK_M, BLOCK_N, unit] products in registers: 2-4 PTX instructions per MAC
         block_m = 2 if m <= 2 else 4 if m <= 4 else 8
         block_n, warps = (16 if block_m == 2 else 8), 8
@@ -214,9 +253,15 @@ def linear_decode(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> 
     grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
     n_blocks = k // gt.type_info(w.ggml_type).block_size
     with _on_device(x.device):
-        _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
-                             units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
-                             BLOCK_M=block_m, num_warps=num_warps, **_launch_opts(x.device, True))
+        if block_m == 1 and w.ggml_type in DOT_TYPES:
+            _decode_dot_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks,
+                                     n_units, units_per_split, x2.stride(0), F32_BITS_2P23, QTYPE=w.ggml_type,
+                                     BLOCK_N=block_n, BLOCK_M=1, num_warps=num_warps,
+                                     **_launch_opts(x.device, True))
+        else:
+            _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
+                                 units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
+                                 BLOCK_M=block_m, num_warps=num_warps, **_launch_opts(x.device, True))
     out = part[0] if split_k == 1 else part.sum(0).to(x.dtype)
     return out.reshape(*x.shape[:-1], n)
 

@@ -232,3 +232,70 @@ def tile_q6_k(rowp, u, rmask):
     sc = tl.load(base + 192 + sub, mask=rmask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
     dl = load_f16(base + 208, rmask) * sc
     return dl * q, h * 128 + p * 32 + l
+
+
+# ---------------------------------------------------------------- scale-after-dot (1-row decode)
+# dot_* return, for one 256-element unit of BN rows, partial dot products with one activation
+# row x (float32 pointer math, any x dtype) as a small [BN, ...] tensor (summed by the caller at
+# the very end). Instead of dequantizing every element (int->float, scale, offset, then FMA with
+# x), they multiply the raw integer quants with x, sum each sub-block inside one thread (the
+# innermost 16-element axis is one thread's 16-byte vector, so the sum needs no shuffles), and
+# apply the sub-block's scale d*sc once and its offset dmin*m*sum(x) once.
+
+
+@triton.jit
+def _nibble_f32(w, p: tl.constexpr, f2p23):
+    """The 4-bit field at bit p (<= 19) of uint32 words as float32, exactly, in 2 instructions
+    (one LOP3 for and+or, one FADD) instead of shift, mask and int->float convert: OR-ing the
+    exponent of 2**(23-p) makes the field's lowest bit the float's unit, so the bits read as
+    2**(23-p) + field. f2p23 is the bit pattern of 2.0**23 (0x4B000000) passed at run time:
+    with two immediates ptxas would emit two LOP3s."""
+    bits = (w & (0xF << p)) | (f2p23 - (p << 23))
+    return bits.to(tl.float32, bitcast=True) - (1 << (23 - p))
+
+
+@triton.jit
+def _q4_word_dot(w, x, x_hi, f2p23, dot_lo, dot_hi, xs_lo, xs_hi):
+    """Adds, over the 4 bytes b of uint32 words w, low nibble * x[b] and high nibble * x_hi[b]
+    (x, x_hi: pointers to the 4 activations of each word) to dot_lo / dot_hi, and those
+    activations to xs_lo / xs_hi."""
+    v = w >> 12  # brings the fields above bit 19 (byte 3 low, bytes 2-3 high) down
+    x0 = tl.load(x).to(tl.float32)
+    x1 = tl.load(x + 1).to(tl.float32)
+    x2 = tl.load(x + 2).to(tl.float32)
+    x3 = tl.load(x + 3).to(tl.float32)
+    h0 = tl.load(x_hi).to(tl.float32)
+    h1 = tl.load(x_hi + 1).to(tl.float32)
+    h2 = tl.load(x_hi + 2).to(tl.float32)
+    h3 = tl.load(x_hi + 3).to(tl.float32)
+    dot_lo += _nibble_f32(w, 0, f2p23) * x0
+    dot_lo += _nibble_f32(w, 8, f2p23) * x1
+    dot_lo += _nibble_f32(w, 16, f2p23) * x2
+    dot_lo += _nibble_f32(v, 12, f2p23) * x3
+    dot_hi += _nibble_f32(w, 4, f2p23) * h0
+    dot_hi += _nibble_f32(w, 12, f2p23) * h1
+    dot_hi += _nibble_f32(v, 8, f2p23) * h2
+    dot_hi += _nibble_f32(v, 16, f2p23) * h3
+    return dot_lo, dot_hi, xs_lo + ((x0 + x1) + (x2 + x3)), xs_hi + ((h0 + h1) + (h2 + h3))
+
+
+@triton.jit
+def dot_q4_k(rowp, u, rmask, xp, f2p23):
+    """Q4_K: byte c*32 + l holds element c*64 + l (low nibble, sub-block 2c) and c*64 + 32 + l
+    (high nibble, sub-block 2c + 1). Tile [BN, 4 chunks c, 4 words j], two halves of 16 bytes
+    each, so one thread holds a whole 32-byte chunk (both sub-blocks: one scale computation)."""
+    base = tl.reshape(rowp, [rowp.shape[0], 1, 1]) + u * 144
+    rmask = tl.reshape(rmask, [rmask.shape[0], 1, 1])
+    c = tl.arange(0, 4)[None, :, None]
+    j = tl.arange(0, 4)[None, None, :]
+    words = (base + 16).to(tl.pointer_type(tl.uint32)) + c * 8 + j
+    w_a = tl.load(words, mask=rmask, other=0)
+    w_b = tl.load(words + 4, mask=rmask, other=0)
+    x = xp + u * 256 + c * 64 + j * 4
+    zero = tl.zeros(w_a.shape, tl.float32)
+    xzero = tl.zeros(x.shape, tl.float32)
+    dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_a, x, x + 32, f2p23, zero, zero, xzero, xzero)
+    dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_b, x + 16, x + 48, f2p23, dot_lo, dot_hi, xs_lo, xs_hi)
+    dl_lo, ml_lo = _k_scale_min(base, rmask, c * 2)
+    dl_hi, ml_hi = _k_scale_min(base, rmask, c * 2 + 1)
+    return dl_lo * dot_lo + dl_hi * dot_hi - (ml_lo * xs_lo + ml_hi * xs_hi)

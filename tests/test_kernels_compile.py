@@ -42,6 +42,13 @@ for t in qmatmul.TRITON_TYPES:
             bn, bm, _, warps = qmatmul.decode_config(4096, 5120, m, Dev(), t)
             compile_(qmatmul._decode_kernel, {**dec, "part_ptr": out_type},
                      {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": bm}, warps)
+            if m == 1 and t in qmatmul.DOT_TYPES:  # scale-after-dot kernel, bf16 and f32 x
+                for x_type in ("*bf16", "*fp32"):
+                    dot = {**dec, "x_ptr": x_type, "part_ptr": out_type, "f2p23": "i32"}
+                    dot["QTYPE"] = dot.pop("QTYPE")  # keep the constexprs last, as in the kernel
+                    dot["BLOCK_N"] = dot.pop("BLOCK_N")
+                    dot["BLOCK_M"] = dot.pop("BLOCK_M")
+                    compile_(qmatmul._decode_dot_kernel, dot, {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": 1}, warps)
         result[gt.type_name(t)] = "ok"
     except Exception:
         result[gt.type_name(t)] = traceback.format_exc()[-2000:]
