@@ -2,7 +2,6 @@
 filtered by the store's search (titles and message text)."""
 from __future__ import annotations
 
-from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
 
 import time
 

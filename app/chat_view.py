@@ -7,7 +7,6 @@ arrive, so the UI thread never spends its time re-parsing Markdown on every toke
 """
 from __future__ import annotations
 
-from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
 
 from pathlib import Path
 

@@ -8,7 +8,6 @@ message that names the file and says what is wrong, and nothing is attached.
 """
 from __future__ import annotations
 
-from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
 
 import io
 import warnings

@@ -108,7 +108,6 @@ def follow_system_scheme(app) -> None:
 
 
 def run_app(args: argparse.Namespace, argv: list[str]) -> int:
-    from . import refcount_guard  # noqa: F401 - PySide6 6.12 on Python < 3.12 (see the module)
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication, QMessageBox
 

@@ -8,7 +8,6 @@ resources, and links only open through the message view's own handler.
 """
 from __future__ import annotations
 
-from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
 
 import re
 from dataclasses import dataclass

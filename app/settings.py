@@ -6,7 +6,6 @@ database never crashes the window, it falls back to the default for that field.
 """
 from __future__ import annotations
 
-from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
 
 from dataclasses import asdict, dataclass
 from pathlib import Path

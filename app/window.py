@@ -13,7 +13,6 @@ The window is the only place that ties the store (chats on disk) to the engine w
 """
 from __future__ import annotations
 
-from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
 
 import logging
 import threading

@@ -12,7 +12,6 @@ exception in the UI thread.
 """
 from __future__ import annotations
 
-from . import refcount_guard  # noqa: F401 - before any PySide6 call (see the module)
 
 import logging
 import os
@@ -78,18 +77,6 @@ def warm_up_imports() -> None:
     from ..engine import chat_format, generate, image, local_engine, remote, tokenizer, vision  # noqa: F401
 
     Image.init()  # Pillow loads its format plugins lazily otherwise
-    import importlib
-
-    for name in LAZY_ENGINE_IMPORTS:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-
-
-# Modules the engine imports inside functions (first prefill, first image); each pulls a
-# lot (torch.nn.attention.bias imports torch._dynamo: ~1 s of GIL-holding imports).
-LAZY_ENGINE_IMPORTS = ("torch.nn.attention.bias",)
 
 
 def _human_bytes(n: float) -> str:

@@ -27,6 +27,9 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+# Imported here, not on first use: it pulls in torch._dynamo (~1 s), which would stall the
+# first prefill (and, in the app, whatever waits on it).
+from torch.nn.attention.bias import causal_lower_right
 
 from ..kernels import ggml_types
 from ..kernels.linear import QWeight, dequantize, linear
@@ -571,7 +574,6 @@ class Mistral3Text:
                 o = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=n_rep > 1)
             else:
                 # Rows are the last T of S positions: causal aligned to the bottom right.
-                from torch.nn.attention.bias import causal_lower_right
                 o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=causal_lower_right(T, end),
                                                    enable_gqa=n_rep > 1)
             o = o[0].transpose(0, 1).reshape(T, cfg.n_heads * cfg.v_head_dim)

@@ -40,8 +40,8 @@ class PrefillSpy:
         self._orig = engine.model.forward
 
     def __enter__(self):
-        def spy(embeds, start_pos, cache=None, all_logits=False):
-            out = self._orig(embeds, start_pos, cache, all_logits)
+        def spy(embeds, start_pos, cache=None, all_logits=False, **kwargs):
+            out = self._orig(embeds, start_pos, cache, all_logits, **kwargs)
             self.calls.append((start_pos, embeds.shape[-2], out.detach().clone()))
             return out
 

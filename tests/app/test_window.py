@@ -17,7 +17,6 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-import tramontane.app.refcount_guard  # noqa: E402,F401 - before PySide6 is used
 from PySide6.QtCore import QMimeData, QObject, QPoint, QPointF, Qt, QTimer, QUrl, Slot  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402

@@ -6,7 +6,6 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-import tramontane.app.refcount_guard  # noqa: E402,F401
 from PySide6.QtCore import QUrl  # noqa: E402
 from PySide6.QtGui import QColor, QGuiApplication, QTextDocument  # noqa: E402
 

@@ -18,7 +18,6 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-import tramontane.app.refcount_guard  # noqa: E402,F401
 from PIL import Image, ImageDraw  # noqa: E402
 from PySide6.QtGui import QImage  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402

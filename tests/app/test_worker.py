@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-import tramontane.app.refcount_guard  # noqa: E402,F401
 from PySide6.QtCore import QObject, QThread, Slot  # noqa: E402
 
 from tramontane.app.worker import ChatRequest, EngineWorker  # noqa: E402
