@@ -502,8 +502,44 @@ class MainWindow(QMainWindow):
         self.current_chat_id = chat_id
         if chat_id is not None:
             self.settings.last_chat_id = chat_id
+            self._follow_chat_binding(chat_id)
         self._select_current_in_list()
         self.refresh_view()
+
+    # A chat remembers what it runs on: the local model, or a model of a server (stored as the
+    # server's base URL + model name, so renaming the server keeps the binding).
+    def _chat_binding(self) -> dict:
+        combo = getattr(self.model_bar, "model_combo", None)
+        choice = combo.current_choice() if combo is not None else None
+        if choice is None or choice.is_local:
+            return {"remote_url": None, "remote_model": None}
+        from .servers import ServerList
+
+        server = ServerList(self.store).find(choice.server)
+        return {"remote_url": server.base_url if server else None, "remote_model": choice.model}
+
+    def _follow_chat_binding(self, chat_id: int) -> None:
+        combo = getattr(self.model_bar, "model_combo", None)
+        if combo is None:
+            return
+        from .servers import ModelChoice, ServerList
+
+        info = self.store.get_chat_info(chat_id)
+        if not info.remote_url:
+            wanted = ModelChoice()
+        else:
+            server = next((s for s in ServerList(self.store).load() if s.base_url == info.remote_url), None)
+            if server is None:
+                self.notices[chat_id] = (f"This chat ran on {info.remote_model} at {info.remote_url}, "
+                                         f"which is no longer in Settings → Servers.")
+                return
+            wanted = ModelChoice(server.name, info.remote_model)
+        if combo.current_choice() != wanted and not combo.set_choice(wanted):
+            self.notices[chat_id] = f"{info.remote_model} is not listed by its server any more."
+
+    def _bind_current_chat(self) -> None:
+        if self.current_chat_id is not None:
+            self.store.update_chat(self.current_chat_id, **self._chat_binding())
 
     def new_chat(self) -> None:
         self.open_chat(None)
@@ -716,9 +752,11 @@ class MainWindow(QMainWindow):
         title = (text.strip().splitlines() or ["Image chat"])[0][:60] or "Image chat"
         system_prompt = self.settings.default_system_prompt
         images = list(images)
+        binding = self._chat_binding()
 
         def write() -> int:
-            cid = chat_id if chat_id is not None else store.create_chat(title, system_prompt=system_prompt)
+            cid = chat_id if chat_id is not None else store.create_chat(
+                title, system_prompt=system_prompt, **binding)
             store.add_message(cid, "user", text, images)
             return cid
 
@@ -912,6 +950,7 @@ class MainWindow(QMainWindow):
         self.worker.unload()
 
     def _model_choice_changed(self, choice) -> None:
+        self._bind_current_chat()
         if choice.is_local:
             if not self.load_last_model():
                 self.worker.unload()

@@ -551,6 +551,24 @@ def test_switch_to_remote_server(qtbot, window):
         assert window.engine_info.remote and "served-model" in window.model_bar.model_label.text()
         reply_id = send(qtbot, window, "hello server")
         assert window.store.get_message(reply_id).text == "Hi from the server."
+        remote_chat = window.current_chat_id
+        info = window.store.get_chat_info(remote_chat)
+        assert (info.remote_url, info.remote_model) == (fake.url, "served-model")
+
+        # A new chat on the local model; each chat then brings its own model source back.
+        window.new_chat()
+        with qtbot.waitSignal(window.modelLoaded, timeout=30000):
+            combo.setCurrentIndex(combo.findText("Local model"))
+        assert not window.engine_info.remote
+        send(qtbot, window, "hello local")
+        local_chat = window.current_chat_id
+        assert window.store.get_chat_info(local_chat).remote_url is None
+        with qtbot.waitSignal(window.modelLoaded, timeout=10000):
+            window.open_chat(remote_chat)
+        assert window.engine_info.remote and combo.current_choice().model == "served-model"
+        with qtbot.waitSignal(window.modelLoaded, timeout=30000):
+            window.open_chat(local_chat)
+        assert not window.engine_info.remote and combo.current_choice().is_local
 
 
 def test_keyboard_only(qtbot, window):
