@@ -24,7 +24,8 @@ from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence, QPalett
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QFrame,
                                QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListView,
                                QMainWindow, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton,
-                               QSplitter, QStackedWidget, QToolButton, QVBoxLayout, QWidget)
+                               QSizePolicy, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
+                               QWidget)
 
 from ..engine.api import GenerationStats
 from .chat_list import ChatListModel
@@ -191,9 +192,16 @@ class EmptyState(QWidget):
         self.local_box = QVBoxLayout()
         column = QVBoxLayout(self)
         column.addStretch(1)
-        self.text.setMaximumWidth(620)
         column.addWidget(self.title)
-        column.addWidget(self.text, 0, Qt.AlignmentFlag.AlignHCenter)
+        # A word-wrapped label given an alignment in its layout gets the height of a too-narrow
+        # box and is clipped; centre it between stretches instead, capped at a readable width.
+        text_row = QHBoxLayout()
+        text_row.addStretch(1)
+        self.text.setMaximumWidth(620)
+        self.text.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        text_row.addWidget(self.text, 4)
+        text_row.addStretch(1)
+        column.addLayout(text_row)
         row = QHBoxLayout()
         row.addStretch(1)
         row.addWidget(self.recommended_button)
