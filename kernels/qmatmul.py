@@ -32,7 +32,7 @@ import torch
 
 from . import ggml_types as gt
 from .quant_iq4 import kvalues_table, tile_iq4_nl, tile_iq4_xs
-from .quant_k import dot_q4_k, tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k
+from .quant_k import dot_q4_k, dot_q6_k, tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k
 from .quant_legacy import tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
 from .triton_compat import tl, triton
 
@@ -141,8 +141,8 @@ def _dot(QTYPE: tl.constexpr, rowp, u, rmask, xp, f2p23):
     if QTYPE == 12:
         return dot_q4_k(rowp, u, rmask, xp, f2p23)
     else:
-        tl.static_assert(QTYPE == 12, "no scale-after-dot unit for this type")
-        return dot_q4_k(rowp, u, rmask, xp, f2p23)
+        tl.static_assert(QTYPE == 14, "no scale-after-dot unit for this type")
+        return dot_q6_k(rowp, u, rmask, xp, f2p23)
 
 
 @triton.jit
@@ -165,7 +165,7 @@ def _decode_dot_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_
     acc = _dot(QTYPE, rowp, u_start, rmask, xp, f2p23)  # peeled: gives the accumulator its shape
     for u in range(u_start + 1, u_stop):
         acc += _dot(QTYPE, rowp, u, rmask, xp, f2p23)
-    acc = tl.sum(tl.sum(acc, axis=2), axis=1)  # every unit returns [BLOCK_N, a, b]
+    acc = tl.sum(acc, axis=1)  # every unit returns [BLOCK_N, a]
     out = part_ptr + pid_k.to(tl.int64) * M * N + pid_m.to(tl.int64) * N + rows
     tl.store(out, acc.to(part_ptr.dtype.element_ty), mask=rows < N)
 
@@ -215,19 +215,27 @@ _DECODE_TILE_1ROW = {gt.Q6_K: (8, 2)}
 # Types with a scale-after-dot unit for one activation row (_decode_dot_kernel), and its tile:
 # 32 rows on one warp gives each thread 4 rows of the same 64 columns, so the activations it
 # loads and sums are reused 4 times (PTX/SASS per element vs tile: see the module docstring).
-DOT_TYPES = {gt.Q4_K: (32, 1)}
+DOT_TYPES = {gt.Q4_K: (32, 1), gt.Q6_K: (32, 1)}
 
 
 def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int = gt.Q4_K
                   ) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_M, SPLIT_K, num_warps): enough programs to fill every SM a few times."""
+    n_units = triton.cdiv(k, UNIT)
+    if m <= 1 and ggml_type in DOT_TYPES:
+        # one-warp programs, each a few hundred instructions per unit with its loads up front:
+        # ~16 warps per SM so some warps' loads are in flight while others compute
+        # (register use ~100-170/thread allows 11-20). Partial sums cost split * n floats.
+        block_n, warps = DOT_TYPES[ggml_type]
+        want = 16 * _sm_count(device) // warps
+        split_k = max(1, min(n_units, triton.cdiv(want, triton.cdiv(n, block_n))))
+        return block_n, 1, split_k, warps
     if m <= 1:
         block_m = 1
-        block_n, warps = DOT_TYPES.get(ggml_type) or _DECODE_TILE_1ROW.get(ggml_type, (16, 4))
+        block_n, warps = _DECODE_TILE_1ROW.get(ggml_type, (16, 4))
     else:  # [BLOCK_M, BLOCK_N, unit] products in registers: 2-4 PTX instructions per MAC
         block_m = 2 if m <= 2 else 4 if m <= 4 else 8
         block_n, warps = (16 if block_m == 2 else 8), 8
-    n_units = triton.cdiv(k, UNIT)
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     want = 4 * _sm_count(device)
     split_k = max(1, min(n_units // 4 if n_units >= 8 else 1, triton.cdiv(want, programs)))

@@ -260,14 +260,17 @@ def _q4_word_dot(w, x, x_hi, f2p23, dot_lo, dot_hi, xs_lo, xs_hi):
     (x, x_hi: pointers to the 4 activations of each word) to dot_lo / dot_hi, and those
     activations to xs_lo / xs_hi."""
     v = w >> 12  # brings the fields above bit 19 (byte 3 low, bytes 2-3 high) down
-    x0 = tl.load(x).to(tl.float32)
-    x1 = tl.load(x + 1).to(tl.float32)
-    x2 = tl.load(x + 2).to(tl.float32)
-    x3 = tl.load(x + 3).to(tl.float32)
-    h0 = tl.load(x_hi).to(tl.float32)
-    h1 = tl.load(x_hi + 1).to(tl.float32)
-    h2 = tl.load(x_hi + 2).to(tl.float32)
-    h3 = tl.load(x_hi + 3).to(tl.float32)
+    # activations broadcast to the weight tile's shape up front: every later op then stays in
+    # the weight's register layout (the per-row copies are the same registers; otherwise
+    # Triton reloads x in a second layout for the sums)
+    x0 = tl.broadcast_to(tl.load(x).to(tl.float32), w.shape)
+    x1 = tl.broadcast_to(tl.load(x + 1).to(tl.float32), w.shape)
+    x2 = tl.broadcast_to(tl.load(x + 2).to(tl.float32), w.shape)
+    x3 = tl.broadcast_to(tl.load(x + 3).to(tl.float32), w.shape)
+    h0 = tl.broadcast_to(tl.load(x_hi).to(tl.float32), w.shape)
+    h1 = tl.broadcast_to(tl.load(x_hi + 1).to(tl.float32), w.shape)
+    h2 = tl.broadcast_to(tl.load(x_hi + 2).to(tl.float32), w.shape)
+    h3 = tl.broadcast_to(tl.load(x_hi + 3).to(tl.float32), w.shape)
     dot_lo += _nibble_f32(w, 0, f2p23) * x0
     dot_lo += _nibble_f32(w, 8, f2p23) * x1
     dot_lo += _nibble_f32(w, 16, f2p23) * x2
@@ -293,9 +296,79 @@ def dot_q4_k(rowp, u, rmask, xp, f2p23):
     w_b = tl.load(words + 4, mask=rmask, other=0)
     x = xp + u * 256 + c * 64 + j * 4
     zero = tl.zeros(w_a.shape, tl.float32)
-    xzero = tl.zeros(x.shape, tl.float32)
-    dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_a, x, x + 32, f2p23, zero, zero, xzero, xzero)
+    dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_a, x, x + 32, f2p23, zero, zero, zero, zero)
     dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_b, x + 16, x + 48, f2p23, dot_lo, dot_hi, xs_lo, xs_hi)
-    dl_lo, ml_lo = _k_scale_min(base, rmask, c * 2)
-    dl_hi, ml_hi = _k_scale_min(base, rmask, c * 2 + 1)
+    # sum over the 4 words j first (in-thread), then scale once per sub-block and row
+    dot_lo = tl.sum(dot_lo, axis=2)
+    dot_hi = tl.sum(dot_hi, axis=2)
+    xs_lo = tl.sum(xs_lo, axis=2)
+    xs_hi = tl.sum(xs_hi, axis=2)
+    base2 = tl.reshape(base, [base.shape[0], 1])
+    rmask2 = tl.reshape(rmask, [rmask.shape[0], 1])
+    c2 = tl.arange(0, 4)[None, :]
+    dl_lo, ml_lo = _k_scale_min(base2, rmask2, c2 * 2)
+    dl_hi, ml_hi = _k_scale_min(base2, rmask2, c2 * 2 + 1)
     return dl_lo * dot_lo + dl_hi * dot_hi - (ml_lo * xs_lo + ml_hi * xs_hi)
+
+
+@triton.jit
+def _q6_field(merged, p: tl.constexpr, f2p23_rows):
+    """Q6_K quant - 32 as float32, exactly, from the 6-bit field at bit p of a merged word (one
+    LOP3, one FADD; see _nibble_f32 for the exponent trick - the -32 folds into the FADD)."""
+    bits = (merged & (0x3F << p)) | (f2p23_rows - (p << 23))
+    return bits.to(tl.float32, bitcast=True) - ((1 << (23 - p)) + 32)
+
+
+@triton.jit
+def _int8_of(word16, g):
+    """Byte g (0 low, 1 high) of uint16 words as a signed value, float32."""
+    return ((word16.to(tl.int32) << (24 - 8 * g)) >> 24).to(tl.float32)
+
+
+@triton.jit
+def dot_q6_k(rowp, u, rmask, xp, f2p23):
+    """Q6_K: element h*128 + p*32 + l (h < 2, p < 4, l < 32) = low 4 bits from ql byte
+    h*64 + (p%2)*32 + l (nibble p//2), high 2 bits from qh byte h*32 + l (bits 2p), scale
+    int8 #(h*8 + p*2 + l//16). Tile [BN, 2 h, 2 g = l//16]: each thread walks the 16 l of its
+    (h, g) as 8 byte pairs t (the 210-byte blocks are only 2-byte aligned: 16-bit loads), so a
+    16-element sub-block is summed inside one thread and scaled once."""
+    base = tl.reshape(rowp, [rowp.shape[0], 1, 1]) + u * 210
+    rmask = tl.reshape(rmask, [rmask.shape[0], 1, 1])
+    h = tl.arange(0, 2)[None, :, None]
+    g = tl.arange(0, 2)[None, None, :]
+    words = base.to(tl.pointer_type(tl.uint16))
+    ql_words = words + h * 32 + g * 8  # ql byte h*64 + g*16 (+ 32 for p = 1, 3)
+    qh_words = words + 64 + h * 16 + g * 8  # qh byte 128 + h*32 + g*16
+    x = xp + u * 256 + h * 128 + g * 16
+    # a per-row (not uniform) copy of 2**23's bits: ptxas keeps it in an ordinary register,
+    # where LOP3 can take it along with an immediate mask (one instruction, not two)
+    f2p23 = tl.where(rmask, f2p23, 0)
+    dot0 = tl.zeros(ql_words.shape, tl.float32)
+    dot1 = tl.zeros(ql_words.shape, tl.float32)
+    dot2 = tl.zeros(ql_words.shape, tl.float32)
+    dot3 = tl.zeros(ql_words.shape, tl.float32)
+    for t in tl.static_range(8):  # bytes l = g*16 + 2t (bits 0-7 of the words), 2t + 1 (8-15)
+        ql_a = tl.load(ql_words + t, mask=rmask, other=0).to(tl.uint32)  # p = 0 (low), 2 (high)
+        ql_b = tl.load(ql_words + 16 + t, mask=rmask, other=0).to(tl.uint32)  # p = 1, 3
+        qh = tl.load(qh_words + t, mask=rmask, other=0).to(tl.uint32)
+        # 6-bit fields of both bytes side by side (no overlap): nibble | 2 qh bits above it
+        f0 = (ql_a & 0x0F0F) | ((qh << 4) & 0x3030)  # p = 0 at bits 0, 8
+        f2 = (ql_a & 0xF0F0) | ((qh << 4) & 0x30300)  # p = 2 at bits 4, 12
+        f1 = (ql_b & 0x0F0F) | ((qh << 2) & 0x3030)  # p = 1 at bits 0, 8
+        f3 = (ql_b & 0xF0F0) | ((qh << 2) & 0x30300)  # p = 3 at bits 4, 12
+        for k in tl.static_range(2):
+            xk = x + 2 * t + k
+            dot0 += _q6_field(f0, 8 * k, f2p23) * tl.load(xk).to(tl.float32)
+            dot1 += _q6_field(f1, 8 * k, f2p23) * tl.load(xk + 32).to(tl.float32)
+            dot2 += _q6_field(f2, 8 * k + 4, f2p23) * tl.load(xk + 64).to(tl.float32)
+            dot3 += _q6_field(f3, 8 * k + 4, f2p23) * tl.load(xk + 96).to(tl.float32)
+    # int8 scale of (h, p, g) = byte 192 + h*8 + 2p + g, taken from 16-bit word 96 + h*4 + p
+    # (a byte load contiguous along g would make Triton give each thread both g, halving the
+    # rows per thread that share its activations)
+    sc_words = words + 96 + h * 4
+    sc0 = _int8_of(tl.load(sc_words, mask=rmask, other=0), g)
+    sc1 = _int8_of(tl.load(sc_words + 1, mask=rmask, other=0), g)
+    sc2 = _int8_of(tl.load(sc_words + 2, mask=rmask, other=0), g)
+    sc3 = _int8_of(tl.load(sc_words + 3, mask=rmask, other=0), g)
+    d = load_f16(base + 208, rmask)
+    return tl.sum(d * ((sc0 * dot0 + sc1 * dot1) + (sc2 * dot2 + sc3 * dot3)), axis=2)
