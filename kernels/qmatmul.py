@@ -137,20 +137,22 @@ def _decode_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_bloc
 
 
 @triton.jit
-def _dot(QTYPE: tl.constexpr, rowp, u, rmask, xp, f2p23):
+def _dot(QTYPE: tl.constexpr, rowp, u, rmask, xp, f2p23, X_BF16: tl.constexpr):
     if QTYPE == 12:
-        return dot_q4_k(rowp, u, rmask, xp, f2p23)
+        return dot_q4_k(rowp, u, rmask, xp, f2p23, X_BF16)
     else:
         tl.static_assert(QTYPE == 14, "no scale-after-dot unit for this type")
-        return dot_q6_k(rowp, u, rmask, xp, f2p23)
+        return dot_q6_k(rowp, u, rmask, xp, f2p23, X_BF16)
 
 
 @triton.jit
 def _decode_dot_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_blocks, n_units,
                        units_per_split, stride_xm, f2p23,
-                       QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                       QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                       X_BF16: tl.constexpr):
     """One activation row, K-quants with a scale-after-dot unit (see quant_k.dot_q4_k).
-    Same grid and outputs as _decode_kernel."""
+    Same grid and outputs as _decode_kernel. X_BF16: x is bfloat16 with 8-byte aligned rows
+    (loaded 4 at a time)."""
     tl.static_assert(BLOCK_M == 1)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -162,12 +164,17 @@ def _decode_dot_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_
     xp = x_ptr + pid_m * stride_xm
     u_start = pid_k * units_per_split
     u_stop = tl.minimum(u_start + units_per_split, n_units)
-    acc = _dot(QTYPE, rowp, u_start, rmask, xp, f2p23)  # peeled: gives the accumulator its shape
+    acc = _dot(QTYPE, rowp, u_start, rmask, xp, f2p23, X_BF16)  # peeled: gives the accumulator its shape
     for u in range(u_start + 1, u_stop):
-        acc += _dot(QTYPE, rowp, u, rmask, xp, f2p23)
+        acc += _dot(QTYPE, rowp, u, rmask, xp, f2p23, X_BF16)
     acc = tl.sum(acc, axis=1)  # every unit returns [BLOCK_N, a]
     out = part_ptr + pid_k.to(tl.int64) * M * N + pid_m.to(tl.int64) * N + rows
     tl.store(out, acc.to(part_ptr.dtype.element_ty), mask=rows < N)
+
+
+def _packed_bf16(x2: torch.Tensor) -> bool:
+    """Can the dot kernel load this bf16 activation matrix 4 values (8 bytes) at a time?"""
+    return x2.dtype == torch.bfloat16 and x2.data_ptr() % 8 == 0 and x2.stride(0) % 4 == 0
 
 
 def _check(w) -> None:
@@ -245,6 +252,14 @@ def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int =
 def linear_decode(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> torch.Tensor:
     """Fused dequant+matmul for few activation rows. x (..., in) -> (..., out) in x.dtype.
     config: (BLOCK_N, BLOCK_M, SPLIT_K[, num_warps]), default from decode_config."""
+    n = w.shape[0]
+    part = _decode_parts(x, w, config)
+    out = part[0] if part.shape[0] == 1 else part.sum(0).to(x.dtype)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _decode_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.Tensor:
+    """(SPLIT_K, rows, out) partial sums: float32 when split over K, else already x.dtype."""
     _check(w)
     n, k = w.shape
     x2 = x.reshape(-1, k)
@@ -264,14 +279,13 @@ def linear_decode(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> 
         if block_m == 1 and w.ggml_type in DOT_TYPES:
             _decode_dot_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks,
                                      n_units, units_per_split, x2.stride(0), F32_BITS_2P23, QTYPE=w.ggml_type,
-                                     BLOCK_N=block_n, BLOCK_M=1, num_warps=num_warps,
+                                     BLOCK_N=block_n, BLOCK_M=1, X_BF16=_packed_bf16(x2), num_warps=num_warps,
                                      **_launch_opts(x.device, True))
         else:
             _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
                                  units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
                                  BLOCK_M=block_m, num_warps=num_warps, **_launch_opts(x.device, True))
-    out = part[0] if split_k == 1 else part.sum(0).to(x.dtype)
-    return out.reshape(*x.shape[:-1], n)
+    return part
 
 
 def _on_device(device: torch.device):

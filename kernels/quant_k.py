@@ -244,6 +244,21 @@ def tile_q6_k(rowp, u, rmask):
 
 
 @triton.jit
+def load_x4(x, X_BF16: tl.constexpr):
+    """Activations x[0..3] (x: pointers to 4 consecutive ones) as four float32 tensors. bf16
+    (X_BF16, 8-byte aligned): one 8-byte load, and bf16 -> f32 is putting the 16 bits on top."""
+    if X_BF16:
+        v = tl.load(x.to(tl.pointer_type(tl.int64)))
+        lo = v.to(tl.uint32)
+        hi = (v >> 32).to(tl.uint32)
+        return ((lo << 16).to(tl.float32, bitcast=True), (lo & 0xFFFF0000).to(tl.float32, bitcast=True),
+                (hi << 16).to(tl.float32, bitcast=True), (hi & 0xFFFF0000).to(tl.float32, bitcast=True))
+    else:
+        return (tl.load(x).to(tl.float32), tl.load(x + 1).to(tl.float32),
+                tl.load(x + 2).to(tl.float32), tl.load(x + 3).to(tl.float32))
+
+
+@triton.jit
 def _nibble_f32(w, p: tl.constexpr, f2p23):
     """The 4-bit field at bit p (<= 19) of uint32 words as float32, exactly, in 2 instructions
     (one LOP3 for and+or, one FADD) instead of shift, mask and int->float convert: OR-ing the
@@ -255,7 +270,7 @@ def _nibble_f32(w, p: tl.constexpr, f2p23):
 
 
 @triton.jit
-def _q4_word_dot(w, x, x_hi, f2p23, dot_lo, dot_hi, xs_lo, xs_hi):
+def _q4_word_dot(w, x, x_hi, f2p23, dot_lo, dot_hi, xs_lo, xs_hi, X_BF16: tl.constexpr):
     """Adds, over the 4 bytes b of uint32 words w, low nibble * x[b] and high nibble * x_hi[b]
     (x, x_hi: pointers to the 4 activations of each word) to dot_lo / dot_hi, and those
     activations to xs_lo / xs_hi."""
@@ -263,14 +278,16 @@ def _q4_word_dot(w, x, x_hi, f2p23, dot_lo, dot_hi, xs_lo, xs_hi):
     # activations broadcast to the weight tile's shape up front: every later op then stays in
     # the weight's register layout (the per-row copies are the same registers; otherwise
     # Triton reloads x in a second layout for the sums)
-    x0 = tl.broadcast_to(tl.load(x).to(tl.float32), w.shape)
-    x1 = tl.broadcast_to(tl.load(x + 1).to(tl.float32), w.shape)
-    x2 = tl.broadcast_to(tl.load(x + 2).to(tl.float32), w.shape)
-    x3 = tl.broadcast_to(tl.load(x + 3).to(tl.float32), w.shape)
-    h0 = tl.broadcast_to(tl.load(x_hi).to(tl.float32), w.shape)
-    h1 = tl.broadcast_to(tl.load(x_hi + 1).to(tl.float32), w.shape)
-    h2 = tl.broadcast_to(tl.load(x_hi + 2).to(tl.float32), w.shape)
-    h3 = tl.broadcast_to(tl.load(x_hi + 3).to(tl.float32), w.shape)
+    x0, x1, x2, x3 = load_x4(x, X_BF16)
+    h0, h1, h2, h3 = load_x4(x_hi, X_BF16)
+    x0 = tl.broadcast_to(x0, w.shape)
+    x1 = tl.broadcast_to(x1, w.shape)
+    x2 = tl.broadcast_to(x2, w.shape)
+    x3 = tl.broadcast_to(x3, w.shape)
+    h0 = tl.broadcast_to(h0, w.shape)
+    h1 = tl.broadcast_to(h1, w.shape)
+    h2 = tl.broadcast_to(h2, w.shape)
+    h3 = tl.broadcast_to(h3, w.shape)
     dot_lo += _nibble_f32(w, 0, f2p23) * x0
     dot_lo += _nibble_f32(w, 8, f2p23) * x1
     dot_lo += _nibble_f32(w, 16, f2p23) * x2
@@ -283,7 +300,7 @@ def _q4_word_dot(w, x, x_hi, f2p23, dot_lo, dot_hi, xs_lo, xs_hi):
 
 
 @triton.jit
-def dot_q4_k(rowp, u, rmask, xp, f2p23):
+def dot_q4_k(rowp, u, rmask, xp, f2p23, X_BF16: tl.constexpr):
     """Q4_K: byte c*32 + l holds element c*64 + l (low nibble, sub-block 2c) and c*64 + 32 + l
     (high nibble, sub-block 2c + 1). Tile [BN, 4 chunks c, 4 words j], two halves of 16 bytes
     each, so one thread holds a whole 32-byte chunk (both sub-blocks: one scale computation)."""
@@ -296,8 +313,8 @@ def dot_q4_k(rowp, u, rmask, xp, f2p23):
     w_b = tl.load(words + 4, mask=rmask, other=0)
     x = xp + u * 256 + c * 64 + j * 4
     zero = tl.zeros(w_a.shape, tl.float32)
-    dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_a, x, x + 32, f2p23, zero, zero, zero, zero)
-    dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_b, x + 16, x + 48, f2p23, dot_lo, dot_hi, xs_lo, xs_hi)
+    dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_a, x, x + 32, f2p23, zero, zero, zero, zero, X_BF16)
+    dot_lo, dot_hi, xs_lo, xs_hi = _q4_word_dot(w_b, x + 16, x + 48, f2p23, dot_lo, dot_hi, xs_lo, xs_hi, X_BF16)
     # sum over the 4 words j first (in-thread), then scale once per sub-block and row
     dot_lo = tl.sum(dot_lo, axis=2)
     dot_hi = tl.sum(dot_hi, axis=2)
@@ -320,13 +337,38 @@ def _q6_field(merged, p: tl.constexpr, f2p23_rows):
 
 
 @triton.jit
+def _q6_pair_dot(ql_words, qh_words, rmask, f2p23, x0, x1, y0, y1, z0, z1, v0, v1,
+                 dot0, dot1, dot2, dot3):
+    """Adds the 8 elements of one byte pair (bytes 0/1 = bits 0-7/8-15 of 16-bit words) to the
+    per-p dot products; x/y/z/v: activations of p = 0/1/2/3 for byte 0 and 1."""
+    ql_a = tl.load(ql_words, mask=rmask, other=0).to(tl.uint32)  # p = 0 (low nibbles), 2 (high)
+    ql_b = tl.load(ql_words + 16, mask=rmask, other=0).to(tl.uint32)  # p = 1, 3
+    qh = tl.load(qh_words, mask=rmask, other=0).to(tl.uint32)
+    # 6-bit fields of both bytes side by side (no overlap): nibble | 2 qh bits above it
+    f0 = (ql_a & 0x0F0F) | ((qh << 4) & 0x3030)  # p = 0 at bits 0, 8
+    f2 = (ql_a & 0xF0F0) | ((qh << 4) & 0x30300)  # p = 2 at bits 4, 12
+    f1 = (ql_b & 0x0F0F) | ((qh << 2) & 0x3030)  # p = 1 at bits 0, 8
+    f3 = (ql_b & 0xF0F0) | ((qh << 2) & 0x30300)  # p = 3 at bits 4, 12
+    # one FMA per element into the running sums (a+b*c+d*e would add an FMUL and an FADD)
+    dot0 += _q6_field(f0, 0, f2p23) * x0
+    dot0 += _q6_field(f0, 8, f2p23) * x1
+    dot1 += _q6_field(f1, 0, f2p23) * y0
+    dot1 += _q6_field(f1, 8, f2p23) * y1
+    dot2 += _q6_field(f2, 4, f2p23) * z0
+    dot2 += _q6_field(f2, 12, f2p23) * z1
+    dot3 += _q6_field(f3, 4, f2p23) * v0
+    dot3 += _q6_field(f3, 12, f2p23) * v1
+    return dot0, dot1, dot2, dot3
+
+
+@triton.jit
 def _int8_of(word16, g):
     """Byte g (0 low, 1 high) of uint16 words as a signed value, float32."""
     return ((word16.to(tl.int32) << (24 - 8 * g)) >> 24).to(tl.float32)
 
 
 @triton.jit
-def dot_q6_k(rowp, u, rmask, xp, f2p23):
+def dot_q6_k(rowp, u, rmask, xp, f2p23, X_BF16: tl.constexpr):
     """Q6_K: element h*128 + p*32 + l (h < 2, p < 4, l < 32) = low 4 bits from ql byte
     h*64 + (p%2)*32 + l (nibble p//2), high 2 bits from qh byte h*32 + l (bits 2p), scale
     int8 #(h*8 + p*2 + l//16). Tile [BN, 2 h, 2 g = l//16]: each thread walks the 16 l of its
@@ -347,21 +389,18 @@ def dot_q6_k(rowp, u, rmask, xp, f2p23):
     dot1 = tl.zeros(ql_words.shape, tl.float32)
     dot2 = tl.zeros(ql_words.shape, tl.float32)
     dot3 = tl.zeros(ql_words.shape, tl.float32)
-    for t in tl.static_range(8):  # bytes l = g*16 + 2t (bits 0-7 of the words), 2t + 1 (8-15)
-        ql_a = tl.load(ql_words + t, mask=rmask, other=0).to(tl.uint32)  # p = 0 (low), 2 (high)
-        ql_b = tl.load(ql_words + 16 + t, mask=rmask, other=0).to(tl.uint32)  # p = 1, 3
-        qh = tl.load(qh_words + t, mask=rmask, other=0).to(tl.uint32)
-        # 6-bit fields of both bytes side by side (no overlap): nibble | 2 qh bits above it
-        f0 = (ql_a & 0x0F0F) | ((qh << 4) & 0x3030)  # p = 0 at bits 0, 8
-        f2 = (ql_a & 0xF0F0) | ((qh << 4) & 0x30300)  # p = 2 at bits 4, 12
-        f1 = (ql_b & 0x0F0F) | ((qh << 2) & 0x3030)  # p = 1 at bits 0, 8
-        f3 = (ql_b & 0xF0F0) | ((qh << 2) & 0x30300)  # p = 3 at bits 4, 12
-        for k in tl.static_range(2):
-            xk = x + 2 * t + k
-            dot0 += _q6_field(f0, 8 * k, f2p23) * tl.load(xk).to(tl.float32)
-            dot1 += _q6_field(f1, 8 * k, f2p23) * tl.load(xk + 32).to(tl.float32)
-            dot2 += _q6_field(f2, 8 * k + 4, f2p23) * tl.load(xk + 64).to(tl.float32)
-            dot3 += _q6_field(f3, 8 * k + 4, f2p23) * tl.load(xk + 96).to(tl.float32)
+    for q in tl.static_range(4):  # bytes l = g*16 + 4q .. 4q + 3
+        # activations of those 4 bytes for each p (4 consecutive ones each)
+        x00, x01, x10, x11 = load_x4(x + 4 * q, X_BF16)
+        y00, y01, y10, y11 = load_x4(x + 32 + 4 * q, X_BF16)
+        z00, z01, z10, z11 = load_x4(x + 64 + 4 * q, X_BF16)
+        v00, v01, v10, v11 = load_x4(x + 96 + 4 * q, X_BF16)
+        dot0, dot1, dot2, dot3 = _q6_pair_dot(ql_words + 2 * q, qh_words + 2 * q, rmask, f2p23,
+                                              x00, x01, y00, y01, z00, z01, v00, v01,
+                                              dot0, dot1, dot2, dot3)
+        dot0, dot1, dot2, dot3 = _q6_pair_dot(ql_words + 2 * q + 1, qh_words + 2 * q + 1, rmask, f2p23,
+                                              x10, x11, y10, y11, z10, z11, v10, v11,
+                                              dot0, dot1, dot2, dot3)
     # int8 scale of (h, p, g) = byte 192 + h*8 + 2p + g, taken from 16-bit word 96 + h*4 + p
     # (a byte load contiguous along g would make Triton give each thread both g, halving the
     # rows per thread that share its activations)

@@ -42,13 +42,14 @@ for t in qmatmul.TRITON_TYPES:
             bn, bm, _, warps = qmatmul.decode_config(4096, 5120, m, Dev(), t)
             compile_(qmatmul._decode_kernel, {**dec, "part_ptr": out_type},
                      {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": bm}, warps)
-            if m == 1 and t in qmatmul.DOT_TYPES:  # scale-after-dot kernel, bf16 and f32 x
-                for x_type in ("*bf16", "*fp32"):
+            if m == 1 and t in qmatmul.DOT_TYPES:  # scale-after-dot kernel: packed bf16 / f32 x
+                for x_type, packed in ((("*bf16", True),) if out_type == "*bf16" else (("*fp32", False),)):
                     dot = {**dec, "x_ptr": x_type, "part_ptr": out_type, "f2p23": "i32"}
-                    dot["QTYPE"] = dot.pop("QTYPE")  # keep the constexprs last, as in the kernel
-                    dot["BLOCK_N"] = dot.pop("BLOCK_N")
-                    dot["BLOCK_M"] = dot.pop("BLOCK_M")
-                    compile_(qmatmul._decode_dot_kernel, dot, {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": 1}, warps)
+                    for name in ("QTYPE", "BLOCK_N", "BLOCK_M"):  # constexprs last, as in the kernel
+                        dot[name] = dot.pop(name)
+                    dot["X_BF16"] = "constexpr"
+                    compile_(qmatmul._decode_dot_kernel, dot,
+                             {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": 1, "X_BF16": packed}, warps)
         result[gt.type_name(t)] = "ok"
     except Exception:
         result[gt.type_name(t)] = traceback.format_exc()[-2000:]

@@ -25,7 +25,7 @@ def _dot_types():
 
 @pytest.mark.parametrize("ggml_type", _dot_types(), ids=gt.type_name)
 def test_dot_decode_matches_reference(ggml_type):
-    from tramontane.kernels.qmatmul import decode_config, linear_decode
+    from tramontane.kernels.qmatmul import _decode_parts, decode_config, linear_decode
 
     rng = np.random.default_rng(77 + ggml_type)
     shape = (37, 1024)  # 37 rows: one full 32-row tile + a masked tail; 4 units to split over
@@ -50,3 +50,22 @@ def test_dot_decode_matches_reference(ggml_type):
     assert out16.dtype == torch.float16
     ref16 = x16.double() @ w_ref.t()
     assert float((out16.double().cpu() - ref16).abs().max() / ref16.abs().max()) <= 1e-3
+    # bf16 activations take the packed path (4 per 8-byte load, unpacked by bit shifts); the
+    # output is bf16 (one ulp = 2^-7 relative: the interpreter converts toward zero), a wrong
+    # unpacking order would be off by O(1). Exactness of the sums: vs the f32 path below.
+    xb = x.bfloat16()
+    refb = xb.double() @ w_ref.t()
+    for split in (1, 3):
+        outb = linear_decode(xb.to(DEV), w, config=(bn, 1, split, warps))
+        assert outb.dtype == torch.bfloat16
+        assert float((outb.double().cpu() - refb).abs().max() / refb.abs().max()) <= 8e-3
+    # split over K: float32 partials, so the packed-bf16 sums can be compared to the f32 path
+    part = torch.empty(2, 1, shape[0])
+    for src, dst in ((xb, part[0]), (xb.float(), part[1])):
+        dst.copy_(_decode_parts(src.to(DEV), w, (bn, 1, 4, warps)).sum(0).cpu())
+    assert float((part[0] - part[1]).abs().max() / part[1].abs().max()) <= 1e-6
+    # a bf16 row at an odd element offset cannot be loaded 8 bytes at a time: scalar path
+    xo = torch.zeros(1, shape[1] + 1, dtype=torch.bfloat16)
+    xo[0, 1:] = xb[0]
+    outo = linear_decode(xo[:, 1:].to(DEV), w)
+    assert float((outo.double().cpu() - refb).abs().max() / refb.abs().max()) <= 8e-3
