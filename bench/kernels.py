@@ -9,8 +9,17 @@ Q6_K at 1 row.
     python bench/kernels.py                 # default types, 1 activation row
     python bench/kernels.py --types all --rows 1,4,8
     python bench/kernels.py --sweep         # try decode configs for Q4_K/Q6_K, print the best
+    python bench/kernels.py --ptx           # no GPU needed: instruction-count proxy (below)
 
 Without a GPU it runs a reduced CPU mode (torch reference path on small shapes) and says so.
+
+--ptx compiles the decode kernels offline for sm_90 (Triton's bundled ptxas/nvdisasm), counts the
+PTX and SASS instructions of the inner loop (the longest loop of the kernel: one 256-element
+unit per iteration), and divides by the weight elements one iteration covers per thread. An H200
+SM issues 128 thread-instructions per clock and gets ~18.4 bytes per clock of HBM (4.8 TB/s /
+132 SMs / 1.98 GHz), so a kernel that needs more than 128 / (18.4 / bytes per element)
+instructions per element cannot keep up with memory: the printed "issue-bound % of HBM" is that
+ratio (an upper bound: latency, occupancy and instruction mix are not modelled).
 """
 from __future__ import annotations
 
@@ -164,6 +173,113 @@ def run_cpu(args) -> None:
     linear_mod.CPU_DENSE_CACHE_BYTES = budget
 
 
+HBM_BYTES_PER_CLK_PER_SM = 4.8e12 / 132 / 1.98e9  # H200
+ISSUE_PER_CLK_PER_SM = 128
+
+
+def _loop_body(lines: list[str], label_re: str, branch_re: str) -> list[str]:
+    """The longest backward-branching block: lines from a label to a branch back to it."""
+    import re
+
+    labels, best = {}, []
+    for i, line in enumerate(lines):
+        m = re.match(label_re, line)
+        if m:
+            labels[m.group(1)] = i
+        m = re.search(branch_re, line)
+        if m and m.group(1) in labels and labels[m.group(1)] <= i and i - labels[m.group(1)] > len(best):
+            best = lines[labels[m.group(1)]:i + 1]
+    return best
+
+
+def ptx_proxy(kernel, signature: dict, constexprs: dict, num_warps: int, elems_per_iter: int) -> dict:
+    """Compile for sm_90 offline; instructions per weight element in the inner loop."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    import triton.backends.nvidia as nv
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature)
+    aligned = [n for n in names if signature[n].startswith("*")] + [n for n in ("K", "row_bytes", "stride_xm") if n in names]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    k = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "enable_fp_fusion": True})
+    ptx = [ln.strip() for ln in k.asm["ptx"].splitlines()]
+    ptx_body = _loop_body(ptx, r"^(\$L__\w+):", r"bra(?:\.uni)?\s+(\$L__\w+);")
+    ptx_n = sum(1 for ln in ptx_body if ln and not ln.endswith(":") and not ln.startswith(("//", ".", "{", "}")))
+    bindir = os.path.join(os.path.dirname(nv.__file__), "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(k.asm["cubin"])
+        sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+        ptx_file = os.path.join(tmp, "k.ptx")
+        with open(ptx_file, "w") as f:
+            f.write(k.asm["ptx"])
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(90)  # the one Triton compiles with (knows its PTX version)
+        ptxas = ptxas.path if hasattr(ptxas, "path") else ptxas[0]
+        info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx_file, "-o",
+                               os.path.join(tmp, "o.cubin")], capture_output=True, text=True).stderr
+    sass_lines = []
+    for ln in sass.splitlines():
+        ln = ln.strip()
+        label = re.match(r"^\.(L_x_\d+):", ln)
+        if label:
+            sass_lines.append(label.group(0))
+            continue
+        m = re.match(r"^/\*[0-9a-f]{4,}\*/\s+(.*?);", ln)
+        if m:
+            sass_lines.append(m.group(1))
+    sass_body = [ln for ln in _loop_body(sass_lines, r"^\.(L_x_\d+):", r"BRA\s+`?\(?\.?(L_x_\d+)") if not ln.startswith(".")]
+    threads = num_warps * 32
+    regs = re.search(r"Used (\d+) registers", info)
+    spills = re.search(r"(\d+) bytes spill stores", info)
+    return {"ptx": ptx_n * threads / elems_per_iter, "sass": len(sass_body) * threads / elems_per_iter,
+            "regs": int(regs.group(1)) if regs else -1, "spill": int(spills.group(1)) if spills else -1}
+
+
+def run_ptx(args) -> None:
+    from tramontane.kernels import qmatmul
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "part_ptr": "*fp32", "table_ptr": "*fp32", "M": "i32", "N": "i32",
+           "K": "i32", "row_bytes": "i32", "n_blocks": "i32", "n_units": "i32", "units_per_split": "i32",
+           "stride_xm": "i32", "QTYPE": "constexpr", "BLOCK_N": "constexpr", "BLOCK_M": "constexpr"}
+    dot_sig = {**{k: v for k, v in sig.items() if v != "constexpr"}, "f2p23": "i32", "QTYPE": "constexpr",
+               "BLOCK_N": "constexpr", "BLOCK_M": "constexpr", "X_BF16": "constexpr"}
+
+    class Dev:  # decode_config only asks for .type
+        type = "cpu"
+
+    print("sm_90 inner loop, instructions per weight element (bf16 x; rows=8: per element, not per MAC)")
+    print(f"{'type':6} {'rows':>4} {'kernel':8} {'tile':>12} {'PTX':>6} {'SASS':>6} {'regs':>5} {'issue-bound % of HBM':>21}")
+    for t in _types(args.types):
+        bytes_per_elem = gt.type_info(t).type_size / gt.type_info(t).block_size
+        ceiling = ISSUE_PER_CLK_PER_SM * bytes_per_elem / HBM_BYTES_PER_CLK_PER_SM
+        for rows in [int(r) for r in args.rows.split(",")]:
+            bn, bm, _, warps = qmatmul.decode_config(4096, 5120, rows, Dev(), t)
+            runs = [("generic", qmatmul._decode_kernel, sig, {}, _DECODE_TILE_GENERIC.get(t, (16, 4)) if bm == 1 else (bn, warps))]
+            if bm == 1 and t in qmatmul.DOT_TYPES:
+                runs.append(("dot", qmatmul._decode_dot_kernel, dot_sig, {"X_BF16": True}, (bn, warps)))
+            for name, kernel, signature, extra, (tile_n, tile_w) in runs:
+                r = ptx_proxy(kernel, signature, {"QTYPE": t, "BLOCK_N": tile_n, "BLOCK_M": bm, **extra}, tile_w,
+                              tile_n * qmatmul.UNIT)
+                pct = min(1.0, ceiling / r["sass"])
+                print(f"{gt.type_name(t):6} {rows:>4} {name:8} {f'{tile_n}x{bm}/{tile_w}w':>12} {r['ptx']:>6.2f} "
+                      f"{r['sass']:>6.2f} {r['regs']:>5} {pct:>20.0%}" + (f"  SPILLS {r['spill']} B" if r["spill"] > 0 else ""),
+                      flush=True)
+
+
+# the generic kernel's 1-row tiles (qmatmul._DECODE_TILE_1ROW, default 16 rows / 4 warps)
+_DECODE_TILE_GENERIC = {gt.Q6_K: (8, 2)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(DEFAULT_TYPES), help="comma list of GGUF types or 'all'")
@@ -171,8 +287,15 @@ def main(argv=None) -> None:
     ap.add_argument("--dense", action="store_true", help="also time a dense bf16 F.linear of the same shape")
     ap.add_argument("--sweep", action="store_true", help="search decode configs instead")
     ap.add_argument("--sweep-types", default="Q4_K,Q6_K")
+    ap.add_argument("--ptx", action="store_true", help="instruction-count proxy from offline sm_90 compiles (no GPU)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.ptx:
+        if args.types == ",".join(DEFAULT_TYPES):
+            args.types = "Q4_K,Q6_K"
+        if args.rows == "1":
+            args.rows = "1,8"
+        run_ptx(args)
+    elif not torch.cuda.is_available():
         run_cpu(args)
     elif args.sweep:
         run_sweep(args)

@@ -300,6 +300,25 @@ def _q4_word_dot(w, x, x_hi, f2p23, dot_lo, dot_hi, xs_lo, xs_hi, X_BF16: tl.con
 
 
 @triton.jit
+def _k_scale_min_pair(base, rmask, c):
+    """Q4_K/Q5_K d*sc and dmin*m of sub-blocks 2c and 2c + 1 (c: int tensor 0..3) from one
+    32-bit and three 16-bit loads (_k_scale_min per sub-block takes eight byte loads)."""
+    dm = tl.load(base.to(tl.pointer_type(tl.uint32)), mask=rmask, other=0)  # f16 d | f16 dmin
+    d = (dm & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (dm >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    words = base.to(tl.pointer_type(tl.uint16))
+    s_i = tl.load(words + 2 + c, mask=rmask, other=0).to(tl.uint32)  # scale bytes 2c, 2c + 1
+    s_i4 = tl.load(words + 4 + c, mask=rmask, other=0).to(tl.uint32)  # bytes 2c + 4, 2c + 5
+    s_im4 = tl.load(words + c, mask=rmask, other=0).to(tl.uint32)  # bytes 2c - 4, 2c - 3 (c >= 2)
+    lo = c < 2
+    # both bytes of each word at once: (byte 0 result) | (byte 1 result) << 8
+    sc = tl.where(lo, s_i & 0x3F3F, (s_i4 & 0x0F0F) | ((s_im4 >> 2) & 0x3030))
+    mn = tl.where(lo, s_i4 & 0x3F3F, ((s_i4 >> 4) & 0x0F0F) | ((s_i >> 2) & 0x3030))
+    return (d * (sc & 0xFF).to(tl.float32), dmin * (mn & 0xFF).to(tl.float32),
+            d * (sc >> 8).to(tl.float32), dmin * (mn >> 8).to(tl.float32))
+
+
+@triton.jit
 def dot_q4_k(rowp, u, rmask, xp, f2p23, X_BF16: tl.constexpr):
     """Q4_K: byte c*32 + l holds element c*64 + l (low nibble, sub-block 2c) and c*64 + 32 + l
     (high nibble, sub-block 2c + 1). Tile [BN, 4 chunks c, 4 words j], two halves of 16 bytes
@@ -323,8 +342,7 @@ def dot_q4_k(rowp, u, rmask, xp, f2p23, X_BF16: tl.constexpr):
     base2 = tl.reshape(base, [base.shape[0], 1])
     rmask2 = tl.reshape(rmask, [rmask.shape[0], 1])
     c2 = tl.arange(0, 4)[None, :]
-    dl_lo, ml_lo = _k_scale_min(base2, rmask2, c2 * 2)
-    dl_hi, ml_hi = _k_scale_min(base2, rmask2, c2 * 2 + 1)
+    dl_lo, ml_lo, dl_hi, ml_hi = _k_scale_min_pair(base2, rmask2, c2)
     return dl_lo * dot_lo + dl_hi * dot_hi - (ml_lo * xs_lo + ml_hi * xs_hi)
 
 
