@@ -125,7 +125,7 @@ def run_gpu(args) -> None:
 
 def run_sweep(args) -> None:
     """Try decode configs on the two shapes that matter most; print the best per type."""
-    from tramontane.kernels.qmatmul import linear_decode
+    from tramontane.kernels.qmatmul import DOT_TYPES, linear_decode
 
     copy_gbs = copy_bandwidth_gbs()
     print(f"sweep (copy {copy_gbs:.0f} GB/s): type shape rows -> best (block_n, block_m, split_k, num_warps)")
@@ -137,9 +137,11 @@ def run_sweep(args) -> None:
                 x = torch.randn(rows, in_f, device="cuda", dtype=torch.bfloat16)
                 bm = 1 if rows == 1 else 2 if rows == 2 else 4 if rows <= 4 else 8
                 results = []
+                # one row of Q4_K/Q6_K runs the one-warp scale-after-dot kernel: sweep those too
+                one_warp = bm == 1 and t in DOT_TYPES
                 for bn in (4, 8, 16, 32, 64):
-                    for split in (1, 2, 4, 8):
-                        for warps in (2, 4, 8):
+                    for split in (1, 2, 4, 8, 16) if one_warp else (1, 2, 4, 8):
+                        for warps in (1, 2, 4) if one_warp else (2, 4, 8):
                             cfg = (bn, bm, split, warps)
                             try:
                                 ms = gpu_time_ms(lambda: linear_decode(x, w, config=cfg), iters=10)

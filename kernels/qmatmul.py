@@ -12,16 +12,43 @@ partials (deterministic, no atomics). The dense weight never exists in memory.
 Prefill (many rows): Triton-dequantize a chunk of weight rows to the activation dtype in a
 scratch buffer, then torch.matmul (cuBLAS) - simple, and compute-bound anyway.
 
-Performance status (no GPU was available while writing this; numbers are from the sm_90 PTX
-of the inner loop, compiled offline, see tests/test_kernels_compile.py): at 1 activation row
-the loop costs ~8 instructions per weight element for Q4_K/Q8_0/Q2_K/Q4_1, ~10-14 for
-Q4_0/Q5_x/IQ4, ~16 for Q6_K and ~20 for Q3_K. An H200 SM issues ~128 thread-instructions per
-clock against ~18 bytes/clock of HBM, so the issue rate caps 1-row decode near ~50% of copy
-bandwidth for Q4_K and ~35-40% for Q6_K - short of the 80% goal. What would close the gap:
-scale-after-dot (sum q*x per sub-block, apply d*sc and dmin*m*sum(x) once), and a lossless
-load-time repack of the 2-byte-aligned blocks (Q6_K 210 B, legacy 18-34 B) into 16-byte-aligned
-planes so the raw bytes load as 16-byte vectors. With several rows the dequantized tile is
-reused from registers: 2.5-7 instructions per multiply-add at 8 rows.
+One activation row of Q4_K / Q6_K (the types of Q4_K_M files) takes a second kernel,
+_decode_dot_kernel, with scale-after-dot units (quant_k.dot_q4_k / dot_q6_k): the raw quants
+are turned into exact float32 values with one LOP3 + one FADD (OR-ing a float exponent onto the
+bit field, see quant_k._nibble_f32) and multiplied straight into per-sub-block sums held in one
+thread; d*sc is applied once per sub-block and dmin*m once against a per-program sum of x (Q4_K);
+Q6_K's -32 folds into the FADD. Weight bytes come in as 16-byte (Q4_K) or 16-bit (Q6_K, 2-byte
+aligned 210-byte blocks) loads, bf16 activations 4 per 8-byte load. Programs are one warp of 32
+rows (4 rows per thread share each activation), split over K for ~16 warps per SM.
+
+Performance status (no GPU was available while writing this). Proxy: the sm_90 PTX / SASS of
+the inner loop, compiled offline (`python bench/kernels.py --ptx`), in instructions per weight
+element; an H200 SM issues 128 thread-instructions per clock against ~18.4 bytes/clock of HBM,
+so memory can be kept busy with at most 128 * bytes per element / 18.4 instructions per
+element (Q4_K, 0.5625 B: 3.9, or 4.9 for 80 %; Q6_K, 0.82 B: 5.7, or 7.1 for 80 %); the
+"issue-bound %" below is that number over the measured SASS count:
+
+    type rows kernel               PTX   SASS  regs  issue-bound % of HBM
+    Q4_K   1  generic 16x1/4 warps 8.12  8.47   78   46 %   (before)
+    Q4_K   1  dot     32x1/1 warp  6.45  4.55  127   86 %   (bf16 x; f32 x: SASS 4.84)
+    Q6_K   1  generic  8x1/2 warps 15.7  15.7  115   37 %   (before)
+    Q6_K   1  dot     32x1/1 warp  8.41  6.46  172   88 %   (bf16 x; f32 x: SASS 6.65)
+    Q4_K   8  generic  8x8/8 warps 28.8  28.5  126   14 %   (3.6 per multiply-add; unchanged)
+    Q6_K   8  generic  8x8/8 warps 34.0  33.1  127   17 %   (4.1 per multiply-add; unchanged)
+
+SASS is the better proxy (ptxas folds many PTX movs/converts). Not modelled: latency and
+occupancy (127-172 registers allow 11-16 one-warp programs per SM, each loading its whole unit
+up front; 16-row tiles take fewer registers - Q6_K 119 - for ~3 % more instructions), so treat
+these as ceilings and confirm with `bench/kernels.py` / `--sweep` on the GPU. Left at one row: the
+16-bit loads of Q6_K's 2-byte aligned blocks and their zero-extension (a lossless load-time
+repack into 16-byte aligned ql/qh/scale planes would save ~0.5 instruction per element, at the
+cost of a CUDA-only layout that QWeight.rows/cat/dequantize must follow - not done: the proxy
+is already past 80 % without it), and sum(x) per sub-block for Q4_K.
+At 8 rows the decode is issue-bound far below bandwidth with one FMA per multiply-add; closing
+that needs tensor cores (tl.dot on a dequantized bf16 tile, rows padded to 16), which can no
+longer match float32 activations to 1e-5 - a choice for bf16 inference only. Other types still
+use the generic kernel: ~8 instructions per element for Q8_0/Q2_K/Q4_1, ~10-14 for
+Q4_0/Q5_x/IQ4, ~20 for Q3_K; Q5_K could reuse dot_q4_k's units plus a bit plane.
 `bench/kernels.py` measures the real numbers (`--sweep` searches the tile configs).
 """
 from __future__ import annotations
@@ -221,15 +248,21 @@ def _sm_count(device: torch.device) -> int:
 _DECODE_TILE_1ROW = {gt.Q6_K: (8, 2)}
 # Types with a scale-after-dot unit for one activation row (_decode_dot_kernel), and its tile:
 # 32 rows on one warp gives each thread 4 rows of the same 64 columns, so the activations it
-# loads and sums are reused 4 times (PTX/SASS per element vs tile: see the module docstring).
+# loads and sums are reused 4 times (instructions per element, registers: module docstring).
 DOT_TYPES = {gt.Q4_K: (32, 1), gt.Q6_K: (32, 1)}
+# byte alignment the dot units' weight loads need (Q4_K: 32-bit words - 16-byte vectors when
+# Triton sees a 16-aligned pointer; Q6_K: 16-bit words); every row start then has it too
+# (row_bytes is a multiple of 16 / of 2). Weights at other addresses (odd views of a byte
+# buffer) take the generic kernel, which loads bytes.
+_DOT_ALIGN = {gt.Q4_K: 4, gt.Q6_K: 2}
 
 
-def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int = gt.Q4_K
-                  ) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_M, SPLIT_K, num_warps): enough programs to fill every SM a few times."""
+def decode_config(n: int, k: int, m: int, device: torch.device, ggml_type: int = gt.Q4_K,
+                  dot: bool = True) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_M, SPLIT_K, num_warps): enough programs to fill every SM a few times.
+    dot=False: the generic kernel's config even for DOT_TYPES (weight bytes not aligned)."""
     n_units = triton.cdiv(k, UNIT)
-    if m <= 1 and ggml_type in DOT_TYPES:
+    if m <= 1 and ggml_type in DOT_TYPES and dot:
         # one-warp programs, each a few hundred instructions per unit with its loads up front:
         # ~16 warps per SM so some warps' loads are in flight while others compute
         # (register use ~100-170/thread allows 11-20). Partial sums cost split * n floats.
@@ -267,7 +300,8 @@ def _decode_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.T
         x2 = x2.contiguous()
     m = x2.shape[0]
     data = w.data if w.data.is_contiguous() else w.data.contiguous()
-    block_n, block_m, split_k, *warps = config or decode_config(n, k, m, x.device, w.ggml_type)
+    dot = w.ggml_type in DOT_TYPES and data.data_ptr() % _DOT_ALIGN[w.ggml_type] == 0
+    block_n, block_m, split_k, *warps = config or decode_config(n, k, m, x.device, w.ggml_type, dot)
     num_warps = warps[0] if warps else 4
     n_units = triton.cdiv(k, UNIT)
     units_per_split = triton.cdiv(n_units, split_k)
@@ -276,7 +310,7 @@ def _decode_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.T
     grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
     n_blocks = k // gt.type_info(w.ggml_type).block_size
     with _on_device(x.device):
-        if block_m == 1 and w.ggml_type in DOT_TYPES:
+        if block_m == 1 and dot:
             _decode_dot_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks,
                                      n_units, units_per_split, x2.stride(0), F32_BITS_2P23, QTYPE=w.ggml_type,
                                      BLOCK_N=block_n, BLOCK_M=1, X_BF16=_packed_bf16(x2), num_warps=num_warps,

@@ -236,11 +236,13 @@ def tile_q6_k(rowp, u, rmask):
 
 # ---------------------------------------------------------------- scale-after-dot (1-row decode)
 # dot_* return, for one 256-element unit of BN rows, partial dot products with one activation
-# row x (float32 pointer math, any x dtype) as a small [BN, ...] tensor (summed by the caller at
+# row x as a small [BN, k] float32 tensor (the caller accumulates it over units and sums it at
 # the very end). Instead of dequantizing every element (int->float, scale, offset, then FMA with
-# x), they multiply the raw integer quants with x, sum each sub-block inside one thread (the
-# innermost 16-element axis is one thread's 16-byte vector, so the sum needs no shuffles), and
-# apply the sub-block's scale d*sc once and its offset dmin*m*sum(x) once.
+# x), they turn the raw integer quants into exact floats (_nibble_f32: 2 instructions), FMA them
+# with x into per-sub-block sums that one thread holds whole (the weight words are split into
+# separate same-layout tensors rather than a reduced axis, so Triton keeps them in-thread and
+# needs no shuffles), and apply the sub-block's scale d*sc once and its offset dmin*m*sum(x)
+# once. The float results differ from dequantize-then-matmul only in rounding order (~1e-7).
 
 
 @triton.jit
@@ -302,7 +304,7 @@ def _q4_word_dot(w, x, x_hi, f2p23, dot_lo, dot_hi, xs_lo, xs_hi, X_BF16: tl.con
 @triton.jit
 def _k_scale_min_pair(base, rmask, c):
     """Q4_K/Q5_K d*sc and dmin*m of sub-blocks 2c and 2c + 1 (c: int tensor 0..3) from one
-    32-bit and three 16-bit loads (_k_scale_min per sub-block takes eight byte loads)."""
+    32-bit and three 16-bit loads (_k_scale_min: three byte loads per sub-block, plus d, dmin)."""
     dm = tl.load(base.to(tl.pointer_type(tl.uint32)), mask=rmask, other=0)  # f16 d | f16 dmin
     d = (dm & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     dmin = (dm >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)

@@ -69,3 +69,23 @@ def test_dot_decode_matches_reference(ggml_type):
     xo[0, 1:] = xb[0]
     outo = linear_decode(xo[:, 1:].to(DEV), w)
     assert float((outo.double().cpu() - refb).abs().max() / refb.abs().max()) <= 8e-3
+
+
+@pytest.mark.parametrize("ggml_type", _dot_types(), ids=gt.type_name)
+def test_unaligned_weight_bytes_take_the_generic_kernel(ggml_type):
+    """The dot units load 16/32-bit words: weight bytes at an odd address (a view into a byte
+    buffer) must go to the byte-loading generic kernel, still correct."""
+    from tramontane.kernels.qmatmul import linear_decode
+
+    rng = np.random.default_rng(9)
+    shape = (5, 512)
+    raw = random_quant_bytes(ggml_type, shape, rng)
+    buf = torch.zeros(raw.size + 1, dtype=torch.uint8, device=DEV)
+    buf[1:] = torch.from_numpy(raw).to(DEV)
+    w = QWeight(ggml_type, shape, buf[1:].view(shape[0], -1))
+    assert w.data.data_ptr() % 2 == 1
+    w_ref = torch.from_numpy(gguf_dequantize(raw.reshape(shape[0], -1), GGMLQuantizationType(ggml_type)))
+    x = torch.randn(1, shape[1])
+    ref = x @ w_ref.t()
+    out = linear_decode(x.to(DEV), w)
+    assert float((out.cpu() - ref).abs().max() / ref.abs().max()) <= 1e-5
