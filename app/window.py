@@ -19,8 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, Qt, Signal, Slot
-from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence, QPalette
+from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, Signal, Slot
+from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence, QPalette, QTextDocumentFragment
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QFrame,
                                QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListView,
                                QMainWindow, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton,
@@ -78,17 +78,68 @@ def style_sheet(dark: bool) -> str:
     """
 
 
+class ElidedLabel(QLabel):
+    """A one-line label that never makes the window wider: the text is cut with "…" to fit,
+    and the whole of it is in the tooltip. `text()` gives back what was set (a `<b>…</b>`
+    wrapper is shown bold)."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None,
+                 mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight):
+        super().__init__(parent)
+        self._full = ""
+        self._mode = mode
+        self._tip = ""
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt override
+        self._full = text
+        bold = text.startswith("<b>") and text.endswith("</b>")
+        plain = QTextDocumentFragment.fromHtml(text).toPlainText() if bold else text
+        self._plain = " ".join(plain.split())  # one line
+        font = self.font()
+        font.setBold(bold)
+        super().setFont(font)
+        super().setToolTip(self._tip or (self._plain if self._plain else ""))
+        self._elide()
+
+    def text(self) -> str:
+        return self._full
+
+    def setToolTip(self, tip: str) -> None:  # noqa: N802 - Qt override
+        self._tip = tip
+        super().setToolTip(tip or self._plain)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - the whole text, if there is room
+        hint = super().sizeHint()
+        return QSize(self.fontMetrics().horizontalAdvance(self._plain) + 4, hint.height())
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        return QSize(0, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        width = self.contentsRect().width()
+        shown = self.fontMetrics().elidedText(self._plain, self._mode, max(width, 0)) if width > 0 else self._plain
+        super().setText(shown)
+
+
 class ModelBar(QFrame):
     """Which model/projector is loaded, device and memory, load/unload, load progress."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("modelBar")
-        self.model_label = QLabel("No model loaded")
+        # File names elide in the middle: the quant and ".gguf" at the end stay visible.
+        self.model_label = ElidedLabel("No model loaded", mode=Qt.TextElideMode.ElideMiddle)
         self.model_label.setAccessibleName("Loaded model")
         self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.projector_label = QLabel()
-        self.device_label = QLabel()
+        self.projector_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)
+        self.device_label = ElidedLabel()
         self.device_label.setToolTip("Where the model runs and the memory it uses")
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
@@ -112,9 +163,8 @@ class ModelBar(QFrame):
         text.addWidget(self.model_label)
         line = QHBoxLayout()
         line.setSpacing(16)
-        line.addWidget(self.projector_label)
-        line.addWidget(self.device_label)
-        line.addStretch(1)
+        line.addWidget(self.projector_label, 1)
+        line.addWidget(self.device_label, 1)
         text.addLayout(line)
         layout.addLayout(text, 1)
         layout.addWidget(self.progress)
@@ -126,6 +176,7 @@ class ModelBar(QFrame):
 
     def show_loading(self, name: str) -> None:
         self.model_label.setText(f"Loading {name}…")
+        self.model_label.setToolTip("")
         self.model_label.setStyleSheet("")
         self.progress.setValue(0)
         self.progress.setFormat("%p %")
@@ -142,16 +193,18 @@ class ModelBar(QFrame):
         self.model_label.setStyleSheet("")
         if info is None:
             self.model_label.setText("No model loaded")
+            self.model_label.setToolTip("")
             self.projector_label.setText("")
             self.device_label.setText("")
             self.unload_button.setEnabled(False)
             return
         if info.remote:
-            self.model_label.setText(f"<b>{info.description}</b>")
+            self.model_label.setText(f"<b>{_escape(info.description)}</b>")
+            self.model_label.setToolTip(info.description)
             self.projector_label.setText("server")
             self.device_label.setText("")
         else:
-            self.model_label.setText(f"<b>{Path(info.model_path).name}</b>")
+            self.model_label.setText(f"<b>{_escape(Path(info.model_path).name)}</b>")
             self.model_label.setToolTip(info.model_path)
             if info.mmproj_path:
                 self.projector_label.setText(f"Projector: {Path(info.mmproj_path).name}")
@@ -170,8 +223,8 @@ class ModelBar(QFrame):
     def show_error(self, text: str) -> None:
         self.progress.hide()
         self.model_label.setText(text)
+        self.model_label.setToolTip(text)  # the whole message; the chat shows it too
         self.model_label.setStyleSheet("color: #c62828;")
-        self.model_label.setWordWrap(True)
 
 
 class EmptyState(QWidget):
@@ -339,7 +392,7 @@ class MainWindow(QMainWindow):
         self.model_bar.unload_button.clicked.connect(self.unload_model)
         self._add_server_picker()
 
-        self.chat_title = QLabel()
+        self.chat_title = ElidedLabel()
         self.chat_title.setAccessibleName("Chat title")
         self.system_button = self._tool("System prompt…", "This chat's system prompt", self.edit_system_prompt)
         header = QHBoxLayout()

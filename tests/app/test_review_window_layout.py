@@ -1,0 +1,65 @@
+"""Found by using the window: long texts in the model bar or the chat header must not force the
+window wider than the screen (a real model's file names are ~50 characters each)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from tramontane.app.store import Store  # noqa: E402
+from tramontane.app.window import MainWindow  # noqa: E402
+from tramontane.app.worker import EngineInfo  # noqa: E402
+
+LONG_MODEL = "/models/Mistral-Small-3.1-24B-Instruct-2503-UD-Q4_K_XL-with-a-long-suffix.gguf"
+LONG_MMPROJ = "/models/mmproj-Mistral-Small-3.1-24B-Instruct-2503-F16-with-a-long-suffix.gguf"
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    store = Store(tmp_path / "data")
+    w = MainWindow(store, autoload=False)
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()
+    store.close()
+
+
+def _shrink_to_laptop(qtbot, window, name: str) -> None:
+    window.resize(800, 500)
+    qtbot.wait(50)
+    out = os.environ.get("TRAMONTANE_REVIEW_SHOTS")
+    if out:
+        window.grab().save(os.path.join(out, name))
+
+
+def test_long_model_names_do_not_widen_the_window(qtbot, window):
+    window._on_loaded(EngineInfo("x", True, LONG_MODEL, LONG_MMPROJ, "cuda", "17.5 GB GPU", 131072))
+    _shrink_to_laptop(qtbot, window, "model_bar_800.png")
+    assert window.minimumSizeHint().width() <= 800
+    assert window.width() == 800
+    # The full paths stay reachable, and the visible text still starts with the file name.
+    assert window.model_bar.model_label.toolTip() == LONG_MODEL
+    assert window.model_bar.projector_label.toolTip() == LONG_MMPROJ
+
+
+def test_long_chat_title_does_not_widen_the_window(qtbot, window):
+    chat_id = window.store.create_chat("A very long chat title that goes on and on " * 6)
+    window._refresh_list()
+    window.open_chat(chat_id)
+    _shrink_to_laptop(qtbot, window, "title_800.png")
+    assert window.minimumSizeHint().width() <= 800
+    assert window.width() == 800
+    header = window.chat_title
+    assert header.geometry().right() < window.system_button.geometry().left()  # no overlap
+    assert "goes on" in header.toolTip()  # the whole title on hover
+
+
+def test_long_load_error_does_not_widen_the_window(qtbot, window):
+    window._on_load_failed("/very/long/path/" + "x" * 150 + ".gguf: not a GGUF file (bad magic)")
+    _shrink_to_laptop(qtbot, window, "error_800.png")
+    assert window.minimumSizeHint().width() <= 800
+    assert window.width() == 800
