@@ -41,7 +41,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--file", required=True)
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--context-length", type=int, help="window size (default: the model's context)")
+    p.add_argument("--context-length", type=int, help="window size (default: 4096, at most the model's context)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=perplexity_main)
 
@@ -69,12 +69,21 @@ def _mmproj_for(args, needed: bool) -> Path | None:
     return None
 
 
+def _check_context_length(args, least: int) -> None:
+    n = getattr(args, "context_length", None)
+    if n is not None and n < least:
+        raise EngineError(f"--context-length must be at least {least}, got {n}")
+
+
 def _load(args, images: bool):
     from .local_engine import LocalEngine
 
     if not Path(args.model).is_file():
         raise EngineError(f"{args.model}: no such model file")
-    mmproj = _mmproj_for(args, needed=images)
+    _check_context_length(args, 1)
+    # A text-only prompt never needs a projector: one found beside the model (maybe of another
+    # model) is only loaded for images; an explicit --mmproj is always loaded (and checked).
+    mmproj = _mmproj_for(args, needed=images) if (images or args.mmproj) else None
     return LocalEngine(args.model, mmproj, device=args.device,
                        context_length=getattr(args, "context_length", None))
 
@@ -148,12 +157,16 @@ def token_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, i
     return total, scored
 
 
+PERPLEXITY_DEFAULT_WINDOW = 4096
+
+
 def perplexity_main(args) -> int:
     from .gguf_file import open_gguf
     from .model import Mistral3Text
     from .tokenizer import Tokenizer
 
     path = Path(args.file)
+    _check_context_length(args, 2)  # a window scores tokens after its first
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -164,13 +177,15 @@ def perplexity_main(args) -> int:
     ids = [tok.bos_id] + tok.encode(text)
     if len(ids) < 2:
         raise EngineError(f"{path}: no text to score")
-    window = min(args.context_length or model.cfg.context_length, model.cfg.context_length)
+    # Each window's forward keeps (window, vocab) logits: a long-context model's full context
+    # (128k rows x 131k vocab) fits nowhere, so the default window is bounded.
+    window = min(args.context_length or PERPLEXITY_DEFAULT_WINDOW, model.cfg.context_length)
     window = max(window, 2)
     stride = max(window // 2, 1)
     nll, n = token_nll(model, ids, window, stride)
     ppl = math.exp(nll / n)
     if args.json:
-        print(json.dumps({"perplexity": ppl, "tokens": n}))
+        print(json.dumps({"perplexity": ppl, "tokens": n, "window": window, "stride": stride}))
     else:
         print(f"perplexity {ppl:.4f} over {n} tokens (window {window}, stride {stride})")
     return 0
@@ -201,12 +216,20 @@ def bench_main(args) -> int:
 
     if not args.model:
         raise EngineError("bench needs --model (kernel benchmarks: python bench/kernels.py)")
+    if args.prompt_tokens < 1:
+        raise EngineError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
+    if args.gen_tokens < 0:
+        raise EngineError(f"--gen-tokens must be >= 0, got {args.gen_tokens}")
     images = [ImagePart.from_path(p) for p in args.image]
     mmproj = _mmproj_for(args, needed=bool(images)) if (images or args.mmproj) else None
     engine = LocalEngine(args.model, mmproj, device=args.device,
                          context_length=args.prompt_tokens + args.gen_tokens + 64
                          + (4096 * len(images) if images else 0))
     device = engine.model.device
+    # prompt + warm-up step + timed steps must fit the cache
+    if args.prompt_tokens + 1 + args.gen_tokens > engine.cache.capacity:
+        raise EngineError(f"{args.model}: --prompt-tokens {args.prompt_tokens} + --gen-tokens {args.gen_tokens} "
+                          f"(+1 warm-up) exceed the context length of {engine.cache.capacity}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     # A prompt of exactly prompt_tokens ids: ordinary text tokens, no chat template.

@@ -131,6 +131,8 @@ def check_params(params: SamplingParams) -> None:
         problems.append(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
     if params.temperature != params.temperature:  # NaN
         problems.append("temperature is NaN")
+    elif params.temperature < 0 or params.temperature == float("inf"):
+        problems.append(f"temperature must be a finite number >= 0 (0 = greedy), got {params.temperature}")
     if problems:
         raise EngineError("bad sampling settings: " + "; ".join(problems))
 

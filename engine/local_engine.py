@@ -16,7 +16,7 @@ import torch
 
 from .api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from .chat_format import EncodedPrompt, encode_chat
-from .generate import generate
+from .generate import check_params, generate
 from .gguf_file import GGUFError, open_gguf
 from .model import Mistral3Text
 from .model_file import text_config
@@ -92,11 +92,13 @@ class LocalEngine:
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+        check_params(params)  # before anything changes: a bad setting must not cost the active chat its KV
         prompt = self.encode(messages)
         n_prompt = len(prompt.ids)
-        room = 1 if params.max_tokens > 0 else 0
+        room = 1 if params.max_tokens > 0 else 0  # the first reply token's position
         if n_prompt + room > self.cache.capacity:
-            raise EngineError(f"{self.model_path}: the conversation is {n_prompt} tokens, more than the context length "
+            needs = f"{n_prompt} tokens" + (f" (needs {n_prompt + room} positions with the reply)" if room else "")
+            raise EngineError(f"{self.model_path}: the conversation is {needs}, more than the context length "
                               f"of {self.cache.capacity}: start a new chat or raise the context length")
         self._activate(session_key)
         keys = position_keys(prompt.ids, prompt.image_spans)

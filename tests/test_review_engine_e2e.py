@@ -1,0 +1,196 @@
+"""Review of the engine's end-to-end paths as a `tramontane-cli` / `LocalEngine` user hits them:
+odd inputs end as one clear error line (exit 2, no traceback) and the engine stays usable and
+correct (every reused-cache turn's logits equal a cold run on the whole prompt)."""
+import json
+import os
+import shutil
+import threading
+
+import pytest
+import torch
+
+from tramontane.engine.api import ChatMessage, EngineError, SamplingParams
+from tramontane.engine.cli import main as cli_main
+from tramontane.engine.local_engine import LocalEngine
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+MODEL = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
+MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")
+Q256 = os.path.join(FIXTURES, "mistral3_q256-Q4_K_M.gguf")
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def cli_error(capsys, *argv) -> str:
+    assert cli_main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith(("error:", "using projector"))
+    return err
+
+
+# ----------------------------------------------------------------------------- CLI inputs
+
+def test_text_run_is_not_broken_by_a_mismatched_projector_beside_the_model(tmp_path, capsys):
+    # A folder holding a hidden-256 model and a projector of another (hidden-64) model.
+    shutil.copy(Q256, tmp_path / "model.gguf")
+    shutil.copy(MMPROJ, tmp_path / "mmproj-mistral-tiny.gguf")
+    model = str(tmp_path / "model.gguf")
+    assert cli_main(["run", "--model", model, "--prompt", "hi", "--max-tokens", "2", "--device", "cpu",
+                     "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) <= 2
+    # An image prompt does need it: then the mismatch is the error, naming the projector.
+    from PIL import Image
+
+    Image.new("RGB", (20, 20), "red").save(tmp_path / "a.png")
+    err = cli_error(capsys, "run", "--model", model, "--image", str(tmp_path / "a.png"), "--prompt", "x",
+                    "--device", "cpu")
+    assert "mmproj-mistral-tiny.gguf" in err and "different models" in err
+
+
+@pytest.mark.parametrize("temperature", ["-0.5", "inf"])
+def test_negative_or_infinite_temperature_is_refused(capsys, temperature):
+    err = cli_error(capsys, "run", "--model", MODEL, "--prompt", "hi", "--temperature", temperature,
+                    "--device", "cpu")
+    assert "temperature" in err
+
+
+@pytest.mark.parametrize("value", ["0", "1", "-5"])
+def test_context_length_below_two_is_refused_by_perplexity(tmp_path, capsys, value):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, this is a test")
+    err = cli_error(capsys, "perplexity", "--model", MODEL, "--file", str(text), "--context-length", value,
+                    "--device", "cpu")
+    assert "--context-length" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_run_context_length_must_be_positive(capsys, value):
+    err = cli_error(capsys, "run", "--model", MODEL, "--prompt", "hi", "--context-length", value,
+                    "--device", "cpu")
+    assert "--context-length" in err
+
+
+def test_perplexity_default_window_is_bounded_for_long_context_models(tmp_path, capsys):
+    """A 128k-context model must not score a long file in one 128k-row window (all-position
+    logits of 128k rows x the vocabulary do not fit anywhere); the default window is bounded."""
+    from gguf_edit import rewrite_gguf
+
+    long_ctx = tmp_path / "long-ctx.gguf"
+    rewrite_gguf(MODEL, long_ctx, set_kv={"mistral3.context_length": 1 << 17})
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, this is a test")
+    assert cli_main(["perplexity", "--model", str(long_ctx), "--file", str(text), "--json", "--device", "cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["window"] <= 8192 and out["tokens"] > 0 and out["perplexity"] > 1
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--prompt-tokens", "0"], "--prompt-tokens"),
+    (["--prompt-tokens", "-2"], "--prompt-tokens"),
+    (["--gen-tokens", "-1"], "--gen-tokens"),
+    (["--prompt-tokens", "600", "--gen-tokens", "8"], "context length"),
+])
+def test_bench_token_counts_are_checked(capsys, flags, field):
+    err = cli_error(capsys, "bench", "--model", MODEL, *flags, "--device", "cpu")
+    assert field in err
+
+
+# ----------------------------------------------------------------------------- LocalEngine sessions
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = LocalEngine(MODEL, None, device="cpu", context_length=256, kv_host_budget_mb=0)
+    yield eng
+    eng.close()
+
+
+def first_prefill(engine, messages, params=GREEDY, **kwargs):
+    """(result, start position and logits of the turn's first forward)."""
+    calls = []
+    orig = engine.model.forward
+
+    def spy(embeds, start_pos, cache=None, all_logits=False, **kw):
+        out = orig(embeds, start_pos, cache, all_logits, **kw)
+        calls.append((start_pos, None if out is None else out.clone()))
+        return out
+
+    engine.model.forward = spy
+    try:
+        result = engine.chat(messages, params, **kwargs)
+    finally:
+        engine.model.forward = orig
+    return result, calls[0][0], calls[0][1]
+
+
+def cold(engine, messages):
+    return engine.model.forward(engine.model.embed(engine.encode(messages).ids), 0, None)
+
+
+def test_bad_sampling_settings_do_not_cost_the_active_chat_its_cache(engine):
+    chat = [ChatMessage.text("user", "Tell me about the wind over the sea.")]
+    engine.chat(chat, GREEDY, session_key="A")
+    with pytest.raises(EngineError, match="top_p"):
+        engine.chat([ChatMessage.text("user", "x")], SamplingParams(temperature=0.5, top_p=0.0), session_key="B")
+    # No host budget: had the failed call switched chats, A's KV would be gone.
+    result, start, logits = first_prefill(engine, chat, session_key="A")
+    assert result.stats.reused_tokens == len(result.prompt_token_ids) - 1 == start
+    torch.testing.assert_close(logits, cold(engine, chat), rtol=0, atol=1e-5)
+
+
+def test_context_overflow_message_counts_the_reply_position():
+    eng = LocalEngine(MODEL, None, device="cpu", context_length=5)
+    chat = [ChatMessage.text("user", "hi")]
+    n = len(eng.encode(chat).ids)
+    assert n == 5
+    with pytest.raises(EngineError, match=r"needs 6 positions.*context length of 5"):
+        eng.chat(chat, GREEDY)
+    assert eng.chat(chat, SamplingParams(max_tokens=0)).token_ids == []  # a prompt that just fits
+
+
+def test_a_failing_on_piece_then_cancel_then_regenerate_stay_exact(engine):
+    chat = [ChatMessage.text("user", "What do sailors call the north wind?")]
+
+    class Boom(Exception):
+        pass
+
+    def explode_third(piece, seen=[]):
+        seen.append(piece)
+        if len(seen) == 3:
+            raise Boom
+
+    with pytest.raises(Boom):
+        engine.chat(chat, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
+                    on_piece=explode_third, session_key="C")
+    result, start, logits = first_prefill(engine, chat, session_key="C")
+    assert start == len(result.prompt_token_ids) - 1
+    torch.testing.assert_close(logits, cold(engine, chat), rtol=0, atol=1e-5)
+
+    chat2 = chat + [ChatMessage.text("assistant", result.text), ChatMessage.text("user", "And the south one?")]
+    stop = threading.Event()
+
+    def cancel_from_another_thread(piece):
+        if not stop.is_set():
+            t = threading.Thread(target=stop.set)
+            t.start()
+            t.join()
+
+    cancelled = engine.chat(chat2, SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True),
+                            on_piece=cancel_from_another_thread, cancel=stop, session_key="C")
+    assert cancelled.stats.finish_reason == "cancelled" and 0 < len(cancelled.token_ids) < 50
+    # Regenerate: the same prompt again reuses all but its last token and answers like a cold run.
+    again, start, logits = first_prefill(engine, chat2, session_key="C")
+    assert start == len(again.prompt_token_ids) - 1
+    torch.testing.assert_close(logits, cold(engine, chat2), rtol=0, atol=1e-5)
+    assert again.token_ids[:len(cancelled.token_ids)] == cancelled.token_ids
+
+
+def test_many_chats_with_host_kv_evicted_are_recomputed_exactly():
+    eng = LocalEngine(MODEL, None, device="cpu", context_length=128, kv_host_budget_mb=1)
+    eng.host_kv.budget = 30_000  # room for about one parked chat
+    chats = {f"k{i}": [ChatMessage.text("user", f"chat number {i} says hello")] for i in range(4)}
+    answers = {k: eng.chat(m, GREEDY, session_key=k) for k, m in chats.items()}
+    assert len(eng.host_kv) <= 1
+    for k, m in chats.items():
+        follow = m + [ChatMessage.text("assistant", answers[k].text), ChatMessage.text("user", "more")]
+        result, start, logits = first_prefill(eng, follow, session_key=k)
+        assert result.stats.reused_tokens == start
+        torch.testing.assert_close(logits, cold(eng, follow), rtol=0, atol=1e-5)
