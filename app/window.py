@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, Signal, Slot
+from PySide6.QtCore import QByteArray, QEvent, QModelIndex, QSize, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence, QPalette, QTextDocumentFragment
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QFrame,
                                QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListView,
@@ -469,11 +469,11 @@ class MainWindow(QMainWindow):
         action(chat, "&Search chats", self._focus_search, "Ctrl+F")
         action(chat, "Write a &message", lambda: self.composer.edit.setFocus(), "Ctrl+L")
         self.rename_action = action(chat, "&Rename…", self._rename_selected, "F2")
-        action(chat, "&Branch", self._branch_selected)
+        self.branch_action = action(chat, "&Branch", self._branch_selected)
         self.delete_action = action(chat, "&Delete…", self._delete_selected)
         self.pin_action = action(chat, "&Pin / unpin", self._toggle_pin)
         chat.addSeparator()
-        action(chat, "&Export…", self._export_selected, tip="Save the chat as JSON (re-importable) "
+        self.export_action = action(chat, "&Export…", self._export_selected, tip="Save the chat as JSON (re-importable) "
                "or Markdown")
         action(chat, "&Import…", self._import_chat)
         chat.addSeparator()
@@ -547,8 +547,21 @@ class MainWindow(QMainWindow):
         if row >= 0:
             self.chat_list.setCurrentIndex(self.chat_model.index(row))
         else:
+            # Also drop the current index: Rename/Branch/Delete act on it, and a chat that is
+            # neither shown nor highlighted must not be their target.
+            self.chat_list.setCurrentIndex(QModelIndex())
             self.chat_list.clearSelection()
         sel.blockSignals(False)
+        self._update_chat_actions()
+
+    def _update_chat_actions(self) -> None:
+        """The chat actions are on only when there is a chat for them to act on."""
+        has_chat = self.selected_chat_id() is not None
+        widgets = [self.rename_button, self.branch_button, self.delete_button]
+        widgets += [getattr(self, name) for name in ("rename_action", "branch_action", "delete_action",
+                                                      "pin_action", "export_action") if hasattr(self, name)]
+        for widget in widgets:
+            widget.setEnabled(has_chat)
 
     def _chat_selected(self, current, _previous) -> None:
         chat_id = self.chat_model.chat_id(current.row()) if current.isValid() else None

@@ -1,0 +1,54 @@
+"""Found by using the window: after "New chat" the sidebar's Rename/Branch/Delete acted on the
+chat opened before, which is neither shown nor highlighted any more."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from PySide6.QtWidgets import QInputDialog, QMessageBox  # noqa: E402
+
+from tramontane.app.store import Store  # noqa: E402
+from tramontane.app.window import MainWindow  # noqa: E402
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    store = Store(tmp_path / "data")
+    w = MainWindow(store, autoload=False)
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    w.close()
+    store.close()
+
+
+def test_new_chat_leaves_no_hidden_target_for_chat_actions(qtbot, window, monkeypatch):
+    alpha = window.store.create_chat("Alpha")
+    beta = window.store.create_chat("Beta")
+    window._refresh_list()
+    window.open_chat(alpha)
+    assert window.selected_chat_id() == alpha and window.delete_button.isEnabled()
+
+    window.new_chat()
+    assert window.current_chat_id is None
+    assert window.selected_chat_id() is None
+    for button in (window.rename_button, window.branch_button, window.delete_button):
+        assert not button.isEnabled(), button.text()
+
+    # Even when triggered (shortcut, menu), nothing happens to a chat the user cannot see.
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed", True))
+    window._delete_selected()
+    window._rename_selected()
+    window._branch_selected()
+    titles = sorted(c.title for c in window.store.list_chats())
+    assert titles == ["Alpha", "Beta"]
+
+    # Clicking a chat in the list makes it the target again.
+    window.chat_list.setCurrentIndex(window.chat_model.index(window.chat_model.row_of(beta)))
+    assert window.current_chat_id == beta and window.selected_chat_id() == beta
+    assert window.delete_button.isEnabled()
+    window._rename_selected()
+    assert window.store.get_chat_info(beta).title == "Renamed"
