@@ -163,6 +163,7 @@ PERPLEXITY_DEFAULT_WINDOW = 4096
 def perplexity_main(args) -> int:
     from .gguf_file import open_gguf
     from .model import Mistral3Text
+    from .model_file import text_config
     from .tokenizer import Tokenizer
 
     path = Path(args.file)
@@ -172,6 +173,7 @@ def perplexity_main(args) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise EngineError(f"{path}: cannot read as UTF-8 text: {exc}") from None
     gf = open_gguf(args.model)
+    text_config(gf)  # a projector or another architecture: say so, before the tokenizer complains
     tok = Tokenizer.from_gguf(gf)
     model = Mistral3Text.load(gf, device=args.device)
     ids = [tok.bos_id] + tok.encode(text)
@@ -183,6 +185,9 @@ def perplexity_main(args) -> int:
     window = max(window, 2)
     stride = max(window // 2, 1)
     nll, n = token_nll(model, ids, window, stride)
+    if not math.isfinite(nll):
+        raise EngineError(f"{args.model}: the model produced invalid logits (NaN/inf) on {path}: "
+                          f"the weights may be corrupt, or the compute dtype overflowed")
     ppl = math.exp(nll / n)
     if args.json:
         print(json.dumps({"perplexity": ppl, "tokens": n, "window": window, "stride": stride}))

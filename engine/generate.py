@@ -108,12 +108,16 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         scores = probs / race
     token, bad = torch.stack((torch.argmax(scores), torch.isnan(logits).any().long())).tolist()
     if bad:  # one host sync for both answers
-        raise EngineError(_INVALID_LOGITS)
+        raise InvalidLogitsError(_INVALID_LOGITS)
     return int(token)
 
 
+class InvalidLogitsError(EngineError):
+    """The model produced NaN logits (callers add which model file)."""
+
+
 _INVALID_LOGITS = ("the model produced invalid logits (NaN): the weights may be corrupt, or the "
-                   "compute dtype overflowed (try --dtype bf16 / f32)")
+                   "compute dtype overflowed")
 
 
 def check_params(params: SamplingParams) -> None:
@@ -291,6 +295,6 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
         cached.append(token)
 
 
-__all__ = ["apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
+__all__ = ["InvalidLogitsError", "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
            "process_logits", "sample", "make_generator", "check_params", "StopStringFilter",
            "GenerationOutput", "generate"]

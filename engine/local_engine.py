@@ -16,7 +16,7 @@ import torch
 
 from .api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from .chat_format import EncodedPrompt, encode_chat
-from .generate import check_params, generate
+from .generate import InvalidLogitsError, check_params, generate
 from .gguf_file import GGUFError, open_gguf
 from .model import Mistral3Text
 from .model_file import text_config
@@ -112,11 +112,13 @@ class LocalEngine:
         try:
             out = generate(self.model, self.cache, embeds, params, self.tokenizer, on_piece=on_piece,
                            cancel=cancel, start_pos=reused, history_ids=prompt.ids)
-        except BaseException:
+        except BaseException as exc:
             # Keep only what is known to be in the cache: a prefix of this prompt.
             kept = min(self.cache.length, len(keys))
             self.cache.truncate(kept)
             self.session.keys = keys[:kept]
+            if isinstance(exc, InvalidLogitsError):
+                raise InvalidLogitsError(f"{self.model_path}: {exc}") from None
             raise
         # The cache holds the prompt (unless cancelled before prefill) and all but the last token.
         self.session.keys = (keys + list(out.cached_ids))[: self.cache.length]

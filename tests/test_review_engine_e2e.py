@@ -194,3 +194,24 @@ def test_many_chats_with_host_kv_evicted_are_recomputed_exactly():
         result, start, logits = first_prefill(eng, follow, session_key=k)
         assert result.stats.reused_tokens == start
         torch.testing.assert_close(logits, cold(eng, follow), rtol=0, atol=1e-5)
+
+
+def test_nan_weights_are_one_error_naming_the_model_file(tmp_path, capsys):
+    import numpy as np
+    from gguf_edit import rewrite_gguf
+
+    broken = tmp_path / "nan-weights.gguf"
+    rewrite_gguf(MODEL, broken, replace_tensors={"output_norm.weight": np.full((64,), np.nan, np.float32)})
+    err = cli_error(capsys, "run", "--model", str(broken), "--prompt", "hi", "--device", "cpu")
+    assert str(broken) in err and "invalid logits" in err and "--dtype" not in err  # no such option
+    text = tmp_path / "t.txt"
+    text.write_text("hello world")
+    err = cli_error(capsys, "perplexity", "--model", str(broken), "--file", str(text), "--device", "cpu")
+    assert str(broken) in err and "invalid logits" in err
+
+
+def test_perplexity_on_a_projector_says_it_is_a_projector(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world")
+    err = cli_error(capsys, "perplexity", "--model", MMPROJ, "--file", str(text), "--device", "cpu")
+    assert MMPROJ in err and "vision projector" in err
