@@ -822,6 +822,10 @@ class MainWindow(QMainWindow):
         if self.engine_info is None and not self.loading:
             self.composer.show_message("Load a model first (Models… or Open… in the model bar).")
             return False
+        refused = self._images_refused(images, self._shown_messages)
+        if refused:
+            self.composer.show_message(refused)  # the text and images stay in the composer
+            return False
         store, chat_id = self.store, self.current_chat_id
         title = (text.strip().splitlines() or ["Image chat"])[0][:60] or "Image chat"
         system_prompt = self.settings.default_system_prompt
@@ -839,6 +843,21 @@ class MainWindow(QMainWindow):
         self.notices.pop(chat_id, None)
         self._start_reply(write)
         return True
+
+    def _images_refused(self, new_images: list, history: list) -> str:
+        """Why the loaded model cannot answer (it has no vision projector, and images are
+        attached or already in the conversation), or ''. Checked before anything is saved or
+        dropped: the engine would fail only after that."""
+        info = self.engine_info
+        if info is None or info.has_vision:
+            return ""
+        if new_images:
+            return ("The loaded model has no vision projector, so it cannot read the attached "
+                    "images: remove them, or load the model with its mmproj file (Models… or Open…).")
+        if any(m.images for m in history):
+            return ("This chat has images and the loaded model has no vision projector: load the "
+                    "model with its mmproj file (Models… or Open…), or start a new chat.")
+        return ""
 
     def _start_reply(self, write) -> None:
         """Generate a reply. `write()` runs on the worker first: it saves what the user did
@@ -894,6 +913,11 @@ class MainWindow(QMainWindow):
         cut = next((i for i, m in enumerate(messages) if m.id == message_id), len(messages))
         if not any(m.role == "user" for m in messages[:cut]):
             return  # nothing to answer
+        refused = self._images_refused([], messages[:cut])
+        if refused:  # checked before the old reply is dropped
+            self.notices[chat_id] = refused
+            self.refresh_view()
+            return
         self.errors.pop(message_id, None)
         self.notices.pop(chat_id, None)
         store = self.store
@@ -911,8 +935,15 @@ class MainWindow(QMainWindow):
             return
         try:
             chat_id = self.store.get_message(message_id).chat_id
+            messages = self.store.get_chat(chat_id).messages
         except StoreError as exc:
             self.notices[self.current_chat_id] = str(exc)
+            self.refresh_view()
+            return
+        upto = next((i for i, m in enumerate(messages) if m.id == message_id), len(messages) - 1)
+        refused = self._images_refused([], messages[:upto + 1])
+        if refused:  # checked before the later messages are dropped
+            self.notices[chat_id] = refused
             self.refresh_view()
             return
         self.notices.pop(chat_id, None)

@@ -1,0 +1,84 @@
+"""Found by using the window: images attached while a vision model was loaded stayed in the
+composer after loading a text-only model; sending saved the message, the reply failed with
+"this model has no vision projector", and from then on every message in that chat failed the
+same way. Regenerating in such a chat first dropped the old reply, then failed: the reply was
+lost. The window now refuses before anything is saved or dropped, and says what to do."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from tramontane.app.store import Store  # noqa: E402
+from tramontane.app.window import MainWindow  # noqa: E402
+from tramontane.engine.api import ImagePart  # noqa: E402
+
+from test_window import GREEDY, MMPROJ, MODEL, png_bytes  # noqa: E402
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    store = Store(tmp_path / "data")
+    w = MainWindow(store, autoload=False)
+    qtbot.addWidget(w)
+    w.show()
+    w.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
+    yield w
+    w.close()
+    store.close()
+
+
+def load(qtbot, window, mmproj: Path | None) -> None:
+    window.load_model(str(MODEL), str(mmproj) if mmproj else "")
+    qtbot.waitUntil(lambda: window.engine_info is not None and window.loading is None, timeout=30000)
+    assert window.engine_info.has_vision == (mmproj is not None)
+
+
+def test_attached_images_are_kept_and_refused_on_a_text_only_model(qtbot, window, tmp_path):
+    load(qtbot, window, MMPROJ)
+    image = tmp_path / "photo.png"
+    image.write_bytes(png_bytes(40, 28))
+    assert window.composer.add_files([str(image)]) == 1
+    load(qtbot, window, None)  # the user switches to a model without its projector
+
+    window.composer.edit.setPlainText("What is in it?")
+    window.composer.submit()
+    qtbot.wait(200)
+    assert window.pending is None
+    assert window.store.list_chats() == []  # nothing saved
+    assert window.composer.images and window.composer.edit.toPlainText() == "What is in it?"
+    assert window.composer.message.isVisible() and "projector" in window.composer.message.text()
+
+    # Removing the image sends the text.
+    window.composer.clear_images()
+    with qtbot.waitSignal(window.replyFinished, timeout=30000):
+        window.composer.submit()
+
+
+def test_regenerate_in_an_image_chat_on_a_text_only_model_keeps_the_reply(qtbot, window):
+    store = window.store
+    chat_id = store.create_chat("pictures")
+    store.add_message(chat_id, "user", "What is this?", [ImagePart(png_bytes(30, 20), "a.png")])
+    reply_id = store.begin_reply(chat_id)
+    store.finish_reply(reply_id, "A striped square.", None)
+    window._refresh_list()
+    window.open_chat(chat_id)
+    load(qtbot, window, None)
+
+    window.regenerate(None)
+    qtbot.wait(300)
+    assert window.pending is None
+    messages = store.get_chat(chat_id).messages
+    assert [m.text for m in messages] == ["What is this?", "A striped square."]
+    assert "projector" in window.notices.get(chat_id, "")
+
+    # A new message in that chat is refused the same way, before it is saved.
+    window.composer.edit.setPlainText("and now?")
+    window.composer.submit()
+    qtbot.wait(200)
+    assert window.pending is None and len(store.get_chat(chat_id).messages) == 2
+    assert "projector" in window.composer.message.text()
