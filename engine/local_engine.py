@@ -92,6 +92,8 @@ class LocalEngine:
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+        if self.model is None:
+            raise EngineError(f"{self.model_path}: this engine was closed: load the model again")
         check_params(params)  # before anything changes: a bad setting must not cost the active chat its KV
         prompt = self.encode(messages)
         n_prompt = len(prompt.ids)
@@ -154,7 +156,7 @@ class LocalEngine:
     def forget_session(self, session_key: str) -> None:
         """Drop a chat's cached KV (the chat was deleted)."""
         self.host_kv.drop(session_key)
-        if session_key == self.session_key:
+        if session_key == self.session_key and self.cache is not None:
             self.cache.truncate(0)
             self.session = Session()
 

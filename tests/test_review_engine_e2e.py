@@ -215,3 +215,28 @@ def test_perplexity_on_a_projector_says_it_is_a_projector(tmp_path, capsys):
     text.write_text("hello world")
     err = cli_error(capsys, "perplexity", "--model", MMPROJ, "--file", str(text), "--device", "cpu")
     assert MMPROJ in err and "vision projector" in err
+
+
+def test_a_closed_pipe_on_stdout_ends_quietly(tmp_path):
+    """`tramontane-cli run ... | head -c 1`: the reader goes away; no traceback, no noise."""
+    import subprocess
+    import sys
+
+    exe = shutil.which("tramontane-cli", path=os.path.dirname(sys.executable))
+    cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli"]
+    for extra in ([], ["--json"]):
+        proc = subprocess.Popen(cmd + ["run", "--model", MODEL, "--prompt", "hi", "--max-tokens", "20",
+                                       "--ignore-eos", "--device", "cpu", *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()  # before the first write: every write gets EPIPE
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_closed_engine_refuses_with_a_clear_error():
+    eng = LocalEngine(MODEL, None, device="cpu", context_length=32)
+    eng.close()
+    with pytest.raises(EngineError, match="closed"):
+        eng.chat([ChatMessage.text("user", "hi")], GREEDY, session_key="x")
+    eng.forget_session("x")  # harmless
