@@ -75,9 +75,24 @@ def _add_optional(sub, module: str, name: str) -> None:
     register(sub)
 
 
+def _check_text_arguments(args) -> None:
+    """Text typed on the command line must be UTF-8: bytes that are not arrive as lone
+    surrogates (Python's surrogateescape) that no tokenizer can encode. Paths may hold them."""
+    for name in ("prompt", "system", "text"):
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raw = value[exc.start].encode("utf-8", "surrogateescape")
+                raise EngineError(f"{'TEXT' if name == 'text' else '--' + name}: not valid UTF-8 "
+                                  f"(byte 0x{raw.hex()} at character {exc.start})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_text_arguments(args)
         return int(args.func(args) or 0)
     except (GGUFError, EngineError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -240,3 +240,14 @@ def test_a_closed_engine_refuses_with_a_clear_error():
     with pytest.raises(EngineError, match="closed"):
         eng.chat([ChatMessage.text("user", "hi")], GREEDY, session_key="x")
     eng.forget_session("x")  # harmless
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["run", "--model", MODEL, "--prompt", "a\udcffb", "--device", "cpu"], "--prompt"),
+    (["run", "--model", MODEL, "--system", "\udcfe", "--prompt", "x", "--device", "cpu"], "--system"),
+    (["tokenize", "--model", MODEL, "\udcff"], "TEXT"),
+])
+def test_non_utf8_command_line_text_is_one_error(capsys, argv, field):
+    # What Python makes of a non-UTF-8 argv byte (surrogateescape), e.g. --prompt $'\xff'.
+    err = cli_error(capsys, *argv)
+    assert field in err and "not valid UTF-8" in err and ("0xff" in err or "0xfe" in err)
