@@ -84,8 +84,14 @@ def _load(args, images: bool):
     # A text-only prompt never needs a projector: one found beside the model (maybe of another
     # model) is only loaded for images; an explicit --mmproj is always loaded (and checked).
     mmproj = _mmproj_for(args, needed=images) if (images or args.mmproj) else None
-    return LocalEngine(args.model, mmproj, device=args.device,
-                       context_length=getattr(args, "context_length", None))
+    try:
+        return LocalEngine(args.model, mmproj, device=args.device,
+                           context_length=getattr(args, "context_length", None))
+    except EngineError as exc:
+        if mmproj is not None and not args.mmproj and str(mmproj) in str(exc):
+            raise EngineError(f"{exc} (that projector was found beside the model: "
+                              f"give the right one with --mmproj)") from None
+        raise
 
 
 def run_main(args) -> int:

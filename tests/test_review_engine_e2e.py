@@ -43,7 +43,7 @@ def test_text_run_is_not_broken_by_a_mismatched_projector_beside_the_model(tmp_p
     Image.new("RGB", (20, 20), "red").save(tmp_path / "a.png")
     err = cli_error(capsys, "run", "--model", model, "--image", str(tmp_path / "a.png"), "--prompt", "x",
                     "--device", "cpu")
-    assert "mmproj-mistral-tiny.gguf" in err and "different models" in err
+    assert "mmproj-mistral-tiny.gguf" in err and "different models" in err and "--mmproj" in err
 
 
 @pytest.mark.parametrize("temperature", ["-0.5", "inf"])
