@@ -90,7 +90,8 @@ class ElidedLabel(QLabel):
         self._mode = mode
         self._tip = ""
         self.setTextFormat(Qt.TextFormat.PlainText)
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        # Its whole width when there is room, down to nothing when not (minimumSizeHint).
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         self.setText(text)
 
     def setText(self, text: str) -> None:  # noqa: N802 - Qt override
@@ -103,6 +104,7 @@ class ElidedLabel(QLabel):
         super().setFont(font)
         super().setToolTip(self._tip or (self._plain if self._plain else ""))
         self._elide()
+        self.updateGeometry()  # sizeHint() follows the whole text, not the shown part
 
     def text(self) -> str:
         return self._full
@@ -163,8 +165,9 @@ class ModelBar(QFrame):
         text.addWidget(self.model_label)
         line = QHBoxLayout()
         line.setSpacing(16)
-        line.addWidget(self.projector_label, 1)
-        line.addWidget(self.device_label, 1)
+        line.addWidget(self.projector_label)
+        line.addWidget(self.device_label)
+        line.addStretch(1)
         text.addLayout(line)
         layout.addLayout(text, 1)
         layout.addWidget(self.progress)

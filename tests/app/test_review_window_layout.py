@@ -8,6 +8,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
+from PySide6.QtWidgets import QLabel  # noqa: E402
+
 from tramontane.app.store import Store  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
 from tramontane.app.worker import EngineInfo  # noqa: E402
@@ -38,10 +40,18 @@ def _shrink_to_laptop(qtbot, window, name: str) -> None:
 
 def test_long_model_names_do_not_widen_the_window(qtbot, window):
     window._on_loaded(EngineInfo("x", True, LONG_MODEL, LONG_MMPROJ, "cuda", "17.5 GB GPU", 131072))
+    window.resize(1900, 700)
+    qtbot.wait(50)
+    bar = window.model_bar
+    shown = {label: QLabel.text(label) for label in (bar.model_label, bar.projector_label, bar.device_label)}
+    assert shown[bar.model_label] == LONG_MODEL.rsplit("/", 1)[1]  # room enough: whole, not cut
+    assert shown[bar.projector_label] == "Projector: " + LONG_MMPROJ.rsplit("/", 1)[1]
+    assert shown[bar.device_label] == "cuda · 17.5 GB GPU · context 131072"
     _shrink_to_laptop(qtbot, window, "model_bar_800.png")
     assert window.minimumSizeHint().width() <= 800
     assert window.width() == 800
-    # The full paths stay reachable, and the visible text still starts with the file name.
+    # Cut to fit, with the whole paths in the tooltips.
+    assert QLabel.text(bar.model_label).startswith("Mistral") and "…" in QLabel.text(bar.model_label)
     assert window.model_bar.model_label.toolTip() == LONG_MODEL
     assert window.model_bar.projector_label.toolTip() == LONG_MMPROJ
 
