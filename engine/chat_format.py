@@ -84,7 +84,10 @@ def _merge_parts(messages: list[ChatMessage]) -> list[str | ImagePart]:
     merged: list[str | ImagePart] = []
     text_run: list[str] = []
     for message in messages:
-        for part in message.parts:
+        parts = message.parts
+        if isinstance(parts, (str, ImagePart)):  # a bare part, not a list: one part, never its characters
+            parts = [parts]
+        for part in parts:
             if isinstance(part, ImagePart):
                 if text_run:
                     merged.append(TEXT_JOIN.join(text_run))

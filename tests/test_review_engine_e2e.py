@@ -251,3 +251,9 @@ def test_non_utf8_command_line_text_is_one_error(capsys, argv, field):
     # What Python makes of a non-UTF-8 argv byte (surrogateescape), e.g. --prompt $'\xff'.
     err = cli_error(capsys, *argv)
     assert field in err and "not valid UTF-8" in err and ("0xff" in err or "0xfe" in err)
+
+
+def test_a_message_whose_parts_is_a_bare_string_is_one_text_part(engine):
+    # ChatMessage("user", "hi") instead of ChatMessage.text("user", "hi"): never "h\n\ni".
+    bare = engine.encode([ChatMessage("user", "hello there")]).ids
+    assert bare == engine.encode([ChatMessage.text("user", "hello there")]).ids
