@@ -148,7 +148,9 @@ class StopStringFilter:
     reaches the user: `feed(piece)` returns what is safe to show and whether a stop was hit
     (the text is then cut just before it)."""
 
-    def __init__(self, stops: Sequence[str]):
+    def __init__(self, stops: Sequence[str] | str):
+        if isinstance(stops, str):  # one stop string, not a sequence of one-character stops
+            stops = [stops]
         self.stops = [s for s in stops if s]
         self.longest = max((len(s) for s in self.stops), default=0)
         self.text = ""

@@ -257,3 +257,11 @@ def test_a_message_whose_parts_is_a_bare_string_is_one_text_part(engine):
     # ChatMessage("user", "hi") instead of ChatMessage.text("user", "hi"): never "h\n\ni".
     bare = engine.encode([ChatMessage("user", "hello there")]).ids
     assert bare == engine.encode([ChatMessage.text("user", "hello there")]).ids
+
+
+def test_a_bare_stop_string_is_one_stop_string():
+    from tramontane.engine.generate import StopStringFilter
+
+    f = StopStringFilter("END")
+    shown = f.feed("nice day") + f.feed(" then END more")
+    assert f.stopped and shown == "nice day then " and f.text == "nice day then "
