@@ -263,5 +263,5 @@ def test_a_bare_stop_string_is_one_stop_string():
     from tramontane.engine.generate import StopStringFilter
 
     f = StopStringFilter("END")
-    shown = f.feed("nice day") + f.feed(" then END more")
-    assert f.stopped and shown == "nice day then " and f.text == "nice day then "
+    shown = f.feed("Nice Day") + f.feed(" then END more")  # N, D alone are no stop
+    assert f.stopped and shown == "Nice Day then " and f.text == "Nice Day then "
