@@ -248,6 +248,9 @@ def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) 
             fmt = block.blockFormat()
             fmt.setBackground(background)
             fmt.setLeftMargin(6)
+            # Qt keeps code lines unbroken; a message has no horizontal scroll bar, so a long
+            # line would be cut off at the edge. Wrapped, all of it can be read.
+            fmt.setNonBreakableLines(False)
             cursor.setPosition(block.position())
             cursor.setBlockFormat(fmt)
         block = block.next()
