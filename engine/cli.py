@@ -75,6 +75,16 @@ def _add_optional(sub, module: str, name: str) -> None:
     register(sub)
 
 
+def _tolerant_stdout() -> None:
+    """Model text on a terminal that is not UTF-8 (a Windows console, PYTHONIOENCODING=latin-1):
+    characters it cannot show become '?' instead of ending the run with a traceback."""
+    try:
+        if (sys.stdout.encoding or "").lower().replace("-", "") not in ("utf8", "utf_8"):
+            sys.stdout.reconfigure(errors="replace")
+    except (AttributeError, ValueError, OSError):
+        pass  # not a reconfigurable text stream (replaced by the caller): leave it alone
+
+
 def _check_text_arguments(args) -> None:
     """Text typed on the command line must be UTF-8: bytes that are not arrive as lone
     surrogates (Python's surrogateescape) that no tokenizer can encode. Paths may hold them."""
@@ -91,6 +101,7 @@ def _check_text_arguments(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _tolerant_stdout()
     try:
         _check_text_arguments(args)
         return int(args.func(args) or 0)

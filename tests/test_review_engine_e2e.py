@@ -265,3 +265,17 @@ def test_a_bare_stop_string_is_one_stop_string():
     f = StopStringFilter("END")
     shown = f.feed("Nice Day") + f.feed(" then END more")  # N, D alone are no stop
     assert f.stopped and shown == "Nice Day then " and f.text == "Nice Day then "
+
+
+def test_model_text_on_a_terminal_that_is_not_utf8_does_not_crash():
+    import subprocess
+    import sys
+
+    exe = shutil.which("tramontane-cli", path=os.path.dirname(sys.executable))
+    cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli"]
+    env = dict(os.environ, PYTHONIOENCODING="latin-1")
+    # this tiny model's first greedy tokens for "hello" are Arabic letters: not in latin-1
+    proc = subprocess.run(cmd + ["run", "--model", MODEL, "--prompt", "hello", "--max-tokens", "4",
+                                 "--device", "cpu"], capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert b"Traceback" not in proc.stderr and proc.stdout.strip()
