@@ -227,6 +227,24 @@ class CodeHighlighter(QSyntaxHighlighter):
         return per_line
 
 
+# (light, dark): links and "Copy code" lines readable on each scheme's message background. Qt
+# bakes the application palette's link colour in at import, dark blue even on a dark scheme.
+LINK_COLOURS = ("#1565c0", "#82aaff")
+
+
+def _colour_links(cursor: QTextCursor, block, colour: QColor) -> None:
+    it = block.begin()
+    while not it.atEnd():
+        fragment = it.fragment()
+        if fragment.isValid() and fragment.charFormat().isAnchor():
+            fmt = QTextCharFormat()
+            fmt.setForeground(colour)
+            cursor.setPosition(fragment.position())
+            cursor.setPosition(fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(fmt)
+        it += 1
+
+
 def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) -> None:
     """Fill `document` with `markdown` (plus copy links), tint its code blocks and make sure
     a CodeHighlighter of the right colour scheme is attached."""
@@ -241,9 +259,11 @@ def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) 
                 | QTextDocument.MarkdownFeature.MarkdownNoHTML)
     document.setMarkdown(with_copy_links(markdown), features)
     background = QColor(CODE_BACKGROUND[1 if dark else 0])
+    link = QColor(LINK_COLOURS[1 if dark else 0])
     cursor = QTextCursor(document)
     block = document.begin()
     while block.isValid():
+        _colour_links(cursor, block, link)
         if _code_language(block) is not None:
             fmt = block.blockFormat()
             fmt.setBackground(background)

@@ -36,3 +36,40 @@ def _blocks(doc):
     while b.isValid():
         yield b
         b = b.next()
+
+
+def test_links_are_readable_on_both_schemes(qtbot):
+    """The "Copy code" link and model links kept Qt's default dark blue on the dark message
+    background (Qt bakes the application palette's link colour in when it reads Markdown)."""
+    from PySide6.QtGui import QColor
+
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    for dark, background in ((True, QColor("#23272e")), (False, QColor("#ffffff"))):
+        view.set_markdown("```python\nx = 1\n```\n\nSee [a link](https://example.com) here", dark)
+        anchors = [f for f in _fragments(view.document()) if f.charFormat().isAnchor()]
+        assert [f.text() for f in anchors] == ["Copy code (python)", "a link"]
+        for fragment in anchors:
+            colour = fragment.charFormat().foreground().color()
+            assert contrast(colour, background) >= 4.5, (dark, fragment.text(), colour.name())
+        plain = next(f for f in _fragments(view.document()) if f.text().startswith("See"))
+        assert not plain.charFormat().isAnchor()
+
+
+def _fragments(doc):
+    for block in _blocks(doc):
+        it = block.begin()
+        while not it.atEnd():
+            yield it.fragment()
+            it += 1
+
+
+def contrast(a, b) -> float:
+    """WCAG 2 contrast ratio of two QColors."""
+    def luminance(c):
+        def lin(v):
+            v /= 255
+            return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+        return 0.2126 * lin(c.red()) + 0.7152 * lin(c.green()) + 0.0722 * lin(c.blue())
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
