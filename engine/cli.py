@@ -113,6 +113,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except (MemoryError, RuntimeError) as exc:
+        # torch.OutOfMemoryError (CUDA) is a RuntimeError; so is the CPU allocator's refusal.
+        text = str(exc)
+        if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+                or "out of memory" in text or "can't allocate memory" in text):
+            raise
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        print(f"error: out of memory ({first}): lower --context-length, or use a smaller model "
+              f"or --device cpu", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as a program killed by SIGPIPE would,
         # and point stdout at /dev/null so the interpreter's final flush cannot fail again.

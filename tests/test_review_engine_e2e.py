@@ -279,3 +279,34 @@ def test_model_text_on_a_terminal_that_is_not_utf8_does_not_crash():
                                  "--device", "cpu"], capture_output=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     assert b"Traceback" not in proc.stderr and proc.stdout.strip()
+
+
+@pytest.mark.parametrize("exc", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79 GiB total)\nmore"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                 "you tried to allocate 549755813888 bytes."),
+    MemoryError(),
+])
+def test_out_of_memory_while_loading_is_one_error_line(capsys, monkeypatch, exc):
+    """A --context-length too big for the device ends as one line, not a traceback (faked here:
+    really allocating that much on a shared CI machine would invite the OOM killer)."""
+    import tramontane.engine.local_engine as local_engine
+
+    def too_big(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(local_engine, "LocalEngine", too_big)
+    err = cli_error(capsys, "run", "--model", MODEL, "--prompt", "hi", "--context-length", "100000000",
+                    "--device", "cpu")
+    assert err.count("\n") == 1 and "out of memory" in err and "--context-length" in err
+
+
+def test_other_runtime_errors_are_not_disguised_as_out_of_memory(monkeypatch):
+    import tramontane.engine.local_engine as local_engine
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("shape mismatch in a kernel")
+
+    monkeypatch.setattr(local_engine, "LocalEngine", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        cli_main(["run", "--model", MODEL, "--prompt", "hi", "--device", "cpu"])
