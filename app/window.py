@@ -729,7 +729,9 @@ class MainWindow(QMainWindow):
         current = (self.store.get_chat_info(self.current_chat_id).system_prompt
                    if self.current_chat_id is not None else self.settings.default_system_prompt)
         dialog = QDialog(self)
-        dialog.setWindowTitle("System prompt")
+        new_chat = self.current_chat_id is None
+        # No chat yet: what is edited is the default every new chat starts with; say so.
+        dialog.setWindowTitle("Default system prompt" if new_chat else "System prompt")
         edit = QPlainTextEdit(current)
         edit.setAccessibleName("System prompt")
         edit.setTabChangesFocus(True)
@@ -737,7 +739,9 @@ class MainWindow(QMainWindow):
         box.accepted.connect(dialog.accept)
         box.rejected.connect(dialog.reject)
         layout = QVBoxLayout(dialog)
-        layout.addWidget(QLabel("Instructions the model reads before this chat:"))
+        layout.addWidget(QLabel("Instructions the model reads before every new chat (the default, "
+                                "also in Settings):" if new_chat else
+                                "Instructions the model reads before this chat:"))
         layout.addWidget(edit)
         layout.addWidget(box)
         dialog.resize(520, 260)

@@ -52,3 +52,30 @@ def test_new_chat_leaves_no_hidden_target_for_chat_actions(qtbot, window, monkey
     assert window.delete_button.isEnabled()
     window._rename_selected()
     assert window.store.get_chat_info(beta).title == "Renamed"
+
+
+def test_system_prompt_dialog_says_what_it_changes(qtbot, window):
+    """On "New chat" the System prompt… button edits the default for every new chat (there is
+    no chat yet); the dialog said "before this chat"."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QDialog, QLabel
+
+    seen = []
+
+    def read_and_close():
+        dialog = QApplication.activeModalWidget()
+        assert isinstance(dialog, QDialog)
+        seen.append((dialog.windowTitle(), " ".join(l.text() for l in dialog.findChildren(QLabel))))
+        dialog.reject()
+
+    QTimer.singleShot(0, read_and_close)
+    window.edit_system_prompt()
+    chat_id = window.store.create_chat("Alpha")
+    window._refresh_list()
+    window.open_chat(chat_id)
+    QTimer.singleShot(0, read_and_close)
+    window.edit_system_prompt()
+
+    (new_title, new_text), (chat_title, chat_text) = seen
+    assert "Default" in new_title and "every new chat" in new_text and "this chat" not in new_text
+    assert chat_title == "System prompt" and "this chat" in chat_text
