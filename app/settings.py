@@ -20,6 +20,10 @@ from ..engine.api import SamplingParams
 DEVICES = ("auto", "cuda", "cpu")
 
 
+# The engine needs top_p in (0, 1]: 0 would keep no token at all.
+TOP_P_MIN = 0.01
+
+
 @dataclass
 class Sampling:
     """The sampling knobs the GUI exposes (a subset of SamplingParams)."""
@@ -37,7 +41,7 @@ class Sampling:
         if not isinstance(raw, dict):
             return out
         checks = {
-            "temperature": (float, 0.0, 5.0), "top_p": (float, 0.0, 1.0), "top_k": (int, 0, 100000),
+            "temperature": (float, 0.0, 5.0), "top_p": (float, TOP_P_MIN, 1.0), "top_k": (int, 0, 100000),
             "repetition_penalty": (float, 0.5, 5.0), "max_tokens": (int, 1, 1 << 20),
         }
         for name, (kind, lo, hi) in checks.items():
@@ -177,7 +181,7 @@ class SettingsDialog(QDialog):
         self.system_prompt.setFixedHeight(90)
         self.temperature = self._double(0.0, 5.0, 0.05, s.temperature,
                                         "0 = always the most likely token (greedy)")
-        self.top_p = self._double(0.0, 1.0, 0.05, s.top_p, "Nucleus sampling; 1 = off")
+        self.top_p = self._double(TOP_P_MIN, 1.0, 0.05, s.top_p, "Nucleus sampling; 1 = off")
         self.top_k = self._int(0, 100000, s.top_k, "Keep the k most likely tokens; 0 = off")
         self.repetition_penalty = self._double(0.5, 5.0, 0.05, s.repetition_penalty,
                                                "Above 1 discourages repeating tokens; 1 = off")
