@@ -459,6 +459,12 @@ class Mistral3Text:
         if n <= 0:
             raise EngineError(f"context length must be positive, got {n}")
         n = min(n, cfg.context_length)
+        if self.device.type == "cpu":
+            need = n * self.kv_bytes_per_token()
+            free = _available_ram()
+            if free and need > free:
+                raise EngineError(f"a KV cache of {n} tokens needs {need / 2**30:.1f} GiB, more than the "
+                                  f"{free / 2**30:.1f} GiB of free memory: lower the context length")
         self._ensure_rope(n)
         return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, self.dtype, self.device)
 

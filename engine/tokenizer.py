@@ -245,7 +245,17 @@ class Tokenizer:
         """Token ids of plain text (no BOS). Control-token text is encoded as ordinary text."""
         if not text:
             return []
-        return self._hf.encode(text, add_special_tokens=False).ids
+        try:
+            return self._hf.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            # tokenizers refuses str it cannot turn into UTF-8 (lone surrogates from a broken
+            # clipboard or file): say which character instead of a TypeError.
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise TokenizerError(f"text has a character that is not valid Unicode "
+                                     f"(U+{ord(text[exc.start]):04X} at position {exc.start})") from None
+            raise
 
     def decode(self, ids, skip_special: bool = True) -> str:
         """Text of `ids`. Like mistral-common, the runs between control tokens are decoded

@@ -310,3 +310,25 @@ def test_other_runtime_errors_are_not_disguised_as_out_of_memory(monkeypatch):
     monkeypatch.setattr(local_engine, "LocalEngine", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         cli_main(["run", "--model", MODEL, "--prompt", "hi", "--device", "cpu"])
+
+
+def test_lone_surrogate_is_a_tokenizer_error_not_a_type_error():
+    from tramontane.engine.gguf_file import open_gguf
+    from tramontane.engine.tokenizer import Tokenizer, TokenizerError
+
+    with open_gguf(os.path.join(os.path.dirname(__file__), "fixtures", "mistral3_tiny-f32.gguf")) as gf:
+        tok = Tokenizer.from_gguf(gf)
+    with pytest.raises(TokenizerError, match="U\\+D800"):
+        tok.encode("abc\ud800def")
+
+
+def test_cpu_kv_cache_larger_than_free_ram_is_refused(monkeypatch):
+    from tramontane.engine import model as model_mod
+    from tramontane.engine.api import EngineError
+    from tramontane.engine.model import Mistral3Text
+
+    m = Mistral3Text.load(os.path.join(os.path.dirname(__file__), "fixtures", "mistral3_tiny-f32.gguf"),
+                          device="cpu")
+    monkeypatch.setattr(model_mod, "_available_ram", lambda: 1000)
+    with pytest.raises(EngineError, match="lower the context length"):
+        m.new_cache(512)
