@@ -292,9 +292,18 @@ _DTYPE_TYPES = {torch.bfloat16: ggml_types.BF16, torch.float16: ggml_types.F16}
 
 
 def _available_ram() -> int:
+    """Bytes the system could give us now; 0 when unknown. MemAvailable counts reclaimable page
+    cache, which matters: the memory-mapped model file itself fills the page cache."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not Linux: stay quantized
+    except (ValueError, OSError, AttributeError):  # not Linux: unknown
         return 0
 
 
