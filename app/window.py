@@ -879,6 +879,7 @@ class MainWindow(QMainWindow):
         self._next_request += 1
         params = self.settings.sampling.params(**self.param_overrides)
         self.pending = PendingReply(self._next_request, self.current_chat_id, None, threading.Event())
+        self._focus_composer()
         self._update_busy()
         self.worker.chat(ChatRequest(
             self.pending.request_id, [], params, None, self.pending.cancel, prepare=prepare,
@@ -902,6 +903,15 @@ class MainWindow(QMainWindow):
         """Stop the reply being written; the engine returns at the next token."""
         if self.pending is not None:
             self.pending.cancel.set()
+            self._focus_composer()
+
+    def _focus_composer(self) -> None:
+        """Keyboard focus to the message box when a reply starts or stops. The clicked button
+        (Send, Regenerate, Save & resend, Stop) is about to be disabled or removed, and Qt would
+        hand the focus to the first widget, the chat search, where the next message would go."""
+        focus = QApplication.focusWidget()
+        if focus is None or focus.window() is self:
+            self.composer.edit.setFocus()
 
     def regenerate(self, message_id: int | None = None) -> None:
         """Drop the reply `message_id` (default: the last one) and everything after, and
