@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap,
                            QTextDocument)
 from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
@@ -96,6 +96,15 @@ class SafeDocument(QTextDocument):
 
     def loadResource(self, kind: int, url: QUrl):  # noqa: N802 - Qt override
         return None
+
+
+def share_font(widget: QWidget, font) -> None:
+    """Give `widget` and everything in it `font`. Qt's own inheritance stops at every widget a
+    style sheet rule matches (the window styles the conversation, the messages, the message
+    box), so a zoom has to be handed down explicitly."""
+    widget.setFont(font)
+    for child in widget.findChildren(QWidget):
+        child.setFont(font)
 
 
 class MarkdownView(QTextBrowser):
@@ -298,6 +307,7 @@ class MessageWidget(QFrame):
         row.addWidget(send)
         box.addLayout(row)
         self.edit_send = send
+        share_font(self.edit_box, self.font())
         self.body.hide()
         self.edit_box.show()
         self.editor.setFocus()
@@ -396,8 +406,14 @@ class ChatView(QScrollArea):
                 self.streaming = w
         self._follow = True
 
+    def changeEvent(self, event) -> None:  # noqa: N802
+        if event.type() == QEvent.Type.FontChange:  # a zoom: hand it to every message
+            share_font(self.inner, self.font())
+        super().changeEvent(event)
+
     def _add(self, message, **kwargs) -> MessageWidget:
         w = MessageWidget(message, dark=self.dark, **kwargs)
+        share_font(w, self.font())
         w.editSubmitted.connect(self.editSubmitted)
         w.regenerateRequested.connect(self.regenerateRequested)
         w.branchRequested.connect(self.branchRequested)

@@ -234,6 +234,13 @@ class Composer(QFrame):
         self.set_busy(False)
         self.set_vision(True)
 
+    def changeEvent(self, event) -> None:  # noqa: N802
+        # A zoom set on the composer: the window's style sheet matches the message box, which
+        # stops Qt's font inheritance there, so hand the font down.
+        if event.type() == event.Type.FontChange:
+            self.edit.setFont(self.font())
+        super().changeEvent(event)
+
     # -- state from the window ------------------------------------------------------------------
     def set_busy(self, busy: bool, can_regenerate: bool = False) -> None:
         self.busy = busy
