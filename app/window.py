@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 NO_VISION_HINT = ("Images need a vision projector (mmproj-….gguf): load one together with the "
                   "model (Models… or Open…).")
 GGUF_FILTER = "GGUF models (*.gguf)"
+LOAD_FIRST_HINT = "Load a model first (Models… or Open… in the model bar)."
 
 
 @dataclass
@@ -827,7 +828,7 @@ class MainWindow(QMainWindow):
         if self.pending is not None:
             return False
         if self.engine_info is None and not self.loading:
-            self.composer.show_message("Load a model first (Models… or Open… in the model bar).")
+            self.composer.show_message(LOAD_FIRST_HINT)
             return False
         refused = self._images_refused(images, self._shown_messages)
         if refused:
@@ -1101,6 +1102,8 @@ class MainWindow(QMainWindow):
         if not info.remote:
             self.settings.last_model = (info.model_path, info.mmproj_path)
         self.model_bar.show_info(info)
+        if self.composer.message.text() == LOAD_FIRST_HINT:  # no longer true
+            self.composer.show_message("")
         self._update_model_state()
         self.modelLoaded.emit(info)
 

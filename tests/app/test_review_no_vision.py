@@ -82,3 +82,13 @@ def test_regenerate_in_an_image_chat_on_a_text_only_model_keeps_the_reply(qtbot,
     qtbot.wait(200)
     assert window.pending is None and len(store.get_chat(chat_id).messages) == 2
     assert "projector" in window.composer.message.text()
+
+
+def test_load_a_model_first_hint_goes_away_once_a_model_is_loaded(qtbot, window):
+    """The "Load a model first" hint stayed under the composer after the model was loaded."""
+    window.composer.edit.setPlainText("hello")
+    window.composer.submit()
+    assert window.composer.message.isVisible() and "Load a model" in window.composer.message.text()
+    load(qtbot, window, MMPROJ)
+    assert not window.composer.message.isVisible()
+    assert window.composer.edit.toPlainText() == "hello"  # what was typed is still there
