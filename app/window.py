@@ -127,7 +127,8 @@ class ElidedLabel(QLabel):
 
     def _elide(self) -> None:
         width = self.contentsRect().width()
-        shown = self.fontMetrics().elidedText(self._plain, self._mode, max(width, 0)) if width > 0 else self._plain
+        # Not laid out yet (width 0): the whole text, cut at the first resize.
+        shown = self.fontMetrics().elidedText(self._plain, self._mode, width) if width > 0 else self._plain
         super().setText(shown)
 
 
@@ -562,8 +563,8 @@ class MainWindow(QMainWindow):
         """The chat actions are on only when there is a chat for them to act on."""
         has_chat = self.selected_chat_id() is not None
         widgets = [self.rename_button, self.branch_button, self.delete_button]
-        widgets += [getattr(self, name) for name in ("rename_action", "branch_action", "delete_action",
-                                                      "pin_action", "export_action") if hasattr(self, name)]
+        actions = ("rename_action", "branch_action", "delete_action", "pin_action", "export_action")
+        widgets += [getattr(self, name) for name in actions if hasattr(self, name)]
         for widget in widgets:
             widget.setEnabled(has_chat)
 
