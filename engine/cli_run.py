@@ -41,7 +41,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--file", required=True)
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--context-length", type=int, help="window size (default: 4096, at most the model's context)")
+    p.add_argument("--context-length", type=int,
+                   help="window size (default: the context that fits in memory, at most the model's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=perplexity_main)
 
@@ -135,35 +136,43 @@ def run_main(args) -> int:
     return 0
 
 
+NLL_SLICE = 512  # rows of logits alive at once: (slice, vocab) float32, not (window, vocab)
+
+
 def token_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, int]:
     """Sum of -log p(token | everything before it within the window) over ids[1:].
 
     One window when the text fits. Otherwise windows of `window` tokens start every `stride`
     tokens and each scores only the tokens the previous window did not (the standard strided
     evaluation): every token after the first is scored exactly once, with at least
-    window - stride tokens of context except in the first window."""
+    window - stride tokens of context except in the first window. A window runs through a KV
+    cache in slices, so only a slice's logits are ever in memory."""
     total, scored = 0.0, 0
     n = len(ids)
+    cache = model.new_cache(min(window, n))
     begin = 0
     prev_end = 1  # ids[0] (BOS) is never scored
     while prev_end < n:
         end = min(begin + window, n)
         chunk = ids[begin:end]
-        logits = model.forward(model.embed(chunk), 0, None, all_logits=True)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        targets = torch.tensor(chunk[1:], device=logp.device)
-        per_token = -logp[:-1].gather(1, targets[:, None]).squeeze(1)  # predicts chunk[1:]
-        first = prev_end - begin - 1  # index into per_token of the first unscored target
-        total += float(per_token[first:].double().sum())
-        scored += len(chunk) - 1 - first
+        first = prev_end - begin  # position in chunk of the first unscored target
+        cache.truncate(0)
+        for lo in range(0, len(chunk) - 1, NLL_SLICE):
+            hi = min(lo + NLL_SLICE, len(chunk) - 1)  # rows lo..hi-1 predict chunk[lo+1..hi]
+            logits = model.forward(model.embed(chunk[lo:hi]), lo, cache, all_logits=True)
+            if hi <= first - 1:
+                continue  # context only: these targets were scored by the previous window
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            targets = torch.tensor(chunk[lo + 1:hi + 1], device=logp.device)
+            per_token = -logp.gather(1, targets[:, None]).squeeze(1)
+            skip = max(first - 1 - lo, 0)
+            total += float(per_token[skip:].double().sum())
+            scored += len(per_token) - skip
         prev_end = end
         if end == n:
             break
         begin += stride
     return total, scored
-
-
-PERPLEXITY_DEFAULT_WINDOW = 4096
 
 
 def perplexity_main(args) -> int:
@@ -185,9 +194,9 @@ def perplexity_main(args) -> int:
     ids = [tok.bos_id] + tok.encode(text)
     if len(ids) < 2:
         raise EngineError(f"{path}: no text to score")
-    # Each window's forward keeps (window, vocab) logits: a long-context model's full context
-    # (128k rows x 131k vocab) fits nowhere, so the default window is bounded.
-    window = min(args.context_length or PERPLEXITY_DEFAULT_WINDOW, model.cfg.context_length)
+    # Default window: the context the engine would use (what fits in memory, capped by the
+    # file's context_length), so a text that fits is scored in one window.
+    window = min(args.context_length or model.default_context_length(), model.cfg.context_length)
     window = max(window, 2)
     stride = max(window // 2, 1)
     nll, n = token_nll(model, ids, window, stride)

@@ -163,3 +163,19 @@ def test_bench_prints_speeds(capsys):
     out = run_json(capsys, "bench", "--model", MODEL, "--prompt-tokens", "32", "--gen-tokens", "8", "--json",
                    "--device", "cpu")
     assert out["prefill_tok_s"] > 0 and out["decode_tok_s"] > 0 and out["ttft_s"] > 0
+
+
+def test_slicing_a_window_changes_nothing(monkeypatch):
+    """A window runs through the KV cache in slices of logits; any slice size scores the same."""
+    from tramontane.engine import cli_run
+
+    with open_gguf(MODEL) as gf:
+        tok = Tokenizer.from_gguf(gf)
+        model = Mistral3Text.load(gf, device="cpu")
+    ids = [tok.bos_id] + tok.encode(TEXT * 2)
+    whole = token_nll(model, ids, window=len(ids), stride=len(ids))
+    strided = token_nll(model, ids, window=48, stride=24)
+    monkeypatch.setattr(cli_run, "NLL_SLICE", 5)
+    assert token_nll(model, ids, window=len(ids), stride=len(ids))[0] == pytest.approx(whole[0], rel=1e-6)
+    sliced = token_nll(model, ids, window=48, stride=24)
+    assert sliced[1] == strided[1] and sliced[0] == pytest.approx(strided[0], rel=1e-6)
