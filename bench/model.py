@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from tramontane.engine.api import SamplingParams
+from tramontane.engine.cli_run import copy_bandwidth
 from tramontane.engine.generate import generate, make_generator, sample
 from tramontane.engine.model import Mistral3Text, _want_dense, default_dtype, resolve_device
 from tramontane.engine.model_file import TextConfig
@@ -156,22 +157,6 @@ def build_random_model(shape: str, mix: str, device: torch.device, dtype: torch.
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 10) -> float:
-    """GB/s of a device-to-device copy, counting bytes read + written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    src.fill_(1)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(repeats):
-        dst.copy_(src)
-    sync(device)
-    dt = time.perf_counter() - t
-    del src, dst
-    return 2 * nbytes * repeats / dt / 1e9
 
 
 class _NullTokenizer:

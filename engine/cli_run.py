@@ -211,19 +211,18 @@ def perplexity_main(args) -> int:
     return 0
 
 
-def _copy_bandwidth(device: torch.device) -> float:
+def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int = 10) -> float:
     """Measured device-to-device copy GB/s (read + write counted), the decode bound's yardstick."""
-    n = 1 << 28 if device.type == "cuda" else 1 << 26
-    a = torch.empty(n, dtype=torch.uint8, device=device)
+    n = nbytes or (1 << 28 if device.type == "cuda" else 1 << 26)
+    a = torch.ones(n, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
     b.copy_(a)
     _sync(device)
-    reps = 10
     t = time.perf_counter()
-    for _ in range(reps):
+    for _ in range(repeats):
         b.copy_(a)
     _sync(device)
-    return 2 * n * reps / (time.perf_counter() - t) / 1e9
+    return 2 * n * repeats / (time.perf_counter() - t) / 1e9
 
 
 def _sync(device: torch.device) -> None:
@@ -281,7 +280,7 @@ def bench_main(args) -> int:
     }
     if device.type == "cuda":
         out["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-        copy_gbs = _copy_bandwidth(device)
+        copy_gbs = copy_bandwidth(device)
         per_token_gb = model.weight_bytes / 1e9
         bound = copy_gbs / per_token_gb
         out.update(copy_gb_s=copy_gbs, weight_gb=per_token_gb, bound_tok_s=bound,
