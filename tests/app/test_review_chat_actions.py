@@ -8,20 +8,16 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QInputDialog, QMessageBox  # noqa: E402
 
-from tramontane.app.store import Store  # noqa: E402
-from tramontane.app.window import MainWindow  # noqa: E402
+
+from test_window import close_window, make_window  # noqa: E402
 
 
 @pytest.fixture
 def window(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    store = Store(tmp_path / "data")
-    w = MainWindow(store, autoload=False)
-    qtbot.addWidget(w)
-    w.show()
+    w = make_window(qtbot, tmp_path / "data", load=False)
     yield w
-    w.close()
-    store.close()
+    close_window(w)
 
 
 def test_new_chat_leaves_no_hidden_target_for_chat_actions(qtbot, window, monkeypatch):

@@ -11,28 +11,22 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from tramontane.app.store import Store  # noqa: E402
-from tramontane.app.window import MainWindow  # noqa: E402
 
-from test_window import GREEDY, MMPROJ, MODEL  # noqa: E402
+from test_window import GREEDY, MMPROJ, MODEL, close_window, make_window  # noqa: E402
 
 
 @pytest.fixture
 def window(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    store = Store(tmp_path / "data")
-    w = MainWindow(store, autoload=False)
-    qtbot.addWidget(w)
-    w.show()
+    w = make_window(qtbot, tmp_path / "data", load=False)
     w.activateWindow()
     qtbot.waitUntil(lambda: QApplication.focusWidget() is not None)
     w.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
     w.load_model(str(MODEL), str(MMPROJ))
     qtbot.waitUntil(lambda: w.engine_info is not None, timeout=30000)
     yield w
-    w.close()
-    store.close()
+    close_window(w)
 
 
 def click_and_wait(qtbot, window, button):

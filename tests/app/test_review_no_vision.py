@@ -11,25 +11,19 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from tramontane.app.store import Store  # noqa: E402
-from tramontane.app.window import MainWindow  # noqa: E402
 from tramontane.engine.api import ImagePart  # noqa: E402
 
-from test_window import GREEDY, MMPROJ, MODEL, png_bytes  # noqa: E402
+from test_window import GREEDY, MMPROJ, MODEL, close_window, make_window, png_bytes  # noqa: E402
 
 
 @pytest.fixture
 def window(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    store = Store(tmp_path / "data")
-    w = MainWindow(store, autoload=False)
-    qtbot.addWidget(w)
-    w.show()
+    w = make_window(qtbot, tmp_path / "data", load=False)
     w.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
     yield w
-    w.close()
-    store.close()
+    close_window(w)
 
 
 def load(qtbot, window, mmproj: Path | None) -> None:
