@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("text")
     p.set_defaults(func=lambda a: _lazy("cli_tokenize", "tokenize_main")(a.model, a.text, a.json))
 
-    _add_optional(sub, "cli_run", "add_parsers")
-    _add_optional(sub, "models_cli", "add_parser")
+    # Subcommands that live in their own modules register themselves.
+    _lazy("cli_run", "add_parsers")(sub)
+    _lazy("models_cli", "add_parser")(sub)
     return parser
 
 
@@ -62,17 +63,6 @@ def _lazy(module: str, name: str):
     import importlib
 
     return getattr(importlib.import_module(f"{__package__}.{module}"), name)
-
-
-def _add_optional(sub, module: str, name: str) -> None:
-    """Subcommands that live in their own modules register themselves."""
-    try:
-        register = _lazy(module, name)
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.{module}":
-            raise
-        return
-    register(sub)
 
 
 def _tolerant_stdout() -> None:
