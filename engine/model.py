@@ -27,10 +27,6 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-# Imported here, not on first use: it pulls in torch._dynamo (~1 s), which would stall the
-# first prefill (and, in the app, whatever waits on it).
-from torch.nn.attention.bias import causal_lower_right
-
 from ..kernels import ggml_types
 from ..kernels.linear import QWeight, dequantize, linear
 from .api import EngineError
@@ -163,6 +159,12 @@ def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
     (x0, x1) -> (x0·c - x1·s, x1·c + x0·s): x·cos + swap(x)·sin_signed, four kernels."""
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
     return x * cos[:, None, :] + swapped * sin_signed[:, None, :]
+
+
+def causal_mask_lower_right(rows: int, keys: int, device: torch.device) -> torch.Tensor:
+    """Boolean mask (True = attend) for the last `rows` of `keys` positions. A plain tensor:
+    torch.nn.attention.bias imports torch._dynamo (and sympy), which the frozen app leaves out."""
+    return torch.ones(rows, keys, dtype=torch.bool, device=device).tril(keys - rows)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -589,7 +591,7 @@ class Mistral3Text:
                 o = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=n_rep > 1)
             else:
                 # Rows are the last T of S positions: causal aligned to the bottom right.
-                o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=causal_lower_right(T, end),
+                o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=causal_mask_lower_right(T, end, h.device),
                                                    enable_gqa=n_rep > 1)
             o = o[0].transpose(0, 1).reshape(T, cfg.n_heads * cfg.v_head_dim)
         return linear(o, layer.wo)
