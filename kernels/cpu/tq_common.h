@@ -1,0 +1,131 @@
+/* Tramontane native CPU kernels: shared declarations.
+ *
+ * Weights stay in their GGUF block bytes. Activations (float32 rows) are quantized per block
+ * into one of two internal formats below, then each output is an integer dot product of
+ * weight quants and activation quants, scaled in float32.
+ */
+#ifndef TQ_COMMON_H
+#define TQ_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ggml type ids (the numbers in a GGUF file) */
+enum {
+    TQ_F32 = 0, TQ_F16 = 1, TQ_Q4_0 = 2, TQ_Q4_1 = 3, TQ_Q5_0 = 6, TQ_Q5_1 = 7, TQ_Q8_0 = 8,
+    TQ_Q2_K = 10, TQ_Q3_K = 11, TQ_Q4_K = 12, TQ_Q5_K = 13, TQ_Q6_K = 14,
+    TQ_IQ4_NL = 20, TQ_IQ4_XS = 23, TQ_BF16 = 30,
+    TQ_NTYPES = 31
+};
+
+#define TQ_QK 256 /* elements per K-quant super-block */
+#define TQ_QB 32  /* elements per legacy block */
+
+/* Activation block for K-quants and IQ4_XS: 256 int8 quants, scale, sums of each 16. */
+typedef struct {
+    int8_t qs[TQ_QK];
+    float d;
+    int16_t bsums[16];
+} tq_q8k;
+
+/* Activation block for legacy 32-element types: 32 int8 quants, scale, d * sum(qs). */
+typedef struct {
+    int8_t qs[TQ_QB];
+    float d;
+    float s;
+} tq_q8b;
+
+/* Which activation format a weight type consumes. */
+enum { TQ_ACT_F32 = 0, TQ_ACT_Q8K = 1, TQ_ACT_Q8B = 2 };
+
+/* gemm over a tile: weight rows [0, n_w) (row stride w_stride bytes) against activation
+ * rows [0, n_x) (quantized rows of x_stride bytes, or float rows), y[j * ldy + r]. */
+typedef void (*tq_gemm_fn)(const uint8_t *w, size_t w_stride, int n_w, const void *x,
+                           size_t x_stride, int n_x, int64_t k, float *y, size_t ldy);
+/* dequantize n_rows weight rows of k elements into float rows (stride k) */
+typedef void (*tq_dequant_fn)(const uint8_t *w, size_t w_stride, int n_rows, int64_t k, float *out);
+/* quantize one float row of k elements into activation blocks */
+typedef void (*tq_quant_fn)(const float *x, void *out, int64_t k);
+
+typedef struct {
+    const char *name;
+    tq_quant_fn quant_q8k;
+    tq_quant_fn quant_q8b;
+    tq_gemm_fn gemm[TQ_NTYPES];
+    tq_dequant_fn dequant[TQ_NTYPES];
+} tq_kernels;
+
+extern const tq_kernels tq_kernels_generic;
+#if defined(__x86_64__) || defined(_M_X64)
+extern const tq_kernels tq_kernels_avx2;
+extern const tq_kernels tq_kernels_avx512;
+#endif
+
+/* Type geometry (shared by all variants). */
+static inline int tq_block_elems(int t) {
+    switch (t) {
+    case TQ_F32: case TQ_F16: case TQ_BF16: return 1;
+    case TQ_Q4_0: case TQ_Q4_1: case TQ_Q5_0: case TQ_Q5_1: case TQ_Q8_0: case TQ_IQ4_NL: return 32;
+    case TQ_Q2_K: case TQ_Q3_K: case TQ_Q4_K: case TQ_Q5_K: case TQ_Q6_K: case TQ_IQ4_XS: return 256;
+    default: return 0;
+    }
+}
+static inline int tq_block_bytes(int t) {
+    switch (t) {
+    case TQ_F32: return 4;
+    case TQ_F16: case TQ_BF16: return 2;
+    case TQ_Q4_0: return 18; case TQ_Q4_1: return 20; case TQ_Q5_0: return 22;
+    case TQ_Q5_1: return 24; case TQ_Q8_0: return 34; case TQ_IQ4_NL: return 18;
+    case TQ_Q2_K: return 84; case TQ_Q3_K: return 110; case TQ_Q4_K: return 144;
+    case TQ_Q5_K: return 176; case TQ_Q6_K: return 210; case TQ_IQ4_XS: return 136;
+    default: return 0;
+    }
+}
+static inline int tq_act_kind(int t) {
+    switch (t) {
+    case TQ_F32: case TQ_F16: case TQ_BF16: return TQ_ACT_F32;
+    case TQ_Q4_0: case TQ_Q4_1: case TQ_Q5_0: case TQ_Q5_1: case TQ_Q8_0: case TQ_IQ4_NL: return TQ_ACT_Q8B;
+    default: return TQ_ACT_Q8K;
+    }
+}
+
+/* portable IEEE half -> float */
+static inline float tq_fp16_to_fp32_soft(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal */
+            int e = -1;
+            do { ++e; man <<= 1; } while (!(man & 0x400));
+            man &= 0x3ff;
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float tq_bf16_to_fp32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t tq_rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t tq_rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+static const int8_t tq_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                           1, 13, 25, 38, 53, 69, 89, 113};
+
+#endif

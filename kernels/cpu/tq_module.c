@@ -1,0 +1,501 @@
+/* tramontane.kernels._cpu: quantized matmuls on GGUF blocks for the CPU.
+ *
+ * - kernel variant chosen once at import from the CPU's features (cpuid): avx512vnni, avx2,
+ *   generic; TRAMONTANE_CPU_VARIANT=<name> or use_variant() overrides (tests run them all).
+ * - a persistent thread pool: workers spin briefly between calls (decode issues ~60 matmuls
+ *   per token back to back), then sleep on a condition variable.
+ * - every call releases the GIL; calls from several Python threads are serialized here.
+ * Pointers are passed as Python ints (tensor.data_ptr()); the Python wrapper checks shapes.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "tq_common.h"
+
+#ifndef _WIN32
+#define TQ_THREADS 1
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+static const tq_kernels *K = &tq_kernels_generic;
+
+/* ------------------------------------------------------------------------------ variants */
+static int variant_supported(const tq_kernels *k) {
+    if (k == &tq_kernels_generic) return 1;
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (k == &tq_kernels_avx2) return avx2;
+    if (k == &tq_kernels_avx512)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#endif
+    return 0;
+}
+
+static const tq_kernels *all_variants[] = {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+    &tq_kernels_avx512, &tq_kernels_avx2,
+#endif
+    &tq_kernels_generic, NULL};
+
+/* ------------------------------------------------------------------------------ thread pool */
+typedef void (*task_fn)(void *arg, int tid, int nth);
+
+static int n_threads = 1;
+static int spin_iters = 1 << 15;
+
+#ifdef TQ_THREADS
+typedef struct {
+    int n; /* threads including the caller */
+    pthread_t *th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int gen;
+    atomic_int done;
+    atomic_int sleeping;
+    atomic_int stop;
+    task_fn fn;
+    void *arg;
+    int active;
+} pool_t;
+
+static pool_t P = {.n = 1, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *worker_main(void *p) {
+    const int tid = (int)(intptr_t)p;
+    int seen = atomic_load(&P.gen);
+    for (;;) {
+        int g;
+        int it = 0;
+        for (;;) {
+            g = atomic_load_explicit(&P.gen, memory_order_acquire);
+            if (g != seen || atomic_load(&P.stop)) break;
+            if (++it < spin_iters) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&P.mu);
+            atomic_fetch_add(&P.sleeping, 1);
+            while ((g = atomic_load(&P.gen)) == seen && !atomic_load(&P.stop)) pthread_cond_wait(&P.cv, &P.mu);
+            atomic_fetch_sub(&P.sleeping, 1);
+            pthread_mutex_unlock(&P.mu);
+            break;
+        }
+        if (atomic_load(&P.stop)) return NULL;
+        seen = g;
+        if (tid < P.active) P.fn(P.arg, tid, P.active);
+        atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
+    }
+}
+
+static void pool_stop(void) {
+    if (P.n <= 1) return;
+    pthread_mutex_lock(&P.mu);
+    atomic_store(&P.stop, 1);
+    pthread_cond_broadcast(&P.cv);
+    pthread_mutex_unlock(&P.mu);
+    for (int i = 1; i < P.n; ++i) pthread_join(P.th[i - 1], NULL);
+    free(P.th);
+    P.th = NULL;
+    P.n = 1;
+    atomic_store(&P.stop, 0);
+}
+
+static int pool_start(int n) {
+    pool_stop();
+    if (n <= 1) return 0;
+    P.th = (pthread_t *)calloc((size_t)n - 1, sizeof(pthread_t));
+    if (!P.th) return -1;
+    int started = 1;
+    for (int i = 1; i < n; ++i) {
+        if (pthread_create(&P.th[i - 1], NULL, worker_main, (void *)(intptr_t)i) != 0) break;
+        started++;
+    }
+    P.n = started;
+    return started == n ? 0 : -1;
+}
+
+/* Runs fn on nth threads (the caller is thread 0) and returns when all are done. */
+static void pool_run(task_fn fn, void *arg, int nth) {
+    if (nth > P.n) nth = P.n;
+    if (nth <= 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    P.fn = fn;
+    P.arg = arg;
+    P.active = nth;
+    atomic_store(&P.done, 0);
+    atomic_fetch_add(&P.gen, 1); /* seq_cst: pairs with a worker's sleeping++ then gen load */
+    if (atomic_load(&P.sleeping) > 0) {
+        pthread_mutex_lock(&P.mu);
+        pthread_cond_broadcast(&P.cv);
+        pthread_mutex_unlock(&P.mu);
+    }
+    fn(arg, 0, nth);
+    int it = 0;
+    while (atomic_load_explicit(&P.done, memory_order_acquire) < P.n - 1) {
+        if (++it < (1 << 20)) cpu_relax();
+        else sched_yield();
+    }
+}
+#define LOCK_CALLS() pthread_mutex_lock(&call_mu)
+#define UNLOCK_CALLS() pthread_mutex_unlock(&call_mu)
+#else
+static void pool_run(task_fn fn, void *arg, int nth) { (void)nth; fn(arg, 0, 1); }
+static int pool_start(int n) { (void)n; return 0; }
+#define LOCK_CALLS() ((void)0)
+#define UNLOCK_CALLS() ((void)0)
+#endif
+
+/* ------------------------------------------------------------------------------ scratch */
+static void *scratch = NULL;
+static size_t scratch_size = 0;
+
+static void *get_scratch(size_t n) {
+    if (n <= scratch_size) return scratch;
+#ifdef _WIN32
+    _aligned_free(scratch);
+#else
+    free(scratch);
+#endif
+    scratch = NULL;
+    scratch_size = 0;
+    size_t sz = (n + 4095) & ~(size_t)4095;
+#ifdef _WIN32
+    scratch = _aligned_malloc(sz, 64);
+#else
+    if (posix_memalign(&scratch, 64, sz) != 0) scratch = NULL;
+#endif
+    if (scratch) scratch_size = sz;
+    return scratch;
+}
+
+/* ------------------------------------------------------------------------------ matmul job */
+typedef struct {
+    int type;
+    const uint8_t *w;
+    size_t w_stride;
+    int n_out;
+    int64_t k;
+    const uint8_t *x; /* float rows */
+    size_t x_stride;  /* bytes */
+    int n_x;
+    uint8_t *xq; /* quantized rows (or x itself for float weights) */
+    size_t xq_stride;
+    tq_quant_fn quant;
+    float *y;
+    size_t ldy;
+    int rows_per_unit;
+    int n_units;
+#ifdef TQ_THREADS
+    atomic_int next;
+#else
+    int next;
+#endif
+} mm_job;
+
+static void task_quant(void *arg, int tid, int nth) {
+    mm_job *J = (mm_job *)arg;
+    for (int j = tid; j < J->n_x; j += nth)
+        J->quant((const float *)(J->x + (size_t)j * J->x_stride), J->xq + (size_t)j * J->xq_stride, J->k);
+}
+
+static void task_gemm(void *arg, int tid, int nth) {
+    (void)tid;
+    (void)nth;
+    mm_job *J = (mm_job *)arg;
+    const tq_gemm_fn gemm = K->gemm[J->type];
+    for (;;) {
+#ifdef TQ_THREADS
+        int u = atomic_fetch_add_explicit(&J->next, 1, memory_order_relaxed);
+#else
+        int u = J->next++;
+#endif
+        if (u >= J->n_units) break;
+        int r0 = u * J->rows_per_unit;
+        int n = J->n_out - r0 < J->rows_per_unit ? J->n_out - r0 : J->rows_per_unit;
+        gemm(J->w + (size_t)r0 * J->w_stride, J->w_stride, n, J->xq, J->xq_stride, J->n_x, J->k, J->y + r0, J->ldy);
+    }
+}
+
+/* returns 0, or -1 when the scratch buffer could not be allocated */
+static int run_matmul(mm_job *J) {
+    const int act = tq_act_kind(J->type);
+    if (act == TQ_ACT_F32) {
+        J->xq = (uint8_t *)J->x;
+        J->xq_stride = J->x_stride;
+    } else {
+        const int64_t nb = J->k / (act == TQ_ACT_Q8K ? TQ_QK : TQ_QB);
+        J->xq_stride = (size_t)nb * (act == TQ_ACT_Q8K ? sizeof(tq_q8k) : sizeof(tq_q8b));
+        J->xq = (uint8_t *)get_scratch(J->xq_stride * (size_t)J->n_x);
+        if (!J->xq) return -1;
+        J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
+        pool_run(task_quant, J, J->n_x >= 4 ? n_threads : 1);
+    }
+    /* units of weight rows handed out dynamically (balances noisy cores) */
+    int rpu = 16;
+    while (rpu > 4 && (J->n_out + rpu - 1) / rpu < 4 * n_threads) rpu /= 2;
+    J->rows_per_unit = rpu;
+    J->n_units = (J->n_out + rpu - 1) / rpu;
+    J->next = 0;
+    pool_run(task_gemm, J, n_threads);
+    return 0;
+}
+
+typedef struct {
+    int type;
+    const uint8_t *w;
+    size_t w_stride;
+    int n_rows;
+    int64_t k;
+    float *out;
+} dq_job;
+
+static void task_dequant(void *arg, int tid, int nth) {
+    dq_job *J = (dq_job *)arg;
+    int per = (J->n_rows + nth - 1) / nth;
+    int r0 = tid * per, r1 = r0 + per < J->n_rows ? r0 + per : J->n_rows;
+    if (r1 > r0)
+        K->dequant[J->type](J->w + (size_t)r0 * J->w_stride, J->w_stride, r1 - r0, J->k, J->out + (size_t)r0 * J->k);
+}
+
+/* ------------------------------------------------------------------------------ Python API */
+static int check_type(int t, int64_t k) {
+    if (t < 0 || t >= TQ_NTYPES || tq_block_elems(t) == 0) {
+        PyErr_Format(PyExc_ValueError, "ggml type %d is not supported by the native CPU kernels", t);
+        return -1;
+    }
+    if (k <= 0 || k % tq_block_elems(t)) {
+        PyErr_Format(PyExc_ValueError, "k=%lld is not a positive multiple of the block size %d", (long long)k,
+                     tq_block_elems(t));
+        return -1;
+    }
+    return 0;
+}
+
+static int get_ptr(PyObject *o, void **p) {
+    *p = PyLong_AsVoidPtr(o);
+    return (*p == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int get_ssize(PyObject *o, Py_ssize_t *v) {
+    *v = PyLong_AsSsize_t(o);
+    return (*v == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+PyDoc_STRVAR(matmul_doc,
+             "matmul(ggml_type, w_ptr, w_row_bytes, n_out, k, x_ptr, x_row_bytes, n_x, y_ptr, y_row_floats)\n"
+             "y[j, r] = sum_e W[r, e] * x[j, e] for r < n_out, j < n_x: W in GGUF blocks, x and y float32.");
+
+static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "matmul takes 10 arguments");
+        return NULL;
+    }
+    Py_ssize_t type, w_stride, n_out, k, x_stride, n_x, ldy;
+    void *w, *x, *y;
+    if (get_ssize(args[0], &type) || get_ptr(args[1], &w) || get_ssize(args[2], &w_stride) ||
+        get_ssize(args[3], &n_out) || get_ssize(args[4], &k) || get_ptr(args[5], &x) ||
+        get_ssize(args[6], &x_stride) || get_ssize(args[7], &n_x) || get_ptr(args[8], &y) ||
+        get_ssize(args[9], &ldy))
+        return NULL;
+    if (check_type((int)type, k)) return NULL;
+    if (n_out <= 0 || n_x < 0 || n_out > INT32_MAX || n_x > INT32_MAX || !w || !x || !y ||
+        w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type)) ||
+        x_stride < k * 4 || ldy < n_out) {
+        PyErr_SetString(PyExc_ValueError, "matmul: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    if (n_x == 0) Py_RETURN_NONE;
+    mm_job J;
+    memset(&J, 0, sizeof(J));
+    J.type = (int)type;
+    J.w = (const uint8_t *)w;
+    J.w_stride = (size_t)w_stride;
+    J.n_out = (int)n_out;
+    J.k = k;
+    J.x = (const uint8_t *)x;
+    J.x_stride = (size_t)x_stride;
+    J.n_x = (int)n_x;
+    J.y = (float *)y;
+    J.ldy = (size_t)ldy;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    rc = run_matmul(&J);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(dequantize_doc,
+             "dequantize(ggml_type, w_ptr, w_row_bytes, n_rows, k, out_ptr): float32 rows (n_rows, k).");
+
+static PyObject *py_dequantize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "dequantize takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t type, w_stride, n_rows, k;
+    void *w, *out;
+    if (get_ssize(args[0], &type) || get_ptr(args[1], &w) || get_ssize(args[2], &w_stride) ||
+        get_ssize(args[3], &n_rows) || get_ssize(args[4], &k) || get_ptr(args[5], &out))
+        return NULL;
+    if (check_type((int)type, k)) return NULL;
+    if (n_rows < 0 || n_rows > INT32_MAX || !w || !out ||
+        w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type))) {
+        PyErr_SetString(PyExc_ValueError, "dequantize: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    if (n_rows == 0) Py_RETURN_NONE;
+    dq_job J = {(int)type, (const uint8_t *)w, (size_t)w_stride, (int)n_rows, k, (float *)out};
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    pool_run(task_dequant, &J, (int)n_rows * k >= (1 << 16) ? n_threads : 1);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > 1024) {
+        PyErr_Format(PyExc_ValueError, "threads must be in 1..1024, got %ld", n);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    rc = pool_start((int)n);
+#ifdef TQ_THREADS
+    n_threads = P.n;
+#else
+    n_threads = 1;
+#endif
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        PyErr_Format(PyExc_OSError, "could only start %d of %ld threads", n_threads, n);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_threads(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(n_threads);
+}
+
+static PyObject *py_set_spin(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    spin_iters = n < 0 ? 0 : (int)(n > (1L << 30) ? (1L << 30) : n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_variant(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(K->name);
+}
+
+static PyObject *py_variants(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *l = PyList_New(0);
+    if (!l) return NULL;
+    for (int i = 0; all_variants[i]; ++i) {
+        if (!variant_supported(all_variants[i])) continue;
+        PyObject *s = PyUnicode_FromString(all_variants[i]->name);
+        if (!s || PyList_Append(l, s)) {
+            Py_XDECREF(s);
+            Py_DECREF(l);
+            return NULL;
+        }
+        Py_DECREF(s);
+    }
+    return l;
+}
+
+static int select_variant(const char *name) {
+    for (int i = 0; all_variants[i]; ++i) {
+        if (strcmp(all_variants[i]->name, name) == 0 && variant_supported(all_variants[i])) {
+            K = all_variants[i];
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static PyObject *py_use_variant(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    rc = select_variant(name);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        PyErr_Format(PyExc_ValueError, "kernel variant %R is not built in or this CPU lacks its instructions", arg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL, matmul_doc},
+    {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_FASTCALL, dequantize_doc},
+    {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
+    {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
+    {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},
+    {"variant", py_variant, METH_NOARGS, "variant(): the kernel variant in use."},
+    {"variants", py_variants, METH_NOARGS, "variants(): the variants this CPU can run, best first."},
+    {"use_variant", py_use_variant, METH_O, "use_variant(name): switch variant (tests, benchmarks)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cpu", "Native CPU kernels on GGUF blocks.", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__cpu(void) {
+    const char *forced = getenv("TRAMONTANE_CPU_VARIANT");
+    if (!(forced && *forced && select_variant(forced) == 0)) {
+        for (int i = 0; all_variants[i]; ++i) {
+            if (variant_supported(all_variants[i])) {
+                K = all_variants[i];
+                break;
+            }
+        }
+    }
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    PyModule_AddIntConstant(m, "Q8K_BLOCK_BYTES", (long)sizeof(tq_q8k));
+    PyModule_AddIntConstant(m, "Q8B_BLOCK_BYTES", (long)sizeof(tq_q8b));
+    return m;
+}

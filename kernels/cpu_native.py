@@ -1,0 +1,130 @@
+"""The native CPU kernels (`tramontane.kernels._cpu`, built from kernels/cpu/ by pip install).
+
+Matmuls run straight on a weight's GGUF blocks (the memory-mapped file, no float copy): each
+activation row is quantized per block (Q8_K-style for K-quants and IQ4_XS, Q8_0-style for the
+32-element types), products are integer SIMD dot products, scaled in float32. F16/BF16/F32
+weights are multiplied in float32. See docs/design-cpu-kernels.md.
+
+Threads: `TRAMONTANE_THREADS` or `set_threads(n)`; the default is the number of physical cores
+this process may run on. `AVAILABLE` is False when the module was not built; callers then keep
+the torch path (kernels.linear warns once).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .ggml_types import (BF16, F16, F32, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0,
+                         Q5_1, Q5_K, Q6_K, Q8_0)
+
+try:
+    from . import _cpu
+except ImportError as exc:  # not built (e.g. a source tree without `pip install -e .`)
+    _cpu = None
+    IMPORT_ERROR: ImportError | None = exc
+else:
+    IMPORT_ERROR = None
+
+AVAILABLE = _cpu is not None
+TYPES = frozenset({F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+                   IQ4_NL, IQ4_XS})
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may use (SMT siblings counted once)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+    cores = set()
+    for c in cpus:
+        base = f"/sys/devices/system/cpu/cpu{c}/topology/"
+        try:
+            with open(base + "core_id") as f:
+                core = f.read().strip()
+            with open(base + "physical_package_id") as f:
+                pkg = f.read().strip()
+        except OSError:
+            return max(1, len(cpus))
+        cores.add((pkg, core))
+    return max(1, len(cores))
+
+
+def default_threads() -> int:
+    env = os.environ.get("TRAMONTANE_THREADS", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"TRAMONTANE_THREADS must be a positive integer, got {env!r}") from None
+        if n < 1:
+            raise ValueError(f"TRAMONTANE_THREADS must be a positive integer, got {env!r}")
+        return n
+    return physical_cores()
+
+
+def set_threads(n: int | None = None) -> int:
+    """Threads for the native kernels (None: the default); returns the count in use."""
+    if _cpu is None:
+        return 1
+    _cpu.set_threads(int(n) if n is not None else default_threads())
+    return _cpu.threads()
+
+
+def threads() -> int:
+    return _cpu.threads() if _cpu is not None else 1
+
+
+def variant() -> str | None:
+    """The kernel variant in use: 'avx512vnni', 'avx2' or 'generic' (None when not built)."""
+    return _cpu.variant() if _cpu is not None else None
+
+
+def variants() -> list[str]:
+    """The variants this CPU can run, best first."""
+    return list(_cpu.variants()) if _cpu is not None else []
+
+
+def use_variant(name: str) -> None:
+    _cpu.use_variant(name)
+
+
+if _cpu is not None:
+    set_threads()
+
+
+def supports(ggml_type: int) -> bool:
+    return _cpu is not None and int(ggml_type) in TYPES
+
+
+def _weight_rows(data: torch.Tensor) -> tuple[int, int]:
+    """(data pointer, bytes between rows) of a 2-D weight whose rows are contiguous."""
+    if data.dim() != 2 or data.stride(1) != 1:
+        raise ValueError("native matmul needs a 2-D weight with contiguous rows")
+    return data.data_ptr(), data.stride(0) * data.element_size()
+
+
+def matmul(x: torch.Tensor, ggml_type: int, data: torch.Tensor, out_features: int,
+           in_features: int) -> torch.Tensor:
+    """x (n, in) float32 -> (n, out) float32 with the weight `data` in its GGUF form
+    (uint8 (out, row_bytes) blocks, or an (out, in) float tensor for F32/F16/BF16)."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+        x = x.reshape(-1, in_features).to(torch.float32).contiguous()
+    n = x.shape[0]
+    y = torch.empty(n, out_features, dtype=torch.float32)
+    if n == 0:
+        return y
+    w_ptr, w_stride = _weight_rows(data)
+    _cpu.matmul(int(ggml_type), w_ptr, w_stride, out_features, in_features, x.data_ptr(),
+                x.stride(0) * 4, n, y.data_ptr(), out_features)
+    return y
+
+
+def dequantize(ggml_type: int, data: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """float32 (rows, cols) of a weight's GGUF rows (multithreaded)."""
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    if rows:
+        w_ptr, w_stride = _weight_rows(data)
+        _cpu.dequantize(int(ggml_type), w_ptr, w_stride, rows, cols, out.data_ptr())
+    return out

@@ -1,0 +1,39 @@
+"""Builds the native CPU kernels (tramontane.kernels._cpu); everything else is in pyproject.toml.
+
+One C extension, compiled by `pip install .` / `pip install -e .` with the platform's C compiler.
+The kernel sources are built once per instruction set (kernels/cpu/tq_generic.c, tq_avx2.c,
+tq_avx512.c select their targets with pragmas), and the module picks one at import from cpuid,
+so the built module runs on any CPU of its architecture and nothing is compiled at run time.
+"""
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SOURCES = ["kernels/cpu/tq_module.c", "kernels/cpu/tq_generic.c", "kernels/cpu/tq_avx2.c",
+           "kernels/cpu/tq_avx512.c"]
+DEPENDS = ["kernels/cpu/tq_common.h", "kernels/cpu/tq_kernels.inc"]
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        if self.compiler.compiler_type == "msvc":
+            args = ["/O2", "/std:c11"]
+        else:
+            # -ffp-contract=off: no silent a*b+c fusing, so every variant rounds the activation
+            # quantization the same way (the tests compare them)
+            args = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno"]
+            if sys.platform != "win32":
+                args.append("-pthread")
+        for ext in self.extensions:
+            ext.extra_compile_args = args + list(ext.extra_compile_args or [])
+            if self.compiler.compiler_type != "msvc" and sys.platform != "win32":
+                ext.extra_link_args = ["-pthread"] + list(ext.extra_link_args or [])
+        super().build_extensions()
+
+
+setup(
+    ext_modules=[Extension("tramontane.kernels._cpu", SOURCES, depends=DEPENDS,
+                           include_dirs=["kernels/cpu"])],
+    cmdclass={"build_ext": BuildExt},
+)
