@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainT
                                QSizePolicy, QToolButton, QVBoxLayout, QWidget)
 
 from ..engine.api import ImagePart
-from ..engine.image import MAX_IMAGE_PIXELS
+from ..engine.mistral3.image import MAX_IMAGE_PIXELS
 
 MAX_IMAGE_BYTES = 50 << 20
 IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)"

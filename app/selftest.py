@@ -142,7 +142,7 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
 
     def load() -> str:
         if model is not None:
-            from ..engine.model_file import find_mmproj
+            from ..engine.mistral3.config import find_mmproj
 
             paths = (Path(model), Path(mmproj) if mmproj else find_mmproj(model))
         else:
@@ -151,7 +151,7 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
             if p is not None and not p.is_file():
                 raise SelfTestFailure(f"{p}: no such file")
         from ..engine.api import EngineError
-        from ..engine.local_engine import LocalEngine
+        from ..engine.runtime.local import LocalEngine
 
         try:
             state["engine"] = LocalEngine(paths[0], paths[1], device="cpu", context_length=512)
@@ -205,7 +205,7 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
         import torch
 
         from ..engine.api import ChatMessage, EngineError, SamplingParams
-        from ..engine.local_engine import LocalEngine
+        from ..engine.runtime.local import LocalEngine
 
         cpu = state["engine"]
         name = torch.cuda.get_device_name(0)

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QListWidget, QPushButton, QVBoxLayout, QWidget)
 
 from ..engine.api import EngineError
-from ..engine.remote import RemoteEngine, RemoteError, fetch_models, parse_base_url
+from ..engine.remote.client import RemoteEngine, RemoteError, fetch_models, parse_base_url
 
 SETTINGS_KEY = "remote_servers"
 LOCAL_LABEL = "Local model"

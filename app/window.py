@@ -790,7 +790,7 @@ class MainWindow(QMainWindow):
 
     def _local_models(self) -> list[tuple[str, str]]:
         try:
-            from ..engine.local_models import scan_models
+            from ..engine.library.local import scan_models
 
             found = scan_models(self.settings.models_dir or None)
         except Exception:  # noqa: BLE001 - an unreadable folder just lists nothing
@@ -1064,7 +1064,7 @@ class MainWindow(QMainWindow):
         start = self.settings.models_dir or str(Path.home())
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", start, GGUF_FILTER)
         if path:
-            from ..engine.local_models import find_projector
+            from ..engine.library.local import find_projector
 
             self.load_model(path, str(find_projector(path) or ""))
 

@@ -74,7 +74,9 @@ def warm_up_imports() -> None:
     first load or first image would freeze the UI for a moment."""
     from PIL import Image
 
-    from ..engine import chat_format, generate, image, local_engine, remote, tokenizer, vision  # noqa: F401
+    from ..engine.mistral3 import chat_format, image, tokenizer, vision  # noqa: F401
+    from ..engine.remote import client  # noqa: F401
+    from ..engine.runtime import generate, local  # noqa: F401
 
     Image.init()  # Pillow loads its format plugins lazily otherwise
 
@@ -119,7 +121,7 @@ def _leave_a_core_for_the_ui(device: str) -> None:
 
 
 def describe_engine(engine, model_path: str = "", mmproj_path: str = "") -> EngineInfo:
-    from ..engine.remote import RemoteEngine
+    from ..engine.remote.client import RemoteEngine
 
     if isinstance(engine, RemoteEngine):
         device = "remote"
@@ -220,7 +222,7 @@ class EngineWorker(QObject):
 
     @Slot(str, str, str, int)
     def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int) -> None:
-        from ..engine.local_engine import LocalEngine
+        from ..engine.runtime.local import LocalEngine
 
         self._close_engine()
         _leave_a_core_for_the_ui(device)

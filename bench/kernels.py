@@ -32,7 +32,7 @@ import torch
 
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import QWeight, linear_reference
-from tramontane.kernels.testing import F16_FIELDS
+from support.quant_bytes import F16_FIELDS
 
 # (in_features, out_features) of Mistral-Small-3.1's text layers
 MISTRAL_SMALL_SHAPES = {

@@ -14,7 +14,7 @@ import sys
 import time
 
 from tramontane.engine.api import ChatMessage, SamplingParams
-from tramontane.engine.local_engine import LocalEngine
+from tramontane.engine.runtime.local import LocalEngine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODEL = os.path.join(HERE, "..", "tests", "fixtures", "mistral3_tiny-f32.gguf")

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from tramontane.engine.api import SamplingParams
-from tramontane.engine.cli_run import copy_bandwidth
-from tramontane.engine.generate import generate, make_generator, sample
-from tramontane.engine.model import Mistral3Text, _want_dense, default_dtype, resolve_device
-from tramontane.engine.model_file import TextConfig
+from tramontane.engine.cli.run import copy_bandwidth
+from tramontane.engine.runtime.generate import generate, make_generator, sample
+from tramontane.engine.mistral3.text import Mistral3Text, _want_dense, default_dtype, resolve_device
+from tramontane.engine.mistral3.config import TextConfig
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import dequantize
 

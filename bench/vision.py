@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from tramontane.engine.image import preprocess
-from tramontane.engine.vision import VisionTower
+from tramontane.engine.mistral3.image import preprocess
+from tramontane.engine.mistral3.vision import VisionTower
 
 SHAPES = {
     # Mistral-Small-3.1-24B's vision_config: hidden 1024, 24 layers, 16 heads, ffn 4096,

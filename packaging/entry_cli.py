@@ -14,7 +14,7 @@ def _main() -> int:
         from tramontane.app.selftest import main as self_test
 
         return self_test(["--no-gui", *args[1:]])
-    from tramontane.engine.cli import main
+    from tramontane.engine.cli.main import main
 
     return main(args)
 

@@ -17,7 +17,7 @@ def _cli(args: list[str]) -> int:
         from tramontane.app.selftest import main as self_test
 
         return self_test(["--no-gui", *args[1:]])
-    from tramontane.engine.cli import main
+    from tramontane.engine.cli.main import main
 
     return main(args)
 

@@ -1,5 +1,4 @@
 import os
-import sys
 
 import torch
 
@@ -9,4 +8,4 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES  # noqa: E402,F401  (kept importable from conftest)

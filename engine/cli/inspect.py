@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from .gguf_file import open_gguf
-from .tokenizer import Tokenizer
+from ..gguf import open_gguf
+from ..mistral3.tokenizer import Tokenizer
 
 
 def tokenize_main(model_path: str, text: str, as_json: bool = False) -> int:

@@ -9,12 +9,12 @@ import argparse
 import json
 import sys
 
-from .api import EngineError
-from .gguf_file import GGUFError, open_gguf
+from ..api import EngineError
+from ..gguf import GGUFError, open_gguf
 
 
 def _info(args) -> int:
-    from .model_file import describe, find_mmproj
+    from ..mistral3.config import describe, find_mmproj
 
     with open_gguf(args.model) as gf:
         info = describe(gf)
@@ -51,11 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--json", action="store_true")
     p.add_argument("text")
-    p.set_defaults(func=lambda a: _lazy("cli_tokenize", "tokenize_main")(a.model, a.text, a.json))
+    p.set_defaults(func=lambda a: _lazy("inspect", "tokenize_main")(a.model, a.text, a.json))
 
     # Subcommands that live in their own modules register themselves.
-    _lazy("cli_run", "add_parsers")(sub)
-    _lazy("models_cli", "add_parser")(sub)
+    _lazy("run", "add_parsers")(sub)
+    _lazy("models", "add_parser")(sub)
     return parser
 
 

@@ -12,11 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-from .api import EngineError
-from .downloads import (DownloadManager, DownloadRequest, DownloadState, final_path,
+from ..api import EngineError
+from ..library.downloads import (DownloadManager, DownloadRequest, DownloadState, final_path,
                         git_blob_oid, load_manifest, sha256_file)
-from .hub import Hub, HubError, ModelChoice, load_catalog, resolve_catalog_entry
-from .local_models import (LocalModelError, default_models_dir, delete_model, read_header,
+from ..library.hub import Hub, HubError, ModelChoice, load_catalog, resolve_catalog_entry
+from ..library.local import (LocalModelError, default_models_dir, delete_model, read_header,
                            scan_models)
 
 

@@ -14,8 +14,8 @@ import os
 import sys
 import threading
 
-from .api import ChatMessage, EngineError, ImagePart, SamplingParams
-from .remote import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, RemoteEngine
+from ..api import ChatMessage, EngineError, ImagePart, SamplingParams
+from ..remote.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, RemoteEngine
 
 
 def add_remote_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from .api import ChatMessage, EngineError, ImagePart, SamplingParams
-from .model_file import find_mmproj
+from ..api import ChatMessage, EngineError, ImagePart, SamplingParams
+from ..mistral3.config import find_mmproj
 
 
 def add_parsers(sub) -> None:
-    from .remote_cli import add_remote_arguments
+    from .remote import add_remote_arguments
 
     p = sub.add_parser("run", help="answer a prompt (streams to stdout)")
     p.add_argument("--model", required=True, help="GGUF file (or the model name on --server)")
@@ -77,7 +77,7 @@ def _check_context_length(args, least: int) -> None:
 
 
 def _load(args, images: bool):
-    from .local_engine import LocalEngine
+    from ..runtime.local import LocalEngine
 
     if not Path(args.model).is_file():
         raise EngineError(f"{args.model}: no such model file")
@@ -97,7 +97,7 @@ def _load(args, images: bool):
 
 def run_main(args) -> int:
     if getattr(args, "server", None):
-        from .remote_cli import run_remote
+        from .remote import run_remote
 
         return run_remote(args)
     images = [ImagePart.from_path(p) for p in args.image]
@@ -176,10 +176,10 @@ def token_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, i
 
 
 def perplexity_main(args) -> int:
-    from .gguf_file import open_gguf
-    from .model import Mistral3Text
-    from .model_file import text_config
-    from .tokenizer import Tokenizer
+    from ..gguf import open_gguf
+    from ..mistral3.text import Mistral3Text
+    from ..mistral3.config import text_config
+    from ..mistral3.tokenizer import Tokenizer
 
     path = Path(args.file)
     _check_context_length(args, 2)  # a window scores tokens after its first
@@ -231,7 +231,7 @@ def _sync(device: torch.device) -> None:
 
 
 def bench_main(args) -> int:
-    from .local_engine import LocalEngine
+    from ..runtime.local import LocalEngine
 
     if not args.model:
         raise EngineError("bench needs --model (kernel benchmarks: python bench/kernels.py)")

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
 
-from .api import EngineError
+from ..api import EngineError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 MMPROJ_RE = re.compile(r"mmproj", re.IGNORECASE)

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .api import EngineError
+from ..api import EngineError
 from .downloads import PART_SUFFIX, SIDECAR_SUFFIX
 from .hub import MMPROJ_RE
 
@@ -82,7 +82,7 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
     """Architecture, name and quantization from a GGUF header (raises LocalModelError)."""
     path = Path(path)
     try:
-        from .gguf_file import GGUFError, open_gguf
+        from ..gguf import GGUFError, open_gguf
     except ImportError:  # the project reader not there yet: gguf-py's reader
         return _read_header_gguf_py(path)
     try:
@@ -130,7 +130,7 @@ def find_projector(model_path: str | os.PathLike) -> Path | None:
     `*mmproj*istral*.gguf`); then, since downloads keep one repo per folder, the single
     `*mmproj*.gguf` there (repos name it e.g. `mmproj-F16.gguf`), f16 preferred."""
     try:
-        from .model_file import find_mmproj
+        from ..mistral3.config import find_mmproj
     except ImportError:
         find_mmproj = None
     if find_mmproj is not None:

@@ -23,7 +23,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .api import ChatMessage, EngineError, ImagePart
+from ..api import ChatMessage, EngineError, ImagePart
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gguf_file import GGUFError, GGUFFile
+from ..gguf import GGUFError, GGUFFile
 
 MISTRAL3_ARCHS = ("mistral3",)
 REQUIRED_CONTROL_TOKENS = ("[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")

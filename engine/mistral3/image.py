@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from .api import EngineError
+from ..api import EngineError
 
 # Refuse anything above Pillow's own default bomb limit (~89.5 Mpx, e.g. 9459 x 9459) before
 # its pixels are decoded; the check reads only the header.

@@ -27,11 +27,11 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from ..kernels import ggml_types
-from ..kernels.linear import QWeight, dequantize, linear
-from .api import EngineError
-from .gguf_file import GGUFError, GGUFFile, open_gguf
-from .model_file import TextConfig, text_config
+from ...kernels import ggml_types
+from ...kernels.linear import QWeight, dequantize, linear
+from ..api import EngineError
+from ..gguf import GGUFError, GGUFFile, open_gguf
+from .config import TextConfig, text_config
 
 CPU_DEFAULT_CONTEXT = 8192
 PREFILL_CHUNK = 2048  # prompt rows per forward pass: bounds activation memory on long prompts

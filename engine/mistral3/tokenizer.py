@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .api import EngineError
+from ..api import EngineError
 
 if TYPE_CHECKING:
-    from .gguf_file import GGUFFile
+    from ..gguf import GGUFFile
 
 # mistral-common's tekken JSON `config.pattern` (tekken_240718/240911 and the v7 files).
 TEKKEN_PATTERN = (

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..kernels.linear import QWeight, linear
-from .api import EngineError, ImagePart
-from .gguf_file import GGUFError, GGUFFile, open_gguf
+from ...kernels.linear import QWeight, linear
+from ..api import EngineError, ImagePart
+from ..gguf import GGUFError, GGUFFile, open_gguf
 from .image import image_grid, image_size_of, preprocess
 
 ROPE_THETA = 10000.0  # Pixtral's; the mmproj has no key for it unless a converter adds one

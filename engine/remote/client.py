@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from .api import (
+from ..api import (
     ChatMessage,
     EngineError,
     FinishReason,

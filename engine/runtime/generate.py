@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .api import EngineError, FinishReason, GenerationStats, SamplingParams
+from ..api import EngineError, FinishReason, GenerationStats, SamplingParams
 
 # ----------------------------------------------------------------------------- sampling
 

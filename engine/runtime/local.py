@@ -14,14 +14,14 @@ from typing import Callable
 
 import torch
 
-from .api import ChatMessage, EngineError, GenerationResult, SamplingParams
-from .chat_format import EncodedPrompt, encode_chat
+from ..api import ChatMessage, EngineError, GenerationResult, SamplingParams
+from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .generate import InvalidLogitsError, check_params, generate
-from .gguf_file import GGUFError, open_gguf
-from .model import Mistral3Text
-from .model_file import text_config
+from ..gguf import GGUFError, open_gguf
+from ..mistral3.text import Mistral3Text
+from ..mistral3.config import text_config
 from .session import HostKVStore, Session, position_keys
-from .tokenizer import Tokenizer
+from ..mistral3.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class LocalEngine:
             progress(1.0, "ready")
 
     def _load_vision(self, path: Path):
-        from .vision import VisionTower
+        from ..mistral3.vision import VisionTower
 
         tower = VisionTower.load(path, device=self.model.device,
                                  dtype=self.model.dtype if self.model.device.type == "cuda" else None)

@@ -1,15 +1,12 @@
 """The model manager dialog, driven offscreen against the loopback fake hub."""
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/ for fakehub
-from fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos  # noqa: E402
+from support.fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos  # noqa: E402
 
-from tramontane.engine.downloads import (DownloadManager, DownloadRequest,  # noqa: E402
+from tramontane.engine.library.downloads import (DownloadManager, DownloadRequest,  # noqa: E402
                                          DownloadState, final_path, part_path)
-from tramontane.engine.hub import Hub, parse_catalog  # noqa: E402
+from tramontane.engine.library.hub import Hub, parse_catalog  # noqa: E402
 
 pytest.importorskip("PySide6")
 from tramontane.app.model_manager import ModelManagerDialog, describe_progress  # noqa: E402
@@ -177,7 +174,7 @@ def test_unfinished_download_from_an_earlier_session_resumes(qtbot, fake, tmp_pa
 
 
 def test_offline_mode_shows_disk_only(qtbot, fake, tmp_path, monkeypatch):
-    from fakehub import make_gguf_bytes
+    from support.fakehub import make_gguf_bytes
     models = tmp_path / "models"
     (models / "mine").mkdir(parents=True)
     make_gguf_bytes(models / "mine" / "own-Q8_0.gguf")
@@ -193,14 +190,14 @@ def test_offline_mode_shows_disk_only(qtbot, fake, tmp_path, monkeypatch):
 
 def test_describe_progress_words():
     req = DownloadRequest(REPO, MODEL_FILE)
-    from tramontane.engine.downloads import DownloadStatus
+    from tramontane.engine.library.downloads import DownloadStatus
     st = DownloadStatus(req.key, req, DownloadState.RUNNING, None, 3_200_000_000,
                         14_334_000_000, 41e6, 271.0)
     assert describe_progress(st) == "3.20 GB of 14.33 GB · 41.0 MB/s · 4 min 31 s left"
 
 
 def test_import_and_delete_from_the_local_tab(qtbot, dialog, tmp_path):
-    from fakehub import make_gguf_bytes
+    from support.fakehub import make_gguf_bytes
     src = tmp_path / "elsewhere" / "mine-Q4_0.gguf"
     src.parent.mkdir()
     make_gguf_bytes(src, quant="Q4_0", seed=7)

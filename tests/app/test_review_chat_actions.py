@@ -9,7 +9,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtWidgets import QInputDialog, QMessageBox  # noqa: E402
 
 
-from test_window import close_window, make_window  # noqa: E402
+from support.app_window import close_window, make_window  # noqa: E402
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 
-from test_window import GREEDY, MMPROJ, MODEL, close_window, make_window  # noqa: E402
+from support.app_window import GREEDY, MMPROJ, MODEL, close_window, make_window  # noqa: E402
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ pytest.importorskip("pytestqt")
 
 from tramontane.engine.api import ImagePart  # noqa: E402
 
-from test_window import GREEDY, MMPROJ, MODEL, close_window, make_window, png_bytes  # noqa: E402
+from support.app_window import GREEDY, MMPROJ, MODEL, close_window, make_window, png_bytes  # noqa: E402
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtWidgets import QLabel  # noqa: E402
 
 
-from test_window import close_window, make_window  # noqa: E402
+from support.app_window import close_window, make_window  # noqa: E402
 from tramontane.app.worker import EngineInfo  # noqa: E402
 
 LONG_MODEL = "/models/Mistral-Small-3.1-24B-Instruct-2503-UD-Q4_K_XL-with-a-long-suffix.gguf"

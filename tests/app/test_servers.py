@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 
 import pytest
 
 pytest.importorskip("pytestqt")
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/ for fakevllm
 
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QLineEdit  # noqa: E402
@@ -18,9 +15,9 @@ from tramontane.app.servers import (  # noqa: E402
     LOCAL_LABEL, SETTINGS_KEY, ModelChoice, ModelChoiceCombo, ServerConfig, ServerList,
     ServersDialog, ServersWidget, engine_for_choice)
 from tramontane.engine.api import ChatMessage, EngineError, SamplingParams  # noqa: E402
-from tramontane.engine.remote import RemoteEngine  # noqa: E402
+from tramontane.engine.remote.client import RemoteEngine  # noqa: E402
 
-from fakevllm import FakeVLLM  # noqa: E402
+from support.fakevllm import FakeVLLM  # noqa: E402
 
 KEY = "sk-gui-55c0ffee-SECRET"
 

@@ -7,8 +7,6 @@ against a separate LocalEngine run on the same conversation.
 from __future__ import annotations
 
 import os
-import struct
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -17,97 +15,16 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QMimeData, QObject, QPoint, QPointF, Qt, QTimer, QUrl, Slot  # noqa: E402
-from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtCore import QMimeData, Qt, QTimer  # noqa: E402
 
 from tramontane.app.store import Store  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
+from support.app_window import (MMPROJ, MODEL, PieceCounter, close_window, drop_files,  # noqa: E402
+                                make_window, png_bytes, png_with_idat, send)
 from tramontane.engine.api import ImagePart, SamplingParams  # noqa: E402
-from tramontane.engine.local_engine import LocalEngine  # noqa: E402
+from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
-MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
 pytestmark = pytest.mark.filterwarnings("ignore:Function.*QDrag.*Event:DeprecationWarning")
-GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=None)
-
-
-# --------------------------------------------------------------------------- helpers
-
-def png_bytes(width: int, height: int, seed: int = 0) -> bytes:
-    """A real, decodable RGB PNG (varied pixels so two seeds give different images)."""
-    rows = b"".join(b"\x00" + bytes(((x * 7 + y * 13 + seed * 31) % 256) for x in range(width * 3))
-                    for y in range(height))
-    return _png(width, height, zlib.compress(rows))
-
-
-def _png(width: int, height: int, idat: bytes) -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
-def drop_files(widget, paths) -> QDropEvent:
-    """What a drag from a file manager delivers: DragEnter, DragMove, then the QDropEvent
-    (Qt only hands a Drop to a widget that accepted the drag)."""
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
-    args = (Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
-    enter = QDragEnterEvent(QPoint(20, 20), *args)
-    QApplication.sendEvent(widget, enter)
-    assert enter.isAccepted(), "the widget refused the drag"
-    QApplication.sendEvent(widget, QDragMoveEvent(QPoint(20, 20), *args))
-    event = QDropEvent(QPointF(20, 20), *args)
-    QApplication.sendEvent(widget, event)
-    return event
-
-
-class PieceCounter(QObject):
-    """Counts the pieces as the UI thread receives them (a QObject slot, like the window's;
-    a plain lambda would be called on the worker thread)."""
-
-    def __init__(self, window, then=None):
-        super().__init__()
-        self.pieces: list[str] = []
-        self.then = then
-        window.worker.piece.connect(self.on_piece)
-
-    @Slot(int, str)
-    def on_piece(self, _rid: int, text: str) -> None:
-        self.pieces.append(text)
-        if self.then is not None:
-            self.then()
-
-
-def make_window(qtbot, data_dir, *, load=True, mmproj=True, autoload=False):
-    store = Store(data_dir)
-    window = MainWindow(store, autoload=autoload)
-    window._test_store = store
-    qtbot.addWidget(window)
-    window.show()
-    window.param_overrides = dict(GREEDY, max_tokens=12, ignore_eos=True)
-    if load:
-        window.load_model(str(MODEL), str(MMPROJ) if mmproj else "")
-        qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
-    return window
-
-
-def close_window(window) -> None:
-    window.close()
-    window._test_store.close()
-
-
-def send(qtbot, window, text: str) -> int:
-    """Type `text` into the composer, press Enter and wait for the reply; its message id."""
-    edit = window.composer.edit
-    edit.setFocus()
-    qtbot.keyClicks(edit, text)
-    with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
-        qtbot.keyClick(edit, Qt.Key.Key_Return)
-    return blocker.args[0]
 
 
 @pytest.fixture(autouse=True)
@@ -303,7 +220,7 @@ def test_refused_attachments_say_why(qtbot, window, tmp_path):
     # A PNG whose header claims 50000 x 50000 pixels (a decompression bomb): refused from
     # the header, without decoding.
     bomb = tmp_path / "huge.png"
-    bomb.write_bytes(_png(50000, 50000, zlib.compress(b"\x00" * 64)))
+    bomb.write_bytes(png_with_idat(50000, 50000, zlib.compress(b"\x00" * 64)))
     t0 = time.monotonic()
     drop_files(window.composer, [bomb])
     assert time.monotonic() - t0 < 1.0
@@ -537,8 +454,7 @@ def test_system_prompt_per_chat_and_settings_persist(qtbot, window, tmp_path):
 
 
 def test_switch_to_remote_server(qtbot, window):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakevllm import FakeVLLM
+    from support.fakevllm import FakeVLLM
 
     with FakeVLLM(models=["served-model"], reply="Hi from the server.") as fake:
         window.store.set_setting("remote_servers", [

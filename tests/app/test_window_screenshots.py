@@ -26,7 +26,7 @@ from tramontane.app.main import apply_color_scheme  # noqa: E402
 from tramontane.app.store import Store  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+from support import FIXTURES
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
 

@@ -6,7 +6,6 @@ thread as typed signals, cancel works from the UI thread, every failure is a rea
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +15,9 @@ from PySide6.QtCore import QObject, QThread, Slot  # noqa: E402
 
 from tramontane.app.worker import ChatRequest, EngineWorker  # noqa: E402
 from tramontane.engine.api import ChatMessage, ImagePart, SamplingParams  # noqa: E402
-from tramontane.engine.local_engine import LocalEngine  # noqa: E402
+from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+from support import FIXTURES
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)

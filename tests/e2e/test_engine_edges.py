@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tramontane.engine.api import ChatMessage, EngineError, SamplingParams
-from tramontane.engine.cli import main as cli_main
-from tramontane.engine.local_engine import LocalEngine
+from tramontane.engine.cli.main import main as cli_main
+from tramontane.engine.runtime.local import LocalEngine
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES
 MODEL = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")
 Q256 = os.path.join(FIXTURES, "mistral3_q256-Q4_K_M.gguf")
@@ -72,7 +72,7 @@ def test_run_context_length_must_be_positive(capsys, value):
 def test_perplexity_default_window_is_bounded_for_long_context_models(tmp_path, capsys):
     """A 128k-context model must not score a long file in one 128k-row window (all-position
     logits of 128k rows x the vocabulary do not fit anywhere); the default window is bounded."""
-    from gguf_edit import rewrite_gguf
+    from support.gguf_edit import rewrite_gguf
 
     long_ctx = tmp_path / "long-ctx.gguf"
     rewrite_gguf(MODEL, long_ctx, set_kv={"mistral3.context_length": 1 << 17})
@@ -198,7 +198,7 @@ def test_many_chats_with_host_kv_evicted_are_recomputed_exactly():
 
 def test_nan_weights_are_one_error_naming_the_model_file(tmp_path, capsys):
     import numpy as np
-    from gguf_edit import rewrite_gguf
+    from support.gguf_edit import rewrite_gguf
 
     broken = tmp_path / "nan-weights.gguf"
     rewrite_gguf(MODEL, broken, replace_tensors={"output_norm.weight": np.full((64,), np.nan, np.float32)})
@@ -223,7 +223,7 @@ def test_a_closed_pipe_on_stdout_ends_quietly(tmp_path):
     import sys
 
     exe = shutil.which("tramontane-cli", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli.main"]
     for extra in ([], ["--json"]):
         proc = subprocess.Popen(cmd + ["run", "--model", MODEL, "--prompt", "hi", "--max-tokens", "20",
                                        "--ignore-eos", "--device", "cpu", *extra],
@@ -260,7 +260,7 @@ def test_a_message_whose_parts_is_a_bare_string_is_one_text_part(engine):
 
 
 def test_a_bare_stop_string_is_one_stop_string():
-    from tramontane.engine.generate import StopStringFilter
+    from tramontane.engine.runtime.generate import StopStringFilter
 
     f = StopStringFilter("END")
     shown = f.feed("Nice Day") + f.feed(" then END more")  # N, D alone are no stop
@@ -272,7 +272,7 @@ def test_model_text_on_a_terminal_that_is_not_utf8_does_not_crash():
     import sys
 
     exe = shutil.which("tramontane-cli", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli.main"]
     env = dict(os.environ, PYTHONIOENCODING="latin-1")
     # this tiny model's first greedy tokens for "hello" are Arabic letters: not in latin-1
     proc = subprocess.run(cmd + ["run", "--model", MODEL, "--prompt", "hello", "--max-tokens", "4",
@@ -290,7 +290,7 @@ def test_model_text_on_a_terminal_that_is_not_utf8_does_not_crash():
 def test_out_of_memory_while_loading_is_one_error_line(capsys, monkeypatch, exc):
     """A --context-length too big for the device ends as one line, not a traceback (faked here:
     really allocating that much on a shared CI machine would invite the OOM killer)."""
-    import tramontane.engine.local_engine as local_engine
+    import tramontane.engine.runtime.local as local_engine
 
     def too_big(*args, **kwargs):
         raise exc
@@ -302,7 +302,7 @@ def test_out_of_memory_while_loading_is_one_error_line(capsys, monkeypatch, exc)
 
 
 def test_other_runtime_errors_are_not_disguised_as_out_of_memory(monkeypatch):
-    import tramontane.engine.local_engine as local_engine
+    import tramontane.engine.runtime.local as local_engine
 
     def broken(*args, **kwargs):
         raise RuntimeError("shape mismatch in a kernel")
@@ -313,21 +313,21 @@ def test_other_runtime_errors_are_not_disguised_as_out_of_memory(monkeypatch):
 
 
 def test_lone_surrogate_is_a_tokenizer_error_not_a_type_error():
-    from tramontane.engine.gguf_file import open_gguf
-    from tramontane.engine.tokenizer import Tokenizer, TokenizerError
+    from tramontane.engine.gguf import open_gguf
+    from tramontane.engine.mistral3.tokenizer import Tokenizer, TokenizerError
 
-    with open_gguf(os.path.join(os.path.dirname(__file__), "fixtures", "mistral3_tiny-f32.gguf")) as gf:
+    with open_gguf(os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")) as gf:
         tok = Tokenizer.from_gguf(gf)
     with pytest.raises(TokenizerError, match="U\\+D800"):
         tok.encode("abc\ud800def")
 
 
 def test_cpu_kv_cache_larger_than_free_ram_is_refused(monkeypatch):
-    from tramontane.engine import model as model_mod
+    from tramontane.engine.mistral3 import text as model_mod
     from tramontane.engine.api import EngineError
-    from tramontane.engine.model import Mistral3Text
+    from tramontane.engine.mistral3.text import Mistral3Text
 
-    m = Mistral3Text.load(os.path.join(os.path.dirname(__file__), "fixtures", "mistral3_tiny-f32.gguf"),
+    m = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_tiny-f32.gguf"),
                           device="cpu")
     monkeypatch.setattr(model_mod, "_available_ram", lambda: 1000)
     with pytest.raises(EngineError, match="lower the context length"):

@@ -17,7 +17,7 @@ import pytest
 import tramontane
 from tramontane.app import selftest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"
 SPEC = PACKAGING / "tramontane.spec"
 DESKTOP = PACKAGING / "linux" / "tramontane.desktop"
@@ -46,11 +46,11 @@ def test_version_comes_from_pyproject_only():
 def test_entry_points_match_the_spec_executables():
     project = pyproject()["project"]
     assert project["gui-scripts"]["tramontane"] == "tramontane.app.main:main"
-    assert project["scripts"]["tramontane-cli"] == "tramontane.engine.cli:main"
+    assert project["scripts"]["tramontane-cli"] == "tramontane.engine.cli.main:main"
     gui = (PACKAGING / "entry_gui.py").read_text()
     cli = (PACKAGING / "entry_cli.py").read_text()
     assert "from tramontane.app.main import main" in gui
-    assert "from tramontane.engine.cli import main" in cli
+    assert "from tramontane.engine.cli.main import main" in cli
 
 
 # -- the spec, evaluated with recording stand-ins for PyInstaller's classes --------------------
@@ -110,10 +110,12 @@ def test_spec_builds_two_executables_sharing_one_folder(tmp_path, monkeypatch):
     # Sources are staged as installed: every module of every package, kernels included.
     stage = Path(kw["pathex"][0])
     for package, folder in pyproject()["tool"]["setuptools"]["package-dir"].items():
-        for src in (ROOT / folder).glob("*.py"):
-            staged = stage.joinpath(*package.split("."), src.name)
+        for src in (ROOT / folder).rglob("*.py"):
+            rel = src.relative_to(ROOT / folder)
+            staged = stage.joinpath(*package.split("."), rel)
             assert staged.read_bytes() == src.read_bytes(), staged
-            module = f"{package}.{src.stem}" if src.stem != "__init__" else package
+            parts = [package, *rel.with_suffix("").parts]
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             assert module in kw["hiddenimports"], module
 
     datas = {(Path(src).name, dest) for src, dest in kw["datas"]}

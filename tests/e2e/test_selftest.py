@@ -11,7 +11,7 @@ import pytest
 from tramontane.app import selftest
 from tramontane.app.selftest import run_self_test
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES
 MODEL = os.path.join(FIXTURES, selftest.MODEL_NAME)
 MMPROJ = os.path.join(FIXTURES, selftest.MMPROJ_NAME)
 STEPS = ("version", "model", "vision", "generate", "store", "gui")

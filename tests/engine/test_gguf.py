@@ -7,9 +7,9 @@ import gguf
 import numpy as np
 import pytest
 
-from tramontane.engine.gguf_file import GGUFError, open_gguf
+from tramontane.engine.gguf import GGUFError, open_gguf
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES
 TEXT = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 QUANT = os.path.join(FIXTURES, "mistral3_tiny-q8_0.gguf")
 MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")

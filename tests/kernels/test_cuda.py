@@ -6,7 +6,7 @@ import torch
 
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import QWeight, dequantize, linear
-from tramontane.kernels.testing import random_quant_bytes
+from support.quant_bytes import random_quant_bytes
 
 pytestmark = [
     pytest.mark.cuda,

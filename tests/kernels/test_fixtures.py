@@ -10,7 +10,7 @@ import torch
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import QWeight, dequantize, linear
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES
 LLAMACPP_FILES = sorted(glob.glob(os.path.join(FIXTURES, "*-llamacpp-*.gguf")))
 # quantized model fixtures written by other generators (random valid blocks via gguf-py)
 OTHER_FILES = sorted(set(glob.glob(os.path.join(FIXTURES, "*[-_][Qq][0-9]*.gguf"))) - set(LLAMACPP_FILES))
@@ -70,7 +70,7 @@ def test_other_fixture_files_dequantize_like_gguf():
 
 @pytest.mark.skipif(not LLAMACPP_FILES, reason="no tests/fixtures/*-llamacpp-*.gguf (llama.cpp-quantized fixtures not generated)")
 def test_qweight_from_gguf_file():
-    from tramontane.engine.gguf_file import open_gguf
+    from tramontane.engine.gguf import open_gguf
 
     path = LLAMACPP_FILES[0]
     refs = {name: (t, shape, ref) for name, t, shape, _, ref in _tensors(path)}

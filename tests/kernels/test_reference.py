@@ -7,7 +7,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import QWeight, dequantize, linear
-from tramontane.kernels.testing import random_quant_bytes
+from support.quant_bytes import random_quant_bytes
 
 ALL_TYPES = sorted(gt.TYPES)
 

@@ -9,7 +9,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import QWeight, linear_reference
-from tramontane.kernels.testing import random_quant_bytes
+from support.quant_bytes import random_quant_bytes
 from tramontane.kernels.triton_compat import triton_usable
 
 pytestmark = pytest.mark.skipif(not triton_usable(torch.device("cpu")) and not torch.cuda.is_available(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml_types import (
+from tramontane.kernels.ggml_types import (
     BF16, F16, F32, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
     row_bytes, type_info,
 )

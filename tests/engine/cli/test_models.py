@@ -2,10 +2,10 @@
 import json
 
 import pytest
-from fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
+from support.fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
 
-from tramontane.engine.downloads import DownloadRequest, final_path
-from tramontane.engine.models_cli import main
+from tramontane.engine.library.downloads import DownloadRequest, final_path
+from tramontane.engine.cli.models import main
 
 REPO = "tiny-org/Tiny-Vision-GGUF"
 
@@ -80,6 +80,6 @@ def test_catalogue_listing(tmp_path, capsys):
 
 
 def test_registered_in_the_main_cli(fake, tmp_path, capsys):
-    from tramontane.engine import cli
+    from tramontane.engine.cli import main as cli
     assert cli.main(["models", "list", "--dir", str(tmp_path)]) == 0
     assert str(tmp_path) in capsys.readouterr().out

@@ -1,15 +1,14 @@
 """`tramontane-cli run --server ...` through engine.remote_cli.run_remote."""
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
 from PIL import Image
 
-from tramontane.engine.remote_cli import build_parser, main, run_remote
+from tramontane.engine.cli.remote import build_parser, main, run_remote
 
-from fakevllm import FakeVLLM, split_tokens
+from support.fakevllm import FakeVLLM, split_tokens
 
 KEY = "sk-cli-0b5e22d1-SECRET"
 REPLY = "Bonjour, je suis un serveur factice."
@@ -94,7 +93,7 @@ def test_missing_image_file_is_a_usage_error(server, capsys, tmp_path):
 def test_through_tramontane_cli_run(server, capsys, monkeypatch):
     """The real `tramontane-cli run --server` parser (engine/cli.py) reaches run_remote with
     its shared run options (min-p, repetition penalty, ignore-eos)."""
-    cli = pytest.importorskip("tramontane.engine.cli")
+    cli = pytest.importorskip("tramontane.engine.cli.main")
     monkeypatch.setenv("K", KEY)
     try:
         code = cli.main(["run", "--server", server.url, "--model", "small", "--api-key-env",

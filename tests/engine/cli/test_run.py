@@ -9,15 +9,15 @@ import sys
 import pytest
 import torch
 
-from tramontane.engine.cli import main as cli_main
-from tramontane.engine.cli_run import token_nll
-from tramontane.engine.gguf_file import open_gguf
-from tramontane.engine.model import Mistral3Text
-from tramontane.engine.tokenizer import Tokenizer
+from tramontane.engine.cli.main import main as cli_main
+from tramontane.engine.cli.run import token_nll
+from tramontane.engine.gguf import open_gguf
+from tramontane.engine.mistral3.text import Mistral3Text
+from tramontane.engine.mistral3.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers", reason="HF transformers is the reference (test extra)")
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES
 MODEL = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MINISTRAL = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
 TEXT = ("Le vent du nord, la tramontane, souffle sur la plaine du Roussillon. "
@@ -151,7 +151,7 @@ def test_image_prompt_finds_the_projector_beside_the_model(tmp_path, capsys):
 
 def test_cli_entry_point_runs_as_a_program(tmp_path):
     exe = shutil.which("tramontane-cli", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli.main"]
     proc = subprocess.run(cmd + ["tokenize", "--model", MODEL, "--json", "[INST] hello"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -167,7 +167,7 @@ def test_bench_prints_speeds(capsys):
 
 def test_slicing_a_window_changes_nothing(monkeypatch):
     """A window runs through the KV cache in slices of logits; any slice size scores the same."""
-    from tramontane.engine import cli_run
+    from tramontane.engine.cli import run as cli_run
 
     with open_gguf(MODEL) as gf:
         tok = Tokenizer.from_gguf(gf)

@@ -7,11 +7,11 @@ import time
 from collections import namedtuple
 
 import pytest
-from fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
+from support.fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
 
-from tramontane.engine.downloads import (DownloadManager, DownloadRequest, DownloadState,
+from tramontane.engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
                                          final_path, part_path, sidecar_path)
-from tramontane.engine.hub import Hub
+from tramontane.engine.library.hub import Hub
 
 REPO = "tiny-org/Tiny-Vision-GGUF"
 
@@ -269,7 +269,7 @@ def test_listener_errors_do_not_break_downloads(fake, tmp_path):
 
 
 def test_unsafe_paths_are_refused(tmp_path):
-    from tramontane.engine.hub import HubError
+    from tramontane.engine.library.hub import HubError
     for repo, name in ((REPO, "../evil.gguf"), ("/abs", "x.gguf"), (REPO, "a/../../b.gguf")):
         with pytest.raises(HubError, match="not a safe file path"):
             final_path(tmp_path, DownloadRequest(repo, name))
@@ -341,7 +341,7 @@ def test_disk_filling_up_mid_download_is_reported_and_resumable(fake, tmp_path, 
     import builtins
     import errno
 
-    from tramontane.engine import downloads
+    from tramontane.engine.library import downloads
 
     class FullDisk:
         def __init__(self, f):

@@ -4,9 +4,9 @@ import hashlib
 import json
 
 import pytest
-from fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
+from support.fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
 
-from tramontane.engine.hub import (Hub, HubError, HubFile, load_catalog, pair_projectors,
+from tramontane.engine.library.hub import (Hub, HubError, HubFile, load_catalog, pair_projectors,
                                    parse_catalog, quant_from_name, resolve_catalog_entry)
 
 

@@ -2,16 +2,15 @@
 pairing, import in place / by copy, delete."""
 import shutil
 from collections import Counter
-from pathlib import Path
 
 import pytest
-from fakehub import make_gguf_bytes
+from support.fakehub import make_gguf_bytes
 
-from tramontane.engine.local_models import (LocalModelError, default_models_dir,
+from tramontane.engine.library.local import (LocalModelError, default_models_dir,
                                             delete_model, find_projector, import_model,
                                             read_header, scan_models)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from support import FIXTURES
 
 
 def reference_quant(path):

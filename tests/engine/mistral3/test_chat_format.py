@@ -16,11 +16,11 @@ import random
 import pytest
 
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart
-from tramontane.engine.chat_format import EncodedPrompt, encode_chat
-from tramontane.engine.gguf_file import open_gguf
-from tramontane.engine.tokenizer import Tokenizer
+from tramontane.engine.mistral3.chat_format import EncodedPrompt, encode_chat
+from tramontane.engine.gguf import open_gguf
+from tramontane.engine.mistral3.tokenizer import Tokenizer
 
-from conftest import FIXTURES
+from support import FIXTURES
 
 pytest.importorskip("mistral_common")
 from PIL import Image  # noqa: E402
@@ -235,7 +235,7 @@ def test_empty_assistant_turn_is_just_eos(tok, ref):
 
 def test_tool_messages_are_dropped_with_a_log_note(tok, ref, caplog):
     messages = [M(U, "q"), M(A, "calling"), M("tool", '{"ok": true}'), M(U, "next")]
-    with caplog.at_level(logging.INFO, logger="tramontane.engine.chat_format"):
+    with caplog.at_level(logging.INFO, logger="tramontane.engine.mistral3.chat_format"):
         enc = encode_chat(tok, messages, None)
     assert enc.ids == _reference_ids(ref, [m for m in messages if m.role != "tool"])
     assert any("tool message" in r.getMessage() for r in caplog.records)

@@ -5,12 +5,12 @@ import shutil
 import numpy as np
 import pytest
 
-from gguf_edit import rewrite_gguf
-from tramontane.engine.cli import main as cli_main
-from tramontane.engine.gguf_file import GGUFError, open_gguf
-from tramontane.engine.model_file import find_mmproj, text_config
+from support.gguf_edit import rewrite_gguf
+from tramontane.engine.cli.main import main as cli_main
+from tramontane.engine.gguf import GGUFError, open_gguf
+from tramontane.engine.mistral3.config import find_mmproj, text_config
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES
 TEXT = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MINISTRAL = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
 MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")

@@ -16,7 +16,7 @@ import torch
 from PIL import Image, ImageOps
 
 from tramontane.engine.api import EngineError
-from tramontane.engine.image import (
+from tramontane.engine.mistral3.image import (
     MAX_IMAGE_PIXELS,
     decode_image,
     image_grid,

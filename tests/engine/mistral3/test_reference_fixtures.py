@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,10 +17,10 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.quants import GGML_QUANT_SIZES, dequantize
 from safetensors.numpy import load_file
 
-from fixture_models import dequantized_state_dict, hf_text_model_from_gguf, permute_rows, unpermute_rows
-from gguf_edit import GGUFEditError, rewrite_gguf
+from support.fixture_models import dequantized_state_dict, hf_text_model_from_gguf, permute_rows, unpermute_rows
+from support.gguf_edit import GGUFEditError, rewrite_gguf
 
-FIX = Path(__file__).resolve().parent / "fixtures"
+from support import FIXTURES as FIX
 MISTRAL3_DIRS = ["mistral3_tiny", "mistral3_tiny_gelu"]
 QUANT_MIXES = ["Q4_K_M", "Q6_K", "Q5_K", "Q4_0", "Q8_0"]
 V7_IDS = {"<unk>": 0, "<s>": 1, "</s>": 2, "[INST]": 3, "[/INST]": 4, "[IMG]": 10, "<pad>": 11,
@@ -338,7 +337,7 @@ def test_edit_errors_name_the_problem(tmp_path):
 
 
 def test_neighbour_helpers(tmp_path):
-    from gguf_edit import llama_labelled_copy, ollama_projector_copy, with_img_break
+    from support.gguf_edit import llama_labelled_copy, ollama_projector_copy, with_img_break
 
     llama = llama_labelled_copy(FIX / "mistral3_tiny-f32.gguf", tmp_path / "llama.gguf")
     assert kv(GGUFReader(llama), "llama.attention.head_count") == 4

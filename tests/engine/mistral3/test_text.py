@@ -8,20 +8,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from conftest import FIXTURES  # noqa: E402
-from fixture_models import hf_text_model_from_gguf  # noqa: E402
-from gguf_edit import rewrite_gguf  # noqa: E402
+from support import FIXTURES  # noqa: E402
+from support.fixture_models import hf_text_model_from_gguf  # noqa: E402
+from support.gguf_edit import rewrite_gguf  # noqa: E402
 
 from tramontane.engine.api import EngineError  # noqa: E402
-from tramontane.engine.gguf_file import GGUFError, open_gguf  # noqa: E402
-from tramontane.engine.model import Mistral3Text, rope_inv_freq  # noqa: E402
-from tramontane.engine.model_file import text_config  # noqa: E402
+from tramontane.engine.gguf import GGUFError, open_gguf  # noqa: E402
+from tramontane.engine.mistral3.text import Mistral3Text, rope_inv_freq  # noqa: E402
+from tramontane.engine.mistral3.config import text_config  # noqa: E402
 
 MISTRAL3_F32 = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MISTRAL3_F16 = os.path.join(FIXTURES, "mistral3_tiny-f16.gguf")
@@ -438,7 +436,7 @@ def test_decode_graph_orchestration_with_an_eager_stand_in(monkeypatch):
     """Everything around the CUDA capture, on CPU: static input buffers read at replay, one
     "graph" per key bucket reused across steps, recapture after the RoPE tables are rebuilt,
     cache bookkeeping — with a stand-in whose replay re-runs the captured function."""
-    from tramontane.engine import model as model_mod
+    from tramontane.engine.mistral3 import text as model_mod
 
     captured = []
 
@@ -472,7 +470,7 @@ def test_default_context_on_cuda_is_what_fits(monkeypatch):
     per_token = m.kv_bytes_per_token()
     assert per_token == 2 * 2 * 64 * 2 * 2  # layers x kv heads x (k + v dims) x bf16
     act = m.prefill_chunk * (2 * m.cfg.ffn + 4 * m.cfg.hidden) * 4
-    from tramontane.engine import model as model_mod
+    from tramontane.engine.mistral3 import text as model_mod
 
     def free_mem(free, reserved=0, allocated=0):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 << 30))

@@ -4,17 +4,14 @@ llama.cpp's converter lays it out (Q/K rows permuted per head; proven against th
 own output in test_model.py), compared with HF at every position and through the KV cache."""
 from __future__ import annotations
 
-import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from fixture_models import permute_rows  # noqa: E402
+from support.fixture_models import permute_rows  # noqa: E402
 
-from tramontane.engine.model import Mistral3Text  # noqa: E402
+from tramontane.engine.mistral3.text import Mistral3Text  # noqa: E402
 
 TOL = 1e-4
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from tramontane.engine.api import EngineError
-from tramontane.engine.gguf_file import open_gguf
-from tramontane.engine.tokenizer import TEKKEN_PATTERN, Tokenizer, TokenizerError, TokenType
+from tramontane.engine.gguf import open_gguf
+from tramontane.engine.mistral3.tokenizer import TEKKEN_PATTERN, Tokenizer, TokenizerError, TokenType
 
-from conftest import FIXTURES
+from support import FIXTURES
 
 Tekkenizer = pytest.importorskip("mistral_common.tokens.tokenizers.tekken").Tekkenizer
 from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy  # noqa: E402
@@ -254,7 +254,7 @@ def test_matches_llama_cpp_on_the_same_file(tok):
 
 
 def _byte_level(b: bytes) -> str:
-    from tramontane.engine.tokenizer import _CHAR_TO_BYTE
+    from tramontane.engine.mistral3.tokenizer import _CHAR_TO_BYTE
 
     to_char = {v: k for k, v in _CHAR_TO_BYTE.items()}
     return "".join(to_char[x] for x in b)
@@ -321,7 +321,7 @@ def test_pattern_is_mistral_commons_tekken_pattern():
 
 # ---------------------------------------------------------------------------- CLI
 def test_tokenize_main_prints_ids_without_bos(tok, capsys):
-    from tramontane.engine.cli_tokenize import tokenize_main
+    from tramontane.engine.cli.inspect import tokenize_main
 
     text = "Bonjour 🌍 [INST]"
     assert tokenize_main(TEKKEN_GGUF, text, True) == 0
@@ -331,7 +331,7 @@ def test_tokenize_main_prints_ids_without_bos(tok, capsys):
 
 
 def test_tokenize_main_refuses_a_file_without_tekken(tmp_path):
-    from tramontane.engine.cli_tokenize import tokenize_main
+    from tramontane.engine.cli.inspect import tokenize_main
 
     gguf = pytest.importorskip("gguf")
     path = tmp_path / "spm.gguf"

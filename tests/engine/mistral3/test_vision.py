@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 from tramontane.engine.api import EngineError, ImagePart
-from tramontane.engine.image import image_grid
-from tramontane.engine.vision import LAYOUTS, VisionTower, unpermute_rows
+from tramontane.engine.mistral3.image import image_grid
+from tramontane.engine.mistral3.vision import LAYOUTS, VisionTower, unpermute_rows
 
-from conftest import FIXTURES
-from gguf_edit import rewrite_gguf
+from support import FIXTURES
+from support.gguf_edit import rewrite_gguf
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tramontane.engine.vision import VisionTower
+from tramontane.engine.mistral3.vision import VisionTower
 
-from conftest import FIXTURES
-from gguf_edit import rewrite_gguf
+from support import FIXTURES
+from support.gguf_edit import rewrite_gguf
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 gguf = pytest.importorskip("gguf")

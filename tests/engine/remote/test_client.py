@@ -12,10 +12,10 @@ import pytest
 from PIL import Image
 
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams
-from tramontane.engine.remote import (
+from tramontane.engine.remote.client import (
     RemoteEngine, RemoteError, fetch_models, image_mime, parse_base_url, sampling_payload)
 
-from fakevllm import FakeVLLM, split_tokens
+from support.fakevllm import FakeVLLM, split_tokens
 
 KEY = "sk-test-7f3a9c1e-SECRET"
 MODEL = "mistral-small-3.1"

@@ -19,9 +19,11 @@ import urllib.request
 import pytest
 
 from tramontane.engine.api import ChatMessage, SamplingParams
-from tramontane.engine.remote import RemoteEngine, RemoteError, fetch_models
+from tramontane.engine.remote.client import RemoteEngine, RemoteError, fetch_models
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "mistral3_tiny-f32.gguf")
+from support import FIXTURES  # noqa: E402
+
+FIXTURE = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 
 
 def _require_server() -> None:

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import os
-import sys
 import threading
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from conftest import FIXTURES  # noqa: E402
+from support import FIXTURES  # noqa: E402
 
 from tramontane.engine.api import EngineError, SamplingParams  # noqa: E402
-from tramontane.engine.generate import (  # noqa: E402
+from tramontane.engine.runtime.generate import (  # noqa: E402
     StopStringFilter, apply_repetition_penalty, apply_temperature, generate, make_generator,
     min_p_filter, process_logits, sample, top_k_filter, top_p_filter)
-from tramontane.engine.gguf_file import open_gguf  # noqa: E402
-from tramontane.engine.model import Mistral3Text  # noqa: E402
-from tramontane.engine.tokenizer import Tokenizer  # noqa: E402
+from tramontane.engine.gguf import open_gguf  # noqa: E402
+from tramontane.engine.mistral3.text import Mistral3Text  # noqa: E402
+from tramontane.engine.mistral3.tokenizer import Tokenizer  # noqa: E402
 
 MINISTRAL3_F32 = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
 MINISTRAL3_HF = os.path.join(FIXTURES, "ministral3_tiny")

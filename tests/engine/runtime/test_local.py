@@ -9,9 +9,9 @@ import torch
 from PIL import Image
 
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams
-from tramontane.engine.local_engine import LocalEngine
+from tramontane.engine.runtime.local import LocalEngine
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES
 MODEL = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

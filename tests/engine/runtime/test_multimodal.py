@@ -17,9 +17,9 @@ from mistral_common.protocol.instruct.request import ChatCompletionRequest  # no
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # noqa: E402
 
 from tramontane.engine.api import ChatMessage, ImagePart, SamplingParams  # noqa: E402
-from tramontane.engine.local_engine import LocalEngine  # noqa: E402
+from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+from support import FIXTURES
 CASES = {
     "silu": ("mistral3_tiny", "mistral3_tiny-f32.gguf", "mmproj-mistral3_tiny-f32.gguf"),
     "gelu": ("mistral3_tiny_gelu", "mistral3_tiny_gelu-f32.gguf", "mmproj-mistral3_tiny_gelu-f32.gguf"),

@@ -1,0 +1,93 @@
+"""Driving the real main window in tests: build/close it on the tiny fixture model, type and send,
+drop files, make PNGs, count streamed pieces."""
+from __future__ import annotations
+
+import struct
+import zlib
+
+from PySide6.QtCore import QMimeData, QObject, QPoint, QPointF, Qt, QUrl, Slot
+from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
+from PySide6.QtWidgets import QApplication
+
+from tramontane.app.store import Store
+from tramontane.app.window import MainWindow
+
+from support import FIXTURES
+MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
+MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
+GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0, seed=None)
+
+
+def png_bytes(width: int, height: int, seed: int = 0) -> bytes:
+    """A real, decodable RGB PNG (varied pixels so two seeds give different images)."""
+    rows = b"".join(b"\x00" + bytes(((x * 7 + y * 13 + seed * 31) % 256) for x in range(width * 3))
+                    for y in range(height))
+    return png_with_idat(width, height, zlib.compress(rows))
+
+
+def png_with_idat(width: int, height: int, idat: bytes) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def drop_files(widget, paths) -> QDropEvent:
+    """What a drag from a file manager delivers: DragEnter, DragMove, then the QDropEvent
+    (Qt only hands a Drop to a widget that accepted the drag)."""
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    args = (Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    enter = QDragEnterEvent(QPoint(20, 20), *args)
+    QApplication.sendEvent(widget, enter)
+    assert enter.isAccepted(), "the widget refused the drag"
+    QApplication.sendEvent(widget, QDragMoveEvent(QPoint(20, 20), *args))
+    event = QDropEvent(QPointF(20, 20), *args)
+    QApplication.sendEvent(widget, event)
+    return event
+
+
+class PieceCounter(QObject):
+    """Counts the pieces as the UI thread receives them (a QObject slot, like the window's;
+    a plain lambda would be called on the worker thread)."""
+
+    def __init__(self, window, then=None):
+        super().__init__()
+        self.pieces: list[str] = []
+        self.then = then
+        window.worker.piece.connect(self.on_piece)
+
+    @Slot(int, str)
+    def on_piece(self, _rid: int, text: str) -> None:
+        self.pieces.append(text)
+        if self.then is not None:
+            self.then()
+
+
+def make_window(qtbot, data_dir, *, load=True, mmproj=True, autoload=False):
+    store = Store(data_dir)
+    window = MainWindow(store, autoload=autoload)
+    window._test_store = store
+    qtbot.addWidget(window)
+    window.show()
+    window.param_overrides = dict(GREEDY, max_tokens=12, ignore_eos=True)
+    if load:
+        window.load_model(str(MODEL), str(MMPROJ) if mmproj else "")
+        qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    return window
+
+
+def close_window(window) -> None:
+    window.close()
+    window._test_store.close()
+
+
+def send(qtbot, window, text: str) -> int:
+    """Type `text` into the composer, press Enter and wait for the reply; its message id."""
+    edit = window.composer.edit
+    edit.setFocus()
+    qtbot.keyClicks(edit, text)
+    with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
+        qtbot.keyClick(edit, Qt.Key.Key_Return)
+    return blocker.args[0]
