@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -31,6 +31,7 @@ from ...kernels import ggml_types
 from ...kernels.linear import QWeight, dequantize, linear
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
+from ..runtime.cuda_graphs import DecodeGraphs
 from .config import TextConfig, text_config
 
 CPU_DEFAULT_CONTEXT = 8192
@@ -652,7 +653,7 @@ class Mistral3Text:
         if self._graphs_enabled():
             try:
                 if cache._decode_graphs is None:
-                    cache._decode_graphs = _DecodeGraphs(self)
+                    cache._decode_graphs = DecodeGraphs(self)
                 logits = cache._decode_graphs.run(cache, token_id, pos)
                 cache.length = pos + 1
                 return logits
@@ -664,57 +665,6 @@ class Mistral3Text:
 
     def _graphs_enabled(self) -> bool:
         return self.use_cuda_graphs and self.device.type == "cuda"
-
-
-def _capture_cuda_graph(fn, device: torch.device, pool):
-    """Warm fn up on a side stream (Triton compiles / autotunes there, outside the capture),
-    then capture one call into a CUDA graph. Returns (replay, output tensor)."""
-    stream = torch.cuda.Stream(device=device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
-    return graph.replay, out
-
-
-class _DecodeGraphs:
-    """CUDA graphs of `decode_static`, one per key bucket, for one cache (stored on it; they
-    bind its tensors' addresses, and go when the cache goes — no reference back to it).
-
-    Inputs live in static buffers (the input row and the position) read at replay; the
-    embedding lookup runs eagerly before replay (row dequantization builds small host
-    tensors). Graphs share one memory pool: they never run concurrently and the logits are
-    cloned right after each replay, so the pool's reuse of intermediate memory is safe."""
-
-    capture = staticmethod(_capture_cuda_graph)
-
-    def __init__(self, model: Mistral3Text):
-        self.model = model
-        dev = model.device
-        self.x = torch.zeros(1, model.cfg.hidden, dtype=model.dtype, device=dev)
-        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.graphs: dict[int, tuple] = {}  # bucket -> (replay, out)
-        self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
-        self.rope = model.rope  # graphs read these tables' memory: keep them alive, notice a rebuild
-
-    def run(self, cache: KVCache, token_id: int, pos: int) -> torch.Tensor:
-        model = self.model
-        self.x.copy_(model.embed([token_id]))
-        self.pos.fill_(pos)
-        bucket = model.decode_bucket(pos + 1, cache.capacity)
-        if self.rope is not model.rope:  # tables rebuilt for a longer cache: recapture
-            self.graphs.clear()
-            self.rope = model.rope
-        if bucket not in self.graphs:
-            self.graphs[bucket] = self.capture(
-                lambda: model.decode_static(self.x, self.pos, cache, bucket), model.device, self.pool)
-        replay, out = self.graphs[bucket]
-        replay()
-        return out.clone()
 
 
 def load_model(path, device: str | torch.device = "auto", dtype: torch.dtype | None = None,

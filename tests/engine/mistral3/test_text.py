@@ -436,7 +436,7 @@ def test_decode_graph_orchestration_with_an_eager_stand_in(monkeypatch):
     """Everything around the CUDA capture, on CPU: static input buffers read at replay, one
     "graph" per key bucket reused across steps, recapture after the RoPE tables are rebuilt,
     cache bookkeeping — with a stand-in whose replay re-runs the captured function."""
-    from tramontane.engine.mistral3 import text as model_mod
+    from tramontane.engine.runtime.cuda_graphs import DecodeGraphs
 
     captured = []
 
@@ -445,7 +445,7 @@ def test_decode_graph_orchestration_with_an_eager_stand_in(monkeypatch):
         captured.append(out)
         return (lambda: out.copy_(fn())), out
 
-    monkeypatch.setattr(model_mod._DecodeGraphs, "capture", staticmethod(eager_capture))
+    monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(eager_capture))
     m = Mistral3Text.load(MINISTRAL3_F32, device="cpu")
     monkeypatch.setattr(m, "_graphs_enabled", lambda: True)
     ids = _ids(40, seed=17)
