@@ -1,304 +1,36 @@
-"""The main window: chat list | model bar, conversation, composer.
+"""The main window: chat list | model bar, conversation, composer; its menus and dialogs.
 
-The window is the only place that ties the store (chats on disk) to the engine worker
-(generation off the UI thread):
-
-* send: the user message is saved, an empty `streaming` reply row is created, and the chat
-  as the store has it goes to the worker with a fresh cancel Event;
-* pieces: appended to the reply, shown (throttled by ChatView) and checkpointed to the store
-  about once a second (Store.checkpoint_reply throttles);
-* finished: the final text and stats are saved; failed: the partial text is kept (finish
-  reason 'error') and the message is shown in the chat; Stop just sets the Event, and the
-  engine returns what it has with finish reason 'cancelled'.
+What happens to the chats (send, stop, regenerate, edit, CRUD) is `ChatSession`'s; the window
+shows it and turns clicks into its calls. Models are loaded by the engine worker.
 """
 from __future__ import annotations
 
 
 import logging
-import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QModelIndex, QSize, Qt, Signal, Slot
-from PySide6.QtGui import QAction, QFont, QGuiApplication, QKeySequence, QPalette, QTextDocumentFragment
-from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QFrame,
-                               QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListView,
-                               QMainWindow, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton,
-                               QSizePolicy, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
+from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, Signal, Slot
+from PySide6.QtGui import QAction, QFont, QKeySequence
+from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout,
+                               QInputDialog, QLabel, QLineEdit, QListView, QMainWindow, QMessageBox,
+                               QPlainTextEdit, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
                                QWidget)
 
-from ..engine.api import GenerationStats
-from .chat_list import ChatListModel
-from .chat_view import ChatView
-from .composer import Composer
-from .settings import AppSettings, SettingsDialog
+from .chat_session import LOAD_FIRST_HINT, ChatSession
+from .dialogs.settings import AppSettings, SettingsDialog
 from .store import Store, StoreError
-from .worker import ChatRequest, EngineInfo, EngineWorker, warm_up_imports
+from .widgets.chat_list import ChatListModel
+from .widgets.chat_view import ChatView
+from .widgets.composer import Composer
+from .widgets.elided_label import ElidedLabel
+from .widgets.empty_state import EmptyState
+from .widgets.model_bar import NO_VISION_HINT, ModelBar, escape
+from .widgets.theme import is_dark, style_sheet
+from .worker import EngineInfo, EngineWorker, warm_up_imports
 
 log = logging.getLogger(__name__)
 
-NO_VISION_HINT = ("Images need a vision projector (mmproj-….gguf): load one together with the "
-                  "model (Models… or Open…).")
 GGUF_FILTER = "GGUF models (*.gguf)"
-LOAD_FIRST_HINT = "Load a model first (Models… or Open… in the model bar)."
-
-
-@dataclass
-class PendingReply:
-    request_id: int
-    chat_id: int | None
-    message_id: int | None  # None until the worker has saved the reply row (_on_started)
-    cancel: threading.Event
-    text: str = ""
-    pieces: int = 0
-    stats: GenerationStats | None = field(default=None)
-
-
-def is_dark(palette: QPalette | None = None) -> bool:
-    palette = palette or QGuiApplication.palette()
-    return palette.color(QPalette.ColorRole.Window).lightness() < 128
-
-
-def style_sheet(dark: bool) -> str:
-    user_bg, assistant_bg, border, muted, error = (
-        ("#2d3b55", "#23272e", "#3a3f47", "#9aa0a6", "#ef9a9a") if dark else
-        ("#e3ecfa", "#ffffff", "#d9dce1", "#5f6368", "#c62828"))
-    conversation = "#1b1e23" if dark else "#f6f7f9"
-    return f"""
-        QWidget#conversation {{ background: {conversation}; }}
-        QFrame#userMessage {{ background: {user_bg}; border: none; border-radius: 10px; }}
-        QFrame#assistantMessage {{ background: {assistant_bg}; border: 1px solid {border};
-                                   border-radius: 10px; }}
-        QLabel#statusLine {{ color: {muted}; }}
-        QLabel#errorLine {{ color: {error}; }}
-        QLabel#composerMessage {{ color: {error}; }}
-        QLabel#emptyTitle {{ font-size: 18pt; font-weight: 600; }}
-        QFrame#attachment {{ border: 1px solid {border}; border-radius: 6px; }}
-        QPlainTextEdit#prompt {{ border: 1px solid {border}; border-radius: 6px; padding: 2px; }}
-        QListView#chatList::item {{ padding: 4px 2px; }}
-    """
-
-
-class ElidedLabel(QLabel):
-    """A one-line label that never makes the window wider: the text is cut with "…" to fit,
-    and the whole of it is in the tooltip. `text()` gives back what was set (a `<b>…</b>`
-    wrapper is shown bold)."""
-
-    def __init__(self, text: str = "", parent: QWidget | None = None,
-                 mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight):
-        super().__init__(parent)
-        self._full = ""
-        self._mode = mode
-        self._tip = ""
-        self.setTextFormat(Qt.TextFormat.PlainText)
-        # Its whole width when there is room, down to nothing when not (minimumSizeHint).
-        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
-        self.setText(text)
-
-    def setText(self, text: str) -> None:  # noqa: N802 - Qt override
-        self._full = text
-        bold = text.startswith("<b>") and text.endswith("</b>")
-        plain = QTextDocumentFragment.fromHtml(text).toPlainText() if bold else text
-        self._plain = " ".join(plain.split())  # one line
-        font = self.font()
-        font.setBold(bold)
-        super().setFont(font)
-        super().setToolTip(self._tip or (self._plain if self._plain else ""))
-        self._elide()
-        self.updateGeometry()  # sizeHint() follows the whole text, not the shown part
-
-    def text(self) -> str:
-        return self._full
-
-    def setToolTip(self, tip: str) -> None:  # noqa: N802 - Qt override
-        self._tip = tip
-        super().setToolTip(tip or self._plain)
-
-    def sizeHint(self) -> QSize:  # noqa: N802 - the whole text, if there is room
-        hint = super().sizeHint()
-        return QSize(self.fontMetrics().horizontalAdvance(self._plain) + 4, hint.height())
-
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
-        return QSize(0, super().minimumSizeHint().height())
-
-    def resizeEvent(self, event) -> None:  # noqa: N802
-        super().resizeEvent(event)
-        self._elide()
-
-    def _elide(self) -> None:
-        width = self.contentsRect().width()
-        # Not laid out yet (width 0): the whole text, cut at the first resize.
-        shown = self.fontMetrics().elidedText(self._plain, self._mode, width) if width > 0 else self._plain
-        super().setText(shown)
-
-
-class ModelBar(QFrame):
-    """Which model/projector is loaded, device and memory, load/unload, load progress."""
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setObjectName("modelBar")
-        # File names elide in the middle: the quant and ".gguf" at the end stay visible.
-        self.model_label = ElidedLabel("No model loaded", mode=Qt.TextElideMode.ElideMiddle)
-        self.model_label.setAccessibleName("Loaded model")
-        self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.projector_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)
-        self.device_label = ElidedLabel()
-        self.device_label.setToolTip("Where the model runs and the memory it uses")
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 1000)
-        self.progress.setMaximumWidth(220)
-        self.progress.setTextVisible(True)
-        self.progress.hide()
-        self.models_button = QPushButton("Models…")
-        self.models_button.setToolTip("Recommended models, downloads and the models on this "
-                                      "computer (Ctrl+M)")
-        self.open_button = QPushButton("Open…")
-        self.open_button.setToolTip("Load a GGUF file (its mmproj projector beside it is "
-                                    "loaded too)")
-        self.unload_button = QPushButton("Unload")
-        self.unload_button.setToolTip("Free the memory the model uses")
-        self.unload_button.setEnabled(False)
-        self.model_combo = None  # the servers' model picker, added by the window when available
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(8, 4, 8, 4)
-        text = QVBoxLayout()
-        text.setSpacing(0)
-        text.addWidget(self.model_label)
-        line = QHBoxLayout()
-        line.setSpacing(16)
-        line.addWidget(self.projector_label)
-        line.addWidget(self.device_label)
-        line.addStretch(1)
-        text.addLayout(line)
-        layout.addLayout(text, 1)
-        layout.addWidget(self.progress)
-        self.buttons = QHBoxLayout()
-        self.buttons.addWidget(self.models_button)
-        self.buttons.addWidget(self.open_button)
-        self.buttons.addWidget(self.unload_button)
-        layout.addLayout(self.buttons)
-
-    def show_loading(self, name: str) -> None:
-        self.model_label.setText(f"Loading {name}…")
-        self.model_label.setToolTip("")
-        self.model_label.setStyleSheet("")
-        self.progress.setValue(0)
-        self.progress.setFormat("%p %")
-        self.progress.show()
-        self.unload_button.setEnabled(False)
-
-    def show_progress(self, frac: float, what: str) -> None:
-        self.progress.setValue(int(1000 * max(0.0, min(1.0, frac))))
-        self.progress.setToolTip(what)
-        self.progress.setFormat(f"{what} %p %" if what else "%p %")
-
-    def show_info(self, info: EngineInfo | None) -> None:
-        self.progress.hide()
-        self.model_label.setStyleSheet("")
-        if info is None:
-            self.model_label.setText("No model loaded")
-            self.model_label.setToolTip("")
-            self.projector_label.setText("")
-            self.device_label.setText("")
-            self.unload_button.setEnabled(False)
-            return
-        if info.remote:
-            self.model_label.setText(f"<b>{_escape(info.description)}</b>")
-            self.model_label.setToolTip(info.description)
-            self.projector_label.setText("server")
-            self.device_label.setText("")
-        else:
-            self.model_label.setText(f"<b>{_escape(Path(info.model_path).name)}</b>")
-            self.model_label.setToolTip(info.model_path)
-            if info.mmproj_path:
-                self.projector_label.setText(f"Projector: {Path(info.mmproj_path).name}")
-                self.projector_label.setToolTip(info.mmproj_path)
-            else:
-                self.projector_label.setText("No projector (text only)")
-                self.projector_label.setToolTip(NO_VISION_HINT)
-            bits = [info.device]
-            if info.memory:
-                bits.append(info.memory)
-            if info.context_size:
-                bits.append(f"context {info.context_size}")
-            self.device_label.setText(" · ".join(bits))
-        self.unload_button.setEnabled(True)
-
-    def show_error(self, text: str) -> None:
-        self.progress.hide()
-        self.model_label.setText(text)
-        self.model_label.setToolTip(text)  # the whole message; the chat shows it too
-        self.model_label.setStyleSheet("color: #c62828;")
-
-
-class EmptyState(QWidget):
-    """What an empty chat shows: how to get a model, or what to do once one is loaded."""
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.title = QLabel()
-        self.title.setObjectName("emptyTitle")
-        self.title.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.text = QLabel()
-        self.text.setWordWrap(True)
-        self.text.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.recommended_button = QPushButton("Get a recommended model…")
-        self.recommended_button.setToolTip("Opens the model manager on its recommended models")
-        self.open_button = QPushButton("Open a GGUF file…")
-        self.local_buttons: list[QPushButton] = []
-        self.local_box = QVBoxLayout()
-        column = QVBoxLayout(self)
-        column.addStretch(1)
-        column.addWidget(self.title)
-        # A word-wrapped label given an alignment in its layout gets the height of a too-narrow
-        # box and is clipped; centre it between stretches instead, capped at a readable width.
-        text_row = QHBoxLayout()
-        text_row.addStretch(1)
-        self.text.setMaximumWidth(620)
-        self.text.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
-        text_row.addWidget(self.text, 4)
-        text_row.addStretch(1)
-        column.addLayout(text_row)
-        row = QHBoxLayout()
-        row.addStretch(1)
-        row.addWidget(self.recommended_button)
-        row.addWidget(self.open_button)
-        row.addStretch(1)
-        column.addLayout(row)
-        column.addLayout(self.local_box)
-        column.addStretch(2)
-
-    def show_state(self, *, loaded: EngineInfo | None, loading: bool, local_models, on_load) -> None:
-        for b in self.local_buttons:
-            self.local_box.removeWidget(b)
-            b.deleteLater()
-        self.local_buttons = []
-        if loaded is not None or loading:
-            self.title.setText("Start a conversation")
-            vision = (" Drop, paste or attach images to ask about them." if loaded and loaded.has_vision
-                      else "")
-            self.text.setText(("The model is loading; you can type meanwhile." if loading else
-                               f"Type a message below and press Enter.{vision}"))
-            self.recommended_button.hide()
-            self.open_button.hide()
-            return
-        self.title.setText("No model loaded")
-        self.recommended_button.show()
-        self.open_button.show()
-        if local_models:
-            self.text.setText("Load a model from this computer with one click, or get another:")
-        else:
-            self.text.setText("Tramontane runs Mistral 3 models (GGUF) on this computer. Download "
-                              "a recommended one (with its vision projector for images), or open a "
-                              "GGUF file you already have.")
-        for model, mmproj in local_models[:5]:
-            label = f"Load {Path(model).name}" + (" + projector" if mmproj else "")
-            button = QPushButton(label)
-            button.setToolTip(str(model))
-            button.clicked.connect(lambda _=False, m=str(model), p=str(mmproj or ""): on_load(m, p))
-            self.local_box.addWidget(button, 0, Qt.AlignmentFlag.AlignHCenter)
-            self.local_buttons.append(button)
 
 
 class MainWindow(QMainWindow):
@@ -316,19 +48,7 @@ class MainWindow(QMainWindow):
         self.store = store if store is not None else Store(data_dir)
         self.settings = AppSettings(self.store)
         self.setWindowTitle("Tramontane")
-        self.param_overrides: dict = {}  # extra SamplingParams fields (tests, power users)
-
-        self.engine_info: EngineInfo | None = None
-        self.loading: str | None = None  # model path being loaded
-        self.pending: PendingReply | None = None
-        self.current_chat_id: int | None = None
-        self.live_stats: dict[int, GenerationStats] = {}
-        self.errors: dict[int, str] = {}  # message id -> failure text
-        self.notices: dict[int | None, str] = {}  # chat id -> failure with nothing kept
-        self._next_request = 0
-        self._unsent = None
-        self._shown_messages: list = []
-        self._dark = is_dark()
+        self.dark = is_dark()
 
         warm_up_imports()
         self.worker = EngineWorker()
@@ -336,16 +56,21 @@ class MainWindow(QMainWindow):
         self.worker.loaded.connect(self._on_loaded)
         self.worker.loadFailed.connect(self._on_load_failed)
         self.worker.unloaded.connect(self._on_unloaded)
-        self.worker.started.connect(self._on_started)
-        self.worker.piece.connect(self._on_piece)
-        self.worker.finished.connect(self._on_finished)
-        self.worker.failed.connect(self._on_failed)
+        self.session = ChatSession(self.store, self.settings, self.worker, self)
+        self.session.changed.connect(self._on_chat_changed)
+        self.session.listChanged.connect(self.refresh_chat_list)
+        self.session.streamed.connect(self._on_streamed)
+        self.session.busyChanged.connect(self._on_busy_changed)
+        self.session.unsent.connect(self._on_unsent)
+        self.session.storeFailed.connect(self._show_status)
+        self.session.replyFinished.connect(self.replyFinished)
+        self.session.replyFailed.connect(self.replyFailed)
         self.worker.start()
 
         self._build()
         self._build_menus()
         self.setAcceptDrops(True)
-        self.setStyleSheet(style_sheet(self._dark))
+        self.setStyleSheet(style_sheet(self.dark))
         self._apply_font_size(self.settings.font_size)
         geometry = self.settings.geometry
         if geometry:
@@ -359,6 +84,39 @@ class MainWindow(QMainWindow):
         if autoload:
             self.load_last_model()
         self._update_model_state()
+
+    # The chat state lives in the session; these read it where the window is asked.
+    @property
+    def current_chat_id(self) -> int | None:
+        return self.session.current_chat_id
+
+    @property
+    def pending(self):
+        return self.session.pending
+
+    @property
+    def engine_info(self) -> EngineInfo | None:
+        return self.session.engine_info
+
+    @property
+    def loading(self) -> str | None:
+        return self.session.loading
+
+    @property
+    def notices(self) -> dict:
+        return self.session.notices
+
+    @property
+    def live_stats(self) -> dict:
+        return self.session.live_stats
+
+    @property
+    def param_overrides(self) -> dict:
+        return self.session.param_overrides
+
+    @param_overrides.setter
+    def param_overrides(self, value: dict) -> None:
+        self.session.param_overrides = value
 
     # ------------------------------------------------------------------ building
     def _build(self) -> None:
@@ -379,9 +137,9 @@ class MainWindow(QMainWindow):
         self.chat_list.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
         buttons = QHBoxLayout()
         self.new_button = self._tool("New", "New chat (Ctrl+N)", self.new_chat)
-        self.rename_button = self._tool("Rename", "Rename the chat (F2)", self._rename_selected)
-        self.branch_button = self._tool("Branch", "Copy the chat into a new one", self._branch_selected)
-        self.delete_button = self._tool("Delete", "Delete the chat (Del)", self._delete_selected)
+        self.rename_button = self._tool("Rename", "Rename the chat (F2)", self.rename_selected)
+        self.branch_button = self._tool("Branch", "Copy the chat into a new one", self.branch_selected)
+        self.delete_button = self._tool("Delete", "Delete the chat (Del)", self.delete_selected)
         for b in (self.new_button, self.rename_button, self.branch_button, self.delete_button):
             buttons.addWidget(b)
         sidebar = QWidget()
@@ -449,7 +207,7 @@ class MainWindow(QMainWindow):
 
     def _add_server_picker(self) -> None:
         try:
-            from .servers import ModelChoiceCombo
+            from .dialogs.servers import ModelChoiceCombo
         except ImportError:  # the servers module is optional for the window
             return
         combo = ModelChoiceCombo(self.store)
@@ -473,9 +231,9 @@ class MainWindow(QMainWindow):
         action(chat, "&New chat", self.new_chat, "Ctrl+N")
         action(chat, "&Search chats", self._focus_search, "Ctrl+F")
         action(chat, "Write a &message", lambda: self.composer.edit.setFocus(), "Ctrl+L")
-        self.rename_action = action(chat, "&Rename…", self._rename_selected, "F2")
-        self.branch_action = action(chat, "&Branch", self._branch_selected)
-        self.delete_action = action(chat, "&Delete…", self._delete_selected)
+        self.rename_action = action(chat, "&Rename…", self.rename_selected, "F2")
+        self.branch_action = action(chat, "&Branch", self.branch_selected)
+        self.delete_action = action(chat, "&Delete…", self.delete_selected)
         self.pin_action = action(chat, "&Pin / unpin", self._toggle_pin)
         chat.addSeparator()
         self.export_action = action(chat, "&Export…", self._export_selected, tip="Save the chat as JSON (re-importable) "
@@ -493,7 +251,7 @@ class MainWindow(QMainWindow):
         delete_key = QAction(self.chat_list)
         delete_key.setShortcut(QKeySequence(QKeySequence.StandardKey.Delete))
         delete_key.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
-        delete_key.triggered.connect(self._delete_selected)
+        delete_key.triggered.connect(self.delete_selected)
         self.chat_list.addAction(delete_key)
 
         model = self.menuBar().addMenu("&Model")
@@ -502,9 +260,9 @@ class MainWindow(QMainWindow):
         action(model, "&Unload", self.unload_model)
 
         view = self.menuBar().addMenu("&View")
-        action(view, "Zoom &in", lambda: self._zoom(+1), QKeySequence.StandardKey.ZoomIn)
-        action(view, "Zoom &out", lambda: self._zoom(-1), QKeySequence.StandardKey.ZoomOut)
-        action(view, "&Reset zoom", lambda: self._zoom(0), "Ctrl+0")
+        action(view, "Zoom &in", lambda: self.zoom(+1), QKeySequence.StandardKey.ZoomIn)
+        action(view, "Zoom &out", lambda: self.zoom(-1), QKeySequence.StandardKey.ZoomOut)
+        action(view, "&Reset zoom", lambda: self.zoom(0), "Ctrl+0")
 
         settings = self.menuBar().addMenu("&Settings")
         action(settings, "&Settings…", self.open_settings, "Ctrl+,")
@@ -514,8 +272,8 @@ class MainWindow(QMainWindow):
     def changeEvent(self, event) -> None:  # noqa: N802
         if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
             dark = is_dark(self.palette())
-            if dark != self._dark:
-                self._dark = dark
+            if dark != self.dark:
+                self.dark = dark
                 self.setStyleSheet(style_sheet(dark))
                 self.view.dark = dark
                 self.refresh_view()
@@ -528,7 +286,8 @@ class MainWindow(QMainWindow):
         for w in (self.view, self.composer, self.chat_list):
             w.setFont(font)
 
-    def _zoom(self, step: int) -> None:
+    def zoom(self, step: int) -> None:
+        """One point bigger (+1) or smaller (-1), or back to the system size (0); remembered."""
         base = QApplication.font().pointSize() or 10
         size = self.settings.font_size or base
         size = base if step == 0 else max(6, min(48, size + step))
@@ -573,12 +332,13 @@ class MainWindow(QMainWindow):
         if chat_id is not None and chat_id != self.current_chat_id:
             self.open_chat(chat_id)
 
-    def _refresh_list(self) -> None:
+    def refresh_chat_list(self) -> None:
+        """Reread the chat list (titles, order, pins) and highlight the open chat."""
         self.chat_model.refresh()
         self._select_current_in_list()
 
     def open_chat(self, chat_id: int | None) -> None:
-        self.current_chat_id = chat_id
+        self.session.current_chat_id = chat_id
         if chat_id is not None:
             self.settings.last_chat_id = chat_id
             self._follow_chat_binding(chat_id)
@@ -592,7 +352,7 @@ class MainWindow(QMainWindow):
         choice = combo.current_choice() if combo is not None else None
         if choice is None or choice.is_local:
             return {"remote_url": None, "remote_model": None}
-        from .servers import ServerList
+        from .dialogs.servers import ServerList
 
         server = ServerList(self.store).find(choice.server)
         return {"remote_url": server.base_url if server else None, "remote_model": choice.model}
@@ -601,7 +361,7 @@ class MainWindow(QMainWindow):
         combo = getattr(self.model_bar, "model_combo", None)
         if combo is None:
             return
-        from .servers import ModelChoice, ServerList
+        from .dialogs.servers import ModelChoice, ServerList
 
         info = self.store.get_chat_info(chat_id)
         if not info.remote_url:
@@ -632,7 +392,7 @@ class MainWindow(QMainWindow):
         title = title.strip()
         if title:
             self._guard(self.store.rename_chat, chat_id, title)
-            self._refresh_list()
+            self.refresh_chat_list()
             self._update_header()
 
     def _rename_selected(self) -> None:
@@ -653,7 +413,7 @@ class MainWindow(QMainWindow):
         self.notices.pop(chat_id, None)
         if self.current_chat_id == chat_id:
             self.current_chat_id = None
-        self._refresh_list()
+        self.refresh_chat_list()
         self.refresh_view()
 
     def _delete_selected(self) -> None:
@@ -671,7 +431,7 @@ class MainWindow(QMainWindow):
             return None
         new_id = self._guard(self.store.branch_chat, chat_id, message_id)
         if new_id is not False:
-            self._refresh_list()
+            self.refresh_chat_list()
             self.open_chat(new_id)
             return new_id
         return None
@@ -683,7 +443,7 @@ class MainWindow(QMainWindow):
 
     def set_pinned(self, chat_id: int, pinned: bool) -> None:
         self._guard(self.store.set_pinned, chat_id, pinned)
-        self._refresh_list()
+        self.refresh_chat_list()
 
     def _toggle_pin(self) -> None:
         chat_id = self.selected_chat_id()
@@ -692,7 +452,7 @@ class MainWindow(QMainWindow):
 
     def export_chat(self, chat_id: int, path: str | Path) -> Path | None:
         """JSON (re-importable) or, for a .md path, Markdown with the images beside it."""
-        from .store_export import export_json, export_markdown
+        from .store.export import export_json, export_markdown
 
         exporter = export_markdown if str(path).lower().endswith(".md") else export_json
         result = self._guard(exporter, self.store, chat_id, path)
@@ -702,12 +462,12 @@ class MainWindow(QMainWindow):
         return result
 
     def import_chat(self, path: str | Path) -> int | None:
-        from .store_export import import_json
+        from .store.export import import_json
 
         chat_id = self._guard(import_json, self.store, path)
         if chat_id is False:
             return None
-        self._refresh_list()
+        self.refresh_chat_list()
         self.open_chat(chat_id)
         return chat_id
 
@@ -897,7 +657,7 @@ class MainWindow(QMainWindow):
         p.chat_id, p.message_id = chat_id, message_id
         if new_chat and self.current_chat_id is None:  # still on the new chat: show it
             self.current_chat_id = chat_id
-        self._refresh_list()
+        self.refresh_chat_list()
         if self.current_chat_id == chat_id:
             self.refresh_view()
 
@@ -1029,7 +789,7 @@ class MainWindow(QMainWindow):
         self.replyFailed.emit(message)
 
     def _after_reply(self, p: PendingReply) -> None:
-        self._refresh_list()
+        self.refresh_chat_list()
         if self.current_chat_id == p.chat_id or p.message_id is None:
             self.view.flush()
             self.refresh_view()
@@ -1079,7 +839,7 @@ class MainWindow(QMainWindow):
             if not self.load_last_model():
                 self.worker.unload()
             return
-        from .servers import ServerList, engine_for_choice
+        from .dialogs.servers import ServerList, engine_for_choice
 
         try:
             engine = engine_for_choice(choice, ServerList(self.store))
@@ -1136,7 +896,7 @@ class MainWindow(QMainWindow):
             self._show_empty_state()
 
     def open_model_manager(self, tab: int | None = None) -> None:
-        from .model_manager import ModelManagerDialog
+        from .dialogs.models import ModelManagerDialog
 
         try:
             dialog = ModelManagerDialog(self.settings.models_dir or None, parent=self)
@@ -1155,7 +915,7 @@ class MainWindow(QMainWindow):
         dialog.exec()
 
     def open_servers(self) -> None:
-        from .servers import ServersDialog
+        from .dialogs.servers import ServersDialog
 
         dialog = ServersDialog(self.store, self)
         dialog.exec()

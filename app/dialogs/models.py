@@ -19,11 +19,11 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
                                QProgressBar, QPushButton, QScrollArea, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from ..engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState, DownloadStatus,
+from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState, DownloadStatus,
                                 final_path, repo_folder)
-from ..engine.library.hub import (CatalogEntry, Hub, HubError, ModelChoice, load_catalog,
+from ...engine.library.hub import (CatalogEntry, Hub, HubError, ModelChoice, load_catalog,
                           resolve_catalog_entry)
-from ..engine.library.local import (LocalModel, default_models_dir, delete_model,
+from ...engine.library.local import (LocalModel, default_models_dir, delete_model,
                                    find_projector, import_model, scan_models)
 
 

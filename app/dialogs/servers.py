@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
     QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
     QListWidget, QPushButton, QVBoxLayout, QWidget)
 
-from ..engine.api import EngineError
-from ..engine.remote.client import RemoteEngine, RemoteError, fetch_models, parse_base_url
+from ...engine.api import EngineError
+from ...engine.remote.client import RemoteEngine, RemoteError, fetch_models, parse_base_url
 
 SETTINGS_KEY = "remote_servers"
 LOCAL_LABEL = "Local model"

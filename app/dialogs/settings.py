@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
                                QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from ..engine.api import SamplingParams
+from ...engine.api import SamplingParams
 
 DEVICES = ("auto", "cuda", "cpu")
 

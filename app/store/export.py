@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..engine.api import GenerationStats, ImagePart
+from ...engine.api import GenerationStats, ImagePart
 from .store import ROLES, STATES, Chat, Store, StoreError
 
 FORMAT = "tramontane-chat"

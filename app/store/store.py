@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..engine.api import ChatMessage, GenerationStats, ImagePart
+from ...engine.api import ChatMessage, GenerationStats, ImagePart
 
 DB_NAME = "chats.sqlite3"
 LOCK_NAME = "tramontane.lock"

@@ -431,7 +431,7 @@ def test_system_prompt_per_chat_and_settings_persist(qtbot, window, tmp_path):
     assert window.store.get_chat_info(window.current_chat_id).system_prompt == "Only this chat"
     assert window.store.engine_messages(window.current_chat_id)[0].text_content == "Only this chat"
 
-    from tramontane.app.settings import SettingsDialog
+    from tramontane.app.dialogs.settings import SettingsDialog
 
     dialog = SettingsDialog(window.settings, window)
     dialog.temperature.setValue(0.7)

@@ -9,7 +9,7 @@ from tramontane.engine.library.downloads import (DownloadManager, DownloadReques
 from tramontane.engine.library.hub import Hub, parse_catalog  # noqa: E402
 
 pytest.importorskip("PySide6")
-from tramontane.app.model_manager import ModelManagerDialog, describe_progress  # noqa: E402
+from tramontane.app.dialogs.models import ModelManagerDialog, describe_progress  # noqa: E402
 
 REPO = "tiny-org/Tiny-Vision-GGUF"
 TIMEOUT = 30_000

@@ -11,7 +11,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QLineEdit  # noqa: E402
 
-from tramontane.app.servers import (  # noqa: E402
+from tramontane.app.dialogs.servers import (  # noqa: E402
     LOCAL_LABEL, SETTINGS_KEY, ModelChoice, ModelChoiceCombo, ServerConfig, ServerList,
     ServersDialog, ServersWidget, engine_for_choice)
 from tramontane.engine.api import ChatMessage, EngineError, SamplingParams  # noqa: E402

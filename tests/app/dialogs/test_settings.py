@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from tramontane.app.settings import AppSettings, Sampling, SettingsDialog  # noqa: E402
+from tramontane.app.dialogs.settings import AppSettings, Sampling, SettingsDialog  # noqa: E402
 from tramontane.app.store import Store  # noqa: E402
 from tramontane.engine.runtime.generate import check_params  # noqa: E402
 

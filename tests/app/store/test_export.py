@@ -11,7 +11,7 @@ from urllib.parse import unquote
 import pytest
 
 from tramontane.app.store import Store
-from tramontane.app.store_export import (
+from tramontane.app.store.export import (
     ChatFileError,
     chat_from_json,
     chat_to_json,

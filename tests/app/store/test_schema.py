@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from tramontane.app import store as store_module
+from tramontane.app.store import store as store_module
 from tramontane.app.store import Store, StoreError
 from tramontane.engine.api import GenerationStats
 

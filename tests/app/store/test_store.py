@@ -10,7 +10,7 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from tramontane.app import store as store_module
+from tramontane.app.store import store as store_module
 from tramontane.app.store import (
     NotFoundError,
     Store,
@@ -472,7 +472,7 @@ def test_no_qt_import(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, tramontane.app.store, tramontane.app.store_export; "
+    code = ("import sys, tramontane.app.store, tramontane.app.store.export; "
             "print(sorted(m for m in sys.modules if 'PySide' in m or 'Qt' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

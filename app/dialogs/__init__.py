@@ -1,0 +1,1 @@
+"""The app's dialogs: models (hub, downloads, local files), servers, settings."""
