@@ -3,9 +3,13 @@ projector, or something we refuse — decided from the file's own evidence."""
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile
 
 MISTRAL3_ARCHS = ("mistral3",)
@@ -194,6 +198,193 @@ def check_pixtral_projector(gf: GGUFFile) -> None:
     if ptype != "pixtral":
         raise GGUFError(f"{gf.path}: projector type {ptype!r} is not supported; "
                         f"expected clip.projector_type 'pixtral' (Mistral 3 / Pixtral)")
+
+
+# -- Pixtral projector (mmproj) ------------------------------------------------------------
+
+ROPE_THETA = 10000.0  # Pixtral's; the mmproj has no key for it unless a converter adds one
+
+# Per-layout tensor names. "{i}" is the block index.
+LAYOUTS: dict[str, dict[str, str]] = {
+    "llama.cpp": {
+        "patch": "v.patch_embd",
+        "pre_norm": "v.pre_ln",
+        "attn_norm": "v.blk.{i}.ln1",
+        "q": "v.blk.{i}.attn_q",
+        "k": "v.blk.{i}.attn_k",
+        "v": "v.blk.{i}.attn_v",
+        "o": "v.blk.{i}.attn_out",
+        "ffn_norm": "v.blk.{i}.ln2",
+        "gate": "v.blk.{i}.ffn_gate",
+        "up": "v.blk.{i}.ffn_up",
+        "down": "v.blk.{i}.ffn_down",
+        "mm_norm": "mm.input_norm",
+        "merger": "mm.patch_merger",
+        "mm1": "mm.1",
+        "mm2": "mm.2",
+    },
+    "Ollama": {
+        "patch": "v.patch_conv",
+        "pre_norm": "v.encoder_norm",
+        "attn_norm": "v.blk.{i}.attn_norm",
+        "q": "v.blk.{i}.attn_q",
+        "k": "v.blk.{i}.attn_k",
+        "v": "v.blk.{i}.attn_v",
+        "o": "v.blk.{i}.attn_output",
+        "ffn_norm": "v.blk.{i}.ffn_norm",
+        "gate": "v.blk.{i}.ffn_gate",
+        "up": "v.blk.{i}.ffn_up",
+        "down": "v.blk.{i}.ffn_down",
+        "mm_norm": "mm.norm",
+        "merger": "mm.patch_merger.merging_layer",
+        "mm1": "mm.linear_1",
+        "mm2": "mm.linear_2",
+    },
+}
+LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "merger", "mm1", "mm2")
+BLOCK_ROLES = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")
+
+
+def _layouts_text() -> str:
+    return "; ".join(
+        f"{name} layout ({names['patch']}, {names['pre_norm']}, {names['attn_norm'].format(i='N')}, "
+        f"{names['o'].format(i='N')}, {names['mm_norm']}, {names['merger']}, {names['mm1']}/{names['mm2']})"
+        for name, names in LAYOUTS.items()
+    )
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    image_size: int
+    patch_size: int
+    merge: int
+    hidden: int
+    ffn: int
+    n_layers: int
+    n_heads: int
+    eps: float
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    activation: str  # "gelu" (erf) or "silu"
+    rope_theta: float
+    text_hidden: int
+    layout: str
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+
+def _fail(path, what: str) -> EngineError:
+    return EngineError(f"{path}: {what}")
+
+
+def read_config(gf: GGUFFile) -> VisionConfig:
+    """Check that `gf` is a Pixtral mmproj we can run and read its hyper-parameters."""
+    path = gf.path
+    if gf.architecture != "clip":
+        raise _fail(path, f"not a vision projector: general.architecture is '{gf.architecture}', "
+                          "expected 'clip' with clip.projector_type 'pixtral'")
+    ptype = gf.get("clip.projector_type")
+    if ptype != "pixtral":
+        raise _fail(path, f"clip.projector_type {ptype!r} is not supported; only 'pixtral' "
+                          f"(Mistral 3 / Pixtral projectors) is. Accepted: {_layouts_text()}")
+    if gf.get("clip.has_vision_encoder") is False:
+        raise _fail(path, "clip.has_vision_encoder is false: this projector has no image encoder")
+    use_gelu, use_silu = bool(gf.get("clip.use_gelu", False)), bool(gf.get("clip.use_silu", False))
+    if use_gelu and use_silu:
+        raise _fail(path, "clip.use_gelu and clip.use_silu are both set; the vision activation is ambiguous")
+    activation = "silu" if use_silu else "gelu"
+
+    def need_int(key: str) -> int:
+        value = gf.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise _fail(path, f"{key} is {'missing' if value is None else repr(value)}; "
+                              "a positive integer is required")
+        return int(value)
+
+    def triple(key: str) -> tuple[float, float, float]:
+        value = gf.get(key)
+        try:
+            out = tuple(float(v) for v in value)
+        except TypeError:
+            out = ()
+        if len(out) != 3 or not all(math.isfinite(v) for v in out):
+            raise _fail(path, f"{key} must be 3 finite numbers (RGB), got {value!r}")
+        return out  # type: ignore[return-value]
+
+    hidden = need_int("clip.vision.embedding_length")
+    n_heads = need_int("clip.vision.attention.head_count")
+    if hidden % n_heads or (hidden // n_heads) % 4:
+        raise _fail(path, f"clip.vision.embedding_length {hidden} / attention.head_count {n_heads} "
+                          "must give a head size divisible by 4 (2D RoPE)")
+    eps = gf.get("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.number)) or not 0 <= float(eps) < 1:
+        raise _fail(path, f"clip.vision.attention.layer_norm_epsilon is {eps!r}; expected a small positive number")
+    theta = gf.get("clip.vision.rope.freq_base", gf.get("clip.rope.freq_base", ROPE_THETA))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float, np.number)) or not float(theta) > 1:
+        raise _fail(path, f"vision rope.freq_base is {theta!r}; expected a number > 1 (Pixtral: 10000)")
+    std = triple("clip.vision.image_std")
+    if any(v == 0 for v in std):
+        raise _fail(path, f"clip.vision.image_std has a zero: {std}")
+
+    layout = _detect_layout(gf)
+    names = LAYOUTS[layout]
+    merger_shape = gf.tensors[names["merger"] + ".weight"].shape
+    merge_sq = merger_shape[1] // hidden if len(merger_shape) == 2 else 0
+    merge = int(round(math.sqrt(merge_sq))) if merge_sq > 0 else 0
+    if merge * merge * hidden != (merger_shape[1] if len(merger_shape) == 2 else -1):
+        raise _fail(path, f"{names['merger']}.weight has shape {merger_shape}; expected "
+                          f"({hidden}, {hidden}·merge²)")
+    key_merge = gf.get("clip.vision.spatial_merge_size")
+    if key_merge is not None and int(key_merge) != merge:
+        raise _fail(path, f"clip.vision.spatial_merge_size {key_merge} disagrees with "
+                          f"{names['merger']}.weight shape {merger_shape} (merge {merge})")
+    text_hidden = gf.tensors[names["mm2"] + ".weight"].shape[0]
+    return VisionConfig(
+        image_size=need_int("clip.vision.image_size"),
+        patch_size=need_int("clip.vision.patch_size"),
+        merge=merge,
+        hidden=hidden,
+        ffn=need_int("clip.vision.feed_forward_length"),
+        n_layers=need_int("clip.vision.block_count"),
+        n_heads=n_heads,
+        eps=float(eps),
+        mean=triple("clip.vision.image_mean"),
+        std=std,
+        activation=activation,
+        rope_theta=float(theta),
+        text_hidden=int(text_hidden),
+        layout=layout,
+    )
+
+
+def _detect_layout(gf: GGUFFile) -> str:
+    found = [name for name, names in LAYOUTS.items() if names["patch"] + ".weight" in gf.tensors]
+    if len(found) != 1:
+        what = "tensors of both layouts" if found else "no patch embedding tensor"
+        raise _fail(gf.path, f"{what}; a Pixtral projector uses one of: {_layouts_text()}")
+    layout = found[0]
+    names = LAYOUTS[layout]
+    biases = sorted(
+        n for n in gf.tensors
+        if n.endswith(".bias") and n != names["patch"] + ".bias" and (n.startswith("mm.") or n.startswith("v.blk."))
+    )
+    if biases:
+        raise _fail(gf.path, f"linear biases present ({', '.join(biases[:4])}{'…' if len(biases) > 4 else ''}); "
+                             "Mistral 3's Pixtral projector has none (is this a Pixtral-12B or other "
+                             f"LLaVA projector?). Accepted: {_layouts_text()}")
+    n_layers = gf.get("clip.vision.block_count")
+    if not isinstance(n_layers, (int, np.integer)) or n_layers <= 0:
+        raise _fail(gf.path, f"clip.vision.block_count is {n_layers!r}; a positive integer is required")
+    required = [names[r] + ".weight" for r in ("patch", "pre_norm", "mm_norm", "merger", "mm1", "mm2")]
+    required += [names[r].format(i=i) + ".weight" for i in range(int(n_layers)) for r in BLOCK_ROLES]
+    missing = [n for n in required if n not in gf.tensors]
+    if missing:
+        raise _fail(gf.path, f"{layout}-layout projector is missing {len(missing)} tensor(s): "
+                             f"{', '.join(missing[:6])}{'…' if len(missing) > 6 else ''}. "
+                             f"Accepted: {_layouts_text()}")
+    return layout
 
 
 MMPROJ_NAMES = ("mistral3-mmproj.gguf",)
