@@ -17,7 +17,9 @@ from typing import Any
 from urllib.parse import quote
 
 from ...engine.api import GenerationStats, ImagePart
-from .store import ROLES, STATES, Chat, Store, StoreError
+from .errors import StoreError
+from .rows import ROLES, STATES, Chat
+from .store import Store
 
 FORMAT = "tramontane-chat"
 FORMAT_VERSION = 1

@@ -1,11 +1,11 @@
-"""Saved chats: one SQLite database per data dir that survives crashes and kill -9.
+"""Saved chats: the Store, one SQLite database per data dir that survives crashes and kill -9.
 
 Layout of a data dir (default `platformdirs.user_data_dir("Tramontane")`, or
 `$TRAMONTANE_DATA_DIR`, or the path given to `Store`):
 
-    chats.sqlite3 (+ -wal, -shm)   chats, messages, image references, settings
-    tramontane.lock                 OS lock held by the one app instance using this dir
-    images/aa/<sha256>.<ext>        every attached image, stored once by content
+    chats.sqlite3 (+ -wal, -shm)   chats, messages, image references, settings (schema.py)
+    tramontane.lock                 OS lock held by the one app instance using this dir (lock.py)
+    images/aa/<sha256>.<ext>        every attached image, stored once by content (images.py)
 
 Why it does not lose chats:
 * WAL journal + `synchronous=FULL`: each commit is fsynced to the WAL before it returns, so a
@@ -31,197 +31,21 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ...engine.api import ChatMessage, GenerationStats, ImagePart
+from . import schema
+from .errors import NotFoundError, StoreError
+from .images import ImageFiles, image_extension
+from .lock import DATA_DIR_ENV, DirLock
+from .rows import (Chat, ChatInfo, Message, StoredImage, chat_columns, chat_info,
+                   check_role_and_state, split_parts, stat_values, to_chat_message)
+from .rows import message as message_from_row
 
 DB_NAME = "chats.sqlite3"
 LOCK_NAME = "tramontane.lock"
 IMAGES_DIR = "images"
-DATA_DIR_ENV = "TRAMONTANE_DATA_DIR"
-
-ROLES = ("system", "user", "assistant", "tool")
-STATES = ("complete", "streaming", "interrupted")
-
-
-class StoreError(Exception):
-    """A problem with the chat database or data dir; the message says which file and why."""
-
-
-class StoreLockedError(StoreError):
-    """Another Tramontane instance holds the data dir."""
-
-
-class NotFoundError(StoreError):
-    """A chat or message id that does not exist (any more)."""
-
-
-# --------------------------------------------------------------------------- schema
-
-# Version 1 as first released. Never edit: old databases were created from exactly this.
-SCHEMA_V1 = """
-CREATE TABLE chats (
-    id             INTEGER PRIMARY KEY AUTOINCREMENT,
-    title          TEXT NOT NULL,
-    created_at     REAL NOT NULL,
-    updated_at     REAL NOT NULL,
-    model_path     TEXT,
-    projector_path TEXT,
-    remote_url     TEXT,
-    remote_model   TEXT,
-    system_prompt  TEXT NOT NULL DEFAULT '',
-    settings_json  TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX chats_by_updated ON chats(updated_at);
-
-CREATE TABLE messages (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
-    chat_id          INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-    position         INTEGER NOT NULL,
-    role             TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant', 'tool')),
-    text             TEXT NOT NULL DEFAULT '',
-    state            TEXT NOT NULL DEFAULT 'complete'
-                     CHECK (state IN ('complete', 'streaming', 'interrupted')),
-    finish_reason    TEXT,
-    prompt_tokens    INTEGER NOT NULL DEFAULT 0,
-    generated_tokens INTEGER NOT NULL DEFAULT 0,
-    ttft_s           REAL,
-    decode_tok_s     REAL,
-    created_at       REAL NOT NULL,
-    UNIQUE (chat_id, position)
-);
-
-CREATE TABLE images (
-    sha256     TEXT PRIMARY KEY,
-    ext        TEXT NOT NULL,
-    size       INTEGER NOT NULL,
-    created_at REAL NOT NULL
-);
-
-CREATE TABLE message_images (
-    message_id  INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    idx         INTEGER NOT NULL,
-    sha256      TEXT NOT NULL REFERENCES images(sha256),
-    name        TEXT NOT NULL,
-    text_offset INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (message_id, idx)
-);
-CREATE INDEX message_images_by_sha ON message_images(sha256);
-
-CREATE TABLE settings (
-    key        TEXT PRIMARY KEY,
-    value_json TEXT NOT NULL
-);
-"""
-
-# v1 -> v2: pinned chats, and the KV-reuse / prefill numbers of each reply.
-MIGRATE_V1_TO_V2 = """
-ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE messages ADD COLUMN reused_tokens INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE messages ADD COLUMN prefill_tok_s REAL;
-"""
-
-# MIGRATIONS[n] brings a version-n database to version n + 1.
-MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2}
-SCHEMA_VERSION = 1 + len(MIGRATIONS)
-
-# The search index is derived data, not part of the versioned schema: it is (re)built on
-# open when FTS5 is available and dropped from use when it is not. The trigram tokenizer
-# makes FTS5 match case-insensitive substrings, the same thing the fallback scan does.
-_SEARCH_TRIGGERS = {
-    "message_search_ai": """
-        CREATE TRIGGER message_search_ai AFTER INSERT ON messages BEGIN
-            INSERT INTO message_search(rowid, text) VALUES (new.id, new.text);
-        END""",
-    "message_search_ad": """
-        CREATE TRIGGER message_search_ad AFTER DELETE ON messages BEGIN
-            INSERT INTO message_search(message_search, rowid, text)
-                VALUES ('delete', old.id, old.text);
-        END""",
-    "message_search_au": """
-        CREATE TRIGGER message_search_au AFTER UPDATE OF text ON messages BEGIN
-            INSERT INTO message_search(message_search, rowid, text)
-                VALUES ('delete', old.id, old.text);
-            INSERT INTO message_search(rowid, text) VALUES (new.id, new.text);
-        END""",
-}
-_TRIGRAM_MIN_CHARS = 3  # a trigram index cannot match shorter queries
-
-
-def fts5_trigram_available() -> bool:
-    """True when this Python's SQLite has FTS5 with the trigram tokenizer (SQLite >= 3.34)."""
-    try:
-        probe = sqlite3.connect(":memory:")
-        try:
-            probe.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='trigram')")
-        finally:
-            probe.close()
-        return True
-    except sqlite3.Error:
-        return False
-
-
-# --------------------------------------------------------------------------- rows
-
-
-@dataclass
-class StoredImage:
-    sha256: str
-    ext: str
-    name: str  # the file name the user attached
-    text_offset: int  # where in the message text the image sits (0: before the text)
-    path: Path
-
-
-@dataclass
-class Message:
-    id: int
-    chat_id: int
-    position: int
-    role: str
-    text: str
-    state: str  # complete | streaming | interrupted
-    finish_reason: str | None
-    prompt_tokens: int
-    generated_tokens: int
-    reused_tokens: int
-    ttft_s: float | None
-    prefill_tok_s: float | None
-    decode_tok_s: float | None
-    created_at: float
-    images: list[StoredImage] = field(default_factory=list)
-
-
-@dataclass
-class ChatInfo:
-    """A chat without its messages, as listed in the sidebar."""
-
-    id: int
-    title: str
-    created_at: float
-    updated_at: float
-    model_path: str | None
-    projector_path: str | None
-    remote_url: str | None  # set when the chat is bound to a server instead of a file
-    remote_model: str | None
-    system_prompt: str
-    settings: dict[str, Any]
-    pinned: bool
-    message_count: int
-
-
-@dataclass
-class Chat(ChatInfo):
-    messages: list[Message] = field(default_factory=list)
-
-
-# Columns a caller may set through create_chat / update_chat.
-_CHAT_FIELDS = (
-    "title", "model_path", "projector_path", "remote_url", "remote_model",
-    "system_prompt", "settings", "pinned",
-)
 
 
 def default_data_dir() -> Path:
@@ -234,135 +58,6 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("Tramontane", appauthor=False))
 
 
-# --------------------------------------------------------------------------- lock
-
-
-class _DirLock:
-    """An OS lock on `<data dir>/tramontane.lock`. The OS drops it when the process dies,
-    so a file left behind by a crash never blocks the next start."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot create lock file: {exc.strerror or exc}") from exc
-        try:
-            _lock_fd(fd)
-        except OSError:
-            holder = _read_pid(fd)
-            os.close(fd)
-            who = f" (pid {holder})" if holder else ""
-            raise StoreLockedError(
-                f"Another Tramontane is running{who} with the data dir {self.path.parent} "
-                f"(it holds {self.path}). Close it first, or give this one another data "
-                f"dir with {DATA_DIR_ENV}."
-            ) from None
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                _unlock_fd(fd)
-            finally:
-                os.close(fd)
-
-
-if os.name == "nt":
-    import msvcrt
-
-    def _lock_fd(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-
-    def _unlock_fd(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-
-else:
-    import fcntl
-
-    def _lock_fd(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-
-    def _unlock_fd(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def _read_pid(fd: int) -> str:
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        text = os.read(fd, 32).decode("ascii", "replace").strip()
-        return text if text.isdigit() else ""
-    except OSError:  # Windows: the holder's locked byte cannot be read
-        return ""
-
-
-# --------------------------------------------------------------------------- images
-
-_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "png"),
-    (b"\xff\xd8\xff", "jpg"),
-    (b"GIF87a", "gif"),
-    (b"GIF89a", "gif"),
-    (b"BM", "bmp"),
-)
-
-
-def image_extension(data: bytes, name: str = "") -> str:
-    """File extension for image bytes: from the magic number, else the name's suffix."""
-    for magic, ext in _MAGIC:
-        if data.startswith(magic):
-            return ext
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    suffix = Path(name).suffix.lower().lstrip(".")
-    if suffix.isalnum() and len(suffix) <= 5:
-        return suffix
-    return "bin"
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write a file so that it is either absent or complete, even after a crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if os.name != "nt":  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
-def _split_parts(parts: Sequence[Any]) -> tuple[str, list[tuple[ImagePart, int]]]:
-    """ChatMessage parts -> (text, [(image, offset in text)])."""
-    text = ""
-    images = []
-    for part in parts:
-        if isinstance(part, ImagePart):
-            images.append((part, len(text)))
-        elif isinstance(part, str):
-            text += part
-        else:
-            raise StoreError(f"message part of type {type(part).__name__}: expected str or ImagePart")
-    return text, images
-
-
-# --------------------------------------------------------------------------- store
-
-
 class Store:
     """The chat database of one data dir. Opening it takes the data dir's lock."""
 
@@ -370,6 +65,7 @@ class Store:
         self.data_dir = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
         self.db_path = self.data_dir / DB_NAME
         self.images_dir = self.data_dir / IMAGES_DIR
+        self.images = ImageFiles(self.images_dir)
         # checkpoint_reply writes at most once per this many seconds per message.
         self.checkpoint_interval_s = checkpoint_interval_s
         self._lock = threading.RLock()
@@ -379,12 +75,12 @@ class Store:
             self.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"{self.data_dir}: cannot create data dir: {exc.strerror or exc}") from exc
-        self._dir_lock = _DirLock(self.data_dir / LOCK_NAME)
+        self._dir_lock = DirLock(self.data_dir / LOCK_NAME)
         self._dir_lock.acquire()
         try:
-            self._conn = self._connect()
-            self._migrate()
-            self.search_method = self._setup_search()
+            self._conn = schema.connect(self.db_path)
+            schema.migrate(self._conn, self.db_path)
+            self.search_method = schema.setup_search(self._conn, self.db_path)
             self._recover()
         except BaseException:
             conn = getattr(self, "_conn", None)
@@ -394,96 +90,6 @@ class Store:
             raise
 
     # ---- opening
-
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.db_path, isolation_level=None, check_same_thread=False, timeout=10.0
-            )
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA foreign_keys = ON")
-            self.journal_mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA user_version").fetchone()  # fails here on a non-database
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.db_path}: cannot open the chat database: {exc}") from exc
-        conn.create_function("tramontane_fold", 1, _fold, deterministic=True)
-        return conn
-
-    def _migrate(self) -> None:
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.db_path}: schema version {version} is newer than this Tramontane "
-                f"understands ({SCHEMA_VERSION}); update Tramontane to open it"
-            )
-        if version == SCHEMA_VERSION:
-            return
-        if version == 0 and self._has_tables():
-            raise StoreError(f"{self.db_path}: not a Tramontane chat database (no schema version)")
-        if version > 0:  # keep the old file until the user decides it is not needed
-            backup = self.db_path.with_name(f"{DB_NAME}.v{version}.bak")
-            try:
-                dest = sqlite3.connect(backup)
-                try:
-                    self._conn.backup(dest)
-                finally:
-                    dest.close()
-            except sqlite3.Error as exc:
-                raise StoreError(f"{backup}: cannot back up the database before migrating: {exc}") from exc
-        try:
-            with self._tx():
-                if version == 0:
-                    self._executescript(SCHEMA_V1)
-                    version = 1
-                while version < SCHEMA_VERSION:
-                    self._executescript(MIGRATIONS[version])
-                    version += 1
-                self._conn.execute(f"PRAGMA user_version = {version}")
-        except StoreError as exc:
-            cause = exc.__cause__ or exc
-            raise StoreError(f"{self.db_path}: migrating to schema {SCHEMA_VERSION} failed: {cause}") from cause
-
-    def _executescript(self, script: str) -> None:
-        # sqlite3.executescript would COMMIT first; run statement by statement instead so
-        # the whole migration stays one transaction.
-        statement = ""
-        for line in script.splitlines(keepends=True):
-            statement += line
-            if sqlite3.complete_statement(statement):  # also right for BEGIN ... END; bodies
-                self._conn.execute(statement)
-                statement = ""
-        if statement.strip():  # a last statement without its semicolon
-            self._conn.execute(statement)
-
-    def _has_tables(self) -> bool:
-        row = self._conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()
-        return row[0] > 0
-
-    def _setup_search(self) -> str:
-        """Returns 'fts5' (trigram index on message text) or 'scan' (substring scan)."""
-        existing = {
-            r["name"] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
-        }
-        if not fts5_trigram_available():
-            # Triggers into an FTS table this SQLite cannot load would break every write;
-            # without them the index goes stale and is rebuilt by the next FTS5-able open.
-            with self._tx():
-                for name in _SEARCH_TRIGGERS:
-                    self._conn.execute(f"DROP TRIGGER IF EXISTS {name}")
-            return "scan"
-        if existing.issuperset(_SEARCH_TRIGGERS):
-            return "fts5"
-        with self._tx():
-            self._conn.execute(
-                "CREATE VIRTUAL TABLE IF NOT EXISTS message_search USING fts5("
-                "text, content='messages', content_rowid='id', tokenize='trigram')"
-            )
-            for name, ddl in _SEARCH_TRIGGERS.items():
-                self._conn.execute(f"DROP TRIGGER IF EXISTS {name}")
-                self._conn.execute(ddl)
-            self._conn.execute("INSERT INTO message_search(message_search) VALUES ('rebuild')")
-        return "fts5"
 
     def _recover(self) -> None:
         """After a crash: cut replies become `interrupted`, unreferenced image files go."""
@@ -495,14 +101,7 @@ class Store:
         known = {
             f"{r['sha256']}.{r['ext']}" for r in self._conn.execute("SELECT sha256, ext FROM images")
         }
-        if not self.images_dir.is_dir():
-            return
-        for sub in self.images_dir.iterdir():
-            if not sub.is_dir():
-                continue
-            for file in sub.iterdir():
-                if file.name not in known:
-                    file.unlink(missing_ok=True)
+        self.images.remove_unknown(known)
 
     def close(self) -> None:
         with self._lock:
@@ -521,19 +120,10 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; takes the write lock up front (BEGIN IMMEDIATE)."""
+        """One write transaction (schema.transaction) under the store's thread lock."""
         with self._lock:
-            conn = self._open_conn()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
+            with schema.transaction(self._open_conn(), self.db_path) as conn:
                 yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):  # disk full, I/O error...: say which file
-                    raise StoreError(f"{self.db_path}: {exc}") from exc
-                raise
 
     def _open_conn(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -561,7 +151,7 @@ class Store:
     def create_chat(self, title: str = "New chat", **fields: Any) -> int:
         """A new empty chat; `fields` are any of model_path, projector_path, remote_url,
         remote_model, system_prompt, settings (dict), pinned."""
-        values = self._chat_values({"title": title, **fields})
+        values = chat_columns({"title": title, **fields})
         now = self._now()
         values.setdefault("created_at", now)
         values.setdefault("updated_at", now)
@@ -572,7 +162,7 @@ class Store:
 
     def update_chat(self, chat_id: int, **fields: Any) -> None:
         """Change any of the create_chat fields (title, model, settings, ...)."""
-        values = self._chat_values(fields)
+        values = chat_columns(fields)
         if not values:
             return
         sets = ", ".join(f"{c} = :{c}" for c in values)
@@ -587,47 +177,23 @@ class Store:
     def set_pinned(self, chat_id: int, pinned: bool) -> None:
         self.update_chat(chat_id, pinned=pinned)
 
-    def _chat_values(self, fields: dict[str, Any]) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for key, value in fields.items():
-            if key not in _CHAT_FIELDS and key not in ("created_at", "updated_at"):
-                raise StoreError(f"chat field {key!r}: unknown (known: {', '.join(_CHAT_FIELDS)})")
-            if key == "settings":
-                if not isinstance(value, dict):
-                    raise StoreError(f"chat field 'settings': expected a dict, got {type(value).__name__}")
-                try:
-                    values["settings_json"] = json.dumps(value, sort_keys=True)
-                except (TypeError, ValueError) as exc:
-                    raise StoreError(f"chat field 'settings': not JSON-serialisable: {exc}") from exc
-            elif key == "pinned":
-                values["pinned"] = int(bool(value))
-            elif key in ("title", "system_prompt"):
-                if not isinstance(value, str):
-                    raise StoreError(f"chat field {key!r}: expected text, got {type(value).__name__}")
-                values[key] = value
-            elif key in ("created_at", "updated_at"):
-                values[key] = float(value)
-            else:
-                values[key] = None if value is None else str(value)
-        return values
-
     def delete_chat(self, chat_id: int) -> None:
         with self._tx() as conn:
             self._require_chat(chat_id)
             shas = self._image_shas("SELECT id FROM messages WHERE chat_id = ?", (chat_id,))
             conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
             doomed = self._drop_unused_images(shas)
-        self._unlink_images(doomed)
+        self.images.unlink(doomed)
 
     def list_chats(self) -> list[ChatInfo]:
         """Every chat, pinned ones first, then most recently updated first."""
-        return [self._chat_info(r) for r in self._rows(_CHAT_SELECT + _CHAT_ORDER)]
+        return [chat_info(r) for r in self._rows(_CHAT_SELECT + _CHAT_ORDER)]
 
     def get_chat_info(self, chat_id: int) -> ChatInfo:
         rows = self._rows(_CHAT_SELECT + " WHERE c.id = ?", (chat_id,))
         if not rows:
             raise NotFoundError(f"chat {chat_id} does not exist")
-        return self._chat_info(rows[0])
+        return chat_info(rows[0])
 
     def get_chat(self, chat_id: int) -> Chat:
         """The chat with its messages in order."""
@@ -643,8 +209,8 @@ class Store:
         query = query.strip()
         if not query:
             return self.list_chats()
-        folded = _fold(query)
-        if self.search_method == "fts5" and len(query) >= _TRIGRAM_MIN_CHARS:
+        folded = schema.fold(query)
+        if self.search_method == "fts5" and len(query) >= schema.TRIGRAM_MIN_CHARS:
             phrase = '"' + query.replace('"', '""') + '"'
             in_messages = (
                 "c.id IN (SELECT m.chat_id FROM messages m WHERE m.id IN "
@@ -662,7 +228,7 @@ class Store:
             + _CHAT_ORDER
         )
         rows = self._rows(sql, {"folded": folded, "phrase": phrase})
-        return [self._chat_info(r) for r in rows]
+        return [chat_info(r) for r in rows]
 
     def branch_chat(self, chat_id: int, up_to_message_id: int | None = None, title: str | None = None) -> int:
         """A new chat with the same settings and a copy of the messages up to and including
@@ -733,7 +299,7 @@ class Store:
 
     def add_chat_message(self, chat_id: int, message: ChatMessage) -> int:
         """Append an engine ChatMessage, keeping where its images sit among its text parts."""
-        text, images = _split_parts(message.parts)
+        text, images = split_parts(message.parts)
         return self._insert_message(chat_id, message.role, text, images, "complete", None, None, None)
 
     def _insert_message(
@@ -747,10 +313,7 @@ class Store:
         stats: GenerationStats | None,
         created_at: float | None,
     ) -> int:
-        if role not in ROLES:
-            raise StoreError(f"message role {role!r}: expected one of {', '.join(ROLES)}")
-        if state not in STATES:
-            raise StoreError(f"message state {state!r}: expected one of {', '.join(STATES)}")
+        check_role_and_state(role, state)
         if not isinstance(text, str):
             raise StoreError(f"message text: expected str, got {type(text).__name__}")
         with self._lock:
@@ -785,7 +348,7 @@ class Store:
             " decode_tok_s, created_at) VALUES (?, (SELECT coalesce(max(position), -1) + 1"
             " FROM messages WHERE chat_id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (chat_id, chat_id, role, text, state, finish_reason,
-             *_stat_values(stats or GenerationStats()), created_at),
+             *stat_values(stats or GenerationStats()), created_at),
         ).lastrowid
         for idx, ((sha, ext, size), name, offset) in enumerate(stored_images):
             conn.execute(
@@ -803,7 +366,7 @@ class Store:
         """Create a whole chat in one transaction, keeping the given timestamps, states and
         stats (used by import). Each message dict has role, text and optionally images
         [(ImagePart, text_offset)], state, finish_reason, stats (GenerationStats), created_at."""
-        values = self._chat_values(chat_fields)
+        values = chat_columns(chat_fields)
         now = self._now()
         values.setdefault("title", "Imported chat")
         values.setdefault("created_at", now)
@@ -811,10 +374,7 @@ class Store:
         rows = []
         for i, msg in enumerate(messages):
             role, state = msg["role"], msg.get("state", "complete")
-            if role not in ROLES:
-                raise StoreError(f"messages[{i}].role {role!r}: expected one of {', '.join(ROLES)}")
-            if state not in STATES:
-                raise StoreError(f"messages[{i}].state {state!r}: expected one of {', '.join(STATES)}")
+            check_role_and_state(role, state, f"messages[{i}].")
             rows.append(msg)
         with self._lock:
             stored = [
@@ -856,7 +416,7 @@ class Store:
             conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
             doomed = self._drop_unused_images(shas)
             self._touch(msg.chat_id)
-        self._unlink_images(doomed)
+        self.images.unlink(doomed)
 
     def truncate_after(self, message_id: int, *, inclusive: bool = False) -> int:
         """Delete every message after `message_id` in its chat (and it too when `inclusive`);
@@ -869,7 +429,7 @@ class Store:
             count = conn.execute(f"DELETE FROM messages WHERE {where}", (msg.chat_id, cut)).rowcount
             doomed = self._drop_unused_images(shas)
             self._touch(msg.chat_id)
-        self._unlink_images(doomed)
+        self.images.unlink(doomed)
         return count
 
     # ---- a reply being generated
@@ -923,7 +483,7 @@ class Store:
                 "UPDATE messages SET text = ?, state = 'complete', finish_reason = ?,"
                 " prompt_tokens = ?, generated_tokens = ?, reused_tokens = ?, ttft_s = ?,"
                 " prefill_tok_s = ?, decode_tok_s = ? WHERE id = ?",
-                (text, reason, *_stat_values(stats), message_id),
+                (text, reason, *stat_values(stats), message_id),
             )
             self._touch(row["chat_id"])
             return True
@@ -941,33 +501,18 @@ class Store:
         return out
 
     def to_chat_message(self, message: Message) -> ChatMessage:
-        if not message.images:
-            return ChatMessage(message.role, [message.text])  # type: ignore[arg-type]
-        parts: list[Any] = []
-        pos = 0
-        for image in message.images:
-            offset = min(max(image.text_offset, pos), len(message.text))
-            if offset > pos:
-                parts.append(message.text[pos:offset])
-            parts.append(ImagePart(self.image_bytes(image.sha256, image.ext), image.name))
-            pos = offset
-        if pos < len(message.text):
-            parts.append(message.text[pos:])
-        return ChatMessage(message.role, parts)  # type: ignore[arg-type]
+        return to_chat_message(message, self.images.read)
 
     # ---- images
 
     def image_path(self, sha256: str, ext: str) -> Path:
-        return self.images_dir / sha256[:2] / f"{sha256}.{ext}"
+        return self.images.path(sha256, ext)
 
     def image_bytes(self, sha256: str, ext: str) -> bytes:
-        path = self.image_path(sha256, ext)
-        try:
-            return path.read_bytes()
-        except OSError as exc:
-            raise StoreError(f"{path}: cannot read stored image: {exc.strerror or exc}") from exc
+        return self.images.read(sha256, ext)
 
     def _store_image_file(self, image: ImagePart) -> tuple[str, str, int]:
+        """Write the image file (if new) before its row exists; returns (sha256, ext, size)."""
         if not isinstance(image, ImagePart):
             raise StoreError(f"image: expected ImagePart, got {type(image).__name__}")
         if not image.data:
@@ -975,12 +520,7 @@ class Store:
         sha = image.sha256
         known = self._open_conn().execute("SELECT ext FROM images WHERE sha256 = ?", (sha,)).fetchone()
         ext = known["ext"] if known else image_extension(image.data, image.name)
-        path = self.image_path(sha, ext)
-        if not (path.is_file() and path.stat().st_size == len(image.data)):
-            try:
-                _write_durably(path, image.data)
-            except OSError as exc:
-                raise StoreError(f"{path}: cannot store image {image.name!r}: {exc.strerror or exc}") from exc
+        self.images.write(image, ext)
         return sha, ext, len(image.data)
 
     def _image_shas(self, message_ids_sql: str, params: Sequence[Any]) -> set[str]:
@@ -1000,16 +540,6 @@ class Store:
             if row:
                 doomed.append(self.image_path(sha, row["ext"]))
         return doomed
-
-    @staticmethod
-    def _unlink_images(paths: list[Path]) -> None:
-        # After the commit: if we crash before this, the next open removes the orphans.
-        for path in paths:
-            path.unlink(missing_ok=True)
-            try:
-                path.parent.rmdir()  # only succeeds when the shard folder is now empty
-            except OSError:
-                pass
 
     # ---- settings
 
@@ -1054,22 +584,6 @@ class Store:
             raise NotFoundError(f"message {message_id} does not exist in chat {chat_id}")
         return row["position"]
 
-    def _chat_info(self, row: sqlite3.Row) -> ChatInfo:
-        return ChatInfo(
-            id=row["id"],
-            title=row["title"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            model_path=row["model_path"],
-            projector_path=row["projector_path"],
-            remote_url=row["remote_url"],
-            remote_model=row["remote_model"],
-            system_prompt=row["system_prompt"],
-            settings=json.loads(row["settings_json"]),
-            pinned=bool(row["pinned"]),
-            message_count=row["message_count"],
-        )
-
     def _messages(self, where: str, params: Sequence[Any]) -> list[Message]:
         with self._lock:
             rows = self._rows(f"SELECT m.* FROM messages m {where} ORDER BY m.chat_id, m.position", params)
@@ -1086,17 +600,7 @@ class Store:
                         StoredImage(r["sha256"], r["ext"], r["name"], r["text_offset"],
                                     self.image_path(r["sha256"], r["ext"]))
                     )
-        return [
-            Message(
-                id=r["id"], chat_id=r["chat_id"], position=r["position"], role=r["role"],
-                text=r["text"], state=r["state"], finish_reason=r["finish_reason"],
-                prompt_tokens=r["prompt_tokens"], generated_tokens=r["generated_tokens"],
-                reused_tokens=r["reused_tokens"], ttft_s=r["ttft_s"], prefill_tok_s=r["prefill_tok_s"],
-                decode_tok_s=r["decode_tok_s"], created_at=r["created_at"],
-                images=images.get(r["id"], []),
-            )
-            for r in rows
-        ]
+        return [message_from_row(r, images.get(r["id"], [])) for r in rows]
 
 
 _CHAT_SELECT = (
@@ -1104,19 +608,3 @@ _CHAT_SELECT = (
     " FROM chats c"
 )
 _CHAT_ORDER = " ORDER BY c.pinned DESC, c.updated_at DESC, c.id DESC"
-
-
-def _fold(text: str | None) -> str:
-    return (text or "").lower()
-
-
-def _stat_values(stats: GenerationStats) -> tuple:
-    """The message columns filled from GenerationStats, in _insert_message's order."""
-    return (
-        stats.prompt_tokens,
-        stats.generated_tokens,
-        stats.reused_tokens,
-        stats.ttft_s or None,
-        stats.prefill_tok_s or None,
-        stats.decode_tok_s or None,
-    )

@@ -6,11 +6,11 @@ import sqlite3
 
 import pytest
 
-from tramontane.app.store import store as store_module
+from tramontane.app.store import schema
 from tramontane.app.store import Store, StoreError
 from tramontane.engine.api import GenerationStats
 
-# A frozen copy of the schema version 1 shipped with (independent of app/store.py, so an
+# A frozen copy of the schema version 1 shipped with (independent of app/store/schema.py, so an
 # edit there that would break old databases shows up here).
 V1_DDL = """
 CREATE TABLE chats (
@@ -120,8 +120,8 @@ def test_migrated_schema_equals_a_fresh_one(tmp_path):
 
 def test_failed_migration_rolls_back_and_keeps_data(tmp_path, monkeypatch):
     make_v1(tmp_path)
-    monkeypatch.setattr(store_module, "MIGRATIONS", {**store_module.MIGRATIONS, 2: "ALTER TABLE nope ADD x"})
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(schema, "MIGRATIONS", {**schema.MIGRATIONS, 2: "ALTER TABLE nope ADD x"})
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
     with pytest.raises(StoreError, match="chats.sqlite3: migrating to schema 3 failed: no such table: nope"):
         Store(tmp_path)
     conn = sqlite3.connect(tmp_path / "chats.sqlite3")

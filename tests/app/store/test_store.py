@@ -10,7 +10,8 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from tramontane.app.store import store as store_module
+from tramontane.app.store import schema
+from tramontane.app.store.lock import DirLock
 from tramontane.app.store import (
     NotFoundError,
     Store,
@@ -54,7 +55,7 @@ def test_durability_pragmas(store):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store_module.SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 2
 
 
 def test_lock_second_instance_refused_until_first_closes(tmp_path):
@@ -75,7 +76,7 @@ def test_refused_open_releases_the_lock(tmp_path):
     with pytest.raises(StoreError, match="chats.sqlite3"):
         Store(tmp_path)
     # the failed open did not keep the lock: taking it by hand works
-    lock = store_module._DirLock(tmp_path / "tramontane.lock")
+    lock = DirLock(tmp_path / "tramontane.lock")
     lock.acquire()
     lock.release()
 
@@ -396,8 +397,8 @@ def _expected(texts: dict[int, list[str]], query: str) -> set[int]:
 @pytest.mark.parametrize("fts", [True, False], ids=["fts5", "scan"])
 def test_search_is_case_insensitive_substring_in_title_and_text(tmp_path, monkeypatch, fts):
     if not fts:
-        monkeypatch.setattr(store_module, "fts5_trigram_available", lambda: False)
-    elif not store_module.fts5_trigram_available():
+        monkeypatch.setattr(schema, "fts5_trigram_available", lambda: False)
+    elif not schema.fts5_trigram_available():
         pytest.skip("this SQLite has no FTS5 trigram tokenizer")
     with Store(tmp_path) as s:
         assert s.search_method == ("fts5" if fts else "scan")
@@ -428,12 +429,12 @@ def test_search_index_follows_edits_deletes_and_checkpoints(store):
 
 
 def test_search_index_rebuilt_after_an_open_without_fts5(tmp_path, monkeypatch):
-    if not store_module.fts5_trigram_available():
+    if not schema.fts5_trigram_available():
         pytest.skip("this SQLite has no FTS5 trigram tokenizer")
     with Store(tmp_path) as s:
         chat = s.create_chat("t")
         m = s.add_message(chat, "user", "before")
-    monkeypatch.setattr(store_module, "fts5_trigram_available", lambda: False)
+    monkeypatch.setattr(schema, "fts5_trigram_available", lambda: False)
     with Store(tmp_path) as s:  # writes while the index is not maintained
         assert s.search_method == "scan"
         s.edit_message(m, "after")

@@ -1,0 +1,183 @@
+"""The store's row types (chats, messages, images) and every conversion between database
+rows and engine types (ChatMessage, ImagePart, GenerationStats), in one place."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ...engine.api import ChatMessage, GenerationStats, ImagePart
+from .errors import StoreError
+
+ROLES = ("system", "user", "assistant", "tool")
+STATES = ("complete", "streaming", "interrupted")
+
+# Columns a caller may set through create_chat / update_chat.
+CHAT_FIELDS = (
+    "title", "model_path", "projector_path", "remote_url", "remote_model",
+    "system_prompt", "settings", "pinned",
+)
+
+
+@dataclass
+class StoredImage:
+    sha256: str
+    ext: str
+    name: str  # the file name the user attached
+    text_offset: int  # where in the message text the image sits (0: before the text)
+    path: Path
+
+
+@dataclass
+class Message:
+    id: int
+    chat_id: int
+    position: int
+    role: str
+    text: str
+    state: str  # complete | streaming | interrupted
+    finish_reason: str | None
+    prompt_tokens: int
+    generated_tokens: int
+    reused_tokens: int
+    ttft_s: float | None
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+    created_at: float
+    images: list[StoredImage] = field(default_factory=list)
+
+
+@dataclass
+class ChatInfo:
+    """A chat without its messages, as listed in the sidebar."""
+
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    model_path: str | None
+    projector_path: str | None
+    remote_url: str | None  # set when the chat is bound to a server instead of a file
+    remote_model: str | None
+    system_prompt: str
+    settings: dict[str, Any]
+    pinned: bool
+    message_count: int
+
+
+@dataclass
+class Chat(ChatInfo):
+    messages: list[Message] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- rows -> objects
+
+
+def chat_info(row: sqlite3.Row) -> ChatInfo:
+    return ChatInfo(
+        id=row["id"],
+        title=row["title"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        model_path=row["model_path"],
+        projector_path=row["projector_path"],
+        remote_url=row["remote_url"],
+        remote_model=row["remote_model"],
+        system_prompt=row["system_prompt"],
+        settings=json.loads(row["settings_json"]),
+        pinned=bool(row["pinned"]),
+        message_count=row["message_count"],
+    )
+
+
+def message(row: sqlite3.Row, images: list[StoredImage]) -> Message:
+    return Message(
+        id=row["id"], chat_id=row["chat_id"], position=row["position"], role=row["role"],
+        text=row["text"], state=row["state"], finish_reason=row["finish_reason"],
+        prompt_tokens=row["prompt_tokens"], generated_tokens=row["generated_tokens"],
+        reused_tokens=row["reused_tokens"], ttft_s=row["ttft_s"], prefill_tok_s=row["prefill_tok_s"],
+        decode_tok_s=row["decode_tok_s"], created_at=row["created_at"], images=images,
+    )
+
+
+def to_chat_message(message: Message, read_image: Callable[[str, str], bytes]) -> ChatMessage:
+    """A stored message as engine input; `read_image(sha256, ext)` gives an image's bytes."""
+    if not message.images:
+        return ChatMessage(message.role, [message.text])  # type: ignore[arg-type]
+    parts: list[Any] = []
+    pos = 0
+    for image in message.images:
+        offset = min(max(image.text_offset, pos), len(message.text))
+        if offset > pos:
+            parts.append(message.text[pos:offset])
+        parts.append(ImagePart(read_image(image.sha256, image.ext), image.name))
+        pos = offset
+    if pos < len(message.text):
+        parts.append(message.text[pos:])
+    return ChatMessage(message.role, parts)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- objects -> rows
+
+
+def split_parts(parts: Sequence[Any]) -> tuple[str, list[tuple[ImagePart, int]]]:
+    """ChatMessage parts -> (text, [(image, offset in text)])."""
+    text = ""
+    images = []
+    for part in parts:
+        if isinstance(part, ImagePart):
+            images.append((part, len(text)))
+        elif isinstance(part, str):
+            text += part
+        else:
+            raise StoreError(f"message part of type {type(part).__name__}: expected str or ImagePart")
+    return text, images
+
+
+def stat_values(stats: GenerationStats) -> tuple:
+    """The message columns filled from GenerationStats, in the INSERT's order (prompt_tokens,
+    generated_tokens, reused_tokens, ttft_s, prefill_tok_s, decode_tok_s)."""
+    return (
+        stats.prompt_tokens,
+        stats.generated_tokens,
+        stats.reused_tokens,
+        stats.ttft_s or None,
+        stats.prefill_tok_s or None,
+        stats.decode_tok_s or None,
+    )
+
+
+def chat_columns(fields: dict[str, Any]) -> dict[str, Any]:
+    """create_chat / update_chat keyword fields -> checked column values."""
+    values: dict[str, Any] = {}
+    for key, value in fields.items():
+        if key not in CHAT_FIELDS and key not in ("created_at", "updated_at"):
+            raise StoreError(f"chat field {key!r}: unknown (known: {', '.join(CHAT_FIELDS)})")
+        if key == "settings":
+            if not isinstance(value, dict):
+                raise StoreError(f"chat field 'settings': expected a dict, got {type(value).__name__}")
+            try:
+                values["settings_json"] = json.dumps(value, sort_keys=True)
+            except (TypeError, ValueError) as exc:
+                raise StoreError(f"chat field 'settings': not JSON-serialisable: {exc}") from exc
+        elif key == "pinned":
+            values["pinned"] = int(bool(value))
+        elif key in ("title", "system_prompt"):
+            if not isinstance(value, str):
+                raise StoreError(f"chat field {key!r}: expected text, got {type(value).__name__}")
+            values[key] = value
+        elif key in ("created_at", "updated_at"):
+            values[key] = float(value)
+        else:
+            values[key] = None if value is None else str(value)
+    return values
+
+
+def check_role_and_state(role: str, state: str, where: str = "message ") -> None:
+    """`where` names the field in the error: 'message ' or 'messages[3].'."""
+    if role not in ROLES:
+        raise StoreError(f"{where}role {role!r}: expected one of {', '.join(ROLES)}")
+    if state not in STATES:
+        raise StoreError(f"{where}state {state!r}: expected one of {', '.join(STATES)}")
