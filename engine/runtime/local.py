@@ -92,10 +92,24 @@ class LocalEngine:
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
-        if self.model is None:
-            raise EngineError(f"{self.model_path}: this engine was closed: load the model again")
-        check_params(params)  # before anything changes: a bad setting must not cost the active chat its KV
-        prompt = self.encode(messages)
+        self._check_ready(params)
+        return self.generate_from(self.encode(messages), params, on_piece, cancel, session_key)
+
+    def complete(self, prompt_ids: list[int], params: SamplingParams, on_piece=None,
+                 cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+        """Continue raw prompt ids (no chat format; the caller adds BOS if it wants one)."""
+        self._check_ready(params)
+        if not prompt_ids:
+            raise EngineError("the prompt is empty: give at least one token")
+        vocab = self.tokenizer.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise EngineError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        return self.generate_from(EncodedPrompt(list(prompt_ids)), params, on_piece, cancel, session_key)
+
+    def generate_from(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
+                      cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+        """Reply to an encoded prompt in `session_key`'s KV (what `chat` and `complete` share)."""
         n_prompt = len(prompt.ids)
         room = 1 if params.max_tokens > 0 else 0  # the first reply token's position
         if n_prompt + room > self.cache.capacity:
@@ -136,6 +150,11 @@ class LocalEngine:
         return result
 
     # -- internals ---------------------------------------------------------------------------
+    def _check_ready(self, params: SamplingParams) -> None:
+        if self.model is None:
+            raise EngineError(f"{self.model_path}: this engine was closed: load the model again")
+        check_params(params)  # before anything changes: a bad setting must not cost the active chat its KV
+
     def _activate(self, session_key: str | None) -> None:
         """Make `session_key`'s KV the resident one, parking the previous chat's in host RAM."""
         if session_key == self.session_key:
