@@ -8,6 +8,7 @@ actually left, so any bad file ends in one `GGUFError` naming the file. The type
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -17,6 +18,8 @@ from typing import Any
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .api import EngineError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -34,8 +37,116 @@ _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 
 _STRING, _ARRAY = 8, 9
 
 
-class GGUFError(Exception):
+class GGUFError(EngineError):
     """Any problem with a GGUF file; the message starts with the file's path."""
+
+
+_MISSING = object()
+_ELEMENTS = {  # array element kinds a caller can ask for -> (accepts this numpy dtype?, in words)
+    "int": (lambda dt: dt.kind in "iu", "integers"),
+    "float": (lambda dt: dt.kind in "iuf", "numbers"),
+    "bool": (lambda dt: dt.kind == "b", "booleans"),
+}
+
+
+def describe_value(value) -> str:
+    """What a metadata value is, for error messages: "string 'abc'", "array of 3 uint8"..."""
+    if isinstance(value, bool):
+        return f"bool {value}"
+    if isinstance(value, int):
+        return f"integer {value}"
+    if isinstance(value, float):
+        return f"float {value!r}"
+    if isinstance(value, str):
+        return f"string {value[:40] + '…' if len(value) > 40 else value!r}"
+    if isinstance(value, np.ndarray):
+        return f"array of {len(value)} {value.dtype.name}"
+    if isinstance(value, list):
+        if not value:
+            return "empty array"
+        kind = "strings" if isinstance(value[0], str) else "arrays"
+        return f"array of {len(value)} {kind}"
+    return type(value).__name__
+
+
+class Metadata:
+    """Typed reads of GGUF metadata. Each read states the type and range it expects; anything
+    else (missing without a default, wrong type, out of range, NaN) raises `error` naming the
+    file, the key, what was expected and what was found. Engine code reads metadata only here."""
+
+    def __init__(self, kv: dict[str, Any], source, error: type[Exception] = GGUFError):
+        self.kv, self.source, self.error = kv, str(source), error
+
+    def has(self, key: str) -> bool:
+        return key in self.kv
+
+    def fail(self, key: str, expected: str, found: str) -> Exception:
+        return self.error(f"{self.source}: metadata '{key}' should be {expected}, found {found}")
+
+    def _lookup(self, key: str, expected: str, default):
+        value = self.kv.get(key, _MISSING)
+        if value is _MISSING and default is _MISSING:
+            raise self.error(f"{self.source}: metadata '{key}' is missing (expected {expected})")
+        return value
+
+    def uint(self, key: str, lo: int = 0, hi: int = 2**64 - 1, *, default=_MISSING) -> int:
+        """An integer in lo..hi (any GGUF integer type)."""
+        expected = f"an integer in {lo}..{hi}" if hi < 2**64 - 1 else f"an integer ≥ {lo}"
+        value = self._lookup(key, expected, default)
+        if value is _MISSING:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self.fail(key, expected, describe_value(value))
+        return value
+
+    def float(self, key: str, lo: float = -math.inf, hi: float = math.inf, *,
+              above: float | None = None, default=_MISSING) -> float:
+        """A finite number in lo..hi (and > `above` when given); GGUF floats or integers."""
+        expected = "a finite number" + (f" above {above}" if above is not None else "") + (
+            f" in {lo}..{hi}" if (lo, hi) != (-math.inf, math.inf) else "")
+        value = self._lookup(key, expected, default)
+        if value is _MISSING:
+            return default
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or not lo <= value <= hi or (above is not None and not value > above)):
+            raise self.fail(key, expected, describe_value(value))
+        return float(value)
+
+    def bool(self, key: str, *, default=_MISSING) -> bool:
+        value = self._lookup(key, "a bool", default)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(key, "a bool", describe_value(value))
+        return value
+
+    def string(self, key: str, *, default=_MISSING) -> str:
+        value = self._lookup(key, "a string", default)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, str):
+            raise self.fail(key, "a string", describe_value(value))
+        return value
+
+    def array_of(self, key: str, elem: str, length: int | None = None, *, default=_MISSING):
+        """An array of `elem` ("int", "float", "bool": a numpy array; "string": a list of str),
+        of exactly `length` items when given. Float arrays must be finite."""
+        words = "strings" if elem == "string" else _ELEMENTS[elem][1]
+        expected = f"an array of {'' if length is None else f'{length} '}{words}"
+        value = self._lookup(key, expected, default)
+        if value is _MISSING:
+            return default
+        if elem == "string":
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        else:
+            ok = (isinstance(value, np.ndarray) and _ELEMENTS[elem][0](value.dtype)
+                  and (elem != "float" or bool(np.isfinite(value).all())))
+        if not ok or (length is not None and len(value) != length):
+            found = describe_value(value)
+            if ok is True and isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.isfinite(value).all():
+                found += " with NaN or infinity"
+            raise self.fail(key, expected, found)
+        return value
 
 
 @dataclass(frozen=True)
@@ -130,11 +241,12 @@ class _Cursor:
         raise self.fail(f"{what}: unknown metadata value type {vtype}")
 
 
-class GGUFFile:
+class GGUFFile(Metadata):
     """A typed, memory-mapped view of one GGUF file. Nothing is copied until a tensor is used."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        super().__init__({}, self.path)
         try:
             with open(self.path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
@@ -163,7 +275,6 @@ class GGUFFile:
         n_tensors = cur.count(24, "tensor count")  # name length + dims + type + offset
         n_kv = cur.count(12, "metadata entry count")  # key length + value type
 
-        self.kv: dict[str, Any] = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
             vtype = cur.u32(f"value type of '{key}'")
@@ -171,9 +282,9 @@ class GGUFFile:
                 raise cur.fail(f"metadata key '{key}' appears twice")
             self.kv[key] = cur.value(vtype, f"metadata '{key}'")
 
-        alignment = self.kv.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment % 8 or alignment > 1 << 20:
-            raise cur.fail(f"general.alignment {alignment!r} is not a positive multiple of 8")
+        alignment = self.uint("general.alignment", 8, 1 << 20, default=DEFAULT_ALIGNMENT)
+        if alignment % 8:
+            raise cur.fail(f"general.alignment {alignment} is not a multiple of 8")
 
         infos = []
         for i in range(n_tensors):
@@ -192,8 +303,8 @@ class GGUFFile:
         for name, ne, ggml_type, offset in infos:
             self.tensors[name] = self._tensor_info(cur, name, ne, ggml_type, offset, data_start, alignment)
 
-        arch = self.kv.get("general.architecture")
-        if not isinstance(arch, str) or not arch:
+        arch = self.string("general.architecture", default="")
+        if not arch:
             raise cur.fail("general.architecture is missing (every GGUF model file has it)")
         self.architecture = arch
 
@@ -223,13 +334,29 @@ class GGUFFile:
                            f"file has {cur.size}): truncated download?")
         return TensorInfo(name, tuple(reversed(ne)), int(qtype), start, nbytes)
 
-    # -- metadata ---------------------------------------------------------------------------
+    # -- metadata (engine code reads through the typed accessors of `Metadata`) ----------------
     def get(self, key: str, default: Any = None) -> Any:
+        """The raw value, untyped: for tests and debugging only."""
         return self.kv.get(key, default)
 
     def arch(self, suffix: str, default: Any = None) -> Any:
-        """A key under this file's own architecture prefix, e.g. arch('block_count')."""
-        return self.kv.get(f"{self.architecture}.{suffix}", default)
+        """A raw key under this file's own architecture prefix (tests and debugging only)."""
+        return self.kv.get(self.arch_key(suffix), default)
+
+    def arch_key(self, suffix: str) -> str:
+        """A key under this file's own architecture prefix, e.g. 'mistral3.block_count'."""
+        return f"{self.architecture}.{suffix}"
+
+    def block_indices(self, prefix: str) -> set[int]:
+        """Indices i of the tensors named `{prefix}{i}.…`: the blocks the file really holds.
+        Counts claimed by metadata are checked against this (O(tensors), not O(claimed))."""
+        out = set()
+        for name in self.tensors:
+            if name.startswith(prefix):
+                index = name[len(prefix):].split(".", 1)[0]
+                if index.isdigit() and index.isascii():
+                    out.add(int(index))
+        return out
 
     # -- tensors ----------------------------------------------------------------------------
     def raw(self, name: str) -> np.ndarray:

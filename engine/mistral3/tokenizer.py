@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..api import EngineError
+from ..gguf import Metadata
 
 if TYPE_CHECKING:
     from ..gguf import GGUFFile
@@ -107,38 +108,39 @@ class Tokenizer:
 
     @classmethod
     def from_kv(cls, kv: dict[str, Any], source: str) -> "Tokenizer":
+        meta = Metadata(kv, source, TokenizerError)
+
         def fail(msg: str) -> TokenizerError:
             return TokenizerError(f"{source}: {msg}")
 
-        model = kv.get("tokenizer.ggml.model")
+        model = meta.string("tokenizer.ggml.model", default=None)
         if model is None:
             raise fail("has no tokenizer (tokenizer.ggml.model is missing)")
         if model != "gpt2":
             raise fail(f"tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') tekken "
                        "vocabularies are supported")
-        pre = kv.get("tokenizer.ggml.pre")
+        pre = meta.string("tokenizer.ggml.pre", default=None)
         if pre not in PRE_TOKENIZER_PATTERNS:
             raise fail(f"tokenizer.ggml.pre is {pre!r}; supported pre-tokenizers: "
                        f"{', '.join(PRE_TOKENIZER_PATTERNS)} (Mistral 3 files say 'tekken')")
 
-        tokens = kv.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
-            raise fail("tokenizer.ggml.tokens is missing or not a list of strings")
+        tokens = meta.array_of("tokenizer.ggml.tokens", "string", default=[])
+        if not tokens:
+            raise fail("tokenizer.ggml.tokens is missing or empty")
         n = len(tokens)
-        types = kv.get("tokenizer.ggml.token_type")
-        if types is None:
+        if not meta.has("tokenizer.ggml.token_type"):
             raise fail("tokenizer.ggml.token_type is missing (needed to tell control tokens apart)")
-        types = np.asarray(types)
-        if types.ndim != 1 or len(types) != n or not np.issubdtype(types.dtype, np.integer):
+        types = meta.array_of("tokenizer.ggml.token_type", "int")
+        if len(types) != n:
             raise fail(f"tokenizer.ggml.token_type must hold {n} integers (one per token), "
-                       f"got {types.dtype} × {types.shape}")
+                       f"got {len(types)}")
         known = np.isin(types, [t.value for t in TokenType])
         if not known.all():
             bad = int(np.flatnonzero(~known)[0])
             raise fail(f"tokenizer.ggml.token_type[{bad}] is {int(types[bad])}, not a known token type")
-        merges = kv.get("tokenizer.ggml.merges")
-        if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
-            raise fail("tokenizer.ggml.merges is missing or not a list of strings")
+        if not meta.has("tokenizer.ggml.merges"):
+            raise fail("tokenizer.ggml.merges is missing")
+        merges = meta.array_of("tokenizer.ggml.merges", "string")
 
         is_control = np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN])
         token_bytes: list[bytes] = []
@@ -177,15 +179,14 @@ class Tokenizer:
             piece_to_id.setdefault(piece, i)
 
         def special(key: str, piece: str, required: bool) -> int | None:
-            value = kv.get(key)
+            value = meta.uint(key, default=None)
             if value is None:
                 value = piece_to_id.get(piece)
             if value is None:
                 if required:
                     raise fail(f"{key} is missing and the vocabulary has no {piece!r}")
                 return None
-            value = int(value)
-            if not 0 <= value < n:
+            if not value < n:
                 raise fail(f"{key} = {value} is outside the vocabulary (0..{n - 1})")
             return value
 
@@ -197,7 +198,7 @@ class Tokenizer:
             eos_id=special("tokenizer.ggml.eos_token_id", "</s>", True),
             pad_id=special("tokenizer.ggml.padding_token_id", "<pad>", False),
             unk_id=special("tokenizer.ggml.unknown_token_id", "<unk>", False),
-            add_bos=bool(kv.get("tokenizer.ggml.add_bos_token", True)),
+            add_bos=meta.bool("tokenizer.ggml.add_bos_token", default=True),
             _hf=hf,
             _token_bytes=token_bytes,
             _is_control=is_control,
