@@ -33,13 +33,19 @@ MAX_IMAGE_PIXELS = 89_478_485
 
 ORIENTATION_TAG = 0x0112  # EXIF Orientation
 CUBIC_A = -0.75  # OpenCV's INTER_CUBIC kernel parameter (PIL/torch use -0.5 / -0.75 variously)
+_CHUNK_ROWS = 64  # rows per step of each resize pass: bounds the temporaries, not the result
 
 
-def image_grid(size_wh: tuple[int, int], image_size: int, patch_size: int, merge: int) -> tuple[int, int]:
-    """(rows, cols) of merged image tokens for an image of `size_wh` = (width, height)."""
+def image_grid(size_wh: tuple[int, int], image_size: int, patch_size: int, merge: int,
+               source: str = "image") -> tuple[int, int]:
+    """(rows, cols) of merged image tokens for an image of `size_wh` = (width, height).
+
+    Every aspect ratio with both sides ≥ 1 makes a valid grid (at least 1 × 1): a side that
+    scaling would round to 0 is kept at 1 pixel, as mistral-common does; so only an empty
+    side is refused."""
     w, h = size_wh
     if w < 1 or h < 1:
-        raise ValueError(f"image size must be positive, got {w}x{h}")
+        raise EngineError(f"{source}: image size {w}x{h} cannot make a token grid (a side is empty)")
     ratio = max(w / image_size, h / image_size)
     if ratio > 1:
         # Python's round (half to even) on purpose: it is what mistral-common uses.
@@ -89,16 +95,33 @@ def decode_image(data: bytes, source: str = "image") -> Image.Image:
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """RGB as mistral-common's `_convert_to_rgb`: anything else → RGBA, pasted over white."""
+    """RGB as mistral-common's `_convert_to_rgb`: anything else → RGBA, pasted over white.
+
+    A mode with no alpha at all converts straight to RGB: pasting a fully opaque RGBA over
+    white copies its colour channels exactly, so the result is the same image, without the
+    two extra full-size RGBA copies (tests/engine/mistral3/test_image_hostile.py checks it)."""
     if img.mode == "RGB":
         return img
     if img.mode.startswith("I;16") or img.mode == "I":
         img = _sixteen_bit_to_l(img)
+    if _is_opaque(img):
+        return img.convert("RGB")
     if img.mode != "RGBA":
         img = img.convert("RGBA")
     white = Image.new("RGBA", img.size, "WHITE")
     white.paste(img, (0, 0), img)
     return white.convert("RGB")
+
+
+OPAQUE_MODES = ("1", "L", "CMYK", "YCbCr")  # modes that cannot carry transparency
+
+
+def _is_opaque(img: Image.Image) -> bool:
+    if "transparency" in img.info:
+        return False
+    if img.mode == "P":
+        return img.palette is not None and img.palette.mode == "RGB"
+    return img.mode in OPAQUE_MODES
 
 
 def _sixteen_bit_to_l(img: Image.Image) -> Image.Image:
@@ -138,6 +161,12 @@ def resize_cubic(rgb, width: int, height: int) -> torch.Tensor:
 
     Horizontal pass then vertical pass (cv2's order), float32, no clipping (like cv2 on float
     input). Takes uint8 (numpy or torch) so the big source image stays small in memory.
+
+    Memory is bounded by the output, not the input: the vertical taps read at most 4 source
+    rows per output row, so only those rows go through the horizontal pass (the others would
+    be computed and never read: the result is bit-for-bit the same). The horizontal result is
+    then at most min(src_h, 4·height) × width, and the passes run in chunks of rows, so the
+    float32 working set is ≤ 12 bytes × (4 + 2)·width·height plus a chunk — whatever the input.
     """
     src = rgb.numpy() if isinstance(rgb, torch.Tensor) else np.asarray(rgb)
     src_h, src_w, channels = src.shape
@@ -145,14 +174,21 @@ def resize_cubic(rgb, width: int, height: int) -> torch.Tensor:
         return torch.from_numpy(src.astype(np.float32))
     x_idx, x_w = _cubic_taps(src_w, width)
     y_idx, y_w = _cubic_taps(src_h, height)
-    # Horizontal: rows[:, dx] = sum_k w[dx, k] * src[:, idx[dx, k]]  (4 gathers, not a matmul:
-    # a dense weight matrix would cost W x width multiplies per row)
-    rows = np.zeros((src_h, width, channels), dtype=np.float32)
-    for k in range(4):
-        rows += src[:, x_idx[:, k], :] * x_w[None, :, k, None]
+    used = np.unique(y_idx)  # the only source rows the vertical pass reads
+    y_idx = np.searchsorted(used, y_idx)
+    # Horizontal: rows[:, dx] = sum_k w[dx, k] * src[used][:, idx[dx, k]]  (4 gathers, not a
+    # matmul: a dense weight matrix would cost W x width multiplies per row)
+    rows = np.zeros((len(used), width, channels), dtype=np.float32)
+    for r0 in range(0, len(used), _CHUNK_ROWS):
+        chunk = rows[r0:r0 + _CHUNK_ROWS]
+        picked = src[used[r0:r0 + _CHUNK_ROWS]]
+        for k in range(4):
+            chunk += picked[:, x_idx[:, k], :] * x_w[None, :, k, None]
     out = np.zeros((height, width, channels), dtype=np.float32)
-    for k in range(4):
-        out += rows[y_idx[:, k]] * y_w[:, k, None, None]
+    for r0 in range(0, height, _CHUNK_ROWS):
+        chunk = out[r0:r0 + _CHUNK_ROWS]
+        for k in range(4):
+            chunk += rows[y_idx[r0:r0 + _CHUNK_ROWS, k]] * y_w[r0:r0 + _CHUNK_ROWS, k, None, None]
     return torch.from_numpy(out)
 
 
