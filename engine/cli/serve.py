@@ -1,0 +1,85 @@
+"""`tramontane-cli serve`: the model behind an OpenAI-compatible server until Ctrl-C."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from ..api import EngineError
+
+
+def add_parsers(sub) -> None:
+    from ..server.openai_api import RequestLimits
+    from .run import DEVICES
+
+    limits = RequestLimits()
+    p = sub.add_parser("serve", help="serve a GGUF model over an OpenAI-compatible HTTP API (localhost)")
+    p.add_argument("--model", required=True, help="GGUF file")
+    p.add_argument("--mmproj", help="vision projector GGUF (default: the one beside the model that fits it)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; another needs --allow-network and a key)")
+    p.add_argument("--port", type=int, default=8080)
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--api-key", metavar="K", help="require 'Authorization: Bearer K' "
+                                                    "(visible to other users in the process list: "
+                                                    "prefer --api-key-env)")
+    key.add_argument("--api-key-env", metavar="VAR", help="environment variable that holds the API key")
+    p.add_argument("--allow-network", action="store_true",
+                   help="allow binding an address other machines can reach (needs an API key)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (e.g. http://localhost:3000, or *) call the server")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--max-body-mb", type=int, default=limits.max_body_bytes >> 20)
+    p.add_argument("--max-image-mb", type=int, default=limits.max_image_bytes >> 20)
+    p.add_argument("--max-queue", type=int, default=limits.max_queue,
+                   help="requests waiting or running before the next one gets 503")
+    p.set_defaults(func=serve_main)
+
+
+def api_key_of(args) -> str | None:
+    if args.api_key_env:
+        value = os.environ.get(args.api_key_env)
+        if not value:
+            raise EngineError(f"--api-key-env: the environment variable {args.api_key_env} is not set")
+        return value
+    return args.api_key or None
+
+
+def serve_main(args, stop: threading.Event | None = None) -> int:
+    """Serve until Ctrl-C (or `stop` is set, for tests)."""
+    from ..runtime.local import LocalEngine
+    from ..server.executor import ThreadExecutor
+    from ..server.http import OpenAIServer, check_bind
+    from ..server.openai_api import RequestLimits
+    from .run import check_context_length, projector_for
+
+    api_key = api_key_of(args)
+    check_bind(args.host, args.allow_network, api_key)  # before the minutes of loading
+    if not 0 <= args.port <= 65535:
+        raise EngineError(f"--port must be 0-65535, got {args.port}")
+    for name in ("max_body_mb", "max_image_mb", "max_queue"):
+        if getattr(args, name) < 1:
+            raise EngineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    check_context_length(args, 1)
+    engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
+                         context_length=args.context_length)
+    executor = ThreadExecutor(engine, args.model)
+    limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,
+                           max_queue=args.max_queue)
+    server = OpenAIServer(executor, host=args.host, port=args.port, api_key=api_key,
+                          allow_network=args.allow_network, cors_origins=tuple(args.cors_origin),
+                          limits=limits)
+    try:
+        server.start()
+        print(f"serving {executor.served_model().id} ({engine.description}) at {server.url}"
+              f"{' (API key required)' if api_key else ''}; Ctrl-C stops", file=sys.stderr, flush=True)
+        stop = stop or threading.Event()
+        while not stop.wait(1.0):  # a timed wait, so Ctrl-C is seen on every platform
+            pass
+    finally:
+        server.stop()
+        executor.shutdown()
+        engine.close()
+    return 0
+

@@ -1,0 +1,454 @@
+"""The OpenAI wire format: request bodies checked and turned into engine calls, replies into JSON.
+
+Pure functions, no HTTP: `parse_chat_request` and `parse_completion_request` refuse anything the
+engine cannot honour with an `ApiError` naming the field (OpenAI's error shape, right status),
+so a client never gets a silently different behaviour; the `*_response` / `*_chunk` builders
+write what the official client parses.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import math
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api import ChatMessage, EngineError, GenerationResult, ImagePart, SamplingParams
+from ..remote.client import image_mime
+
+# OpenAI's sampling defaults where the window has none of its own; temperature stays Mistral's
+# recommended 0.15 (the window's), a client that wants another sends it.
+DEFAULT_PARAMS = SamplingParams()
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+class ApiError(Exception):
+    """A refusal in OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
+
+    TYPES = {401: "authentication_error", 403: "permission_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        kind = self.TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str, status: int = 400, code: str | None = None) -> ApiError:
+    return ApiError(status, f"{param}: {message}", param, code)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the server tells about the loaded model, read without touching the engine."""
+
+    id: str  # the GGUF file name without .gguf
+    has_vision: bool
+    context_size: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_body_bytes: int = 64 << 20  # base64 makes images 4/3 larger
+    max_image_bytes: int = 20 << 20  # one decoded image file
+    max_images: int = 16  # per request
+    max_queue: int = 32  # requests waiting or running: the next one gets 503
+
+
+@dataclass
+class ChatJob:
+    """A checked request: what to generate and how to answer."""
+
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    messages: list[ChatMessage] | None = None  # /v1/chat/completions
+    prompt: str | list[int] | None = None  # /v1/completions
+
+
+# ------------------------------------------------------------------------------- primitives
+
+def _number(body: dict, name: str, default: float, lo: float = -math.inf, hi: float = math.inf,
+            inclusive_lo: bool = True) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad(name, f"must be a number, got {value!r}")
+    if value > hi or value < lo or (not inclusive_lo and value == lo):
+        opening = "[" if inclusive_lo else "("
+        raise bad(name, f"must be in {opening}{lo:g}, {hi:g}], got {value!r}")
+    return float(value)
+
+
+def _integer(body: dict, name: str, lo: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(name, f"must be an integer, got {value!r}")
+    if lo is not None and value < lo:
+        raise bad(name, f"must be at least {lo}, got {value}")
+    return value
+
+
+def _refuse_unsupported(body: dict, supported_defaults: dict[str, Any]) -> None:
+    """Fields whose default we honour but whose other values the engine cannot: refused by name,
+    never silently ignored."""
+    for name, neutral in supported_defaults.items():
+        value = body.get(name)
+        if value is None or value == neutral or (isinstance(neutral, tuple) and value in neutral):
+            continue
+        raise bad(name, f"not supported by this server (got {value!r})", code="unsupported_parameter")
+
+
+_COMMON_UNSUPPORTED = {
+    "n": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": (False, 0),
+    "top_logprobs": 0, "logit_bias": ({},), "best_of": 1,
+}
+_CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "tools": ([],), "tool_choice": ("none", "auto"),
+                     "functions": ([],), "function_call": ("none", "auto"), "audio": None,
+                     "modalities": (["text"],), "prediction": None,
+                     "response_format": ({"type": "text"},)}
+_COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "echo": False, "suffix": ("",)}
+
+
+def _sampling(body: dict, context_size: int) -> SamplingParams:
+    """OpenAI's sampling fields, plus the extensions Tramontane's own client and vLLM send
+    (top_k, min_p, repetition_penalty, ignore_eos)."""
+    max_tokens = _integer(body, "max_completion_tokens", lo=0)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", lo=0)
+    stop = body.get("stop")
+    if stop is None:
+        stops: list[str] = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = list(stop)
+    else:
+        raise bad("stop", "must be a string or a list of strings")
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad("stop", f"at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters")
+    seed = _integer(body, "seed")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise bad("ignore_eos", f"must be true or false, got {ignore_eos!r}")
+    params = SamplingParams(
+        # No limit given: until EOS or a full context, as llama-server does.
+        max_tokens=context_size if max_tokens is None else max_tokens,
+        temperature=_number(body, "temperature", DEFAULT_PARAMS.temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", DEFAULT_PARAMS.top_p, 0.0, 1.0, inclusive_lo=False),
+        top_k=_integer(body, "top_k", lo=0) or 0,
+        min_p=_number(body, "min_p", DEFAULT_PARAMS.min_p, 0.0, 1.0),
+        repetition_penalty=_number(body, "repetition_penalty", DEFAULT_PARAMS.repetition_penalty,
+                                   0.0, math.inf, inclusive_lo=False),
+        seed=seed, stop=stops, ignore_eos=ignore_eos)
+    from ..runtime.generate import check_params  # here: the CLI's parser imports this module, not torch
+
+    try:
+        check_params(params)  # the engine's own rules, in its own words
+    except EngineError as exc:
+        raise ApiError(400, str(exc)) from None
+    return params
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad("stream", f"must be true or false, got {stream!r}")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad("stream_options", "must be an object")
+    include_usage = bool((options or {}).get("include_usage", False))
+    if options and not stream:
+        raise bad("stream_options", "only allowed when stream is true")
+    return stream, include_usage
+
+
+def check_model(body: dict, model: ServedModel) -> None:
+    """`model` may be omitted (the loaded one), else it must name the loaded one: 404."""
+    name = body.get("model")
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise bad("model", f"must be a string, got {name!r}")
+    if name != model.id:
+        raise ApiError(404, f"model {name!r} does not exist here: this server serves {model.id!r}",
+                       "model", "model_not_found")
+
+
+# ------------------------------------------------------------------------------- chat
+
+def _data_url_image(url: str, where: str, index: int, limits: RequestLimits) -> ImagePart:
+    if not url.startswith("data:"):
+        scheme = url.split(":", 1)[0] if ":" in url[:12] else "a"
+        raise bad(where, f"only data: URLs are accepted, not {scheme} URLs (this server is offline "
+                         "and never fetches anything): send the image inline as "
+                         "data:image/png;base64,...", code="invalid_image_url")
+    header, comma, payload = url.partition(",")
+    if not comma or not header.endswith(";base64"):
+        raise bad(where, "a data URL needs ';base64,' before the image bytes", code="invalid_image_url")
+    if len(payload) * 3 // 4 > limits.max_image_bytes + 3:
+        raise bad(where, f"image is larger than the limit of {limits.max_image_bytes >> 20} MiB",
+                  413, "image_too_large")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad(where, "the data URL is not valid base64", code="invalid_image_url") from None
+    image = ImagePart(data, f"image {index + 1}")
+    try:
+        image_mime(image)  # the bytes' own header: PNG, JPEG, WebP, GIF, BMP or TIFF
+    except EngineError as exc:
+        raise bad(where, str(exc), code="invalid_image") from None
+    return image
+
+
+def _content_parts(content, where: str, role: str, images: list, limits: RequestLimits) -> list:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise bad(where, "must be a string or a list of content parts")
+    parts: list = []
+    for i, part in enumerate(content):
+        at = f"{where}[{i}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad(f"{at}.text", "must be a string")
+            parts.append(text)
+        elif kind == "image_url":
+            if role != "user":
+                raise bad(at, f"images can only be sent in user messages, not {role} messages")
+            spec = part.get("image_url")
+            url = spec.get("url") if isinstance(spec, dict) else spec
+            if not isinstance(url, str):
+                raise bad(f"{at}.image_url.url", "must be a string")
+            if len(images) >= limits.max_images:
+                raise bad(at, f"at most {limits.max_images} images per request", 413, "too_many_images")
+            image = _data_url_image(url, f"{at}.image_url.url", len(images), limits)
+            images.append(image)
+            parts.append(image)
+        else:
+            raise bad(f"{at}.type", f"{kind!r} parts are not supported (only text and image_url)")
+    return parts
+
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def parse_messages(raw, limits: RequestLimits) -> list[ChatMessage]:
+    if not isinstance(raw, list) or not raw:
+        raise bad("messages", "must be a non-empty list of messages")
+    messages: list[ChatMessage] = []
+    images: list[ImagePart] = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, "must be an object with role and content")
+        role = m.get("role")
+        if role in ("tool", "function") or m.get("tool_calls"):
+            raise bad(f"{where}.role", "tool calls are not supported by this server",
+                      code="unsupported_parameter")
+        if role not in _ROLES:
+            raise bad(f"{where}.role", f"must be system, user or assistant, got {role!r}")
+        parts = _content_parts(m.get("content"), f"{where}.content", role, images, limits)
+        messages.append(ChatMessage(_ROLES[role], parts))
+    if messages[-1].role == "assistant":
+        # Continuing an assistant prefix would need the reply without its </s>: not in the format.
+        raise bad(f"messages[{len(raw) - 1}].role", "the last message must be a user or system "
+                                                    "message (the server writes the assistant's)")
+    return messages
+
+
+def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJob:
+    """A /v1/chat/completions body, checked; raises ApiError naming the field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body: must be a JSON object")
+    check_model(body, model)
+    _refuse_unsupported(body, _CHAT_UNSUPPORTED)
+    messages = parse_messages(body.get("messages"), limits)
+    if not model.has_vision and any(m.images for m in messages):
+        raise ApiError(400, f"messages: {model.id} has no vision projector, so it cannot read "
+                            "images (start the server with its mmproj file)", "messages",
+                       "model_has_no_vision")
+    stream, include_usage = _stream_flags(body)
+    return ChatJob(_sampling(body, model.context_size), stream, include_usage, messages=messages)
+
+
+def parse_completion_request(body, model: ServedModel, limits: RequestLimits) -> ChatJob:
+    """A /v1/completions body: `prompt` is one string (BOS is added, control-token text stays
+    text) or one list of token ids (used as given)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body: must be a JSON object")
+    check_model(body, model)
+    _refuse_unsupported(body, _COMPLETION_UNSUPPORTED)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    ok = isinstance(prompt, str) or (
+        isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                    for t in prompt))
+    if not ok:
+        raise bad("prompt", "must be a string or a non-empty list of token ids (one prompt per request)")
+    stream, include_usage = _stream_flags(body)
+    return ChatJob(_sampling(body, model.context_size), stream, include_usage, prompt=prompt)
+
+
+# ------------------------------------------------------------------------------- conversations
+
+def _message_digest(message: ChatMessage) -> bytes:
+    h = hashlib.sha256(message.role.encode())
+    for part in message.parts:
+        if isinstance(part, ImagePart):
+            h.update(b"\x00i" + bytes.fromhex(part.sha256))
+        else:
+            data = part.encode("utf-8", "surrogatepass")
+            h.update(b"\x00t" + len(data).to_bytes(8, "little") + data)
+    return h.digest()
+
+
+def prefix_digests(messages: list[ChatMessage]) -> list[bytes]:
+    """digests[k]: a hash of messages[:k + 1] (a chain, so each prefix costs one message)."""
+    out, running = [], b""
+    for message in messages:
+        running = hashlib.sha256(running + _message_digest(message)).digest()
+        out.append(running)
+    return out
+
+
+class ConversationKeys:
+    """Which engine session (KV cache entry) holds each conversation the server has answered.
+
+    OpenAI clients resend the whole conversation every turn and name no chat; a request is
+    given the session of its longest prefix that was an earlier request or request + reply, so
+    a growing conversation prefills only its new tokens and two conversations never share an
+    entry. Keys live in their own "openai:" namespace, apart from the window's chat ids. The
+    engine only reuses KV whose tokens match, so a wrong guess costs time, never correctness."""
+
+    PREFIX = "openai:"
+
+    def __init__(self, capacity: int = 1024):
+        self.capacity = capacity
+        self._keys: OrderedDict[bytes, str] = OrderedDict()
+
+    def key_for(self, messages: list[ChatMessage]) -> str:
+        for digest in reversed(prefix_digests(messages)):
+            key = self._keys.get(digest)
+            if key is not None:
+                self._keys.move_to_end(digest)
+                return key
+        return self.PREFIX + uuid.uuid4().hex
+
+    def remember(self, messages: list[ChatMessage], reply: str, key: str) -> None:
+        """After a reply: the same request again (regenerate) or the next turn find `key`."""
+        done = messages + [ChatMessage.text("assistant", reply)]
+        digests = prefix_digests(done)
+        for digest in (digests[-2], digests[-1]):
+            self._keys[digest] = key
+            self._keys.move_to_end(digest)
+        while len(self._keys) > self.capacity:
+            self._keys.popitem(last=False)
+
+
+# ------------------------------------------------------------------------------- replies
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def finish_reason(result: GenerationResult) -> str:
+    return "length" if result.finish_reason == "length" else "stop"
+
+
+def usage(result: GenerationResult) -> dict:
+    stats = result.stats
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.reused_tokens}}
+
+
+def stop_reason(result: GenerationResult, params: SamplingParams, full_text: str) -> str | None:
+    """The stop string that ended the reply (vLLM's `stop_reason`; Tramontane's client reads it)."""
+    if result.finish_reason != "stop_string":
+        return None
+    return next((s for s in params.stop if full_text.startswith(s, len(result.text))),
+                params.stop[0] if params.stop else None)
+
+
+def _envelope(kind: str, rid: str, model: ServedModel, created: int) -> dict:
+    return {"id": rid, "object": kind, "created": created, "model": model.id,
+            "system_fingerprint": None}
+
+
+def chat_response(rid: str, model: ServedModel, created: int, result: GenerationResult,
+                  reason: str | None) -> dict:
+    body = _envelope("chat.completion", rid, model, created)
+    body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                        "logprobs": None, "finish_reason": finish_reason(result),
+                        "stop_reason": reason}]
+    body["usage"] = usage(result)
+    return body
+
+
+def chat_chunk(rid: str, model: ServedModel, created: int, delta: dict,
+               finish: str | None = None, reason: str | None = None,
+               with_usage_field: bool = False) -> dict:
+    body = _envelope("chat.completion.chunk", rid, model, created)
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = reason
+    body["choices"] = [choice]
+    if with_usage_field:
+        body["usage"] = None  # OpenAI: null on every chunk but the last when usage is asked for
+    return body
+
+
+def completion_response(rid: str, model: ServedModel, created: int, result: GenerationResult,
+                        reason: str | None) -> dict:
+    body = _envelope("text_completion", rid, model, created)
+    body["choices"] = [{"index": 0, "text": result.text, "logprobs": None,
+                        "finish_reason": finish_reason(result), "stop_reason": reason}]
+    body["usage"] = usage(result)
+    return body
+
+
+def completion_chunk(rid: str, model: ServedModel, created: int, text: str,
+                     finish: str | None = None, reason: str | None = None,
+                     with_usage_field: bool = False) -> dict:
+    body = _envelope("text_completion", rid, model, created)
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = reason
+    body["choices"] = [choice]
+    if with_usage_field:
+        body["usage"] = None
+    return body
+
+
+def usage_chunk(kind: str, rid: str, model: ServedModel, created: int,
+                result: GenerationResult) -> dict:
+    body = _envelope(kind, rid, model, created)
+    body["choices"] = []
+    body["usage"] = usage(result)
+    return body
+
+
+def models_response(model: ServedModel) -> dict:
+    return {"object": "list", "data": [{"id": model.id, "object": "model", "created": model.created,
+                                        "owned_by": "tramontane", "max_model_len": model.context_size}]}
