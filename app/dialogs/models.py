@@ -1,30 +1,31 @@
 """The model manager dialog: recommended models, hub search, files on this computer, and
 the downloads with progress, speed, ETA, pause, resume and cancel.
 
-All network work runs off the UI thread: hub calls on a QThreadPool, downloads on the
-`DownloadManager`'s own workers, whose plain-Python status callbacks are turned into a
-queued Qt signal here. `load_requested(model_path, mmproj_path)` asks the chat window to
-load a model ('' when there is no projector).
+All network work runs off the UI thread: hub calls as background jobs (app/jobs.py), the
+downloads in the app's `Downloads` (app/downloads.py), which the window owns so that closing
+this dialog leaves them running. `load_requested(model_path, mmproj_path)` asks the chat
+window to load a model ('' when there is no projector).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, QUrl, Signal, Slot
+from PySide6.QtCore import Qt, QUrl, Signal, Slot
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialog, QHBoxLayout,
                                QHeaderView, QInputDialog, QLabel, QLineEdit, QMessageBox,
                                QProgressBar, QPushButton, QScrollArea, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState, DownloadStatus,
-                                final_path, repo_folder)
-from ...engine.library.hub import (CatalogEntry, Hub, HubError, ModelChoice, load_catalog,
-                          resolve_catalog_entry)
-from ...engine.library.local import (LocalModel, default_models_dir, delete_model,
-                                   find_projector, import_model, scan_models)
+from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
+                                         DownloadStatus, repo_folder)
+from ...engine.library.hub import CatalogEntry, Hub, ModelChoice, load_catalog
+from ...engine.library.local import (LocalModel, delete_model, find_projector, import_model,
+                                     scan_models)
+from ..downloads import Downloads
+from ..jobs import Jobs
 
 
 def human_size(n: float | None) -> str:
@@ -70,49 +71,20 @@ def describe_progress(st: DownloadStatus) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# background work
-
-
-class _JobSignals(QObject):
-    done = Signal(object)
-    failed = Signal(str)
-
-
-class _Job(QRunnable):
-    """Runs `fn()` on the thread pool; reports its result or error text via signals."""
-
-    def __init__(self, fn: Callable[[], object]):
-        super().__init__()
-        self.fn = fn
-        self.signals = _JobSignals()
-
-    def run(self) -> None:
-        try:
-            result = self.fn()
-        except HubError as exc:
-            self.signals.failed.emit(str(exc))
-        except Exception as exc:  # noqa: BLE001 - shown to the user in words
-            self.signals.failed.emit(f"{type(exc).__name__}: {exc}")
-        else:
-            self.signals.done.emit(result)
-
-
-class _StatusBridge(QObject):
-    """Download callbacks arrive on worker threads; re-emitted, they reach the UI thread."""
-
-    status = Signal(object)
-
-
-# ---------------------------------------------------------------------------------------
 # one download row
 
 
 class DownloadRow(QWidget):
+    """One download: name, progress bar, pause/resume, cancel; "Load in chat" once its
+    pair (model and projector) is verified."""
+
+    load_requested = Signal(str, str)  # model path, projector path ('' if none)
+
     def __init__(self, request: DownloadRequest, manager: DownloadManager, parent=None):
         super().__init__(parent)
         self.request, self.key, self.manager = request, request.key, manager
         title = Path(request.filename).name
-        self._load_connected = False
+        self._load_paths = ("", "")
         self.state: DownloadState | None = None
         self.title = QLabel(title)
         self.title.setMinimumWidth(220)
@@ -129,6 +101,7 @@ class DownloadRow(QWidget):
         policy.setRetainSizeWhenHidden(True)
         self.load_button.setSizePolicy(policy)
         self.load_button.hide()
+        self.load_button.clicked.connect(lambda: self.load_requested.emit(*self._load_paths))
         self.pause_button.clicked.connect(self._pause_or_resume)
         self.cancel_button.clicked.connect(lambda: self.manager.cancel(self.key))
         top = QHBoxLayout()
@@ -141,6 +114,10 @@ class DownloadRow(QWidget):
         layout.setContentsMargins(4, 2, 4, 2)
         layout.addLayout(top)
         layout.addWidget(self.detail)
+
+    def offer_load(self, model: str, projector: str) -> None:
+        self._load_paths = (model, projector)
+        self.load_button.show()
 
     def _pause_or_resume(self) -> None:
         if self.state in (DownloadState.PAUSED, DownloadState.FAILED):
@@ -191,29 +168,27 @@ def _table(headers: list[str]) -> QTableWidget:
 
 class ModelManagerDialog(QDialog):
     load_requested = Signal(str, str)  # model path, projector path ('' if none)
-    token_changed = Signal(str)  # the user typed a hub token (the app may save it)
 
     def __init__(self, models_dir: str | os.PathLike | None = None, hub: Hub | None = None,
-                 manager: DownloadManager | None = None,
+                 downloads: Downloads | None = None,
                  catalog: list[CatalogEntry] | None = None, parent=None):
+        """`downloads`: the app's (keeps running after the dialog closes); without one the
+        dialog makes its own in `models_dir` with `hub`, paused when the dialog closes."""
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(980, 680)
-        self.models_dir = Path(models_dir) if models_dir else default_models_dir()
-        self.hub = hub or Hub()
-        self._own_manager = manager is None
-        self.manager = manager or DownloadManager(self.models_dir, hub=self.hub)
+        self._own_downloads = downloads is None
+        self.downloads = downloads or Downloads(models_dir, hub, parent=self)
+        self.models_dir = self.downloads.models_dir
+        self.hub = self.downloads.hub
+        self.manager: DownloadManager = self.downloads.manager
         self.catalog = catalog if catalog is not None else load_catalog()
-        self.pool = QThreadPool(self)
-        self.pool.setMaxThreadCount(2)
-        self._jobs: set[_Job] = set()
+        self.jobs = Jobs(self)  # hub searches and listings: their results die with the dialog
         self._rows: dict[str, DownloadRow] = {}
-        # model download key -> (model request, projector request or None)
-        self._pairs: dict[str, tuple[DownloadRequest, DownloadRequest | None]] = {}
-        self._bridge = _StatusBridge(self)
-        self._bridge.status.connect(self._on_status, Qt.QueuedConnection)
-        self._listener = self._bridge.status.emit
-        self.manager.add_listener(self._listener)
+        self.downloads.status_changed.connect(self._on_status)
+        self.downloads.pair_ready.connect(self._on_pair_ready)
+        self.downloads.started.connect(self._on_started)
+        self.downloads.notice.connect(self.show_message)
 
         self.message = QLabel()
         self.message.setWordWrap(True)
@@ -260,8 +235,8 @@ class ModelManagerDialog(QDialog):
         layout.addLayout(bottom)
 
         self.refresh_local()
+        self._show_downloads()
         self._refresh_catalog_status()
-        self._show_unfinished()
         if self.hub.offline:
             self.tabs.setCurrentIndex(2)
             for w in (self.search_button, self.search_edit, self.catalog_download,
@@ -270,27 +245,15 @@ class ModelManagerDialog(QDialog):
 
     # -- helpers --------------------------------------------------------------------------
 
+    @Slot(str, bool)
     def show_message(self, text: str, error: bool = False) -> None:
         self.message.setText(text)
         self.message.setStyleSheet("color: #b00020;" if error else "")
 
-    def run_in_background(self, fn: Callable[[], object], on_done: Callable[[object], None],
+    def run_in_background(self, fn: Callable[[], Any], on_done: Callable[[Any], None],
                           what: str) -> None:
-        job = _Job(fn)
-        self._jobs.add(job)
-
-        def finished(result):
-            self._jobs.discard(job)
-            on_done(result)
-
-        def failed(text):
-            self._jobs.discard(job)
-            self.show_message(text, error=True)
-
-        job.signals.done.connect(finished, Qt.QueuedConnection)
-        job.signals.failed.connect(failed, Qt.QueuedConnection)
         self.show_message(what)
-        self.pool.start(job)
+        self.jobs.run(fn, on_done, lambda text: self.show_message(text, error=True))
 
     # -- recommended --------------------------------------------------------------------
 
@@ -354,10 +317,7 @@ class ModelManagerDialog(QDialog):
         for r in range(self.catalog_table.rowCount()):
             entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
             model, mmproj = self._catalog_local_files(entry, quant)
-            busy = any(req.repo_id == entry.repo_id and key in self._rows
-                       and self._rows[key].state in (DownloadState.QUEUED, DownloadState.RUNNING,
-                                                     DownloadState.VERIFYING)
-                       for key, (req, _) in self._pairs.items())
+            busy = self.downloads.busy(entry.repo_id)
             if model and (mmproj or not entry.vision):
                 status = "ready"
             elif busy:
@@ -382,15 +342,7 @@ class ModelManagerDialog(QDialog):
         sel = self._selected_catalog()
         if sel is None:
             return
-        entry, quant = sel
-
-        def done(resolved):
-            for w in resolved.warnings:
-                self.show_message(w)
-            self.start_pair(resolved.model, resolved.mmproj)
-
-        self.run_in_background(lambda: resolve_catalog_entry(self.hub, entry, quant), done,
-                               f"Looking up {entry.repo_id}…")
+        self.downloads.start_catalog_entry(*sel)
 
     def _load_catalog_row(self) -> None:
         sel = self._selected_catalog()
@@ -490,14 +442,8 @@ class ModelManagerDialog(QDialog):
 
     def start_pair(self, model, mmproj) -> None:
         """Download a model file and its projector (HubFile objects) together."""
-        reqs = [DownloadRequest(f.repo_id, f.path, f.revision, f.sha256, f.size)
-                for f in (model, mmproj) if f is not None]
-        self._pairs[reqs[0].key] = (reqs[0], reqs[1] if len(reqs) > 1 else None)
-        for r in reqs:
+        for r in self.downloads.start_pair(model, mmproj):
             self._ensure_row(r)
-            self.manager.start(r)
-        self.show_message(f"Downloading {model.path}" + (" and its projector" if mmproj else "")
-                          + f" into {self.models_dir}.")
         self._refresh_catalog_status()
 
     def _ensure_row(self, req: DownloadRequest) -> DownloadRow:
@@ -505,20 +451,22 @@ class ModelManagerDialog(QDialog):
         if row is None:
             row = DownloadRow(req, self.manager)
             row.title.setToolTip(req.key)
+            row.load_requested.connect(self.load_requested)
             self._rows[req.key] = row
             self.downloads_layout.insertWidget(self.downloads_layout.count() - 1, row)
         return row
 
-    def _show_unfinished(self) -> None:
-        """Parts left by an earlier session appear paused, ready to resume."""
-        for req in self.manager.unfinished_requests():
-            if req.key in self._rows:
-                continue
-            row = self._ensure_row(req)
-            done = self.manager.partial_bytes(req)
-            row.update_status(DownloadStatus(req.key, req, DownloadState.PAUSED,
-                                             final_path(self.models_dir, req), done, req.size))
-            self._pairs.setdefault(req.key, (req, None))
+    def _show_downloads(self) -> None:
+        """On opening: the app's downloads as they stand (running ones included), then
+        parts left by an earlier session, paused, ready to resume."""
+        for st in self.downloads.statuses() + self.downloads.unfinished():
+            self._ensure_row(st.request).update_status(st)
+        for key, (model, proj) in self.downloads.ready.items():
+            self._rows[key].offer_load(str(model), str(proj) if proj else "")
+
+    @Slot(str)
+    def _on_started(self, what: str) -> None:
+        self.show_message(what)
 
     @Slot(object)
     def _on_status(self, st: DownloadStatus) -> None:
@@ -528,25 +476,13 @@ class ModelManagerDialog(QDialog):
             self.show_message(st.error or "download failed", error=True)
         if st.state is DownloadState.DONE:
             self.refresh_local()
-            self._check_pair_ready()
         if st.state.finished or st.state is DownloadState.PAUSED:
             self._refresh_catalog_status()
 
-    def _check_pair_ready(self) -> None:
-        for key, (model_req, proj_req) in list(self._pairs.items()):
-            states = [self._rows[r.key].state for r in (model_req, proj_req)
-                      if r is not None and r.key in self._rows]
-            if states and all(s is DownloadState.DONE for s in states):
-                model_path = self.manager.status(model_req.key).path
-                row = self._rows[model_req.key]
-                if not row._load_connected:
-                    row._load_connected = True
-                    proj_path = (self.manager.status(proj_req.key).path if proj_req else None)
-                    row.load_button.clicked.connect(
-                        lambda _=False, m=model_path, p=proj_path: self.load_requested.emit(
-                            str(m), str(p) if p else ""))
-                    row.load_button.show()
-                self.show_message(f"{model_path.name} is ready.")
+    @Slot(str, str, str)
+    def _on_pair_ready(self, key: str, model: str, proj: str) -> None:
+        self._ensure_row(self.downloads.pairs[key][0]).offer_load(model, proj)
+        self.show_message(f"{Path(model).name} is ready.")
 
     # -- local files --------------------------------------------------------------------
 
@@ -657,15 +593,14 @@ class ModelManagerDialog(QDialog):
             "account settings, after accepting the model's license):", QLineEdit.Password)
         if ok:
             self.hub.token = token.strip() or None
-            self.token_changed.emit(token.strip())
             self.show_message("Token set for this session." if token.strip()
                               else "Token cleared.")
 
     def _on_close(self) -> None:
-        # A manager the dialog made itself would die with it: pause its downloads (the
-        # parts resume next time). A manager passed in by the app keeps downloading.
-        if self._own_manager:
-            self.manager.pause_all()
+        # Downloads the dialog made itself die with it: pause them (the parts resume next
+        # time). The app's downloads keep going.
+        if self._own_downloads:
+            self.downloads.shutdown()
 
     def closeEvent(self, event) -> None:
         self._on_close()

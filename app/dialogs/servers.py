@@ -2,29 +2,29 @@
 OpenAI-compatible servers, and the per-chat model picker ("Local model" + servers' models).
 
 Persistence goes through any settings object passed in: one with `get_setting(key, default)`
-/ `set_setting(key, value)` (app/store.py's Store), or `get(key[, default])` / `set(key,
+/ `set_setting(key, value)` (the app's Store), or `get(key[, default])` / `set(key,
 value)`, or a plain dict. Servers are saved under `remote_servers` as a JSON list of
 {name, base_url, api_key, default_model, models}. The key is stored there (the settings
 table, never a chat export) and is never shown: the field is a password field and
 `ServerConfig.__repr__` leaves it out.
 
-Network calls (Test connection, refreshing the model lists) run on a worker thread; their
-results come back to the GUI thread through a queued Qt signal.
+Network calls (Test connection, refreshing the model lists) run as background jobs
+(app/jobs.py); their results come back on the GUI thread.
 """
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
     QListWidget, QPushButton, QVBoxLayout, QWidget)
 
 from ...engine.api import EngineError
 from ...engine.remote.client import RemoteEngine, RemoteError, fetch_models, parse_base_url
+from ..jobs import Jobs
 
 SETTINGS_KEY = "remote_servers"
 LOCAL_LABEL = "Local model"
@@ -130,33 +130,6 @@ def engine_for_choice(choice: ModelChoice, servers: ServerList, **kwargs) -> Rem
     return config.engine(choice.model, **kwargs)
 
 
-class _Relay(QObject):
-    """Carries a worker thread's result to the GUI thread."""
-
-    done = Signal(object, object)  # callback, result
-
-
-def _run_off_thread(relay: _Relay, work: Callable[[], Any],
-                    on_done: Callable[[Any], None]) -> threading.Thread:
-    def target() -> None:
-        try:
-            result: Any = work()
-        except Exception as exc:  # noqa: BLE001 - handed to the GUI as a value
-            result = exc
-        try:
-            relay.done.emit(on_done, result)
-        except RuntimeError:  # the widget is gone
-            pass
-
-    thread = threading.Thread(target=target, name="servers-net", daemon=True)
-    thread.start()
-    return thread
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
-
-
 class ServersWidget(QWidget):
     """Add / edit / remove servers, and test a server's connection (lists its models)."""
 
@@ -167,9 +140,7 @@ class ServersWidget(QWidget):
         super().__init__(parent)
         self.servers = ServerList(settings)
         self._configs = self.servers.load()
-        self._relay = _Relay(self)
-        self._relay.done.connect(self._deliver, Qt.ConnectionType.QueuedConnection)
-        self._threads: list[threading.Thread] = []
+        self.jobs = Jobs(self)
         self._loading = False
 
         self.list = QListWidget()
@@ -333,23 +304,18 @@ class ServersWidget(QWidget):
         self.test_button.setEnabled(False)
         self._say(True, f"Connecting to {parse_base_url(config.base_url).display}…")
         name, url, key = config.name, config.base_url, config.api_key or None
-        self._threads.append(_run_off_thread(
-            self._relay, lambda: fetch_models(url, key, timeout=TEST_TIMEOUT_S),
-            lambda result: self._test_done(name, result)))
+        self.jobs.run(lambda: fetch_models(url, key, timeout=TEST_TIMEOUT_S),
+                      lambda result: self._test_done(name, result), self._test_failed)
 
-    @Slot(object, object)
-    def _deliver(self, callback: Callable[[Any], None], result: Any) -> None:
-        self._threads = [t for t in self._threads if t.is_alive()]
-        callback(result)
+    def _test_failed(self, error: str) -> None:
+        self.test_button.setEnabled(True)
+        message = f"Connection failed: {error}"
+        self._say(False, message)
+        self.testFinished.emit(False, message)
 
     def _test_done(self, name: str, result: Any) -> None:
         self.test_button.setEnabled(True)
         index = next((i for i, c in enumerate(self._configs) if c.name == name), None)
-        if isinstance(result, BaseException):
-            message = f"Connection failed: {_describe(result)}"
-            self._say(False, message)
-            self.testFinished.emit(False, message)
-            return
         models = [m.id for m in result]
         if index is not None:
             config = self._configs[index]
@@ -394,9 +360,7 @@ class ModelChoiceCombo(QComboBox):
     def __init__(self, settings: Any, parent: QWidget | None = None):
         super().__init__(parent)
         self.servers = ServerList(settings)
-        self._relay = _Relay(self)
-        self._relay.done.connect(self._deliver, Qt.ConnectionType.QueuedConnection)
-        self._threads: list[threading.Thread] = []
+        self.jobs = Jobs(self)
         self._pending = 0
         self.errors: dict[str, str] = {}  # server name -> last refresh error
         self.currentIndexChanged.connect(self._emit_choice)
@@ -450,19 +414,13 @@ class ModelChoiceCombo(QComboBox):
         self._pending += len(servers)
         for server in servers:
             name, url, key = server.name, server.base_url, server.api_key or None
-            self._threads.append(_run_off_thread(
-                self._relay, lambda url=url, key=key: fetch_models(url, key,
-                                                                   timeout=TEST_TIMEOUT_S),
-                lambda result, name=name: self._models_done(name, result)))
+            self.jobs.run(lambda url=url, key=key: fetch_models(url, key, timeout=TEST_TIMEOUT_S),
+                          lambda result, name=name: self._models_done(name, result),
+                          lambda error, name=name: self._models_done(name, None, error))
 
-    @Slot(object, object)
-    def _deliver(self, callback: Callable[[Any], None], result: Any) -> None:
-        self._threads = [t for t in self._threads if t.is_alive()]
-        callback(result)
-
-    def _models_done(self, name: str, result: Any) -> None:
-        if isinstance(result, BaseException):
-            self.errors[name] = _describe(result)
+    def _models_done(self, name: str, result: Any, error: str | None = None) -> None:
+        if error is not None:
+            self.errors[name] = error
         else:
             self.errors.pop(name, None)
             configs = self.servers.load()
