@@ -13,30 +13,20 @@ import os
 import sys
 from typing import Callable
 
+from .. import __version__
+
 APP_NAME = "Tramontane"
 
 
-def version() -> str:
-    try:
-        from importlib.metadata import version as dist_version
-
-        return dist_version("tramontane")
-    except Exception:  # noqa: BLE001 - running from a source tree without metadata
-        return "0+unknown"
-
-
 def _print_version(_args) -> int:
-    print(f"{APP_NAME} {version()}")
+    print(f"{APP_NAME} {__version__}")
     return 0
 
 
 def _self_test(args) -> int:
-    """Packaging hook: `tramontane.app.selftest.run(args) -> int` when that module exists."""
-    try:
-        from . import selftest  # type: ignore[attr-defined]
-    except ImportError:
-        print("tramontane: --self-test is not available in this build", file=sys.stderr)
-        return 2
+    """`--self-test`: app/selftest.py checks the engine, the GPU and Qt on a tiny model."""
+    from . import selftest
+
     return int(selftest.run(args))
 
 
