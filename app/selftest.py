@@ -4,11 +4,21 @@ Steps, each printed as it passes or fails:
 
 1. version    the package version (pyproject's, through the distribution metadata)
 2. model      load the tiny bundled GGUF model + projector with `LocalEngine` on the CPU
+   kernels    the native CPU kernels (tramontane.kernels._cpu) load and multiply right; a
+              frozen build must have them, a source checkout says when they are not built
 3. vision     encode a small generated image through the projector (shape and finite values)
-4. generate   a few greedy tokens for a prompt that holds that image
-   gpu        the same on the GPU when torch sees a CUDA device (skipped, and said so, without)
-5. store      write a chat (text + image) with `Store` in a temporary data dir, reopen, read back
-6. gui        build the main window offscreen, if the GUI modules are present
+   then a user's first minutes in a chat, as the app's worker drives the engine:
+4. turn1      a first message holding that image: a few greedy tokens, streamed
+5. turn2      a follow-up in the same chat: the first turn's prompt (image included) must come
+              from the KV cache (the prefill that continues a cached prefix)
+6. stop       a third message whose reply is stopped after its first piece (Stop button)
+7. new-chat   a message in a second chat: the first chat's KV is parked in host memory
+8. regenerate the stopped reply again, back in the first chat: its KV comes back from host
+              memory and the prompt is (almost) all cached
+   gpu, gpu-* the same on the GPU with CUDA graphs decoding, when torch sees a CUDA device
+              (skipped, and said so, without)
+9. store      write a chat (text + image) with `Store` in a temporary data dir, reopen, read back
+10. gui       build the main window offscreen, if the GUI modules are present
 
 Prints ``OK`` and returns 0 when all pass; otherwise prints which step failed and why, and
 returns 1. The bundle ships the tiny model under `tramontane/resources/selftest/`
@@ -35,6 +45,9 @@ RESOURCE_DIR = "selftest"  # inside the tramontane.resources package
 MODEL_ENV = "TRAMONTANE_SELFTEST_MODEL"
 MMPROJ_ENV = "TRAMONTANE_SELFTEST_MMPROJ"
 GEN_TOKENS = 4
+STOP_MAX_TOKENS = 64  # the stop step's reply would be this long; it is stopped after one piece
+QUESTIONS = ("What is in this picture?", "And which colours does it have?", "Tell me more.")
+FIRST_CHAT, SECOND_CHAT = "selftest-1", "selftest-2"  # session keys (the app uses chat ids)
 
 
 class SelfTestFailure(Exception):
@@ -114,9 +127,9 @@ class _Runner:
             if os.environ.get("TRAMONTANE_SELFTEST_TRACEBACK"):
                 traceback.print_exc(file=self.out)
         if self.failed:
-            print(f"  {name:<9} FAILED", file=self.out, flush=True)
+            print(f"  {name:<10} FAILED", file=self.out, flush=True)
             return False
-        print(f"  {name:<9} ok   {detail} ({time.perf_counter() - t0:.2f} s)", file=self.out, flush=True)
+        print(f"  {name:<10} ok   {detail} ({time.perf_counter() - t0:.2f} s)", file=self.out, flush=True)
         return True
 
 
@@ -142,9 +155,9 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
 
     def load() -> str:
         if model is not None:
-            from ..engine.mistral3.config import find_mmproj
+            from ..engine.library.projector import find_projector
 
-            paths = (Path(model), Path(mmproj) if mmproj else find_mmproj(model))
+            paths = (Path(model), Path(mmproj) if mmproj else find_projector(model))
         else:
             paths = find_model()
         for p in paths:
@@ -160,6 +173,25 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
         import torch
 
         return f"{state['engine'].description}, torch {torch.__version__}"
+
+    def kernels() -> str:
+        import torch
+
+        from ..kernels import cpu_native
+        from ..kernels.ggml_types import F32
+
+        if not cpu_native.AVAILABLE:
+            why = f"the native CPU kernels are not built ({cpu_native.IMPORT_ERROR})"
+            if getattr(sys, "frozen", False):
+                raise SelfTestFailure(f"{why}: this build lacks tramontane.kernels._cpu")
+            return f"{why}: torch's CPU path runs"
+        gen = torch.Generator().manual_seed(0)
+        x, w = torch.randn(3, 64, generator=gen), torch.randn(32, 64, generator=gen)
+        y = cpu_native.matmul(x, F32, w, 32, 64)
+        if not torch.allclose(y, x @ w.T, rtol=1e-4, atol=1e-4):
+            raise SelfTestFailure(f"the native {cpu_native.variant()} matmul differs from torch's "
+                                  f"by {(y - x @ w.T).abs().max().item():.3g}")
+        return f"native CPU kernels {cpu_native.variant()} on {cpu_native.threads()} thread(s)"
 
     def vision() -> str:
         engine = state["engine"]
@@ -178,50 +210,139 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
             raise SelfTestFailure("projector output has NaN/inf values")
         return f"{rows}x{cols} image tokens -> {tuple(feats.shape)}"
 
-    def generate() -> str:
+    def conversation(key: str, prefix: str = "") -> None:
+        """A user's first minutes on the engine in state[key], as the app's worker drives it
+        (steps named prefix + turn1, turn2, stop, new-chat, regenerate)."""
+        import threading
+        import warnings
+
         from ..engine.api import ChatMessage, SamplingParams
 
-        engine = state["engine"]
-        msg = ChatMessage("user", [state["image"], "What is in this picture?"])
-        pieces: list[str] = []
-        params = SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True, seed=0)
-        res = engine.chat([msg], params, on_piece=pieces.append, session_key="selftest")
-        if len(res.token_ids) != GEN_TOKENS:
-            raise SelfTestFailure(f"asked for {GEN_TOKENS} tokens, got {len(res.token_ids)} "
-                                  f"(finish reason {res.finish_reason})")
-        if "".join(pieces) != res.text:
-            raise SelfTestFailure("streamed pieces differ from the final text")
-        vocab = engine.model.cfg.vocab_size if hasattr(engine.model.cfg, "vocab_size") else None
-        if vocab and not all(0 <= t < vocab for t in res.token_ids):
-            raise SelfTestFailure(f"token ids out of range: {res.token_ids}")
-        tps = res.stats.decode_tok_s
-        state["reply"] = res.text
-        return (f"{res.stats.prompt_tokens} prompt tokens, {len(res.token_ids)} generated"
-                f"{f', {tps:.0f} tok/s' if tps and math.isfinite(tps) else ''}")
+        conv: dict = {}
+
+        def ask(messages, session: str, max_tokens: int = GEN_TOKENS, stop_after: int = 0):
+            """engine.chat as the worker calls it; checks what every reply must satisfy."""
+            engine = state[key]
+            pieces: list[str] = []
+            cancel = threading.Event()
+
+            def on_piece(piece: str) -> None:
+                pieces.append(piece)
+                if stop_after and len(pieces) >= stop_after:
+                    cancel.set()  # the Stop button: the UI thread sets the request's event
+
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, seed=0)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                res = engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session)
+            if "".join(pieces) != res.text:
+                raise SelfTestFailure("the streamed pieces differ from the reply's text")
+            vocab = getattr(engine.model.cfg, "vocab_size", None)
+            if vocab and not all(0 <= t < vocab for t in res.token_ids):
+                raise SelfTestFailure(f"token ids out of range: {res.token_ids}")
+            if engine.model.device.type == "cuda" and _graphs_wanted():
+                if not engine.model.use_cuda_graphs:
+                    why = "; ".join(str(w.message) for w in caught) or "no warning given"
+                    raise SelfTestFailure(f"CUDA graph decoding was turned off: {why}")
+            return res
+
+        def expect_tokens(res, n: int, what: str) -> None:
+            if len(res.token_ids) != n or res.finish_reason != "length":
+                raise SelfTestFailure(f"{what}: asked for {n} tokens, got {len(res.token_ids)} "
+                                      f"(finish reason {res.finish_reason})")
+
+        def speed(res) -> str:
+            tps = res.stats.decode_tok_s
+            return f", {tps:.0f} tok/s" if tps and math.isfinite(tps) else ""
+
+        def turn1() -> str:
+            msgs = [ChatMessage("user", [state["image"], QUESTIONS[0]])]
+            res = ask(msgs, FIRST_CHAT)
+            expect_tokens(res, GEN_TOKENS, "first turn")
+            if res.stats.reused_tokens:
+                raise SelfTestFailure(f"a new chat reused {res.stats.reused_tokens} cached tokens")
+            conv["msgs"] = msgs + [ChatMessage.text("assistant", res.text)]
+            conv["first_prompt"] = res.stats.prompt_tokens
+            state.setdefault("reply", res.text)
+            detail = ""
+            engine = state[key]
+            if engine.model.device.type == "cuda" and _graphs_wanted():
+                graphs = getattr(getattr(engine.cache, "_decode_graphs", None), "graphs", None)
+                if not graphs:
+                    raise SelfTestFailure("the reply was decoded without a CUDA graph")
+                detail = f", decoded in {len(graphs)} CUDA graph(s)"
+            return (f"image + question: {res.stats.prompt_tokens} prompt tokens, "
+                    f"{len(res.token_ids)} generated{speed(res)}{detail}")
+
+        def turn2() -> str:
+            msgs = conv["msgs"] + [ChatMessage.text("user", QUESTIONS[1])]
+            res = ask(msgs, FIRST_CHAT)
+            expect_tokens(res, GEN_TOKENS, "second turn")
+            reused, first = res.stats.reused_tokens, conv["first_prompt"]
+            if reused <= 0:
+                raise SelfTestFailure("no prompt token came from the KV cache: the second turn "
+                                      "recomputed the whole chat")
+            if reused < first:
+                raise SelfTestFailure(f"only {reused} prompt tokens came from the KV cache; the first "
+                                      f"turn's {first} (image included) should have")
+            conv["msgs"] = msgs + [ChatMessage.text("assistant", res.text)]
+            return (f"follow-up: {reused} of {res.stats.prompt_tokens} prompt tokens cached, "
+                    f"{len(res.token_ids)} generated{speed(res)}")
+
+        def stop() -> str:
+            msgs = conv["msgs"] + [ChatMessage.text("user", QUESTIONS[2])]
+            res = ask(msgs, FIRST_CHAT, max_tokens=STOP_MAX_TOKENS, stop_after=1)
+            if res.finish_reason != "cancelled":
+                raise SelfTestFailure(f"the reply was not stopped (finish reason {res.finish_reason}, "
+                                      f"{len(res.token_ids)} tokens)")
+            if not 0 < len(res.token_ids) < STOP_MAX_TOKENS:
+                raise SelfTestFailure(f"stopped after {len(res.token_ids)} of {STOP_MAX_TOKENS} tokens")
+            if res.stats.reused_tokens <= 0:
+                raise SelfTestFailure("the third turn took nothing from the KV cache")
+            conv["stopped"] = msgs  # regenerate replaces the stopped reply
+            return f"reply stopped after {len(res.token_ids)} of {STOP_MAX_TOKENS} tokens"
+
+        def new_chat() -> str:
+            res = ask([ChatMessage.text("user", "Hello!")], SECOND_CHAT)
+            expect_tokens(res, GEN_TOKENS, "second chat")
+            if res.stats.reused_tokens:
+                raise SelfTestFailure(f"a new chat reused {res.stats.reused_tokens} cached tokens")
+            if FIRST_CHAT not in state[key].host_kv:
+                raise SelfTestFailure("the first chat's KV cache was not kept in host memory")
+            return f"second chat: {res.stats.prompt_tokens} prompt tokens; the first chat's KV parked"
+
+        def regenerate() -> str:
+            res = ask(conv["stopped"], FIRST_CHAT)
+            expect_tokens(res, GEN_TOKENS, "regenerate")
+            reused, prompt = res.stats.reused_tokens, res.stats.prompt_tokens
+            if reused <= 0:
+                raise SelfTestFailure("nothing came back from the parked KV cache")
+            return (f"stopped reply again: {reused} of {prompt} prompt tokens cached, "
+                    f"{len(res.token_ids)} generated{speed(res)}")
+
+        r.step(f"{prefix}turn1", turn1)
+        r.step(f"{prefix}turn2", turn2)
+        r.step(f"{prefix}stop", stop)
+        r.step(f"{prefix}new-chat", new_chat)
+        r.step(f"{prefix}regenerate", regenerate)
 
     def on_gpu() -> str:
-        """The same prompt on the GPU (torch's CUDA build, and the Triton kernels where they
-        apply): it must run and give the requested number of tokens."""
+        """Load the same files on the GPU (torch's CUDA build, the Triton kernels where they
+        apply, CUDA graphs for decoding); the conversation steps then run on it."""
         import torch
 
-        from ..engine.api import ChatMessage, EngineError, SamplingParams
+        from ..engine.api import EngineError
         from ..engine.runtime.local import LocalEngine
 
         cpu = state["engine"]
         name = torch.cuda.get_device_name(0)
         try:
-            eng = LocalEngine(cpu.model_path, cpu.mmproj_path, device="cuda", context_length=512)
+            state["gpu_engine"] = eng = LocalEngine(cpu.model_path, cpu.mmproj_path, device="cuda",
+                                                    context_length=512)
         except EngineError as exc:
             raise SelfTestFailure(str(exc)) from None
-        try:
-            msg = ChatMessage("user", [state["image"], "What is in this picture?"])
-            params = SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True, seed=0)
-            res = eng.chat([msg], params)
-        finally:
-            eng.close()
-        if len(res.token_ids) != GEN_TOKENS:
-            raise SelfTestFailure(f"asked for {GEN_TOKENS} tokens on {name}, got {len(res.token_ids)}")
-        return f"{name}, CUDA {torch.version.cuda}, {GEN_TOKENS} tokens generated"
+        graphs = "on" if eng.model.use_cuda_graphs else "off (TRAMONTANE_CUDA_GRAPHS=0)"
+        return f"{name}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
 
     def store() -> str:
         from ..engine.api import ChatMessage
@@ -268,20 +389,27 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
 
     r.step("version", version)
     r.step("model", load)
+    r.step("kernels", kernels)
     r.step("vision", vision)
-    r.step("generate", generate)
+    if not r.failed:
+        conversation("engine")
     if gpu is not False and not r.failed:
         import torch
 
         if torch.cuda.is_available():
-            r.step("gpu", on_gpu)
+            try:
+                if r.step("gpu", on_gpu):
+                    conversation("gpu_engine", "gpu-")
+            finally:
+                if state.get("gpu_engine") is not None:
+                    state.pop("gpu_engine").close()
         else:
             why = "a CPU build of torch" if torch.version.cuda is None else "no CUDA device or driver"
-            print(f"  gpu       skipped ({why}: models run on the CPU)", file=out, flush=True)
+            print(f"  gpu        skipped ({why}: models run on the CPU)", file=out, flush=True)
     r.step("store", store)
     if gui is not False:
         if gui is None and not _gui_available():
-            print("  gui       skipped (PySide6 or the window module is not installed)", file=out)
+            print("  gui        skipped (PySide6 or the window module is not installed)", file=out)
         else:
             r.step("gui", window)
     engine = state.get("engine")
@@ -292,6 +420,11 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
         return 1
     print("OK", file=out, flush=True)
     return 0
+
+
+def _graphs_wanted() -> bool:
+    """CUDA graph decoding is on unless the user turned it off (the engine's switch)."""
+    return os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
 
 
 def _gui_available() -> bool:

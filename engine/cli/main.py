@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Subcommands that live in their own modules register themselves.
     _lazy("run", "add_parsers")(sub)
     _lazy("models", "add_parser")(sub)
+    _lazy("selftest", "add_parsers")(sub)
     return parser
 
 

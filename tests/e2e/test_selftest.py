@@ -2,6 +2,7 @@
 step and file when something is broken."""
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from tramontane.app.selftest import run_self_test
 from support import FIXTURES
 MODEL = os.path.join(FIXTURES, selftest.MODEL_NAME)
 MMPROJ = os.path.join(FIXTURES, selftest.MMPROJ_NAME)
-STEPS = ("version", "model", "vision", "generate", "store", "gui")
+STEPS = ("version", "model", "kernels", "vision", "turn1", "turn2", "stop", "new-chat",
+         "regenerate", "store", "gui")
 
 
 def run(*args, **kwargs) -> tuple[int, str]:
@@ -31,6 +33,42 @@ def test_self_test_passes_with_the_fixture_model(qapp):
     for step in STEPS:
         assert any(line.split()[:2] == [step, "ok"] for line in lines), (step, text)
     assert f"{selftest.GEN_TOKENS} generated" in text
+    steps = {line.split()[0]: line for line in lines if line.startswith("  ")}
+    # The second turn continues the first turn's KV (the prefill after a cached prefix, image
+    # included); the stop step really stopped; regenerate came back from the parked chat's KV.
+    cached = re.search(r"follow-up: (\d+) of (\d+) prompt tokens cached", steps["turn2"])
+    assert cached and int(cached.group(1)) > 0, steps["turn2"]
+    assert re.search(rf"reply stopped after \d+ of {selftest.STOP_MAX_TOKENS} tokens", steps["stop"])
+    assert re.search(r"stopped reply again: [1-9]\d* of \d+ prompt tokens cached", steps["regenerate"])
+
+
+def test_each_conversation_step_checks_what_it_claims(monkeypatch):
+    """The steps fail, naming why, when the engine does not do what a user relies on."""
+    from tramontane.engine.runtime.local import LocalEngine
+
+    real_chat = LocalEngine.chat
+
+    calls = []
+
+    def no_cache(self, messages, params, on_piece=None, cancel=None, session_key=None):
+        calls.append(session_key)  # a new session every turn: the whole chat is recomputed
+        return real_chat(self, messages, params, on_piece, cancel, f"fresh-{len(calls)}")
+
+    monkeypatch.setattr(LocalEngine, "chat", no_cache)
+    code, text = run(gui=False, gpu=False)
+    assert code == 1
+    assert text.splitlines()[-1] == ("FAILED: turn2: no prompt token came from the KV cache: "
+                                     "the second turn recomputed the whole chat"), text
+    assert "  turn1      ok" in text and "stop" not in text
+
+    def never_stops(self, messages, params, on_piece=None, cancel=None, session_key=None):
+        return real_chat(self, messages, params, on_piece, None, session_key)
+
+    monkeypatch.setattr(LocalEngine, "chat", never_stops)
+    code, text = run(gui=False, gpu=False)
+    assert code == 1
+    assert text.splitlines()[-1].startswith("FAILED: stop: the reply was not stopped (finish "
+                                            "reason length"), text
 
 
 def test_gpu_step_reports_and_fails_cleanly_when_cuda_is_broken(monkeypatch):
@@ -39,7 +77,7 @@ def test_gpu_step_reports_and_fails_cleanly_when_cuda_is_broken(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("a real GPU: test_gpu_step_on_a_real_gpu covers it")
     code, text = run(gui=False)
-    assert code == 0 and "  gpu       skipped (" in text, text
+    assert code == 0 and "  gpu        skipped (" in text, text
     # torch claims a device it cannot use: the step runs and its failure is reported.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Fake GPU")
@@ -89,7 +127,7 @@ def test_model_without_projector_fails_at_the_vision_step(tmp_path):
     shutil.copy(MODEL, lone)
     code, text = run(lone, gui=False)
     assert code == 1
-    assert "model     ok" in text
+    assert "model      ok" in text
     assert text.splitlines()[-1] == "FAILED: vision: the model was loaded without a vision projector"
 
 
@@ -118,3 +156,19 @@ def test_module_entry_point_exit_codes(tmp_path):
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 1
     assert bad.stdout.splitlines()[-1] == f"FAILED: model: {tmp_path / 'x.gguf'}: no such file"
+
+
+def test_cli_self_test_subcommand(capsys, tmp_path):
+    """`tramontane-cli self-test` (the pip-installed console script): the same steps, no window
+    unless --gui, exit 1 with the failing step."""
+    from tramontane.engine.cli.main import main
+
+    assert main(["self-test", "--no-gpu"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[-1] == "OK"
+    for step in STEPS[:-1]:
+        assert any(line.split()[:2] == [step, "ok"] for line in lines), (step, out)
+    assert "gui" not in out and "gpu" not in out
+    assert main(["self-test", "--model", str(tmp_path / "x.gguf")]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == f"FAILED: model: {tmp_path / 'x.gguf'}: no such file"
