@@ -138,6 +138,54 @@ def test_spec_builds_two_executables_sharing_one_folder(tmp_path, monkeypatch):
         assert used not in kw["excludes"]
 
 
+def test_spec_bundles_compiled_extension_modules(tmp_path, monkeypatch):
+    """Compiled code in our packages reaches the bundle wherever pip put it: an extension module
+    built in place (editable install) or into site-packages (`pip install .`) becomes a hidden
+    import staged beside the sources; a shared library it loads becomes a binary."""
+    import importlib.machinery
+    import importlib.util
+
+    site = tmp_path / "site-packages" / "tramontane" / "kernels"
+    (site / "sub").mkdir(parents=True)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]  # .cpython-311-x86_64-linux-gnu.so
+    (site / f"_fake_native{suffix}").write_bytes(b"\x7fELF not really")
+    (site / "sub" / f"_deep{suffix}").write_bytes(b"\x7fELF")
+    (site / "libfake_helper.so.1").write_bytes(b"\x7fELF")
+    (site / "qmatmul.py").write_text("# an installed copy: the stage keeps this checkout's\n")
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name == "tramontane.kernels":  # as if installed into site-packages
+            spec = importlib.machinery.ModuleSpec(name, None, origin=str(site / "__init__.py"),
+                                                  is_package=True)
+            spec.submodule_search_locations = [str(site)]
+            return spec
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    ns = evaluate_spec(tmp_path, monkeypatch, TRAMONTANE_BUNDLE_TRITON="0")
+    kw = ns["a"].kwargs
+    stage = Path(kw["pathex"][0])
+    assert "tramontane.kernels._fake_native" in kw["hiddenimports"]
+    assert "tramontane.kernels.sub._deep" in kw["hiddenimports"]
+    assert (stage / "tramontane" / "kernels" / f"_fake_native{suffix}").is_file()
+    assert (stage / "tramontane" / "kernels" / "qmatmul.py").read_bytes() == \
+        (ROOT / "kernels" / "qmatmul.py").read_bytes()
+    binaries = {(Path(src).name, dest) for src, dest in kw["binaries"]}
+    assert ("libfake_helper.so.1", "tramontane/kernels") in binaries
+    assert not any(name.startswith("_fake_native") for name, _ in binaries)
+
+
+def test_spec_bundles_the_built_native_kernels(tmp_path, monkeypatch):
+    """The real extension (kernels/cpu/, built by pip install): in the bundle when it is built."""
+    import importlib.util
+
+    if importlib.util.find_spec("tramontane.kernels._cpu") is None:
+        pytest.skip("tramontane.kernels._cpu is not built here")
+    ns = evaluate_spec(tmp_path, monkeypatch, TRAMONTANE_BUNDLE_TRITON="0")
+    assert "tramontane.kernels._cpu" in ns["a"].kwargs["hiddenimports"]
+
+
 def test_spec_keeps_triton_when_asked(tmp_path, monkeypatch):
     pytest.importorskip("triton")
     ns = evaluate_spec(tmp_path, monkeypatch, TRAMONTANE_BUNDLE_TRITON="1")
