@@ -80,49 +80,20 @@ def _most_common_quant(types: Counter) -> str | None:
 
 def read_header(path: str | os.PathLike) -> GGUFHeader:
     """Architecture, name and quantization from a GGUF header (raises LocalModelError)."""
+    from ..gguf import open_gguf
+
     path = Path(path)
     try:
-        from ..gguf import GGUFError, open_gguf
-    except ImportError:  # the project reader not there yet: gguf-py's reader
-        return _read_header_gguf_py(path)
-    try:
-        gf = open_gguf(path)
-    except GGUFError as exc:
+        with open_gguf(path) as gf:
+            types = Counter(t.type_name for t in gf.tensors.values() if len(t.shape) == 2)
+            is_projector = gf.architecture == "clip" or gf.bool("clip.has_vision_encoder", default=False)
+            return GGUFHeader(gf.architecture, gf.string("general.name", default=None),
+                              _most_common_quant(types), dict(types.most_common()), is_projector,
+                              len(gf.tensors))
+    except EngineError as exc:  # GGUFError: the reader's or a metadata key's, naming the file
         raise LocalModelError(str(exc)) from exc
     except OSError as exc:
         raise LocalModelError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        types = Counter(t.type_name for t in gf.tensors.values() if len(t.shape) == 2)
-        arch = gf.architecture
-        return GGUFHeader(arch, _str_or_none(gf.get("general.name")), _most_common_quant(types),
-                          dict(types.most_common()), _is_projector(arch, gf.get), len(gf.tensors))
-    finally:
-        gf.close()
-
-
-def _read_header_gguf_py(path: Path) -> GGUFHeader:
-    try:
-        from gguf import GGUFReader
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # noqa: BLE001 - gguf-py raises many types on bad files
-        raise LocalModelError(f"{path}: not a readable GGUF file: {exc}") from exc
-
-    def get(key, default=None):
-        field = reader.get_field(key)
-        return field.contents() if field is not None else default
-
-    types = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) == 2)
-    arch = get("general.architecture")
-    return GGUFHeader(arch, _str_or_none(get("general.name")), _most_common_quant(types),
-                      dict(types.most_common()), _is_projector(arch, get), len(reader.tensors))
-
-
-def _str_or_none(v) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _is_projector(arch, get) -> bool:
-    return arch == "clip" or bool(get("clip.has_vision_encoder", False))
 
 
 def find_projector(model_path: str | os.PathLike) -> Path | None:

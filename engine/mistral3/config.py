@@ -7,15 +7,17 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile
 
 MISTRAL3_ARCHS = ("mistral3",)
 REQUIRED_CONTROL_TOKENS = ("[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")
 BLOCK0_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                   "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+# Generous ceilings for metadata numbers that are not tied to a tensor's shape; the ones that
+# are (every dimension, the block count, the vocabulary) are checked against the file itself.
+MAX_DIM = 1 << 32
+MAX_CONTEXT = 1 << 24
+MAX_IMAGE_SIDE = 1 << 15
 ACCEPTED = ("general.architecture 'mistral3', or 'llama' with the Mistral 3 evidence "
             "(tokenizer.ggml.pre 'tekken', [INST]/[SYSTEM_PROMPT] control tokens, dense SwiGLU "
             "blocks, no experts, no rope_freqs, no Q/K norms)")
@@ -70,19 +72,19 @@ def check_mistral3(gf: GGUFFile) -> None:
         return
     if arch != "llama":
         raise _refuse(gf, f"general.architecture is '{arch}'")
-    pre = gf.get("tokenizer.ggml.pre")
+    pre = gf.string("tokenizer.ggml.pre", default=None)
     if pre != "tekken":
         raise _refuse(gf, f"architecture 'llama' with tokenizer.ggml.pre {pre!r}, not 'tekken' "
                           f"(a Llama model, not a llama-labelled Mistral 3)")
-    vocab = set(gf.get("tokenizer.ggml.tokens") or [])
+    vocab = set(gf.array_of("tokenizer.ggml.tokens", "string", default=[]))
     missing = [t for t in REQUIRED_CONTROL_TOKENS if t not in vocab]
     if missing:
         raise _refuse(gf, f"architecture 'llama' whose vocabulary lacks {', '.join(missing)}")
-    if (gf.arch("expert_count") or 0) > 0 or "blk.0.ffn_gate_inp.weight" in gf.tensors:
+    if gf.uint(gf.arch_key("expert_count"), default=0) > 0 or "blk.0.ffn_gate_inp.weight" in gf.tensors:
         raise _refuse(gf, "architecture 'llama' with mixture-of-experts layers (a Mixtral-style model)")
     if "rope_freqs.weight" in gf.tensors:
         raise _refuse(gf, "architecture 'llama' with a rope_freqs tensor (Llama 3.1-style RoPE)")
-    scaling = gf.arch("rope.scaling.type")
+    scaling = gf.string(gf.arch_key("rope.scaling.type"), default=None)
     if scaling not in (None, "none", "yarn"):
         raise _refuse(gf, f"architecture 'llama' with rope.scaling.type {scaling!r}")
     if "blk.0.attn_q_norm.weight" in gf.tensors or "blk.0.attn_k_norm.weight" in gf.tensors:
@@ -93,38 +95,42 @@ def check_mistral3(gf: GGUFFile) -> None:
 
 
 def text_config(gf: GGUFFile) -> TextConfig:
-    """Recognise the file and read its decoder hyper-parameters (GGUFError otherwise)."""
+    """Recognise the file and read its decoder hyper-parameters (GGUFError otherwise).
+
+    Every count is checked against what the file holds before anything loops over it: the
+    block count against the `blk.N.` tensors present, the vocabulary against the tokens array,
+    and every dimension against the tensor shapes (`_check_tensor_shapes`)."""
     check_mistral3(gf)
+    key = gf.arch_key
 
-    def need(suffix: str):
-        value = gf.arch(suffix)
-        if value is None:
-            raise GGUFError(f"{gf.path}: metadata '{gf.architecture}.{suffix}' is missing")
-        return value
+    def dim(suffix: str, **default) -> int:
+        return gf.uint(key(suffix), 1, MAX_DIM, **default)
 
-    def positive_int(suffix: str, value=None) -> int:
-        value = need(suffix) if value is None else value
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise GGUFError(f"{gf.path}: metadata '{gf.architecture}.{suffix}' = {value!r} is not a positive integer")
-        return int(value)
-
-    hidden = positive_int("embedding_length")
-    n_heads = positive_int("attention.head_count")
-    n_kv = gf.arch("attention.head_count_kv", n_heads)
-    if isinstance(n_kv, (list, tuple)) or hasattr(n_kv, "shape"):
-        raise GGUFError(f"{gf.path}: per-layer '{gf.architecture}.attention.head_count_kv' is not supported")
-    n_kv = positive_int("attention.head_count_kv", n_kv)
+    hidden = dim("embedding_length")
+    n_heads = dim("attention.head_count")
+    n_kv = dim("attention.head_count_kv", default=n_heads)
     if n_heads % n_kv:
         raise GGUFError(f"{gf.path}: {n_heads} query heads are not a multiple of {n_kv} KV heads")
-    head_dim = positive_int("attention.key_length", gf.arch("attention.key_length", hidden // n_heads))
-    v_head_dim = positive_int("attention.value_length", gf.arch("attention.value_length", head_dim))
-    tokens = gf.get("tokenizer.ggml.tokens")
-    vocab = gf.arch("vocab_size", len(tokens) if tokens else None)
+    head_dim = dim("attention.key_length", default=max(hidden // n_heads, 1))
+    v_head_dim = dim("attention.value_length", default=head_dim)
     if "token_embd.weight" not in gf.tensors:
         raise GGUFError(f"{gf.path}: tensor 'token_embd.weight' is missing")
-    vocab = positive_int("vocab_size", vocab if vocab is not None else gf.tensors["token_embd.weight"].shape[0])
-    n_layers = positive_int("block_count")
-    scaling = gf.arch("rope.scaling.type")
+    tokens = gf.array_of("tokenizer.ggml.tokens", "string", default=None)
+    vocab = dim("vocab_size", default=None)
+    if tokens is not None and vocab is not None and vocab != len(tokens):
+        raise GGUFError(f"{gf.path}: metadata '{key('vocab_size')}' is {vocab} but "
+                        f"tokenizer.ggml.tokens holds {len(tokens)} tokens")
+    if vocab is None:
+        vocab = len(tokens) if tokens else gf.tensors["token_embd.weight"].shape[0]
+    n_layers = dim("block_count")
+    present = len(gf.block_indices("blk."))
+    if n_layers > present:
+        raise GGUFError(f"{gf.path}: metadata '{key('block_count')}' is {n_layers} but the file "
+                        f"holds tensors for {present} blocks")
+    scaling = gf.string(key("rope.scaling.type"), default=None)
+    if scaling not in (None, "none", "yarn"):
+        raise GGUFError(f"{gf.path}: metadata '{key('rope.scaling.type')}' is {scaling!r}; "
+                        "supported: 'yarn' or none")
     cfg = TextConfig(
         arch=gf.architecture,
         n_layers=n_layers,
@@ -133,33 +139,31 @@ def text_config(gf: GGUFFile) -> TextConfig:
         n_kv_heads=n_kv,
         head_dim=head_dim,
         v_head_dim=v_head_dim,
-        ffn=positive_int("feed_forward_length"),
+        ffn=dim("feed_forward_length"),
         vocab_size=vocab,
-        norm_eps=float(gf.arch("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(gf.arch("rope.freq_base", 1e6)),
-        rope_dim=int(gf.arch("rope.dimension_count", head_dim)),
-        context_length=positive_int("context_length", gf.arch("context_length", 32768)),
+        norm_eps=gf.float(key("attention.layer_norm_rms_epsilon"), 0, 1, above=0, default=1e-5),
+        rope_theta=gf.float(key("rope.freq_base"), above=1, default=1e6),
+        rope_dim=dim("rope.dimension_count", default=head_dim),
+        context_length=gf.uint(key("context_length"), 1, MAX_CONTEXT, default=32768),
         tied_embeddings="output.weight" not in gf.tensors,
-        rope_scaling=scaling if scaling not in (None, "none") else None,
-        yarn_factor=float(gf.arch("rope.scaling.factor", 1.0)),
-        yarn_original_context=int(gf.arch("rope.scaling.original_context_length", 0)),
-        yarn_beta_fast=float(gf.arch("rope.scaling.yarn_beta_fast", 32.0)),
-        yarn_beta_slow=float(gf.arch("rope.scaling.yarn_beta_slow", 1.0)),
-        yarn_log_multiplier=float(gf.arch("rope.scaling.yarn_log_multiplier", 0.0)),
-        yarn_attn_factor=_opt_float(gf.arch("rope.scaling.yarn_attn_factor")),
-        yarn_ext_factor=_opt_float(gf.arch("rope.scaling.yarn_ext_factor")),
-        attn_temperature_scale=float(gf.arch("attention.temperature_scale", 0.0)),
+        rope_scaling=scaling if scaling != "none" else None,
+        yarn_factor=gf.float(key("rope.scaling.factor"), above=0, default=1.0),
+        yarn_original_context=gf.uint(key("rope.scaling.original_context_length"), 0, MAX_CONTEXT, default=0),
+        # 0 means "the default" for both betas (see text.rope_inv_freq); below 0 has no meaning.
+        yarn_beta_fast=gf.float(key("rope.scaling.yarn_beta_fast"), 0, default=32.0),
+        yarn_beta_slow=gf.float(key("rope.scaling.yarn_beta_slow"), 0, default=1.0),
+        yarn_log_multiplier=gf.float(key("rope.scaling.yarn_log_multiplier"), 0, default=0.0),
+        yarn_attn_factor=gf.float(key("rope.scaling.yarn_attn_factor"), above=0, default=None),
+        yarn_ext_factor=gf.float(key("rope.scaling.yarn_ext_factor"), default=None),
+        attn_temperature_scale=gf.float(key("attention.temperature_scale"), 0, default=0.0),
     )
     _check_tensor_shapes(gf, cfg)
     return cfg
 
 
-def _opt_float(value) -> float | None:
-    return None if value is None else float(value)
-
-
 def _check_tensor_shapes(gf: GGUFFile, cfg: TextConfig) -> None:
-    """Every tensor the decoder needs is present with the shape the metadata implies."""
+    """Every tensor the decoder needs is present with the shape the metadata implies.
+    Loops over cfg.n_layers, which text_config bounded by the blocks the file holds."""
     kv_width = cfg.n_kv_heads * cfg.head_dim
     expected = {"token_embd.weight": (cfg.vocab_size, cfg.hidden), "output_norm.weight": (cfg.hidden,)}
     if not cfg.tied_embeddings:
@@ -186,15 +190,19 @@ def _check_tensor_shapes(gf: GGUFFile, cfg: TextConfig) -> None:
                             f"the metadata implies {shape}")
 
 
+def projector_type(gf: GGUFFile) -> str | None:
+    return gf.string("clip.projector_type", default=None)
+
+
 def is_pixtral_projector(gf: GGUFFile) -> bool:
-    return gf.architecture == "clip" and gf.get("clip.projector_type") == "pixtral"
+    return gf.architecture == "clip" and projector_type(gf) == "pixtral"
 
 
 def check_pixtral_projector(gf: GGUFFile) -> None:
     if gf.architecture != "clip":
         raise GGUFError(f"{gf.path}: not a vision projector: general.architecture is "
                         f"'{gf.architecture}', expected 'clip' with clip.projector_type 'pixtral'")
-    ptype = gf.get("clip.projector_type")
+    ptype = projector_type(gf)
     if ptype != "pixtral":
         raise GGUFError(f"{gf.path}: projector type {ptype!r} is not supported; "
                         f"expected clip.projector_type 'pixtral' (Mistral 3 / Pixtral)")
@@ -275,91 +283,82 @@ class VisionConfig:
         return self.hidden // self.n_heads
 
 
-def _fail(path, what: str) -> EngineError:
-    return EngineError(f"{path}: {what}")
+def _fail(path, what: str) -> GGUFError:
+    return GGUFError(f"{path}: {what}")
 
 
 def read_config(gf: GGUFFile) -> VisionConfig:
-    """Check that `gf` is a Pixtral mmproj we can run and read its hyper-parameters."""
+    """Check that `gf` is a Pixtral mmproj we can run and read its hyper-parameters.
+    The block count is checked against the `v.blk.N.` tensors present before any loop;
+    every dimension is checked against the tensor shapes when the tower loads."""
     path = gf.path
     if gf.architecture != "clip":
         raise _fail(path, f"not a vision projector: general.architecture is '{gf.architecture}', "
                           "expected 'clip' with clip.projector_type 'pixtral'")
-    ptype = gf.get("clip.projector_type")
+    ptype = projector_type(gf)
     if ptype != "pixtral":
         raise _fail(path, f"clip.projector_type {ptype!r} is not supported; only 'pixtral' "
                           f"(Mistral 3 / Pixtral projectors) is. Accepted: {_layouts_text()}")
-    if gf.get("clip.has_vision_encoder") is False:
+    if not gf.bool("clip.has_vision_encoder", default=True):
         raise _fail(path, "clip.has_vision_encoder is false: this projector has no image encoder")
-    use_gelu, use_silu = bool(gf.get("clip.use_gelu", False)), bool(gf.get("clip.use_silu", False))
+    use_gelu = gf.bool("clip.use_gelu", default=False)
+    use_silu = gf.bool("clip.use_silu", default=False)
     if use_gelu and use_silu:
         raise _fail(path, "clip.use_gelu and clip.use_silu are both set; the vision activation is ambiguous")
     activation = "silu" if use_silu else "gelu"
 
-    def need_int(key: str) -> int:
-        value = gf.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-            raise _fail(path, f"{key} is {'missing' if value is None else repr(value)}; "
-                              "a positive integer is required")
-        return int(value)
-
-    def triple(key: str) -> tuple[float, float, float]:
-        value = gf.get(key)
-        try:
-            out = tuple(float(v) for v in value)
-        except TypeError:
-            out = ()
-        if len(out) != 3 or not all(math.isfinite(v) for v in out):
-            raise _fail(path, f"{key} must be 3 finite numbers (RGB), got {value!r}")
-        return out  # type: ignore[return-value]
-
-    hidden = need_int("clip.vision.embedding_length")
-    n_heads = need_int("clip.vision.attention.head_count")
+    hidden = gf.uint("clip.vision.embedding_length", 1, MAX_DIM)
+    n_heads = gf.uint("clip.vision.attention.head_count", 1, MAX_DIM)
     if hidden % n_heads or (hidden // n_heads) % 4:
         raise _fail(path, f"clip.vision.embedding_length {hidden} / attention.head_count {n_heads} "
                           "must give a head size divisible by 4 (2D RoPE)")
-    eps = gf.get("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.number)) or not 0 <= float(eps) < 1:
-        raise _fail(path, f"clip.vision.attention.layer_norm_epsilon is {eps!r}; expected a small positive number")
-    theta = gf.get("clip.vision.rope.freq_base", gf.get("clip.rope.freq_base", ROPE_THETA))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float, np.number)) or not float(theta) > 1:
-        raise _fail(path, f"vision rope.freq_base is {theta!r}; expected a number > 1 (Pixtral: 10000)")
-    std = triple("clip.vision.image_std")
+    eps = gf.float("clip.vision.attention.layer_norm_epsilon", 0, 1, default=1e-5)
+    theta_key = next((k for k in ("clip.vision.rope.freq_base", "clip.rope.freq_base") if gf.has(k)), None)
+    theta = gf.float(theta_key, above=1) if theta_key else ROPE_THETA
+    mean = tuple(gf.array_of("clip.vision.image_mean", "float", 3).tolist())
+    std = tuple(gf.array_of("clip.vision.image_std", "float", 3).tolist())
     if any(v == 0 for v in std):
         raise _fail(path, f"clip.vision.image_std has a zero: {std}")
+    n_layers = gf.uint("clip.vision.block_count", 1, MAX_DIM)
+    present = len(gf.block_indices("v.blk."))
+    if n_layers > present:
+        raise _fail(path, f"metadata 'clip.vision.block_count' is {n_layers} but the file holds "
+                          f"tensors for {present} blocks")
 
-    layout = _detect_layout(gf)
+    layout = _detect_layout(gf, n_layers)
     names = LAYOUTS[layout]
     merger_shape = gf.tensors[names["merger"] + ".weight"].shape
     merge_sq = merger_shape[1] // hidden if len(merger_shape) == 2 else 0
-    merge = int(round(math.sqrt(merge_sq))) if merge_sq > 0 else 0
-    if merge * merge * hidden != (merger_shape[1] if len(merger_shape) == 2 else -1):
+    merge = math.isqrt(merge_sq)
+    if merge < 1 or merge * merge * hidden != (merger_shape[1] if len(merger_shape) == 2 else -1):
         raise _fail(path, f"{names['merger']}.weight has shape {merger_shape}; expected "
                           f"({hidden}, {hidden}·merge²)")
-    key_merge = gf.get("clip.vision.spatial_merge_size")
-    if key_merge is not None and int(key_merge) != merge:
+    key_merge = gf.uint("clip.vision.spatial_merge_size", 1, MAX_DIM, default=merge)
+    if key_merge != merge:
         raise _fail(path, f"clip.vision.spatial_merge_size {key_merge} disagrees with "
                           f"{names['merger']}.weight shape {merger_shape} (merge {merge})")
     text_hidden = gf.tensors[names["mm2"] + ".weight"].shape[0]
     return VisionConfig(
-        image_size=need_int("clip.vision.image_size"),
-        patch_size=need_int("clip.vision.patch_size"),
+        image_size=gf.uint("clip.vision.image_size", 1, MAX_IMAGE_SIDE),
+        patch_size=gf.uint("clip.vision.patch_size", 1, MAX_IMAGE_SIDE),
         merge=merge,
         hidden=hidden,
-        ffn=need_int("clip.vision.feed_forward_length"),
-        n_layers=need_int("clip.vision.block_count"),
+        ffn=gf.uint("clip.vision.feed_forward_length", 1, MAX_DIM),
+        n_layers=n_layers,
         n_heads=n_heads,
-        eps=float(eps),
-        mean=triple("clip.vision.image_mean"),
+        eps=eps,
+        mean=mean,
         std=std,
         activation=activation,
-        rope_theta=float(theta),
-        text_hidden=int(text_hidden),
+        rope_theta=theta,
+        text_hidden=text_hidden,
         layout=layout,
     )
 
 
-def _detect_layout(gf: GGUFFile) -> str:
+def _detect_layout(gf: GGUFFile, n_layers: int) -> str:
+    """Which tensor naming the projector uses; all of its tensors for `n_layers` blocks present
+    (`n_layers` is already bounded by the blocks the file holds)."""
     found = [name for name, names in LAYOUTS.items() if names["patch"] + ".weight" in gf.tensors]
     if len(found) != 1:
         what = "tensors of both layouts" if found else "no patch embedding tensor"
@@ -374,11 +373,8 @@ def _detect_layout(gf: GGUFFile) -> str:
         raise _fail(gf.path, f"linear biases present ({', '.join(biases[:4])}{'…' if len(biases) > 4 else ''}); "
                              "Mistral 3's Pixtral projector has none (is this a Pixtral-12B or other "
                              f"LLaVA projector?). Accepted: {_layouts_text()}")
-    n_layers = gf.get("clip.vision.block_count")
-    if not isinstance(n_layers, (int, np.integer)) or n_layers <= 0:
-        raise _fail(gf.path, f"clip.vision.block_count is {n_layers!r}; a positive integer is required")
     required = [names[r] + ".weight" for r in ("patch", "pre_norm", "mm_norm", "merger", "mm1", "mm2")]
-    required += [names[r].format(i=i) + ".weight" for i in range(int(n_layers)) for r in BLOCK_ROLES]
+    required += [names[r].format(i=i) + ".weight" for i in range(n_layers) for r in BLOCK_ROLES]
     missing = [n for n in required if n not in gf.tensors]
     if missing:
         raise _fail(gf.path, f"{layout}-layout projector is missing {len(missing)} tensor(s): "
@@ -409,39 +405,46 @@ def find_mmproj(model_path: str | Path) -> Path | None:
 
 
 def describe(gf: GGUFFile) -> dict:
-    """A summary for `tramontane-cli info` and the model manager."""
+    """A summary for `tramontane-cli info` and the model manager. A file of another kind is
+    described as "unsupported" with the reason; a Mistral 3 model or Pixtral projector whose
+    metadata is broken raises GGUFError (naming the key), like loading it would."""
     from collections import Counter
 
     types = Counter(t.type_name for t in gf.tensors.values() if len(t.shape) >= 2)
     info = {
         "file": str(gf.path),
         "architecture": gf.architecture,
-        "name": gf.get("general.name"),
+        "name": gf.string("general.name", default=None),
         "gguf_version": gf.version,
         "tensors": len(gf.tensors),
         "tensor_bytes": gf.tensor_bytes,
-        "file_type": gf.get("general.file_type"),
+        "file_type": gf.uint("general.file_type", default=None),
         "quant_types": dict(types.most_common()),
         "main_quant": types.most_common(1)[0][0] if types else None,
     }
     if gf.architecture == "clip":
-        info["kind"] = "pixtral projector" if is_pixtral_projector(gf) else f"clip projector ({gf.get('clip.projector_type')})"
+        if not is_pixtral_projector(gf):
+            info["kind"] = f"clip projector ({projector_type(gf)})"
+            return info
+        info["kind"] = "pixtral projector"
+        info["config"] = dict(read_config(gf).__dict__)
         return info
     try:
-        cfg = text_config(gf)
+        check_mistral3(gf)
     except GGUFError as exc:
         info["kind"] = "unsupported"
         info["error"] = str(exc)
         return info
+    cfg = text_config(gf)
     info["kind"] = "mistral3 text model" + (" (llama-labelled)" if cfg.arch == "llama" else "")
-    info["config"] = {k: v for k, v in cfg.__dict__.items()}
-    tokens = gf.get("tokenizer.ggml.tokens") or []
+    info["config"] = dict(cfg.__dict__)
+    template = gf.string("tokenizer.chat_template", default="")
     info["tokenizer"] = {
-        "model": gf.get("tokenizer.ggml.model"),
-        "pre": gf.get("tokenizer.ggml.pre"),
-        "tokens": len(tokens),
-        "bos": gf.get("tokenizer.ggml.bos_token_id"),
-        "eos": gf.get("tokenizer.ggml.eos_token_id"),
-        "chat_template": (gf.get("tokenizer.chat_template") or "")[:60] or None,
+        "model": gf.string("tokenizer.ggml.model", default=None),
+        "pre": gf.string("tokenizer.ggml.pre", default=None),
+        "tokens": len(gf.array_of("tokenizer.ggml.tokens", "string", default=[])),
+        "bos": gf.uint("tokenizer.ggml.bos_token_id", default=None),
+        "eos": gf.uint("tokenizer.ggml.eos_token_id", default=None),
+        "chat_template": template[:60] or None,
     }
     return info
