@@ -125,3 +125,16 @@ class Downloads(QObject):
                 self.ready[key] = (model, proj)
                 self.pair_ready.emit(key, str(model), str(proj) if proj else "")
 
+
+
+def downloads_in(current: Downloads | None, models_dir: str | os.PathLike | None,
+                 parent: QObject | None = None) -> Downloads:
+    """The app's downloads for the models folder of the settings: `current` when it uses that
+    folder, or while it is busy (running downloads finish where they started); else new ones."""
+    folder = Path(models_dir) if models_dir else default_models_dir()
+    if current is not None and (current.models_dir == folder or current.busy()):
+        return current
+    if current is not None:
+        current.shutdown()
+        current.deleteLater()
+    return Downloads(folder, current.hub if current is not None else None, parent)

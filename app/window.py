@@ -17,7 +17,9 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDia
                                QWidget)
 
 from .chat_session import LOAD_FIRST_HINT, ChatSession
+from .dialogs.servers import EngineChoiceCombo, ServersDialog
 from .dialogs.settings import AppSettings, SettingsDialog
+from .servers import EngineChoice, ServerList, engine_for_choice
 from .store import Store, StoreError
 from .widgets.chat_list import ChatListModel
 from .widgets.chat_view import ChatView
@@ -45,6 +47,7 @@ class MainWindow(QMainWindow):
                  autoload: bool = True):
         super().__init__()
         self._own_store = store is None
+        self.downloads = None  # the app's Downloads, made when the Models dialog first opens
         self.store = store if store is not None else Store(data_dir)
         self.settings = AppSettings(self.store)
         self.setWindowTitle("Tramontane")
@@ -206,11 +209,7 @@ class MainWindow(QMainWindow):
         return b
 
     def _add_server_picker(self) -> None:
-        try:
-            from .dialogs.servers import ModelChoiceCombo
-        except ImportError:  # the servers module is optional for the window
-            return
-        combo = ModelChoiceCombo(self.store)
+        combo = EngineChoiceCombo(self.store)
         combo.setToolTip("Run on the local model or on a model of a configured server")
         combo.setAccessibleName("Model source")
         combo.choiceChanged.connect(self._model_choice_changed)
@@ -352,8 +351,6 @@ class MainWindow(QMainWindow):
         choice = combo.current_choice() if combo is not None else None
         if choice is None or choice.is_local:
             return {"remote_url": None, "remote_model": None}
-        from .dialogs.servers import ServerList
-
         server = ServerList(self.store).find(choice.server)
         return {"remote_url": server.base_url if server else None, "remote_model": choice.model}
 
@@ -361,18 +358,16 @@ class MainWindow(QMainWindow):
         combo = getattr(self.model_bar, "model_combo", None)
         if combo is None:
             return
-        from .dialogs.servers import ModelChoice, ServerList
-
         info = self.store.get_chat_info(chat_id)
         if not info.remote_url:
-            wanted = ModelChoice()
+            wanted = EngineChoice()
         else:
             server = next((s for s in ServerList(self.store).load() if s.base_url == info.remote_url), None)
             if server is None:
                 self.notices[chat_id] = (f"This chat ran on {info.remote_model} at {info.remote_url}, "
                                          f"which is no longer in Settings → Servers.")
                 return
-            wanted = ModelChoice(server.name, info.remote_model)
+            wanted = EngineChoice(server.name, info.remote_model)
         if combo.current_choice() != wanted and not combo.set_choice(wanted):
             self.notices[chat_id] = f"{info.remote_model} is not listed by its server any more."
 
@@ -839,8 +834,6 @@ class MainWindow(QMainWindow):
             if not self.load_last_model():
                 self.worker.unload()
             return
-        from .dialogs.servers import ServerList, engine_for_choice
-
         try:
             engine = engine_for_choice(choice, ServerList(self.store))
         except Exception as exc:  # noqa: BLE001 - a bad server entry is shown, not raised
@@ -897,9 +890,12 @@ class MainWindow(QMainWindow):
 
     def open_model_manager(self, tab: int | None = None) -> None:
         from .dialogs.models import ModelManagerDialog
+        from .downloads import downloads_in
 
         try:
-            dialog = ModelManagerDialog(self.settings.models_dir or None, parent=self)
+            # The window owns the downloads: closing the dialog leaves them running.
+            self.downloads = downloads_in(self.downloads, self.settings.models_dir or None, self)
+            dialog = ModelManagerDialog(downloads=self.downloads, parent=self)
         except Exception as exc:  # noqa: BLE001
             self.model_bar.show_error(f"Cannot open the model manager: {exc}")
             return
@@ -915,8 +911,6 @@ class MainWindow(QMainWindow):
         dialog.exec()
 
     def open_servers(self) -> None:
-        from .dialogs.servers import ServersDialog
-
         dialog = ServersDialog(self.store, self)
         dialog.exec()
         if self.model_bar.model_combo is not None:
@@ -964,6 +958,8 @@ class MainWindow(QMainWindow):
                 self.store.finish_reply(p.message_id, p.text, finish_reason="cancelled")
             except StoreError:
                 pass
+        if self.downloads is not None:  # paused: the parts resume next time
+            self.downloads.shutdown()
         if self._own_store:
             self.store.close()
         super().closeEvent(event)

@@ -1,20 +1,14 @@
 """Remote servers in the GUI: the settings page to add, edit, test and remove
 OpenAI-compatible servers, and the per-chat model picker ("Local model" + servers' models).
 
-Persistence goes through any settings object passed in: one with `get_setting(key, default)`
-/ `set_setting(key, value)` (the app's Store), or `get(key[, default])` / `set(key,
-value)`, or a plain dict. Servers are saved under `remote_servers` as a JSON list of
-{name, base_url, api_key, default_model, models}. The key is stored there (the settings
-table, never a chat export) and is never shown: the field is a password field and
-`ServerConfig.__repr__` leaves it out.
+The servers are kept by app/servers.py (ServerList, in the settings table); the API key
+field here is a password field.
 
 Network calls (Test connection, refreshing the model lists) run as background jobs
 (app/jobs.py); their results come back on the GUI thread.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
@@ -23,111 +17,12 @@ from PySide6.QtWidgets import (
     QListWidget, QPushButton, QVBoxLayout, QWidget)
 
 from ...engine.api import EngineError
-from ...engine.remote.client import RemoteEngine, RemoteError, fetch_models, parse_base_url
+from ...engine.remote.client import fetch_models, parse_base_url
 from ..jobs import Jobs
+from ..servers import EngineChoice, ServerConfig, ServerList, url_ok
 
-SETTINGS_KEY = "remote_servers"
 LOCAL_LABEL = "Local model"
 TEST_TIMEOUT_S = 10.0
-
-
-@dataclass
-class ServerConfig:
-    name: str
-    base_url: str
-    api_key: str = field(default="", repr=False)
-    default_model: str = ""
-    models: list[str] = field(default_factory=list)  # last list the server gave
-
-    def check(self) -> None:
-        """Raises EngineError naming the field that is wrong."""
-        if not self.name.strip():
-            raise EngineError("server name: must not be empty")
-        try:
-            parse_base_url(self.base_url)
-        except RemoteError as exc:
-            raise EngineError(f"server {self.name!r}: {exc}") from None
-
-    def engine(self, model: str | None = None, **kwargs) -> RemoteEngine:
-        model = model or self.default_model or (self.models[0] if self.models else "")
-        if not model:
-            raise EngineError(f"server {self.name!r}: no model chosen (test the connection "
-                              "to list the server's models)")
-        return RemoteEngine(self.base_url, model, self.api_key or None, **kwargs)
-
-    @classmethod
-    def from_dict(cls, obj: Any) -> "ServerConfig | None":
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return None
-        models = obj.get("models")
-        return cls(name=obj["name"], base_url=str(obj.get("base_url") or ""),
-                   api_key=str(obj.get("api_key") or ""),
-                   default_model=str(obj.get("default_model") or ""),
-                   models=[str(m) for m in models] if isinstance(models, list) else [])
-
-
-class ServerList:
-    """The saved servers, read from and written to the settings object."""
-
-    def __init__(self, settings: Any):
-        self._settings = settings
-
-    def _get(self) -> Any:
-        s = self._settings
-        if hasattr(s, "get_setting"):
-            return s.get_setting(SETTINGS_KEY, None)
-        try:
-            return s.get(SETTINGS_KEY, None)
-        except TypeError:  # a get(key) without a default
-            return s.get(SETTINGS_KEY)
-
-    def _set(self, value: Any) -> None:
-        s = self._settings
-        if hasattr(s, "set_setting"):
-            s.set_setting(SETTINGS_KEY, value)
-        elif hasattr(s, "set"):
-            s.set(SETTINGS_KEY, value)
-        else:
-            s[SETTINGS_KEY] = value
-
-    def load(self) -> list[ServerConfig]:
-        raw = self._get()
-        if isinstance(raw, str):  # a settings backend that keeps only strings
-            try:
-                raw = json.loads(raw)
-            except ValueError:
-                raw = None
-        if not isinstance(raw, list):
-            return []
-        return [c for c in (ServerConfig.from_dict(o) for o in raw) if c is not None]
-
-    def save(self, servers: list[ServerConfig]) -> None:
-        self._set([asdict(s) for s in servers])
-
-    def find(self, name: str) -> ServerConfig | None:
-        return next((s for s in self.load() if s.name == name), None)
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    """What a chat runs on: the local model (server None) or `model` on the named server."""
-
-    server: str | None = None
-    model: str | None = None
-
-    @property
-    def is_local(self) -> bool:
-        return self.server is None
-
-
-def engine_for_choice(choice: ModelChoice, servers: ServerList, **kwargs) -> RemoteEngine | None:
-    """The RemoteEngine for a remote choice; None for the local model."""
-    if choice.is_local:
-        return None
-    config = servers.find(choice.server)
-    if config is None:
-        raise EngineError(f"server {choice.server!r} is no longer in the settings")
-    return config.engine(choice.model, **kwargs)
 
 
 class ServersWidget(QWidget):
@@ -351,10 +246,10 @@ class ServersDialog(QDialog):
         super().done(result)
 
 
-class ModelChoiceCombo(QComboBox):
+class EngineChoiceCombo(QComboBox):
     """Per-chat model picker: "Local model", then each server's models ("model — server")."""
 
-    choiceChanged = Signal(object)  # ModelChoice
+    choiceChanged = Signal(object)  # EngineChoice
     modelsRefreshed = Signal()
 
     def __init__(self, settings: Any, parent: QWidget | None = None):
@@ -366,15 +261,15 @@ class ModelChoiceCombo(QComboBox):
         self.currentIndexChanged.connect(self._emit_choice)
         self.reload()
 
-    def choices(self) -> list[ModelChoice]:
+    def choices(self) -> list[EngineChoice]:
         return [self.itemData(i) for i in range(self.count())
-                if isinstance(self.itemData(i), ModelChoice)]
+                if isinstance(self.itemData(i), EngineChoice)]
 
-    def current_choice(self) -> ModelChoice:
+    def current_choice(self) -> EngineChoice:
         data = self.currentData()
-        return data if isinstance(data, ModelChoice) else ModelChoice()
+        return data if isinstance(data, EngineChoice) else EngineChoice()
 
-    def set_choice(self, choice: ModelChoice) -> bool:
+    def set_choice(self, choice: EngineChoice) -> bool:
         for i in range(self.count()):
             if self.itemData(i) == choice:
                 self.setCurrentIndex(i)
@@ -384,10 +279,10 @@ class ModelChoiceCombo(QComboBox):
     @Slot()
     def reload(self) -> None:
         """Rebuild the items from the saved servers, keeping the current choice if it stays."""
-        keep = self.current_choice() if self.count() else ModelChoice()
+        keep = self.current_choice() if self.count() else EngineChoice()
         self.blockSignals(True)
         self.clear()
-        self.addItem(LOCAL_LABEL, ModelChoice())
+        self.addItem(LOCAL_LABEL, EngineChoice())
         for server in self.servers.load():
             models = list(server.models)
             if server.default_model and server.default_model not in models:
@@ -395,9 +290,9 @@ class ModelChoiceCombo(QComboBox):
             if models:
                 self.insertSeparator(self.count())
             for model in models:
-                self.addItem(f"{model} — {server.name}", ModelChoice(server.name, model))
+                self.addItem(f"{model} — {server.name}", EngineChoice(server.name, model))
                 tip = f"{model} on {parse_base_url(server.base_url).display}" \
-                    if _url_ok(server.base_url) else model
+                    if url_ok(server.base_url) else model
                 self.setItemData(self.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
         if not self.set_choice(keep):
             self.setCurrentIndex(0)
@@ -407,7 +302,7 @@ class ModelChoiceCombo(QComboBox):
 
     def refresh_models(self) -> None:
         """Ask every saved server for its models (off the GUI thread), then reload."""
-        servers = [s for s in self.servers.load() if _url_ok(s.base_url)]
+        servers = [s for s in self.servers.load() if url_ok(s.base_url)]
         if not servers:
             self.modelsRefreshed.emit()
             return
@@ -435,11 +330,3 @@ class ModelChoiceCombo(QComboBox):
 
     def _emit_choice(self, *_args) -> None:
         self.choiceChanged.emit(self.current_choice())
-
-
-def _url_ok(url: str) -> bool:
-    try:
-        parse_base_url(url)
-        return True
-    except RemoteError:
-        return False

@@ -88,3 +88,44 @@ def test_pair_ready_once_both_files_are_verified(qtbot, fake, downloads, tmp_pat
     assert ready == [(DownloadRequest(REPO, MODEL_FILE).key, str(model), str(proj))]
     assert model.is_file() and proj.is_file()
     assert not downloads.busy(REPO)
+
+
+def test_the_window_owns_the_downloads(qtbot, fake, tmp_path, monkeypatch):
+    from support.app_window import close_window, make_window
+
+    monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
+    window = make_window(qtbot, tmp_path / "data", load=False)
+    window.settings.models_dir = str(tmp_path / "models")
+    window.open_model_manager()
+    dialog = window.model_manager
+    assert dialog.downloads is window.downloads and dialog.models_dir == tmp_path / "models"
+    data = fake.repos[REPO].files[MODEL_FILE]
+    fake.faults.stall_at[MODEL_FILE] = len(data) // 2
+    dialog.start_pair(dialog.hub.file_info(REPO, MODEL_FILE), None)
+    key = DownloadRequest(REPO, MODEL_FILE).key
+    qtbot.waitUntil(lambda: window.downloads.manager.status(key).done_bytes > 0, timeout=TIMEOUT)
+    dialog.reject()  # Esc / Close: the dialog goes (WA_DeleteOnClose)
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    qtbot.wait(300)
+    assert window.downloads.state(key) is DownloadState.RUNNING
+    fake.faults.release.set()
+    qtbot.waitUntil(lambda: window.downloads.state(key) is DownloadState.DONE, timeout=TIMEOUT)
+    assert fake.served(MODEL_FILE) == len(data)
+
+    window.open_model_manager()  # reopened: the same downloads, the finished one listed
+    assert window.model_manager.downloads is window.downloads
+    assert window.model_manager._rows[key].state is DownloadState.DONE
+
+    # Quitting pauses what still runs; its part stays for the next session.
+    fake.faults.release.clear()
+    other = "Tiny-Vision-Q4_0.gguf"
+    fake.faults.stall_at[other] = 1000
+    window.model_manager.start_pair(window.downloads.hub.file_info(REPO, other), None)
+    other_key = DownloadRequest(REPO, other).key
+    qtbot.waitUntil(lambda: window.downloads.manager.status(other_key).done_bytes > 0,
+                    timeout=TIMEOUT)
+    downloads = window.downloads
+    close_window(window)
+    assert downloads.state(other_key) is DownloadState.PAUSED
+    assert [r.key for r in downloads.manager.unfinished_requests()] == [other_key]
+    fake.faults.release.set()

@@ -12,9 +12,10 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QLineEdit  # noqa: E402
 
 from tramontane.app.dialogs.servers import (  # noqa: E402
-    LOCAL_LABEL, SETTINGS_KEY, ModelChoice, ModelChoiceCombo, ServerConfig, ServerList,
-    ServersDialog, ServersWidget, engine_for_choice)
-from tramontane.engine.api import ChatMessage, EngineError, SamplingParams  # noqa: E402
+    LOCAL_LABEL, EngineChoiceCombo, ServersDialog, ServersWidget)
+from tramontane.app.servers import (  # noqa: E402
+    SETTINGS_KEY, EngineChoice, ServerList, engine_for_choice)
+from tramontane.engine.api import ChatMessage, SamplingParams  # noqa: E402
 from tramontane.engine.remote.client import RemoteEngine  # noqa: E402
 
 from support.fakevllm import FakeVLLM  # noqa: E402
@@ -120,7 +121,7 @@ def test_dialog_wraps_the_widget(qtbot):
 def test_model_combo_fills_and_picks_an_engine(qtbot, server):
     settings = {SETTINGS_KEY: [{"name": "GPU box", "base_url": server.url, "api_key": KEY,
                                 "default_model": "mistral-small"}]}
-    combo = ModelChoiceCombo(settings)
+    combo = EngineChoiceCombo(settings)
     qtbot.addWidget(combo)
     # before any refresh: local + the saved default model
     assert [combo.itemText(i) for i in range(combo.count()) if combo.itemText(i)] == [
@@ -129,78 +130,32 @@ def test_model_combo_fills_and_picks_an_engine(qtbot, server):
 
     with qtbot.waitSignal(combo.modelsRefreshed, timeout=5000):
         combo.refresh_models()
-    assert combo.choices() == [ModelChoice(), ModelChoice("GPU box", "mistral-small"),
-                               ModelChoice("GPU box", "ministral-8b")]
+    assert combo.choices() == [EngineChoice(), EngineChoice("GPU box", "mistral-small"),
+                               EngineChoice("GPU box", "ministral-8b")]
 
     with qtbot.waitSignal(combo.choiceChanged, timeout=1000) as signal:
-        assert combo.set_choice(ModelChoice("GPU box", "ministral-8b"))
-    assert signal.args == [ModelChoice("GPU box", "ministral-8b")]
+        assert combo.set_choice(EngineChoice("GPU box", "ministral-8b"))
+    assert signal.args == [EngineChoice("GPU box", "ministral-8b")]
 
     engine = engine_for_choice(combo.current_choice(), ServerList(settings), read_timeout=5)
     assert isinstance(engine, RemoteEngine) and engine.model == "ministral-8b"
     result = engine.chat([ChatMessage.text("user", "hello")], SamplingParams())
     assert result.text == "Hi from the server."
-    assert engine_for_choice(ModelChoice(), ServerList(settings)) is None
+    assert engine_for_choice(EngineChoice(), ServerList(settings)) is None
 
     # the server is removed from the settings: the combo falls back to the local model
     with qtbot.waitSignal(combo.choiceChanged, timeout=1000) as signal:
         settings[SETTINGS_KEY] = []
         combo.reload()
-    assert signal.args == [ModelChoice()] and combo.count() == 1
+    assert signal.args == [EngineChoice()] and combo.count() == 1
 
 
 def test_refresh_error_is_kept_per_server(qtbot):
     settings = {SETTINGS_KEY: [{"name": "down", "base_url": "http://127.0.0.1:9/v1",
                                 "default_model": "m"}]}
-    combo = ModelChoiceCombo(settings)
+    combo = EngineChoiceCombo(settings)
     qtbot.addWidget(combo)
     with qtbot.waitSignal(combo.modelsRefreshed, timeout=5000):
         combo.refresh_models()
     assert "cannot reach" in combo.errors["down"]
-    assert combo.choices() == [ModelChoice(), ModelChoice("down", "m")]
-
-
-class GetSetSettings:
-    """A key/value store with get(key) (no default) and set(key, value) that keeps strings."""
-
-    def __init__(self):
-        self.values: dict[str, str] = {}
-
-    def get(self, key):
-        return self.values.get(key)
-
-    def set(self, key, value):
-        self.values[key] = json.dumps(value)
-
-
-class StoreLikeSettings:
-    def __init__(self):
-        self.values: dict = {}
-
-    def get_setting(self, key, default=None):
-        return json.loads(self.values[key]) if key in self.values else default
-
-    def set_setting(self, key, value):
-        self.values[key] = json.dumps(value)
-
-
-@pytest.mark.parametrize("settings_cls", [dict, GetSetSettings, StoreLikeSettings])
-def test_server_list_round_trip(settings_cls):
-    settings = settings_cls()
-    servers = ServerList(settings)
-    assert servers.load() == []
-    configs = [ServerConfig("a", "http://h:1/v1", "sk-x", "m", ["m", "n"]),
-               ServerConfig("b", "http://h:2")]
-    servers.save(configs)
-    assert ServerList(settings).load() == configs
-    assert ServerList(settings).find("b") == configs[1]
-    assert "sk-x" not in repr(configs[0])
-
-
-def test_server_config_checks_fields():
-    with pytest.raises(EngineError, match="server name: must not be empty"):
-        ServerConfig(" ", "http://h").check()
-    with pytest.raises(EngineError, match="server 'x'.*expected http"):
-        ServerConfig("x", "gopher://h").check()
-    with pytest.raises(EngineError, match="no model chosen"):
-        ServerConfig("x", "http://h").engine()
+    assert combo.choices() == [EngineChoice(), EngineChoice("down", "m")]
