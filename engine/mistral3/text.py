@@ -193,33 +193,52 @@ class KVSnapshot:
 class KVCache:
     """Preallocated keys/values for one sequence: (layers, kv_heads, capacity, head_dim).
 
+    A split model gives one such pair of tensors per segment (`parts`: (layers, dtype, device)
+    in layer order); `layer_k[i]` / `layer_v[i]` are the per-layer views every step uses.
     Positions [0, length) are valid. Zero-initialised so masked-out slots are finite (a NaN
     there would leak through 0 * NaN in attention)."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
-                 capacity: int, dtype: torch.dtype, device: torch.device):
+                 capacity: int, dtype: torch.dtype, device: torch.device,
+                 parts: Sequence[tuple[int, torch.dtype, torch.device]] | None = None):
         if capacity <= 0:
             raise EngineError(f"context length must be positive, got {capacity}")
-        self.k = torch.zeros(n_layers, n_kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros(n_layers, n_kv_heads, capacity, v_head_dim, dtype=dtype, device=device)
+        parts = parts or [(n_layers, dtype, device)]
+        self.ks = [torch.zeros(n, n_kv_heads, capacity, head_dim, dtype=dt, device=dev) for n, dt, dev in parts]
+        self.vs = [torch.zeros(n, n_kv_heads, capacity, v_head_dim, dtype=dt, device=dev) for n, dt, dev in parts]
+        self.layer_k = [layer for k in self.ks for layer in k]
+        self.layer_v = [layer for v in self.vs for layer in v]
         self.length = 0
         self._decode_graphs = None  # CUDA graphs bound to these tensors (built lazily)
 
     @property
+    def k(self) -> torch.Tensor:
+        """All layers' keys (a cache of one part)."""
+        if len(self.ks) != 1:
+            raise AttributeError("a split KV cache has one tensor per segment: use ks / layer_k")
+        return self.ks[0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        if len(self.vs) != 1:
+            raise AttributeError("a split KV cache has one tensor per segment: use vs / layer_v")
+        return self.vs[0]
+
+    @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.ks[0].shape[2]
 
     @property
     def device(self) -> torch.device:
-        return self.k.device
+        return self.ks[0].device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.k.dtype
+        return self.ks[0].dtype
 
     @property
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        return sum(t.numel() * t.element_size() for t in self.ks + self.vs)
 
     def truncate(self, n: int) -> None:
         """Forget every position from n on (n <= length)."""
@@ -231,28 +250,40 @@ class KVCache:
         self.length = 0
 
     def to_host(self) -> KVSnapshot:
+        """One (layers, ...) host tensor per K and V whatever the split; parts of different
+        dtypes (bf16 GPU, f32 CPU) meet in float32, which holds both exactly."""
         n = self.length
-        pin = self.device.type == "cuda"
+        pin = any(t.device.type == "cuda" for t in self.ks)
+        dtypes = {t.dtype for t in self.ks}
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
 
-        def copy(t: torch.Tensor) -> torch.Tensor:
-            src = t[:, :, :n]
-            out = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
-            out.copy_(src)
+        def copy(parts: list[torch.Tensor]) -> torch.Tensor:
+            shape = (sum(t.shape[0] for t in parts),) + tuple(parts[0].shape[1:2]) + (n, parts[0].shape[3])
+            out = torch.empty(shape, dtype=dtype, pin_memory=pin)
+            lo = 0
+            for t in parts:
+                out[lo:lo + t.shape[0]].copy_(t[:, :, :n])
+                lo += t.shape[0]
             return out
 
-        return KVSnapshot(copy(self.k), copy(self.v), n)
+        return KVSnapshot(copy(self.ks), copy(self.vs), n)
 
     def from_host(self, snap: KVSnapshot) -> None:
         """Restore a snapshot taken from a cache of the same model (same or smaller length)."""
         n = snap.length
-        if snap.k.shape[:2] != self.k.shape[:2] or snap.k.shape[3] != self.k.shape[3] \
-                or snap.v.shape[3] != self.v.shape[3]:
+        layers = sum(t.shape[0] for t in self.ks)
+        k0, v0 = self.ks[0], self.vs[0]
+        if snap.k.shape[0] != layers or snap.k.shape[1] != k0.shape[1] or snap.k.shape[3] != k0.shape[3] \
+                or snap.v.shape[3] != v0.shape[3]:
             raise EngineError(f"KV snapshot of shape {tuple(snap.k.shape)} does not fit this cache "
-                              f"{tuple(self.k.shape)} (another model?)")
+                              f"({layers} layers, {tuple(k0.shape[1:])} each) (another model?)")
         if n > self.capacity:
             raise EngineError(f"KV snapshot holds {n} positions, the context is {self.capacity}")
-        self.k[:, :, :n].copy_(snap.k)
-        self.v[:, :, :n].copy_(snap.v)
+        lo = 0
+        for k, v in zip(self.ks, self.vs):
+            k[:, :, :n].copy_(snap.k[lo:lo + k.shape[0]])
+            v[:, :, :n].copy_(snap.v[lo:lo + v.shape[0]])
+            lo += k.shape[0]
         self.length = n
 
 
@@ -327,17 +358,40 @@ def _fusable(gf: GGUFFile, names: Sequence[str]) -> bool:
 
 # ----------------------------------------------------------------------------- the model
 
+@dataclass
+class Segment:
+    """Consecutive layers on one device: a model split across devices has several, and the
+    hidden state is copied once at each boundary."""
+
+    name: str  # the plan's device name: "cuda:0", "cpu", or a logical "cpu:1"
+    device: torch.device
+    dtype: torch.dtype  # compute dtype of these layers (and of their KV cache)
+    layers: range
+    rope: RopeTables | None = None
+
+
+def torch_device(name: str) -> torch.device:
+    """A plan's device name as a torch device (logical CPUs "cpu:N" are the one CPU)."""
+    return torch.device("cpu") if name.startswith("cpu") else resolve_device(name)
+
+
 class Mistral3Text:
     """Weights + forward of the decoder. One sequence at a time (batch 1).
 
     `embed(ids)` gives the input rows; image features may be spliced into them before
     `forward(embeds, start_pos, cache)`, which writes K/V at [start_pos, start_pos + T) and
-    returns float32 logits of the last row (or all rows)."""
+    returns float32 logits of the last row (or all rows).
+
+    `device` / `dtype` are the output head's (where logits come out); `segments` say where
+    each layer runs (one segment unless loaded with a device plan), `embedding_device` where
+    the token table is looked up."""
 
     def __init__(self, cfg: TextConfig, device: torch.device, dtype: torch.dtype):
         self.cfg = cfg
         self.device = device
         self.dtype = dtype
+        self.segments = [Segment(str(device), device, dtype, range(cfg.n_layers))]
+        self.embedding_device = device
         self.layers: list[LayerWeights] = []
         self.embedding: TokenEmbedding | None = None
         self.output_norm: torch.Tensor | None = None
@@ -353,13 +407,15 @@ class Mistral3Text:
     # -- loading ------------------------------------------------------------------------------
     @classmethod
     def load(cls, path_or_gf, device: str | torch.device = "auto", dtype: torch.dtype | None = None,
-             progress=None, dense_on_cpu: bool | None = None) -> "Mistral3Text":
+             progress=None, dense_on_cpu: bool | None = None, plan=None) -> "Mistral3Text":
         """Read a mistral3 / llama-labelled Mistral 3 GGUF. Raises GGUFError naming the file.
 
         progress(fraction, what): called after each layer (fraction in (0, 1]).
         dense_on_cpu: on CPU, dequantize the linear weights to float32 once at load (None:
         when that fits in half the available RAM). The CPU reference matmul otherwise
-        dequantizes every weight on every call, ~100x slower per decoded token."""
+        dequantizes every weight on every call, ~100x slower per decoded token.
+        plan: a runtime.device_map.DevicePlan (layer devices, embedding and head devices);
+        overrides `device`. `dtype`, when given, is used on every device."""
         gf = path_or_gf if isinstance(path_or_gf, GGUFFile) else open_gguf(path_or_gf)
         cfg = text_config(gf)
         if cfg.rope_dim != cfg.head_dim:
@@ -373,58 +429,91 @@ class Mistral3Text:
         if cfg.rope_scaling == "yarn" and cfg.yarn_original_context <= 0:
             raise GGUFError(f"{gf.path}: rope.scaling.type is yarn but "
                             f"'{cfg.arch}.rope.scaling.original_context_length' is missing or 0")
+        if plan is not None:
+            device = torch_device(plan.head_device)
         device = resolve_device(device)
         model = cls(cfg, device, dtype or default_dtype(device))
         model.path = gf.path
-        model.dense_weights = _want_dense(gf, cfg, model.device, dense_on_cpu)
+        if plan is not None:
+            model._apply_plan(plan, dtype)
+        has_cpu = any(seg.device.type == "cpu" for seg in model.segments)
+        model.dense_weights = _want_dense(gf, cfg, torch.device("cpu") if has_cpu else device, dense_on_cpu)
         model._load_weights(gf, progress)
         return model
 
-    def _upload(self, gf: GGUFFile, name: str, dense: bool = True) -> QWeight:
+    def _apply_plan(self, plan, dtype: torch.dtype | None) -> None:
+        """Segments from the plan's per-layer devices (runs of one device name)."""
+        names = plan.layer_devices()
+        if len(names) != self.cfg.n_layers:
+            raise EngineError(f"device plan for {len(names)} layers, the model has {self.cfg.n_layers}")
+        self.segments = []
+        start = 0
+        for i in range(1, len(names) + 1):
+            if i == len(names) or names[i] != names[start]:
+                dev = torch_device(names[start])
+                self.segments.append(Segment(names[start], dev, dtype or default_dtype(dev), range(start, i)))
+                start = i
+        self.embedding_device = torch_device(plan.embedding_device)
+        cuda = any(seg.device.type == "cuda" for seg in self.segments)
+        self.use_cuda_graphs = cuda and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
+        if any(seg.device.type == "cpu" for seg in self.segments):
+            self.prefill_chunk = CPU_PREFILL_CHUNK
+
+    def segment_of(self, layer: int) -> Segment:
+        return next(seg for seg in self.segments if layer in seg.layers)
+
+    def _upload(self, gf: GGUFFile, name: str, dense: bool = True, device: torch.device | None = None,
+                dtype: torch.dtype | None = None) -> QWeight:
+        device, dtype = device or self.device, dtype or self.dtype
         info = gf.tensors[name]
         self.weight_bytes += info.nbytes
-        w = QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), self.device)
-        if dense and self.dense_weights and w.ggml_type != ggml_types.F32:
+        w = QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), device)
+        if dense and self.dense_weights and device.type == "cpu" and w.ggml_type != ggml_types.F32:
             w = QWeight(ggml_types.F32, w.shape, w.dequantize(torch.float32))
-        elif self.device.type != "cpu" and w.ggml_type == ggml_types.F32 and self.dtype in _DTYPE_TYPES:
+        elif device.type != "cpu" and w.ggml_type == ggml_types.F32 and dtype in _DTYPE_TYPES:
             # An f32 file on a GPU: hold the weights in the compute dtype (as HF loading in bf16
             # does), so matmuls run natively instead of upcasting activations every call.
-            w = QWeight(_DTYPE_TYPES[self.dtype], w.shape, w.data.to(self.dtype))
+            w = QWeight(_DTYPE_TYPES[dtype], w.shape, w.data.to(dtype))
         return w
 
-    def _upload_fused(self, gf: GGUFFile, names: Sequence[str]) -> QWeight:
-        parts = [self._upload(gf, n) for n in names]
+    def _upload_fused(self, gf: GGUFFile, names: Sequence[str], device=None, dtype=None) -> QWeight:
+        parts = [self._upload(gf, n, device=device, dtype=dtype) for n in names]
         fused = QWeight.cat(parts)
         del parts  # the separate copies go; only the fused one stays on the device
         return fused
 
-    def _norm(self, gf: GGUFFile, name: str) -> torch.Tensor:
+    def _norm(self, gf: GGUFFile, name: str, device: torch.device | None = None) -> torch.Tensor:
         self.weight_bytes += gf.tensors[name].nbytes
-        return torch.from_numpy(np.array(gf.array(name), dtype=np.float32)).to(self.device)
+        return torch.from_numpy(np.array(gf.array(name), dtype=np.float32)).to(device or self.device)
 
     def _load_weights(self, gf: GGUFFile, progress=None) -> None:
         cfg = self.cfg
         try:
             # Looked-up rows are dequantized on the fly: the table stays as stored.
-            self.embedding = TokenEmbedding(self._upload(gf, "token_embd.weight", dense=False), self.dtype)
+            # Rows come out in the first layers' dtype (no cast at the first boundary).
+            first = self.segments[0]
+            self.embedding = TokenEmbedding(
+                self._upload(gf, "token_embd.weight", dense=False, device=self.embedding_device), first.dtype)
             for i in range(cfg.n_layers):
                 b = f"blk.{i}."
+                seg = self.segment_of(i)
+                on = dict(device=seg.device, dtype=seg.dtype)
                 qkv = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
                 gate_up = [b + "ffn_gate.weight", b + "ffn_up.weight"]
                 layer = LayerWeights(
-                    attn_norm=self._norm(gf, b + "attn_norm.weight"),
-                    ffn_norm=self._norm(gf, b + "ffn_norm.weight"),
-                    wo=self._upload(gf, b + "attn_output.weight"),
-                    w_down=self._upload(gf, b + "ffn_down.weight"),
+                    attn_norm=self._norm(gf, b + "attn_norm.weight", seg.device),
+                    ffn_norm=self._norm(gf, b + "ffn_norm.weight", seg.device),
+                    wo=self._upload(gf, b + "attn_output.weight", **on),
+                    w_down=self._upload(gf, b + "ffn_down.weight", **on),
                 )
                 if _fusable(gf, qkv):
-                    layer.wqkv = self._upload_fused(gf, qkv)
+                    layer.wqkv = self._upload_fused(gf, qkv, **on)
                 else:  # e.g. Q4_K_M: attn_v is Q6_K while q/k are Q4_K
-                    layer.wq, layer.wk, layer.wv = (self._upload(gf, n) for n in qkv)
+                    layer.wq, layer.wk, layer.wv = (self._upload(gf, n, **on) for n in qkv)
                 if _fusable(gf, gate_up):
-                    layer.w_gate_up = self._upload_fused(gf, gate_up)
+                    layer.w_gate_up = self._upload_fused(gf, gate_up, **on)
                 else:
-                    layer.w_gate, layer.w_up = (self._upload(gf, n) for n in gate_up)
+                    layer.w_gate, layer.w_up = (self._upload(gf, n, **on) for n in gate_up)
                 self.layers.append(layer)
                 if progress is not None:
                     progress((i + 1) / cfg.n_layers, f"loading layer {i + 1}/{cfg.n_layers}")
@@ -432,7 +521,9 @@ class Mistral3Text:
             # No output.weight: the head is the embedding table (tied), same device bytes.
             if not cfg.tied_embeddings:
                 self.head = self._upload(gf, "output.weight")
-            elif self.dense_weights and self.embedding.weight.ggml_type != ggml_types.F32:
+            elif (self.embedding_device != self.device or self.dense_weights and self.device.type == "cpu"
+                  and self.embedding.weight.ggml_type != ggml_types.F32):
+                # Tied, but the table is looked up elsewhere (or kept quantized): a head copy here.
                 self.head = self._upload(gf, "token_embd.weight")
                 self.weight_bytes -= gf.tensors["token_embd.weight"].nbytes  # counted once
             else:
@@ -441,29 +532,38 @@ class Mistral3Text:
             raise GGUFError(f"{gf.path}: {exc}") from None
 
     # -- context ------------------------------------------------------------------------------
-    def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
+    def kv_bytes_per_token(self, dtype: torch.dtype | None = None, device: torch.device | None = None) -> int:
+        """KV bytes one position costs (on `device` only, when given), in each segment's dtype."""
         cfg = self.cfg
-        size = torch.tensor([], dtype=dtype or self.dtype).element_size()
-        return cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * size
+        total = 0
+        for seg in self.segments:
+            if device is None or seg.device == device:
+                size = torch.tensor([], dtype=dtype or seg.dtype).element_size()
+                total += len(seg.layers) * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * size
+        return total
 
     def default_context_length(self) -> int:
-        """What fits: on CUDA the free memory after weights minus headroom; on CPU 8192.
-        Never more than the file's context_length."""
+        """What fits: on each GPU holding layers, the free memory after weights minus headroom
+        over that GPU's KV bytes per position; with CPU layers at most 8192. Never more than
+        the file's context_length."""
         limit = self.cfg.context_length
-        if self.device.type != "cuda":
-            return min(limit, CPU_DEFAULT_CONTEXT)
-        free, _total = torch.cuda.mem_get_info(self.device)
-        # Blocks torch's allocator holds but does not use (load-time temporaries) are free too.
-        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        # Prefill activations scale with the chunk: keep room for them too.
-        act = self.prefill_chunk * (2 * self.cfg.ffn + 4 * self.cfg.hidden) * 4
-        room = free - CUDA_HEADROOM_BYTES - act
-        fits = max(room // self.kv_bytes_per_token(), 0)
-        n = min(limit, int(fits) // 256 * 256)
-        if n < 256:
-            raise EngineError(f"not enough GPU memory left for a KV cache after loading the weights "
-                              f"({free / 2**30:.1f} GiB free); try a smaller quantization or --device cpu")
-        return n
+        gpus = {seg.device for seg in self.segments if seg.device.type == "cuda"}
+        if len(gpus) < len({seg.device for seg in self.segments}):
+            limit = min(limit, CPU_DEFAULT_CONTEXT)
+        for dev in gpus:
+            free, _total = torch.cuda.mem_get_info(dev)
+            # Blocks torch's allocator holds but does not use (load-time temporaries) are free too.
+            free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+            # Prefill activations scale with the chunk: keep room for them too.
+            act = self.prefill_chunk * (2 * self.cfg.ffn + 4 * self.cfg.hidden) * 4
+            room = free - CUDA_HEADROOM_BYTES - act
+            fits = max(room // self.kv_bytes_per_token(device=dev), 0)
+            limit = min(limit, int(fits) // 256 * 256)
+            if limit < 256:
+                raise EngineError(f"not enough GPU memory left on {dev} for a KV cache after loading the "
+                                  f"weights ({free / 2**30:.1f} GiB free); try a smaller quantization, "
+                                  f"fewer GPU layers, or --device cpu")
+        return limit
 
     def new_cache(self, context_length: int | None = None) -> KVCache:
         cfg = self.cfg
@@ -471,25 +571,34 @@ class Mistral3Text:
         if n <= 0:
             raise EngineError(f"context length must be positive, got {n}")
         n = min(n, cfg.context_length)
-        if self.device.type == "cpu":
-            need = n * self.kv_bytes_per_token()
+        cpu = torch.device("cpu")
+        if any(seg.device == cpu for seg in self.segments):
+            need = n * self.kv_bytes_per_token(device=cpu)
             free = _available_ram()
             if free and need > free:
                 raise EngineError(f"a KV cache of {n} tokens needs {need / 2**30:.1f} GiB, more than the "
                                   f"{free / 2**30:.1f} GiB of free memory: lower the context length")
         self._ensure_rope(n)
-        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, self.dtype, self.device)
+        parts = [(len(seg.layers), seg.dtype, seg.device) for seg in self.segments]
+        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, self.dtype, self.device, parts)
 
     def _ensure_rope(self, n: int) -> None:
+        """Tables for n positions on every segment's (device, dtype); `rope` is the last one's."""
         if self.rope is None or self.rope.length < n:
-            self.rope = build_rope_tables(self.cfg, n, self.dtype, self.device)
+            built: dict[tuple, RopeTables] = {}
+            for seg in self.segments:
+                key = (seg.device, seg.dtype)
+                if key not in built:
+                    built[key] = build_rope_tables(self.cfg, n, seg.dtype, seg.device)
+                seg.rope = built[key]
+            self.rope = self.segments[-1].rope
 
     # -- forward ------------------------------------------------------------------------------
     def embed(self, ids) -> torch.Tensor:
-        """(T,) token ids -> (T, hidden) rows in the compute dtype."""
+        """(T,) token ids -> (T, hidden) rows in the first layers' dtype, on embedding_device."""
         if not isinstance(ids, torch.Tensor):
             ids = torch.tensor(list(ids), dtype=torch.long)
-        ids = ids.to(device=self.device, dtype=torch.long).reshape(-1)
+        ids = ids.to(device=self.embedding_device, dtype=torch.long).reshape(-1)
         return self.embedding(ids)
 
     @torch.inference_mode()
@@ -521,7 +630,8 @@ class Mistral3Text:
             raise EngineError(f"context full: {start_pos} + {T} tokens exceed the context length "
                               f"{cache.capacity}")
         self._ensure_rope(cache.capacity)
-        embeds = embeds.to(device=self.device, dtype=self.dtype)
+        first = self.segments[0]
+        embeds = embeds.to(device=first.device, dtype=first.dtype)
         outs = []
         for lo in range(0, T, self.prefill_chunk):
             if lo and cancel is not None and cancel.is_set():
@@ -541,15 +651,24 @@ class Mistral3Text:
         return self.forward(self.embed(ids), start_pos, cache, all_logits)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.to(device=self.device, dtype=self.dtype)  # no-op unless the head sits apart
         h = rms_norm(hidden, self.output_norm, self.cfg.norm_eps)
         return linear(h, self.head).float()
 
     def _layers(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+        for k, seg in enumerate(self.segments):
+            if k:
+                x = _cross(x, seg)
+            x = self.run_segment(seg, x, start, cache)
+        return x
+
+    def run_segment(self, seg: Segment, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
         T = x.shape[0]
-        rope = self.rope
+        rope = seg.rope
         sl = slice(start, start + T)
         tables = (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])
-        for i, layer in enumerate(self.layers):
+        for i in seg.layers:
+            layer = self.layers[i]
             h = rms_norm(x, layer.attn_norm, self.cfg.norm_eps)
             x = x + self._attention(i, layer, h, start, tables, cache)
             h = rms_norm(x, layer.ffn_norm, self.cfg.norm_eps)
@@ -576,10 +695,11 @@ class Mistral3Text:
         q = apply_rope_pairs(q, cos_q, sin_q)
         k = apply_rope_pairs(k, cos_k, sin_k)
         end = start + T
-        cache.k[i, :, start:end] = k.transpose(0, 1)
-        cache.v[i, :, start:end] = v.transpose(0, 1)
-        keys = cache.k[i, :, :end].unsqueeze(0)  # (1, Hkv, S, d)
-        values = cache.v[i, :, :end].unsqueeze(0)
+        cache_k, cache_v = cache.layer_k[i], cache.layer_v[i]
+        cache_k[:, start:end] = k.transpose(0, 1)
+        cache_v[:, start:end] = v.transpose(0, 1)
+        keys = cache_k[:, :end].unsqueeze(0)  # (1, Hkv, S, d)
+        values = cache_v[:, :end].unsqueeze(0)
         n_rep = cfg.n_heads // cfg.n_kv_heads
         if T == 1:
             # One new row sees every cached position: no mask. The query heads of a KV group
@@ -614,34 +734,44 @@ class Mistral3Text:
             bucket *= 2
         return min(bucket, capacity)
 
-    def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, bucket: int) -> torch.Tensor:
+    def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, bucket: int,
+                      segment: int | None = None) -> torch.Tensor:
         """One row at the device position `pos` (1,) with shapes fixed by `bucket`: no host
         syncs, no data-dependent shapes — the body that a CUDA graph captures.
 
         x: (1, hidden) input row. Writes K/V at pos, attends over [0, bucket) with a mask
-        hiding positions > pos. Returns float32 logits (vocab,). Does not touch cache.length."""
+        hiding positions > pos. Returns float32 logits (vocab,) — or, for one `segment` that
+        is not the last, its output row (a graph per GPU segment). Does not touch cache.length."""
         cfg = self.cfg
-        rope = self.rope
         n_rep = cfg.n_heads // cfg.n_kv_heads
-        cos_q, sin_q = rope.cos_q.index_select(0, pos), rope.sin_q.index_select(0, pos)
-        cos_k, sin_k = rope.cos_k.index_select(0, pos), rope.sin_k.index_select(0, pos)
-        # Additive mask, made once per step (a bool mask would be converted in every layer).
-        visible = torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
-            torch.arange(bucket, device=x.device) > pos, float("-inf"))
-        for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
-            q, k, v = self._qkv(layer, h)
-            q = apply_rope_pairs(q, cos_q, sin_q)
-            k = apply_rope_pairs(k, cos_k, sin_k)
-            cache.k[i].index_copy_(1, pos, k.transpose(0, 1))
-            cache.v[i].index_copy_(1, pos, v.transpose(0, 1))
-            keys = cache.k[i, :, :bucket].unsqueeze(0)
-            values = cache.v[i, :, :bucket].unsqueeze(0)
-            o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
-                                               keys, values, attn_mask=visible)
-            x = x + linear(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo)
-            h = rms_norm(x, layer.ffn_norm, cfg.norm_eps)
-            x = x + self._mlp(layer, h)
+        segs = self.segments if segment is None else [self.segments[segment]]
+        for n, seg in enumerate(segs):
+            if n:
+                x = _cross(x, seg)
+            p = pos.to(seg.device)
+            rope = seg.rope
+            cos_q, sin_q = rope.cos_q.index_select(0, p), rope.sin_q.index_select(0, p)
+            cos_k, sin_k = rope.cos_k.index_select(0, p), rope.sin_k.index_select(0, p)
+            # Additive mask, made once per segment (a bool mask would be converted in every layer).
+            visible = torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
+                torch.arange(bucket, device=x.device) > p, float("-inf"))
+            for i in seg.layers:
+                layer = self.layers[i]
+                h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
+                q, k, v = self._qkv(layer, h)
+                q = apply_rope_pairs(q, cos_q, sin_q)
+                k = apply_rope_pairs(k, cos_k, sin_k)
+                cache.layer_k[i].index_copy_(1, p, k.transpose(0, 1))
+                cache.layer_v[i].index_copy_(1, p, v.transpose(0, 1))
+                keys = cache.layer_k[i][:, :bucket].unsqueeze(0)
+                values = cache.layer_v[i][:, :bucket].unsqueeze(0)
+                o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
+                                                   keys, values, attn_mask=visible)
+                x = x + linear(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo)
+                h = rms_norm(x, layer.ffn_norm, cfg.norm_eps)
+                x = x + self._mlp(layer, h)
+        if segs[-1] is not self.segments[-1]:
+            return x
         return self._logits(x)[0]
 
     @torch.inference_mode()
@@ -664,7 +794,13 @@ class Mistral3Text:
         return self.forward(self.embed([token_id]), pos, cache)
 
     def _graphs_enabled(self) -> bool:
-        return self.use_cuda_graphs and self.device.type == "cuda"
+        return self.use_cuda_graphs and any(seg.device.type == "cuda" for seg in self.segments)
+
+
+def _cross(x: torch.Tensor, seg: Segment) -> torch.Tensor:
+    """The hidden state entering `seg` from the previous segment: one small copy (always a
+    copy, so a split between two logical CPU devices costs what a real boundary costs)."""
+    return x.to(device=seg.device, dtype=seg.dtype, copy=True)
 
 
 def load_model(path, device: str | torch.device = "auto", dtype: torch.dtype | None = None,

@@ -20,36 +20,49 @@ def capture_cuda_graph(fn, device: torch.device, pool):
 
 
 class DecodeGraphs:
-    """CUDA graphs of `decode_static`, one per key bucket, for one cache (stored on it; they
-    bind its tensors' addresses, and go when the cache goes — no reference back to it).
+    """CUDA graphs of `decode_static`, one per (GPU segment, key bucket), for one cache (stored
+    on it; they bind its tensors' addresses, and go when the cache goes — no reference back).
 
-    Inputs live in static buffers (the input row and the position) read at replay; the
+    Inputs live in static buffers (each segment's input row and position) read at replay; the
     embedding lookup runs eagerly before replay (row dequantization builds small host
-    tensors). Graphs share one memory pool: they never run concurrently and the logits are
-    cloned right after each replay, so the pool's reuse of intermediate memory is safe."""
+    tensors). On a split model, CPU segments run eagerly between the GPU segments' replays;
+    copying a row into the next segment's buffer is the boundary's one copy. Graphs of one GPU
+    share one memory pool: they never run concurrently and the logits are cloned right after
+    each replay, so the pool's reuse of intermediate memory is safe."""
 
     capture = staticmethod(capture_cuda_graph)
 
     def __init__(self, model):
         self.model = model
-        dev = model.device
-        self.x = torch.zeros(1, model.cfg.hidden, dtype=model.dtype, device=dev)
-        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.graphs: dict[int, tuple] = {}  # bucket -> (replay, out)
-        self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
+        self.inputs = [(torch.zeros(1, model.cfg.hidden, dtype=seg.dtype, device=seg.device),
+                        torch.zeros(1, dtype=torch.long, device=seg.device)) for seg in model.segments]
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (segment, bucket) -> (replay, out)
+        self.pools = {seg.device: torch.cuda.graph_pool_handle()
+                      for seg in model.segments if seg.device.type == "cuda"}
         self.rope = model.rope  # graphs read these tables' memory: keep them alive, notice a rebuild
 
     def run(self, cache, token_id: int, pos: int) -> torch.Tensor:
         model = self.model
-        self.x.copy_(model.embed([token_id]))
-        self.pos.fill_(pos)
         bucket = model.decode_bucket(pos + 1, cache.capacity)
         if self.rope is not model.rope:  # tables rebuilt for a longer cache: recapture
             self.graphs.clear()
             self.rope = model.rope
-        if bucket not in self.graphs:
-            self.graphs[bucket] = self.capture(
-                lambda: model.decode_static(self.x, self.pos, cache, bucket), model.device, self.pool)
-        replay, out = self.graphs[bucket]
-        replay()
-        return out.clone()
+        x = model.embed([token_id])
+        last = len(model.segments) - 1
+        cuda = any(seg.device.type == "cuda" for seg in model.segments)
+        for k, seg in enumerate(model.segments):
+            row, at = self.inputs[k]
+            row.copy_(x)
+            if cuda and seg.device.type != "cuda":  # (a CPU-only model here is a test's stand-in)
+                x = model.run_segment(seg, row, pos, cache)
+                x = model._logits(x)[0] if k == last else x
+                continue
+            at.fill_(pos)
+            if (k, bucket) not in self.graphs:
+                self.graphs[(k, bucket)] = self.capture(
+                    lambda k=k, row=row, at=at: model.decode_static(row, at, cache, bucket, k),
+                    seg.device, self.pools.get(seg.device))
+            replay, out = self.graphs[(k, bucket)]
+            replay()
+            x = out
+        return x.clone() if (k, bucket) in self.graphs else x

@@ -18,8 +18,9 @@ from ..api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .generate import InvalidLogitsError, check_params, generate
 from ..gguf import GGUFError, open_gguf
-from ..mistral3.text import Mistral3Text
-from ..mistral3.config import text_config
+from ..mistral3.text import Mistral3Text, default_dtype, resolve_device, torch_device
+from ..mistral3.config import read_config, text_config
+from .device_map import Machine, detect_machine, parse_device_map, plan_devices, sizes_of_files
 from .session import HostKVStore, Session, position_keys
 from ..mistral3.tokenizer import Tokenizer
 
@@ -31,14 +32,22 @@ LoadProgress = Callable[[float, str], None]  # fraction 0..1, what is loading
 class LocalEngine:
     def __init__(self, model_path: str | Path, mmproj_path: str | Path | None = None, *,
                  device: str = "auto", context_length: int | None = None,
-                 kv_host_budget_mb: int = 2048, progress: LoadProgress | None = None):
+                 kv_host_budget_mb: int = 2048, progress: LoadProgress | None = None,
+                 device_map: str | None = None):
+        """device: auto / cuda (GPUs, with layers spilled to the CPU when the model does not
+        fit: planned before loading), or cpu. device_map: a manual map, e.g. "cuda:0=30,cpu=10"."""
         self.model_path = Path(model_path)
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         try:
             gf = open_gguf(self.model_path)
             text_config(gf)  # refuse a projector or another architecture before anything else
             self.tokenizer = Tokenizer.from_gguf(gf)
-            self.model = Mistral3Text.load(gf, device=device, progress=_scaled(progress, 0.0, 0.85))
+            self.plan = self._plan(gf, device, device_map)
+            split = len({p.name for p in self.plan.placements if p.layers}
+                        | {self.plan.embedding_device, self.plan.head_device}) > 1
+            self.model = Mistral3Text.load(gf, device=torch_device(self.plan.head_device),
+                                           plan=self.plan if split else None,
+                                           progress=_scaled(progress, 0.0, 0.85))
         except GGUFError as exc:
             raise EngineError(str(exc)) from None
         self.vision = None
@@ -53,11 +62,53 @@ class LocalEngine:
         if progress:
             progress(1.0, "ready")
 
+    def _plan(self, gf, device: str, device_map: str | None):
+        """Where each part goes (runtime.device_map), from the files' headers alone."""
+        if device.startswith("cuda"):
+            resolve_device(device)  # a clear error when no GPU is there
+        machine = detect_machine()
+        if device == "cpu":
+            machine = Machine((), machine.cpu)
+        mm = None
+        if self.mmproj_path is not None:
+            try:
+                mm = open_gguf(self.mmproj_path)
+                read_config(mm)
+            except (GGUFError, EngineError):
+                mm = None  # _load_vision reports what is wrong with it
+        try:
+            sizes = sizes_of_files(gf, mm)
+        finally:
+            if mm is not None:
+                mm.close()
+        return plan_devices(sizes, machine, manual=parse_device_map(device_map) if device_map else None)
+
+    @property
+    def placement(self) -> dict:
+        """Where the model runs, as data (model bar, Settings): "summary" ("34 of 40 layers on
+        GPU, 6 on CPU"), layer counts, per-device layer ranges, where the embedding, the head
+        and the vision tower are, "fit" (gpu / partial / cpu) and the planner's warnings."""
+        plan = self.plan
+        return {
+            "summary": plan.summary(),
+            "n_layers": plan.n_layers,
+            "gpu_layers": plan.gpu_layers,
+            "cpu_layers": plan.cpu_layers,
+            "devices": [{"device": p.name, "first_layer": p.layers.start, "layers": len(p.layers)}
+                        for p in plan.placements if p.layers],
+            "embedding": plan.embedding_device,
+            "head": plan.head_device,
+            "vision": plan.vision_device if self.vision is not None else None,
+            "fit": plan.fit,
+            "manual": plan.manual,
+            "warnings": list(plan.warnings),
+        }
+
     def _load_vision(self, path: Path):
         from ..mistral3.vision import VisionTower
 
-        tower = VisionTower.load(path, device=self.model.device,
-                                 dtype=self.model.dtype if self.model.device.type == "cuda" else None)
+        where = torch_device(self.plan.vision_device) if self.plan.vision_device else self.model.device
+        tower = VisionTower.load(path, device=where, dtype=default_dtype(where) if where.type == "cuda" else None)
         if tower.text_hidden != self.model.cfg.hidden:
             raise EngineError(f"{path}: projector outputs {tower.text_hidden} features but "
                               f"{self.model_path.name} has hidden size {self.model.cfg.hidden}: "
@@ -68,7 +119,10 @@ class LocalEngine:
     @property
     def description(self) -> str:
         vision = f" + {self.mmproj_path.name}" if self.vision else ""
-        return f"{self.model_path.name}{vision} on {self.model.device.type}"
+        kinds = sorted({seg.device.type for seg in self.model.segments})
+        if len(self.model.segments) == 1:
+            return f"{self.model_path.name}{vision} on {kinds[0]}"
+        return f"{self.model_path.name}{vision} on {' + '.join(kinds)} ({self.plan.summary()})"
 
     @property
     def has_vision(self) -> bool:

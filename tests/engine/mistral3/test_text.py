@@ -465,8 +465,9 @@ def test_decode_graph_orchestration_with_an_eager_stand_in(monkeypatch):
 def test_default_context_on_cuda_is_what_fits(monkeypatch):
     """The CUDA sizing arithmetic, with the memory queries stubbed (no GPU here)."""
     m = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_q256-Q8_0.gguf"), device="cpu")
-    m.device = torch.device("cuda")  # only default_context_length looks at it
+    m.device = torch.device("cuda")  # only default_context_length looks at these
     m.dtype = torch.bfloat16
+    m.segments[0].device, m.segments[0].dtype = m.device, m.dtype
     per_token = m.kv_bytes_per_token()
     assert per_token == 2 * 2 * 64 * 2 * 2  # layers x kv heads x (k + v dims) x bf16
     act = m.prefill_chunk * (2 * m.cfg.ffn + 4 * m.cfg.hidden) * 4

@@ -1,0 +1,494 @@
+"""Device mapping: which device holds each layer, the embedding, the head and the vision tower,
+planned from the file's tensor sizes before any weight is loaded.
+
+The method is mistral.rs's (see device-mapping.md in the shared notes): budget parameters
+(`Budget`, estimates and not limits) size the KV cache and the activations; devices are every
+CUDA GPU (free memory minus a headroom), then the CPU on machines whose CPU memory is separate
+(never on unified memory); each device in turn takes everything that is left if it fits, else
+layers one by one with their KV share up to its capacity. A manual map (`parse_device_map`,
+`gpu_layers_map`) overrides the counts.
+
+Where it goes further than that anchor, cheaply:
+- the output head runs on every token: it goes to the first GPU, with the last layers, so a
+  split model has one boundary per step (CPU layers first, then the GPU layers and the head);
+- the token embedding is a row lookup: on a split model it stays in CPU memory;
+- the vision tower is placed whole on a GPU when it fits there (an image encodes in one piece).
+Activations are sized by the prompt rows one pass really runs (the engine prefills in chunks),
+and attention scores are not counted: SDPA's fused kernels never materialise them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from ..api import EngineError
+from ..mistral3.config import TextConfig, VisionConfig
+from ..mistral3.text import CPU_PREFILL_CHUNK, CUDA_HEADROOM_BYTES, PREFILL_CHUNK
+
+GiB = 1 << 30
+MiB = 1 << 20
+CPU_HEADROOM_BYTES = 2 * GiB  # the OS, this app (Python, Qt), other programs' growth
+UNKNOWN_RAM = 1 << 50  # a system that does not say: plan as if the CPU had room (as before planning)
+
+
+class PlanError(EngineError):
+    """The model cannot be placed on this machine (raised before anything is loaded)."""
+
+
+# ----------------------------------------------------------------------------- inputs
+
+@dataclass(frozen=True)
+class Budget:
+    """What the plan reserves room for: estimates, not limits at run time."""
+
+    max_seq_len: int = 4096
+    max_batch_size: int = 1
+    max_num_images: int = 1  # only when a projector is loaded
+    max_image_length: int = 1024  # images assumed square of this side
+
+    @property
+    def tokens(self) -> int:
+        return self.max_seq_len * self.max_batch_size
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str  # "cuda:0", "cpu" (tests may add logical "cpu:1")
+    free_bytes: int
+    description: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.name.split(":")[0]
+
+    @property
+    def headroom(self) -> int:
+        return CUDA_HEADROOM_BYTES if self.kind == "cuda" else CPU_HEADROOM_BYTES
+
+    @property
+    def usable(self) -> int:
+        return max(self.free_bytes - self.headroom, 0)
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpus: tuple[DeviceInfo, ...] = ()
+    cpu: DeviceInfo | None = None
+    unified: bool = False  # GPU and CPU share one memory: the CPU is no extra room
+
+    @property
+    def devices(self) -> list[DeviceInfo]:
+        """Planning order: the GPUs, then the CPU where it has memory of its own."""
+        out = list(self.gpus)
+        if self.cpu is not None and not (self.unified and self.gpus):
+            out.append(self.cpu)
+        return out
+
+    def find(self, name: str) -> DeviceInfo | None:
+        name = canonical_device(name)
+        for dev in self.devices:
+            if dev.name == name:
+                return dev
+        if name.startswith("cpu:") and self.cpu is not None and self.cpu in self.devices:
+            return DeviceInfo(name, self.cpu.free_bytes, self.cpu.description)  # a logical CPU
+        return None
+
+
+def detect_machine() -> Machine:
+    """This machine: free memory of every CUDA GPU now, and MemAvailable of the system."""
+    import torch
+
+    from ..mistral3.text import _available_ram
+
+    gpus, unified = [], False
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            free, _total = torch.cuda.mem_get_info(i)
+            props = torch.cuda.get_device_properties(i)
+            unified = unified or bool(getattr(props, "is_integrated", False))
+            gpus.append(DeviceInfo(f"cuda:{i}", int(free), props.name))
+    ram = _available_ram()
+    cpu = DeviceInfo("cpu", ram, "system memory") if ram else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown")
+    return Machine(tuple(gpus), cpu, unified)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """What the planner needs from a model file (and its projector), in bytes as stored."""
+
+    name: str
+    layer_bytes: tuple[int, ...]  # per decoder block, quantized as in the file
+    embedding_bytes: int  # token_embd
+    head_bytes: int  # output (or token_embd again when tied) + output_norm + anything outside the blocks
+    tied: bool
+    kv_width: int  # K and V values per token per layer: n_kv_heads * (head_dim + v_head_dim)
+    row_width: int  # activation values per prompt row inside a layer
+    vision_bytes: int = 0
+    vision_name: str = ""
+    vision_row_width: int = 0  # activation values per patch inside the vision tower
+    vision_patch: int = 14  # patch_size * merge gives the image grid step
+    vision_merge: int = 2
+    vision_image_size: int = 1540  # longest side the preprocessing keeps
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_bytes)
+
+    @property
+    def has_vision(self) -> bool:
+        return self.vision_bytes > 0
+
+
+def model_sizes(cfg: TextConfig, tensors: Mapping[str, object], name: str = "model",
+                vision: VisionConfig | None = None, vision_tensors: Mapping[str, object] | None = None,
+                vision_name: str = "projector") -> ModelSizes:
+    """Sizes from a tensor inventory: {name: anything with `.nbytes`} (GGUFFile.tensors)."""
+    layers = [0] * cfg.n_layers
+    other = 0
+    for tname, info in tensors.items():
+        parts = tname.split(".")
+        if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < cfg.n_layers:
+            layers[int(parts[1])] += info.nbytes
+        elif tname != "token_embd.weight":
+            other += info.nbytes
+    embedding = tensors["token_embd.weight"].nbytes
+    head = other + (embedding if cfg.tied_embeddings else 0)
+    kv_width = cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
+    # residual, norm output, attention output, MLP out + q, k, v + gate, up, gate*up
+    row_width = 4 * cfg.hidden + cfg.q_width + kv_width + 3 * cfg.ffn
+    sizes = ModelSizes(name, tuple(layers), embedding, head, cfg.tied_embeddings, kv_width, row_width)
+    if vision is None:
+        return sizes
+    vbytes = sum(t.nbytes for t in (vision_tensors or {}).values())
+    return ModelSizes(name, tuple(layers), embedding, head, cfg.tied_embeddings, kv_width, row_width,
+                      vision_bytes=vbytes, vision_name=vision_name,
+                      # as row_width: 4 residual-sized + q, k, v + gate, up, gate*up per patch
+                      vision_row_width=7 * vision.hidden + 3 * vision.ffn,
+                      vision_patch=vision.patch_size, vision_merge=vision.merge,
+                      vision_image_size=vision.image_size)
+
+
+def sizes_of_files(model_gf, mmproj_gf=None) -> ModelSizes:
+    """Sizes of an open model GGUF (and projector GGUF): reads only the headers."""
+    from ..mistral3.config import read_config, text_config
+
+    cfg = text_config(model_gf)
+    vision = read_config(mmproj_gf) if mmproj_gf is not None else None
+    return model_sizes(cfg, model_gf.tensors, model_gf.path.name, vision,
+                       mmproj_gf.tensors if mmproj_gf is not None else None,
+                       mmproj_gf.path.name if mmproj_gf is not None else "")
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+def compute_bytes(device_kind: str) -> int:
+    """Bytes of one KV / activation value: f32 on CPU, bf16/f16 on CUDA (default_dtype)."""
+    return 4 if device_kind == "cpu" else 2
+
+
+def kv_bytes_per_layer(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
+    return budget.tokens * sizes.kv_width * compute_bytes(device_kind)
+
+
+def activation_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
+    """Peak of one layer pass: the rows of one prefill chunk (never more than the budget's)."""
+    chunk = PREFILL_CHUNK if device_kind == "cuda" else CPU_PREFILL_CHUNK
+    return min(budget.tokens, chunk) * sizes.row_width * compute_bytes(device_kind)
+
+
+def image_patches(sizes: ModelSizes, budget: Budget) -> int:
+    """Patches of one square image of max_image_length (as the preprocessing grids it)."""
+    side = min(budget.max_image_length, sizes.vision_image_size)
+    step = sizes.vision_patch * sizes.vision_merge
+    per_side = ((side - 1) // step + 1) * sizes.vision_merge
+    return per_side * per_side
+
+
+def vision_activation_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
+    if not sizes.has_vision:
+        return 0
+    return (budget.max_num_images * image_patches(sizes, budget) * sizes.vision_row_width
+            * compute_bytes(device_kind))
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass
+class Placement:
+    """What one device holds, and what that costs."""
+
+    device: DeviceInfo
+    layers: range = range(0)
+    weights: int = 0  # of its layers
+    kv: int = 0
+    activations: int = 0
+    parts: dict[str, int] = field(default_factory=dict)  # "embedding", "head", "vision", ...
+
+    @property
+    def name(self) -> str:
+        return self.device.name
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.activations + sum(self.parts.values())
+
+
+@dataclass
+class DevicePlan:
+    model: str
+    n_layers: int
+    budget: Budget
+    placements: list[Placement]  # machine order: GPUs, then the CPU
+    embedding_device: str
+    head_device: str
+    vision_device: str | None
+    manual: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    def layer_devices(self) -> list[str]:
+        out = [""] * self.n_layers
+        for p in self.placements:
+            for i in p.layers:
+                out[i] = p.name
+        return out
+
+    @property
+    def gpu_layers(self) -> int:
+        return sum(len(p.layers) for p in self.placements if p.device.kind == "cuda")
+
+    @property
+    def cpu_layers(self) -> int:
+        return self.n_layers - self.gpu_layers
+
+    @property
+    def fit(self) -> str:
+        """"gpu" (all layers on GPUs), "partial" (some on the CPU) or "cpu" (no GPU layer)."""
+        if self.gpu_layers == self.n_layers:
+            return "gpu"
+        return "partial" if self.gpu_layers else "cpu"
+
+    def summary(self) -> str:
+        """One line for the model bar: where the model runs."""
+        used = [p for p in self.placements if p.layers]
+        if len(used) == 1:
+            where = "the CPU" if used[0].device.kind == "cpu" else used[0].name
+            return f"all {self.n_layers} layers on {where}"
+        if self.gpu_layers and self.cpu_layers:
+            return f"{self.gpu_layers} of {self.n_layers} layers on GPU, {self.cpu_layers} on CPU"
+        return ", ".join(f"{len(p.layers)} on {p.name}" for p in used)
+
+    def explain(self) -> str:
+        """The plan with its arithmetic, for `tramontane-cli info --plan`."""
+        b = self.budget
+        lines = [f"plan for {self.model} ({'manual map' if self.manual else 'automatic'})",
+                 f"budget: max_seq_len {b.max_seq_len} x max_batch_size {b.max_batch_size}"
+                 + (f", {b.max_num_images} image(s) of {b.max_image_length}x{b.max_image_length}"
+                    if self.vision_device else "") + " (estimates, not limits)"]
+        for p in self.placements:
+            d = p.device
+            lines.append(f"{d.name}{' (' + d.description + ')' if d.description else ''}: "
+                         f"{_gib(d.free_bytes)} free - {_gib(d.headroom)} headroom = {_gib(d.usable)} usable")
+            for part, n in p.parts.items():
+                lines.append(f"  {part:<22} {_gib(n)}")
+            if p.layers:
+                n = len(p.layers)
+                lines.append(f"  layers {p.layers.start}-{p.layers.stop - 1} ({n}){'':<7} "
+                             f"{_gib(p.weights)} weights + {n} x {_mib(p.kv // n)} KV = {_gib(p.kv)} "
+                             f"+ {_gib(p.activations)} activations")
+            lines.append(f"  {'total':<22} {_gib(p.total)} of {_gib(d.usable)}")
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        lines.append(f"=> {self.summary()}")
+        return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if abs(n) >= 100 * MiB else _mib(n)
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:.1f} MiB"
+
+
+_DEVICE_NAME = re.compile(r"^(cpu|cuda)(:\d+)?$")
+
+
+def canonical_device(name: str) -> str:
+    name = name.strip().lower()
+    if not _DEVICE_NAME.match(name):
+        raise PlanError(f"device map: unknown device '{name}': use cpu, cuda or cuda:N")
+    return "cuda:0" if name == "cuda" else name
+
+
+def parse_device_map(text: str) -> list[tuple[str, int]]:
+    """`cuda:0=30,cpu=10` -> [("cuda:0", 30), ("cpu", 10)]: layer counts per device, in layer order."""
+    out: list[tuple[str, int]] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, count = item.partition("=")
+        if not sep or not count.strip().isdigit():
+            raise PlanError(f"device map '{text}': '{item}' is not DEVICE=LAYERS (e.g. cuda:0=30,cpu=10)")
+        dev = canonical_device(name)
+        if any(dev == d for d, _ in out):
+            raise PlanError(f"device map '{text}': {dev} is named twice")
+        out.append((dev, int(count)))
+    if not out:
+        raise PlanError(f"device map '{text}' is empty (e.g. cuda:0=30,cpu=10)")
+    return out
+
+
+def gpu_layers_map(n_layers: int, gpu_layers: int, gpu: str = "cuda:0") -> list[tuple[str, int]]:
+    """Settings' "GPU layers: N" as a manual map: the rest on the CPU first, the last N (and the
+    head) on the GPU, like the automatic plan."""
+    n = max(0, min(int(gpu_layers), n_layers))
+    return [(d, c) for d, c in (("cpu", n_layers - n), (gpu, n)) if c]
+
+
+def plan_devices(sizes: ModelSizes, machine: Machine, budget: Budget = Budget(),
+                 manual: Sequence[tuple[str, int]] | None = None) -> DevicePlan:
+    """Place the model (automatic, or the counts of `manual`). PlanError when it cannot fit."""
+    devices = machine.devices
+    if not devices:
+        raise PlanError("no device to run on (no GPU and no CPU memory reported)")
+    if manual is not None:
+        return _manual_plan(sizes, machine, budget, manual)
+    kv = {d.name: kv_bytes_per_layer(sizes, budget, d.kind) for d in devices}
+    act = {d.name: activation_bytes(sizes, budget, d.kind) for d in devices}
+    vision_need = {d.name: sizes.vision_bytes + vision_activation_bytes(sizes, budget, d.kind)
+                   for d in devices}
+    all_layers = range(sizes.n_layers)
+
+    # Everything on the first device, when it fits: no split, nothing moved.
+    first = devices[0]
+    tables = sizes.head_bytes if sizes.tied else sizes.embedding_bytes + sizes.head_bytes
+    whole = (sum(sizes.layer_bytes) + sizes.n_layers * kv[first.name] + act[first.name] + tables
+             + (vision_need[first.name] if sizes.has_vision else 0))
+    if whole <= first.usable or len(devices) == 1:
+        p = _fill(Placement(first), sizes, all_layers, kv[first.name], act[first.name])
+        _add_embedding_and_head(p, p, sizes)
+        if sizes.has_vision:
+            _add_vision(p, sizes, budget)
+        plan = DevicePlan(sizes.name, sizes.n_layers, budget, [p], first.name, first.name,
+                          first.name if sizes.has_vision else None)
+        if p.total > first.usable:
+            raise _does_not_fit(plan, sizes, [], p.total - first.usable)
+        return plan
+
+    placements = [Placement(d) for d in devices]
+    # The head on the first device that can hold it with a layer pass's activations.
+    head_p = next((p for p in placements if sizes.head_bytes + act[p.name] <= p.device.usable),
+                  placements[-1])
+    has_cpu = devices[-1].kind == "cpu"
+    embed_p = placements[-1] if has_cpu else head_p
+    _add_embedding_and_head(embed_p, head_p, sizes)
+    vision_p = None
+    if sizes.has_vision:
+        # Whole on a GPU when it fits beside what is there already; else the CPU (or the last device).
+        vision_p = next((p for p in placements if p.device.kind == "cuda"
+                         and p.total + vision_need[p.name] <= p.device.usable), placements[-1])
+        _add_vision(vision_p, sizes, budget)
+
+    # Greedy, device by device; layers from the last one down (the head's device takes the last).
+    remaining = list(reversed(all_layers))
+    plan = DevicePlan(sizes.name, sizes.n_layers, budget, placements, embed_p.name, head_p.name,
+                      vision_p.name if vision_p else None)
+    for p in placements:
+        if not remaining:
+            break
+        d = p.device
+        room = d.usable - p.total - act[d.name]
+        take = 0
+        used = 0
+        for i in remaining:
+            need = sizes.layer_bytes[i] + kv[d.name]
+            if used + need > room:
+                break
+            used += need
+            take += 1
+        if take == 0:
+            one = sizes.layer_bytes[remaining[0]]
+            plan.warnings.append(
+                f"{d.name} can fit 0 layers: {_gib(max(room, 0))} left after its share, one layer needs "
+                f"{_gib(one)} + {_mib(kv[d.name])} KV + {_gib(act[d.name])} activations; lower "
+                f"max_seq_len ({budget.max_seq_len})"
+                + (f" or max_num_images ({budget.max_num_images}) / max_image_length "
+                   f"({budget.max_image_length})" if sizes.has_vision else "")
+                + " to use it")
+            continue
+        taken, remaining = remaining[:take], remaining[take:]
+        _fill(p, sizes, range(min(taken), max(taken) + 1), kv[d.name], act[d.name])
+    if remaining:
+        short = sum(sizes.layer_bytes[i] + kv[devices[-1].name] for i in remaining)
+        raise _does_not_fit(plan, sizes, remaining, short)
+    return plan
+
+
+def _fill(p: Placement, sizes: ModelSizes, layers: range, kv_per_layer: int, act: int) -> Placement:
+    p.layers = layers
+    p.weights = sum(sizes.layer_bytes[i] for i in layers)
+    p.kv = len(layers) * kv_per_layer
+    p.activations = act if layers else 0
+    return p
+
+
+def _add_embedding_and_head(embed_p: Placement, head_p: Placement, sizes: ModelSizes) -> None:
+    embed_p.parts["token embedding"] = sizes.embedding_bytes
+    if sizes.tied and embed_p is head_p:  # one table serves both
+        head_p.parts["output norm"] = sizes.head_bytes - sizes.embedding_bytes
+    else:
+        head_p.parts["output head + norm"] = sizes.head_bytes
+
+
+def _add_vision(p: Placement, sizes: ModelSizes, budget: Budget) -> None:
+    p.parts["vision tower"] = sizes.vision_bytes
+    p.parts["vision activations"] = vision_activation_bytes(sizes, budget, p.device.kind)
+
+
+def _does_not_fit(plan: DevicePlan, sizes: ModelSizes, remaining: Sequence[int], short: int) -> PlanError:
+    where = " + ".join(f"{p.name} {_gib(p.device.usable)}" for p in plan.placements)
+    what = (f"{len(remaining)} of {sizes.n_layers} layers ({_gib(short)}) are left over"
+            if remaining else f"it needs {_gib(short)} more")
+    return PlanError(f"{sizes.name} does not fit this machine: {what} after filling every device "
+                     f"(usable: {where}); use a smaller quantization, or lower max_seq_len "
+                     f"({plan.budget.max_seq_len})")
+
+
+def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
+                 manual: Sequence[tuple[str, int]]) -> DevicePlan:
+    counts = [(canonical_device(d), int(c)) for d, c in manual]
+    text = ",".join(f"{d}={c}" for d, c in counts)
+    if sum(c for _, c in counts) != sizes.n_layers:
+        raise PlanError(f"device map '{text}' places {sum(c for _, c in counts)} layers; "
+                        f"{sizes.name} has {sizes.n_layers}")
+    placements, start = [], 0
+    for name, count in counts:
+        dev = machine.find(name)
+        if dev is None:
+            raise PlanError(f"device map '{text}': this machine has no {name} "
+                            f"(devices: {', '.join(d.name for d in machine.devices)})")
+        p = Placement(dev)
+        _fill(p, sizes, range(start, start + count), kv_bytes_per_layer(sizes, budget, dev.kind),
+              activation_bytes(sizes, budget, dev.kind))
+        start += count
+        placements.append(p)
+    with_layers = [p for p in placements if p.layers] or placements
+    embed_p, head_p = with_layers[0], with_layers[-1]  # no boundary beyond the layers' own
+    _add_embedding_and_head(embed_p, head_p, sizes)
+    vision_p = None
+    if sizes.has_vision:
+        need = sizes.vision_bytes + vision_activation_bytes(sizes, budget, "cuda")
+        vision_p = next((p for p in placements if p.device.kind == "cuda"
+                         and p.total + need <= p.device.usable), placements[-1])
+        _add_vision(vision_p, sizes, budget)
+    plan = DevicePlan(sizes.name, sizes.n_layers, budget, placements, embed_p.name, head_p.name,
+                      vision_p.name if vision_p else None, manual=True)
+    for p in placements:
+        if p.total > p.device.usable:
+            plan.warnings.append(f"{p.name} is asked to hold {_gib(p.total)}, more than its "
+                                 f"{_gib(p.device.usable)} usable: loading may run out of memory")
+    return plan
+
+
+__all__ = ["Budget", "DeviceInfo", "Machine", "ModelSizes", "Placement", "DevicePlan", "PlanError",
+           "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "parse_device_map",
+           "gpu_layers_map", "kv_bytes_per_layer", "activation_bytes", "vision_activation_bytes",
+           "image_patches"]

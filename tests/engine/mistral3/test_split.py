@@ -1,0 +1,222 @@
+"""A model split across devices computes what the unsplit model computes.
+
+On CPU the split is between two logical CPU devices ("cpu:0", "cpu:1"): separate weights per
+segment, separate KV tensors per segment, the hidden state copied at each boundary — the same
+arithmetic as unsplit, so logits must match bit for bit. The CUDA+CPU split (bf16 GPU layers,
+f32 CPU layers) is checked against the whole-GPU model by the CUDA-marked tests at the end."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from support import FIXTURES
+from tramontane.engine.api import ChatMessage, SamplingParams
+from tramontane.engine.gguf import open_gguf
+from tramontane.engine.mistral3.text import KVCache, Mistral3Text
+from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, parse_device_map, plan_devices,
+                                                  sizes_of_files)
+from tramontane.engine.runtime.local import LocalEngine
+
+MODELS = ["mistral3_tiny-f32.gguf", "ministral3_tiny-f32.gguf", "mistral3_q256-llamacpp-Q4_K_M.gguf"]
+MACHINE = Machine((), DeviceInfo("cpu", 64 << 30, "test CPU"))
+
+
+def _plan(path, text: str, **fields):
+    with open_gguf(path) as gf:
+        plan = plan_devices(sizes_of_files(gf), MACHINE, manual=parse_device_map(text))
+    for k, v in fields.items():
+        setattr(plan, k, v)
+    return plan
+
+
+def _ids(n: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def pair(request):
+    path = os.path.join(FIXTURES, request.param)
+    whole = Mistral3Text.load(path, device="cpu")
+    split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
+    return whole, split
+
+
+def test_split_model_has_one_segment_per_device_and_kv_per_segment(pair):
+    _whole, split = pair
+    assert [(s.name, s.layers) for s in split.segments] == [("cpu:0", range(0, 1)), ("cpu:1", range(1, 2))]
+    cache = split.new_cache(32)
+    assert len(cache.ks) == 2 and [k.shape[0] for k in cache.ks] == [1, 1]
+    # per-layer views are views of the segment tensors, not copies
+    assert cache.layer_k[1].data_ptr() == cache.ks[1].data_ptr()
+    with pytest.raises(AttributeError, match="split"):
+        cache.k
+
+
+def test_split_logits_are_bit_identical_prefill_chunks_and_decode(pair):
+    whole, split = pair
+    ids = _ids(40, whole.cfg.vocab_size, seed=3)
+    assert torch.equal(whole.logits(ids, all_logits=True), split.logits(ids, all_logits=True))
+    # chunked prefill (several passes through both segments) then token-by-token decode
+    caches = []
+    for m in (whole, split):
+        m.prefill_chunk = 7
+        cache = m.new_cache(64)
+        rows = [m.forward(ids[:25], 0, cache)] + [m.decode(int(t), cache) for t in ids[25:]]
+        caches.append((torch.stack(rows), cache))
+        m.prefill_chunk = 512
+    assert torch.equal(caches[0][0], caches[1][0])
+    (_, c_whole), (_, c_split) = caches
+    assert c_whole.length == c_split.length == 40
+    assert torch.equal(c_whole.k[:, :, :40], torch.cat([k[:, :, :40] for k in c_split.ks]))
+
+
+def test_host_snapshot_round_trip_across_a_split(pair):
+    whole, split = pair
+    ids = _ids(30, whole.cfg.vocab_size, seed=5)
+    out = {}
+    for name, m in (("whole", whole), ("split", split)):
+        cache = m.new_cache(64)
+        m.forward(ids[:20], 0, cache)
+        snap = cache.to_host()
+        m.forward(ids[20:], 20, cache)  # the cache moves on (another chat's turn)...
+        cache.truncate(0)
+        cache.from_host(snap)  # ...and comes back
+        assert cache.length == 20
+        out[name] = (snap, m.forward(ids[20:], 20, cache, all_logits=True))
+    # one snapshot layout whatever the split: (layers, kv_heads, length, head_dim) on the host
+    assert torch.equal(out["whole"][0].k, out["split"][0].k) and torch.equal(out["whole"][0].v, out["split"][0].v)
+    assert torch.equal(out["whole"][1], out["split"][1])
+    # a snapshot of the whole model restores into the split cache (and back)
+    cache = split.new_cache(64)
+    cache.from_host(out["whole"][0])
+    assert torch.equal(split.forward(ids[20:], 20, cache, all_logits=True), out["whole"][1])
+
+
+def test_snapshot_of_mixed_dtype_parts_is_exact():
+    """GPU segments hold bf16, CPU segments f32: the host copy is f32 and round-trips exactly."""
+    cpu = torch.device("cpu")
+    cache = KVCache(3, 2, 8, 8, 16, torch.float32, cpu, parts=[(2, torch.bfloat16, cpu), (1, torch.float32, cpu)])
+    g = torch.Generator().manual_seed(0)
+    for t in cache.ks + cache.vs:
+        t.copy_(torch.randn(t.shape, generator=g))
+    cache.length = 10
+    snap = cache.to_host()
+    assert snap.k.dtype == torch.float32 and snap.k.shape == (3, 2, 10, 8)
+    other = KVCache(3, 2, 8, 8, 16, torch.float32, cpu, parts=[(2, torch.bfloat16, cpu), (1, torch.float32, cpu)])
+    other.from_host(snap)
+    for a, b in zip(cache.ks + cache.vs, other.ks + other.vs):
+        assert torch.equal(a[:, :, :10], b[:, :, :10])
+
+
+def test_embedding_and_head_on_devices_of_their_own_change_nothing():
+    """Embedding looked up on one device, the head on another: two more boundaries, same bits."""
+    path = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
+    whole = Mistral3Text.load(path, device="cpu")
+    plan = _plan(path, "cpu:1=1,cpu:2=1", embedding_device="cpu:0", head_device="cpu:3")
+    split = Mistral3Text.load(path, device="cpu", plan=plan)
+    assert split.embedding_device == torch.device("cpu") and len(split.segments) == 2
+    ids = _ids(20, whole.cfg.vocab_size, seed=9)
+    assert torch.equal(whole.logits(ids, all_logits=True), split.logits(ids, all_logits=True))
+
+
+def test_decode_graphs_are_per_segment_with_an_eager_stand_in(monkeypatch):
+    """The per-segment graph bookkeeping on CPU: a stand-in capture whose replay re-runs the
+    captured function; one "graph" per (segment, bucket), the row handed over at each boundary."""
+    from tramontane.engine.runtime.cuda_graphs import DecodeGraphs
+
+    captured = []
+
+    def eager_capture(fn, device, pool):
+        out = fn()
+        captured.append(out)
+        return (lambda: out.copy_(fn())), out
+
+    monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(eager_capture))
+    path = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
+    whole = Mistral3Text.load(path, device="cpu")
+    split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
+    monkeypatch.setattr(split, "_graphs_enabled", lambda: True)
+    ids = _ids(30, whole.cfg.vocab_size, seed=11)
+    full = whole.logits(ids, all_logits=True)
+    cache = split.new_cache(64)
+    rows = [split.logits(ids[:10], 0, cache)] + [split.decode(int(t), cache) for t in ids[10:]]
+    assert set(cache._decode_graphs.graphs) == {(0, 64), (1, 64)} and len(captured) == 2
+    # the static decode attends over a masked bucket: equal to the eager logits within rounding
+    assert (torch.stack(rows[:-1]) - full[9:29]).abs().max().item() < 1e-4
+
+
+def test_local_engine_split_reuses_prefixes_and_parks_chats_like_the_whole_model():
+    """LocalEngine with a manual map: greedy replies, prefix reuse and host-parked chats
+    (switching chats snapshots the split cache) give what the unsplit engine gives."""
+    path = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+
+    def conversation(engine):
+        out = []
+        a1 = engine.chat([ChatMessage.text("user", "hello there")], params, session_key="a")
+        b1 = engine.chat([ChatMessage.text("user", "another chat")], params, session_key="b")
+        a2 = engine.chat([ChatMessage.text("user", "hello there"), ChatMessage.text("assistant", a1.text),
+                          ChatMessage.text("user", "and again")], params, session_key="a")
+        for r in (a1, b1, a2):
+            out.append((r.token_ids, r.stats.reused_tokens))
+        return out
+
+    whole = LocalEngine(path, device="cpu", context_length=256)
+    split = LocalEngine(path, device="cpu", context_length=256, device_map="cpu:0=1,cpu:1=1")
+    assert len(split.model.segments) == 2 and len(whole.model.segments) == 1
+    got_whole, got_split = conversation(whole), conversation(split)
+    assert got_split == got_whole
+    assert got_split[2][1] > 0  # the second turn of chat "a" came back from host memory and was reused
+    info = split.placement
+    assert info["devices"] == [{"device": "cpu:0", "first_layer": 0, "layers": 1},
+                               {"device": "cpu:1", "first_layer": 1, "layers": 1}]
+    assert info["gpu_layers"] == 0 and info["cpu_layers"] == 2 and info["fit"] == "cpu"
+    assert "cpu" in split.description
+
+
+# ----------------------------------------------------------------------------- CUDA + CPU
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _cuda_plan(path, gpu_layers: int):
+    from tramontane.engine.runtime.device_map import gpu_layers_map
+
+    with open_gguf(path) as gf:
+        sizes = sizes_of_files(gf)
+    machine = Machine((DeviceInfo("cuda:0", 64 << 30),), DeviceInfo("cpu", 64 << 30))
+    return plan_devices(sizes, machine, manual=gpu_layers_map(sizes.n_layers, gpu_layers))
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("name", ["mistral3_q256-llamacpp-Q4_K_M.gguf", "ministral3_tiny-f32.gguf"])
+def test_cuda_cpu_split_matches_the_gpu_model(name):
+    """Layer 0 on the CPU (f32), layer 1 + head on the GPU (bf16): logits within the bf16
+    tolerance of the whole-GPU model, greedy tokens identical, decoded through a CUDA graph
+    of the GPU segment."""
+    from tramontane.engine.runtime.generate import generate
+
+    path = os.path.join(FIXTURES, name)
+    gpu = Mistral3Text.load(path, device="cuda")
+    split = Mistral3Text.load(path, device="cuda", plan=_cuda_plan(path, 1))
+    assert [s.device.type for s in split.segments] == ["cpu", "cuda"]
+    assert split.embedding_device.type == "cpu" and split.device.type == "cuda"
+    ids = _ids(48, gpu.cfg.vocab_size, seed=21)
+    a, b = gpu.logits(ids, all_logits=True), split.logits(ids, all_logits=True)
+    scale = a.abs().max().item()
+    assert (a - b).abs().max().item() <= 0.03 * scale + 0.03  # the CUDA (bf16) tolerance
+    from tramontane.engine.mistral3.tokenizer import Tokenizer
+
+    with open_gguf(path) as gf:
+        tokenizer = Tokenizer.from_gguf(gf)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = []
+    for m in (gpu, split):
+        cache = m.new_cache(256)
+        outs.append(generate(m, cache, m.embed(ids[:16]), params, tokenizer).token_ids)
+        if m is split:
+            assert cache._decode_graphs is not None and any(k[0] == 1 for k in cache._decode_graphs.graphs)
+    assert outs[0] == outs[1]
