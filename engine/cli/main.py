@@ -1,69 +1,33 @@
-"""`tramontane-cli`: the engine from a terminal.
+"""`tramontane-cli`: one parser for every subcommand, one error handler.
 
-Every error a user can cause (missing file, refused architecture, bad image, context overflow)
-ends as one line on stderr naming the file, and a non-zero exit code — never a traceback.
+Every error a user can cause (missing file, refused architecture, bad image, context overflow,
+a server that refuses) ends as one line on stderr naming the file or the option, and exit code 2
+(1 when a reply started and then failed: an interrupted stream, a checksum mismatch) — never a
+traceback. Subcommand modules only declare their options (`add_parsers`) and raise.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..api import EngineError
-from ..gguf import GGUFError, open_gguf
+from ..gguf import GGUFError
+from . import bench, inspect, models, run, selftest, serve
+from .run import CommandFailed
 
-
-def _info(args) -> int:
-    from ..mistral3.config import describe, find_mmproj
-
-    with open_gguf(args.model) as gf:
-        info = describe(gf)
-    if info.get("architecture") != "clip":
-        mmproj = find_mmproj(args.model)
-        info["projector_found"] = str(mmproj) if mmproj else None
-    if args.json:
-        print(json.dumps(info, indent=2, default=str))
-        return 0
-    width = max(len(k) for k in info)
-    for key, value in info.items():
-        if isinstance(value, dict):
-            print(f"{key}:")
-            for k, v in value.items():
-                print(f"  {k}: {v}")
-        else:
-            print(f"{key.ljust(width)}  {value}")
-    return 0 if info.get("kind") != "unsupported" else 1
+SUBCOMMAND_MODULES = (inspect, run, serve, bench, models, selftest)  # order of `--help`
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tramontane-cli", description=__doc__.splitlines()[0])
     from tramontane import __version__
 
+    parser = argparse.ArgumentParser(prog="tramontane-cli",
+                                     description="Tramontane: Mistral 3-family GGUF models from a terminal.")
     parser.add_argument("--version", action="version", version=f"tramontane {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("info", help="describe a GGUF file (architecture, sizes, quant types, tokenizer)")
-    p.add_argument("model")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_info)
-
-    p = sub.add_parser("tokenize", help="token ids of TEXT (without BOS)")
-    p.add_argument("--model", required=True)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("text")
-    p.set_defaults(func=lambda a: _lazy("inspect", "tokenize_main")(a.model, a.text, a.json))
-
-    # Subcommands that live in their own modules register themselves.
-    _lazy("run", "add_parsers")(sub)
-    _lazy("models", "add_parser")(sub)
-    _lazy("selftest", "add_parsers")(sub)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in SUBCOMMAND_MODULES:
+        module.add_parsers(sub)
     return parser
-
-
-def _lazy(module: str, name: str):
-    import importlib
-
-    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
 def _tolerant_stdout() -> None:
@@ -90,12 +54,22 @@ def _check_text_arguments(args) -> None:
                                   f"(byte 0x{raw.hex()} at character {exc.start})") from None
 
 
+def _is_out_of_memory(exc: BaseException) -> bool:
+    # torch.OutOfMemoryError (CUDA) is a RuntimeError; so is the CPU allocator's refusal.
+    text = str(exc)
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "out of memory" in text or "can't allocate memory" in text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _tolerant_stdout()
     try:
         _check_text_arguments(args)
         return int(args.func(args) or 0)
+    except CommandFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except (GGUFError, EngineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -103,14 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.filename}: no such file", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
         return 130
     except (MemoryError, RuntimeError) as exc:
-        # torch.OutOfMemoryError (CUDA) is a RuntimeError; so is the CPU allocator's refusal.
-        text = str(exc)
-        if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
-                or "out of memory" in text or "can't allocate memory" in text):
+        if not _is_out_of_memory(exc):
             raise
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
         print(f"error: out of memory ({first}): lower --context-length, or use a smaller model "
               f"or --device cpu", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """`tramontane-cli models list|search|download|verify|delete`.
 
-`engine/cli.py` registers this with `add_parser(subparsers)`; `main(args)` also accepts an
-argv list so it can run on its own. Errors end as one line on stderr and exit code 2.
+Registered in the one parser (engine/cli/main.py), whose handler turns errors into one line and
+exit code 2; `verify` exits 1 when a file's checksum does not match.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-from ..api import EngineError
 from ..library.downloads import (DownloadManager, DownloadRequest, DownloadState, final_path,
                         git_blob_oid, load_manifest, sha256_file)
 from ..library.hub import Hub, HubError, ModelChoice, load_catalog, resolve_catalog_entry
@@ -258,7 +257,7 @@ def _common(p: argparse.ArgumentParser, hub: bool = False) -> None:
         p.add_argument("--offline", action="store_true", help="never touch the network")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parsers(subparsers) -> argparse.ArgumentParser:
     models = subparsers.add_parser("models", help="list, search, download, verify, delete models")
     sub = models.add_subparsers(dest="models_command", required=True)
 
@@ -295,23 +294,5 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+")
     p.set_defaults(models_func=_delete)
 
-    models.set_defaults(func=main)
+    models.set_defaults(func=lambda args: args.models_func(args))
     return models
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tramontane-cli")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    return parser
-
-
-def main(args: argparse.Namespace | list[str] | None = None) -> int:
-    """Run a `models` subcommand; `args` is a parsed namespace or an argv list
-    (without the leading 'models')."""
-    if not isinstance(args, argparse.Namespace):
-        args = build_parser().parse_args(["models", *(args if args is not None else sys.argv[1:])])
-    try:
-        return int(args.models_func(args) or 0)
-    except (EngineError, HubError, LocalModelError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2

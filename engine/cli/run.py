@@ -1,138 +1,171 @@
-"""`tramontane-cli run | perplexity | bench` on a local GGUF (or, for run, a server)."""
+"""`tramontane-cli run | perplexity`: a chat turn on a local GGUF or an OpenAI-compatible server
+(both through the Engine protocol, with one set of defaults: the app's), and a file's perplexity."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import os
 import sys
-import time
+import threading
 from pathlib import Path
 
-import torch
-
 from ..api import ChatMessage, EngineError, ImagePart, SamplingParams
-from ..mistral3.config import find_mmproj
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+class CommandFailed(EngineError):
+    """The command ran and failed part-way (a reply cut off, a server error mid-run), not a usage
+    error: the CLI exits with 1 instead of 2."""
 
 
 def add_parsers(sub) -> None:
-    from .remote import add_remote_arguments
+    from ..remote.client import DEFAULT_READ_TIMEOUT_S
 
-    p = sub.add_parser("run", help="answer a prompt (streams to stdout)")
-    p.add_argument("--model", required=True, help="GGUF file (or the model name on --server)")
-    p.add_argument("--mmproj", help="Pixtral projector GGUF (default: found beside the model)")
+    defaults = SamplingParams()  # the window's defaults too
+    p = sub.add_parser("run", help="answer a prompt (streams to stdout), locally or on --server")
+    p.add_argument("--model", required=True, help="GGUF file, or the model name on --server")
+    p.add_argument("--mmproj", help="vision projector GGUF (default: the one beside the model that fits it)")
     p.add_argument("--image", action="append", default=[], metavar="IMG")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    p.add_argument("--temperature", type=float, default=defaults.temperature)
+    p.add_argument("--top-k", type=int, default=defaults.top_k)
+    p.add_argument("--top-p", type=float, default=defaults.top_p)
+    p.add_argument("--min-p", type=float, default=defaults.min_p)
+    p.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty)
     p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--context-length", type=int)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    add_remote_arguments(p)
+    local = p.add_argument_group("local model")
+    local.add_argument("--device", choices=DEVICES, default="auto")
+    local.add_argument("--context-length", type=int)
+    remote = p.add_argument_group("server (OpenAI-compatible)")
+    remote.add_argument("--server", metavar="URL", help="e.g. http://127.0.0.1:8000/v1")
+    remote.add_argument("--api-key-env", metavar="VAR", help="environment variable that holds the server's API key")
+    remote.add_argument("--timeout", type=float, default=DEFAULT_READ_TIMEOUT_S, metavar="S",
+                        help="longest silence accepted from the server (seconds)")
     p.set_defaults(func=run_main)
 
     p = sub.add_parser("perplexity", help="perplexity of a text file")
     p.add_argument("--model", required=True)
     p.add_argument("--file", required=True)
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--context-length", type=int,
                    help="window size (default: the context that fits in memory, at most the model's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=perplexity_main)
 
-    p = sub.add_parser("bench", help="prefill/decode speed, TTFT, memory")
-    p.add_argument("--model", help="GGUF file (not needed with --kernels)")
-    p.add_argument("--mmproj")
-    p.add_argument("--image", action="append", default=[], help="also time an image prompt")
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--gen-tokens", type=int, default=64)
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=bench_main)
 
+def projector_for(args, needed: bool) -> Path | None:
+    """--mmproj, else the projector beside the model that belongs to it (library rule)."""
+    from ..library.projector import find_projector, projector_candidates
 
-def _mmproj_for(args, needed: bool) -> Path | None:
     if args.mmproj:
         return Path(args.mmproj)
-    found = find_mmproj(args.model)
+    found = find_projector(args.model)
     if found is not None:
         print(f"using projector {found}", file=sys.stderr)
         return found
     if needed:
-        raise EngineError(f"{args.model}: this model has no vision projector (none given with --mmproj "
-                          f"and none found beside it: mistral3-mmproj.gguf or *mmproj*istral*.gguf)")
+        others = [p.name for p in projector_candidates(args.model)]
+        beside = (f"; it and {', '.join(others)} beside it are from different models: their output "
+                  f"width is not its hidden size") if others else ""
+        raise EngineError(f"{args.model}: this model has no vision projector (none given with --mmproj, "
+                          f"and none beside it whose output width fits the model{beside})")
     return None
 
 
-def _check_context_length(args, least: int) -> None:
+def check_context_length(args, least: int) -> None:
     n = getattr(args, "context_length", None)
     if n is not None and n < least:
         raise EngineError(f"--context-length must be at least {least}, got {n}")
 
 
-def _load(args, images: bool):
+def load_local(args, images: bool):
     from ..runtime.local import LocalEngine
 
     if not Path(args.model).is_file():
         raise EngineError(f"{args.model}: no such model file")
-    _check_context_length(args, 1)
-    # A text-only prompt never needs a projector: one found beside the model (maybe of another
-    # model) is only loaded for images; an explicit --mmproj is always loaded (and checked).
-    mmproj = _mmproj_for(args, needed=images) if (images or args.mmproj) else None
-    try:
-        return LocalEngine(args.model, mmproj, device=args.device,
-                           context_length=getattr(args, "context_length", None))
-    except EngineError as exc:
-        if mmproj is not None and not args.mmproj and str(mmproj) in str(exc):
-            raise EngineError(f"{exc} (that projector was found beside the model: "
-                              f"give the right one with --mmproj)") from None
-        raise
+    check_context_length(args, 1)
+    # A text-only prompt never needs a projector: one found beside the model is only loaded for
+    # images; an explicit --mmproj is always loaded (and checked).
+    mmproj = projector_for(args, needed=images) if (images or args.mmproj) else None
+    return LocalEngine(args.model, mmproj, device=args.device, context_length=args.context_length)
+
+
+def connect_remote(args):
+    from ..remote.client import DEFAULT_CONNECT_TIMEOUT_S, RemoteEngine
+
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise EngineError(f"--api-key-env: the environment variable {args.api_key_env} is not set")
+    return RemoteEngine(args.server, args.model, api_key,
+                        connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_S, args.timeout),
+                        read_timeout=args.timeout)
 
 
 def run_main(args) -> int:
-    if getattr(args, "server", None):
-        from .remote import run_remote
-
-        return run_remote(args)
     images = [ImagePart.from_path(p) for p in args.image]
-    engine = _load(args, images=bool(images))
     messages = []
     if args.system:
         messages.append(ChatMessage.text("system", args.system))
-    messages.append(ChatMessage("user", [*images, args.prompt] if images else [args.prompt]))
+    # images first, then the prompt: what the window sends for a message with attachments
+    messages.append(ChatMessage("user", [*images, args.prompt]))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
-                            ignore_eos=args.ignore_eos)
+                            stop=list(args.stop), ignore_eos=args.ignore_eos)
+    engine = connect_remote(args) if args.server else load_local(args, images=bool(images))
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    result = engine.chat(messages, params, on_piece=None if args.json else show)
+    description = engine.description  # for the summary line, after the engine is closed
+    cancel = threading.Event()
+    try:
+        try:
+            result = engine.chat(messages, params, on_piece=None if args.json else show, cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            raise
+        except EngineError as exc:
+            if not args.json:
+                sys.stdout.write("\n")
+            if args.server:  # the server refused or failed mid-run: not a usage error
+                raise CommandFailed(str(exc)) from None
+            raise
+    finally:
+        engine.close()
     s = result.stats
+    error = getattr(result, "error", None)
     if args.json:
-        print(json.dumps({
+        out = {
             "text": result.text,
-            "prompt_token_ids": result.prompt_token_ids,
-            "token_ids": result.token_ids,
-            "finish_reason": s.finish_reason,
+            "prompt_token_ids": list(result.prompt_token_ids),
+            "token_ids": list(result.token_ids),
+            "finish_reason": result.finish_reason,
             "prompt_tokens": s.prompt_tokens,
+            "generated_tokens": s.generated_tokens,
             "ttft_s": s.ttft_s,
             "prefill_tok_s": s.prefill_tok_s,
             "decode_tok_s": s.decode_tok_s,
-        }))
+        }
+        if args.server:
+            out.update(usage=getattr(result, "usage", None), error=error)
+        print(json.dumps(out, ensure_ascii=False))
     else:
         print()
         print(f"[{s.prompt_tokens} prompt tokens, {s.generated_tokens} generated, TTFT {s.ttft_s:.3f}s, "
               f"prefill {s.prefill_tok_s:.1f} tok/s, decode {s.decode_tok_s:.1f} tok/s, "
-              f"{s.finish_reason}]", file=sys.stderr)
+              f"{s.finish_reason}, {description}]", file=sys.stderr)
+    if result.finish_reason == "interrupted":
+        raise CommandFailed(f"the reply was interrupted: {error}")
     return 0
 
 
@@ -147,6 +180,8 @@ def token_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, i
     evaluation): every token after the first is scored exactly once, with at least
     window - stride tokens of context except in the first window. A window runs through a KV
     cache in slices, so only a slice's logits are ever in memory."""
+    import torch
+
     total, scored = 0.0, 0
     n = len(ids)
     cache = model.new_cache(min(window, n))
@@ -182,7 +217,7 @@ def perplexity_main(args) -> int:
     from ..mistral3.tokenizer import Tokenizer
 
     path = Path(args.file)
-    _check_context_length(args, 2)  # a window scores tokens after its first
+    check_context_length(args, 2)  # a window scores tokens after its first
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -209,118 +244,3 @@ def perplexity_main(args) -> int:
     else:
         print(f"perplexity {ppl:.4f} over {n} tokens (window {window}, stride {stride})")
     return 0
-
-
-def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int = 10) -> float:
-    """Measured device-to-device copy GB/s (read + write counted), the decode bound's yardstick."""
-    n = nbytes or (1 << 28 if device.type == "cuda" else 1 << 26)
-    a = torch.ones(n, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    b.copy_(a)
-    _sync(device)
-    t = time.perf_counter()
-    for _ in range(repeats):
-        b.copy_(a)
-    _sync(device)
-    return 2 * n * repeats / (time.perf_counter() - t) / 1e9
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def bench_main(args) -> int:
-    from ..runtime.local import LocalEngine
-
-    if not args.model:
-        raise EngineError("bench needs --model (kernel benchmarks: python bench/kernels.py)")
-    if args.prompt_tokens < 1:
-        raise EngineError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
-    if args.gen_tokens < 0:
-        raise EngineError(f"--gen-tokens must be >= 0, got {args.gen_tokens}")
-    images = [ImagePart.from_path(p) for p in args.image]
-    mmproj = _mmproj_for(args, needed=bool(images)) if (images or args.mmproj) else None
-    engine = LocalEngine(args.model, mmproj, device=args.device,
-                         context_length=args.prompt_tokens + args.gen_tokens + 64
-                         + (4096 * len(images) if images else 0))
-    device = engine.model.device
-    # prompt + warm-up step + timed steps must fit the cache
-    if args.prompt_tokens + 1 + args.gen_tokens > engine.cache.capacity:
-        raise EngineError(f"{args.model}: --prompt-tokens {args.prompt_tokens} + --gen-tokens {args.gen_tokens} "
-                          f"(+1 warm-up) exceed the context length of {engine.cache.capacity}")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    # A prompt of exactly prompt_tokens ids: ordinary text tokens, no chat template.
-    vocab_lo = 1000 if engine.model.cfg.vocab_size > 2000 else 20
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(vocab_lo, engine.model.cfg.vocab_size, (args.prompt_tokens,), generator=gen).tolist()
-    model, cache = engine.model, engine.cache
-    cache.truncate(0)
-    t0 = time.perf_counter()
-    logits = model.forward(model.embed(prompt), 0, cache)
-    _sync(device)
-    ttft = time.perf_counter() - t0
-    token = int(logits.argmax())
-    model.decode(token, cache)  # warm-up (CUDA graph capture happens here)
-    _sync(device)
-    t1 = time.perf_counter()
-    for _ in range(args.gen_tokens):
-        token = int(model.decode(token, cache).argmax())
-    _sync(device)
-    decode_s = time.perf_counter() - t1
-    out = {
-        "model": str(args.model),
-        "device": str(device),
-        "prompt_tokens": args.prompt_tokens,
-        "gen_tokens": args.gen_tokens,
-        "ttft_s": ttft,
-        "prefill_tok_s": args.prompt_tokens / ttft,
-        "decode_tok_s": args.gen_tokens / decode_s,
-    }
-    if device.type == "cuda":
-        out["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-        copy_gbs = copy_bandwidth(device)
-        per_token_gb = model.weight_bytes / 1e9
-        bound = copy_gbs / per_token_gb
-        out.update(copy_gb_s=copy_gbs, weight_gb=per_token_gb, bound_tok_s=bound,
-                   share_of_bound=out["decode_tok_s"] / bound)
-    else:
-        import resource
-
-        out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-    if images:
-        messages = [ChatMessage("user", [*images, "Describe the image."])]
-        t = time.perf_counter()
-        engine.chat(messages, SamplingParams(max_tokens=1, temperature=0.0), session_key="bench-image")
-        out["image_prompt_ttft_s"] = time.perf_counter() - t
-    out.update(_llama_cpp_reference(args, prompt))
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        for k, v in out.items():
-            print(f"{k:>20}: {v:.4g}" if isinstance(v, float) else f"{k:>20}: {v}")
-    return 0
-
-
-def _llama_cpp_reference(args, prompt: list[int]) -> dict:
-    """llama.cpp on the same file in the same run, when llama-cpp-python is installed."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return {}
-    try:
-        llm = llama_cpp.Llama(model_path=str(args.model), n_ctx=len(prompt) + args.gen_tokens + 8,
-                              n_gpu_layers=-1 if args.device != "cpu" else 0, verbose=False,
-                              logits_all=False)
-        t = time.perf_counter()
-        llm.eval(prompt)
-        pre = time.perf_counter() - t
-        t = time.perf_counter()
-        for _ in range(args.gen_tokens):
-            token = llm.sample(temp=0.0) if hasattr(llm, "sample") else 0
-            llm.eval([token])
-        dec = time.perf_counter() - t
-        return {"llama_cpp_prefill_tok_s": len(prompt) / pre, "llama_cpp_decode_tok_s": args.gen_tokens / dec}
-    except Exception as exc:  # noqa: BLE001 - the reference is optional
-        return {"llama_cpp_error": str(exc)}

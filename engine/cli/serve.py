@@ -64,7 +64,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     check_context_length(args, 1)
     engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
                          context_length=args.context_length)
-    executor = ThreadExecutor(engine, args.model)
+    executor = ThreadExecutor(engine)
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,
                            max_queue=args.max_queue)
     server = OpenAIServer(executor, host=args.host, port=args.port, api_key=api_key,

@@ -12,23 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
 
 from ..api import EngineError
+from .projector import SHARD_RE, is_projector_name, name_rank, quant_from_name
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-MMPROJ_RE = re.compile(r"mmproj", re.IGNORECASE)
-# Quantization names as they appear in GGUF file names (longest alternatives first).
-QUANT_RE = re.compile(
-    r"(?<![A-Za-z0-9])(IQ\d_(?:XXS|XS|S|M|NL)|Q\d_K_(?:XL|S|M|L)|Q\d_K|Q\d_\d|TQ\d_\d|"
-    r"BF16|F16|F32|FP16|FP32|MXFP4)(?![A-Za-z0-9])",
-    re.IGNORECASE,
-)
-_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -78,7 +70,7 @@ class HubFile:
 
     @property
     def is_mmproj(self) -> bool:
-        return self.is_gguf and bool(MMPROJ_RE.search(self.name))
+        return self.is_gguf and is_projector_name(self.name)
 
     @property
     def quant(self) -> str | None:
@@ -119,36 +111,19 @@ class RemoteFile:
     commit: str | None
 
 
-def quant_from_name(name: str) -> str | None:
-    """'model-Q4_K_M.gguf' -> 'Q4_K_M' (upper case); None when the name carries none."""
-    stem = re.sub(r"\.gguf$", "", _SHARD_RE.sub(".gguf", name), flags=re.IGNORECASE)
-    found = QUANT_RE.findall(stem)
-    return found[-1].upper() if found else None
-
-
-_PROJ_PREFERENCE = ("F16", "BF16", "F32", "Q8_0")
-
-
 def pair_projectors(files: list[HubFile]) -> list[ModelChoice]:
-    """Pair every model GGUF of a repo with the projector it should use.
-
-    GGUF repos ship one or a few `mmproj` files for all quantizations; prefer f16 (what
-    llama.cpp converts to by default), then bf16, f32, q8_0, then the first by name."""
+    """Pair every model GGUF of a repo with the projector it should use, by the library's one
+    rule on names (projector.name_rank; widths are unknown until downloaded, and are checked
+    again before loading). A projector in the model's folder wins over one elsewhere."""
     ggufs = [f for f in files if f.is_gguf]
-    projectors = sorted((f for f in ggufs if f.is_mmproj), key=lambda f: f.path)
+    projectors = [f for f in ggufs if f.is_mmproj]
     models = sorted((f for f in ggufs if not f.is_mmproj), key=lambda f: f.path)
-
-    def rank(p: HubFile) -> tuple[int, str]:
-        q = p.quant or ""
-        return (_PROJ_PREFERENCE.index(q) if q in _PROJ_PREFERENCE else len(_PROJ_PREFERENCE), p.path)
-
-    best = min(projectors, key=rank) if projectors else None
     choices = []
     for m in models:
-        # A projector in the same folder as the model wins over one elsewhere in the repo.
         folder = str(PurePosixPath(m.path).parent)
-        near = [p for p in projectors if str(PurePosixPath(p.path).parent) == folder]
-        choices.append(ModelChoice(m, min(near, key=rank) if near else best))
+        near = [p for p in projectors if str(PurePosixPath(p.path).parent) == folder] or projectors
+        best = min(near, key=lambda p: name_rank(m.path, p.path)) if near else None
+        choices.append(ModelChoice(m, best))
     return choices
 
 
@@ -421,7 +396,7 @@ def resolve_catalog_entry(hub: Hub, entry: CatalogEntry, quant: str | None = Non
     else:
         matches = [c.model for c in pair_projectors(files)
                    if (c.model.quant or "").upper() == variant.quant.upper()
-                   and not _SHARD_RE.search(c.model.name)]
+                   and not SHARD_RE.search(c.model.name)]
         if not matches:
             raise HubError(f"{entry.repo_id}: no single-file {variant.quant} GGUF in the "
                            "repository.", "not_found")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..api import EngineError
 from .downloads import PART_SUFFIX, SIDECAR_SUFFIX
-from .hub import MMPROJ_RE
+from .projector import find_projector, is_projector_name
 
 IMPORTS_FILE = "imported.json"
 ENV_MODELS_DIR = "TRAMONTANE_MODELS_DIR"
@@ -58,7 +58,7 @@ class LocalModel:
     def is_projector(self) -> bool:
         if self.header is not None:
             return self.header.is_projector
-        return bool(MMPROJ_RE.search(self.path.name))
+        return is_projector_name(self.path.name)
 
     @property
     def architecture(self) -> str | None:
@@ -94,31 +94,6 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
         raise LocalModelError(str(exc)) from exc
     except OSError as exc:
         raise LocalModelError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-
-
-def find_projector(model_path: str | os.PathLike) -> Path | None:
-    """The projector beside a model. The engine's rule first (`mistral3-mmproj.gguf`, then
-    `*mmproj*istral*.gguf`); then, since downloads keep one repo per folder, the single
-    `*mmproj*.gguf` there (repos name it e.g. `mmproj-F16.gguf`), f16 preferred."""
-    try:
-        from ..mistral3.config import find_mmproj
-    except ImportError:
-        find_mmproj = None
-    if find_mmproj is not None:
-        found = find_mmproj(model_path)
-        if found is not None:
-            return Path(found)
-    folder = Path(model_path).resolve().parent
-    try:
-        candidates = sorted(p for p in folder.iterdir()
-                            if p.is_file() and p.suffix.lower() == ".gguf"
-                            and MMPROJ_RE.search(p.name))
-    except OSError:
-        return None
-    if not candidates:
-        return None
-    f16 = [p for p in candidates if "f16" in p.name.lower() and "bf16" not in p.name.lower()]
-    return (f16 or candidates)[0]
 
 
 # ---------------------------------------------------------------------------------------

@@ -2,10 +2,8 @@
 projector, or something we refuse — decided from the file's own evidence."""
 from __future__ import annotations
 
-import fnmatch
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..gguf import GGUFError, GGUFFile
 
@@ -122,7 +120,7 @@ def text_config(gf: GGUFFile) -> TextConfig:
                         f"tokenizer.ggml.tokens holds {len(tokens)} tokens")
     if vocab is None:
         vocab = len(tokens) if tokens else gf.tensors["token_embd.weight"].shape[0]
-    n_layers = dim("block_count")
+    n_layers = gf.uint(key("block_count"), 1)
     present = len(gf.block_indices("blk."))
     if n_layers > present:
         raise GGUFError(f"{gf.path}: metadata '{key('block_count')}' is {n_layers} but the file "
@@ -319,7 +317,7 @@ def read_config(gf: GGUFFile) -> VisionConfig:
     std = tuple(gf.array_of("clip.vision.image_std", "float", 3).tolist())
     if any(v == 0 for v in std):
         raise _fail(path, f"clip.vision.image_std has a zero: {std}")
-    n_layers = gf.uint("clip.vision.block_count", 1, MAX_DIM)
+    n_layers = gf.uint("clip.vision.block_count", 1)
     present = len(gf.block_indices("v.blk."))
     if n_layers > present:
         raise _fail(path, f"metadata 'clip.vision.block_count' is {n_layers} but the file holds "
@@ -381,27 +379,6 @@ def _detect_layout(gf: GGUFFile, n_layers: int) -> str:
                              f"{', '.join(missing[:6])}{'…' if len(missing) > 6 else ''}. "
                              f"Accepted: {_layouts_text()}")
     return layout
-
-
-MMPROJ_NAMES = ("mistral3-mmproj.gguf",)
-MMPROJ_PATTERNS = ("*mmproj*istral*.gguf",)
-
-
-def find_mmproj(model_path: str | Path) -> Path | None:
-    """The Pixtral projector beside a model: `mistral3-mmproj.gguf`, then `*mmproj*istral*.gguf`."""
-    folder = Path(model_path).resolve().parent
-    for name in MMPROJ_NAMES:
-        if (folder / name).is_file():
-            return folder / name
-    try:
-        names = sorted(p.name for p in folder.iterdir() if p.is_file())
-    except OSError:
-        return None
-    for pattern in MMPROJ_PATTERNS:
-        hits = [n for n in names if fnmatch.fnmatch(n, pattern)]
-        if hits:
-            return folder / hits[0]
-    return None
 
 
 def describe(gf: GGUFFile) -> dict:

@@ -275,7 +275,7 @@ def test_model_text_on_a_terminal_that_is_not_utf8_does_not_crash():
     cmd = [exe] if exe else [sys.executable, "-m", "tramontane.engine.cli.main"]
     env = dict(os.environ, PYTHONIOENCODING="latin-1")
     # this tiny model's first greedy tokens for "hello" are Arabic letters: not in latin-1
-    proc = subprocess.run(cmd + ["run", "--model", MODEL, "--prompt", "hello", "--max-tokens", "4",
+    proc = subprocess.run(cmd + ["run", "--model", MODEL, "--prompt", "hello", "--max-tokens", "4", "--temperature", "0",
                                  "--device", "cpu"], capture_output=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     assert b"Traceback" not in proc.stderr and proc.stdout.strip()

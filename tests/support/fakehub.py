@@ -401,16 +401,50 @@ def tiny_gguf(tmp_dir, **kwargs) -> bytes:
     return _GGUF_CACHE[key]
 
 
+def tiny_model_q4_0(tmp_dir) -> bytes:
+    """The tiny fixture model with its 2-D weights quantized to Q4_0 by gguf.quants (memoised)."""
+    key = ("tiny-model-q4_0",)
+    if key not in _GGUF_CACHE:
+        import os
+
+        import numpy as np
+        from gguf import GGMLQuantizationType, GGUFReader
+        from gguf.quants import dequantize, quantize
+
+        from . import FIXTURES
+        from .gguf_edit import rewrite_gguf
+
+        src = FIXTURES / "mistral3_tiny-f32.gguf"
+        q4 = GGMLQuantizationType.Q4_0
+        replace = {}
+        for t in GGUFReader(src).tensors:
+            if len(t.shape) == 2:
+                rows, cols = int(t.shape[1]), int(t.shape[0])
+                dense = dequantize(t.data, t.tensor_type).reshape(rows, cols).astype(np.float32)
+                replace[t.name] = (quantize(dense, q4), q4)
+        os.makedirs(str(tmp_dir), exist_ok=True)
+        out = os.path.join(str(tmp_dir), "tiny-model-q4_0.gguf")
+        rewrite_gguf(src, out, replace_tensors=replace, set_kv={"general.file_type": 2})
+        with open(out, "rb") as f:
+            _GGUF_CACHE[key] = f.read()
+    return _GGUF_CACHE[key]
+
+
 MODEL_FILE = "Tiny-Vision-Q8_0.gguf"
 PROJ_FILE = "mmproj-Tiny-Vision-f16.gguf"
 
 
 def tiny_repos(tmp_dir) -> dict[str, FakeRepo]:
-    """A public vision repo (model + two projectors + a README), a gated one, a text one."""
-    model = tiny_gguf(tmp_dir, n_embd=256, quant="Q8_0")
-    model_q4 = tiny_gguf(tmp_dir, n_embd=256, quant="Q4_0", seed=1)
-    proj = tiny_gguf(tmp_dir, n_embd=64, quant="F16", mmproj=True)
-    proj32 = tiny_gguf(tmp_dir, n_embd=64, quant="F32", mmproj=True)
+    """A public vision repo (model + two projectors + a README), a gated one, a text one.
+
+    The vision repo serves the real tiny fixture model and its projectors (llama.cpp-converted),
+    so a download pairs and loads like a real one (the pairing rule reads both headers)."""
+    from . import FIXTURES
+
+    model = (FIXTURES / "mistral3_tiny-q8_0.gguf").read_bytes()
+    model_q4 = tiny_model_q4_0(tmp_dir)
+    proj = (FIXTURES / "mmproj-mistral3_tiny-f16.gguf").read_bytes()
+    proj32 = (FIXTURES / "mmproj-mistral3_tiny-f32.gguf").read_bytes()
     return {
         "tiny-org/Tiny-Vision-GGUF": FakeRepo(
             {MODEL_FILE: model, "Tiny-Vision-Q4_0.gguf": model_q4, PROJ_FILE: proj,

@@ -5,9 +5,13 @@ import pytest
 from support.fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
 
 from tramontane.engine.library.downloads import DownloadRequest, final_path
-from tramontane.engine.cli.models import main
+from tramontane.engine.cli.main import main as cli_main
 
 REPO = "tiny-org/Tiny-Vision-GGUF"
+
+
+def main(argv: list[str]) -> int:
+    return cli_main(["models", *argv])
 
 
 @pytest.fixture

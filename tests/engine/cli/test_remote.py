@@ -1,4 +1,4 @@
-"""`tramontane-cli run --server ...` through engine.remote_cli.run_remote."""
+"""`tramontane-cli run --server ...`: the same `run` as a local model, through RemoteEngine."""
 from __future__ import annotations
 
 import json
@@ -6,12 +6,16 @@ import json
 import pytest
 from PIL import Image
 
-from tramontane.engine.cli.remote import build_parser, main, run_remote
+from tramontane.engine.cli.main import main as cli_main
 
 from support.fakevllm import FakeVLLM, split_tokens
 
 KEY = "sk-cli-0b5e22d1-SECRET"
 REPLY = "Bonjour, je suis un serveur factice."
+
+
+def main(argv: list[str]) -> int:
+    return cli_main(["run", *argv])
 
 
 @pytest.fixture
@@ -22,11 +26,10 @@ def server():
 
 def test_streams_text_to_stdout(server, capsys, monkeypatch):
     monkeypatch.setenv("TRAMONTANE_TEST_KEY", KEY)
-    args = build_parser().parse_args([
+    assert main([
         "--server", server.url, "--model", "small", "--api-key-env", "TRAMONTANE_TEST_KEY",
         "--prompt", "Salut", "--system", "Réponds en français.", "--max-tokens", "50",
-        "--temperature", "0", "--top-p", "0.5", "--top-k", "5", "--seed", "7"])
-    assert run_remote(args) == 0
+        "--temperature", "0", "--top-p", "0.5", "--top-k", "5", "--seed", "7"]) == 0
     out = capsys.readouterr()
     assert out.out == REPLY + "\n"
     assert f"{server.last_usage['prompt_tokens']} prompt tokens" in out.err

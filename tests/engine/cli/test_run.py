@@ -83,7 +83,7 @@ def test_strided_windows_score_every_token_once():
 
 def test_run_json_contract_and_greedy_equals_hf(capsys):
     out = run_json(capsys, "run", "--model", MODEL, "--system", "Be brief.", "--prompt", "Bonjour !",
-                   "--max-tokens", "10", "--ignore-eos", "--json", "--device", "cpu")
+                   "--max-tokens", "10", "--ignore-eos", "--json", "--device", "cpu", "--temperature", "0")
     for key in ("text", "prompt_token_ids", "token_ids", "finish_reason", "ttft_s", "prefill_tok_s",
                 "decode_tok_s"):
         assert key in out

@@ -7,7 +7,7 @@ import pytest
 from support.fakehub import make_gguf_bytes
 
 from tramontane.engine.library.local import (LocalModelError, default_models_dir,
-                                            delete_model, find_projector, import_model,
+                                            delete_model, import_model,
                                             read_header, scan_models)
 
 from support import FIXTURES
@@ -46,8 +46,9 @@ def test_scan_reads_header_facts(models):
     assert found["tiny-Q8_0.gguf"].quant == "Q8_0" and found["tiny-Q4_0.gguf"].quant == "Q4_0"
     proj = found["mmproj-F16.gguf"]
     assert proj.is_projector and proj.mmproj is None and proj.quant == "F16"
-    # Downloads keep one repo per folder, so the generic projector name is paired too.
-    assert found["tiny-Q8_0.gguf"].mmproj == proj.path.resolve()
+    # Header-only fakes: no Pixtral projector whose width could match, so never paired
+    # (tests/engine/library/test_projector.py pairs real files, generic names included).
+    assert found["tiny-Q8_0.gguf"].mmproj is None
 
 
 @pytest.mark.skipif(not (FIXTURES / "mistral3_tiny-q8_0.gguf").exists(),
@@ -63,20 +64,8 @@ def test_scan_real_llama_cpp_files(tmp_path):
     assert found["mistral3_tiny-q8_0.gguf"].quant == "Q8_0"
     assert found["mmproj-mistral3_tiny-f16.gguf"].is_projector
     assert not found["mistral3_tiny-q8_0.gguf"].is_projector
-    # the engine's rule: `*mmproj*istral*.gguf` beside the model (first by name)
+    # the library's rule (engine/library/projector.py): same width, its own name, f16 first
     assert found["mistral3_tiny-q8_0.gguf"].mmproj.name == "mmproj-mistral3_tiny-f16.gguf"
-
-
-def test_projector_rule_order(tmp_path):
-    for name in ("model.gguf", "mmproj-F16.gguf", "mmproj-mistral-f32.gguf"):
-        (tmp_path / name).write_bytes(b"x")
-    assert find_projector(tmp_path / "model.gguf").name == "mmproj-mistral-f32.gguf"
-    (tmp_path / "mistral3-mmproj.gguf").write_bytes(b"x")
-    assert find_projector(tmp_path / "model.gguf").name == "mistral3-mmproj.gguf"
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    (alone / "model.gguf").write_bytes(b"x")
-    assert find_projector(alone / "model.gguf") is None
 
 
 def test_broken_file_is_listed_with_the_reason(models):

@@ -1,6 +1,5 @@
 """Which files are accepted as Mistral 3, by evidence, and which are refused with a clear reason."""
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -8,7 +7,7 @@ import pytest
 from support.gguf_edit import rewrite_gguf
 from tramontane.engine.cli.main import main as cli_main
 from tramontane.engine.gguf import GGUFError, open_gguf
-from tramontane.engine.mistral3.config import find_mmproj, text_config
+from tramontane.engine.mistral3.config import text_config
 
 from support import FIXTURES
 TEXT = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
@@ -108,17 +107,6 @@ def test_shape_mismatch_is_refused(tmp_path):
     rewrite_gguf(TEXT, dst, set_kv={"mistral3.feed_forward_length": 96})
     with open_gguf(dst) as gf, pytest.raises(GGUFError, match="ffn_gate.weight' has shape"):
         text_config(gf)
-
-
-def test_find_mmproj_prefers_the_canonical_name(tmp_path):
-    model = tmp_path / "model.gguf"
-    shutil.copy(TEXT, model)
-    assert find_mmproj(model) is None
-    (tmp_path / "mmproj-Mistral-Small-f16.gguf").write_bytes(b"x")
-    (tmp_path / "mmproj-other.gguf").write_bytes(b"x")
-    assert find_mmproj(model).name == "mmproj-Mistral-Small-f16.gguf"
-    (tmp_path / "mistral3-mmproj.gguf").write_bytes(b"x")
-    assert find_mmproj(model).name == "mistral3-mmproj.gguf"
 
 
 def test_cli_info_reports_and_refuses(tmp_path, capsys, llama_copy):

@@ -1,0 +1,43 @@
+"""`tramontane-cli`: one parser lists every subcommand; errors are one line and exit 2."""
+from __future__ import annotations
+
+import pytest
+
+from tramontane.engine.api import SamplingParams
+from tramontane.engine.cli.main import build_parser, main
+
+SUBCOMMANDS = ("info", "tokenize", "run", "perplexity", "serve", "bench", "models", "self-test")
+
+
+def test_help_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for name in SUBCOMMANDS:
+        assert f"    {name} " in text or f"    {name}\n" in text, name
+
+
+def test_run_has_one_set_of_defaults_for_local_and_server():
+    parser = build_parser()
+    local = parser.parse_args(["run", "--model", "m.gguf", "--prompt", "x"])
+    remote = parser.parse_args(["run", "--server", "http://127.0.0.1:9/v1", "--model", "m", "--prompt", "x"])
+    app = SamplingParams()
+    for args in (local, remote):
+        assert (args.temperature, args.max_tokens, args.top_p, args.top_k, args.min_p,
+                args.repetition_penalty) == (app.temperature, app.max_tokens, app.top_p, app.top_k,
+                                             app.min_p, app.repetition_penalty)
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["info", "/no/such/model.gguf"], "/no/such/model.gguf"),
+    (["tokenize", "--model", "/no/such/model.gguf", "hi"], "/no/such/model.gguf"),
+    (["run", "--model", "/no/such/model.gguf", "--prompt", "hi"], "/no/such/model.gguf"),
+    (["perplexity", "--model", "/no/such/model.gguf", "--file", "/no/such/text.txt"], "/no/such/text.txt"),
+    (["bench", "--model", "/no/such/model.gguf", "--prompt-tokens", "0"], "--prompt-tokens"),
+    (["models", "download", "no-such-catalogue-id", "--offline"], "no-such-catalogue-id"),
+])
+def test_every_subcommand_error_is_one_line_and_exit_2(argv, names, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and names in err[0], err
