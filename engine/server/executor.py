@@ -33,19 +33,21 @@ class EngineExecutor(Protocol):
         ...
 
 
-def served_model_of(engine, model_path: str | Path) -> ServedModel | None:
-    """What /v1/models shows for a local engine (None for anything else, e.g. a remote one)."""
-    if not model_path or not hasattr(engine, "complete"):
+def served_model_of(engine) -> ServedModel | None:
+    """What /v1/models shows for a local engine (None for anything else, e.g. a remote one).
+    Call it on the engine's owner thread."""
+    path = getattr(engine, "model_path", None)
+    if path is None or not hasattr(engine, "complete"):
         return None
-    return ServedModel(Path(model_path).stem, bool(engine.has_vision), int(engine.context_size))
+    return ServedModel(Path(path).stem, bool(engine.has_vision), int(engine.context_size))
 
 
 class ThreadExecutor:
     """The CLI's owner: one thread that holds the engine and runs jobs in order."""
 
-    def __init__(self, engine, model_path: str | Path):
+    def __init__(self, engine):
         self._engine = engine
-        self._model = served_model_of(engine, model_path)
+        self._model = served_model_of(engine)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tramontane-engine")
 
     def served_model(self) -> ServedModel | None:

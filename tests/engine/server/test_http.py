@@ -37,7 +37,7 @@ class Served:
     def __init__(self, engine, **server_kw):
         self.engine = engine
         self.finished: list = []
-        self.executor = ThreadExecutor(engine, MODEL)
+        self.executor = ThreadExecutor(engine)
         self.server = OpenAIServer(self.executor, port=0, on_finished=self.finished.append, **server_kw).start()
         self.url = self.server.url
 
@@ -345,7 +345,7 @@ class Gate:
 
 def test_a_full_queue_is_503_and_a_client_that_leaves_the_queue_costs_nothing():
     engine = LocalEngine(MODEL, None, device="cpu")
-    executor = ThreadExecutor(engine, MODEL)
+    executor = ThreadExecutor(engine)
     gate = Gate(executor)
     finished = []
     server = OpenAIServer(gate, port=0, limits=RequestLimits(max_queue=1), on_finished=finished.append).start()

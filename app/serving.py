@@ -1,0 +1,97 @@
+"""The window's model behind the OpenAI-compatible server: server jobs run on the engine worker.
+
+`WorkerExecutor` lives in the engine worker's thread and runs each server job there, queued in
+the same thread event queue as the window's own requests (Qt delivers queued calls to one thread
+in posting order), so the window and the server share one engine, one KV cache store and one
+arrival order. `WindowServer` starts and stops the server for the Settings switch.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from ..engine.server.executor import ModelUnavailable, served_model_of
+from ..engine.server.http import Finished, OpenAIServer
+from ..engine.server.openai_api import RequestLimits, ServedModel
+from .worker import EngineInfo, EngineWorker
+
+log = logging.getLogger(__name__)
+
+
+class WorkerExecutor(QObject):
+    """An `EngineExecutor` on the window's engine worker (start the worker first)."""
+
+    _jobRequested = Signal(object, object)  # Future, job
+    _refreshRequested = Signal()
+
+    def __init__(self, worker: EngineWorker):
+        super().__init__()
+        self._worker = worker
+        self._model: ServedModel | None = None
+        self.moveToThread(worker.thread())
+        self._jobRequested.connect(self._run)
+        self._refreshRequested.connect(self._refresh)
+        # Emitted on the worker thread, where this object lives: called there, right after the
+        # engine changed and before any later job runs.
+        worker.loaded.connect(self._refresh)
+        worker.unloaded.connect(self._refresh)
+        self._refreshRequested.emit()  # a model loaded before the switch was turned on
+
+    # -- EngineExecutor (any thread) -------------------------------------------------------------
+    def served_model(self) -> ServedModel | None:
+        return self._model
+
+    def submit(self, job) -> Future:
+        future: Future = Future()
+        self._jobRequested.emit(future, job)
+        return future
+
+    # -- the worker thread -----------------------------------------------------------------------
+    @Slot(object, object)
+    def _run(self, future: Future, job) -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # the client left while it waited
+        try:
+            engine = self._worker.engine
+            if self._model is None:
+                raise ModelUnavailable("no local model is loaded in the window: load one, then try again")
+            future.set_result(job(engine))
+        except BaseException as exc:  # noqa: BLE001 - the server turns it into an HTTP error
+            future.set_exception(exc)
+
+    @Slot()
+    @Slot(object)
+    def _refresh(self, _info: EngineInfo | None = None) -> None:
+        self._model = served_model_of(self._worker.engine)
+
+
+class WindowServer:
+    """The Settings switch: serve the window's model on localhost:PORT while it is on."""
+
+    def __init__(self, worker: EngineWorker, limits: RequestLimits = RequestLimits()):
+        self.executor = WorkerExecutor(worker)
+        self.limits = limits
+        self.server: OpenAIServer | None = None
+        self.served = 0  # replies finished, for the status bar
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None
+
+    def start(self, port: int) -> str:
+        """Bind 127.0.0.1:port; raises EngineError in words (port taken...). Returns the URL."""
+        self.stop()
+        self.server = OpenAIServer(self.executor, host="127.0.0.1", port=port, limits=self.limits,
+                                   on_finished=self._count).start()
+        log.info("serving the window's model at %s", self.server.url)
+        return self.server.url
+
+    def stop(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+
+    def _count(self, finished: Finished) -> None:
+        self.served += 1
