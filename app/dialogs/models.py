@@ -205,15 +205,15 @@ class ModelManagerDialog(QDialog):
         scroll.setWidgetResizable(True)
         scroll.setWidget(self.downloads_box)
         scroll.setMinimumHeight(120)
-        downloads = QWidget()
-        dl = QVBoxLayout(downloads)
+        downloads_pane = QWidget()
+        dl = QVBoxLayout(downloads_pane)
         dl.setContentsMargins(0, 0, 0, 0)
         dl.addWidget(QLabel("<b>Downloads</b>"))
         dl.addWidget(scroll)
 
         split = QSplitter(Qt.Vertical)
         split.addWidget(self.tabs)
-        split.addWidget(downloads)
+        split.addWidget(downloads_pane)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 1)
 
