@@ -1,7 +1,7 @@
 """RemoteEngine: the same chat window on an OpenAI-compatible server (vLLM, llama.cpp, ...).
 
-Speaks `/v1/models` and streaming `/v1/chat/completions` (server-sent events) with the
-standard library only, so no new runtime dependency.
+Maps the Engine protocol onto streaming `/v1/chat/completions`; the transport (connections,
+errors, `/v1/models`, server-sent events) is engine/remote/http.py.
 
 How a reply ends (`GenerationResult.finish_reason`):
 - "stop" / "length" / "stop_string": the server finished (stop_string when the server reports
@@ -18,7 +18,7 @@ How a reply ends (`GenerationResult.finish_reason`):
 Every failure the user should read is a `RemoteError` (an `EngineError`) whose `kind` says
 what happened (unreachable, auth, model_not_found, rejected, server, timeout, malformed,
 protocol, config). The API key is never written into reprs, log records or error messages:
-it lives in a `_Secret` and any server message that echoes it is redacted.
+it lives in a `Secret` and any server message that echoes it is redacted.
 """
 from __future__ import annotations
 
@@ -27,16 +27,13 @@ import http.client
 import json
 import logging
 import socket
-import ssl
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
-from urllib.parse import urlsplit
 
 from ..api import (
     ChatMessage,
-    EngineError,
     FinishReason,
     GenerationResult,
     GenerationStats,
@@ -44,28 +41,13 @@ from ..api import (
     PieceCallback,
     SamplingParams,
 )
+from .http import (  # noqa: F401 - transport names callers also import from here
+    CancelWatch, check_api_key, connect, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S,
+    fetch_models, parse_base_url, read_body, RemoteError, RemoteModel, request_headers, Secret,
+    server_message, sse_data, status_error, StreamBroken,
+)
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
-# A server may think a long time before its first chunk (big prompt, many images): the read
-# timeout is the longest silence we accept, before the first chunk and between chunks.
-DEFAULT_READ_TIMEOUT_S = 300.0
-_CANCEL_POLL_S = 0.05
-_MAX_ERROR_CHARS = 500
-
-
-class RemoteError(EngineError):
-    """A server problem in words. `kind` is one of: unreachable, auth, model_not_found,
-    rejected, server, timeout, malformed, protocol, config. `status` is the HTTP status when
-    there was one; `available_models` is filled for model_not_found when the server said."""
-
-    def __init__(self, message: str, kind: str, status: int | None = None,
-                 available_models: list[str] | None = None):
-        super().__init__(message)
-        self.kind = kind
-        self.status = status
-        self.available_models = available_models or []
 
 
 @dataclass
@@ -75,225 +57,6 @@ class RemoteGenerationResult(GenerationResult):
 
     error: str | None = None
     usage: dict | None = None
-
-
-@dataclass(frozen=True)
-class RemoteModel:
-    id: str
-    max_model_len: int | None = None  # vLLM reports it; other servers may not
-    owned_by: str | None = None
-
-
-class _Secret:
-    """Holds the API key so that no repr, f-string or log record can show it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str | None):
-        self._value = value or None
-
-    def reveal(self) -> str | None:
-        return self._value
-
-    def __bool__(self) -> bool:
-        return self._value is not None
-
-    def __repr__(self) -> str:
-        return "<hidden>" if self._value else "<none>"
-
-    __str__ = __repr__
-
-    def __reduce__(self):  # never pickle the key along with an object that holds it
-        raise TypeError("an API key cannot be pickled")
-
-    def redact(self, text: str) -> str:
-        return text.replace(self._value, "<hidden>") if self._value else text
-
-
-def _check_api_key(api_key: str | None) -> None:
-    # http.client would put a bad header value (with the key) into its exception message.
-    if api_key and not all(33 <= ord(c) <= 126 for c in api_key):
-        raise RemoteError("API key: contains spaces, line breaks or non-ASCII characters",
-                          "config")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A parsed base URL. `display` is safe to show (it never holds credentials)."""
-
-    scheme: str
-    host: str
-    port: int
-    prefix: str  # path before /models, /chat/completions: usually "/v1"
-
-    @property
-    def display(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}{self.prefix}"
-
-
-def parse_base_url(url: str) -> Endpoint:
-    """`http://host:8000`, `http://host:8000/v1` and `https://host/some/v1` all work; a bare
-    host (no path) gets `/v1` added, the way the OpenAI clients expect."""
-    text = (url or "").strip()
-    if text and "://" not in text:
-        text = "http://" + text
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise RemoteError(f"server URL {url!r}: expected http(s)://host[:port][/v1]", "config")
-    if parts.username or parts.password:
-        raise RemoteError("server URL: put the API key in the API key field, not in the URL",
-                          "config")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise RemoteError(f"server URL {url!r}: the port is not a number 1-65535",
-                          "config") from None
-    prefix = parts.path.rstrip("/")
-    if not prefix:
-        prefix = "/v1"
-    return Endpoint(parts.scheme, parts.hostname, port, prefix)
-
-
-# ---------------------------------------------------------------------------------------------
-# HTTP plumbing
-
-def _connect(ep: Endpoint, connect_timeout: float) -> http.client.HTTPConnection:
-    if ep.scheme == "https":
-        conn = http.client.HTTPSConnection(ep.host, ep.port, timeout=connect_timeout,
-                                           context=ssl.create_default_context())
-    else:
-        conn = http.client.HTTPConnection(ep.host, ep.port, timeout=connect_timeout)
-    try:
-        conn.connect()
-    except socket.gaierror:
-        raise RemoteError(f"cannot reach {ep.display}: the host name {ep.host!r} does not "
-                          "resolve (check the URL and the network)", "unreachable") from None
-    except ConnectionRefusedError:
-        raise RemoteError(f"cannot reach {ep.display}: connection refused (is the server "
-                          "running on that port?)", "unreachable") from None
-    except ssl.SSLError as exc:
-        raise RemoteError(f"cannot reach {ep.display}: TLS failed ({exc.reason or exc})",
-                          "unreachable") from None
-    except (TimeoutError, socket.timeout):
-        raise RemoteError(f"cannot reach {ep.display}: no answer within {connect_timeout:g} s",
-                          "timeout") from None
-    except OSError as exc:
-        raise RemoteError(f"cannot reach {ep.display}: {exc.strerror or exc}",
-                          "unreachable") from None
-    return conn
-
-
-def _headers(secret: _Secret, body: bytes | None, stream: bool) -> dict[str, str]:
-    headers = {"Accept": "text/event-stream" if stream else "application/json",
-               "User-Agent": "tramontane"}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    if secret:
-        headers["Authorization"] = f"Bearer {secret.reveal()}"
-    return headers
-
-
-def _server_message(body: bytes, secret: _Secret) -> str:
-    """The human part of an error body: vLLM's {"object":"error","message":...}, OpenAI's
-    {"error":{"message":...}}, FastAPI's {"detail":...}, or the text itself."""
-    text = body.decode("utf-8", errors="replace").strip()
-    message = text
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = None
-    if isinstance(obj, dict):
-        err = obj.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            message = str(err["message"])
-        elif isinstance(err, str) and err:
-            message = err
-        elif obj.get("message"):
-            message = str(obj["message"])
-        elif obj.get("detail"):
-            detail = obj["detail"]
-            if isinstance(detail, list):
-                message = "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d)
-                                    for d in detail)
-            else:
-                message = str(detail)
-    message = secret.redact(" ".join(message.split()))
-    if len(message) > _MAX_ERROR_CHARS:
-        message = message[:_MAX_ERROR_CHARS] + "…"
-    return message
-
-
-def _status_error(status: int, reason: str, message: str, ep: Endpoint, secret: _Secret,
-                  what: str) -> RemoteError:
-    said = f": {message}" if message else ""
-    if status in (401, 403):
-        if secret:
-            return RemoteError(f"{ep.display} refused the API key ({status} {reason}){said}",
-                               "auth", status)
-        return RemoteError(f"{ep.display} needs an API key ({status} {reason}){said}",
-                           "auth", status)
-    if status in (400, 413, 422):
-        return RemoteError(f"{ep.display} rejected the {what} ({status}){said}", "rejected",
-                           status)
-    if status == 429:
-        return RemoteError(f"{ep.display} is busy or rate-limited (429){said}", "rejected",
-                           status)
-    if status == 404:
-        return RemoteError(f"{ep.display} has no OpenAI-compatible {what} endpoint (404){said} "
-                           "- check the base URL", "protocol", status)
-    if status >= 500:
-        return RemoteError(f"{ep.display} failed with a server error ({status} {reason}){said}",
-                           "server", status)
-    return RemoteError(f"{ep.display} answered {status} {reason}{said}", "protocol", status)
-
-
-def _read_body(resp: http.client.HTTPResponse, ep: Endpoint, timeout: float) -> bytes:
-    try:
-        return resp.read()
-    except (TimeoutError, socket.timeout):
-        raise RemoteError(f"{ep.display} stopped answering for {timeout:g} s", "timeout") \
-            from None
-    except (http.client.HTTPException, OSError) as exc:
-        raise RemoteError(f"{ep.display} closed the connection mid-answer "
-                          f"({type(exc).__name__})", "protocol") from None
-
-
-def fetch_models(base_url: str, api_key: str | None = None, *,
-                 timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[RemoteModel]:
-    """GET {base}/models. Raises RemoteError in words."""
-    ep = parse_base_url(base_url)
-    _check_api_key(api_key)
-    secret = _Secret(api_key)
-    conn = _connect(ep, timeout)
-    try:
-        try:
-            conn.request("GET", ep.prefix + "/models", headers=_headers(secret, None, False))
-            resp = conn.getresponse()
-        except (TimeoutError, socket.timeout):
-            raise RemoteError(f"{ep.display} did not answer within {timeout:g} s",
-                              "timeout") from None
-        except (http.client.HTTPException, OSError) as exc:
-            raise RemoteError(f"{ep.display} dropped the connection "
-                              f"({type(exc).__name__})", "protocol") from None
-        body = _read_body(resp, ep, timeout)
-        if resp.status != 200:
-            raise _status_error(resp.status, resp.reason, _server_message(body, secret), ep,
-                                secret, "model list request")
-    finally:
-        conn.close()
-    try:
-        obj = json.loads(body)
-        entries = obj["data"]
-        models = [RemoteModel(str(e["id"]),
-                              int(e["max_model_len"]) if e.get("max_model_len") else None,
-                              e.get("owned_by"))
-                  for e in entries]
-    except (ValueError, KeyError, TypeError):
-        raise RemoteError(f"{ep.display}/models did not return an OpenAI model list "
-                          f"(expected {{\"data\": [{{\"id\": ...}}]}})", "protocol") from None
-    log.debug("%s serves %d model(s)", ep.display, len(models))
-    return models
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,74 +136,6 @@ def chat_payload(model: str, messages: list[ChatMessage], params: SamplingParams
         body["stream_options"] = {"include_usage": True}
     body.update(sampling_payload(params))
     return body
-
-
-# ---------------------------------------------------------------------------------------------
-# Streaming
-
-class _StreamBroken(Exception):
-    """Internal: the stream ended badly; `kind` and the message say how."""
-
-    def __init__(self, message: str, kind: str):
-        super().__init__(message)
-        self.kind = kind
-
-
-def sse_data(lines: Iterator[bytes]) -> Iterator[str]:
-    """The `data` of each server-sent event (multi-line data joined by newlines; comments,
-    `event:`/`id:`/`retry:` fields skipped). A last event without its blank line still
-    counts, so a `[DONE]` at the very end of the body is seen; a cut line raises."""
-    data: list[str] = []
-    for raw in lines:
-        if not raw.endswith(b"\n"):  # only the last line can lack it: the body was cut
-            raise _StreamBroken("the connection broke mid-stream (the last line was cut)",
-                                "protocol")
-        try:
-            line = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-            raise _StreamBroken("the stream is not UTF-8 text", "malformed") from None
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            data.append(value)
-    if data:
-        yield "\n".join(data)
-
-
-class _CancelWatch:
-    """Shuts the socket down as soon as `cancel` is set, so a blocked read returns at once."""
-
-    def __init__(self, cancel: threading.Event | None, sock: socket.socket | None):
-        self.fired = False
-        self._done = threading.Event()
-        self._thread = None
-        if cancel is not None and sock is not None:
-            self._thread = threading.Thread(target=self._watch, args=(cancel, sock),
-                                            name="remote-cancel-watch", daemon=True)
-            self._thread.start()
-
-    def _watch(self, cancel: threading.Event, sock: socket.socket) -> None:
-        while not self._done.wait(_CANCEL_POLL_S):
-            if cancel.is_set():
-                self.fired = True
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                return
-
-    def stop(self) -> None:
-        self._done.set()
-        if self._thread is not None:
-            self._thread.join()
 
 
 @dataclass
@@ -554,9 +249,9 @@ class RemoteEngine:
                  vision: bool = True):
         if not model or not model.strip():
             raise RemoteError("model: give the name of a model the server serves", "config")
-        _check_api_key(api_key)
+        check_api_key(api_key)
         self._endpoint = parse_base_url(base_url)
-        self._secret = _Secret(api_key)
+        self._secret = Secret(api_key)
         self.model = model.strip()
         self.connect_timeout = float(connect_timeout)
         self.read_timeout = float(read_timeout)
@@ -626,15 +321,15 @@ class RemoteEngine:
         progress = _Progress()
         if cancel is not None and cancel.is_set():
             return self._result(progress, "cancelled", time.perf_counter(), None)
-        conn = _connect(ep, self.connect_timeout)
-        watch = _CancelWatch(cancel, conn.sock)
+        conn = connect(ep, self.connect_timeout)
+        watch = CancelWatch(cancel, conn.sock)
         t_sent = time.perf_counter()
-        broken: _StreamBroken | None = None
+        broken: StreamBroken | None = None
         try:
             conn.sock.settimeout(self.read_timeout)
             try:
                 conn.request("POST", ep.prefix + "/chat/completions", body=body,
-                             headers=_headers(self._secret, body, True))
+                             headers=request_headers(self._secret, body, True))
                 resp = conn.getresponse()
             except (TimeoutError, socket.timeout):
                 if watch.fired:
@@ -653,7 +348,7 @@ class RemoteEngine:
                 return self._non_streamed(resp, on_piece, t_sent)
             try:
                 self._read_events(resp, progress, on_piece, cancel)
-            except _StreamBroken as exc:
+            except StreamBroken as exc:
                 broken = exc
         finally:
             watch.stop()
@@ -663,7 +358,7 @@ class RemoteEngine:
         if not complete and (watch.fired or (cancel is not None and cancel.is_set())):
             return self._result(progress, "cancelled", t_sent, None)
         if broken is None and not progress.done and progress.server_finish is None:
-            broken = _StreamBroken("the server closed the stream before [DONE]", "protocol")
+            broken = StreamBroken("the server closed the stream before [DONE]", "protocol")
         if broken is not None and progress.server_finish is None:
             message = f"{ep.display}: {self._secret.redact(str(broken))}"
             if not progress.pieces:
@@ -682,10 +377,10 @@ class RemoteEngine:
                 try:
                     line = resp.readline()
                 except (TimeoutError, socket.timeout):
-                    raise _StreamBroken(f"the server sent nothing for {self.read_timeout:g} s",
+                    raise StreamBroken(f"the server sent nothing for {self.read_timeout:g} s",
                                         "timeout") from None
                 except (http.client.HTTPException, OSError) as exc:
-                    raise _StreamBroken(f"the connection broke mid-stream "
+                    raise StreamBroken(f"the connection broke mid-stream "
                                         f"({type(exc).__name__})", "protocol") from None
                 if not line:
                     return
@@ -700,21 +395,21 @@ class RemoteEngine:
             try:
                 obj = json.loads(data)
             except ValueError:
-                raise _StreamBroken(f"malformed stream line (not JSON): {data[:80]!r}",
+                raise StreamBroken(f"malformed stream line (not JSON): {data[:80]!r}",
                                     "malformed") from None
             if not isinstance(obj, dict):
-                raise _StreamBroken(f"malformed stream line (not an object): {data[:80]!r}",
+                raise StreamBroken(f"malformed stream line (not an object): {data[:80]!r}",
                                     "malformed")
             error = _stream_error_message(obj)
             if error is not None:
-                raise _StreamBroken(f"the server reported an error mid-stream: {error}",
+                raise StreamBroken(f"the server reported an error mid-stream: {error}",
                                     "server")
             _consume_chunk(obj, progress, on_piece, time.perf_counter())
 
     def _non_streamed(self, resp: http.client.HTTPResponse, on_piece: PieceCallback | None,
                       t_sent: float) -> RemoteGenerationResult:
         """A server that ignored `stream: true` and sent one JSON completion."""
-        body = _read_body(resp, self._endpoint, self.read_timeout)
+        body = read_body(resp, self._endpoint, self.read_timeout)
         progress = _Progress()
         try:
             obj = json.loads(body)
@@ -748,10 +443,10 @@ class RemoteEngine:
             body = resp.read()
         except (http.client.HTTPException, OSError):
             body = b""
-        message = _server_message(body, self._secret)
+        message = server_message(body, self._secret)
         if resp.status == 404:
             return self._not_found(message)
-        return _status_error(resp.status, resp.reason, message, ep, self._secret,
+        return status_error(resp.status, resp.reason, message, ep, self._secret,
                              "chat request")
 
     def _not_found(self, message: str) -> RemoteError:
@@ -766,7 +461,7 @@ class RemoteEngine:
             served = ", ".join(models) if models else "no models"
             return RemoteError(f"{ep.display} does not serve the model {self.model!r} "
                                f"(404); it serves: {served}", "model_not_found", 404, models)
-        return _status_error(404, "Not Found", message, ep, self._secret, "chat")
+        return status_error(404, "Not Found", message, ep, self._secret, "chat")
 
     def _fill_context_size(self) -> None:
         self._context_size_tried = True
