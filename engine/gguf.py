@@ -139,13 +139,10 @@ class Metadata:
         if elem == "string":
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         else:
-            ok = (isinstance(value, np.ndarray) and _ELEMENTS[elem][0](value.dtype)
-                  and (elem != "float" or bool(np.isfinite(value).all())))
-        if not ok or (length is not None and len(value) != length):
-            found = describe_value(value)
-            if ok is True and isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.isfinite(value).all():
-                found += " with NaN or infinity"
-            raise self.fail(key, expected, found)
+            ok = isinstance(value, np.ndarray) and _ELEMENTS[elem][0](value.dtype)
+        finite = not (ok and value.dtype.kind == "f" and not np.isfinite(value).all()) if elem != "string" else True
+        if not ok or not finite or (length is not None and len(value) != length):
+            raise self.fail(key, expected, describe_value(value) + ("" if finite else " with NaN or infinity"))
         return value
 
 
