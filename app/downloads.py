@@ -14,7 +14,8 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from ..engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
                                         DownloadStatus, final_path)
-from ..engine.library.hub import CatalogEntry, Hub, HubFile, resolve_catalog_entry
+from ..engine.library.catalog import CatalogEntry, resolve_catalog_entry
+from ..engine.library.hub import Hub, HubFile
 from ..engine.library.local import default_models_dir
 from .jobs import Jobs
 

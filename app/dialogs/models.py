@@ -21,7 +21,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
 
 from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
                                          DownloadStatus, repo_folder)
-from ...engine.library.hub import CatalogEntry, Hub, ModelChoice, load_catalog
+from ...engine.library.catalog import CatalogEntry, load_catalog
+from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.local import (LocalModel, delete_model, find_projector, import_model,
                                      scan_models)
 from ..downloads import Downloads

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ..library.downloads import (DownloadManager, DownloadRequest, DownloadState, final_path,
                         git_blob_oid, load_manifest, sha256_file)
-from ..library.hub import Hub, HubError, ModelChoice, load_catalog, resolve_catalog_entry
+from ..library.catalog import load_catalog, resolve_catalog_entry
+from ..library.hub import Hub, HubError, ModelChoice
 from ..library.local import (LocalModelError, default_models_dir, delete_model, read_header,
                            scan_models)
 

@@ -6,7 +6,8 @@ from support.fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos  # noqa: 
 
 from tramontane.engine.library.downloads import (DownloadManager, DownloadRequest,  # noqa: E402
                                          DownloadState, final_path, part_path)
-from tramontane.engine.library.hub import Hub, parse_catalog  # noqa: E402
+from tramontane.engine.library.catalog import parse_catalog  # noqa: E402
+from tramontane.engine.library.hub import Hub  # noqa: E402
 
 pytest.importorskip("PySide6")
 from tramontane.app.dialogs.models import ModelManagerDialog, describe_progress  # noqa: E402

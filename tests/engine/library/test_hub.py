@@ -6,8 +6,9 @@ import json
 import pytest
 from support.fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos
 
-from tramontane.engine.library.hub import (Hub, HubError, HubFile, load_catalog, pair_projectors,
-                                   parse_catalog, quant_from_name, resolve_catalog_entry)
+from tramontane.engine.library.catalog import load_catalog, parse_catalog, resolve_catalog_entry
+from tramontane.engine.library.hub import Hub, HubError, HubFile, pair_projectors
+from tramontane.engine.library.projector import quant_from_name
 
 
 @pytest.fixture

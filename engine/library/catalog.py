@@ -1,0 +1,130 @@
+"""The catalogue of recommended models (resources/catalog.json): entries, their variants, and
+how an entry becomes concrete files of its hub repository."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from .hub import Hub, HubError, HubFile, pair_projectors
+from .projector import SHARD_RE
+
+
+@dataclass(frozen=True)
+class CatalogVariant:
+    quant: str
+    file: str | None  # None: resolved from the repo listing by quant at download time
+    size_gb: float | None
+    memory_gb: float | None
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    id: str
+    name: str
+    repo_id: str
+    license: str
+    vision: bool
+    description: str
+    variants: tuple[CatalogVariant, ...]
+    mmproj_file: str | None
+    mmproj_size_gb: float | None
+    gated: bool = False
+    notes: str = ""
+
+    def variant(self, quant: str | None = None) -> CatalogVariant:
+        if quant is None:
+            return self.variants[0]
+        for v in self.variants:
+            if v.quant.upper() == quant.upper():
+                return v
+        raise HubError(
+            f"catalogue entry {self.id!r} has no quantization {quant!r} "
+            f"(has {', '.join(v.quant for v in self.variants)})", "not_found")
+
+
+def _catalog_error(where: str, what: str) -> HubError:
+    return HubError(f"catalog.json: {where}: {what}", "bad_data")
+
+
+def parse_catalog(data: Any) -> list[CatalogEntry]:
+    """Validate catalogue JSON (a dict with `models`) into entries; errors name the field."""
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise _catalog_error("top level", "expected an object with a 'models' list")
+    entries = []
+    for i, m in enumerate(data["models"]):
+        where = f"models[{i}]"
+        if not isinstance(m, dict):
+            raise _catalog_error(where, "expected an object")
+        for key in ("id", "name", "repo_id", "license", "variants"):
+            if key not in m:
+                raise _catalog_error(where, f"missing field {key!r}")
+        if not isinstance(m["variants"], list) or not m["variants"]:
+            raise _catalog_error(f"{where}.variants", "expected a non-empty list")
+        variants = []
+        for j, v in enumerate(m["variants"]):
+            if not isinstance(v, dict) or "quant" not in v:
+                raise _catalog_error(f"{where}.variants[{j}]", "expected an object with 'quant'")
+            variants.append(CatalogVariant(str(v["quant"]), v.get("file"), v.get("size_gb"),
+                                           v.get("memory_gb")))
+        mmproj = m.get("mmproj") or {}
+        entries.append(CatalogEntry(
+            id=str(m["id"]), name=str(m["name"]), repo_id=str(m["repo_id"]),
+            license=str(m["license"]), vision=bool(m.get("vision", False)),
+            description=str(m.get("description", "")), variants=tuple(variants),
+            mmproj_file=mmproj.get("file"), mmproj_size_gb=mmproj.get("size_gb"),
+            gated=bool(m.get("gated", False)), notes=str(m.get("notes", "")),
+        ))
+    return entries
+
+
+def load_catalog() -> list[CatalogEntry]:
+    """The recommended models shipped in `tramontane.resources/catalog.json`."""
+    text = resources.files("tramontane.resources").joinpath("catalog.json").read_text("utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _catalog_error(f"line {exc.lineno}", exc.msg) from exc
+    return parse_catalog(data)
+
+
+@dataclass
+class ResolvedChoice:
+    """A catalogue entry turned into concrete hub files (after listing the repo)."""
+
+    entry: CatalogEntry
+    model: HubFile
+    mmproj: HubFile | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def resolve_catalog_entry(hub: Hub, entry: CatalogEntry, quant: str | None = None
+                          ) -> ResolvedChoice:
+    """List the entry's repo and find the variant's model file and its projector."""
+    variant = entry.variant(quant)
+    files = hub.gguf_files(entry.repo_id)
+    by_path = {f.path: f for f in files}
+    warnings = []
+    if variant.file:
+        model = by_path.get(variant.file)
+        if model is None:
+            raise HubError(f"{entry.repo_id}: catalogue file {variant.file!r} is not in the "
+                           "repository any more (404).", "not_found")
+    else:
+        matches = [c.model for c in pair_projectors(files)
+                   if (c.model.quant or "").upper() == variant.quant.upper()
+                   and not SHARD_RE.search(c.model.name)]
+        if not matches:
+            raise HubError(f"{entry.repo_id}: no single-file {variant.quant} GGUF in the "
+                           "repository.", "not_found")
+        model = matches[0]
+    mmproj = None
+    if entry.mmproj_file:
+        mmproj = by_path.get(entry.mmproj_file)
+        if mmproj is None:
+            warnings.append(f"projector {entry.mmproj_file!r} not in the repository; "
+                            "picked another")
+    if mmproj is None and entry.vision:
+        mmproj = next((c.mmproj for c in pair_projectors(files) if c.model == model), None)
+    return ResolvedChoice(entry, model, mmproj, warnings)
