@@ -1,0 +1,1 @@
+"""`tramontane-cli`: one parser (main.py) and a module per group of subcommands."""
