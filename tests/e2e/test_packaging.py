@@ -361,3 +361,14 @@ def test_package_smoke():
                          text=True, timeout=3600)
     assert res.returncode == 0 and res.stdout.rstrip().endswith("SMOKE OK"), (
         res.stdout[-4000:] + res.stderr[-4000:])
+
+
+def test_every_source_package_is_installed():
+    """A folder with an __init__.py that pyproject does not list would be missing from the wheel
+    and the bundle (the editable install would still find it)."""
+    tool = pyproject()["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    for package, folder in tool["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            assert ".".join([package, *rel.parts]) in listed, init
