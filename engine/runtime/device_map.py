@@ -276,7 +276,9 @@ class DevicePlan:
             return f"all {self.n_layers} layers on {where}"
         if self.gpu_layers and self.cpu_layers:
             return f"{self.gpu_layers} of {self.n_layers} layers on GPU, {self.cpu_layers} on CPU"
-        return ", ".join(f"{len(p.layers)} on {p.name}" for p in used)
+        kind = "GPU" if self.gpu_layers else "CPU"
+        return (f"all {self.n_layers} layers on {kind} ("
+                + ", ".join(f"{len(p.layers)} on {p.name}" for p in used) + ")")
 
     def explain(self) -> str:
         """The plan with its arithmetic, for `tramontane-cli info --plan`."""
@@ -407,7 +409,8 @@ def plan_devices(sizes: ModelSizes, machine: Machine, budget: Budget = Budget(),
         if take == 0:
             one = sizes.layer_bytes[remaining[0]]
             plan.warnings.append(
-                f"{d.name} can fit 0 layers: {_gib(max(room, 0))} left after its share, one layer needs "
+                f"{d.name} can fit 0 layers: {_gib(max(room, 0))} of its {_gib(d.usable)} usable left "
+                f"after its share, one layer needs "
                 f"{_gib(one)} + {_mib(kv[d.name])} KV + {_gib(act[d.name])} activations; lower "
                 f"max_seq_len ({budget.max_seq_len})"
                 + (f" or max_num_images ({budget.max_num_images}) / max_image_length "

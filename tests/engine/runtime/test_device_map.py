@@ -1,0 +1,344 @@
+"""The device planner on the real tensor inventories of Mistral-Small-3.1-24B (Q4_K_M, Q8_0)
+and Ministral-3 8B / 14B (Q4_K_M), for simulated machines, checked against numbers worked
+out by hand below.
+
+The text models are GGUF files holding the real shapes and llama.cpp's Q4_K_M type choice
+with no data (sparse files: the header is real, the tensor bytes are a hole), read by the
+engine's own reader; byte counts come from gguf-py's block sizes. Pixtral's projector is an
+inventory dict (f16, as the published mmproj-...-f16.gguf).
+"""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader, GGUFWriter
+from gguf.quants import GGML_QUANT_SIZES
+
+from support import FIXTURES
+from tramontane.engine.gguf import open_gguf
+from tramontane.engine.mistral3.config import VisionConfig
+from tramontane.engine.runtime.device_map import (Budget, DeviceInfo, Machine, PlanError, gpu_layers_map,
+                                                  model_sizes, parse_device_map, plan_devices, sizes_of_files)
+
+GiB = 1 << 30
+
+
+# ----------------------------------------------------------------------------- inventories
+
+def _nbytes(shape, qtype) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    return int(np.prod(shape)) // block * size
+
+
+def _q4_k_m(name: str, n_layers: int):
+    """llama.cpp's Q4_K_M: Q6_K for output, and for attn_v / ffn_down of the layers its
+    use_more_bits picks (first and last eighth, every third between); Q4_K elsewhere."""
+    if name == "output.weight":
+        return T.Q6_K
+    parts = name.split(".")
+    if parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down"):
+        i = int(parts[1])
+        more = i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2
+        return T.Q6_K if more else T.Q4_K
+    return T.Q4_K
+
+
+def _write_empty_gguf(path, n_layers: int, hidden: int, ffn: int, mix: str = "q4_k_m",
+                      n_heads: int = 32, n_kv: int = 8, head_dim: int = 128, vocab: int = 131072):
+    """A mistral3 GGUF with the real header and tensor infos, and a hole where the data goes."""
+    w = GGUFWriter(str(path), "mistral3")
+    w.add_block_count(n_layers)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_context_length(131072)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(1e9)
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(vocab)
+    tensors = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        tensors.update({b + "attn_norm.weight": (hidden,), b + "ffn_norm.weight": (hidden,),
+                        b + "attn_q.weight": (n_heads * head_dim, hidden), b + "attn_k.weight": (n_kv * head_dim, hidden),
+                        b + "attn_v.weight": (n_kv * head_dim, hidden), b + "attn_output.weight": (hidden, n_heads * head_dim),
+                        b + "ffn_gate.weight": (ffn, hidden), b + "ffn_up.weight": (ffn, hidden),
+                        b + "ffn_down.weight": (hidden, ffn)})
+    data = 0
+    for name, shape in tensors.items():
+        if len(shape) == 1:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
+            n = 4 * shape[0]
+        else:
+            qtype = _q4_k_m(name, n_layers) if mix == "q4_k_m" else T.Q8_0
+            block, size = GGML_QUANT_SIZES[qtype]
+            n = _nbytes(shape, qtype)
+            w.add_tensor_info(name, (shape[0], shape[1] // block * size), np.dtype(np.uint8), n, raw_dtype=qtype)
+        data += (n + 31) // 32 * 32
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    os.truncate(path, (os.path.getsize(path) + 31) // 32 * 32 + data)
+    return path
+
+
+def _pixtral(text_hidden: int, n_layers: int = 24, hidden: int = 1024, ffn: int = 4096, patch: int = 14):
+    """Mistral-Small-3.1's Pixtral tower + projector, f16 matrices and f32 norms."""
+    shapes = {"v.patch_embd.weight": ((hidden, 3, patch, patch), T.F16), "v.pre_ln.weight": ((hidden,), T.F32),
+              "mm.input_norm.weight": ((hidden,), T.F32), "mm.patch_merger.weight": ((hidden, 4 * hidden), T.F16),
+              "mm.1.weight": ((text_hidden, hidden), T.F16), "mm.2.weight": ((text_hidden, text_hidden), T.F16)}
+    for i in range(n_layers):
+        b = f"v.blk.{i}."
+        shapes.update({b + n + ".weight": ((hidden, hidden), T.F16) for n in ("attn_q", "attn_k", "attn_v", "attn_out")})
+        shapes.update({b + "ffn_gate.weight": ((ffn, hidden), T.F16), b + "ffn_up.weight": ((ffn, hidden), T.F16),
+                       b + "ffn_down.weight": ((hidden, ffn), T.F16), b + "ln1.weight": ((hidden,), T.F32),
+                       b + "ln2.weight": ((hidden,), T.F32)})
+    cfg = VisionConfig(1540, patch, 2, hidden, ffn, n_layers, 16, 1e-5, (0.5,) * 3, (0.5,) * 3, "silu", 1e4,
+                       text_hidden, "llama.cpp")
+    return cfg, {k: SimpleNamespace(nbytes=_nbytes(s, t)) for k, (s, t) in shapes.items()}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inventories")
+    return {
+        "small-24b": _write_empty_gguf(d / "Mistral-Small-3.1-24B-Q4_K_M.gguf", 40, 5120, 32768),
+        "small-24b-q8": _write_empty_gguf(d / "Mistral-Small-3.1-24B-Q8_0.gguf", 40, 5120, 32768, mix="q8_0"),
+        "ministral-8b": _write_empty_gguf(d / "Ministral-3-8B-Q4_K_M.gguf", 34, 4096, 14336),
+        "ministral-14b": _write_empty_gguf(d / "Ministral-3-14B-Q4_K_M.gguf", 40, 5120, 16384),
+    }
+
+
+def _sizes(path, vision: bool = False):
+    with open_gguf(path) as gf:
+        text = sizes_of_files(gf)
+        if not vision:
+            return text
+        from tramontane.engine.mistral3.config import text_config
+
+        vcfg, vinv = _pixtral(5120)
+        return model_sizes(text_config(gf), gf.tensors, text.name, vcfg, vinv, "mmproj-f16.gguf")
+
+
+# Hand arithmetic for Mistral-Small-3.1-24B Q4_K_M (hidden 5120, q 32x128, kv 8x128, ffn 32768,
+# vocab 131072). Q4_K = 144 bytes / 256 values, Q6_K = 210 / 256.
+Q_PARAMS = 5120 * 4096 + 5120 * 1024 + 5120 * 1024 + 4096 * 5120 + 3 * 5120 * 32768  # 555,745,280
+NORMS = 2 * 5120 * 4
+L4 = Q_PARAMS * 144 // 256 + NORMS  # all Q4_K: 312,647,680
+L6 = L4 + (5120 * 1024 + 32768 * 5120) * (210 - 144) // 256  # attn_v + ffn_down in Q6_K: 357,253,120
+HEAD = 131072 * 5120 * 210 // 256 + 5120 * 4  # output Q6_K + output_norm: 550,522,880
+EMBED = 131072 * 5120 * 144 // 256  # 377,487,360
+VISION = 2 * (1024 * 3 * 14 * 14 + 1024 * 4096 + 5120 * 1024 + 5120 * 5120 + 24 * (4 * 1024**2 + 3 * 1024 * 4096)) \
+    + 4 * (2 + 2 * 24) * 1024  # 878,018,560
+KV_GPU = 4096 * 8 * (128 + 128) * 2  # bf16 K+V for 4096 positions: 16 MiB
+KV_CPU = 2 * KV_GPU  # f32
+ACT_GPU = 2048 * (4 * 5120 + 4096 + 2 * 1024 + 3 * 32768) * 2  # one 2048-row prefill chunk in bf16: 511,705,088
+ACT_CPU = 512 * (4 * 5120 + 4096 + 2 * 1024 + 3 * 32768) * 4  # 512-row chunk in f32
+VISION_ACT_GPU = 74 * 74 * (7 * 1024 + 3 * 4096) * 2  # 1024² image -> 37x37 merged -> 74² patches
+HEADROOM_GPU, HEADROOM_CPU = 1536 << 20, 2 * GiB
+
+
+def _more_bits(i: int) -> bool:
+    return i < 5 or i >= 35 or (i - 5) % 3 == 2
+
+
+def _layer(i: int) -> int:
+    return L6 if _more_bits(i) else L4
+
+
+def _gpu(gib: float, name: str = "cuda:0") -> DeviceInfo:
+    return DeviceInfo(name, int(gib * GiB), "simulated")
+
+
+CPU64 = DeviceInfo("cpu", 64 * GiB, "simulated")
+
+
+def test_inventory_read_from_the_empty_gguf_matches_the_hand_numbers(files):
+    s = _sizes(files["small-24b"], vision=True)
+    assert s.n_layers == 40 and [s.layer_bytes[i] for i in (0, 5, 6, 7, 34, 35)] == [L6, L4, L4, L6, L6, L6]
+    assert sum(s.layer_bytes) == 20 * L6 + 20 * L4
+    assert (s.embedding_bytes, s.head_bytes, s.vision_bytes) == (EMBED, HEAD, VISION)
+    # the whole file: 14.326 GB of tensors (the published file, 14.334 GB, adds the tokenizer)
+    assert round((sum(s.layer_bytes) + EMBED + HEAD) / 1e9, 3) == 14.326
+
+
+def test_inventory_of_a_real_file_matches_gguf_py(tmp_path):
+    """sizes_of_files on a llama.cpp-converted fixture agrees with gguf-py's own reader."""
+    path = os.path.join(FIXTURES, "mistral3_q256-llamacpp-Q4_K_M.gguf")
+    with open_gguf(path) as gf:
+        s = sizes_of_files(gf)
+    ref = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    for i in range(s.n_layers):
+        assert s.layer_bytes[i] == sum(n for k, n in ref.items() if k.startswith(f"blk.{i}."))
+    assert s.embedding_bytes == ref["token_embd.weight"]
+    assert s.head_bytes == ref["output.weight"] + ref["output_norm.weight"]
+
+
+@pytest.mark.parametrize("gib, first, l6, l4", [
+    # usable = gib - 1.5 headroom; the GPU first takes the head, the whole vision tower (it fits)
+    # and one layer pass's activations; then layers from the last one down, each with 16 MiB KV.
+    (8, 27, 8, 5),     # room 6.5 GiB - 2,153,328,640 = 4,825,993,216: layers 27..39 cost 4,639,367,168
+    (12, 14, 12, 14),  # room 9,120,960,512: layers 14..39 cost 9,100,312,576
+    (16, 2, 18, 20),   # room 13,415,927,808: layers 2..39 cost 13,321,043,968
+])
+def test_24b_with_projector_on_one_gpu_spills_the_first_layers_to_the_cpu(files, gib, first, l6, l4):
+    s = _sizes(files["small-24b"], vision=True)
+    plan = plan_devices(s, Machine((_gpu(gib),), CPU64))
+    gpu, cpu = plan.placements
+    n = 40 - first
+    assert gpu.layers == range(first, 40) and cpu.layers == range(0, first)
+    assert sum(map(_more_bits, gpu.layers)) == l6 and l6 + l4 == n
+    assert gpu.weights == l6 * L6 + l4 * L4 and gpu.kv == n * KV_GPU and gpu.activations == ACT_GPU
+    assert gpu.parts == {"output head + norm": HEAD, "vision tower": VISION, "vision activations": VISION_ACT_GPU}
+    assert cpu.parts == {"token embedding": EMBED}  # a lookup: stays in CPU memory
+    fixed = HEAD + VISION + VISION_ACT_GPU + ACT_GPU
+    usable = gib * GiB - HEADROOM_GPU
+    assert gpu.total == fixed + gpu.weights + gpu.kv <= usable
+    assert gpu.total + _layer(first - 1) + KV_GPU > usable  # one more layer would not fit
+    assert cpu.weights == sum(_layer(i) for i in range(first)) and cpu.kv == first * KV_CPU
+    assert (plan.head_device, plan.embedding_device, plan.vision_device) == ("cuda:0", "cpu", "cuda:0")
+    assert plan.fit == "partial" and plan.summary() == f"{n} of 40 layers on GPU, {first} on CPU"
+    assert plan.layer_devices() == ["cpu"] * first + ["cuda:0"] * n
+    assert not plan.warnings
+
+
+def test_24b_with_projector_fits_a_24gb_gpu_whole(files):
+    s = _sizes(files["small-24b"], vision=True)
+    plan = plan_devices(s, Machine((_gpu(24),), CPU64))
+    (gpu,) = plan.placements
+    whole = 20 * L6 + 20 * L4 + 40 * KV_GPU + ACT_GPU + EMBED + HEAD + VISION + VISION_ACT_GPU
+    assert gpu.total == whole == 16_599_920_640 <= 24 * GiB - HEADROOM_GPU
+    assert plan.fit == "gpu" and plan.summary() == "all 40 layers on cuda:0"
+    assert (plan.embedding_device, plan.head_device, plan.vision_device) == ("cuda:0",) * 3
+
+
+def test_two_24gb_gpus(files):
+    # Q4_K_M fits the first GPU whole: the second stays free
+    plan = plan_devices(_sizes(files["small-24b"], vision=True), Machine((_gpu(24), _gpu(24, "cuda:1")), CPU64))
+    assert [p.name for p in plan.placements] == ["cuda:0"] and plan.gpu_layers == 40
+    # Q8_0 (25 GB) does not: cuda:0 takes the head and 37 layers, cuda:1 the other 3, none on the CPU
+    s = _sizes(files["small-24b-q8"])
+    layer = Q_PARAMS * 34 // 32 + NORMS  # Q8_0: 34 bytes / 32 values
+    head = 131072 * 5120 * 34 // 32 + 5120 * 4
+    assert s.layer_bytes[0] == layer and s.head_bytes == head
+    plan = plan_devices(s, Machine((_gpu(24), _gpu(24, "cuda:1")), CPU64))
+    g0, g1, cpu = plan.placements
+    room = 24 * GiB - HEADROOM_GPU - head - ACT_GPU  # 22,934,433,792
+    assert 37 * (layer + KV_GPU) <= room < 38 * (layer + KV_GPU)
+    assert g0.layers == range(3, 40) and g1.layers == range(0, 3) and not cpu.layers
+    assert cpu.parts == {"token embedding": 131072 * 5120 * 34 // 32}
+    assert plan.fit == "gpu" and plan.summary() == "all 40 layers on GPU (37 on cuda:0, 3 on cuda:1)"
+
+
+def test_cpu_only_machine_holds_everything_in_f32_kv(files):
+    s = _sizes(files["small-24b"], vision=True)
+    plan = plan_devices(s, Machine((), CPU64))
+    (cpu,) = plan.placements
+    vision_act_cpu = 2 * VISION_ACT_GPU  # f32
+    assert cpu.total == 20 * L6 + 20 * L4 + 40 * KV_CPU + ACT_CPU + EMBED + HEAD + VISION + vision_act_cpu
+    assert plan.fit == "cpu" and plan.summary() == "all 40 layers on the CPU"
+    with pytest.raises(PlanError, match="does not fit this machine"):  # 16 GB of RAM: 14 usable < 17.2 needed
+        plan_devices(s, Machine((), DeviceInfo("cpu", 16 * GiB)))
+
+
+def test_unified_memory_never_adds_the_cpu(files):
+    s = _sizes(files["small-24b"], vision=True)
+    plan = plan_devices(s, Machine((_gpu(64),), CPU64, unified=True))
+    assert [p.name for p in plan.placements] == ["cuda:0"]
+    # 16 GB of shared memory: needs 16,599,920,640, has 15,569,256,448 -> an error, not a CPU spill
+    with pytest.raises(PlanError, match=r"small|Small|24B") as err:
+        plan_devices(s, Machine((_gpu(16),), CPU64, unified=True))
+    assert "0.96 GiB more" in str(err.value) and "max_seq_len" in str(err.value)
+
+
+def test_a_gpu_with_room_for_no_layer_is_a_warning_naming_the_parameters(files):
+    s = _sizes(files["small-24b"], vision=True)
+    plan = plan_devices(s, Machine((_gpu(16), _gpu(2, "cuda:1")), CPU64))
+    assert [len(p.layers) for p in plan.placements] == [38, 0, 2]
+    (warning,) = plan.warnings
+    assert warning.startswith("cuda:1 can fit 0 layers") and "max_seq_len (4096)" in warning
+    assert "max_num_images" in warning
+    # a smaller budget is what the warning suggests: 1024 positions leave more room everywhere
+    small = plan_devices(s, Machine((_gpu(16), _gpu(2, "cuda:1")), CPU64), Budget(max_seq_len=1024))
+    assert small.gpu_layers > plan.gpu_layers
+
+
+def test_does_not_fit_anywhere_is_an_error_before_loading(files):
+    s = _sizes(files["small-24b"], vision=True)
+    with pytest.raises(PlanError, match="layers .* are left over") as err:
+        plan_devices(s, Machine((_gpu(8),), DeviceInfo("cpu", 8 * GiB)))
+    assert "Mistral-Small-3.1-24B-Q4_K_M.gguf does not fit this machine" in str(err.value)
+
+
+def test_ministral_3_8b_and_14b(files):
+    """8B (34 layers, hidden 4096, ffn 14336) fits an 8 GB GPU; 14B (40 x 5120, ffn 16384)
+    needs 12 GB, and on 8 GB keeps its last layers and the head on the GPU."""
+    s8 = _sizes(files["ministral-8b"])
+    layer8 = (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336) * 144 // 256 + 2 * 4096 * 4
+    assert s8.layer_bytes[5] == layer8  # a Q4_K-only layer (34 // 8 = 4; (5 - 4) % 3 != 2)
+    kv, act8 = KV_GPU, 2048 * (4 * 4096 + 4096 + 2048 + 3 * 14336) * 2
+    whole8 = sum(s8.layer_bytes) + 34 * kv + act8 + s8.embedding_bytes + s8.head_bytes
+    assert whole8 <= 8 * GiB - HEADROOM_GPU
+    assert plan_devices(s8, Machine((_gpu(8),), CPU64)).fit == "gpu"
+
+    s14 = _sizes(files["ministral-14b"])
+    assert plan_devices(s14, Machine((_gpu(12),), CPU64)).fit == "gpu"
+    plan = plan_devices(s14, Machine((_gpu(8),), CPU64))
+    gpu, cpu = plan.placements
+    act14 = 2048 * (4 * 5120 + 4096 + 2048 + 3 * 16384) * 2
+    room = 8 * GiB - HEADROOM_GPU - s14.head_bytes - act14
+    used = sum(s14.layer_bytes[i] + kv for i in gpu.layers)
+    assert gpu.layers.stop == 40 and used <= room < used + s14.layer_bytes[gpu.layers.start - 1] + kv
+    assert plan.fit == "partial" and plan.summary() == f"{len(gpu.layers)} of 40 layers on GPU, {len(cpu.layers)} on CPU"
+    # by hand: room 6,979,321,856 - 550,522,880 - 310,378,496 = 6,118,420,480; a layer is
+    # 171,089,920 (Q4_K) or 194,068,480 (Q6_K attn_v/ffn_down) + 16 MiB KV; layers 10..39 hold
+    # 14 Q6_K-ish + 16 Q4_K: 5,454,397,440 + 30 x 16 MiB = 5,957,713,920; layer 9 would add 187,867,136
+    assert gpu.layers == range(10, 40) and gpu.weights == 14 * 194_068_480 + 16 * 171_089_920
+
+
+def test_manual_maps_override_the_counts(files):
+    s = _sizes(files["small-24b"], vision=True)
+    machine = Machine((_gpu(16),), CPU64)
+    plan = plan_devices(s, machine, manual=parse_device_map("cuda:0=30,cpu=10"))
+    assert plan.manual and plan.layer_devices() == ["cuda:0"] * 30 + ["cpu"] * 10
+    assert (plan.embedding_device, plan.head_device) == ("cuda:0", "cpu")  # first and last segment
+    assert plan.summary() == "30 of 40 layers on GPU, 10 on CPU" and not plan.warnings
+    # Settings' "GPU layers: 34": the rest first on the CPU, the head with the GPU layers
+    assert gpu_layers_map(40, 34) == [("cpu", 6), ("cuda:0", 34)]
+    plan = plan_devices(s, machine, manual=gpu_layers_map(40, 34))
+    assert plan.summary() == "34 of 40 layers on GPU, 6 on CPU" and plan.head_device == "cuda:0"
+    assert gpu_layers_map(40, 0) == [("cpu", 40)] and gpu_layers_map(40, 99) == [("cuda:0", 40)]
+    # asked for more than the GPU holds: a warning (the user's override), not a refusal
+    plan = plan_devices(s, Machine((_gpu(8),), CPU64), manual=parse_device_map("cuda=40"))
+    assert plan.warnings and "cuda:0 is asked to hold" in plan.warnings[0]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("cuda:0=x", "not DEVICE=LAYERS"),
+    ("gpu=40", "unknown device 'gpu'"),
+    ("cpu=20,cpu=20", "cpu is named twice"),
+    ("cuda:0=30,cpu=5", "places 35 layers; .* has 40"),
+    ("cuda:1=40", "no cuda:1"),
+    ("", "empty"),
+])
+def test_bad_device_maps_are_one_clear_error(files, text, match):
+    s = _sizes(files["small-24b"])
+    with pytest.raises(PlanError, match=match):
+        plan_devices(s, Machine((_gpu(16),), CPU64), manual=parse_device_map(text))
+
+
+def test_explain_shows_the_arithmetic(files):
+    plan = plan_devices(_sizes(files["small-24b"], vision=True), Machine((_gpu(16),), CPU64))
+    text = plan.explain()
+    assert "cuda:0 (simulated): 16.00 GiB free - 1.50 GiB headroom = 14.50 GiB usable" in text
+    assert "layers 2-39 (38)" in text and "38 x 16.0 MiB KV" in text
+    assert "max_seq_len 4096 x max_batch_size 1, 1 image(s) of 1024x1024" in text
+    assert text.endswith("=> 38 of 40 layers on GPU, 2 on CPU")
