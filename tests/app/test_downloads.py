@@ -129,3 +129,22 @@ def test_the_window_owns_the_downloads(qtbot, fake, tmp_path, monkeypatch):
     assert downloads.state(other_key) is DownloadState.PAUSED
     assert [r.key for r in downloads.manager.unfinished_requests()] == [other_key]
     fake.faults.release.set()
+
+
+def test_downloads_follow_the_models_folder_setting_when_idle(qtbot, fake, downloads, tmp_path):
+    from tramontane.app.downloads import downloads_in
+
+    assert downloads_in(downloads, tmp_path / "models") is downloads
+    fake.faults.stall_at[MODEL_FILE] = 1000
+    downloads.start_pair(downloads.hub.file_info(REPO, MODEL_FILE), None)
+    key = DownloadRequest(REPO, MODEL_FILE).key
+    qtbot.waitUntil(lambda: downloads.manager.status(key).done_bytes > 0, timeout=TIMEOUT)
+    # busy: a running download finishes where it started
+    assert downloads_in(downloads, tmp_path / "elsewhere") is downloads
+    downloads.manager.pause(key)
+    qtbot.waitUntil(lambda: downloads.state(key) is DownloadState.PAUSED, timeout=TIMEOUT)
+    fake.faults.release.set()
+    moved = downloads_in(downloads, tmp_path / "elsewhere")
+    assert moved is not downloads and moved.models_dir == tmp_path / "elsewhere"
+    assert moved.hub is downloads.hub  # the session's token stays
+    moved.shutdown()
