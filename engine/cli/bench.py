@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import torch
 
 from ..api import ChatMessage, EngineError, ImagePart, SamplingParams
-from .run import DEVICES, projector_for
+from .run import DEVICES, add_device_map_argument, projector_for
 
 
 def add_parsers(sub) -> None:
@@ -21,6 +21,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=64)
     p.add_argument("--device", choices=DEVICES, default="auto")
+    add_device_map_argument(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=bench_main)
 
@@ -63,7 +64,7 @@ def bench_main(args) -> int:
     mmproj = projector_for(args, needed=bool(images)) if (images or args.mmproj) else None
     engine = LocalEngine(args.model, mmproj, device=args.device,
                          context_length=args.prompt_tokens + args.gen_tokens + 64
-                         + (4096 * len(images) if images else 0))
+                         + (4096 * len(images) if images else 0), device_map=args.device_map)
     device = engine.model.device
     # prompt + warm-up step + timed steps must fit the cache
     if args.prompt_tokens + 1 + args.gen_tokens > engine.cache.capacity:
@@ -92,6 +93,7 @@ def bench_main(args) -> int:
     out = {
         "model": str(args.model),
         "device": str(device),
+        "placement": engine.placement["summary"],
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
         "ttft_s": ttft,

@@ -10,6 +10,15 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("info", help="describe a GGUF file (architecture, sizes, quant types, tokenizer)")
     p.add_argument("model")
     p.add_argument("--json", action="store_true")
+    plan = p.add_argument_group("device plan (--plan): where each layer would run on this machine")
+    plan.add_argument("--plan", action="store_true", help="print the plan with its arithmetic")
+    plan.add_argument("--mmproj", help="projector to count (default: the one beside the model that fits it)")
+    plan.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    plan.add_argument("--device-map", metavar="MAP", help="a manual map to check, e.g. cpu=10,cuda:0=30")
+    for name, default in (("max-seq-len", 4096), ("max-batch-size", 1), ("max-num-images", 1),
+                          ("max-image-length", 1024)):
+        plan.add_argument(f"--{name}", type=int, default=default, metavar="N",
+                          help=f"budget estimate, not a limit (default {default})")
     p.set_defaults(func=info_main)
 
     p = sub.add_parser("tokenize", help="token ids of TEXT (without BOS)")
@@ -25,11 +34,18 @@ def info_main(args) -> int:
 
     with open_gguf(args.model) as gf:
         info = describe(gf)
+        plan = None
+        if getattr(args, "plan", False) and info.get("architecture") != "clip":
+            plan = _plan(args, gf)
+            info["plan"] = plan.as_dict()
     if info.get("architecture") != "clip":
         mmproj = find_projector(args.model)
         info["projector_found"] = str(mmproj) if mmproj else None
     if args.json:
         print(json.dumps(info, indent=2, default=str))
+        return 0
+    if plan is not None:
+        print(plan.explain())
         return 0
     width = max(len(k) for k in info)
     for key, value in info.items():
@@ -40,6 +56,18 @@ def info_main(args) -> int:
         else:
             print(f"{key.ljust(width)}  {value}")
     return 0 if info.get("kind") != "unsupported" else 1
+
+
+def _plan(args, gf):
+    from ..library.projector import find_projector
+    from ..runtime.device_map import Budget, PlanError, plan_for_files
+
+    for name in ("max_seq_len", "max_batch_size", "max_num_images", "max_image_length"):
+        if getattr(args, name) < 1:
+            raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    budget = Budget(args.max_seq_len, args.max_batch_size, args.max_num_images, args.max_image_length)
+    mmproj = args.mmproj or find_projector(args.model)
+    return plan_for_files(gf, mmproj, args.device, args.device_map, budget)
 
 
 def tokenize_main(model_path: str, text: str, as_json: bool = False) -> int:

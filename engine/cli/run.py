@@ -42,6 +42,7 @@ def add_parsers(sub) -> None:
     local = p.add_argument_group("local model")
     local.add_argument("--device", choices=DEVICES, default="auto")
     local.add_argument("--context-length", type=int)
+    add_device_map_argument(local)
     remote = p.add_argument_group("server (OpenAI-compatible)")
     remote.add_argument("--server", metavar="URL", help="e.g. http://127.0.0.1:8000/v1")
     remote.add_argument("--api-key-env", metavar="VAR", help="environment variable that holds the server's API key")
@@ -84,6 +85,12 @@ def check_context_length(args, least: int) -> None:
         raise EngineError(f"--context-length must be at least {least}, got {n}")
 
 
+def add_device_map_argument(parser) -> None:
+    parser.add_argument("--device-map", metavar="MAP",
+                        help="layers per device in layer order, e.g. cpu=10,cuda:0=30 "
+                             "(default: planned from free memory; see `info --plan`)")
+
+
 def load_local(args, images: bool):
     from ..runtime.local import LocalEngine
 
@@ -93,7 +100,8 @@ def load_local(args, images: bool):
     # A text-only prompt never needs a projector: one found beside the model is only loaded for
     # images; an explicit --mmproj is always loaded (and checked).
     mmproj = projector_for(args, needed=images) if (images or args.mmproj) else None
-    return LocalEngine(args.model, mmproj, device=args.device, context_length=args.context_length)
+    return LocalEngine(args.model, mmproj, device=args.device, context_length=args.context_length,
+                       device_map=args.device_map)
 
 
 def connect_remote(args):

@@ -280,6 +280,23 @@ class DevicePlan:
         return (f"all {self.n_layers} layers on {kind} ("
                 + ", ".join(f"{len(p.layers)} on {p.name}" for p in used) + ")")
 
+    def as_dict(self) -> dict:
+        """The plan as data (model bar, Settings, `info --plan --json`)."""
+        return {
+            "summary": self.summary(),
+            "n_layers": self.n_layers,
+            "gpu_layers": self.gpu_layers,
+            "cpu_layers": self.cpu_layers,
+            "devices": [{"device": p.name, "first_layer": p.layers.start, "layers": len(p.layers),
+                         "bytes": p.total, "usable_bytes": p.device.usable} for p in self.placements],
+            "embedding": self.embedding_device,
+            "head": self.head_device,
+            "vision": self.vision_device,
+            "fit": self.fit,
+            "manual": self.manual,
+            "warnings": list(self.warnings),
+        }
+
     def explain(self) -> str:
         """The plan with its arithmetic, for `tramontane-cli info --plan`."""
         b = self.budget
@@ -425,6 +442,38 @@ def plan_devices(sizes: ModelSizes, machine: Machine, budget: Budget = Budget(),
     return plan
 
 
+def plan_for_files(model_gf, mmproj_path=None, device: str = "auto", device_map: str | None = None,
+                   budget: Budget = Budget(), machine: Machine | None = None) -> DevicePlan:
+    """The plan for an open model GGUF (+ projector file) on this machine: `device` "cpu" keeps
+    to the CPU, "auto" / "cuda" plan over the GPUs and the CPU; `device_map` is a manual map.
+    A projector that cannot be read is left out (loading it reports why)."""
+    from ..gguf import GGUFError, open_gguf
+    from ..mistral3.config import read_config
+
+    if device.startswith("cuda"):
+        from ..mistral3.text import resolve_device
+
+        resolve_device(device)  # a clear error when no GPU is there
+    machine = machine or detect_machine()
+    if device == "cpu":
+        machine = Machine((), machine.cpu)
+    mm = None
+    if mmproj_path is not None:
+        try:
+            mm = open_gguf(mmproj_path)
+            read_config(mm)
+        except (GGUFError, EngineError, OSError):
+            if mm is not None:
+                mm.close()
+            mm = None
+    try:
+        sizes = sizes_of_files(model_gf, mm)
+    finally:
+        if mm is not None:
+            mm.close()
+    return plan_devices(sizes, machine, budget, parse_device_map(device_map) if device_map else None)
+
+
 def _fill(p: Placement, sizes: ModelSizes, layers: range, kv_per_layer: int, act: int) -> Placement:
     p.layers = layers
     p.weights = sum(sizes.layer_bytes[i] for i in layers)
@@ -492,6 +541,6 @@ def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
 
 
 __all__ = ["Budget", "DeviceInfo", "Machine", "ModelSizes", "Placement", "DevicePlan", "PlanError",
-           "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "parse_device_map",
+           "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "plan_for_files", "parse_device_map",
            "gpu_layers_map", "kv_bytes_per_layer", "activation_bytes", "vision_activation_bytes",
            "image_patches"]

@@ -18,9 +18,9 @@ from ..api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .generate import InvalidLogitsError, check_params, generate
 from ..gguf import GGUFError, open_gguf
-from ..mistral3.text import Mistral3Text, default_dtype, resolve_device, torch_device
-from ..mistral3.config import read_config, text_config
-from .device_map import Machine, detect_machine, parse_device_map, plan_devices, sizes_of_files
+from ..mistral3.text import Mistral3Text, default_dtype, torch_device
+from ..mistral3.config import text_config
+from .device_map import plan_for_files
 from .session import HostKVStore, Session, position_keys
 from ..mistral3.tokenizer import Tokenizer
 
@@ -42,7 +42,7 @@ class LocalEngine:
             gf = open_gguf(self.model_path)
             text_config(gf)  # refuse a projector or another architecture before anything else
             self.tokenizer = Tokenizer.from_gguf(gf)
-            self.plan = self._plan(gf, device, device_map)
+            self.plan = plan_for_files(gf, self.mmproj_path, device, device_map)
             split = len({p.name for p in self.plan.placements if p.layers}
                         | {self.plan.embedding_device, self.plan.head_device}) > 1
             self.model = Mistral3Text.load(gf, device=torch_device(self.plan.head_device),
@@ -62,47 +62,16 @@ class LocalEngine:
         if progress:
             progress(1.0, "ready")
 
-    def _plan(self, gf, device: str, device_map: str | None):
-        """Where each part goes (runtime.device_map), from the files' headers alone."""
-        if device.startswith("cuda"):
-            resolve_device(device)  # a clear error when no GPU is there
-        machine = detect_machine()
-        if device == "cpu":
-            machine = Machine((), machine.cpu)
-        mm = None
-        if self.mmproj_path is not None:
-            try:
-                mm = open_gguf(self.mmproj_path)
-                read_config(mm)
-            except (GGUFError, EngineError):
-                mm = None  # _load_vision reports what is wrong with it
-        try:
-            sizes = sizes_of_files(gf, mm)
-        finally:
-            if mm is not None:
-                mm.close()
-        return plan_devices(sizes, machine, manual=parse_device_map(device_map) if device_map else None)
-
     @property
     def placement(self) -> dict:
         """Where the model runs, as data (model bar, Settings): "summary" ("34 of 40 layers on
-        GPU, 6 on CPU"), layer counts, per-device layer ranges, where the embedding, the head
-        and the vision tower are, "fit" (gpu / partial / cpu) and the planner's warnings."""
-        plan = self.plan
-        return {
-            "summary": plan.summary(),
-            "n_layers": plan.n_layers,
-            "gpu_layers": plan.gpu_layers,
-            "cpu_layers": plan.cpu_layers,
-            "devices": [{"device": p.name, "first_layer": p.layers.start, "layers": len(p.layers)}
-                        for p in plan.placements if p.layers],
-            "embedding": plan.embedding_device,
-            "head": plan.head_device,
-            "vision": plan.vision_device if self.vision is not None else None,
-            "fit": plan.fit,
-            "manual": plan.manual,
-            "warnings": list(plan.warnings),
-        }
+        GPU, 6 on CPU"), "gpu_layers" / "cpu_layers" / "n_layers", per-device "devices" (layer
+        ranges, bytes planned), where the "embedding", "head" and "vision" tower are, "fit"
+        (gpu / partial / cpu) and the planner's "warnings" (DevicePlan.as_dict)."""
+        info = self.plan.as_dict()
+        if self.vision is None:
+            info["vision"] = None
+        return info
 
     def _load_vision(self, path: Path):
         from ..mistral3.vision import VisionTower

@@ -170,8 +170,7 @@ def test_local_engine_split_reuses_prefixes_and_parks_chats_like_the_whole_model
     assert got_split == got_whole
     assert got_split[2][1] > 0  # the second turn of chat "a" came back from host memory and was reused
     info = split.placement
-    assert info["devices"] == [{"device": "cpu:0", "first_layer": 0, "layers": 1},
-                               {"device": "cpu:1", "first_layer": 1, "layers": 1}]
+    assert [(d["device"], d["first_layer"], d["layers"]) for d in info["devices"]] == [("cpu:0", 0, 1), ("cpu:1", 1, 1)]
     assert info["gpu_layers"] == 0 and info["cpu_layers"] == 2 and info["fit"] == "cpu"
     assert "cpu" in split.description
 

@@ -1,0 +1,54 @@
+"""`tramontane-cli info --plan` and `--device-map` on run / bench."""
+import json
+import os
+
+import pytest
+
+from support import FIXTURES
+from support.empty_gguf import write_empty_gguf
+from tramontane.engine.cli.main import main as cli_main
+from tramontane.engine.runtime import device_map
+
+GiB = 1 << 30
+TINY = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
+
+
+@pytest.fixture
+def gpu12(monkeypatch):
+    """A simulated machine: one 12 GB GPU and 64 GB of RAM."""
+    machine = device_map.Machine((device_map.DeviceInfo("cuda:0", 12 * GiB, "simulated"),),
+                                 device_map.DeviceInfo("cpu", 64 * GiB, "simulated"))
+    monkeypatch.setattr(device_map, "detect_machine", lambda: machine)
+
+
+def test_info_plan_prints_the_arithmetic(tmp_path, gpu12, capsys):
+    """Mistral-Small-3.1-24B Q4_K_M (text only, an empty sparse GGUF) on 12 GB: usable 10.5 GiB
+    - head 550,522,880 - activations 511,705,088 leaves 10,212,061,184 for layers 11..39 with
+    16 MiB KV each (10,133,192,704); layer 10 (Q6_K parts) would need 374,030,336 more."""
+    path = write_empty_gguf(tmp_path / "small.gguf", 40, 5120, 32768)
+    assert cli_main(["info", "--plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "cuda:0 (simulated): 12.00 GiB free - 1.50 GiB headroom = 10.50 GiB usable" in out
+    assert "layers 11-39 (29)" in out and out.rstrip().endswith("=> 29 of 40 layers on GPU, 11 on CPU")
+    assert cli_main(["info", "--plan", "--max-seq-len", "1024", "--json", str(path)]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["gpu_layers"] > 29 and plan["fit"] == "partial" and plan["embedding"] == "cpu"
+
+
+def test_info_plan_errors_are_one_line(tmp_path, gpu12, capsys):
+    assert cli_main(["info", "--plan", "--device-map", "cuda:1=2", TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: device map 'cuda:1=2': this machine has no cuda:1") and err.count("\n") == 1
+    assert cli_main(["info", "--plan", "--max-seq-len", "0", TINY]) == 2
+    assert "--max-seq-len must be at least 1" in capsys.readouterr().err
+
+
+def test_run_with_a_device_map_answers_as_without(capsys):
+    args = ["run", "--model", TINY, "--device", "cpu", "--prompt", "hello", "--max-tokens", "6", "--temperature", "0", "--json"]
+    assert cli_main(args) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert cli_main(args + ["--device-map", "cpu:0=1,cpu:1=1"]) == 0
+    split = json.loads(capsys.readouterr().out)
+    assert split["token_ids"] == whole["token_ids"] and split["text"] == whole["text"]
+    assert cli_main(args + ["--device-map", "cpu=3"]) == 2
+    assert "places 3 layers; mistral3_tiny-f32.gguf has 2" in capsys.readouterr().err
