@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tramontane.engine.api import SamplingParams
-from tramontane.engine.cli.run import copy_bandwidth
+from tramontane.engine.cli.bench import copy_bandwidth
 from tramontane.engine.runtime.generate import generate, make_generator, sample
 from tramontane.engine.mistral3.text import Mistral3Text, _want_dense, default_dtype, resolve_device
 from tramontane.engine.mistral3.config import TextConfig
