@@ -34,6 +34,7 @@ MAX_IMAGE_PIXELS = 89_478_485
 ORIENTATION_TAG = 0x0112  # EXIF Orientation
 CUBIC_A = -0.75  # OpenCV's INTER_CUBIC kernel parameter (PIL/torch use -0.5 / -0.75 variously)
 _CHUNK_ROWS = 64  # rows per step of each resize pass: bounds the temporaries, not the result
+_TILE_PIXELS = 1 << 22  # pixels per read from the decoded image
 
 
 def image_grid(size_wh: tuple[int, int], image_size: int, patch_size: int, merge: int,
@@ -161,27 +162,34 @@ def resize_cubic(rgb, width: int, height: int) -> torch.Tensor:
 
     Horizontal pass then vertical pass (cv2's order), float32, no clipping (like cv2 on float
     input). Takes uint8 (numpy or torch) so the big source image stays small in memory.
-
-    Memory is bounded by the output, not the input: the vertical taps read at most 4 source
-    rows per output row, so only those rows go through the horizontal pass (the others would
-    be computed and never read: the result is bit-for-bit the same). The horizontal result is
-    then at most min(src_h, 4·height) × width, and the passes run in chunks of rows, so the
-    float32 working set is ≤ 12 bytes × (4 + 2)·width·height plus a chunk — whatever the input.
     """
     src = rgb.numpy() if isinstance(rgb, torch.Tensor) else np.asarray(rgb)
-    src_h, src_w, channels = src.shape
-    if (src_w, src_h) == (width, height):
-        return torch.from_numpy(src.astype(np.float32))
+    return _resize(lambda rows, cols: src[np.ix_(rows, cols)], src.shape[1], src.shape[0], width, height)
+
+
+def _resize(pick, src_w: int, src_h: int, width: int, height: int) -> torch.Tensor:
+    """The resampler, reading the source only through `pick(rows, cols)` → uint8 (R, C, ch).
+
+    Memory is bounded by the output, not the input: the taps read at most 4 source rows per
+    output row and 4 source columns per output column, so only those pixels are picked (the
+    others would be read by no tap: the result is bit-for-bit the same). The picked block is
+    ≤ min(src_h, 4·height) × min(src_w, 4·width), the horizontal result ≤ min(src_h, 4·height)
+    × width, and both passes run in chunks of rows, so the float32 working set stays within
+    12 bytes × 6·width·height plus a chunk, whatever the input's size or aspect ratio.
+    """
     x_idx, x_w = _cubic_taps(src_w, width)
     y_idx, y_w = _cubic_taps(src_h, height)
-    used = np.unique(y_idx)  # the only source rows the vertical pass reads
-    y_idx = np.searchsorted(used, y_idx)
-    # Horizontal: rows[:, dx] = sum_k w[dx, k] * src[used][:, idx[dx, k]]  (4 gathers, not a
-    # matmul: a dense weight matrix would cost W x width multiplies per row)
-    rows = np.zeros((len(used), width, channels), dtype=np.float32)
-    for r0 in range(0, len(used), _CHUNK_ROWS):
-        chunk = rows[r0:r0 + _CHUNK_ROWS]
-        picked = src[used[r0:r0 + _CHUNK_ROWS]]
+    used_rows, used_cols = np.unique(y_idx), np.unique(x_idx)
+    src = pick(used_rows, used_cols)
+    if (src_w, src_h) == (width, height):
+        return torch.from_numpy(src.astype(np.float32))
+    x_idx, y_idx = np.searchsorted(used_cols, x_idx), np.searchsorted(used_rows, y_idx)
+    channels = src.shape[2]
+    # Horizontal: rows[:, dx] = sum_k w[dx, k] * src[:, idx[dx, k]]  (4 gathers, not a matmul:
+    # a dense weight matrix would cost W x width multiplies per row)
+    rows = np.zeros((len(used_rows), width, channels), dtype=np.float32)
+    for r0 in range(0, len(used_rows), _CHUNK_ROWS):
+        chunk, picked = rows[r0:r0 + _CHUNK_ROWS], src[r0:r0 + _CHUNK_ROWS]
         for k in range(4):
             chunk += picked[:, x_idx[:, k], :] * x_w[None, :, k, None]
     out = np.zeros((height, width, channels), dtype=np.float32)
@@ -192,13 +200,35 @@ def resize_cubic(rgb, width: int, height: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def _pick_pixels(img: Image.Image, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """An RGB image's pixels at rows × cols (sorted) as uint8 (len(rows), len(cols), 3), read in
+    tiles of at most _TILE_PIXELS: no full-size copy, and no single Pillow call on a line too
+    long for it (`tobytes` refuses a row of ~89 Mpx)."""
+    w, h = img.size
+    out = np.empty((len(rows), len(cols), 3), dtype=np.uint8)
+    band, span = max(1, _TILE_PIXELS // w), min(w, _TILE_PIXELS)
+    for y0 in range(0, h, band):
+        r_lo, r_hi = np.searchsorted(rows, [y0, y0 + band])
+        if r_lo == r_hi:
+            continue
+        ys = rows[r_lo:r_hi]
+        for x0 in range(0, w, span):
+            c_lo, c_hi = np.searchsorted(cols, [x0, x0 + span])
+            if c_lo == c_hi:
+                continue
+            xs = cols[c_lo:c_hi]
+            tile = np.asarray(img.crop((int(xs[0]), int(ys[0]), int(xs[-1]) + 1, int(ys[-1]) + 1)))
+            out[r_lo:r_hi, c_lo:c_hi] = tile[np.ix_(ys - ys[0], xs - xs[0])]
+    return out
+
+
 def pixels_from_image(
     img: Image.Image, *, image_size: int, patch_size: int, merge: int, mean, std
 ) -> tuple[torch.Tensor, int, int]:
     """RGB Pillow image → (normalised float32 (3, H, W), rows, cols)."""
     rows, cols = image_grid(img.size, image_size, patch_size, merge)
     tile = patch_size * merge
-    resized = resize_cubic(np.asarray(img, dtype=np.uint8), cols * tile, rows * tile)
+    resized = _resize(lambda r, c: _pick_pixels(img, r, c), img.width, img.height, cols * tile, rows * tile)
     # Same float32 order of operations as mistral-common's normalize().
     resized /= 255.0
     resized -= torch.tensor(mean, dtype=torch.float32)

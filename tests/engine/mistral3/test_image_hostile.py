@@ -8,7 +8,8 @@ measures the child's peak RSS above its start (VmHWM after resetting it through
 
 (input pixels: what the header claims, 0 when refused before decoding; the 96 MiB covers
 library arenas and the first-touch of torch/numpy code). Before the row pre-shrink in
-`resize_cubic`, a 1×5,000,000 black PNG (19.5 KB) took 3.9 GB; it now takes ~0.14 GB.
+the resampler, a 1×5,000,000 black PNG (19.5 KB) took 3.9 GB; it now takes ~0.14 GB, and an
+89-Mpx-wide one-row image (which Pillow's `tobytes` refuses outright) is read in tiles.
 """
 from __future__ import annotations
 
@@ -271,6 +272,22 @@ def test_pre_shrink_is_bit_identical(shape):
     sh, sw, dh, dw = shape
     src = np.random.default_rng(sh * 7 + sw).integers(0, 256, (sh, sw, 3), dtype=np.uint8)
     assert np.array_equal(resize_cubic(src, dw, dh).numpy(), _resize_all_rows(src, dw, dh))
+
+
+@pytest.mark.parametrize("size", [(640, 480), (1, 5000), (5000, 1), (2000, 1700), (29, 57)])
+def test_tiled_reads_from_the_image_are_bit_identical(monkeypatch, size):
+    """pixels_from_image reads the decoded image in tiles (forced tiny here): same pixels as
+    resizing one full-size array."""
+    import torch
+
+    from tramontane.engine.mistral3 import image as image_module
+
+    monkeypatch.setattr(image_module, "_TILE_PIXELS", 997)
+    img = _noise(*size)
+    pixels, rows, cols = image_module.pixels_from_image(img, **REAL, mean=MEAN, std=STD)
+    full = image_module.resize_cubic(np.asarray(img), cols * 28, rows * 28)
+    full = ((full / 255.0 - torch.tensor(MEAN)) / torch.tensor(STD)).permute(2, 0, 1)
+    assert np.array_equal(pixels.numpy(), full.numpy())
 
 
 @pytest.mark.parametrize("size", [(1, 200_000), (200_000, 1), (3, 40_000)])
