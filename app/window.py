@@ -233,11 +233,11 @@ class MainWindow(QMainWindow):
         self.rename_action = action(chat, "&Rename…", self.rename_selected, "F2")
         self.branch_action = action(chat, "&Branch", self.branch_selected)
         self.delete_action = action(chat, "&Delete…", self.delete_selected)
-        self.pin_action = action(chat, "&Pin / unpin", self._toggle_pin)
+        self.pin_action = action(chat, "&Pin / unpin", self.toggle_pin_selected)
         chat.addSeparator()
-        self.export_action = action(chat, "&Export…", self._export_selected, tip="Save the chat as JSON (re-importable) "
+        self.export_action = action(chat, "&Export…", self.export_selected, tip="Save the chat as JSON (re-importable) "
                "or Markdown")
-        action(chat, "&Import…", self._import_chat)
+        action(chat, "&Import…", self.import_selected)
         chat.addSeparator()
         action(chat, "Regenerate the last reply", lambda: self.regenerate(None), "Ctrl+R")
         # Enabled only while a reply is written, so Esc stays free for dialogs and editors.
@@ -371,10 +371,6 @@ class MainWindow(QMainWindow):
         if combo.current_choice() != wanted and not combo.set_choice(wanted):
             self.notices[chat_id] = f"{info.remote_model} is not listed by its server any more."
 
-    def _bind_current_chat(self) -> None:
-        if self.current_chat_id is not None:
-            self.store.update_chat(self.current_chat_id, **self._chat_binding())
-
     def new_chat(self) -> None:
         self.open_chat(None)
         self.composer.edit.setFocus()
@@ -383,14 +379,13 @@ class MainWindow(QMainWindow):
         index = self.chat_list.currentIndex()
         return self.chat_model.chat_id(index.row()) if index.isValid() else self.current_chat_id
 
+    # The chat actions of the menu and the list act on the highlighted chat; these ask what
+    # they need (a title, a confirmation, a file) and hand the change to the session.
     def rename_chat(self, chat_id: int, title: str) -> None:
-        title = title.strip()
-        if title:
-            self._guard(self.store.rename_chat, chat_id, title)
-            self.refresh_chat_list()
-            self._update_header()
+        self.session.rename_chat(chat_id, title)
+        self._update_header()
 
-    def _rename_selected(self) -> None:
+    def rename_selected(self) -> None:
         chat_id = self.selected_chat_id()
         if chat_id is None:
             return
@@ -400,18 +395,10 @@ class MainWindow(QMainWindow):
             self.rename_chat(chat_id, title)
 
     def delete_chat(self, chat_id: int) -> None:
-        if self.pending is not None and self.pending.chat_id == chat_id:
-            self.pending.cancel.set()
-        if self._guard(self.store.delete_chat, chat_id) is False:
-            return
-        self.worker.forget_session(str(chat_id))
-        self.notices.pop(chat_id, None)
-        if self.current_chat_id == chat_id:
-            self.current_chat_id = None
-        self.refresh_chat_list()
-        self.refresh_view()
+        if self.session.delete_chat(chat_id):
+            self.refresh_view()
 
-    def _delete_selected(self) -> None:
+    def delete_selected(self) -> None:
         chat_id = self.selected_chat_id()
         if chat_id is None:
             return
@@ -424,49 +411,38 @@ class MainWindow(QMainWindow):
         chat_id = chat_id if chat_id is not None else self.current_chat_id
         if chat_id is None:
             return None
-        new_id = self._guard(self.store.branch_chat, chat_id, message_id)
-        if new_id is not False:
-            self.refresh_chat_list()
+        new_id = self.session.branch(chat_id, message_id)
+        if new_id is not None:
             self.open_chat(new_id)
-            return new_id
-        return None
+        return new_id
 
-    def _branch_selected(self) -> None:
+    def branch_selected(self) -> None:
         chat_id = self.selected_chat_id()
         if chat_id is not None:
             self.branch_at(None, chat_id)
 
     def set_pinned(self, chat_id: int, pinned: bool) -> None:
-        self._guard(self.store.set_pinned, chat_id, pinned)
-        self.refresh_chat_list()
+        self.session.set_pinned(chat_id, pinned)
 
-    def _toggle_pin(self) -> None:
+    def toggle_pin_selected(self) -> None:
         chat_id = self.selected_chat_id()
         if chat_id is not None:
-            self.set_pinned(chat_id, not self.store.get_chat_info(chat_id).pinned)
+            self.session.toggle_pin(chat_id)
 
     def export_chat(self, chat_id: int, path: str | Path) -> Path | None:
         """JSON (re-importable) or, for a .md path, Markdown with the images beside it."""
-        from .store.export import export_json, export_markdown
-
-        exporter = export_markdown if str(path).lower().endswith(".md") else export_json
-        result = self._guard(exporter, self.store, chat_id, path)
-        if result is False:
-            return None
-        self.status_label.setText(f"Saved {result}")
+        result = self.session.export_chat(chat_id, path)
+        if result is not None:
+            self.status_label.setText(f"Saved {result}")
         return result
 
     def import_chat(self, path: str | Path) -> int | None:
-        from .store.export import import_json
-
-        chat_id = self._guard(import_json, self.store, path)
-        if chat_id is False:
-            return None
-        self.refresh_chat_list()
-        self.open_chat(chat_id)
+        chat_id = self.session.import_chat(path)
+        if chat_id is not None:
+            self.open_chat(chat_id)
         return chat_id
 
-    def _export_selected(self) -> None:
+    def export_selected(self) -> None:
         chat_id = self.selected_chat_id()
         if chat_id is None:
             return
@@ -477,14 +453,13 @@ class MainWindow(QMainWindow):
         if path:
             self.export_chat(chat_id, path)
 
-    def _import_chat(self) -> None:
+    def import_selected(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(Path.home()), "Chat JSON (*.json)")
         if path:
             self.import_chat(path)
 
     def edit_system_prompt(self) -> None:
-        current = (self.store.get_chat_info(self.current_chat_id).system_prompt
-                   if self.current_chat_id is not None else self.settings.default_system_prompt)
+        current = self.session.system_prompt()
         dialog = QDialog(self)
         new_chat = self.current_chat_id is None
         # No chat yet: what is edited is the default every new chat starts with; say so.
@@ -506,29 +481,22 @@ class MainWindow(QMainWindow):
             self.set_system_prompt(edit.toPlainText())
 
     def set_system_prompt(self, text: str) -> None:
-        if self.current_chat_id is None:
-            self.settings.default_system_prompt = text
-        else:
-            self._guard(self.store.update_chat, self.current_chat_id, system_prompt=text)
+        self.session.set_system_prompt(text)
 
     # ------------------------------------------------------------------ view
     def refresh_view(self) -> None:
-        chat = None
-        if self.current_chat_id is not None:
-            try:
-                chat = self.store.get_chat(self.current_chat_id)
-            except StoreError:
-                self.current_chat_id = None
-        messages = chat.messages if chat else []
-        self._shown_messages = messages
-        streaming_id = (self.pending.message_id if self.pending and chat
-                        and self.pending.chat_id == chat.id else None)
-        self.view.show_messages(messages, live=self.live_stats, errors=self.errors,
-                                busy=self.pending is not None, streaming_id=streaming_id)
-        if streaming_id is not None and self.pending.text:
-            self.view.stream_text(self.pending.text)
-        self.view.show_notice(self.notices.get(self.current_chat_id, ""))
-        if messages or self.notices.get(self.current_chat_id):
+        """Show the current chat as the store has it, with the reply being written."""
+        session = self.session
+        chat = session.read_current()
+        messages = session.messages
+        streaming_id = session.streaming_id(chat.id if chat else None)
+        self.view.show_messages(messages, live=session.live_stats, errors=session.errors,
+                                busy=session.pending is not None, streaming_id=streaming_id)
+        if streaming_id is not None and session.pending.text:
+            self.view.stream_text(session.pending.text)
+        notice = session.notices.get(self.current_chat_id, "")
+        self.view.show_notice(notice)
+        if messages or notice:
             self.stack.setCurrentWidget(self.view)
         else:
             self._show_empty_state()
@@ -555,112 +523,46 @@ class MainWindow(QMainWindow):
 
     def _update_header(self, title: str | None = None) -> None:
         if title is None:
-            title = "New chat"
-            if self.current_chat_id is not None:
-                try:
-                    title = self.store.get_chat_info(self.current_chat_id).title
-                except StoreError:
-                    title = ""
-        self.chat_title.setText(f"<b>{_escape(title)}</b>")
+            title = self.session.title()
+        self.chat_title.setText(f"<b>{escape(title)}</b>")
         self.setWindowTitle(f"{title} — Tramontane" if title else "Tramontane")
-
-    def _can_regenerate(self) -> bool:
-        # From what the view shows (read once per refresh), not another store read: while a
-        # reply streams, the worker may hold the store for a checkpoint.
-        messages = self._shown_messages
-        return bool(messages) and messages[-1].role in ("user", "assistant")
 
     def _update_busy(self) -> None:
         busy = self.pending is not None
-        self.composer.set_busy(busy, can_regenerate=not busy and self._can_regenerate())
+        self.composer.set_busy(busy, can_regenerate=self.session.can_regenerate())
         if hasattr(self, "stop_action"):
             self.stop_action.setEnabled(busy)
         self.status_label.setText("Writing…" if busy else "")
 
+    def _show_status(self, text: str) -> None:
+        self.status_label.setText(text)
+
     # ------------------------------------------------------------------ generation
     def send(self, text: str, images: list) -> bool:
         """Start the reply to a new user message. False (and a message) when it cannot be
-        sent now. The message is saved by the worker, so a slow disk never stalls the UI."""
+        sent now; the text and images then stay in the composer."""
         if self.pending is not None:
             return False
-        if self.engine_info is None and not self.loading:
-            self.composer.show_message(LOAD_FIRST_HINT)
+        why_not = self.session.send(text, images, self._chat_binding())
+        if why_not:
+            self.composer.show_message(why_not)
             return False
-        refused = self._images_refused(images, self._shown_messages)
-        if refused:
-            self.composer.show_message(refused)  # the text and images stay in the composer
-            return False
-        store, chat_id = self.store, self.current_chat_id
-        title = (text.strip().splitlines() or ["Image chat"])[0][:60] or "Image chat"
-        system_prompt = self.settings.default_system_prompt
-        images = list(images)
-        binding = self._chat_binding()
-
-        def write() -> int:
-            cid = chat_id if chat_id is not None else store.create_chat(
-                title, system_prompt=system_prompt, **binding)
-            store.add_message(cid, "user", text, images)
-            return cid
-
         self.composer.accepted()
-        self._unsent = (text, images)  # put back in the composer if saving fails
-        self.notices.pop(chat_id, None)
-        self._start_reply(write)
         return True
-
-    def _images_refused(self, new_images: list, history: list) -> str:
-        """Why the loaded model cannot answer (it has no vision projector, and images are
-        attached or already in the conversation), or ''. Checked before anything is saved or
-        dropped: the engine would fail only after that."""
-        info = self.engine_info
-        if info is None or info.has_vision:
-            return ""
-        if new_images:
-            return ("The loaded model has no vision projector, so it cannot read the attached "
-                    "images: remove them, or load the model with its mmproj file (Models… or Open…).")
-        if any(m.images for m in history):
-            return ("This chat has images and the loaded model has no vision projector: load the "
-                    "model with its mmproj file (Models… or Open…), or start a new chat.")
-        return ""
-
-    def _start_reply(self, write) -> None:
-        """Generate a reply. `write()` runs on the worker first: it saves what the user did
-        (new message, edit, truncation) and returns the chat id; then the worker reads the
-        chat, creates the streaming reply row and generates (see `_on_started`)."""
-        store = self.store
-
-        def prepare():
-            chat_id = write()
-            return chat_id, store.engine_messages(chat_id), store.begin_reply(chat_id)
-
-        self._next_request += 1
-        params = self.settings.sampling.params(**self.param_overrides)
-        self.pending = PendingReply(self._next_request, self.current_chat_id, None, threading.Event())
-        self._focus_composer()
-        self._update_busy()
-        self.worker.chat(ChatRequest(
-            self.pending.request_id, [], params, None, self.pending.cancel, prepare=prepare,
-            checkpoint=lambda message_id, text: store.checkpoint_reply(message_id, text)))
-
-    @Slot(int, int, int)
-    def _on_started(self, request_id: int, chat_id: int, message_id: int) -> None:
-        p = self.pending
-        if p is None or p.request_id != request_id:
-            return
-        self._unsent = None
-        new_chat = p.chat_id is None
-        p.chat_id, p.message_id = chat_id, message_id
-        if new_chat and self.current_chat_id is None:  # still on the new chat: show it
-            self.current_chat_id = chat_id
-        self.refresh_chat_list()
-        if self.current_chat_id == chat_id:
-            self.refresh_view()
 
     def stop(self) -> None:
         """Stop the reply being written; the engine returns at the next token."""
-        if self.pending is not None:
-            self.pending.cancel.set()
-            self._focus_composer()
+        self.session.stop()
+        self._focus_composer()
+
+    def regenerate(self, message_id: int | None = None) -> None:
+        """Drop the reply `message_id` (default: the last one) and everything after, and
+        write it again."""
+        self.session.regenerate(message_id)
+
+    def edit_and_resend(self, message_id: int, text: str) -> None:
+        """Replace a user message's text, drop everything after it, and reply again."""
+        self.session.edit_and_resend(message_id, text)
 
     def _focus_composer(self) -> None:
         """Keyboard focus to the message box when a reply starts or stops. The clicked button
@@ -670,126 +572,33 @@ class MainWindow(QMainWindow):
         if focus is None or focus.window() is self:
             self.composer.edit.setFocus()
 
-    def regenerate(self, message_id: int | None = None) -> None:
-        """Drop the reply `message_id` (default: the last one) and everything after, and
-        write it again."""
-        if self.pending is not None or self.current_chat_id is None:
-            return
-        chat_id = self.current_chat_id
-        try:
-            messages = self.store.get_chat(chat_id).messages
-        except StoreError as exc:
-            self.notices[chat_id] = str(exc)
-            self.refresh_view()
-            return
-        if message_id is None and messages and messages[-1].role == "assistant":
-            message_id = messages[-1].id
-        cut = next((i for i, m in enumerate(messages) if m.id == message_id), len(messages))
-        if not any(m.role == "user" for m in messages[:cut]):
-            return  # nothing to answer
-        refused = self._images_refused([], messages[:cut])
-        if refused:  # checked before the old reply is dropped
-            self.notices[chat_id] = refused
-            self.refresh_view()
-            return
-        self.errors.pop(message_id, None)
-        self.notices.pop(chat_id, None)
-        store = self.store
-
-        def write() -> int:
-            if message_id is not None:
-                store.truncate_after(message_id, inclusive=True)
-            return chat_id
-
-        self._start_reply(write)
-
-    def edit_and_resend(self, message_id: int, text: str) -> None:
-        """Replace a user message's text, drop everything after it, and reply again."""
-        if self.pending is not None:
-            return
-        try:
-            chat_id = self.store.get_message(message_id).chat_id
-            messages = self.store.get_chat(chat_id).messages
-        except StoreError as exc:
-            self.notices[self.current_chat_id] = str(exc)
-            self.refresh_view()
-            return
-        upto = next((i for i, m in enumerate(messages) if m.id == message_id), len(messages) - 1)
-        refused = self._images_refused([], messages[:upto + 1])
-        if refused:  # checked before the later messages are dropped
-            self.notices[chat_id] = refused
-            self.refresh_view()
-            return
-        self.notices.pop(chat_id, None)
-        store = self.store
-
-        def write() -> int:
-            store.edit_message(message_id, text)
-            store.truncate_after(message_id)
-            return chat_id
-
-        self._start_reply(write)
-
-    @Slot(int, str)
-    def _on_piece(self, request_id: int, text: str) -> None:
-        p = self.pending
-        if p is None or p.request_id != request_id:
-            return
-        p.text += text  # the worker checkpoints it to the store (about once a second)
-        p.pieces += 1
-        if self.current_chat_id == p.chat_id:
-            self.view.stream_text(p.text)
-
-    @Slot(int, object)
-    def _on_finished(self, request_id: int, result) -> None:
-        p = self.pending
-        if p is None or p.request_id != request_id:
-            return
-        self.pending = None
-        if p.message_id is None:  # stopped before it started
-            self._after_reply(p)
-            return
-        text = result.text if result.text or not p.text else p.text
-        try:
-            self.store.finish_reply(p.message_id, text, result.stats)
-        except StoreError as exc:
-            self.notices[p.chat_id] = str(exc)
-        self.live_stats[p.message_id] = result.stats
-        self._after_reply(p)
-        self.replyFinished.emit(p.message_id)
-
-    @Slot(int, str)
-    def _on_failed(self, request_id: int, message: str) -> None:
-        p = self.pending
-        if p is None or p.request_id != request_id:
-            return
-        self.pending = None
-        try:
-            if p.message_id is None:  # failed before the reply row existed
-                self.notices[p.chat_id] = message
-                unsent, self._unsent = self._unsent, None
-                if unsent and not self.composer.edit.toPlainText() and not self.composer.images:
-                    self.composer.edit.setPlainText(unsent[0])
-                    for image in unsent[1]:
-                        self.composer.add_image(image)
-            elif p.text:
-                self.store.finish_reply(p.message_id, p.text, finish_reason="error")
-                self.errors[p.message_id] = message
-            else:
-                self.store.delete_message(p.message_id)
-                self.notices[p.chat_id] = message
-        except StoreError as exc:
-            self.notices[p.chat_id] = f"{message} ({exc})"
-        self._after_reply(p)
-        self.replyFailed.emit(message)
-
-    def _after_reply(self, p: PendingReply) -> None:
-        self.refresh_chat_list()
-        if self.current_chat_id == p.chat_id or p.message_id is None:
+    @Slot(bool)
+    def _on_busy_changed(self, busy: bool) -> None:
+        if busy:
+            self._focus_composer()
+            self._update_busy()
+        else:
             self.view.flush()
+
+    @Slot(object)
+    def _on_chat_changed(self, chat_id) -> None:
+        self.refresh_chat_list()
+        if chat_id == self.current_chat_id:
             self.refresh_view()
         else:
             self._update_busy()
+
+    @Slot(str)
+    def _on_streamed(self, text: str) -> None:
+        self.view.stream_text(text)
+
+    @Slot(str, list)
+    def _on_unsent(self, text: str, images: list) -> None:
+        """A message that could not be saved goes back to an empty composer."""
+        if not self.composer.edit.toPlainText() and not self.composer.images:
+            self.composer.edit.setPlainText(text)
+            for image in images:
+                self.composer.add_image(image)
 
     # ------------------------------------------------------------------ models
     def load_last_model(self) -> bool:
@@ -803,8 +612,8 @@ class MainWindow(QMainWindow):
         """Load a local GGUF (and its projector) on the worker; the bar shows progress."""
         if self.pending is not None:
             self.pending.cancel.set()
-        self.loading = str(model_path)
-        self.engine_info = None
+        self.session.loading = str(model_path)
+        self.session.engine_info = None
         if self.model_bar.model_combo is not None:
             combo = self.model_bar.model_combo
             combo.blockSignals(True)
@@ -819,7 +628,7 @@ class MainWindow(QMainWindow):
         start = self.settings.models_dir or str(Path.home())
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", start, GGUF_FILTER)
         if path:
-            from ..engine.library.local import find_projector
+            from ..engine.library.projector import find_projector
 
             self.load_model(path, str(find_projector(path) or ""))
 
@@ -829,7 +638,7 @@ class MainWindow(QMainWindow):
         self.worker.unload()
 
     def _model_choice_changed(self, choice) -> None:
-        self._bind_current_chat()
+        self.session.bind_current_chat(self._chat_binding())
         if choice.is_local:
             if not self.load_last_model():
                 self.worker.unload()
@@ -841,7 +650,7 @@ class MainWindow(QMainWindow):
             return
         if self.pending is not None:
             self.pending.cancel.set()
-        self.loading = choice.model or "server"
+        self.session.loading = choice.model or "server"
         self.worker.use_engine(engine)
 
     @Slot(float, str)
@@ -851,8 +660,8 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_loaded(self, info: EngineInfo) -> None:
-        self.loading = None
-        self.engine_info = info
+        self.session.loading = None
+        self.session.engine_info = info
         if not info.remote:
             self.settings.last_model = (info.model_path, info.mmproj_path)
         self.model_bar.show_info(info)
@@ -863,8 +672,8 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_load_failed(self, message: str) -> None:
-        self.loading = None
-        self.engine_info = None
+        self.session.loading = None
+        self.session.engine_info = None
         self.model_bar.show_error(message)
         self.notices[self.current_chat_id] = message
         self._update_model_state()
@@ -874,7 +683,7 @@ class MainWindow(QMainWindow):
     def _on_unloaded(self) -> None:
         if self.loading:
             return  # a new model is on its way
-        self.engine_info = None
+        self.session.engine_info = None
         self.model_bar.show_info(None)
         self._update_model_state()
 
@@ -931,19 +740,11 @@ class MainWindow(QMainWindow):
         self.composer.add_mime(event.mimeData())
         event.acceptProposedAction()
 
-    # ------------------------------------------------------------------ helpers and closing
-    def _guard(self, fn, *args, **kwargs):
-        """Run a store call; a StoreError becomes a message in the status bar, not a crash."""
-        try:
-            return fn(*args, **kwargs)
-        except StoreError as exc:
-            self.status_label.setText(str(exc))
-            return False
-
+    # ------------------------------------------------------------------ closing
     def closeEvent(self, event) -> None:  # noqa: N802
-        p = self.pending
-        if p is not None:
-            p.cancel.set()
+        # Stop the reply; the worker saves what it has (finish reason 'cancelled') before
+        # its thread ends, so nothing written is lost.
+        self.session.abandon()
         try:
             self.settings.geometry = bytes(self.saveGeometry().toBase64()).decode()
             if self.current_chat_id is not None:
@@ -951,13 +752,6 @@ class MainWindow(QMainWindow):
         except StoreError:
             pass
         self.worker.stop()
-        if p is not None and self.pending is p and p.message_id is not None:
-            # The worker's answer will never be handled: keep what was written.
-            self.pending = None
-            try:
-                self.store.finish_reply(p.message_id, p.text, finish_reason="cancelled")
-            except StoreError:
-                pass
         if self.downloads is not None:  # paused: the parts resume next time
             self.downloads.shutdown()
         if self._own_store:
@@ -965,8 +759,4 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-__all__ = ["MainWindow", "is_dark", "style_sheet"]
+__all__ = ["MainWindow"]

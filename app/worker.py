@@ -24,7 +24,7 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from ..engine.api import ChatMessage, EngineError, SamplingParams
+from ..engine.api import ChatMessage, EngineError, GenerationResult, GenerationStats, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,9 @@ class ChatRequest:
     `prepare()`, if given, runs first and returns (chat id, messages, reply message id); the
     worker then emits `started` and uses those messages, with the chat id as session key.
     `checkpoint(message id, text so far)` is called after every piece (the store throttles
-    it to about once a second)."""
+    it to about once a second). When the engine returns, `finish(message id, result, text so
+    far)` saves the reply before `finished` is emitted; when it fails, `fail(message id, text
+    so far)` saves what is left before `failed` is emitted."""
 
     request_id: int
     messages: list[ChatMessage]
@@ -64,6 +66,8 @@ class ChatRequest:
     cancel: threading.Event
     prepare: Callable[[], tuple[int, list[ChatMessage], int]] | None = None
     checkpoint: Callable[[int, str], object] | None = None
+    finish: Callable[[int, GenerationResult, str], object] | None = None
+    fail: Callable[[int, str], object] | None = None
 
 
 def warm_up_imports() -> None:
@@ -222,11 +226,14 @@ class EngineWorker(QObject):
 
     @Slot(str, str, str, int)
     def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int) -> None:
+        from ..engine.library.projector import check_pair
         from ..engine.runtime.local import LocalEngine
 
         self._close_engine()
         _leave_a_core_for_the_ui(device)
         try:
+            if mmproj_path:  # from the headers, before gigabytes of weights are read
+                check_pair(model_path, mmproj_path)
             engine = LocalEngine(model_path, mmproj_path or None, device=device,
                                  context_length=context_length or None,
                                  progress=lambda frac, what: self.loadProgress.emit(float(frac), str(what)))
@@ -281,19 +288,17 @@ class EngineWorker(QObject):
                 return
             req.session_key = str(chat_id)
             self.started.emit(rid, chat_id, message_id)
-        if req.cancel.is_set():  # stopped while it waited behind a load
-            from ..engine.api import GenerationResult, GenerationStats
-
-            self.finished.emit(rid, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")))
-            return
         so_far: list[str] = []
+        if req.cancel.is_set():  # stopped while it waited behind a load
+            self._finish(req, message_id, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")), "")
+            return
         last_save = [float("-inf")]
 
         def on_piece(text: str) -> None:
             self.piece.emit(rid, text)
+            so_far.append(text)
             if req.checkpoint is None or message_id is None:
                 return
-            so_far.append(text)
             now = time.monotonic()
             if now - last_save[0] < CHECKPOINT_EVERY_S:  # the first piece is saved at once
                 return
@@ -307,14 +312,35 @@ class EngineWorker(QObject):
             result = self.engine.chat(req.messages, req.params, on_piece=on_piece,
                                       cancel=req.cancel, session_key=req.session_key)
         except EngineError as exc:
-            self.failed.emit(rid, str(exc) or type(exc).__name__)
+            self._fail(req, message_id, "".join(so_far), str(exc) or type(exc).__name__)
             return
         except MemoryError:
-            self.failed.emit(rid, "Out of memory while generating: shorten the chat or lower the "
-                                  "context length")
+            self._fail(req, message_id, "".join(so_far), "Out of memory while generating: shorten "
+                                                         "the chat or lower the context length")
             return
         except Exception as exc:  # noqa: BLE001 - an engine bug must not crash the app
             log.exception("generation failed")
-            self.failed.emit(rid, f"The engine failed: {type(exc).__name__}: {exc}")
+            self._fail(req, message_id, "".join(so_far), f"The engine failed: {type(exc).__name__}: {exc}")
             return
-        self.finished.emit(rid, result)
+        self._finish(req, message_id, result, "".join(so_far))
+
+    def _finish(self, req: ChatRequest, message_id: int | None, result: GenerationResult, so_far: str) -> None:
+        """Save the reply (here, on the worker), then say it is done; a failed save is a failure."""
+        if req.finish is not None and message_id is not None:
+            try:
+                req.finish(message_id, result, so_far)
+            except Exception as exc:  # noqa: BLE001 - StoreError and the like, in words
+                log.exception("saving the reply failed")
+                self.failed.emit(req.request_id, f"Could not save the reply: {exc}")
+                return
+        self.finished.emit(req.request_id, result)
+
+    def _fail(self, req: ChatRequest, message_id: int | None, so_far: str, message: str) -> None:
+        """Save what is left of the reply, then report `message`."""
+        if req.fail is not None and message_id is not None:
+            try:
+                req.fail(message_id, so_far)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("saving the failed reply failed")
+                message = f"{message} ({exc})"
+        self.failed.emit(req.request_id, message)

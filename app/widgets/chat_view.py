@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextE
                                QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout,
                                QWidget)
 
-from ..engine.api import GenerationStats
+from ...engine.api import GenerationStats
 from .markdown import COPY_SCHEME, code_blocks, render_markdown
 
 RENDER_INTERVAL_MS = 50

@@ -18,8 +18,8 @@ from PySide6.QtGui import QIcon, QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QSizePolicy, QToolButton, QVBoxLayout, QWidget)
 
-from ..engine.api import ImagePart
-from ..engine.mistral3.image import MAX_IMAGE_PIXELS
+from ...engine.api import ImagePart
+from ...engine.mistral3.image import MAX_IMAGE_PIXELS
 
 MAX_IMAGE_BYTES = 50 << 20
 IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)"

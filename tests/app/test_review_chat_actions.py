@@ -23,7 +23,7 @@ def window(qtbot, tmp_path, monkeypatch):
 def test_new_chat_leaves_no_hidden_target_for_chat_actions(qtbot, window, monkeypatch):
     alpha = window.store.create_chat("Alpha")
     beta = window.store.create_chat("Beta")
-    window._refresh_list()
+    window.refresh_chat_list()
     window.open_chat(alpha)
     assert window.selected_chat_id() == alpha and window.delete_button.isEnabled()
 
@@ -36,9 +36,9 @@ def test_new_chat_leaves_no_hidden_target_for_chat_actions(qtbot, window, monkey
     # Even when triggered (shortcut, menu), nothing happens to a chat the user cannot see.
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed", True))
-    window._delete_selected()
-    window._rename_selected()
-    window._branch_selected()
+    window.delete_selected()
+    window.rename_selected()
+    window.branch_selected()
     titles = sorted(c.title for c in window.store.list_chats())
     assert titles == ["Alpha", "Beta"]
 
@@ -46,7 +46,7 @@ def test_new_chat_leaves_no_hidden_target_for_chat_actions(qtbot, window, monkey
     window.chat_list.setCurrentIndex(window.chat_model.index(window.chat_model.row_of(beta)))
     assert window.current_chat_id == beta and window.selected_chat_id() == beta
     assert window.delete_button.isEnabled()
-    window._rename_selected()
+    window.rename_selected()
     assert window.store.get_chat_info(beta).title == "Renamed"
 
 
@@ -67,7 +67,7 @@ def test_system_prompt_dialog_says_what_it_changes(qtbot, window):
     QTimer.singleShot(0, read_and_close)
     window.edit_system_prompt()
     chat_id = window.store.create_chat("Alpha")
-    window._refresh_list()
+    window.refresh_chat_list()
     window.open_chat(chat_id)
     QTimer.singleShot(0, read_and_close)
     window.edit_system_prompt()

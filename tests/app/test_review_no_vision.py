@@ -59,7 +59,7 @@ def test_regenerate_in_an_image_chat_on_a_text_only_model_keeps_the_reply(qtbot,
     store.add_message(chat_id, "user", "What is this?", [ImagePart(png_bytes(30, 20), "a.png")])
     reply_id = store.begin_reply(chat_id)
     store.finish_reply(reply_id, "A striped square.", None)
-    window._refresh_list()
+    window.refresh_chat_list()
     window.open_chat(chat_id)
     load(qtbot, window, None)
 

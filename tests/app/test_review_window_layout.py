@@ -35,7 +35,7 @@ def _shrink_to_laptop(qtbot, window, name: str) -> None:
 
 
 def test_long_model_names_do_not_widen_the_window(qtbot, window):
-    window._on_loaded(EngineInfo("x", True, LONG_MODEL, LONG_MMPROJ, "cuda", "17.5 GB GPU", 131072))
+    window.worker.loaded.emit(EngineInfo("x", True, LONG_MODEL, LONG_MMPROJ, "cuda", "17.5 GB GPU", 131072))
     window.resize(1900, 700)
     qtbot.wait(50)
     bar = window.model_bar
@@ -54,7 +54,7 @@ def test_long_model_names_do_not_widen_the_window(qtbot, window):
 
 def test_long_chat_title_does_not_widen_the_window(qtbot, window):
     chat_id = window.store.create_chat("A very long chat title that goes on and on " * 6)
-    window._refresh_list()
+    window.refresh_chat_list()
     window.open_chat(chat_id)
     _shrink_to_laptop(qtbot, window, "title_800.png")
     assert window.minimumSizeHint().width() <= 800
@@ -65,7 +65,7 @@ def test_long_chat_title_does_not_widen_the_window(qtbot, window):
 
 
 def test_long_load_error_does_not_widen_the_window(qtbot, window):
-    window._on_load_failed("/very/long/path/" + "x" * 150 + ".gguf: not a GGUF file (bad magic)")
+    window.worker.loadFailed.emit("/very/long/path/" + "x" * 150 + ".gguf: not a GGUF file (bad magic)")
     _shrink_to_laptop(qtbot, window, "error_800.png")
     assert window.minimumSizeHint().width() <= 800
     assert window.width() == 800

@@ -448,7 +448,7 @@ def test_system_prompt_per_chat_and_settings_persist(qtbot, window, tmp_path):
     dialog.accept()
     assert "Seed" in dialog.error.text() and window.settings.sampling.seed == 12
 
-    window._zoom(+2)
+    window.zoom(+2)
     size = window.settings.font_size
     assert size and window.view.font().pointSize() == size
 

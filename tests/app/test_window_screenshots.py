@@ -110,7 +110,7 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
         store.edit_message(reply_id, DEMO_REPLY)  # readable text; the numbers stay real
         for title in ("Packing list for the Alps", "Fix my regex", "Sourdough timing"):
             store.create_chat(title)
-        window._refresh_list()
+        window.refresh_chat_list()
         window.refresh_view()
         window.composer.edit.setPlainText("Now make it count cool colours too")
         qtbot.wait(100)
@@ -118,7 +118,7 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
         shots = {}
         for scheme in ("light", "dark"):
             apply_color_scheme(app, dark=scheme == "dark")
-            qtbot.waitUntil(lambda: window._dark == (scheme == "dark"), timeout=5000)
+            qtbot.waitUntil(lambda: window.dark == (scheme == "dark"), timeout=5000)
             window.view.verticalScrollBar().setValue(0)
             qtbot.wait(100)
             shot = window.grab()

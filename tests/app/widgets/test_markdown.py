@@ -9,8 +9,8 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QUrl  # noqa: E402
 from PySide6.QtGui import QColor, QGuiApplication, QTextDocument  # noqa: E402
 
-from tramontane.app import markdown as md  # noqa: E402
-from tramontane.app.chat_view import MarkdownView, status_text  # noqa: E402
+from tramontane.app.widgets import markdown as md  # noqa: E402
+from tramontane.app.widgets.chat_view import MarkdownView, status_text  # noqa: E402
 from tramontane.engine.api import GenerationStats  # noqa: E402
 
 SAMPLE = """Intro with `inline` code.

@@ -9,7 +9,7 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from tramontane.app.chat_view import MarkdownView  # noqa: E402
+from tramontane.app.widgets.chat_view import MarkdownView  # noqa: E402
 
 
 @pytest.mark.parametrize("lang", ["python", ""])

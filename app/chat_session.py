@@ -1,0 +1,385 @@
+"""The chat state machine: send, stop, regenerate, edit and resend, and the chat CRUD.
+
+`ChatSession` ties the store (chats on disk) to the engine worker; the window only shows
+what it says and asks it to act:
+
+* send: the worker saves the user message and an empty `streaming` reply row, reads the chat
+  as the store has it and generates with a fresh cancel Event;
+* pieces: appended to the reply, shown (throttled by ChatView) and checkpointed by the worker
+  about once a second (Store.checkpoint_reply throttles);
+* finished: the worker saves the final text and stats, then tells us; failed: the worker keeps
+  the partial text (finish reason 'error') or drops the empty reply, then tells us, and the
+  message is shown in the chat; Stop just sets the Event, and the engine returns what it has
+  with finish reason 'cancelled'.
+
+Every write a reply makes happens on the worker, so a slow disk never stalls the UI. The chat
+CRUD (rename, pin, delete, branch, import) are single short transactions on the UI thread.
+"""
+from __future__ import annotations
+
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from ..engine.api import GenerationResult, GenerationStats
+from .dialogs.settings import AppSettings
+from .store import Store, StoreError
+from .worker import ChatRequest, EngineInfo, EngineWorker
+
+LOAD_FIRST_HINT = "Load a model first (Models… or Open… in the model bar)."
+
+
+@dataclass
+class PendingReply:
+    request_id: int
+    chat_id: int | None
+    message_id: int | None  # None until the worker has saved the reply row (_on_started)
+    cancel: threading.Event
+    text: str = ""
+    pieces: int = 0
+    stats: GenerationStats | None = field(default=None)
+
+
+class ChatSession(QObject):
+    """The open chat, the reply being written, and every change to the chats."""
+
+    changed = Signal(object)  # chat id (None: the new, unsaved chat) whose messages or notice changed
+    listChanged = Signal()  # titles, order or pins changed: reread the chat list
+    streamed = Signal(str)  # the reply so far, for the chat on screen
+    busyChanged = Signal(bool)  # a reply started (True) or ended (False)
+    unsent = Signal(str, list)  # a message that could not be saved, for the composer
+    storeFailed = Signal(str)  # a store error from a chat action, in words
+    replyFinished = Signal(int)  # message id, after the store has the final text
+    replyFailed = Signal(str)
+
+    def __init__(self, store: Store, settings: AppSettings, worker: EngineWorker,
+                 parent: QObject | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.settings = settings
+        self.worker = worker
+        self.param_overrides: dict = {}  # extra SamplingParams fields (tests, power users)
+        self.engine_info: EngineInfo | None = None  # set by whoever loads models
+        self.loading: str | None = None  # model path being loaded
+        self.current_chat_id: int | None = None
+        self.messages: list = []  # the current chat's messages, as last read (see `read_current`)
+        self.pending: PendingReply | None = None
+        self.live_stats: dict[int, GenerationStats] = {}
+        self.errors: dict[int, str] = {}  # message id -> failure text
+        self.notices: dict[int | None, str] = {}  # chat id -> failure with nothing kept
+        self._next_request = 0
+        self._unsent: tuple[str, list] | None = None
+        worker.started.connect(self._on_started)
+        worker.piece.connect(self._on_piece)
+        worker.finished.connect(self._on_finished)
+        worker.failed.connect(self._on_failed)
+
+    # ------------------------------------------------------------------ reading
+    def read_current(self):
+        """The current chat from the store (None for the new chat), remembered in `messages`.
+        A chat that cannot be read any more (deleted elsewhere) is left."""
+        chat = None
+        if self.current_chat_id is not None:
+            try:
+                chat = self.store.get_chat(self.current_chat_id)
+            except StoreError:
+                self.current_chat_id = None
+        self.messages = chat.messages if chat else []
+        return chat
+
+    def title(self) -> str:
+        if self.current_chat_id is None:
+            return "New chat"
+        try:
+            return self.store.get_chat_info(self.current_chat_id).title
+        except StoreError:
+            return ""
+
+    def can_regenerate(self) -> bool:
+        # From the messages read for the view, not another store read: while a reply
+        # streams, the worker may hold the store for a checkpoint.
+        return self.pending is None and bool(self.messages) and self.messages[-1].role in ("user", "assistant")
+
+    def streaming_id(self, chat_id: int | None) -> int | None:
+        p = self.pending
+        return p.message_id if p is not None and chat_id is not None and p.chat_id == chat_id else None
+
+    # ------------------------------------------------------------------ generation
+    def send(self, text: str, images: list, binding: dict | None = None) -> str:
+        """Start the reply to a new user message: '' when started, else why it cannot be sent
+        now (nothing is saved then). The message is saved by the worker."""
+        if self.pending is not None:
+            return "A reply is being written."
+        if self.engine_info is None and not self.loading:
+            return LOAD_FIRST_HINT
+        refused = self.images_refused(images, self.messages)
+        if refused:
+            return refused
+        store, chat_id = self.store, self.current_chat_id
+        title = (text.strip().splitlines() or ["Image chat"])[0][:60] or "Image chat"
+        system_prompt = self.settings.default_system_prompt
+        images = list(images)
+        binding = dict(binding or {})
+
+        def write() -> int:
+            cid = chat_id if chat_id is not None else store.create_chat(
+                title, system_prompt=system_prompt, **binding)
+            store.add_message(cid, "user", text, images)
+            return cid
+
+        self._unsent = (text, images)  # back to the composer if saving fails
+        self.notices.pop(chat_id, None)
+        self._start_reply(write)
+        return ""
+
+    def images_refused(self, new_images: list, history: list) -> str:
+        """Why the loaded model cannot answer (it has no vision projector, and images are
+        attached or already in the conversation), or ''. Checked before anything is saved or
+        dropped: the engine would fail only after that."""
+        info = self.engine_info
+        if info is None or info.has_vision:
+            return ""
+        if new_images:
+            return ("The loaded model has no vision projector, so it cannot read the attached "
+                    "images: remove them, or load the model with its mmproj file (Models… or Open…).")
+        if any(m.images for m in history):
+            return ("This chat has images and the loaded model has no vision projector: load the "
+                    "model with its mmproj file (Models… or Open…), or start a new chat.")
+        return ""
+
+    def regenerate(self, message_id: int | None = None) -> bool:
+        """Drop the reply `message_id` (default: the last one) and everything after, and
+        write it again. False when there is nothing to answer or it is refused."""
+        if self.pending is not None or self.current_chat_id is None:
+            return False
+        chat_id = self.current_chat_id
+        try:
+            messages = self.store.get_chat(chat_id).messages
+        except StoreError as exc:
+            self._notice(chat_id, str(exc))
+            return False
+        if message_id is None and messages and messages[-1].role == "assistant":
+            message_id = messages[-1].id
+        cut = next((i for i, m in enumerate(messages) if m.id == message_id), len(messages))
+        if not any(m.role == "user" for m in messages[:cut]):
+            return False  # nothing to answer
+        refused = self.images_refused([], messages[:cut])
+        if refused:  # checked before the old reply is dropped
+            self._notice(chat_id, refused)
+            return False
+        self.errors.pop(message_id, None)
+        self.notices.pop(chat_id, None)
+        store = self.store
+
+        def write() -> int:
+            if message_id is not None:
+                store.truncate_after(message_id, inclusive=True)
+            return chat_id
+
+        self._start_reply(write)
+        return True
+
+    def edit_and_resend(self, message_id: int, text: str) -> bool:
+        """Replace a user message's text, drop everything after it, and reply again."""
+        if self.pending is not None:
+            return False
+        try:
+            chat_id = self.store.get_message(message_id).chat_id
+            messages = self.store.get_chat(chat_id).messages
+        except StoreError as exc:
+            self._notice(self.current_chat_id, str(exc))
+            return False
+        upto = next((i for i, m in enumerate(messages) if m.id == message_id), len(messages) - 1)
+        refused = self.images_refused([], messages[:upto + 1])
+        if refused:  # checked before the later messages are dropped
+            self._notice(chat_id, refused)
+            return False
+        self.notices.pop(chat_id, None)
+        store = self.store
+
+        def write() -> int:
+            store.edit_message(message_id, text)
+            store.truncate_after(message_id)
+            return chat_id
+
+        self._start_reply(write)
+        return True
+
+    def stop(self) -> None:
+        """Stop the reply being written; the engine returns at the next token."""
+        if self.pending is not None:
+            self.pending.cancel.set()
+
+    def _start_reply(self, write) -> None:
+        """Generate a reply. On the worker, `write()` first saves what the user did (new
+        message, edit, truncation) and returns the chat id; then the worker reads the chat,
+        creates the streaming reply row and generates (see `_on_started`); at the end it saves
+        the reply (`finish`) or what is left of it (`fail`)."""
+        store = self.store
+
+        def prepare():
+            chat_id = write()
+            return chat_id, store.engine_messages(chat_id), store.begin_reply(chat_id)
+
+        def finish(message_id: int, result: GenerationResult, so_far: str) -> None:
+            text = result.text if result.text or not so_far else so_far
+            store.finish_reply(message_id, text, result.stats)
+
+        def fail(message_id: int, so_far: str) -> None:
+            if so_far:  # keep what was written, marked as an error
+                store.finish_reply(message_id, so_far, finish_reason="error")
+            else:
+                store.delete_message(message_id)
+
+        self._next_request += 1
+        params = self.settings.sampling.params(**self.param_overrides)
+        self.pending = PendingReply(self._next_request, self.current_chat_id, None, threading.Event())
+        self.busyChanged.emit(True)
+        self.worker.chat(ChatRequest(
+            self.pending.request_id, [], params, None, self.pending.cancel, prepare=prepare,
+            checkpoint=lambda message_id, text: store.checkpoint_reply(message_id, text),
+            finish=finish, fail=fail))
+
+    @Slot(int, int, int)
+    def _on_started(self, request_id: int, chat_id: int, message_id: int) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        self._unsent = None
+        new_chat = p.chat_id is None
+        p.chat_id, p.message_id = chat_id, message_id
+        if new_chat and self.current_chat_id is None:  # still on the new chat: show it
+            self.current_chat_id = chat_id
+        self.changed.emit(chat_id)
+
+    @Slot(int, str)
+    def _on_piece(self, request_id: int, text: str) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        p.text += text  # the worker checkpoints it to the store (about once a second)
+        p.pieces += 1
+        if self.current_chat_id == p.chat_id:
+            self.streamed.emit(p.text)
+
+    @Slot(int, object)
+    def _on_finished(self, request_id: int, result) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        self.pending = None
+        if p.message_id is not None:  # else: stopped before it started
+            self.live_stats[p.message_id] = result.stats
+        self._after_reply(p)
+        if p.message_id is not None:
+            self.replyFinished.emit(p.message_id)
+
+    @Slot(int, str)
+    def _on_failed(self, request_id: int, message: str) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        self.pending = None
+        if p.message_id is None:  # failed before the reply row existed
+            self.notices[p.chat_id] = message
+            unsent, self._unsent = self._unsent, None
+            if unsent:
+                self.unsent.emit(*unsent)
+        elif p.text:  # the worker kept the partial reply
+            self.errors[p.message_id] = message
+        else:  # the worker dropped the empty reply
+            self.notices[p.chat_id] = message
+        self._after_reply(p)
+        self.replyFailed.emit(message)
+
+    def _after_reply(self, p: PendingReply) -> None:
+        self.busyChanged.emit(False)
+        self.changed.emit(p.chat_id if p.message_id is not None else self.current_chat_id)
+
+    def abandon(self) -> None:
+        """At close: stop the reply and forget it (the worker still saves what it has)."""
+        if self.pending is not None:
+            self.pending.cancel.set()
+        self.pending = None
+
+    # ------------------------------------------------------------------ chats
+    def _notice(self, chat_id: int | None, text: str) -> None:
+        self.notices[chat_id] = text
+        self.changed.emit(chat_id)
+
+    def _guard(self, fn, *args, **kwargs):
+        """Run a store call; a StoreError becomes `storeFailed`, not a crash (False)."""
+        try:
+            return fn(*args, **kwargs)
+        except StoreError as exc:
+            self.storeFailed.emit(str(exc))
+            return False
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        title = title.strip()
+        if title and self._guard(self.store.rename_chat, chat_id, title) is not False:
+            self.listChanged.emit()
+
+    def set_pinned(self, chat_id: int, pinned: bool) -> None:
+        self._guard(self.store.set_pinned, chat_id, pinned)
+        self.listChanged.emit()
+
+    def toggle_pin(self, chat_id: int) -> None:
+        self.set_pinned(chat_id, not self.store.get_chat_info(chat_id).pinned)
+
+    def delete_chat(self, chat_id: int) -> bool:
+        if self.pending is not None and self.pending.chat_id == chat_id:
+            self.pending.cancel.set()
+        if self._guard(self.store.delete_chat, chat_id) is False:
+            return False
+        self.worker.forget_session(str(chat_id))
+        self.notices.pop(chat_id, None)
+        if self.current_chat_id == chat_id:
+            self.current_chat_id = None
+        self.listChanged.emit()
+        return True
+
+    def branch(self, chat_id: int, message_id: int | None = None) -> int | None:
+        """A new chat holding `chat_id` up to `message_id` (default: all of it); its id."""
+        new_id = self._guard(self.store.branch_chat, chat_id, message_id)
+        if new_id is False:
+            return None
+        self.listChanged.emit()
+        return new_id
+
+    def export_chat(self, chat_id: int, path: str | Path) -> Path | None:
+        """JSON (re-importable) or, for a .md path, Markdown with the images beside it."""
+        from .store.export import export_json, export_markdown
+
+        exporter = export_markdown if str(path).lower().endswith(".md") else export_json
+        result = self._guard(exporter, self.store, chat_id, path)
+        return None if result is False else result
+
+    def import_chat(self, path: str | Path) -> int | None:
+        from .store.export import import_json
+
+        chat_id = self._guard(import_json, self.store, path)
+        if chat_id is False:
+            return None
+        self.listChanged.emit()
+        return chat_id
+
+    def system_prompt(self) -> str:
+        """The current chat's system prompt, or for the new chat the default one."""
+        if self.current_chat_id is None:
+            return self.settings.default_system_prompt
+        return self.store.get_chat_info(self.current_chat_id).system_prompt
+
+    def set_system_prompt(self, text: str) -> None:
+        if self.current_chat_id is None:
+            self.settings.default_system_prompt = text
+        else:
+            self._guard(self.store.update_chat, self.current_chat_id, system_prompt=text)
+
+    def bind_current_chat(self, binding: dict) -> None:
+        """Remember what the current chat runs on (see MainWindow._chat_binding)."""
+        if self.current_chat_id is not None:
+            self._guard(self.store.update_chat, self.current_chat_id, **binding)

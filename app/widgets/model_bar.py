@@ -1,0 +1,118 @@
+"""The bar above the conversation: the loaded model, device and memory, load/unload."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QProgressBar, QPushButton, QVBoxLayout, QWidget
+
+from ..worker import EngineInfo
+from .elided_label import ElidedLabel
+
+NO_VISION_HINT = ("Images need a vision projector (mmproj-….gguf): load one together with the "
+                  "model (Models… or Open…).")
+
+
+class ModelBar(QFrame):
+    """Which model/projector is loaded, device and memory, load/unload, load progress."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("modelBar")
+        # File names elide in the middle: the quant and ".gguf" at the end stay visible.
+        self.model_label = ElidedLabel("No model loaded", mode=Qt.TextElideMode.ElideMiddle)
+        self.model_label.setAccessibleName("Loaded model")
+        self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.projector_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)
+        self.device_label = ElidedLabel()
+        self.device_label.setToolTip("Where the model runs and the memory it uses")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setMaximumWidth(220)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        self.models_button = QPushButton("Models…")
+        self.models_button.setToolTip("Recommended models, downloads and the models on this "
+                                      "computer (Ctrl+M)")
+        self.open_button = QPushButton("Open…")
+        self.open_button.setToolTip("Load a GGUF file (its mmproj projector beside it is "
+                                    "loaded too)")
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setToolTip("Free the memory the model uses")
+        self.unload_button.setEnabled(False)
+        self.model_combo = None  # the servers' model picker, added by the window when available
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 4)
+        text = QVBoxLayout()
+        text.setSpacing(0)
+        text.addWidget(self.model_label)
+        line = QHBoxLayout()
+        line.setSpacing(16)
+        line.addWidget(self.projector_label)
+        line.addWidget(self.device_label)
+        line.addStretch(1)
+        text.addLayout(line)
+        layout.addLayout(text, 1)
+        layout.addWidget(self.progress)
+        self.buttons = QHBoxLayout()
+        self.buttons.addWidget(self.models_button)
+        self.buttons.addWidget(self.open_button)
+        self.buttons.addWidget(self.unload_button)
+        layout.addLayout(self.buttons)
+
+    def show_loading(self, name: str) -> None:
+        self.model_label.setText(f"Loading {name}…")
+        self.model_label.setToolTip("")
+        self.model_label.setStyleSheet("")
+        self.progress.setValue(0)
+        self.progress.setFormat("%p %")
+        self.progress.show()
+        self.unload_button.setEnabled(False)
+
+    def show_progress(self, frac: float, what: str) -> None:
+        self.progress.setValue(int(1000 * max(0.0, min(1.0, frac))))
+        self.progress.setToolTip(what)
+        self.progress.setFormat(f"{what} %p %" if what else "%p %")
+
+    def show_info(self, info: EngineInfo | None) -> None:
+        self.progress.hide()
+        self.model_label.setStyleSheet("")
+        if info is None:
+            self.model_label.setText("No model loaded")
+            self.model_label.setToolTip("")
+            self.projector_label.setText("")
+            self.device_label.setText("")
+            self.unload_button.setEnabled(False)
+            return
+        if info.remote:
+            self.model_label.setText(f"<b>{escape(info.description)}</b>")
+            self.model_label.setToolTip(info.description)
+            self.projector_label.setText("server")
+            self.device_label.setText("")
+        else:
+            self.model_label.setText(f"<b>{escape(Path(info.model_path).name)}</b>")
+            self.model_label.setToolTip(info.model_path)
+            if info.mmproj_path:
+                self.projector_label.setText(f"Projector: {Path(info.mmproj_path).name}")
+                self.projector_label.setToolTip(info.mmproj_path)
+            else:
+                self.projector_label.setText("No projector (text only)")
+                self.projector_label.setToolTip(NO_VISION_HINT)
+            bits = [info.device]
+            if info.memory:
+                bits.append(info.memory)
+            if info.context_size:
+                bits.append(f"context {info.context_size}")
+            self.device_label.setText(" · ".join(bits))
+        self.unload_button.setEnabled(True)
+
+    def show_error(self, text: str) -> None:
+        self.progress.hide()
+        self.model_label.setText(text)
+        self.model_label.setToolTip(text)  # the whole message; the chat shows it too
+        self.model_label.setStyleSheet("color: #c62828;")
+
+
+def escape(text: str) -> str:
+    """Plain text made safe inside the bar's `<b>…</b>` labels."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

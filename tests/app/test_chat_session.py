@@ -1,0 +1,83 @@
+"""ChatSession, through the real window on the tiny model: every store write a reply makes
+(message, reply row, checkpoints, final text, what is left after a failure) happens on the
+engine worker's thread, never on the UI thread."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from support.app_window import MMPROJ, MODEL, close_window, make_window, send  # noqa: E402
+
+WRITES = ("create_chat", "add_message", "begin_reply", "checkpoint_reply", "finish_reply",
+          "delete_message", "truncate_after", "edit_message")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAMONTANE_DATA_DIR", str(tmp_path / "unused-default-data"))
+    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    w = make_window(qtbot, tmp_path / "data")
+    yield w
+    close_window(w)
+
+
+def record_writes(store, monkeypatch) -> list[tuple[str, str]]:
+    """(store method, thread name) for every reply write the store is asked for."""
+    calls: list[tuple[str, str]] = []
+    for name in WRITES:
+        original = getattr(store, name)
+
+        def wrapped(*args, _name=name, _original=original, **kwargs):
+            calls.append((_name, threading.current_thread().name))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, wrapped)
+    return calls
+
+
+def test_reply_writes_happen_on_the_worker(qtbot, window, monkeypatch):
+    calls = record_writes(window.store, monkeypatch)
+    ui = threading.current_thread().name
+    send(qtbot, window, "Hello")
+    send(qtbot, window, "And again")
+    with qtbot.waitSignal(window.replyFinished, timeout=30000):
+        window.regenerate()
+    user = next(m.id for m in window.store.get_chat(window.current_chat_id).messages if m.role == "user")
+    with qtbot.waitSignal(window.replyFinished, timeout=30000):
+        window.edit_and_resend(user, "Hello there")
+    names = {name for name, _ in calls}
+    assert {"create_chat", "add_message", "begin_reply", "checkpoint_reply", "finish_reply",
+            "truncate_after", "edit_message"} <= names
+    on_ui = [(name, thread) for name, thread in calls if thread == ui]
+    assert on_ui == [], on_ui
+    # What was written is what was shown, and complete.
+    last = window.store.get_chat(window.current_chat_id).messages[-1]
+    assert last.state == "complete" and last.text == window.view.widgets[-1].text
+
+
+def test_failed_reply_is_saved_on_the_worker(qtbot, tmp_path, monkeypatch):
+    """A failure after the reply row exists: the worker drops the empty reply and the UI only
+    shows the message."""
+    window = make_window(qtbot, tmp_path / "data")
+    try:
+        window.settings.context_length = 32
+        window.load_model(str(MODEL), str(MMPROJ))
+        qtbot.waitUntil(lambda: window.engine_info is not None and window.engine_info.context_size == 32,
+                        timeout=30000)
+        calls = record_writes(window.store, monkeypatch)
+        window.composer.edit.setPlainText("word " * 60)
+        with qtbot.waitSignal(window.replyFailed, timeout=30000):
+            window.composer.submit()
+        assert ("delete_message", threading.current_thread().name) not in calls
+        assert any(name == "delete_message" for name, _ in calls)
+        assert [m.role for m in window.store.get_chat(window.current_chat_id).messages] == ["user"]
+        assert "context length" in window.notices[window.current_chat_id]
+    finally:
+        close_window(window)
