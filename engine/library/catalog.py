@@ -20,6 +20,24 @@ class CatalogVariant:
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """The decoder's dimensions (the model's config.json), so that the device planner can
+    estimate where a model not yet downloaded would run."""
+
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool  # the output head reuses the token embedding
+
+
+SHAPE_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")
+
+
+@dataclass(frozen=True)
 class CatalogEntry:
     id: str
     name: str
@@ -32,6 +50,7 @@ class CatalogEntry:
     mmproj_size_gb: float | None
     gated: bool = False
     notes: str = ""
+    shape: ModelShape | None = None
 
     def variant(self, quant: str | None = None) -> CatalogVariant:
         if quant is None:
@@ -46,6 +65,20 @@ class CatalogEntry:
 
 def _catalog_error(where: str, what: str) -> HubError:
     return HubError(f"catalog.json: {where}: {what}", "bad_data")
+
+
+def _parse_shape(raw: Any, where: str) -> ModelShape | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _catalog_error(where, "expected an object")
+    for key in SHAPE_FIELDS:
+        value = raw.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise _catalog_error(f"{where}.{key}", "expected a whole number > 0")
+    if not isinstance(raw.get("tied"), bool):
+        raise _catalog_error(f"{where}.tied", "expected true or false")
+    return ModelShape(*(raw[k] for k in SHAPE_FIELDS), raw["tied"])
 
 
 def parse_catalog(data: Any) -> list[CatalogEntry]:
@@ -75,6 +108,7 @@ def parse_catalog(data: Any) -> list[CatalogEntry]:
             description=str(m.get("description", "")), variants=tuple(variants),
             mmproj_file=mmproj.get("file"), mmproj_size_gb=mmproj.get("size_gb"),
             gated=bool(m.get("gated", False)), notes=str(m.get("notes", "")),
+            shape=_parse_shape(m.get("shape"), f"{where}.shape"),
         ))
     return entries
 
