@@ -1,0 +1,121 @@
+"""Whether a model fits this machine, in words, from the engine's device planner
+(engine/runtime/device_map.py): for files on disk from their headers, for catalogue entries
+not yet downloaded from the catalogue's sizes and shapes; and Settings' "GPU layers: N" as
+the planner's manual map.
+
+Nothing here does its own memory arithmetic: an entry not yet downloaded becomes an estimated
+tensor inventory (its file size spread over its tensors by parameter count) handed to the same
+`model_sizes` and `plan_devices` a loaded file goes through.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from ..engine.api import EngineError
+from ..engine.library.catalog import CatalogEntry
+from ..engine.mistral3.config import TextConfig, VisionConfig
+from ..engine.runtime.device_map import (Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
+                                         plan_devices, plan_for_files)
+
+# The dialog's words for the planner's DevicePlan.fit, and for a PlanError.
+FIT_WORDS = {"gpu": "on the GPU", "partial": "partly on the CPU", "cpu": "on the CPU",
+             "too_big": "too big"}
+
+# Pixtral, the vision tower of Mistral Small 3.1 and of every Ministral 3 (their projectors
+# differ only in the output width, the decoder's hidden size). Used to size the activations
+# of an image for a projector not yet downloaded.
+PIXTRAL = dict(image_size=1540, patch_size=14, merge=2, hidden=1024, ffn=4096, n_layers=24, n_heads=16)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One model on this machine: `kind` is "gpu", "partial", "cpu" or "too_big"; `detail`
+    is the plan with its arithmetic, or the planner's reason it does not fit."""
+
+    kind: str
+    detail: str
+
+    @property
+    def words(self) -> str:
+        return FIT_WORDS[self.kind]
+
+
+def machine_for(machine: Machine, device: str) -> Machine:
+    """Settings' device "cpu" plans without the GPUs, as the engine then loads."""
+    return Machine((), machine.cpu) if device == "cpu" else machine
+
+
+def fit_of_sizes(sizes: ModelSizes, machine: Machine) -> Fit:
+    try:
+        plan = plan_devices(sizes, machine)
+    except PlanError as exc:
+        return Fit("too_big", str(exc))
+    return Fit(plan.fit, plan.explain())
+
+
+def fit_of_file(model_path: str | os.PathLike, mmproj_path: str | os.PathLike | None,
+                machine: Machine, device: str = "auto") -> Fit | None:
+    """The plan of a model file (and its projector) read from their headers; None when the
+    file is not a model the engine runs (loading it says why)."""
+    from ..engine.gguf import open_gguf
+
+    try:
+        with open_gguf(model_path) as gf:
+            plan = plan_for_files(gf, mmproj_path, "cpu" if device == "cpu" else "auto",
+                                  machine=machine)
+    except PlanError as exc:
+        return Fit("too_big", str(exc))
+    except (EngineError, OSError):
+        return None
+    return Fit(plan.fit, plan.explain())
+
+
+def catalog_sizes(entry: CatalogEntry, model_bytes: int, mmproj_bytes: int | None) -> ModelSizes:
+    """An estimated inventory of an entry not yet downloaded: `model_bytes` spread over its
+    tensors by parameter count (K-quant mixes differ by a few percent per tensor), the norms
+    in f32; the projector (when its size is known) as Pixtral with `mmproj_bytes`."""
+    s = entry.shape
+    if s is None:
+        raise ValueError(f"catalogue entry {entry.id!r} has no shape")
+    q_width, kv_width = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    layer_params = 2 * s.hidden * q_width + 2 * s.hidden * kv_width + 3 * s.hidden * s.ffn
+    table_params = s.vocab * s.hidden
+    norm_bytes = 4 * s.hidden * (2 * s.layers + 1)
+    matrix_params = s.layers * layer_params + table_params * (1 if s.tied else 2)
+    per_param = max(model_bytes - norm_bytes, 0) / matrix_params
+    tensors = {f"blk.{i}": _nbytes(layer_params * per_param + 8 * s.hidden) for i in range(s.layers)}
+    tensors["token_embd.weight"] = _nbytes(table_params * per_param)
+    tensors["output_norm.weight"] = _nbytes(4 * s.hidden)
+    if not s.tied:
+        tensors["output.weight"] = _nbytes(table_params * per_param)
+    cfg = TextConfig(arch="mistral3", n_layers=s.layers, hidden=s.hidden, n_heads=s.heads,
+                     n_kv_heads=s.kv_heads, head_dim=s.head_dim, v_head_dim=s.head_dim, ffn=s.ffn,
+                     vocab_size=s.vocab, norm_eps=1e-5, rope_theta=1e6, rope_dim=s.head_dim,
+                     context_length=0, tied_embeddings=s.tied)
+    name = entry.variants[0].file or entry.name
+    if not (entry.vision and mmproj_bytes):
+        return model_sizes(cfg, tensors, name)
+    vision = VisionConfig(eps=1e-5, mean=(0.5,) * 3, std=(0.5,) * 3, activation="silu", rope_theta=1e4,
+                          text_hidden=s.hidden, layout="llama.cpp", **PIXTRAL)
+    return model_sizes(cfg, tensors, name, vision, {"mmproj": _nbytes(mmproj_bytes)},
+                       entry.mmproj_file or "projector")
+
+
+def _nbytes(n: float) -> SimpleNamespace:
+    return SimpleNamespace(nbytes=int(n))
+
+
+def gpu_layers_device_map(model_path: str | os.PathLike, gpu_layers: int | None,
+                          device: str = "auto") -> str | None:
+    """Settings' "GPU layers: N" as the engine's manual map for this file ("cpu=10,cuda:0=30");
+    None for the automatic plan (no N, or the device setting is "cpu")."""
+    if gpu_layers is None or gpu_layers < 0 or device == "cpu":
+        return None
+    from ..engine.gguf import open_gguf
+    from ..engine.mistral3.config import text_config
+
+    with open_gguf(model_path) as gf:
+        n_layers = text_config(gf).n_layers
+    return ",".join(f"{name}={count}" for name, count in gpu_layers_map(n_layers, gpu_layers))
