@@ -18,6 +18,8 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
 from ...engine.api import SamplingParams
 
 DEVICES = ("auto", "cuda", "cpu")
+RECENT_MODELS = 10  # files the Models dialog lists as opened lately
+MAX_GPU_LAYERS = 999  # more than any model has; the engine keeps to the model's count
 
 
 # The engine needs top_p in (0, 1]: 0 would keep no token at all.
@@ -136,7 +138,50 @@ class AppSettings:
 
     @last_model.setter
     def last_model(self, paths: tuple[str, str]) -> None:
+        """Also remembered in `recent_models`, which the Models dialog lists."""
         self._set("last_model", [str(paths[0]), str(paths[1] or "")])
+        self.recent_models = [str(paths[0])] + [p for p in self.recent_models if p != str(paths[0])]
+
+    @property
+    def recent_models(self) -> list[str]:
+        """Model files loaded lately (File → Open model included), newest first."""
+        value = self._get("recent_models")
+        if not isinstance(value, list):
+            return []
+        return [p for p in value if isinstance(p, str) and p][:RECENT_MODELS]
+
+    @recent_models.setter
+    def recent_models(self, paths: list[str]) -> None:
+        self._set("recent_models", [str(p) for p in paths][:RECENT_MODELS])
+
+    @property
+    def gpu_layers(self) -> int | None:
+        """Settings' "GPU layers: N" (the last N layers on the GPU, the rest on the CPU);
+        None: the planner decides (auto)."""
+        n = self._int("gpu_layers", -1)
+        return n if n >= 0 else None
+
+    @gpu_layers.setter
+    def gpu_layers(self, n: int | None) -> None:
+        self._set("gpu_layers", -1 if n is None or n < 0 else int(n))
+
+    @property
+    def models_tab(self) -> int:
+        """The Models dialog's tab shown last."""
+        return max(0, self._int("models_tab"))
+
+    @models_tab.setter
+    def models_tab(self, index: int) -> None:
+        self._set("models_tab", int(index))
+
+    @property
+    def import_copy(self) -> bool:
+        """The Models dialog's "copy into the models folder" choice for imports."""
+        return self._get("import_copy", False) is True
+
+    @import_copy.setter
+    def import_copy(self, copy: bool) -> None:
+        self._set("import_copy", bool(copy))
 
     @property
     def last_chat_id(self) -> int | None:
@@ -167,7 +212,7 @@ class AppSettings:
 
 
 class SettingsDialog(QDialog):
-    """Default system prompt, sampling, context length, device, models folder."""
+    """Default system prompt, sampling, context length, device, GPU layers, models folder."""
 
     def __init__(self, settings: AppSettings, parent: QWidget | None = None, *, servers_dialog=None):
         super().__init__(parent)
@@ -197,6 +242,13 @@ class SettingsDialog(QDialog):
         self.device.addItems(DEVICES)
         self.device.setCurrentText(settings.device)
         self.device.setToolTip("auto = the GPU when there is one. Applies at the next model load.")
+        self.gpu_layers = self._int(-1, MAX_GPU_LAYERS, -1 if settings.gpu_layers is None else settings.gpu_layers,
+                                    "How many of the model's layers run on the GPU; the others run on "
+                                    "the CPU. auto = as many as fit, planned from the file before "
+                                    "loading. Applies at the next model load.")
+        self.gpu_layers.setSpecialValueText("auto")
+        self.device.currentTextChanged.connect(lambda d: self.gpu_layers.setEnabled(d != "cpu"))
+        self.gpu_layers.setEnabled(settings.device != "cpu")
         self.models_dir = QLineEdit(settings.models_dir)
         self.models_dir.setPlaceholderText("default")
         browse = QPushButton("Browse…")
@@ -219,6 +271,7 @@ class SettingsDialog(QDialog):
         form.addRow("S&eed:", self.seed)
         form.addRow("&Context length:", self.context_length)
         form.addRow("&Device:", self.device)
+        form.addRow("&GPU layers:", self.gpu_layers)
         form.addRow("Models &folder:", folder)
         form.labelForField(folder).setBuddy(self.models_dir)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -272,5 +325,6 @@ class SettingsDialog(QDialog):
         self.settings.default_system_prompt = self.system_prompt.toPlainText()
         self.settings.context_length = self.context_length.value()
         self.settings.device = self.device.currentText()
+        self.settings.gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None
         self.settings.models_dir = folder
         super().accept()

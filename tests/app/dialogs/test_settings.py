@@ -35,3 +35,47 @@ def test_every_sampling_value_the_dialog_allows_is_accepted_by_the_engine(qtbot,
 def test_a_stored_zero_top_p_falls_back_to_the_default():
     assert Sampling.from_dict({"top_p": 0.0}).top_p == Sampling().top_p
     check_params(Sampling.from_dict({"top_p": 0.0, "temperature": 0.0}).params())
+
+
+def test_gpu_layers_is_auto_by_default_and_kept_as_set(qtbot, settings):
+    assert settings.gpu_layers is None
+    dialog = SettingsDialog(settings)
+    qtbot.addWidget(dialog)
+    assert dialog.gpu_layers.text() == "auto" and dialog.gpu_layers.isEnabled()
+    dialog.gpu_layers.setValue(20)
+    dialog.accept()
+    assert settings.gpu_layers == 20
+    again = SettingsDialog(settings)
+    qtbot.addWidget(again)
+    assert again.gpu_layers.value() == 20
+    again.gpu_layers.setValue(again.gpu_layers.minimum())  # back to auto
+    again.device.setCurrentText("cpu")
+    assert not again.gpu_layers.isEnabled()  # a CPU-only load has no GPU layers
+    again.accept()
+    assert settings.gpu_layers is None and settings.device == "cpu"
+
+
+@pytest.mark.parametrize("stored", ["12", True, -5, 2.5, None])
+def test_a_bad_stored_gpu_layers_is_auto(settings, stored):
+    settings.store.set_setting("app.gpu_layers", stored)
+    assert settings.gpu_layers is None
+
+
+def test_loaded_models_are_remembered_newest_first(settings):
+    for i in range(12):
+        settings.last_model = (f"/models/m{i}.gguf", "")
+    settings.last_model = ("/models/m5.gguf", "/models/mmproj.gguf")
+    recent = settings.recent_models
+    assert recent[:3] == ["/models/m5.gguf", "/models/m11.gguf", "/models/m10.gguf"]
+    assert len(recent) == 10 and len(set(recent)) == 10
+    settings.store.set_setting("app.recent_models", ["/a.gguf", 3, "", None])
+    assert settings.recent_models == ["/a.gguf"]
+
+
+def test_models_dialog_choices_round_trip(settings):
+    assert (settings.models_tab, settings.import_copy) == (0, False)
+    settings.models_tab, settings.import_copy = 2, True
+    assert (settings.models_tab, settings.import_copy) == (2, True)
+    settings.store.set_setting("app.models_tab", "two")
+    settings.store.set_setting("app.import_copy", "yes")
+    assert (settings.models_tab, settings.import_copy) == (0, False)
