@@ -22,6 +22,33 @@ def _cli(args: list[str]) -> int:
     return main(args)
 
 
+def _probe_startup(launched: str) -> None:
+    """TRAMONTANE_STARTUP_PROBE=<launch time, seconds since the epoch>: once the main window is
+    visible (shown and exposed, the event loop running) print how long that took after launch,
+    then quit. The packaging smoke test measures the start time with it.
+
+    The QApplication made here is the one app/main.py's run_app takes (QApplication.instance())."""
+    import time
+
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    t0 = float(launched)
+    app = QApplication.instance() or QApplication(sys.argv)
+
+    def check() -> None:
+        shown = [w for w in app.topLevelWidgets()
+                 if w.isVisible() and w.windowHandle() is not None and w.windowHandle().isExposed()]
+        if not shown:
+            QTimer.singleShot(5, check)
+            return
+        print(f"startup: window visible {time.time() - t0:.2f} s after launch "
+              f"({type(shown[0]).__name__}, '{app.platformName()}')", flush=True)
+        app.quit()
+
+    QTimer.singleShot(0, check)
+
+
 def _main() -> int:
     args = sys.argv[1:]
     if os.path.basename(sys.argv[0]).lower().startswith("tramontane-cli"):
@@ -35,6 +62,8 @@ def _main() -> int:
 
         print(f"Tramontane {__version__}")
         return 0
+    if os.environ.get("TRAMONTANE_STARTUP_PROBE"):
+        _probe_startup(os.environ["TRAMONTANE_STARTUP_PROBE"])
     from tramontane.app.main import main
 
     return main()
