@@ -584,7 +584,7 @@ class Mistral3Text:
 
     def _ensure_rope(self, n: int) -> None:
         """Tables for n positions on every segment's (device, dtype); `rope` is the last one's."""
-        if self.rope is None or self.rope.length < n:
+        if any(seg.rope is None or seg.rope.length < n for seg in self.segments):
             built: dict[tuple, RopeTables] = {}
             for seg in self.segments:
                 key = (seg.device, seg.dtype)
