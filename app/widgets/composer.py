@@ -4,7 +4,11 @@ remove button.
 
 Every attachment is checked before it is accepted, reading only the file header: not an
 image, an empty file, a file too big, or more pixels than the engine will decode all give a
-message that names the file and says what is wrong, and nothing is attached.
+message that names the file and says what is wrong, and nothing is attached. Then it is
+decoded exactly as the engine will decode it (small images at once, larger ones off the UI
+thread): a file whose header reads but whose pixels do not (truncated, corrupt) is refused or
+taken off again with its error, so it never becomes part of a conversation (where every later
+turn would fail on it). A send asked for while a check runs waits for it.
 """
 from __future__ import annotations
 
@@ -18,10 +22,12 @@ from PySide6.QtGui import QIcon, QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QSizePolicy, QToolButton, QVBoxLayout, QWidget)
 
-from ...engine.api import ImagePart
-from ...engine.mistral3.image import MAX_IMAGE_PIXELS
+from ...engine.api import EngineError, ImagePart
+from ...engine.mistral3.image import MAX_IMAGE_PIXELS, decode_image
+from ..jobs import Jobs
 
 MAX_IMAGE_BYTES = 50 << 20
+DECODE_NOW_PIXELS = 1 << 20  # decoding this many pixels takes a few ms: done on attaching
 IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)"
 THUMB = 56
 
@@ -185,6 +191,9 @@ class Composer(QFrame):
         self.chips: list[AttachmentChip] = []
         self.vision_enabled = True
         self.vision_hint = ""
+        self.jobs = Jobs(self)
+        self.checking: set[str] = set()  # sha256 of attached images still being decoded
+        self.send_when_checked = False
 
         self.edit = PromptEdit()
         self.edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
@@ -274,13 +283,38 @@ class Composer(QFrame):
         if any(im.sha256 == image.sha256 for im in self.images):
             self.show_message(f"{image.name}: already attached", error=False)
             return False
+        if size[0] * size[1] <= DECODE_NOW_PIXELS:
+            try:
+                decode_image(image.data, image.name)
+            except EngineError as exc:
+                self.show_message(str(exc))
+                return False
         chip = AttachmentChip(image, size)
         chip.removed.connect(self.remove_chip)
         self.chip_row.insertWidget(self.chip_row.count() - 1, chip)
         self.chips.append(chip)
         self.images.append(image)
         self.chip_box.show()
+        if size[0] * size[1] > DECODE_NOW_PIXELS:
+            self._decode_in_background(image)
         return True
+
+    def _decode_in_background(self, image: ImagePart) -> None:
+        key = image.sha256
+        self.checking.add(key)
+        self.jobs.run(lambda: decode_image(image.data, image.name) and None,
+                      lambda _result: self._decoded(key, None), lambda error: self._decoded(key, error))
+
+    def _decoded(self, key: str, error: str | None) -> None:
+        self.checking.discard(key)
+        if error is not None:
+            self.send_when_checked = False  # the user meant to send it with this picture
+            for chip in [c for c in self.chips if c.image.sha256 == key]:
+                self.remove_chip(chip)
+            self.show_message(error)
+        elif self.send_when_checked and not self.checking:
+            self.send_when_checked = False
+            self.submit()
 
     def add_files(self, paths: list[str]) -> int:
         """Attach image files; returns how many were accepted. Errors are shown, joined."""
@@ -365,6 +399,9 @@ class Composer(QFrame):
             return
         text = self.edit.toPlainText()
         if not text.strip() and not self.images:
+            return
+        if self.checking:
+            self.send_when_checked = True
             return
         self.sendRequested.emit(text, list(self.images))
 
