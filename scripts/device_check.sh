@@ -105,6 +105,9 @@ run_sections() {
     section model-bench 150 "$PY" bench/model.py --shape mistral-small --mix q4_k_m --prompts 512 --decode 64
     # vision: encode time of 640x480 and 1540x1540 on a real-shaped tower, vs HF on the same weights
     section vision-bench 60 "$PY" bench/vision.py --shape real --device cuda --dtype f16 --repeat 3
+    # device map: decode with half the layers on the CPU vs whole on the GPU, boundary copies' share
+    # of a step (< 3 %); the CUDA+CPU split correctness tests run in cuda-tests (test_split.py)
+    section split-bench 75 "$PY" bench/split.py --device cuda --shape ministral-3b --prompt 32 --steps 12
     # (add `section NAME SECONDS command...` lines here; keep the total <= ~9 min)
 }
 

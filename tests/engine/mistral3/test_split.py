@@ -218,4 +218,10 @@ def test_cuda_cpu_split_matches_the_gpu_model(name):
         outs.append(generate(m, cache, m.embed(ids[:16]), params, tokenizer).token_ids)
         if m is split:
             assert cache._decode_graphs is not None and any(k[0] == 1 for k in cache._decode_graphs.graphs)
-    assert outs[0] == outs[1]
+    if outs[0] != outs[1]:
+        # Only a near-tie may flip in bf16: at the first difference the whole-GPU model's two
+        # candidates must be within the tolerance of each other.
+        n = next(i for i, (a, b) in enumerate(zip(*outs)) if a != b)
+        ref = gpu.logits(torch.cat([ids[:16], torch.tensor(outs[0][:n], dtype=torch.long)]), all_logits=True)[-1]
+        gap = (ref[outs[0][n]] - ref[outs[1][n]]).item()
+        assert gap <= 0.03 * ref.abs().max().item() + 0.03, f"greedy differs at step {n} by {gap}"
