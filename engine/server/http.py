@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 ENDPOINTS = "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
 COMPLETIONS_SESSION = ConversationKeys.PREFIX + "completions"  # raw prompts share one KV entry
 _END = object()  # the job is done (after its last piece)
+STREAM_BATCH_S = 0.02  # streamed text after the first piece reaches the client at most this much later
 
 
 @dataclass(frozen=True)
@@ -307,9 +308,29 @@ class OpenAIServer:
         events: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
 
-        def post(piece: str) -> None:  # engine thread -> event loop
+        # Pieces cross from the engine thread in batches: the first piece of a batch wakes the
+        # loop, which takes the batch STREAM_BATCH_S later with whatever arrived meanwhile, so a
+        # fast engine is not slowed by a thread hand-over (and the GIL going back and forth)
+        # per token. The reply's first piece goes at once (time to first token).
+        arrived: list[str] = []
+        lock = threading.Lock()
+        delay = [0.0]
+
+        def hand_over() -> None:  # on the loop
+            with lock:
+                text = "".join(arrived)
+                arrived.clear()
+            if text:
+                events.put_nowait(text)
+
+        def post(piece: str) -> None:  # engine thread
+            with lock:
+                arrived.append(piece)
+                if len(arrived) > 1:
+                    return  # a hand-over is already on its way and will take this piece too
             try:
-                loop.call_soon_threadsafe(events.put_nowait, piece)
+                loop.call_soon_threadsafe(loop.call_later, delay[0], hand_over)
+                delay[0] = STREAM_BATCH_S
             except RuntimeError:  # the server stopped: nobody is listening any more
                 cancel.set()
 
@@ -322,6 +343,7 @@ class OpenAIServer:
 
         def done() -> None:  # on the loop, after every piece the job posted
             self._pending -= 1
+            hand_over()  # the last batch now, not after its delay
             events.put_nowait(_END)
             if not future.cancelled() and future.exception() is None:  # finished, even if cut
                 result = future.result()[0]
@@ -388,11 +410,11 @@ class OpenAIServer:
 
         item = first
         while item is not _END:
-            batch = []
-            while item is not None and item is not _END:  # what arrived meanwhile: one write
-                batch.append(_sse(piece(item)))
+            texts = []
+            while item is not None and item is not _END:  # what arrived meanwhile: one chunk
+                texts.append(item)
                 item = events.get_nowait() if not events.empty() else None
-            await response.write(b"".join(batch))
+            await response.write(_sse(piece("".join(texts))))
             if item is None:
                 item = await events.get()
         try:
