@@ -43,6 +43,13 @@ class PendingReply:
     stats: GenerationStats | None = field(default=None)
 
 
+def finish_reason(stats: GenerationStats) -> str:
+    """The engine's reason, with 'length' split: 'context_full' when the reply stopped because
+    the conversation filled the context, not because it reached Max tokens."""
+    full = stats.context_size and stats.prompt_tokens + stats.generated_tokens >= stats.context_size
+    return "context_full" if stats.finish_reason == "length" and full else stats.finish_reason
+
+
 class ChatSession(QObject):
     """The open chat, the reply being written, and every change to the chats."""
 
@@ -226,7 +233,7 @@ class ChatSession(QObject):
 
         def finish(message_id: int, result: GenerationResult, so_far: str) -> None:
             text = result.text if result.text or not so_far else so_far
-            store.finish_reply(message_id, text, result.stats)
+            store.finish_reply(message_id, text, result.stats, finish_reason=finish_reason(result.stats))
 
         def fail(message_id: int, so_far: str) -> None:
             if so_far:  # keep what was written, marked as an error

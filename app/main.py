@@ -105,6 +105,11 @@ def run_app(args: argparse.Namespace, argv: list[str]) -> int:
     from .window import MainWindow
 
     app = QApplication.instance() or QApplication(argv)
+    from .single_instance import ask_running_instance
+    from .store import default_data_dir
+
+    if ask_running_instance(args.data_dir or default_data_dir()):
+        return 0  # the running app shows its window instead
     app.setApplicationName(APP_NAME)
     app.setOrganizationName(APP_NAME)
     app.setDesktopFileName("tramontane")

@@ -10,13 +10,14 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, Signal, Slot
-from PySide6.QtGui import QAction, QFont, QKeySequence
+from PySide6.QtGui import QAction, QFont, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout,
                                QInputDialog, QLabel, QLineEdit, QListView, QMainWindow, QMessageBox,
                                QPlainTextEdit, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
                                QWidget)
 
 from .chat_session import LOAD_FIRST_HINT, ChatSession
+from .single_instance import InstanceServer
 from .dialogs.servers import EngineChoiceCombo, ServersDialog
 from .dialogs.settings import AppSettings, SettingsDialog
 from .servers import EngineChoice, ServerList, engine_for_choice
@@ -52,6 +53,7 @@ class MainWindow(QMainWindow):
         self.settings = AppSettings(self.store)
         self.setWindowTitle("Tramontane")
         self.dark = is_dark()
+        self._load_errors: set[str] = set()  # load failures shown as chat notices
 
         warm_up_imports()
         self.worker = EngineWorker()
@@ -61,7 +63,7 @@ class MainWindow(QMainWindow):
         self.worker.unloaded.connect(self._on_unloaded)
         self.session = ChatSession(self.store, self.settings, self.worker, self)
         self.session.changed.connect(self._on_chat_changed)
-        self.session.listChanged.connect(self.refresh_chat_list)
+        self.session.listChanged.connect(self._on_list_changed)
         self.session.streamed.connect(self._on_streamed)
         self.session.busyChanged.connect(self._on_busy_changed)
         self.session.unsent.connect(self._on_unsent)
@@ -69,6 +71,9 @@ class MainWindow(QMainWindow):
         self.session.replyFinished.connect(self.replyFinished)
         self.session.replyFailed.connect(self.replyFailed)
         self.worker.start()
+        # A second launch on this data dir asks us to come to the front (see main.run_app).
+        self.instance_server = InstanceServer(self.store.data_dir, self)
+        self.instance_server.raiseRequested.connect(self.bring_to_front)
 
         self._build()
         self._build_menus()
@@ -239,7 +244,8 @@ class MainWindow(QMainWindow):
                "or Markdown")
         action(chat, "&Import…", self.import_selected)
         chat.addSeparator()
-        action(chat, "Regenerate the last reply", lambda: self.regenerate(None), "Ctrl+R")
+        self.regenerate_action = action(chat, "Regenerate the last reply", lambda: self.regenerate(None),
+                                        "Ctrl+R")
         # Enabled only while a reply is written, so Esc stays free for dialogs and editors.
         self.stop_action = action(chat, "&Stop the reply", self.stop, "Esc")
         self.stop_action.setEnabled(False)
@@ -247,16 +253,17 @@ class MainWindow(QMainWindow):
         action(chat, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         for a in (self.rename_action, self.pin_action, self.delete_action):
             self.chat_list.addAction(a)
-        delete_key = QAction(self.chat_list)
-        delete_key.setShortcut(QKeySequence(QKeySequence.StandardKey.Delete))
-        delete_key.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
-        delete_key.triggered.connect(self.delete_selected)
-        self.chat_list.addAction(delete_key)
+        # Del deletes in the list only (in the message box it deletes text). A QShortcut, not
+        # an action: the list's context menu shows its actions, and this one has no label.
+        delete_key = QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.chat_list)
+        delete_key.setContext(Qt.ShortcutContext.WidgetShortcut)
+        delete_key.activated.connect(self.delete_selected)
 
         model = self.menuBar().addMenu("&Model")
         action(model, "&Models…", lambda: self.open_model_manager(), "Ctrl+M")
         action(model, "&Open GGUF file…", self.open_model_file, "Ctrl+O")
-        action(model, "&Unload", self.unload_model)
+        self.unload_action = action(model, "&Unload", self.unload_model)
+        self.unload_action.setEnabled(False)
 
         view = self.menuBar().addMenu("&View")
         action(view, "Zoom &in", lambda: self.zoom(+1), QKeySequence.StandardKey.ZoomIn)
@@ -331,12 +338,18 @@ class MainWindow(QMainWindow):
         if chat_id is not None and chat_id != self.current_chat_id:
             self.open_chat(chat_id)
 
+    def _on_list_changed(self) -> None:
+        self.composer.show_message("")  # a hint about the last attachment is stale now
+        self.refresh_chat_list()
+
     def refresh_chat_list(self) -> None:
         """Reread the chat list (titles, order, pins) and highlight the open chat."""
         self.chat_model.refresh()
         self._select_current_in_list()
 
     def open_chat(self, chat_id: int | None) -> None:
+        if chat_id != self.current_chat_id:
+            self.composer.show_message("")
         self.session.current_chat_id = chat_id
         if chat_id is not None:
             self.settings.last_chat_id = chat_id
@@ -432,6 +445,7 @@ class MainWindow(QMainWindow):
     def export_chat(self, chat_id: int, path: str | Path) -> Path | None:
         """JSON (re-importable) or, for a .md path, Markdown with the images beside it."""
         result = self.session.export_chat(chat_id, path)
+        self.composer.show_message("")
         if result is not None:
             self.status_label.setText(f"Saved {result}")
         return result
@@ -529,9 +543,11 @@ class MainWindow(QMainWindow):
 
     def _update_busy(self) -> None:
         busy = self.pending is not None
-        self.composer.set_busy(busy, can_regenerate=self.session.can_regenerate())
+        can_regenerate = self.session.can_regenerate()
+        self.composer.set_busy(busy, can_regenerate=can_regenerate)
         if hasattr(self, "stop_action"):
             self.stop_action.setEnabled(busy)
+            self.regenerate_action.setEnabled(can_regenerate)
         self.status_label.setText("Writing…" if busy else "")
 
     def _show_status(self, text: str) -> None:
@@ -667,6 +683,13 @@ class MainWindow(QMainWindow):
         self.model_bar.show_info(info)
         if self.composer.message.text() == LOAD_FIRST_HINT:  # no longer true
             self.composer.show_message("")
+        # Load failures shown in chats are no longer true either.
+        for chat_id, text in list(self.notices.items()):
+            if text in self._load_errors:
+                del self.notices[chat_id]
+        if self._load_errors:
+            self._load_errors.clear()
+            self.refresh_view()
         self._update_model_state()
         self.modelLoaded.emit(info)
 
@@ -674,8 +697,10 @@ class MainWindow(QMainWindow):
     def _on_load_failed(self, message: str) -> None:
         self.session.loading = None
         self.session.engine_info = None
+        self.model_bar.show_info(None)  # the previous model is gone: no stale projector/device line
         self.model_bar.show_error(message)
         self.notices[self.current_chat_id] = message
+        self._load_errors.add(message)
         self._update_model_state()
         self.refresh_view()
 
@@ -690,6 +715,7 @@ class MainWindow(QMainWindow):
     def _update_model_state(self) -> None:
         info = self.engine_info
         vision = info is not None and info.has_vision
+        self.unload_action.setEnabled(info is not None)
         if info is None and self.loading:
             self.composer.set_vision(False, "The model is still loading")
         else:
@@ -740,8 +766,17 @@ class MainWindow(QMainWindow):
         self.composer.add_mime(event.mimeData())
         event.acceptProposedAction()
 
+    def bring_to_front(self) -> None:
+        """Show the window, restored and raised (another launch asked for it)."""
+        if self.isMinimized():
+            self.showNormal()
+        self.show()
+        self.raise_()
+        self.activateWindow()
+
     # ------------------------------------------------------------------ closing
     def closeEvent(self, event) -> None:  # noqa: N802
+        self.instance_server.close()
         # Stop the reply; the worker saves what it has (finish reason 'cancelled') before
         # its thread ends, so nothing written is lost.
         self.session.abandon()

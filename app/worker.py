@@ -43,7 +43,9 @@ class EngineInfo:
     mmproj_path: str = ""
     device: str = ""  # cpu / cuda / remote
     memory: str = ""  # words, e.g. "1.2 GB GPU" ('' when unknown)
-    context_size: int = 0
+    context_size: int = 0  # the context the engine uses
+    context_limit: int = 0  # the model file's own limit (0 unknown)
+    context_asked: int = 0  # the context length Settings asked for (0: the default)
     remote: bool = False
 
 
@@ -124,7 +126,7 @@ def _leave_a_core_for_the_ui(device: str) -> None:
             torch.set_num_threads(cores - 1)
 
 
-def describe_engine(engine, model_path: str = "", mmproj_path: str = "") -> EngineInfo:
+def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context_asked: int = 0) -> EngineInfo:
     from ..engine.remote.client import RemoteEngine
 
     if isinstance(engine, RemoteEngine):
@@ -139,6 +141,8 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "") -> Engi
         device=device,
         memory=_memory_words(device) if device != "remote" else "",
         context_size=int(getattr(engine, "context_size", 0) or 0),
+        context_limit=int(getattr(getattr(getattr(engine, "model", None), "cfg", None), "context_length", 0) or 0),
+        context_asked=context_asked,
         remote=device == "remote",
     )
 
@@ -248,7 +252,7 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"{Path(model_path).name}: cannot load: {type(exc).__name__}: {exc}")
             return
         self.engine = engine
-        self.loaded.emit(describe_engine(engine, model_path, mmproj_path))
+        self.loaded.emit(describe_engine(engine, model_path, mmproj_path, context_length))
 
     @Slot(object)
     def _use_engine(self, engine) -> None:

@@ -24,6 +24,17 @@ RENDER_INTERVAL_MS = 50
 THUMB_SIZE = 96
 
 
+CONTEXT_FULL_ADVICE = ("context full: branch from an earlier message or start a new chat to go on, "
+                       "or raise the context length in Settings")
+
+
+def context_used(stats) -> int:
+    """The tokens a conversation holds after a reply: its prompt and the reply. The same number
+    whether read from live stats or from the stored message, so a reopened chat says what the
+    live one said."""
+    return (stats.prompt_tokens or 0) + (stats.generated_tokens or 0)
+
+
 def status_text(message, live: GenerationStats | None = None) -> str:
     """'12.3 tok/s · TTFT 0.21 s · context 345 / 4096 · 120 reused' for a finished reply."""
     parts = []
@@ -33,6 +44,8 @@ def status_text(message, live: GenerationStats | None = None) -> str:
         parts.append("interrupted (the app closed while it was written)")
     elif reason == "cancelled":
         parts.append("stopped")
+    elif reason == "context_full":
+        parts.append(CONTEXT_FULL_ADVICE)
     elif reason == "length":
         parts.append("max tokens reached")
     elif reason == "error":
@@ -44,9 +57,9 @@ def status_text(message, live: GenerationStats | None = None) -> str:
     if ttft:
         parts.append(f"TTFT {ttft:.2f} s")
     if live and live.context_size:
-        parts.append(f"context {live.context_used} / {live.context_size}")
+        parts.append(f"context {context_used(live)} / {live.context_size}")
     elif message.prompt_tokens:
-        parts.append(f"context {message.prompt_tokens + message.generated_tokens}")
+        parts.append(f"context {context_used(message)}")
     reused = live.reused_tokens if live else message.reused_tokens
     if message.prompt_tokens or (live and live.prompt_tokens):
         parts.append(f"{reused} reused from cache")

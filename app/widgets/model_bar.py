@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout,
+                               QWidget)
 
 from ..worker import EngineInfo
 from .elided_label import ElidedLabel
@@ -25,7 +26,6 @@ class ModelBar(QFrame):
         self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.projector_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)
         self.device_label = ElidedLabel()
-        self.device_label.setToolTip("Where the model runs and the memory it uses")
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(220)
@@ -48,9 +48,12 @@ class ModelBar(QFrame):
         text.addWidget(self.model_label)
         line = QHBoxLayout()
         line.setSpacing(16)
-        line.addWidget(self.projector_label)
-        line.addWidget(self.device_label)
-        line.addStretch(1)
+        # When the line is short of room the projector's name is cut, not where the model
+        # runs: the layout ignores the projector's wish, so the device line gets its whole
+        # width first and the projector the rest.
+        self.projector_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        line.addWidget(self.projector_label, 1)
+        line.addWidget(self.device_label, 0)
         text.addLayout(line)
         layout.addLayout(text, 1)
         layout.addWidget(self.progress)
@@ -82,6 +85,7 @@ class ModelBar(QFrame):
             self.model_label.setToolTip("")
             self.projector_label.setText("")
             self.device_label.setText("")
+            self.device_label.setToolTip("")
             self.unload_button.setEnabled(False)
             return
         if info.remote:
@@ -98,12 +102,8 @@ class ModelBar(QFrame):
             else:
                 self.projector_label.setText("No projector (text only)")
                 self.projector_label.setToolTip(NO_VISION_HINT)
-            bits = [info.device]
-            if info.memory:
-                bits.append(info.memory)
-            if info.context_size:
-                bits.append(f"context {info.context_size}")
-            self.device_label.setText(" · ".join(bits))
+            self.device_label.setText(device_line(info))
+            self.device_label.setToolTip(device_tip(info))
         self.unload_button.setEnabled(True)
 
     def show_error(self, text: str) -> None:
@@ -111,6 +111,35 @@ class ModelBar(QFrame):
         self.model_label.setText(text)
         self.model_label.setToolTip(text)  # the whole message; the chat shows it too
         self.model_label.setStyleSheet("color: #c62828;")
+
+
+def context_words(info: EngineInfo) -> str:
+    """'context 256', and when Settings asked for more than the file allows, says so."""
+    if not info.context_size:
+        return ""
+    if info.context_asked > info.context_size:
+        return f"context {info.context_size} (the file's limit; Settings asks {info.context_asked})"
+    return f"context {info.context_size}"
+
+
+def device_line(info: EngineInfo) -> str:
+    """'cpu · 551.9 MB RAM · context 256': where it runs, the memory it takes, its context."""
+    memory = info.memory.replace(" (process)", "")
+    return " · ".join(bit for bit in (info.device, memory, context_words(info)) if bit)
+
+
+def device_tip(info: EngineInfo) -> str:
+    lines = [device_line(info), f"Runs on: {info.device}"]
+    if info.memory:
+        lines.append(f"Memory: {info.memory}")
+    if info.context_size:
+        lines.append(f"Context: {info.context_size} tokens")
+        if info.context_limit:
+            lines.append(f"The model file allows up to {info.context_limit} tokens")
+        if info.context_asked > info.context_size:
+            lines.append(f"Settings asks {info.context_asked}: more than the file allows, so "
+                         f"{info.context_size} is used")
+    return "\n".join(lines)
 
 
 def escape(text: str) -> str:

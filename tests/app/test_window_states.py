@@ -1,0 +1,230 @@
+"""States that used to go stale or lie (issue 18's nine fixes), each through the real window on
+the tiny fixture model."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtWidgets import QInputDialog, QLabel, QMessageBox  # noqa: E402
+
+from support import FIXTURES  # noqa: E402
+from support.app_window import MMPROJ, MODEL, close_window, make_window, png_bytes, send  # noqa: E402
+from tramontane.app import main as app_main  # noqa: E402
+from tramontane.app.chat_session import LOAD_FIRST_HINT  # noqa: E402
+
+OTHER_MODEL = FIXTURES / "mistral3_q256-Q4_K_M.gguf"  # hidden size 256: the tiny projector is foreign
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAMONTANE_DATA_DIR", str(tmp_path / "unused-default-data"))
+    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    w = make_window(qtbot, tmp_path / "data")
+    yield w
+    close_window(w)
+
+
+def load(qtbot, window, model, mmproj=""):
+    window.load_model(str(model), str(mmproj))
+    qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
+
+
+def shown(label) -> str:
+    """What an ElidedLabel shows on screen (its text() is the whole text)."""
+    return QLabel.text(label)
+
+
+def context_count(status: str) -> int:
+    return int(re.search(r"context (\d+)", status).group(1))
+
+
+# 1 -------------------------------------------------------------------------------------------
+def test_a_failed_load_leaves_no_stale_header(qtbot, window, tmp_path):
+    assert window.model_bar.projector_label.text() and window.model_bar.device_label.text()
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00 truncated")
+    load(qtbot, window, bad)
+    bar = window.model_bar
+    assert window.engine_info is None
+    assert "broken.gguf" in bar.model_label.text()
+    assert bar.projector_label.text() == "" and bar.device_label.text() == ""
+    assert not bar.unload_button.isEnabled() and not window.unload_action.isEnabled()
+    window.composer.edit.setPlainText("hello?")
+    window.composer.submit()
+    assert window.composer.message.text() == LOAD_FIRST_HINT
+
+
+# 2 -------------------------------------------------------------------------------------------
+def test_a_load_error_in_the_chat_goes_once_a_model_loads(qtbot, window):
+    send(qtbot, window, "Hi")
+    load(qtbot, window, OTHER_MODEL, MMPROJ)  # a projector of another model: refused
+    assert window.engine_info is None
+    assert window.view.notice.isVisible() and "projector" in window.view.notice.text()
+    load(qtbot, window, MODEL, MMPROJ)
+    assert window.engine_info is not None
+    assert not window.view.notice.isVisible() and window.notices == {}
+
+
+def test_the_composer_hint_does_not_outlive_a_chat_action(qtbot, tmp_path, monkeypatch):
+    window = make_window(qtbot, tmp_path / "data", mmproj=False)
+    try:
+        image = tmp_path / "photo.png"
+        image.write_bytes(png_bytes(16, 16))
+        first = (send(qtbot, window, "Hi"), window.current_chat_id)[1]
+        window.new_chat()
+        send(qtbot, window, "Hello")
+
+        def hint_shown() -> bool:
+            window.composer.add_files([str(image)])  # no projector: refused with a hint
+            return "projector" in window.composer.message.text()
+
+        monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed", True))
+        actions = {
+            "switch chat": lambda: window.open_chat(first),
+            "new chat": window.new_chat,
+            "rename": window.rename_selected,
+            "branch": window.branch_selected,
+            "export": lambda: window.export_chat(window.current_chat_id, tmp_path / "chat.json"),
+        }
+        for what, act in actions.items():
+            if window.current_chat_id is None:
+                window.open_chat(first)
+            assert hint_shown(), what
+            act()
+            assert window.composer.message.text() == "", what
+    finally:
+        close_window(window)
+
+
+# 3 -------------------------------------------------------------------------------------------
+def test_the_chat_list_menu_has_no_unlabelled_entry_and_del_still_deletes(qtbot, window, monkeypatch):
+    send(qtbot, window, "Hi")
+    assert [a.text() for a in window.chat_list.actions() if not a.text()] == []
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    chat = window.current_chat_id
+    window.chat_list.setFocus()
+    qtbot.keyClick(window.chat_list, Qt.Key.Key_Delete)
+    assert window.chat_model.row_of(chat) < 0
+
+
+# 4 -------------------------------------------------------------------------------------------
+def test_the_device_line_is_whole_at_the_default_width(qtbot, window):
+    window.resize(1100, 760)
+    qtbot.wait(50)
+    label = window.model_bar.device_label
+    assert "cpu" in label.text() and "context 512" in label.text()
+    assert shown(label) == label.text(), "the device line is cut at 1100 px"
+    assert label.text() in label.toolTip()
+
+
+# 5 and 6 -------------------------------------------------------------------------------------
+def test_context_count_and_context_full_are_the_same_live_and_reopened(qtbot, tmp_path):
+    data = tmp_path / "data"
+    window = make_window(qtbot, data, load=False)
+    try:
+        window.settings.context_length = 48
+        load(qtbot, window, MODEL, MMPROJ)
+        window.param_overrides = dict(window.param_overrides, max_tokens=1024)
+        send(qtbot, window, "Hi")  # ignore_eos: it writes until the context is full
+        live = window.view.widgets[-1].status.text()
+        assert "context full" in live and "max tokens" not in live
+        assert "/ 48" in live
+        window.param_overrides = dict(window.param_overrides, max_tokens=3)
+        window.new_chat()
+        send(qtbot, window, "Hi")
+        live_short = window.view.widgets[-1].status.text()
+        assert "max tokens reached" in live_short
+        chats = [c.id for c in window.store.list_chats()]
+    finally:
+        close_window(window)
+    window = make_window(qtbot, data, load=False)  # a restart: no live numbers
+    try:
+        reopened = {}
+        for chat_id in chats:
+            window.open_chat(chat_id)
+            reopened[chat_id] = window.view.widgets[-1].status.text()
+        full, short = (reopened[c] for c in sorted(reopened, key=lambda c: "context full" not in reopened[c]))
+        assert context_count(full) == context_count(live) and "context full" in full
+        assert context_count(short) == context_count(live_short)
+    finally:
+        close_window(window)
+
+
+# 7 -------------------------------------------------------------------------------------------
+def test_a_context_length_above_the_files_limit_is_said(qtbot, window):
+    window.settings.context_length = 4096
+    load(qtbot, window, MODEL, MMPROJ)
+    label = window.model_bar.device_label
+    assert window.engine_info.context_size == 512
+    assert "context 512" in label.text() and "4096" in label.text() and "limit" in label.text()
+    assert "4096" in label.toolTip() and "512" in label.toolTip()
+
+
+# 8 -------------------------------------------------------------------------------------------
+def test_unload_and_regenerate_are_enabled_only_when_they_can_act(qtbot, tmp_path):
+    window = make_window(qtbot, tmp_path / "data", load=False)
+    try:
+        assert not window.unload_action.isEnabled()
+        assert not window.regenerate_action.isEnabled()
+        load(qtbot, window, MODEL, MMPROJ)
+        assert window.unload_action.isEnabled()
+        assert not window.regenerate_action.isEnabled()  # an empty chat: nothing to regenerate
+        send(qtbot, window, "Hi")
+        assert window.regenerate_action.isEnabled()
+        window.new_chat()
+        assert not window.regenerate_action.isEnabled()
+        window.unload_action.trigger()
+        qtbot.waitUntil(lambda: window.engine_info is None, timeout=30000)
+        assert not window.unload_action.isEnabled()
+    finally:
+        close_window(window)
+
+
+# 9 -------------------------------------------------------------------------------------------
+def test_a_second_launch_brings_the_running_window_to_the_front(qtbot, tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    window = make_window(qtbot, data, load=False)
+    try:
+        errors = []
+        monkeypatch.setattr(QMessageBox, "critical", lambda *a, **k: errors.append(a))
+        window.showMinimized()
+        qtbot.waitUntil(window.isMinimized, timeout=5000)
+        args = app_main.parse_args(["--data-dir", str(data)])
+        assert app_main.run_app(args, ["tramontane"]) == 0
+        assert errors == []
+        qtbot.waitUntil(lambda: not window.isMinimized() and window.isVisible(), timeout=5000)
+    finally:
+        close_window(window)
+
+
+def test_a_leftover_socket_of_a_crashed_run_does_not_block_the_next(qtbot, tmp_path):
+    from PySide6.QtNetwork import QLocalServer
+
+    from tramontane.app.single_instance import ask_running_instance, server_name
+
+    data = tmp_path / "data"
+    data.mkdir()
+    assert not ask_running_instance(data)  # nobody runs there
+    stale = QLocalServer()
+    assert stale.listen(server_name(data))
+    socket_path = stale.fullServerName()
+    stale.close()
+    if socket_path and not shutil.os.path.exists(socket_path):
+        open(socket_path, "w").close()  # what a killed process leaves behind
+    window = make_window(qtbot, data, load=False)  # its InstanceServer takes the name over
+    try:
+        assert window.instance_server.listening
+        with qtbot.waitSignal(window.instance_server.raiseRequested, timeout=5000):
+            assert ask_running_instance(data)
+    finally:
+        close_window(window)
