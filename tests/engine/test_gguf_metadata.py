@@ -224,6 +224,27 @@ def test_dimensions_are_bounded_by_the_tensor_shapes(tmp_path, key, value):
         text_config(gf)
 
 
+# --- the models folder: a hostile file is listed with its error, the scan goes on -------------
+
+def test_models_folder_lists_hostile_files_with_their_error(tmp_path):
+    from tramontane.engine.library.local import scan_models
+
+    folder = tmp_path / "models" / "org__Tiny-GGUF"
+    folder.mkdir(parents=True)
+    rewrite_gguf(TEXT, folder / "good.gguf")
+    rewrite_gguf(TEXT, folder / "name.gguf", set_kv={"general.name": ([1, 2], T.ARRAY, T.UINT8)})
+    rewrite_gguf(TEXT, folder / "encoder.gguf", set_kv={"clip.has_vision_encoder": ([1], T.ARRAY, T.UINT8)})
+    rewrite_gguf(MMPROJ, folder / "mmproj-bad.gguf", set_kv={"clip.vision.block_count": (2**40, T.UINT64)})
+    rewrite_gguf(TEXT, folder / "blocks.gguf", set_kv={"mistral3.block_count": (2**31, T.UINT64)})
+    listed = {m.path.name: m for m in scan_models(tmp_path / "models")}
+    assert listed["good.gguf"].error is None and listed["blocks.gguf"].error is None  # header reads
+    assert "'general.name' should be a string, found array of 2 uint8" in listed["name.gguf"].error
+    assert listed["name.gguf"].error.startswith(str(folder / "name.gguf"))
+    assert "'clip.has_vision_encoder' should be a bool, found array of 1 uint8" in listed["encoder.gguf"].error
+    assert listed["mmproj-bad.gguf"].is_projector and listed["mmproj-bad.gguf"].error is None
+    assert listed["good.gguf"].mmproj is None  # the broken projector is never paired
+
+
 # --- the CLI: one line, exit 2 ----------------------------------------------------------------
 
 @pytest.mark.parametrize("src, name, edit", [
