@@ -3,17 +3,18 @@
 `WorkerExecutor` lives in the engine worker's thread and runs each server job there, queued in
 the same thread event queue as the window's own requests (Qt delivers queued calls to one thread
 in posting order), so the window and the server share one engine, one KV cache store and one
-arrival order. `WindowServer` starts and stops the server for the Settings switch.
+arrival order. `WindowServer` is the Settings switch and the status bar's line.
 """
 from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from ..engine.server.executor import ModelUnavailable, served_model_of
-from ..engine.server.http import Finished, OpenAIServer
+from ..engine.api import EngineError
+from ..engine.server.http import OpenAIServer
 from ..engine.server.openai_api import RequestLimits, ServedModel
 from .worker import EngineInfo, EngineWorker
 
@@ -67,31 +68,70 @@ class WorkerExecutor(QObject):
         self._model = served_model_of(self._worker.engine)
 
 
-class WindowServer:
-    """The Settings switch: serve the window's model on localhost:PORT while it is on."""
+class WindowServer(QObject):
+    """The Settings switch: serve the window's model on localhost:PORT while it is on.
+
+    `status` is the status bar's line ('' when off); `changed` fires on the UI thread whenever
+    it changes (started, stopped, a reply served, the model changed)."""
+
+    changed = Signal()
+    _served = Signal()  # from the server's thread
 
     def __init__(self, worker: EngineWorker, limits: RequestLimits = RequestLimits()):
+        super().__init__()
         self.executor = WorkerExecutor(worker)
         self.limits = limits
         self.server: OpenAIServer | None = None
-        self.served = 0  # replies finished, for the status bar
+        self.error = ""  # why the last start failed, in words
+        self.served = 0  # replies finished since the switch was turned on
+        self._served.connect(self._count)
+        worker.loaded.connect(self._model_changed, Qt.ConnectionType.QueuedConnection)
+        worker.unloaded.connect(self._model_changed, Qt.ConnectionType.QueuedConnection)
 
     @property
     def running(self) -> bool:
         return self.server is not None
 
-    def start(self, port: int) -> str:
-        """Bind 127.0.0.1:port; raises EngineError in words (port taken...). Returns the URL."""
+    @property
+    def status(self) -> str:
+        if self.error:
+            return f"API server off: {self.error}"
+        if self.server is None:
+            return ""
+        model = self.executor.served_model()
+        what = model.id if model is not None else "no local model loaded"
+        replies = f" · {self.served} repl{'y' if self.served == 1 else 'ies'}" if self.served else ""
+        return f"Serving {what} at {self.server.url}{replies}"
+
+    def apply(self, on: bool, port: int) -> None:
+        """Turn the switch on (binding 127.0.0.1:port) or off; a failure lands in `status`."""
+        if on and self.server is not None and self.server.port == port:
+            return
         self.stop()
-        self.server = OpenAIServer(self.executor, host="127.0.0.1", port=port, limits=self.limits,
-                                   on_finished=self._count).start()
-        log.info("serving the window's model at %s", self.server.url)
-        return self.server.url
+        if on:
+            try:
+                self.server = OpenAIServer(self.executor, host="127.0.0.1", port=port, limits=self.limits,
+                                           on_finished=lambda finished: self._served.emit()).start()
+                log.info("serving the window's model at %s", self.server.url)
+            except EngineError as exc:
+                self.error = str(exc)
+        self.changed.emit()
 
     def stop(self) -> None:
         server, self.server = self.server, None
+        self.error = ""
+        self.served = 0
         if server is not None:
             server.stop()
+            self.changed.emit()
 
-    def _count(self, finished: Finished) -> None:
+    @Slot()
+    def _count(self) -> None:
         self.served += 1
+        self.changed.emit()
+
+    @Slot()
+    @Slot(object)
+    def _model_changed(self, _info=None) -> None:
+        if self.server is not None:
+            self.changed.emit()

@@ -11,15 +11,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog,
-                               QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
-                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox,
+                               QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from ...engine.api import SamplingParams
 
 DEVICES = ("auto", "cuda", "cpu")
 RECENT_MODELS = 10  # files the Models dialog lists as opened lately
 MAX_GPU_LAYERS = 999  # more than any model has; the engine keeps to the model's count
+DEFAULT_SERVE_PORT = 8080
 
 
 # The engine needs top_p in (0, 1]: 0 would keep no token at all.
@@ -203,6 +204,24 @@ class AppSettings:
         self._set("font_size", int(size))
 
     @property
+    def serve(self) -> bool:
+        """Settings' "Serve the loaded model on localhost:PORT" switch (OpenAI-compatible API)."""
+        return self._get("serve", False) is True
+
+    @serve.setter
+    def serve(self, on: bool) -> None:
+        self._set("serve", bool(on))
+
+    @property
+    def serve_port(self) -> int:
+        port = self._int("serve_port", DEFAULT_SERVE_PORT)
+        return port if 1 <= port <= 65535 else DEFAULT_SERVE_PORT
+
+    @serve_port.setter
+    def serve_port(self, port: int) -> None:
+        self._set("serve_port", int(port))
+
+    @property
     def geometry(self) -> str:
         return self._str("geometry")
 
@@ -212,7 +231,7 @@ class AppSettings:
 
 
 class SettingsDialog(QDialog):
-    """Default system prompt, sampling, context length, device, GPU layers, models folder."""
+    """Default system prompt, sampling, context length, device, GPU layers, models folder, API server."""
 
     def __init__(self, settings: AppSettings, parent: QWidget | None = None, *, servers_dialog=None):
         super().__init__(parent)
@@ -258,6 +277,18 @@ class SettingsDialog(QDialog):
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.models_dir, 1)
         row.addWidget(browse)
+        self.serve = QCheckBox("Serve the loaded model on localhost, port")
+        self.serve.setChecked(settings.serve)
+        self.serve.setToolTip("Other programs on this computer can use the loaded model through an "
+                              "OpenAI-compatible API at http://localhost:PORT/v1 (nothing is reachable "
+                              "from other machines)")
+        self.serve_port = self._int(1, 65535, settings.serve_port, "The port of http://localhost:PORT/v1")
+        serving = QWidget()
+        row = QHBoxLayout(serving)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.serve)
+        row.addWidget(self.serve_port)
+        row.addStretch(1)
         self.error = QLabel()
         self.error.setStyleSheet("color: #c62828;")
 
@@ -274,6 +305,8 @@ class SettingsDialog(QDialog):
         form.addRow("&GPU layers:", self.gpu_layers)
         form.addRow("Models &folder:", folder)
         form.labelForField(folder).setBuddy(self.models_dir)
+        form.addRow("&API server:", serving)
+        form.labelForField(serving).setBuddy(self.serve)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         if servers_dialog is not None:
             servers = buttons.addButton("Servers…", QDialogButtonBox.ButtonRole.ActionRole)
@@ -327,4 +360,6 @@ class SettingsDialog(QDialog):
         self.settings.device = self.device.currentText()
         self.settings.gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None
         self.settings.models_dir = folder
+        self.settings.serve = self.serve.isChecked()
+        self.settings.serve_port = self.serve_port.value()
         super().accept()

@@ -58,7 +58,8 @@ def window_server(qtbot):
     worker.load(MODEL, None, "cpu")
     qtbot.waitUntil(lambda: bool(worker.receiver.loaded), timeout=60000)
     serving = WindowServer(worker, RequestLimits(max_queue=6))  # short: some requests meet a full queue
-    serving.start(0)
+    serving.apply(True, 0)
+    assert serving.running, serving.status
     yield worker, serving
     serving.stop()
     worker.stop()
@@ -145,7 +146,8 @@ def test_eight_clients_and_the_window_share_the_engine(qtbot, window_server):
     answered = CLIENTS * REQUESTS - len(refused)
     print(f"{answered} answered, {len(refused)} refused with 503")
     assert all(any(o[0] == "answered" for o in outcomes[c]) for c in range(CLIENTS))
-    assert serving.served == answered
+    qtbot.waitUntil(lambda: serving.served == answered, timeout=10000)  # counted on the UI thread
+    assert serving.status.endswith(f"· {answered} replies") and NAME in serving.status
     # The window's chat: the same replies as alone, and its KV survived the server's requests.
     assert [r.text for r in window_got] == [r.text for r in window_want]
     for k in (1, 2):
