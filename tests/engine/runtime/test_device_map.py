@@ -287,3 +287,20 @@ def test_explain_shows_the_arithmetic(files):
     assert "layers 2-39 (38)" in text and "38 x 16.0 MiB KV" in text
     assert "max_seq_len 4096 x max_batch_size 1, 1 image(s) of 1024x1024" in text
     assert text.endswith("=> 38 of 40 layers on GPU, 2 on CPU")
+
+
+def test_local_engine_refuses_before_loading_when_nothing_fits(monkeypatch):
+    """The plan comes first: a machine too small is one clear error, and no weight is read."""
+    from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.engine.runtime import device_map
+    from tramontane.engine.runtime.local import LocalEngine
+
+    tiny = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
+    monkeypatch.setattr(device_map, "detect_machine", lambda: Machine((), DeviceInfo("cpu", 2 * GiB + (1 << 20))))
+
+    def never(*args, **kwargs):
+        raise AssertionError("weights were loaded before the plan refused")
+
+    monkeypatch.setattr(Mistral3Text, "load", never)
+    with pytest.raises(PlanError, match="mistral3_tiny-f32.gguf does not fit this machine: it needs"):
+        LocalEngine(tiny, device="cpu")
