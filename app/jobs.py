@@ -18,6 +18,9 @@ Done = Callable[[Any], None]
 Failed = Callable[[str], None]
 
 _pool: QThreadPool | None = None
+# Jobs on the pool, kept alive until their run() returns: the Jobs that started one may be
+# gone by then (its dialog closed), and with it the last other reference to the job.
+_running: set["_Job"] = set()
 
 
 def shared_pool() -> QThreadPool:
@@ -53,7 +56,12 @@ class _Job(QRunnable):
             result, error = self.fn(), None
         except Exception as exc:  # noqa: BLE001 - handed to on_failed in words
             result, error = None, exc
-        self.outcome.finished.emit(self.job_id, result, error)
+        try:
+            self.outcome.finished.emit(self.job_id, result, error)
+        except RuntimeError:  # the outcome went with its owner: nobody is waiting for it
+            pass
+        finally:
+            _running.discard(self)
 
 
 class Jobs(QObject):
@@ -72,6 +80,7 @@ class Jobs(QObject):
         job = _Job(next(self._ids), fn)
         self._pending[job.job_id] = (job, on_done, on_failed)
         job.outcome.finished.connect(self._deliver, Qt.ConnectionType.QueuedConnection)
+        _running.add(job)
         self.pool.start(job)
 
     @property

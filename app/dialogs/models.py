@@ -4,7 +4,12 @@ the downloads with progress, speed, ETA, pause, resume and cancel.
 All network work runs off the UI thread: hub calls as background jobs (app/jobs.py), the
 downloads in the app's `Downloads` (app/downloads.py), which the window owns so that closing
 this dialog leaves them running. `load_requested(model_path, mmproj_path)` asks the chat
-window to load a model ('' when there is no projector).
+window to load a model ('' when there is no projector): the Load buttons, or a double-click.
+
+Every catalogue entry and local model says whether it fits this machine ("on the GPU", "partly
+on the CPU", "too big"), planned off the UI thread by the engine's device planner
+(app/model_fit.py). With the app's settings the dialog remembers its tab and the import's
+"copy" choice, and lists the model files loaded lately from outside the models folder.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QUrl, Signal, Slot
-from PySide6.QtGui import QDesktopServices
+from PySide6.QtGui import QColor, QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialog, QHBoxLayout,
                                QHeaderView, QInputDialog, QLabel, QLineEdit, QMessageBox,
                                QProgressBar, QPushButton, QScrollArea, QSplitter,
@@ -21,12 +26,15 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
 
 from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
                                          DownloadStatus, repo_folder)
-from ...engine.library.catalog import CatalogEntry, load_catalog
+from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalog_entry
 from ...engine.library.hub import Hub, ModelChoice
-from ...engine.library.local import (LocalModel, delete_model, find_projector, import_model,
-                                     scan_models)
+from ...engine.library.local import (LocalModel, delete_model, describe_model, find_projector,
+                                     import_model, scan_models)
+from ...engine.runtime.device_map import Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
+from ..model_fit import Fit, catalog_sizes, fit_of_file, fit_of_sizes, machine_for
+from .settings import AppSettings
 
 
 def human_size(n: float | None) -> str:
@@ -156,6 +164,21 @@ def _item(text: str, data=None) -> QTableWidgetItem:
     return it
 
 
+def _bytes(gb: float | None) -> int | None:
+    return int(round(gb * 1e9)) if gb else None
+
+
+def _resolved(path: str | os.PathLike | None) -> Path | None:
+    return Path(path).expanduser().resolve() if path else None
+
+
+def _show_fit(cell: QTableWidgetItem, fit: Fit | None, unknown: str) -> None:
+    """A "fits this machine" cell: the words, the plan's arithmetic as its tooltip."""
+    cell.setText(fit.words if fit else "?")
+    cell.setToolTip(fit.detail if fit else unknown)
+    cell.setData(Qt.ForegroundRole, QColor("#b00020") if fit and fit.kind == "too_big" else None)
+
+
 def _table(headers: list[str]) -> QTableWidget:
     t = QTableWidget(0, len(headers))
     t.setHorizontalHeaderLabels(headers)
@@ -172,9 +195,14 @@ class ModelManagerDialog(QDialog):
 
     def __init__(self, models_dir: str | os.PathLike | None = None, hub: Hub | None = None,
                  downloads: Downloads | None = None,
-                 catalog: list[CatalogEntry] | None = None, parent=None):
+                 catalog: list[CatalogEntry] | None = None, parent=None, *,
+                 settings: AppSettings | None = None, loaded_model: str | None = None,
+                 machine: Machine | None = None):
         """`downloads`: the app's (keeps running after the dialog closes); without one the
-        dialog makes its own in `models_dir` with `hub`, paused when the dialog closes."""
+        dialog makes its own in `models_dir` with `hub`, paused when the dialog closes.
+        `settings`: the app's (tab, copy choice, models loaded lately, device); `loaded_model`:
+        the path of the model loaded now, marked in the lists; `machine`: what to plan for
+        (default: this machine, detected off the UI thread)."""
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(980, 680)
@@ -186,6 +214,13 @@ class ModelManagerDialog(QDialog):
         self.catalog = catalog if catalog is not None else load_catalog()
         self.jobs = Jobs(self)  # hub searches and listings: their results die with the dialog
         self._rows: dict[str, DownloadRow] = {}
+        self.settings = settings
+        self.loaded_model = _resolved(loaded_model)
+        self.machine = machine
+        self.fits: dict[tuple, Fit | None] = {}  # ("catalog", id, quant) / ("local", path) -> fit
+        self.listed: dict[tuple[str, str], tuple[int | None, int | None]] = {}  # hub sizes
+        self._recent: set[Path] = set()  # rows from settings.recent_models
+        self._plans = 0  # planning jobs started: only the latest one's results are shown
         self.downloads.status_changed.connect(self._on_status)
         self.downloads.pair_ready.connect(self._on_pair_ready)
         self.downloads.started.connect(self._on_started)
@@ -238,11 +273,18 @@ class ModelManagerDialog(QDialog):
         self.refresh_local()
         self._show_downloads()
         self._refresh_catalog_status()
+        if settings is not None:
+            self.tabs.setCurrentIndex(min(settings.models_tab, self.tabs.count() - 1))
+            self.local_copy.setChecked(settings.import_copy)
         if self.hub.offline:
             self.tabs.setCurrentIndex(2)
             for w in (self.search_button, self.search_edit, self.catalog_download,
                       self.repo_download, self.token_button):
                 w.setEnabled(False)
+        if settings is not None:  # connected last: the restore above is not a choice
+            self.tabs.currentChanged.connect(lambda i: setattr(settings, "models_tab", i))
+            self.local_copy.toggled.connect(lambda on: setattr(settings, "import_copy", on))
+        self._list_unknown_sizes()
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -259,28 +301,28 @@ class ModelManagerDialog(QDialog):
     # -- recommended --------------------------------------------------------------------
 
     def _build_catalog_tab(self) -> QWidget:
-        self.catalog_table = _table(["Model", "Quant", "Download", "Memory", "License",
+        self.catalog_table = _table(["Model", "Quant", "Download", "On this machine", "License",
                                      "Status"])
         for entry in self.catalog:
             for v in entry.variants:
                 r = self.catalog_table.rowCount()
                 self.catalog_table.insertRow(r)
-                total = (v.size_gb or 0) + (entry.mmproj_size_gb or 0) if v.size_gb else None
                 name = entry.name + ("" if entry.vision else " (text only)")
                 self.catalog_table.setItem(r, 0, _item(name, (entry, v.quant)))
                 self.catalog_table.setItem(r, 1, _item(v.quant))
-                self.catalog_table.setItem(r, 2, _item(human_size(total * 1e9) if total else "?"))
-                self.catalog_table.setItem(r, 3, _item(f"~{v.memory_gb:g} GB" if v.memory_gb
-                                                       else "?"))
+                self.catalog_table.setItem(r, 2, _item(""))
+                self.catalog_table.setItem(r, 3, _item(""))
                 self.catalog_table.setItem(r, 4, _item(entry.license))
                 self.catalog_table.setItem(r, 5, _item(""))
                 self.catalog_table.item(r, 0).setToolTip(
                     f"{entry.repo_id}\n{entry.description}\n{entry.notes}".strip())
+                self._show_catalog_size(r)
         self.catalog_download = QPushButton("Download")
         self.catalog_load = QPushButton("Load in chat")
         self.catalog_download.clicked.connect(self._download_catalog_row)
         self.catalog_load.clicked.connect(self._load_catalog_row)
         self.catalog_table.itemSelectionChanged.connect(self._refresh_catalog_status)
+        self.catalog_table.cellDoubleClicked.connect(self._load_catalog_row)
         buttons = QHBoxLayout()
         buttons.addStretch(1)
         buttons.addWidget(self.catalog_download)
@@ -292,6 +334,54 @@ class ModelManagerDialog(QDialog):
         if self.catalog_table.rowCount():
             self.catalog_table.selectRow(0)
         return w
+
+    def catalog_bytes(self, entry: CatalogEntry, quant: str) -> tuple[int | None, int | None]:
+        """(model, projector) sizes in bytes: the hub's once listed, else the catalogue's."""
+        if (entry.id, quant) in self.listed:
+            return self.listed[entry.id, quant]
+        v = entry.variant(quant)
+        return _bytes(v.size_gb), _bytes(entry.mmproj_size_gb) if entry.vision else 0
+
+    def _show_catalog_size(self, row: int) -> None:
+        entry, quant = self.catalog_table.item(row, 0).data(Qt.UserRole)
+        model, mmproj = self.catalog_bytes(entry, quant)
+        cell = self.catalog_table.item(row, 2)
+        if model is None:
+            cell.setText("?")
+            cell.setToolTip("The size is shown once the hub has been asked.")
+        elif mmproj is None:  # a projector whose size the catalogue does not pin
+            cell.setText(f"{human_size(model)} + projector")
+            cell.setToolTip("The projector's size is shown once the hub has been asked.")
+        else:
+            cell.setText(human_size(model + mmproj))
+            cell.setToolTip(f"model {human_size(model)}" + (f" + projector {human_size(mmproj)}"
+                                                            if mmproj else ""))
+
+    def _list_unknown_sizes(self) -> None:
+        """Ask the hub (off the UI thread) for the sizes the catalogue leaves open."""
+        if self.hub.offline:
+            return
+        for entry in self.catalog:
+            for v in entry.variants:
+                if None not in self.catalog_bytes(entry, v.quant):
+                    continue
+                self.jobs.run(lambda e=entry, q=v.quant: resolve_catalog_entry(self.hub, e, q),
+                              lambda choice, q=v.quant: self._on_listed(choice, q),
+                              lambda text, e=entry: self._on_listing_failed(e, text))
+
+    def _on_listed(self, choice, quant: str) -> None:
+        entry = choice.entry
+        self.listed[entry.id, quant] = (choice.model.size,
+                                        choice.mmproj.size if choice.mmproj else 0)
+        for r in range(self.catalog_table.rowCount()):
+            if self.catalog_table.item(r, 0).data(Qt.UserRole) == (entry, quant):
+                self._show_catalog_size(r)
+        self._plan()
+
+    def _on_listing_failed(self, entry: CatalogEntry, text: str) -> None:
+        for r in range(self.catalog_table.rowCount()):
+            if self.catalog_table.item(r, 0).data(Qt.UserRole)[0] == entry:
+                self.catalog_table.item(r, 2).setToolTip(f"The hub could not be asked: {text}")
 
     def _catalog_local_files(self, entry: CatalogEntry, quant: str) -> tuple[Path | None, Path | None]:
         """The entry's model and projector if both are on disk and verified."""
@@ -320,7 +410,7 @@ class ModelManagerDialog(QDialog):
             model, mmproj = self._catalog_local_files(entry, quant)
             busy = self.downloads.busy(entry.repo_id)
             if model and (mmproj or not entry.vision):
-                status = "ready"
+                status = "loaded" if _resolved(model) == self.loaded_model else "ready"
             elif busy:
                 status = "downloading…"
             elif model:
@@ -329,7 +419,7 @@ class ModelManagerDialog(QDialog):
                 status = ""
             self.catalog_table.item(r, 5).setText(status)
         row = self.catalog_table.currentRow()
-        ready = row >= 0 and self.catalog_table.item(row, 5).text() == "ready"
+        ready = row >= 0 and self.catalog_table.item(row, 5).text() in ("ready", "loaded")
         self.catalog_load.setEnabled(ready)
         busy_row = row >= 0 and self.catalog_table.item(row, 5).text() == "downloading…"
         self.catalog_download.setEnabled(row >= 0 and not ready and not busy_row
@@ -347,7 +437,7 @@ class ModelManagerDialog(QDialog):
 
     def _load_catalog_row(self) -> None:
         sel = self._selected_catalog()
-        if sel is None:
+        if sel is None or not self.catalog_load.isEnabled():  # a double-click on a row not ready
             return
         model, mmproj = self._catalog_local_files(*sel)
         if model is not None:
@@ -489,8 +579,9 @@ class ModelManagerDialog(QDialog):
 
     def _build_local_tab(self) -> QWidget:
         self.local_table = _table(["File", "Kind", "Architecture", "Quant", "Size",
-                                   "Projector", "Folder"])
+                                   "On this machine", "Projector", "Folder"])
         self.local_table.itemSelectionChanged.connect(self._local_selection_changed)
+        self.local_table.cellDoubleClicked.connect(self._load_local)
         self.local_load = QPushButton("Load in chat")
         self.local_import = QPushButton("Import GGUF…")
         self.local_copy = QCheckBox("copy into the models folder")
@@ -515,23 +606,100 @@ class ModelManagerDialog(QDialog):
         return w
 
     def refresh_local(self) -> None:
+        """The models folder, imported files, and the files loaded lately from elsewhere."""
         self.local_models = scan_models(self.models_dir)
+        listed = {m.path for m in self.local_models}
+        self._recent = set()
+        for path in map(Path, self.settings.recent_models if self.settings else []):
+            resolved = _resolved(path)
+            if resolved is not None and resolved not in listed and resolved.is_file():
+                self.local_models.append(describe_model(resolved))
+                listed.add(resolved)
+                self._recent.add(resolved)
         t = self.local_table
         t.setRowCount(0)
         for m in self.local_models:
             row = t.rowCount()
             t.insertRow(row)
-            t.setItem(row, 0, _item(m.path.name, m))
+            loaded = m.path == self.loaded_model
+            t.setItem(row, 0, _item(m.path.name + ("  (loaded)" if loaded else ""), m))
             t.setItem(row, 1, _item("projector" if m.is_projector else "model"))
             t.setItem(row, 2, _item(m.architecture or ("unreadable" if m.error else "?")))
             t.setItem(row, 3, _item(m.quant or "?"))
             t.setItem(row, 4, _item(human_size(m.size)))
-            t.setItem(row, 5, _item(m.mmproj.name if m.mmproj else ""))
-            t.setItem(row, 6, _item(str(m.folder) + ("  (imported in place)"
-                                                      if m.imported_in_place else "")))
+            t.setItem(row, 5, _item(""))
+            t.setItem(row, 6, _item(m.mmproj.name if m.mmproj else ""))
+            where = ("  (opened from here)" if m.path in self._recent
+                     else "  (imported in place)" if m.imported_in_place else "")
+            t.setItem(row, 7, _item(str(m.folder) + where))
             if m.error:
                 t.item(row, 0).setToolTip(m.error)
+            if loaded:
+                bold = t.item(row, 0).font()
+                bold.setBold(True)
+                t.item(row, 0).setFont(bold)
         self._local_selection_changed()
+        self._plan()
+
+    def set_loaded_model(self, path: str | None) -> None:
+        """Mark another model as the loaded one (or none)."""
+        self.loaded_model = _resolved(path)
+        self.refresh_local()
+        self._refresh_catalog_status()
+
+    # -- fits this machine ----------------------------------------------------------------
+
+    def _plan(self) -> None:
+        """Plan every catalogue entry and local model off the UI thread (headers only, and
+        the machine detected once); the results fill the "On this machine" columns."""
+        device = self.settings.device if self.settings else "auto"
+        catalog = []
+        for r in range(self.catalog_table.rowCount()):
+            entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
+            catalog.append((entry, quant, self.catalog_bytes(entry, quant),
+                            self._catalog_local_files(entry, quant)))
+        local = [(m.path, m.mmproj) for m in self.local_models
+                 if not m.is_projector and m.error is None]
+        known = self.machine
+        self._plans += 1
+        generation = self._plans
+
+        def plan() -> tuple[int, Machine, dict]:
+            from ...engine.runtime.device_map import detect_machine
+
+            detected = known or detect_machine()
+            machine = machine_for(detected, device)
+            fits: dict[tuple, Fit | None] = {}
+            for entry, quant, (model_bytes, mmproj_bytes), (path, proj) in catalog:
+                key = ("catalog", entry.id, quant)
+                if path is not None:  # on disk: the file itself
+                    fits[key] = fit_of_file(path, proj, machine, device)
+                elif model_bytes and entry.shape is not None:
+                    fits[key] = fit_of_sizes(catalog_sizes(entry, model_bytes, mmproj_bytes), machine)
+                else:
+                    fits[key] = None
+            for path, proj in local:
+                fits[("local", path)] = fit_of_file(path, proj, machine, device)
+            return generation, detected, fits
+
+        self.jobs.run(plan, self._show_fits, lambda text: self.show_message(
+            f"Could not work out where models would run: {text}", error=True))
+
+    def _show_fits(self, outcome: tuple[int, Machine, dict]) -> None:
+        generation, self.machine, fits = outcome
+        if generation != self._plans:  # a later plan (more sizes known) is on its way
+            return
+        self.fits.update(fits)
+        for r in range(self.catalog_table.rowCount()):
+            entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
+            if ("catalog", entry.id, quant) in fits:
+                _show_fit(self.catalog_table.item(r, 3), fits["catalog", entry.id, quant],
+                          "Not known yet: the hub has not said how big it is.")
+        for r in range(self.local_table.rowCount()):
+            m = self.local_table.item(r, 0).data(Qt.UserRole)
+            if ("local", m.path) in fits:
+                _show_fit(self.local_table.item(r, 5), fits["local", m.path],
+                          "Not a Mistral 3 model this app runs: loading it says why.")
 
     def _selected_local(self) -> LocalModel | None:
         row = self.local_table.currentRow()
@@ -545,7 +713,7 @@ class ModelManagerDialog(QDialog):
 
     def _load_local(self) -> None:
         m = self._selected_local()
-        if m is not None and not m.is_projector:
+        if m is not None and self.local_load.isEnabled():  # not on a projector or a broken file
             self.load_requested.emit(str(m.path), str(m.mmproj) if m.mmproj else "")
 
     def import_file(self, path: str, copy: bool) -> None:
@@ -574,6 +742,13 @@ class ModelManagerDialog(QDialog):
         self.delete_file(m.path)
 
     def delete_file(self, path: Path) -> None:
+        """Delete a file of the models folder, or forget an imported or lately opened one."""
+        if self.settings is not None and _resolved(path) in self._recent:
+            self.settings.recent_models = [p for p in self.settings.recent_models
+                                           if _resolved(p) != _resolved(path)]
+            self.show_message(f"{path}: removed from the list (the file itself was left where it is)")
+            self.refresh_local()
+            return
         try:
             self.show_message(delete_model(path, self.models_dir))
         except Exception as exc:  # noqa: BLE001

@@ -131,6 +131,11 @@ def _describe(path: Path, imported: bool) -> LocalModel:
     return lm
 
 
+def describe_model(path: str | os.PathLike) -> LocalModel:
+    """One GGUF outside the models folder (a file opened from elsewhere) as the list shows it."""
+    return _describe(Path(path).expanduser().resolve(), True)
+
+
 def scan_models(models_dir: str | os.PathLike | None = None) -> list[LocalModel]:
     """Every finished `.gguf` in the models folder (sub-folders too) and every imported one
     that still exists. `.part` downloads are not listed: they are not ready."""
