@@ -5,10 +5,14 @@ Paths picked by `linear`:
     (qmatmul.py) - reads the raw blocks once, dequantizes in registers, never writes the weight.
   * CUDA + Triton, quantized, more rows (prefill): Triton dequant of a chunk of weight rows to
     the activation dtype in a scratch buffer, then cuBLAS (torch.matmul).
-  * CPU (or no Triton): torch reference dequant to float32, then matmul. A weight's dense copy
-    is cached while the process-wide CPU_DENSE_CACHE_BYTES budget (1 GiB) lasts - small models
-    run at full speed; beyond it weights are dequantized PREFILL_CHUNK_BYTES (32 MiB) of rows at
-    a time on every call, so memory stays bounded for any file.
+  * CPU with the native kernels (kernels/cpu, built by pip install): quantized and F16/BF16
+    weights are multiplied straight on their GGUF bytes (the memory-mapped file, no float copy;
+    cpu_native.py, docs/design-cpu-kernels.md). F32 weights go to torch (BLAS).
+  * CPU without them (or another device without Triton): torch reference dequant to float32,
+    then matmul; warns once on CPU. A weight's dense copy is cached while the process-wide
+    CPU_DENSE_CACHE_BYTES budget (1 GiB) lasts - small models run at full speed; beyond it
+    weights are dequantized PREFILL_CHUNK_BYTES (32 MiB) of rows at a time on every call, so
+    memory stays bounded for any file.
   * F32 / F16 / BF16 weights keep the file dtype on every device (F32 stays F32: exact, and
     such tensors are small in real files); the matmul runs in the weight dtype when it equals
     the activation dtype, else in float32.
@@ -24,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import quant_iq4, quant_k, quant_legacy
+from . import cpu_native, quant_iq4, quant_k, quant_legacy
 from .ggml_types import F32, QuantFormatError, row_bytes, type_info, type_name
 from .quant_float import FLOAT_DTYPES
 from .triton_compat import HAVE_TRITON
@@ -38,6 +42,23 @@ PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / G
 # every call. 0 disables the cache. Bounded either way, fast for small models.
 CPU_DENSE_CACHE_BYTES = 1 << 30
 _cpu_cache_used = 0
+_warned_no_native = False
+
+
+def _warn_no_native() -> None:
+    global _warned_no_native
+    if not _warned_no_native:
+        _warned_no_native = True
+        warnings.warn(
+            "tramontane: the native CPU kernels are not built "
+            f"({cpu_native.IMPORT_ERROR}); quantized matmuls on the CPU use the much slower torch "
+            "reference path (reinstall with `pip install -e .` and a C compiler to build them)",
+            RuntimeWarning, stacklevel=3)
+
+
+def native_cpu(w: "QWeight") -> bool:
+    """Whether `linear` runs this CPU weight on the native kernels (F32 weights go to torch)."""
+    return w.data.device.type == "cpu" and w.ggml_type != F32 and cpu_native.supports(w.ggml_type)
 
 
 def _as_uint8_tensor(raw) -> torch.Tensor:
@@ -67,6 +88,9 @@ def dequantize(raw: torch.Tensor, ggml_type: int, shape) -> torch.Tensor:
         )
     if info.is_float:
         return raw.contiguous().view(FLOAT_DTYPES[ggml_type]).to(torch.float32).reshape(shape)
+    if raw.device.type == "cpu" and cpu_native.supports(info.id) and n:
+        rows = n // shape[-1]
+        return cpu_native.dequantize(info.id, raw.reshape(rows, -1), rows, shape[-1]).reshape(shape)
     blocks = raw.reshape(-1, info.type_size)
     return REFERENCES[info.id](blocks).reshape(shape)
 
@@ -222,7 +246,14 @@ def linear_reference(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return out.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
 
+def _linear_native(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    y = cpu_native.matmul(x.reshape(-1, w.shape[1]), w.ggml_type, w.data, w.shape[0], w.shape[1])
+    return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
+
+
 def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    if x.device.type == "cpu" and native_cpu(w):
+        return _linear_native(x, w)  # f16/bf16 weights, float32 math, no float32 weight copy
     if x.dtype == w.data.dtype:
         return F.linear(x, w.data)
     if x.device.type == "cpu":
@@ -249,6 +280,11 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         if n_rows <= DECODE_MAX_ROWS:
             return linear_decode(x, w)
         return linear_prefill(x, w)
+    if x.device.type == "cpu":
+        if native_cpu(w):
+            return _linear_native(x, w)
+        if not cpu_native.AVAILABLE:
+            _warn_no_native()
     return linear_reference(x, w)
 
 

@@ -53,36 +53,55 @@ static const tq_kernels *all_variants[] = {
 #endif
     &tq_kernels_generic, NULL};
 
-/* ------------------------------------------------------------------------------ thread pool */
-typedef void (*task_fn)(void *arg, int tid, int nth);
+/* ------------------------------------------------------------------------------ thread pool
+ * Work is split in units handed out by an atomic counter; the calling thread takes units too.
+ * So a call never waits for a worker that is asleep or preempted to *start*: whoever is
+ * running takes the next unit, and the caller only waits for units already being computed.
+ * (On a loaded machine, a pool that waits for every worker costs milliseconds per call.) */
+typedef void (*unit_fn)(void *arg, int unit);
 
 static int n_threads = 1;
 static int spin_iters = 1 << 15;
 
 #ifdef TQ_THREADS
 typedef struct {
+    unit_fn fn;
+    void *arg;
+    int n_units;
+    atomic_int next;
+    atomic_int finished;
+} pjob;
+
+typedef struct {
     int n; /* threads including the caller */
     pthread_t *th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_int gen;
-    atomic_int done;
-    atomic_int sleeping;
+    atomic_int gen;      /* bumped for every job: wakes the workers */
+    atomic_int sleeping; /* workers waiting on cv */
+    atomic_int busy;     /* workers that may be looking at `job` */
     atomic_int stop;
-    task_fn fn;
-    void *arg;
-    int active;
+    _Atomic(pjob *) job;
+    int start_gen;
 } pool_t;
 
 static pool_t P = {.n = 1, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void *worker_main(void *p) {
-    const int tid = (int)(intptr_t)p;
-    int seen = atomic_load(&P.gen);
+static void do_units(pjob *J) {
     for (;;) {
-        int g;
-        int it = 0;
+        int u = atomic_fetch_add_explicit(&J->next, 1, memory_order_relaxed);
+        if (u >= J->n_units) break;
+        J->fn(J->arg, u);
+        atomic_fetch_add_explicit(&J->finished, 1, memory_order_release);
+    }
+}
+
+static void *worker_main(void *p) {
+    (void)p;
+    int seen = P.start_gen;
+    for (;;) {
+        int g, it = 0;
         for (;;) {
             g = atomic_load_explicit(&P.gen, memory_order_acquire);
             if (g != seen || atomic_load(&P.stop)) break;
@@ -99,8 +118,10 @@ static void *worker_main(void *p) {
         }
         if (atomic_load(&P.stop)) return NULL;
         seen = g;
-        if (tid < P.active) P.fn(P.arg, tid, P.active);
-        atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
+        atomic_fetch_add(&P.busy, 1); /* seq_cst: pairs with the caller's job = NULL, busy load */
+        pjob *J = atomic_load(&P.job);
+        if (J) do_units(J);
+        atomic_fetch_sub_explicit(&P.busy, 1, memory_order_release);
     }
 }
 
@@ -122,6 +143,7 @@ static int pool_start(int n) {
     if (n <= 1) return 0;
     P.th = (pthread_t *)calloc((size_t)n - 1, sizeof(pthread_t));
     if (!P.th) return -1;
+    P.start_gen = atomic_load(&P.gen);
     int started = 1;
     for (int i = 1; i < n; ++i) {
         if (pthread_create(&P.th[i - 1], NULL, worker_main, (void *)(intptr_t)i) != 0) break;
@@ -131,34 +153,43 @@ static int pool_start(int n) {
     return started == n ? 0 : -1;
 }
 
-/* Runs fn on nth threads (the caller is thread 0) and returns when all are done. */
-static void pool_run(task_fn fn, void *arg, int nth) {
-    if (nth > P.n) nth = P.n;
-    if (nth <= 1) {
-        fn(arg, 0, 1);
+static inline void wait_relax(int *it) {
+    if (++*it < (1 << 12)) cpu_relax();
+    else sched_yield(); /* let a preempted worker finish its unit */
+}
+
+/* fn(arg, u) for every u < n_units, on the pool; returns when all are done. */
+static void pool_for(unit_fn fn, void *arg, int n_units) {
+    if (P.n <= 1 || n_threads <= 1 || n_units <= 1) {
+        for (int u = 0; u < n_units; ++u) fn(arg, u);
         return;
     }
-    P.fn = fn;
-    P.arg = arg;
-    P.active = nth;
-    atomic_store(&P.done, 0);
+    pjob J;
+    J.fn = fn;
+    J.arg = arg;
+    J.n_units = n_units;
+    atomic_init(&J.next, 0);
+    atomic_init(&J.finished, 0);
+    atomic_store(&P.job, &J);
     atomic_fetch_add(&P.gen, 1); /* seq_cst: pairs with a worker's sleeping++ then gen load */
     if (atomic_load(&P.sleeping) > 0) {
         pthread_mutex_lock(&P.mu);
         pthread_cond_broadcast(&P.cv);
         pthread_mutex_unlock(&P.mu);
     }
-    fn(arg, 0, nth);
+    do_units(&J);
     int it = 0;
-    while (atomic_load_explicit(&P.done, memory_order_acquire) < P.n - 1) {
-        if (++it < (1 << 20)) cpu_relax();
-        else sched_yield();
-    }
+    while (atomic_load_explicit(&J.finished, memory_order_acquire) < n_units) wait_relax(&it);
+    atomic_store(&P.job, NULL);
+    it = 0;
+    while (atomic_load(&P.busy) > 0) wait_relax(&it);
 }
 #define LOCK_CALLS() pthread_mutex_lock(&call_mu)
 #define UNLOCK_CALLS() pthread_mutex_unlock(&call_mu)
 #else
-static void pool_run(task_fn fn, void *arg, int nth) { (void)nth; fn(arg, 0, 1); }
+static void pool_for(unit_fn fn, void *arg, int n_units) {
+    for (int u = 0; u < n_units; ++u) fn(arg, u);
+}
 static int pool_start(int n) { (void)n; return 0; }
 #define LOCK_CALLS() ((void)0)
 #define UNLOCK_CALLS() ((void)0)
@@ -203,36 +234,19 @@ typedef struct {
     float *y;
     size_t ldy;
     int rows_per_unit;
-    int n_units;
-#ifdef TQ_THREADS
-    atomic_int next;
-#else
-    int next;
-#endif
 } mm_job;
 
-static void task_quant(void *arg, int tid, int nth) {
+static void unit_quant(void *arg, int j) {
     mm_job *J = (mm_job *)arg;
-    for (int j = tid; j < J->n_x; j += nth)
-        J->quant((const float *)(J->x + (size_t)j * J->x_stride), J->xq + (size_t)j * J->xq_stride, J->k);
+    J->quant((const float *)(J->x + (size_t)j * J->x_stride), J->xq + (size_t)j * J->xq_stride, J->k);
 }
 
-static void task_gemm(void *arg, int tid, int nth) {
-    (void)tid;
-    (void)nth;
+static void unit_gemm(void *arg, int u) {
     mm_job *J = (mm_job *)arg;
-    const tq_gemm_fn gemm = K->gemm[J->type];
-    for (;;) {
-#ifdef TQ_THREADS
-        int u = atomic_fetch_add_explicit(&J->next, 1, memory_order_relaxed);
-#else
-        int u = J->next++;
-#endif
-        if (u >= J->n_units) break;
-        int r0 = u * J->rows_per_unit;
-        int n = J->n_out - r0 < J->rows_per_unit ? J->n_out - r0 : J->rows_per_unit;
-        gemm(J->w + (size_t)r0 * J->w_stride, J->w_stride, n, J->xq, J->xq_stride, J->n_x, J->k, J->y + r0, J->ldy);
-    }
+    int r0 = u * J->rows_per_unit;
+    int n = J->n_out - r0 < J->rows_per_unit ? J->n_out - r0 : J->rows_per_unit;
+    K->gemm[J->type](J->w + (size_t)r0 * J->w_stride, J->w_stride, n, J->xq, J->xq_stride, J->n_x, J->k,
+                     J->y + r0, J->ldy);
 }
 
 /* returns 0, or -1 when the scratch buffer could not be allocated */
@@ -247,15 +261,13 @@ static int run_matmul(mm_job *J) {
         J->xq = (uint8_t *)get_scratch(J->xq_stride * (size_t)J->n_x);
         if (!J->xq) return -1;
         J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
-        pool_run(task_quant, J, J->n_x >= 4 ? n_threads : 1);
+        pool_for(unit_quant, J, J->n_x);
     }
     /* units of weight rows handed out dynamically (balances noisy cores) */
     int rpu = 16;
     while (rpu > 4 && (J->n_out + rpu - 1) / rpu < 4 * n_threads) rpu /= 2;
     J->rows_per_unit = rpu;
-    J->n_units = (J->n_out + rpu - 1) / rpu;
-    J->next = 0;
-    pool_run(task_gemm, J, n_threads);
+    pool_for(unit_gemm, J, (J->n_out + rpu - 1) / rpu);
     return 0;
 }
 
@@ -268,12 +280,11 @@ typedef struct {
     float *out;
 } dq_job;
 
-static void task_dequant(void *arg, int tid, int nth) {
+#define DQ_ROWS 16
+static void unit_dequant(void *arg, int u) {
     dq_job *J = (dq_job *)arg;
-    int per = (J->n_rows + nth - 1) / nth;
-    int r0 = tid * per, r1 = r0 + per < J->n_rows ? r0 + per : J->n_rows;
-    if (r1 > r0)
-        K->dequant[J->type](J->w + (size_t)r0 * J->w_stride, J->w_stride, r1 - r0, J->k, J->out + (size_t)r0 * J->k);
+    int r0 = u * DQ_ROWS, r1 = r0 + DQ_ROWS < J->n_rows ? r0 + DQ_ROWS : J->n_rows;
+    K->dequant[J->type](J->w + (size_t)r0 * J->w_stride, J->w_stride, r1 - r0, J->k, J->out + (size_t)r0 * J->k);
 }
 
 /* ------------------------------------------------------------------------------ Python API */
@@ -371,7 +382,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *const *args, Py_ssize_t
     dq_job J = {(int)type, (const uint8_t *)w, (size_t)w_stride, (int)n_rows, k, (float *)out};
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
-    pool_run(task_dequant, &J, (int)n_rows * k >= (1 << 16) ? n_threads : 1);
+    pool_for(unit_dequant, &J, ((int)n_rows + DQ_ROWS - 1) / DQ_ROWS);
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;

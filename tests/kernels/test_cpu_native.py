@@ -1,0 +1,176 @@
+"""The native CPU kernels (tramontane.kernels._cpu) against gguf.quants + float64.
+
+Every type, every kernel variant this CPU can run (avx512vnni / avx2 / generic), odd shapes
+(weight rows not a multiple of the 16-row unit or the 4-row activation tile, K = one block and
+many blocks), 1 and many activation rows, 1 and several threads. Two checks per product:
+
+* model: the kernels quantize each activation block to int8 (d = amax / 127, round half to
+  even, float32) - the same quantization in numpy, times the gguf.quants-dequantized weight in
+  float64, must match within 1e-5 of sum |w| |x_q| per output (float32 rounding only; one wrong
+  weight in a row of K is an error of about 1/K of that sum, far above it);
+* exact: against the unquantized float64 product, the error is at most the quantization bound
+  sum_e |w_e| d_e / 2 (plus the same 1e-5 rounding term).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from tramontane.kernels import cpu_native, linear as linear_mod
+from tramontane.kernels import ggml_types as gt
+from tramontane.kernels.linear import QWeight, linear, linear_reference
+
+from support.cpu_reference import act_block, make_weight, quantize_rows
+
+pytestmark = pytest.mark.skipif(not cpu_native.AVAILABLE,
+                                reason=f"native CPU kernels not built: {cpu_native.IMPORT_ERROR}")
+
+ALL_TYPES = [gt.Q8_0, gt.Q4_K, gt.Q6_K, gt.Q5_K, gt.Q2_K, gt.Q3_K, gt.Q4_0, gt.Q4_1, gt.Q5_0,
+             gt.Q5_1, gt.IQ4_NL, gt.IQ4_XS, gt.F16, gt.BF16, gt.F32]
+RTOL = 1e-5  # of sum |w| |x| per output: float32 accumulation only
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():
+    variant, threads = cpu_native.variant(), cpu_native.threads()
+    yield
+    cpu_native.use_variant(variant)
+    cpu_native.set_threads(threads)
+
+
+def _shapes(ggml_type):
+    """(weight rows, K, activation rows)"""
+    blk = gt.type_info(ggml_type).block_size
+    one = blk if blk > 1 else 40  # float types: K with a tail after the 16-wide SIMD loop
+    many = 2048 if blk > 1 else 1000
+    return [(37, one, 1), (1, many, 1), (19, many, 6), (53, one, 9), (16, 4 * max(blk, 64), 4)]
+
+
+def _check(ggml_type, raw, deq, x, y):
+    w64 = deq.astype(np.float64)
+    blk = act_block(ggml_type)
+    if blk:
+        q, d = quantize_rows(x, blk)
+        xm = q * d
+    else:
+        xm, d = x.astype(np.float64), np.zeros_like(x, dtype=np.float64)
+    model = xm @ w64.T
+    scale = np.abs(xm) @ np.abs(w64).T + 1e-30
+    err = np.abs(y.astype(np.float64) - model)
+    worst = float((err / scale).max())
+    assert worst <= RTOL, f"{gt.type_name(ggml_type)}: relative error {worst:.3g} against the quantized-activation model"
+    exact = x.astype(np.float64) @ w64.T
+    bound = (d / 2) @ np.abs(w64).T * (1 + 1e-6) + RTOL * (np.abs(x.astype(np.float64)) @ np.abs(w64).T)
+    over = np.abs(y.astype(np.float64) - exact) - bound
+    assert float(over.max()) <= 0, f"{gt.type_name(ggml_type)}: beyond the activation quantization bound by {over.max():.3g}"
+    return worst
+
+
+@pytest.mark.parametrize("variant", cpu_native.variants())
+@pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=gt.type_name)
+def test_matmul_matches_gguf_reference(variant, ggml_type):
+    cpu_native.use_variant(variant)
+    rng = np.random.default_rng(ggml_type * 101 + len(variant))
+    for threads in (1, 3):
+        cpu_native.set_threads(threads)
+        for rows, k, n in _shapes(ggml_type):
+            raw, deq = make_weight(ggml_type, rows, k, rng)
+            x = rng.standard_normal((n, k)).astype(np.float32) * np.float32(rng.uniform(0.01, 10))
+            data = torch.from_numpy(raw)
+            if ggml_type in (gt.F32, gt.F16, gt.BF16):
+                data = data.view({gt.F32: torch.float32, gt.F16: torch.float16, gt.BF16: torch.bfloat16}[ggml_type])
+            y = cpu_native.matmul(torch.from_numpy(x), ggml_type, data, rows, k).numpy()
+            assert y.shape == (n, rows)
+            _check(ggml_type, raw, deq, x, y)
+
+
+@pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=gt.type_name)
+def test_dequantize_is_bit_exact(ggml_type):
+    rng = np.random.default_rng(7 + ggml_type)
+    raw, deq = make_weight(ggml_type, 45, 2 * max(gt.type_info(ggml_type).block_size, 128), rng)
+    for variant in cpu_native.variants():
+        cpu_native.use_variant(variant)
+        out = cpu_native.dequantize(ggml_type, torch.from_numpy(raw), *deq.shape).numpy()
+        np.testing.assert_array_equal(out.view(np.uint32), deq.view(np.uint32), err_msg=variant)
+
+
+def test_a_wrong_weight_is_caught():
+    """The tolerance is tight enough to see one flipped nibble in a 2048-wide row."""
+    rng = np.random.default_rng(3)
+    raw, deq = make_weight(gt.Q4_K, 8, 2048, rng)
+    x = rng.standard_normal((2, 2048)).astype(np.float32)
+    bad = raw.copy()
+    bad[5, 16 + 40] ^= 0x0F  # one low nibble of row 5's first super-block
+    y = cpu_native.matmul(torch.from_numpy(x), gt.Q4_K, torch.from_numpy(bad), 8, 2048).numpy()
+    with pytest.raises(AssertionError):
+        _check(gt.Q4_K, raw, deq, x, y)
+
+
+def test_zero_and_constant_rows():
+    rng = np.random.default_rng(5)
+    raw, deq = make_weight(gt.Q6_K, 10, 512, rng)
+    x = np.zeros((3, 512), dtype=np.float32)
+    x[1] = 1.0
+    y = cpu_native.matmul(torch.from_numpy(x), gt.Q6_K, torch.from_numpy(raw), 10, 512).numpy()
+    assert not y[0].any() and not y[2].any()
+    np.testing.assert_allclose(y[1], deq.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K, gt.Q8_0, gt.F16], ids=gt.type_name)
+def test_linear_uses_native_on_cpu_views_and_dtypes(ggml_type):
+    """kernels.linear on a CPU QWeight (also a row view of it, and bf16 activations)."""
+    rng = np.random.default_rng(11)
+    raw, deq = make_weight(ggml_type, 70, 512, rng)
+    w = QWeight.from_raw(raw, ggml_type, (70, 512))
+    assert linear_mod.native_cpu(w)
+    x = torch.from_numpy(rng.standard_normal((2, 3, 512)).astype(np.float32))
+    y = linear(x, w)
+    assert y.shape == (2, 3, 70) and y.dtype == torch.float32
+    _check(ggml_type, raw, deq, x.reshape(6, 512).numpy(), y.reshape(6, 70).numpy())
+    part = w.rows(17, 50)
+    yp = linear(x, part)
+    torch.testing.assert_close(yp, y[..., 17:50], rtol=0, atol=0)
+    yb = linear(x.to(torch.bfloat16), w)
+    assert yb.dtype == torch.bfloat16
+
+
+def test_threads_setting(monkeypatch):
+    assert cpu_native.physical_cores() >= 1
+    monkeypatch.setenv("TRAMONTANE_THREADS", "3")
+    assert cpu_native.default_threads() == 3
+    assert cpu_native.set_threads() == 3 and cpu_native.threads() == 3
+    monkeypatch.setenv("TRAMONTANE_THREADS", "zero")
+    with pytest.raises(ValueError, match="TRAMONTANE_THREADS"):
+        cpu_native.default_threads()
+    monkeypatch.delenv("TRAMONTANE_THREADS")
+    assert cpu_native.default_threads() == cpu_native.physical_cores()
+    assert cpu_native.set_threads(1) == 1
+    with pytest.raises(ValueError):
+        cpu_native.set_threads(0)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="not supported"):
+        cpu_native.matmul(torch.zeros(1, 64), 99, torch.zeros(1, 64, dtype=torch.uint8), 1, 64)
+    with pytest.raises(ValueError, match="multiple"):
+        cpu_native.matmul(torch.zeros(1, 100), gt.Q8_0, torch.zeros(1, 200, dtype=torch.uint8), 1, 100)
+
+
+def test_falls_back_to_torch_and_warns_once(monkeypatch):
+    rng = np.random.default_rng(13)
+    raw, deq = make_weight(gt.Q4_K, 12, 256, rng)
+    w = QWeight.from_raw(raw, gt.Q4_K, (12, 256))
+    x = torch.from_numpy(rng.standard_normal((2, 256)).astype(np.float32))
+    monkeypatch.setattr(cpu_native, "_cpu", None)
+    monkeypatch.setattr(cpu_native, "AVAILABLE", False)
+    monkeypatch.setattr(linear_mod, "_warned_no_native", False)
+    with pytest.warns(RuntimeWarning, match="native CPU kernels are not built"):
+        y = linear(x, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        linear(x, w)  # once only
+    torch.testing.assert_close(y, linear_reference(x, w))
+    np.testing.assert_allclose(y.numpy(), x.numpy().astype(np.float64) @ deq.astype(np.float64).T, rtol=1e-4, atol=1e-4)
