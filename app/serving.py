@@ -11,6 +11,7 @@ import logging
 from concurrent.futures import Future
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtWidgets import QLabel
 
 from ..engine.server.executor import ModelUnavailable, served_model_of
 from ..engine.api import EngineError
@@ -135,3 +136,12 @@ class WindowServer(QObject):
     def _model_changed(self, _info=None) -> None:
         if self.server is not None:
             self.changed.emit()
+
+
+class ServerStatusLabel(QLabel):
+    """The status bar's line for the switch (empty while it is off)."""
+
+    def __init__(self, server: WindowServer):
+        super().__init__(server.status)
+        self.setObjectName("apiServerStatus")
+        server.changed.connect(lambda: self.setText(server.status))

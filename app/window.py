@@ -29,6 +29,7 @@ from .widgets.elided_label import ElidedLabel
 from .widgets.empty_state import EmptyState
 from .widgets.model_bar import NO_VISION_HINT, ModelBar, escape
 from .widgets.theme import is_dark, style_sheet
+from .serving import ServerStatusLabel, WindowServer
 from .worker import EngineInfo, EngineWorker, warm_up_imports
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,10 @@ class MainWindow(QMainWindow):
 
         self._build()
         self._build_menus()
+        # Settings' API server switch: other programs share this worker's engine and KV caches.
+        self.api_server = WindowServer(self.worker)
+        self.statusBar().addPermanentWidget(ServerStatusLabel(self.api_server))
+        self.api_server.apply(self.settings.serve, self.settings.serve_port)
         self.setAcceptDrops(True)
         self.setStyleSheet(style_sheet(self.dark))
         self._apply_font_size(self.settings.font_size)
@@ -743,7 +748,8 @@ class MainWindow(QMainWindow):
 
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.settings, self, servers_dialog=self.open_servers)
-        dialog.exec()
+        if dialog.exec():
+            self.api_server.apply(self.settings.serve, self.settings.serve_port)
 
     def open_servers(self) -> None:
         dialog = ServersDialog(self.store, self)
@@ -786,6 +792,7 @@ class MainWindow(QMainWindow):
                 self.settings.last_chat_id = self.current_chat_id
         except StoreError:
             pass
+        self.api_server.stop()  # before the worker: no server job may wait on it
         self.worker.stop()
         if self.downloads is not None:  # paused: the parts resume next time
             self.downloads.shutdown()

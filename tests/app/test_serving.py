@@ -10,6 +10,7 @@ pytest.importorskip("pytestqt")
 openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
 
 from PySide6.QtCore import QObject, Slot  # noqa: E402
+from PySide6.QtWidgets import QLabel  # noqa: E402
 
 from tramontane.app.dialogs.settings import AppSettings, SettingsDialog  # noqa: E402
 from tramontane.app.serving import WindowServer  # noqa: E402
@@ -104,3 +105,30 @@ def test_a_taken_port_is_said_in_the_status_line_and_the_app_goes_on(qtbot, work
         assert serving.status.startswith(f"API server off: cannot serve on 127.0.0.1:{port}")
     serving.apply(False, port)
     assert serving.status == ""
+
+
+def test_the_window_turns_the_server_on_from_settings_and_off_when_it_closes(qtbot, tmp_path):
+    from support.app_window import close_window, make_window, send
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = Store(tmp_path / "data")
+    AppSettings(store).serve, AppSettings(store).serve_port = True, port
+    store.close()
+    window = make_window(qtbot, tmp_path / "data", mmproj=False)
+    try:
+        label = window.statusBar().findChild(QLabel, "apiServerStatus")
+        qtbot.waitUntil(lambda: label.text().startswith(f"Serving mistral3_tiny-f32 at http://127.0.0.1:{port}/v1"),
+                        timeout=5000)
+        send(qtbot, window, "hello from the window")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60)
+        done = threading.Event()
+        threading.Thread(target=lambda: (client.chat.completions.create(
+            model="mistral3_tiny-f32", messages=[{"role": "user", "content": "hi"}], max_tokens=2), done.set())).start()
+        qtbot.waitUntil(done.is_set, timeout=60000)
+        qtbot.waitUntil(lambda: label.text().endswith("· 1 reply"), timeout=5000)
+    finally:
+        close_window(window)
+    with pytest.raises(openai.APIConnectionError):
+        client.models.list()
