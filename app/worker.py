@@ -161,7 +161,7 @@ class EngineWorker(QObject):
     failed = Signal(int, str)  # request id, readable message
 
     # -- requests, queued into the worker thread ---------------------------------------------
-    _loadRequested = Signal(str, str, str, int)  # model, mmproj ('' none), device, context (0 default)
+    _loadRequested = Signal(str, str, str, int, int)  # model, mmproj ('' none), device, context (0 default), GPU layers (-1 auto)
     _remoteRequested = Signal(object)  # a ready-made engine object (RemoteEngine)
     _chatRequested = Signal(object)  # ChatRequest
     _unloadRequested = Signal()
@@ -202,9 +202,11 @@ class EngineWorker(QObject):
 
     # -- requests (UI thread) ----------------------------------------------------------------
     def load(self, model_path: str | Path, mmproj_path: str | Path | None = None,
-             device: str = "auto", context_length: int | None = None) -> None:
+             device: str = "auto", context_length: int | None = None,
+             gpu_layers: int | None = None) -> None:
+        """`gpu_layers`: Settings' "GPU layers: N" (the last N layers on the GPU); None: planned."""
         self._loadRequested.emit(str(model_path), str(mmproj_path or ""), device or "auto",
-                                 int(context_length or 0))
+                                 int(context_length or 0), -1 if gpu_layers is None else int(gpu_layers))
 
     def use_engine(self, engine) -> None:
         """Switch to an engine built elsewhere (a RemoteEngine: its constructor does no I/O)."""
@@ -228,8 +230,10 @@ class EngineWorker(QObject):
             except Exception:  # noqa: BLE001 - closing must never take the app down
                 log.exception("closing the engine failed")
 
-    @Slot(str, str, str, int)
-    def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int) -> None:
+    @Slot(str, str, str, int, int)
+    def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int,
+              gpu_layers: int = -1) -> None:
+        from .model_fit import gpu_layers_device_map
         from ..engine.library.projector import check_pair
         from ..engine.runtime.local import LocalEngine
 
@@ -240,6 +244,7 @@ class EngineWorker(QObject):
                 check_pair(model_path, mmproj_path)
             engine = LocalEngine(model_path, mmproj_path or None, device=device,
                                  context_length=context_length or None,
+                                 device_map=gpu_layers_device_map(model_path, gpu_layers, device),
                                  progress=lambda frac, what: self.loadProgress.emit(float(frac), str(what)))
         except EngineError as exc:
             self.loadFailed.emit(str(exc))
