@@ -643,7 +643,7 @@ class MainWindow(QMainWindow):
         self.model_bar.show_loading(Path(model_path).name)
         self._update_model_state()
         self.worker.load(model_path, mmproj_path or None, self.settings.device,
-                         self.settings.context_length or None)
+                         self.settings.context_length or None, self.settings.gpu_layers)
 
     def open_model_file(self) -> None:
         start = self.settings.models_dir or str(Path.home())
@@ -735,7 +735,9 @@ class MainWindow(QMainWindow):
         try:
             # The window owns the downloads: closing the dialog leaves them running.
             self.downloads = downloads_in(self.downloads, self.settings.models_dir or None, self)
-            dialog = ModelManagerDialog(downloads=self.downloads, parent=self)
+            info = self.engine_info
+            dialog = ModelManagerDialog(downloads=self.downloads, parent=self, settings=self.settings,
+                                        loaded_model=info.model_path if info and not info.remote else None)
         except Exception as exc:  # noqa: BLE001
             self.model_bar.show_error(f"Cannot open the model manager: {exc}")
             return
