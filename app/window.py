@@ -13,8 +13,8 @@ from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QFont, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout,
                                QInputDialog, QLabel, QLineEdit, QListView, QMainWindow, QMessageBox,
-                               QPlainTextEdit, QSplitter, QStackedWidget, QToolButton, QVBoxLayout,
-                               QWidget)
+                               QPlainTextEdit, QSizePolicy, QSplitter, QStackedWidget, QToolButton,
+                               QVBoxLayout, QWidget)
 
 from .chat_session import LOAD_FIRST_HINT, ChatSession
 from .single_instance import InstanceServer
@@ -22,11 +22,12 @@ from .dialogs.servers import EngineChoiceCombo, ServersDialog
 from .dialogs.settings import AppSettings, SettingsDialog
 from .servers import EngineChoice, ServerList, engine_for_choice
 from .store import Store, StoreError
-from .widgets.chat_list import ChatListModel
+from .widgets.chat_list import ChatListDelegate, ChatListModel
 from .widgets.chat_view import ChatView
 from .widgets.composer import Composer
 from .widgets.elided_label import ElidedLabel
 from .widgets.empty_state import EmptyState
+from .widgets.icons import icon
 from .widgets.model_bar import NO_VISION_HINT, ModelBar, escape
 from .widgets.theme import is_dark, style_sheet
 from .serving import ServerStatusLabel, WindowServer
@@ -143,21 +144,28 @@ class MainWindow(QMainWindow):
         self.chat_list.setModel(self.chat_model)
         self.chat_list.setAccessibleName("Chats")
         self.chat_list.setObjectName("chatList")
-        self.chat_list.setUniformItemSizes(True)
+        self.chat_list.setItemDelegate(ChatListDelegate(self.chat_list))  # Today / Yesterday... headings
         self.chat_list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.chat_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.chat_list.selectionModel().currentChanged.connect(self._chat_selected)
         self.chat_list.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
         buttons = QHBoxLayout()
-        self.new_button = self._tool("New", "New chat (Ctrl+N)", self.new_chat)
+        self.new_button = self._tool("New chat", "New chat (Ctrl+N)", self.new_chat)
+        self.new_button.setIcon(icon("new-chat"))
+        self.new_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.new_button.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.rename_button = self._tool("Rename", "Rename the chat (F2)", self.rename_selected)
         self.branch_button = self._tool("Branch", "Copy the chat into a new one", self.branch_selected)
         self.delete_button = self._tool("Delete", "Delete the chat (Del)", self.delete_selected)
-        for b in (self.new_button, self.rename_button, self.branch_button, self.delete_button):
+        for b in (self.rename_button, self.branch_button, self.delete_button):
+            b.setAutoRaise(True)
             buttons.addWidget(b)
+        buttons.addStretch(1)
         sidebar = QWidget()
+        sidebar.setObjectName("sidebar")
         side = QVBoxLayout(sidebar)
-        side.setContentsMargins(6, 6, 0, 6)
+        side.setContentsMargins(8, 8, 8, 6)
+        side.addWidget(self.new_button)
         side.addWidget(self.search)
         side.addWidget(self.chat_list, 1)
         side.addLayout(buttons)
@@ -286,6 +294,7 @@ class MainWindow(QMainWindow):
             if dark != self.dark:
                 self.dark = dark
                 self.setStyleSheet(style_sheet(dark))
+                self.new_button.setIcon(icon("new-chat"))
                 self.view.dark = dark
                 self.refresh_view()
         super().changeEvent(event)

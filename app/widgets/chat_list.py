@@ -1,13 +1,35 @@
 """The chat list: a QAbstractListModel over the store's chats (pinned first, newest first),
-filtered by the store's search (titles and message text)."""
+filtered by the store's search (titles and message text), shown under the headings Pinned /
+Today / Yesterday / Last 7 days / Older."""
 from __future__ import annotations
 
 
+import datetime
 import time
 
-from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt
+from PySide6.QtCore import QAbstractListModel, QModelIndex, QRect, QSize, Qt
+from PySide6.QtGui import QFont, QPalette
+from PySide6.QtWidgets import QStyledItemDelegate
+
+from .icons import icon
 
 ChatIdRole = Qt.ItemDataRole.UserRole + 1
+HeadingRole = Qt.ItemDataRole.UserRole + 2  # the group heading shown above this row, or ''
+
+
+def group_of(pinned: bool, updated_at: float, today: datetime.date | None = None) -> str:
+    """The heading a chat is listed under."""
+    if pinned:
+        return "Pinned"
+    today = today or datetime.date.today()
+    days = (today - datetime.date.fromtimestamp(updated_at)).days
+    if days <= 0:
+        return "Today"
+    if days == 1:
+        return "Yesterday"
+    if days < 7:
+        return "Last 7 days"
+    return "Older"
 
 
 def _when(ts: float) -> str:
@@ -44,7 +66,14 @@ class ChatListModel(QAbstractListModel):
             return None
         chat = self.chats[index.row()]
         if role == Qt.ItemDataRole.DisplayRole:
-            return ("📌 " if chat.pinned else "") + chat.title
+            return chat.title
+        if role == Qt.ItemDataRole.DecorationRole:
+            return icon("pin") if chat.pinned else None
+        if role == HeadingRole:
+            group = group_of(chat.pinned, chat.updated_at)
+            previous = self.chats[index.row() - 1] if index.row() else None
+            same = previous is not None and group_of(previous.pinned, previous.updated_at) == group
+            return "" if same else group
         if role == Qt.ItemDataRole.ToolTipRole:
             return f"{chat.title}\n{chat.message_count} messages · {_when(chat.updated_at)}"
         if role == Qt.ItemDataRole.AccessibleTextRole:
@@ -58,3 +87,35 @@ class ChatListModel(QAbstractListModel):
 
     def chat_id(self, row: int) -> int | None:
         return self.chats[row].id if 0 <= row < len(self.chats) else None
+
+
+class ChatListDelegate(QStyledItemDelegate):
+    """Draws a row's group heading (Today, Yesterday...) above the first chat of each group."""
+
+    def _heading_height(self, option) -> int:
+        return option.fontMetrics.height() + 12
+
+    def sizeHint(self, option, index) -> QSize:  # noqa: N802
+        size = super().sizeHint(option, index)
+        if index.data(HeadingRole):
+            size.setHeight(size.height() + self._heading_height(option))
+        return size
+
+    def paint(self, painter, option, index) -> None:
+        heading = index.data(HeadingRole)
+        if not heading:
+            super().paint(painter, option, index)
+            return
+        top = self._heading_height(option)
+        painter.save()
+        font = QFont(option.font)
+        font.setBold(True)
+        font.setPointSizeF(font.pointSizeF() * 0.9)
+        painter.setFont(font)
+        painter.setPen(option.palette.color(QPalette.ColorGroup.Disabled, QPalette.ColorRole.Text))
+        painter.drawText(QRect(option.rect.left() + 6, option.rect.top() + 4, option.rect.width() - 6, top - 4),
+                         Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, heading)
+        painter.restore()
+        row = type(option)(option)
+        row.rect = option.rect.adjusted(0, top, 0, 0)
+        super().paint(painter, row, index)

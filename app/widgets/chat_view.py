@@ -13,15 +13,19 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap,
                            QTextDocument)
-from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
+from PySide6.QtWidgets import (QApplication, QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout,
                                QWidget)
 
 from ...engine.api import GenerationStats
+from .icons import icon
 from .markdown import COPY_SCHEME, code_blocks, render_markdown
 
 RENDER_INTERVAL_MS = 50
 THUMB_SIZE = 96
+COLUMN_WIDTH = 760  # the conversation's text column, centred (lines stay readable at 1600 px)
+COPIED_MS = 1500  # how long "Copied" shows on the copy button
+ACTION_ICON = QSize(18, 18)
 
 
 CONTEXT_FULL_ADVICE = ("context full: branch from an earlier message or start a new chat to go on, "
@@ -181,7 +185,7 @@ class MessageWidget(QFrame):
         self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
         self.setFrameShape(QFrame.Shape.StyledPanel)
         who = {"user": "You", "assistant": "Assistant", "system": "System"}.get(message.role, message.role)
-        self.role_label = QLabel(f"<b>{who}</b>")
+        self.role_label = QLabel(who)
         self.role_label.setObjectName("roleLabel")
         self.body = MarkdownView(self)
         self.body.setAccessibleName(f"{who} message")
@@ -195,12 +199,18 @@ class MessageWidget(QFrame):
         self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(10, 6, 10, 6)
+        layout.setContentsMargins(14, 8, 14, 8)
         layout.setSpacing(4)
         header = QHBoxLayout()
+        header.setSpacing(2)
         header.addWidget(self.role_label)
         header.addStretch(1)
         self.buttons: dict[str, QToolButton] = {}
+        self.hovered = False
+        self._copied = QTimer(self)
+        self._copied.setSingleShot(True)
+        self._copied.setInterval(COPIED_MS)
+        self._copied.timeout.connect(self._copy_done)
         self._add_button(header, "copy", "Copy", "Copy this message's text", self._copy)
         if message.role == "user":
             self._add_button(header, "edit", "Edit", "Edit this message and send it again",
@@ -245,11 +255,17 @@ class MessageWidget(QFrame):
 
     def set_busy(self, busy: bool, can_regenerate: bool) -> None:
         """Edit/Regenerate are off while a reply is written; Regenerate only on the last reply."""
+        self._can_regenerate = can_regenerate
         if "edit" in self.buttons:
             self.buttons["edit"].setEnabled(not busy)
         if "regenerate" in self.buttons:
-            self.buttons["regenerate"].setVisible(can_regenerate)
-            self.buttons["regenerate"].setEnabled(not busy)
+            button = self.buttons["regenerate"]
+            button.setVisible(can_regenerate and not self.buttons["copy"].isHidden())
+            # Not on this reply: no place kept either.
+            policy = button.sizePolicy()
+            policy.setRetainSizeWhenHidden(can_regenerate)
+            button.setSizePolicy(policy)
+            button.setEnabled(not busy)
 
     def shows(self, message, live, error: str, dark: bool) -> bool:
         """Whether this widget already shows `message` exactly as it is now."""
@@ -259,14 +275,40 @@ class MessageWidget(QFrame):
                 and self.has_live == (live is not None) and self.dark == dark and self.editor is None)
 
     def _add_button(self, layout, key: str, text: str, tip: str, slot, enabled: bool = True) -> None:
+        """An icon action; shown while the pointer is over the message or the keyboard focus
+        is in it (see `show_actions`), its place kept meanwhile so nothing jumps."""
         button = QToolButton()
         button.setText(text)
+        button.setIcon(icon(key))
+        button.setIconSize(ACTION_ICON)
+        button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
         button.setToolTip(tip)
+        button.setAccessibleName(text)
         button.setAutoRaise(True)
         button.setEnabled(enabled)
         button.clicked.connect(slot)
+        policy = button.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)
+        button.setSizePolicy(policy)
+        button.hide()
         layout.addWidget(button)
         self.buttons[key] = button
+
+    def show_actions(self, shown: bool) -> None:
+        for key, button in self.buttons.items():
+            if key == "regenerate" and not self._can_regenerate:
+                continue
+            button.setVisible(shown)
+
+    def enterEvent(self, event) -> None:  # noqa: N802
+        self.hovered = True
+        self.show_actions(True)
+        super().enterEvent(event)
+
+    def leaveEvent(self, event) -> None:  # noqa: N802
+        self.hovered = False
+        self.show_actions(self.isAncestorOf(QApplication.focusWidget()) if QApplication.focusWidget() else False)
+        super().leaveEvent(event)
 
     def set_text(self, text: str) -> None:
         self.text = text
@@ -294,6 +336,17 @@ class MessageWidget(QFrame):
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.text)
+        button = self.buttons["copy"]  # says it worked, for a moment
+        button.setIcon(icon("check"))
+        button.setText("Copied")
+        button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self._copied.start()
+
+    def _copy_done(self) -> None:
+        button = self.buttons["copy"]
+        button.setIcon(icon("copy"))
+        button.setText("Copy")
+        button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
 
     # -- edit and resend ------------------------------------------------------------------------
     def _start_edit(self) -> None:
@@ -353,15 +406,25 @@ class ChatView(QScrollArea):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self.setAccessibleName("Conversation")
         self.inner = QWidget()
         self.inner.setObjectName("conversation")
-        self.column = QVBoxLayout(self.inner)
-        self.column.setContentsMargins(12, 12, 12, 12)
-        self.column.setSpacing(10)
+        # The messages go in a column of readable width, centred in whatever room there is.
+        column = QWidget()
+        column.setMaximumWidth(COLUMN_WIDTH + 2 * 16)
+        self.column = QVBoxLayout(column)
+        self.column.setContentsMargins(16, 16, 16, 16)
+        self.column.setSpacing(14)
         self.column.addStretch(1)
+        centre = QHBoxLayout(self.inner)
+        centre.setContentsMargins(0, 0, 0, 0)
+        centre.addStretch(1)
+        centre.addWidget(column, 100)
+        centre.addStretch(1)
         self.setWidget(self.inner)
+        QApplication.instance().focusChanged.connect(self._focus_moved)
         self.dark = False
         self.widgets: list[MessageWidget] = []
         self.notice = QLabel()
@@ -459,6 +522,11 @@ class ChatView(QScrollArea):
         viewer.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         viewer.show()
         self.last_viewer = viewer
+
+    def _focus_moved(self, _old, new) -> None:
+        """The actions of the message holding the keyboard focus are shown (Tab reaches them)."""
+        for w in self.widgets:
+            w.show_actions(w.hovered or (new is not None and w.isAncestorOf(new)))
 
     def _note_position(self, value: int) -> None:
         bar = self.verticalScrollBar()

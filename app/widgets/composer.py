@@ -17,7 +17,7 @@ import io
 import warnings
 from pathlib import Path
 
-from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, Qt, Signal
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, QSize, Qt, Signal
 from PySide6.QtGui import QIcon, QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QSizePolicy, QToolButton, QVBoxLayout, QWidget)
@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainT
 from ...engine.api import EngineError, ImagePart
 from ...engine.mistral3.image import MAX_IMAGE_PIXELS, decode_image
 from ..jobs import Jobs
+from .icons import icon
 
 MAX_IMAGE_BYTES = 50 << 20
 DECODE_NOW_PIXELS = 1 << 20  # decoding this many pixels takes a few ms: done on attaching
@@ -165,7 +166,9 @@ class AttachmentChip(QFrame):
             picture.setText("image")
         picture.setToolTip(f"{image.name} ({size[0]}×{size[1]})")
         self.remove_button = QToolButton()
+        self.remove_button.setIcon(icon("close"))
         self.remove_button.setText("✕")
+        self.remove_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
         self.remove_button.setToolTip(f"Remove {image.name}")
         self.remove_button.setAccessibleName(f"Remove {image.name}")
         self.remove_button.setAutoRaise(True)
@@ -199,20 +202,17 @@ class Composer(QFrame):
         self.edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.edit.submitted.connect(self.submit)
         self.edit.imagesOffered.connect(self.add_mime)
-        self.attach_button = QToolButton()
-        self.attach_button.setText("Image…")
-        self.attach_button.setIcon(QIcon.fromTheme("insert-image"))
-        self.attach_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.attach_button = self._icon_button("attach", "Attach images")
         self.attach_button.clicked.connect(self.choose_files)
-        self.send_button = QPushButton("Send")
-        self.send_button.setToolTip("Send the message (Enter)")
-        self.send_button.setDefault(True)
+        self.send_button = self._icon_button("send", "Send", "Send the message (Enter)", "#ffffff")
+        self.send_button.setObjectName("sendButton")
         self.send_button.clicked.connect(self.submit)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("Stop the reply now (Esc); what was written is kept")
+        self.stop_button = self._icon_button("stop", "Stop", "Stop the reply now (Esc); what was "
+                                             "written is kept", "#ffffff")
+        self.stop_button.setObjectName("sendButton")
         self.stop_button.clicked.connect(self.stopRequested)
-        self.regenerate_button = QPushButton("Regenerate")
-        self.regenerate_button.setToolTip("Write the last reply again (Ctrl+R)")
+        self.regenerate_button = self._icon_button("regenerate", "Regenerate",
+                                                   "Write the last reply again (Ctrl+R)")
         self.regenerate_button.clicked.connect(self.regenerateRequested)
         self.message = QLabel()
         self.message.setObjectName("composerMessage")
@@ -226,20 +226,26 @@ class Composer(QFrame):
         self.chip_box.setLayout(self.chip_row)
         self.chip_box.hide()
 
-        buttons = QVBoxLayout()
-        buttons.addWidget(self.send_button)
-        buttons.addWidget(self.stop_button)
-        buttons.addWidget(self.regenerate_button)
-        buttons.addStretch(1)
+        # One rounded box, as in the chat apps people know: the images on top, then the
+        # attach button, the text, Regenerate and Send (Stop in its place while a reply runs).
+        self.box = QFrame()
+        self.box.setObjectName("composerBox")
         row = QHBoxLayout()
-        row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignTop)
+        row.setSpacing(4)
+        row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
         row.addWidget(self.edit, 1)
-        row.addLayout(buttons)
+        row.addWidget(self.regenerate_button, 0, Qt.AlignmentFlag.AlignBottom)
+        row.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
+        row.addWidget(self.stop_button, 0, Qt.AlignmentFlag.AlignBottom)
+        inside = QVBoxLayout(self.box)
+        inside.setContentsMargins(8, 6, 8, 6)
+        inside.setSpacing(4)
+        inside.addWidget(self.chip_box)
+        inside.addLayout(row)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 6, 8, 8)
-        layout.addWidget(self.chip_box)
+        layout.setContentsMargins(16, 4, 16, 12)
         layout.addWidget(self.message)
-        layout.addLayout(row)
+        layout.addWidget(self.box)
         self.set_busy(False)
         self.set_vision(True)
 
@@ -248,13 +254,30 @@ class Composer(QFrame):
         # stops Qt's font inheritance there, so hand the font down.
         if event.type() == event.Type.FontChange:
             self.edit.setFont(self.font())
+        if event.type() in (event.Type.PaletteChange, event.Type.ApplicationPaletteChange):
+            for button, name in ((self.attach_button, "attach"), (self.regenerate_button, "regenerate")):
+                button.setIcon(icon(name))  # drawn in the text colour of the new scheme
         super().changeEvent(event)
 
     # -- state from the window ------------------------------------------------------------------
+    @staticmethod
+    def _icon_button(name: str, text: str, tip: str = "", colour: str | None = None) -> QToolButton:
+        button = QToolButton()
+        button.setIcon(icon(name, colour))
+        button.setIconSize(QSize(20, 20))
+        button.setText(text)
+        button.setAccessibleName(text)
+        button.setToolTip(tip or text)
+        button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+        button.setAutoRaise(True)
+        return button
+
     def set_busy(self, busy: bool, can_regenerate: bool = False) -> None:
         self.busy = busy
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(busy)
+        self.send_button.setVisible(not busy)  # one place: Send, or Stop while a reply runs
+        self.stop_button.setVisible(busy)
         self.regenerate_button.setEnabled(not busy and can_regenerate)
 
     def set_vision(self, enabled: bool, hint: str = "") -> None:
@@ -262,6 +285,7 @@ class Composer(QFrame):
         self.vision_hint = hint
         self.attach_button.setEnabled(enabled)
         self.attach_button.setToolTip("Attach images (or drop / paste them here)" if enabled else hint)
+        self.attach_button.setIcon(icon("attach"))  # the palette may have changed
 
     def show_message(self, text: str, error: bool = True) -> None:
         self.message.setProperty("error", error)

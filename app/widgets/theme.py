@@ -9,21 +9,36 @@ def is_dark(palette: QPalette | None = None) -> bool:
     return palette.color(QPalette.ColorRole.Window).lightness() < 128
 
 
+ACCENT = "#2f6fde"
+
+
 def style_sheet(dark: bool) -> str:
-    user_bg, assistant_bg, border, muted, error = (
-        ("#2d3b55", "#23272e", "#3a3f47", "#9aa0a6", "#ef9a9a") if dark else
-        ("#e3ecfa", "#ffffff", "#d9dce1", "#5f6368", "#c62828"))
-    conversation = "#1b1e23" if dark else "#f6f7f9"
+    user_bg, border, muted, error, box, hover, selected = (
+        ("#2b323d", "#3a3f47", "#9aa0a6", "#ef9a9a", "#23272e", "#2c3139", "#2f3a4d") if dark else
+        ("#eef1f6", "#d5d9df", "#5f6368", "#c62828", "#ffffff", "#eceef1", "#dde6f5"))
+    conversation = "#1b1e23" if dark else "#ffffff"
+    sidebar = "#202328" if dark else "#f5f6f8"
     return f"""
         QWidget#conversation {{ background: {conversation}; }}
-        QFrame#userMessage {{ background: {user_bg}; border: none; border-radius: 10px; }}
-        QFrame#assistantMessage {{ background: {assistant_bg}; border: 1px solid {border};
-                                   border-radius: 10px; }}
+        QWidget#sidebar {{ background: {sidebar}; }}
+        QFrame#userMessage {{ background: {user_bg}; border: none; border-radius: 16px;
+                              margin-left: 72px; }}
+        QFrame#assistantMessage {{ background: transparent; border: none; }}
+        QLabel#roleLabel {{ color: {muted}; font-weight: 600; }}
         QLabel#statusLine {{ color: {muted}; }}
         QLabel#errorLine {{ color: {error}; }}
         QLabel#composerMessage {{ color: {error}; }}
         QLabel#emptyTitle {{ font-size: 18pt; font-weight: 600; }}
-        QFrame#attachment {{ border: 1px solid {border}; border-radius: 6px; }}
-        QPlainTextEdit#prompt {{ border: 1px solid {border}; border-radius: 6px; padding: 2px; }}
-        QListView#chatList::item {{ padding: 4px 2px; }}
+        QLabel#groupLabel {{ color: {muted}; font-weight: 600; }}
+        QFrame#composerBox {{ background: {box}; border: 1px solid {border}; border-radius: 18px; }}
+        QFrame#attachment {{ border: 1px solid {border}; border-radius: 8px; }}
+        QPlainTextEdit#prompt {{ border: none; background: transparent; padding: 2px; }}
+        QToolButton#sendButton {{ background: {ACCENT}; border: none; border-radius: 15px;
+                                  min-width: 30px; min-height: 30px; }}
+        QToolButton#sendButton:disabled {{ background: {muted}; }}
+        QListView#chatList {{ background: transparent; border: none; }}
+        QListView#chatList::item {{ padding: 5px 6px; border-radius: 6px; }}
+        QListView#chatList::item:hover {{ background: {hover}; }}
+        QListView#chatList::item:selected {{ background: {selected}; color: palette(text); }}
+        QFrame#modelBar {{ border-bottom: 1px solid {border}; }}
     """

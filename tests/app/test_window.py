@@ -18,6 +18,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QMimeData, Qt, QTimer  # noqa: E402
 
 from tramontane.app.store import Store  # noqa: E402
+from tramontane.app.widgets.chat_list import HeadingRole  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
 from support.app_window import (MMPROJ, MODEL, PieceCounter, close_window, drop_files,  # noqa: E402
                                 make_window, png_bytes, png_with_idat, send)
@@ -567,7 +568,8 @@ def test_pin_export_import(qtbot, window, tmp_path):
     assert window.chat_model.chat_id(0) != first
     window.set_pinned(first, True)
     assert window.chat_model.chat_id(0) == first
-    assert window.chat_model.data(window.chat_model.index(0)).startswith("📌")
+    pinned = window.chat_model.index(0)  # first, under "Pinned", with the pin icon (no emoji font needed)
+    assert pinned.data(HeadingRole) == "Pinned" and not pinned.data(Qt.ItemDataRole.DecorationRole).isNull()
 
     out = window.export_chat(first, tmp_path / "first.json")
     assert out is not None and out.is_file()
