@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from ...kernels import ggml_types
+from ...kernels import linear as _linear_mod
 from ...kernels.linear import QWeight, dequantize, linear
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
@@ -346,13 +347,25 @@ def _want_dense(gf: GGUFFile, cfg: TextConfig, device: torch.device, requested: 
         return False
     if requested is not None:
         return requested
+    if _native_cpu():
+        return False  # the native kernels run on the file's blocks: no float32 copy
     dense_bytes = sum(4 * math.prod(t.shape) for n, t in gf.tensors.items()
                       if n.startswith("blk.") and len(t.shape) == 2)
     dense_bytes += 4 * cfg.vocab_size * cfg.hidden  # the head
     return dense_bytes <= _available_ram() // 2
 
 
-def _fusable(gf: GGUFFile, names: Sequence[str]) -> bool:
+def _native_cpu() -> bool:
+    """CPU linears run on the native kernels (not built, or TRAMONTANE_CPU_EXACT: torch)."""
+    return _linear_mod.cpu_native.AVAILABLE and not _linear_mod.CPU_EXACT
+
+
+def _fusable(gf: GGUFFile, names: Sequence[str], device: torch.device | None = None) -> bool:
+    """One type: the weights can be concatenated into one matmul. Not on the CPU with the
+    native kernels: a concatenation is an anonymous copy of file bytes the mapping already
+    holds (separate calls on the mapped weights cost a few microseconds each)."""
+    if device is not None and device.type == "cpu" and _native_cpu():
+        return False
     return len({gf.tensors[n].ggml_type for n in names}) == 1
 
 
@@ -506,11 +519,11 @@ class Mistral3Text:
                     wo=self._upload(gf, b + "attn_output.weight", **on),
                     w_down=self._upload(gf, b + "ffn_down.weight", **on),
                 )
-                if _fusable(gf, qkv):
+                if _fusable(gf, qkv, seg.device):
                     layer.wqkv = self._upload_fused(gf, qkv, **on)
                 else:  # e.g. Q4_K_M: attn_v is Q6_K while q/k are Q4_K
                     layer.wq, layer.wk, layer.wv = (self._upload(gf, n, **on) for n in qkv)
-                if _fusable(gf, gate_up):
+                if _fusable(gf, gate_up, seg.device):
                     layer.w_gate_up = self._upload_fused(gf, gate_up, **on)
                 else:
                     layer.w_gate, layer.w_up = (self._upload(gf, n, **on) for n in gate_up)
