@@ -20,8 +20,10 @@ Outputs come back in x.dtype.
 """
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +45,26 @@ PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / G
 CPU_DENSE_CACHE_BYTES = 1 << 30
 _cpu_cache_used = 0
 _warned_no_native = False
+# CPU exactness switch: the native kernels quantize activations to int8 per block (as llama.cpp
+# does; relative error per product ~1e-3). Exact mode keeps the float32 torch path instead
+# (slow, dense caches): TRAMONTANE_CPU_EXACT=1, set_cpu_exact() or `with cpu_exact():`.
+CPU_EXACT = os.environ.get("TRAMONTANE_CPU_EXACT", "").strip() not in ("", "0")
+
+
+def set_cpu_exact(on: bool) -> None:
+    global CPU_EXACT
+    CPU_EXACT = bool(on)
+
+
+@contextmanager
+def cpu_exact(on: bool = True):
+    """Float32 torch matmuls on the CPU inside the block (the previous setting after)."""
+    global CPU_EXACT
+    before, CPU_EXACT = CPU_EXACT, bool(on)
+    try:
+        yield
+    finally:
+        CPU_EXACT = before
 
 
 def _warn_no_native() -> None:
@@ -58,7 +80,8 @@ def _warn_no_native() -> None:
 
 def native_cpu(w: "QWeight") -> bool:
     """Whether `linear` runs this CPU weight on the native kernels (F32 weights go to torch)."""
-    return w.data.device.type == "cpu" and w.ggml_type != F32 and cpu_native.supports(w.ggml_type)
+    return (not CPU_EXACT and w.data.device.type == "cpu" and w.ggml_type != F32
+            and cpu_native.supports(w.ggml_type))
 
 
 def _as_uint8_tensor(raw) -> torch.Tensor:
@@ -283,7 +306,7 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     if x.device.type == "cpu":
         if native_cpu(w):
             return _linear_native(x, w)
-        if not cpu_native.AVAILABLE:
+        if not cpu_native.AVAILABLE and not CPU_EXACT:
             _warn_no_native()
     return linear_reference(x, w)
 
