@@ -13,8 +13,8 @@ from concurrent.futures import Future
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QLabel
 
-from ..engine.server.executor import ModelUnavailable, served_model_of
 from ..engine.api import EngineError
+from ..engine.server.executor import ModelUnavailable, served_model_of
 from ..engine.server.http import OpenAIServer
 from ..engine.server.openai_api import RequestLimits, ServedModel
 from .worker import EngineInfo, EngineWorker
@@ -78,10 +78,10 @@ class WindowServer(QObject):
     changed = Signal()
     _served = Signal()  # from the server's thread
 
-    def __init__(self, worker: EngineWorker, limits: RequestLimits = RequestLimits()):
+    def __init__(self, worker: EngineWorker, limits: RequestLimits | None = None):
         super().__init__()
         self.executor = WorkerExecutor(worker)
-        self.limits = limits
+        self.limits = limits or RequestLimits()
         self.server: OpenAIServer | None = None
         self.error = ""  # why the last start failed, in words
         self.served = 0  # replies finished since the switch was turned on

@@ -7,9 +7,10 @@ CLI's owner is `ThreadExecutor` (one thread of its own); the window's is its eng
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..api import EngineError
 from .openai_api import ServedModel

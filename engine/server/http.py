@@ -18,10 +18,9 @@ import ipaddress
 import json
 import logging
 import threading
-import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
 
 from aiohttp import web
 
@@ -32,19 +31,13 @@ from .openai_api import (
     ApiError,
     ChatJob,
     ConversationKeys,
+    Reply,
     RequestLimits,
     ServedModel,
-    chat_chunk,
-    chat_response,
-    completion_chunk,
-    completion_response,
-    finish_reason,
     models_response,
-    new_id,
     parse_chat_request,
     parse_completion_request,
     stop_reason,
-    usage_chunk,
 )
 
 log = logging.getLogger(__name__)
@@ -118,13 +111,13 @@ class OpenAIServer:
 
     def __init__(self, executor: EngineExecutor, *, host: str = "127.0.0.1", port: int = 8080,
                  api_key: str | None = None, allow_network: bool = False,
-                 cors_origins: tuple[str, ...] = (), limits: RequestLimits = RequestLimits(),
+                 cors_origins: tuple[str, ...] = (), limits: RequestLimits | None = None,
                  on_finished: Callable[[Finished], None] | None = None):
         check_bind(host, allow_network, api_key)
         self.executor = executor
         self.host = host
         self.port = port
-        self.limits = limits
+        self.limits = limits or RequestLimits()
         self.cors_origins = frozenset(o.rstrip("/") for o in cors_origins)
         self.on_finished = on_finished
         self.conversations = ConversationKeys()
@@ -143,7 +136,7 @@ class OpenAIServer:
         return f"OpenAIServer({self.url!r}, api_key={'<hidden>' if self._api_key else None})"
 
     # -- lifetime (any thread) -----------------------------------------------------------------
-    def start(self) -> "OpenAIServer":
+    def start(self) -> OpenAIServer:
         """Bind and serve; raises EngineError in words when the port cannot be had."""
         ready: Future = Future()
         self._thread = threading.Thread(target=self._serve, args=(ready,), name="openai-server",
@@ -367,9 +360,7 @@ class OpenAIServer:
             while await events.get() is not _END:
                 pass
             result, reason = self._outcome(future)
-            build = chat_response if endpoint == "chat" else completion_response
-            rid = new_id("chatcmpl" if endpoint == "chat" else "cmpl")
-            return web.json_response(build(rid, model, int(time.time()), result, reason))
+            return web.json_response(Reply(endpoint, model).whole(result, reason))
         except (asyncio.CancelledError, ConnectionError):
             # The client went away (aiohttp cancels the handler, or a write fails): stop the
             # reply within one token, or drop it before it starts.
@@ -391,30 +382,17 @@ class OpenAIServer:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                "Cache-Control": "no-cache"})
         await response.prepare(request)
-        created = int(time.time())
-        usage_field = job.include_usage
-        if endpoint == "chat":
-            rid = new_id("chatcmpl")
-
-            def piece(text, finish=None, reason=None):
-                delta = {"content": text} if finish is None else {}
-                return chat_chunk(rid, model, created, delta, finish, reason, usage_field)
-
-            await response.write(_sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""},
-                                                 with_usage_field=usage_field)))
-        else:
-            rid = new_id("cmpl")
-
-            def piece(text, finish=None, reason=None):
-                return completion_chunk(rid, model, created, text, finish, reason, usage_field)
-
+        reply = Reply(endpoint, model, job.include_usage)
+        opening = reply.opening()
+        if opening is not None:
+            await response.write(_sse(opening))
         item = first
         while item is not _END:
             texts = []
             while item is not None and item is not _END:  # what arrived meanwhile: one chunk
                 texts.append(item)
                 item = events.get_nowait() if not events.empty() else None
-            await response.write(_sse(piece("".join(texts))))
+            await response.write(_sse(reply.piece("".join(texts))))
             if item is None:
                 item = await events.get()
         try:
@@ -422,11 +400,7 @@ class OpenAIServer:
         except ApiError as exc:  # after the headers: an error event, as vLLM sends
             await response.write(_sse(exc.body()))
         else:
-            tail = [_sse(piece("", finish_reason(result), reason))]
-            if job.include_usage:
-                kind = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
-                tail.append(_sse(usage_chunk(kind, rid, model, created, result)))
-            await response.write(b"".join(tail))
+            await response.write(b"".join(_sse(chunk) for chunk in reply.closing(result, reason)))
         await response.write(_sse("[DONE]"))
         await response.write_eof()
         return response

@@ -27,10 +27,11 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
 
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}  # else by status class
+
+
 class ApiError(Exception):
     """A refusal in OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
-
-    TYPES = {401: "authentication_error", 403: "permission_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None):
@@ -41,7 +42,7 @@ class ApiError(Exception):
         self.code = code
 
     def body(self) -> dict:
-        kind = self.TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        kind = _ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
@@ -156,7 +157,9 @@ def _sampling(body: dict, context_size: int) -> SamplingParams:
         repetition_penalty=_number(body, "repetition_penalty", DEFAULT_PARAMS.repetition_penalty,
                                    0.0, math.inf, inclusive_lo=False),
         seed=seed, stop=stops, ignore_eos=ignore_eos)
-    from ..runtime.generate import check_params  # here: the CLI's parser imports this module, not torch
+    from ..runtime.generate import (
+        check_params,  # here: the CLI's parser imports this module, not torch
+    )
 
     try:
         check_params(params)  # the engine's own rules, in its own words
@@ -368,10 +371,6 @@ class ConversationKeys:
 
 # ------------------------------------------------------------------------------- replies
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
 def finish_reason(result: GenerationResult) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
@@ -391,62 +390,64 @@ def stop_reason(result: GenerationResult, params: SamplingParams, full_text: str
                 params.stop[0] if params.stop else None)
 
 
-def _envelope(kind: str, rid: str, model: ServedModel, created: int) -> dict:
-    return {"id": rid, "object": kind, "created": created, "model": model.id,
-            "system_fingerprint": None}
+class Reply:
+    """One answer in OpenAI's shape: a chat completion or a text completion, whole or as
+    stream chunks, all under one id and creation time."""
 
+    def __init__(self, endpoint: str, model: ServedModel, include_usage: bool = False):
+        self.chat = endpoint == "chat"
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.model = model
+        self.created = int(time.time())
+        self.include_usage = include_usage  # streamed: a last chunk carries the usage
 
-def chat_response(rid: str, model: ServedModel, created: int, result: GenerationResult,
-                  reason: str | None) -> dict:
-    body = _envelope("chat.completion", rid, model, created)
-    body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                        "logprobs": None, "finish_reason": finish_reason(result),
-                        "stop_reason": reason}]
-    body["usage"] = usage(result)
-    return body
+    def _body(self, streamed: bool, choices: list) -> dict:
+        kind = ("chat.completion.chunk" if streamed else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model.id,
+                "system_fingerprint": None, "choices": choices}
 
+    def _choice(self, streamed: bool, text: str, finish: str | None = None,
+                reason: str | None = None) -> dict:
+        if not self.chat:
+            content = {"text": text}
+        elif streamed:
+            content = {"delta": {} if finish else {"content": text}}
+        else:
+            content = {"message": {"role": "assistant", "content": text}}
+        choice = {"index": 0, **content, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = reason
+        return choice
 
-def chat_chunk(rid: str, model: ServedModel, created: int, delta: dict,
-               finish: str | None = None, reason: str | None = None,
-               with_usage_field: bool = False) -> dict:
-    body = _envelope("chat.completion.chunk", rid, model, created)
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    if finish is not None:
-        choice["stop_reason"] = reason
-    body["choices"] = [choice]
-    if with_usage_field:
-        body["usage"] = None  # OpenAI: null on every chunk but the last when usage is asked for
-    return body
+    def _chunk(self, choice: dict) -> dict:
+        body = self._body(True, [choice])
+        if self.include_usage:
+            body["usage"] = None  # OpenAI: null on every chunk but the last
+        return body
 
+    def whole(self, result: GenerationResult, reason: str | None) -> dict:
+        body = self._body(False, [self._choice(False, result.text, finish_reason(result), reason)])
+        body["usage"] = usage(result)
+        return body
 
-def completion_response(rid: str, model: ServedModel, created: int, result: GenerationResult,
-                        reason: str | None) -> dict:
-    body = _envelope("text_completion", rid, model, created)
-    body["choices"] = [{"index": 0, "text": result.text, "logprobs": None,
-                        "finish_reason": finish_reason(result), "stop_reason": reason}]
-    body["usage"] = usage(result)
-    return body
+    def opening(self) -> dict | None:
+        """The chat stream's first chunk (the role); text completions have none."""
+        if not self.chat:
+            return None
+        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})
 
+    def piece(self, text: str) -> dict:
+        return self._chunk(self._choice(True, text))
 
-def completion_chunk(rid: str, model: ServedModel, created: int, text: str,
-                     finish: str | None = None, reason: str | None = None,
-                     with_usage_field: bool = False) -> dict:
-    body = _envelope("text_completion", rid, model, created)
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    if finish is not None:
-        choice["stop_reason"] = reason
-    body["choices"] = [choice]
-    if with_usage_field:
-        body["usage"] = None
-    return body
-
-
-def usage_chunk(kind: str, rid: str, model: ServedModel, created: int,
-                result: GenerationResult) -> dict:
-    body = _envelope(kind, rid, model, created)
-    body["choices"] = []
-    body["usage"] = usage(result)
-    return body
+    def closing(self, result: GenerationResult, reason: str | None) -> list[dict]:
+        """The chunk with the finish reason, then the usage chunk when it was asked for."""
+        chunks = [self._chunk(self._choice(True, "", finish_reason(result), reason))]
+        if self.include_usage:
+            body = self._body(True, [])
+            body["usage"] = usage(result)
+            chunks.append(body)
+        return chunks
 
 
 def models_response(model: ServedModel) -> dict:
