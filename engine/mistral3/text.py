@@ -18,6 +18,7 @@ Facts this module relies on (see docs/mistral3.md of the shared notes):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
@@ -665,14 +666,16 @@ class Mistral3Text:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.to(device=self.device, dtype=self.dtype)  # no-op unless the head sits apart
-        h = rms_norm(hidden, self.output_norm, self.cfg.norm_eps)
-        return linear(h, self.head).float()
+        with on_device(self.device):
+            h = rms_norm(hidden, self.output_norm, self.cfg.norm_eps)
+            return linear(h, self.head).float()
 
     def _layers(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
         for k, seg in enumerate(self.segments):
             if k:
                 x = _cross(x, seg)
-            x = self.run_segment(seg, x, start, cache)
+            with on_device(seg.device):
+                x = self.run_segment(seg, x, start, cache)
         return x
 
     def run_segment(self, seg: Segment, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
@@ -755,37 +758,42 @@ class Mistral3Text:
         x: (1, hidden) input row. Writes K/V at pos, attends over [0, bucket) with a mask
         hiding positions > pos. Returns float32 logits (vocab,) — or, for one `segment` that
         is not the last, its output row (a graph per GPU segment). Does not touch cache.length."""
-        cfg = self.cfg
-        n_rep = cfg.n_heads // cfg.n_kv_heads
         segs = self.segments if segment is None else [self.segments[segment]]
         for n, seg in enumerate(segs):
             if n:
                 x = _cross(x, seg)
-            p = pos.to(seg.device)
-            rope = seg.rope
-            cos_q, sin_q = rope.cos_q.index_select(0, p), rope.sin_q.index_select(0, p)
-            cos_k, sin_k = rope.cos_k.index_select(0, p), rope.sin_k.index_select(0, p)
-            # Additive mask, made once per segment (a bool mask would be converted in every layer).
-            visible = torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
-                torch.arange(bucket, device=x.device) > p, float("-inf"))
-            for i in seg.layers:
-                layer = self.layers[i]
-                h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
-                q, k, v = self._qkv(layer, h)
-                q = apply_rope_pairs(q, cos_q, sin_q)
-                k = apply_rope_pairs(k, cos_k, sin_k)
-                cache.layer_k[i].index_copy_(1, p, k.transpose(0, 1))
-                cache.layer_v[i].index_copy_(1, p, v.transpose(0, 1))
-                keys = cache.layer_k[i][:, :bucket].unsqueeze(0)
-                values = cache.layer_v[i][:, :bucket].unsqueeze(0)
-                o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
-                                                   keys, values, attn_mask=visible)
-                x = x + linear(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo)
-                h = rms_norm(x, layer.ffn_norm, cfg.norm_eps)
-                x = x + self._mlp(layer, h)
+            with on_device(seg.device):
+                x = self._segment_static(seg, x, pos.to(seg.device), cache, bucket)
         if segs[-1] is not self.segments[-1]:
             return x
         return self._logits(x)[0]
+
+    def _segment_static(self, seg: Segment, x: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                        bucket: int) -> torch.Tensor:
+        cfg = self.cfg
+        n_rep = cfg.n_heads // cfg.n_kv_heads
+        rope = seg.rope
+        cos_q, sin_q = rope.cos_q.index_select(0, pos), rope.sin_q.index_select(0, pos)
+        cos_k, sin_k = rope.cos_k.index_select(0, pos), rope.sin_k.index_select(0, pos)
+        # Additive mask, made once per segment (a bool mask would be converted in every layer).
+        visible = torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
+            torch.arange(bucket, device=x.device) > pos, float("-inf"))
+        for i in seg.layers:
+            layer = self.layers[i]
+            h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
+            q, k, v = self._qkv(layer, h)
+            q = apply_rope_pairs(q, cos_q, sin_q)
+            k = apply_rope_pairs(k, cos_k, sin_k)
+            cache.layer_k[i].index_copy_(1, pos, k.transpose(0, 1))
+            cache.layer_v[i].index_copy_(1, pos, v.transpose(0, 1))
+            keys = cache.layer_k[i][:, :bucket].unsqueeze(0)
+            values = cache.layer_v[i][:, :bucket].unsqueeze(0)
+            o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
+                                               keys, values, attn_mask=visible)
+            x = x + linear(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo)
+            h = rms_norm(x, layer.ffn_norm, cfg.norm_eps)
+            x = x + self._mlp(layer, h)
+        return x
 
     @torch.inference_mode()
     def decode(self, token_id: int, cache: KVCache) -> torch.Tensor:
@@ -808,6 +816,12 @@ class Mistral3Text:
 
     def _graphs_enabled(self) -> bool:
         return self.use_cuda_graphs and any(seg.device.type == "cuda" for seg in self.segments)
+
+
+def on_device(device: torch.device):
+    """Make a GPU the current one while its segment runs: Triton launches on the current
+    device, whatever device the tensors are on (a no-op for the CPU and for one GPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _cross(x: torch.Tensor, seg: Segment) -> torch.Tensor:

@@ -7,15 +7,16 @@ import torch
 def capture_cuda_graph(fn, device: torch.device, pool):
     """Warm fn up on a side stream (Triton compiles / autotunes there, outside the capture),
     then capture one call into a CUDA graph. Returns (replay, output tensor)."""
-    stream = torch.cuda.Stream(device=device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = fn()
+    with torch.cuda.device(device):  # a segment on a second GPU captures on that GPU
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
     return graph.replay, out
 
 
