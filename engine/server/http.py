@@ -106,6 +106,49 @@ def engine_failure(exc: BaseException) -> ApiError:
     return ApiError(500, f"the engine failed: {type(exc).__name__}: {exc}")
 
 
+class _Relay:
+    """Carries a job's text pieces and then its end from the engine thread to the event loop.
+
+    Pieces cross in batches: the first piece of a batch wakes the loop, which takes the batch
+    STREAM_BATCH_S later with whatever arrived meanwhile, so a fast engine is not slowed by a
+    thread hand-over (and the GIL going back and forth) per token. The reply's first piece
+    goes at once (time to first token)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cancel: threading.Event):
+        self.events: asyncio.Queue = asyncio.Queue()  # text batches, then _END
+        self._loop = loop
+        self._cancel = cancel
+        self._arrived: list[str] = []
+        self._lock = threading.Lock()
+        self._delay = 0.0
+
+    def call(self, fn, *args) -> None:
+        """Run fn on the loop (from any thread); a stopped server cancels the job instead."""
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self._cancel.set()
+
+    def post(self, piece: str) -> None:  # engine thread
+        with self._lock:
+            self._arrived.append(piece)
+            if len(self._arrived) > 1:
+                return  # a hand-over is already on its way and will take this piece too
+        self.call(self._loop.call_later, self._delay, self._hand_over)
+        self._delay = STREAM_BATCH_S
+
+    def end(self) -> None:  # on the loop, after the job's last post
+        self._hand_over()  # the last batch now, not after its delay
+        self.events.put_nowait(_END)
+
+    def _hand_over(self) -> None:  # on the loop
+        with self._lock:
+            text = "".join(self._arrived)
+            self._arrived.clear()
+        if text:
+            self.events.put_nowait(text)
+
+
 class OpenAIServer:
     """`start()` binds and serves in a background thread; `stop()` ends it (and its replies)."""
 
@@ -297,47 +340,19 @@ class OpenAIServer:
         if self._pending >= self.limits.max_queue:
             raise ApiError(503, f"the server is busy ({self._pending} requests waiting or running): "
                                 "try again shortly", code="server_busy")
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
-
-        # Pieces cross from the engine thread in batches: the first piece of a batch wakes the
-        # loop, which takes the batch STREAM_BATCH_S later with whatever arrived meanwhile, so a
-        # fast engine is not slowed by a thread hand-over (and the GIL going back and forth)
-        # per token. The reply's first piece goes at once (time to first token).
-        arrived: list[str] = []
-        lock = threading.Lock()
-        delay = [0.0]
-
-        def hand_over() -> None:  # on the loop
-            with lock:
-                text = "".join(arrived)
-                arrived.clear()
-            if text:
-                events.put_nowait(text)
-
-        def post(piece: str) -> None:  # engine thread
-            with lock:
-                arrived.append(piece)
-                if len(arrived) > 1:
-                    return  # a hand-over is already on its way and will take this piece too
-            try:
-                loop.call_soon_threadsafe(loop.call_later, delay[0], hand_over)
-                delay[0] = STREAM_BATCH_S
-            except RuntimeError:  # the server stopped: nobody is listening any more
-                cancel.set()
+        relay = _Relay(asyncio.get_running_loop(), cancel)
 
         def work(engine):
             if engine is None or not hasattr(engine, "complete"):
                 raise ModelUnavailable("no local model is loaded: load one, then try again")
-            result = run(engine, post if job.stream else None, cancel)
+            result = run(engine, relay.post if job.stream else None, cancel)
             full = engine.tokenizer.decode(result.token_ids) if result.finish_reason == "stop_string" else ""
             return result, stop_reason(result, job.params, full)
 
         def done() -> None:  # on the loop, after every piece the job posted
             self._pending -= 1
-            hand_over()  # the last batch now, not after its delay
-            events.put_nowait(_END)
+            relay.end()
             if not future.cancelled() and future.exception() is None:  # finished, even if cut
                 result = future.result()[0]
                 if on_result is not None:
@@ -345,19 +360,13 @@ class OpenAIServer:
                 if self.on_finished is not None:
                     self.on_finished(Finished(endpoint, result, key))
 
-        def finished(_future: Future) -> None:  # on the engine thread (or here, if cancelled)
-            try:
-                loop.call_soon_threadsafe(done)
-            except RuntimeError:  # the server stopped
-                pass
-
         future = self.executor.submit(work)
         self._pending += 1
-        future.add_done_callback(finished)
+        future.add_done_callback(lambda _: relay.call(done))  # on the engine thread (or here)
         try:
             if job.stream:
-                return await self._stream(request, endpoint, job, model, future, events)
-            while await events.get() is not _END:
+                return await self._stream(request, endpoint, job, model, future, relay.events)
+            while await relay.events.get() is not _END:
                 pass
             result, reason = self._outcome(future)
             return web.json_response(Reply(endpoint, model).whole(result, reason))
