@@ -30,7 +30,7 @@ from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalo
 from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.local import (LocalModel, delete_model, describe_model, find_projector,
                                      import_model, scan_models)
-from ...engine.runtime.device_map import Machine
+from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
 from ..model_fit import Fit, catalog_sizes, fit_of_file, fit_of_sizes, machine_for
@@ -187,7 +187,20 @@ def _table(headers: list[str]) -> QTableWidget:
     t.verticalHeader().setVisible(False)
     t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
     t.horizontalHeader().setStretchLastSection(True)
+    # One line per row; a long folder or file name loses its middle, not its end.
+    t.setWordWrap(False)
+    t.setTextElideMode(Qt.ElideMiddle)
     return t
+
+
+def describe_machine(machine: Machine) -> str:
+    """What the "On this machine" column is planned for, in one line."""
+    parts = []
+    for d in machine.devices:
+        name = f"{d.name} {d.description}" if d.kind == "cuda" else d.description or d.name
+        parts.append(name if d.free_bytes >= UNKNOWN_RAM else f"{name}: {d.free_bytes / (1 << 30):.1f} GB free")
+    return (f"This machine: {' · '.join(parts)} — planned for a {Budget().max_seq_len}-token "
+            "context, before anything is loaded")
 
 
 class ModelManagerDialog(QDialog):
@@ -266,6 +279,10 @@ class ModelManagerDialog(QDialog):
                             "the hub is not contacted.")
             banner.setStyleSheet("background: #fff3cd; padding: 6px;")
             layout.addWidget(banner)
+        self.machine_label = QLabel("Working out what this machine can run…")
+        self.machine_label.setToolTip("Each model is placed by the same planner that loads it: "
+                                      "layers on the GPU while they fit, the rest on the CPU.")
+        layout.addWidget(self.machine_label)
         layout.addWidget(split, 1)
         layout.addWidget(self.message)
         layout.addLayout(bottom)
@@ -632,6 +649,7 @@ class ModelManagerDialog(QDialog):
             where = ("  (opened from here)" if m.path in self._recent
                      else "  (imported in place)" if m.imported_in_place else "")
             t.setItem(row, 7, _item(str(m.folder) + where))
+            t.item(row, 7).setToolTip(str(m.path))
             if m.error:
                 t.item(row, 0).setToolTip(m.error)
             if loaded:
@@ -689,6 +707,8 @@ class ModelManagerDialog(QDialog):
         generation, self.machine, fits = outcome
         if generation != self._plans:  # a later plan (more sizes known) is on its way
             return
+        device = self.settings.device if self.settings else "auto"
+        self.machine_label.setText(describe_machine(machine_for(self.machine, device)))
         self.fits.update(fits)
         for r in range(self.catalog_table.rowCount()):
             entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)

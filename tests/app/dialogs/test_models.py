@@ -279,6 +279,8 @@ def test_every_catalogue_entry_has_a_size_and_says_whether_it_fits(qtbot, fake, 
     t = dlg.catalog_table
     qtbot.waitUntil(lambda: all(_column(t, r, "On this machine") for r in rows.values()), timeout=TIMEOUT)
     words = {key: _column(t, r, "On this machine") for key, r in rows.items()}
+    assert dlg.machine_label.text().startswith(
+        "This machine: cuda:0 simulated 8 GB: 8.0 GB free · simulated: 64.0 GB free — planned for a 4096")
     assert words == {("mistral-small-3.1-24b-instruct", "Q4_K_M"): "partly on the CPU",
                      ("mistral-small-3.1-24b-instruct", "Q8_0"): "partly on the CPU",
                      ("ministral-3-3b-instruct", "Q4_K_M"): "on the GPU",
