@@ -1,0 +1,219 @@
+"""CPU speed side by side with llama.cpp, on the same GGUF files, in the same run.
+
+    python bench/cpu.py                       # the bench models made by llama_cpp_tools.sh
+    python bench/cpu.py --models a.gguf b.gguf --threads 2
+    python bench/cpu.py --micro               # per-matmul GB/s of weights vs memory copy
+
+For each file: llama.cpp's llama-bench (-p 128 -n 32, the given threads, CPU only), then
+Tramontane end to end in a fresh subprocess (load, prefill of 128 random tokens from an empty
+cache, 32 greedy decode steps after one warm-up step, as llama-bench's tg32 does from an empty
+context), with its peak RSS. Prints the tok/s, the ratios and RSS / file size. The llama.cpp
+tools and models come from ../shared/tools/llama_cpp_tools.sh (run from the project root); a
+Q6_K file is made from bench-f16.gguf with llama-quantize when missing.
+Not a test: nothing under tests/ imports it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT.parent / "shared" / "tools" / "llama_cpp_tools.sh"
+
+
+def llama_tools() -> tuple[Path, Path]:
+    out = subprocess.run(["bash", str(TOOLS)], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    bin_dir, models = [ln.strip() for ln in out.strip().splitlines()[-2:]]
+    return Path(bin_dir), Path(models)
+
+
+def llama_bench(bin_dir: Path, path: Path, threads: int, p: int, n: int) -> dict:
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(threads), "-p", str(p), "-n", str(n),
+           "-ngl", "0", "-o", "json"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        return {"error": res.stderr.strip()[-500:]}
+    out = {}
+    for row in json.loads(res.stdout):
+        if row.get("n_prompt") == p and not row.get("n_gen"):
+            out["prefill_tok_s"] = row["avg_ts"]
+        elif row.get("n_gen") == n and not row.get("n_prompt"):
+            out["decode_tok_s"] = row["avg_ts"]
+    return out
+
+
+def tramontane_run(path: str, p: int, n: int, threads: int | None) -> dict:
+    """In this (fresh) process: load, prefill p tokens, decode n; peak RSS."""
+    import torch
+
+    from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.kernels import cpu_native
+
+    if threads:
+        cpu_native.set_threads(threads)
+    torch.set_num_threads(cpu_native.threads())
+    t = time.perf_counter()
+    model = Mistral3Text.load(path, device="cpu")
+    load_s = time.perf_counter() - t
+    cache = model.new_cache(p + n + 8)
+    gen = torch.Generator().manual_seed(0)
+    lo = 1000 if model.cfg.vocab_size > 2000 else 20
+    prompt = torch.randint(lo, model.cfg.vocab_size, (p,), generator=gen).tolist()
+    with torch.inference_mode():
+        # warm-up: first touch of the mapped weights (llama-bench also runs a warm-up pass)
+        model.forward(model.embed(prompt), 0, cache)
+        cache.truncate(0)
+        t = time.perf_counter()
+        logits = model.forward(model.embed(prompt), 0, cache)
+        prefill_s = time.perf_counter() - t
+        # decode from an (almost) empty context, like llama-bench's tg
+        cache.truncate(0)
+        token = int(logits.argmax())
+        model.decode(token, cache)
+        t = time.perf_counter()
+        for _ in range(n):
+            token = int(model.decode(token, cache).argmax())
+        decode_s = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return {"prefill_tok_s": p / prefill_s, "decode_tok_s": n / decode_s, "load_s": load_s,
+            "peak_rss_bytes": rss, "file_bytes": os.path.getsize(path),
+            "variant": cpu_native.variant(), "threads": cpu_native.threads(),
+            "dense": bool(model.dense_weights)}
+
+
+def tramontane(path: Path, p: int, n: int, threads: int) -> dict:
+    res = subprocess.run([sys.executable, __file__, "--tramontane-only", str(path), "-p", str(p), "-n", str(n),
+                          "--threads", str(threads)], capture_output=True, text=True)
+    if res.returncode:
+        return {"error": res.stderr.strip()[-1500:]}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def ensure_q6k(bin_dir: Path, models: Path) -> Path | None:
+    q6 = models / "bench-Q6_K.gguf"
+    if not q6.exists() and (models / "bench-f16.gguf").exists():
+        subprocess.run([str(bin_dir / "llama-quantize"), str(models / "bench-f16.gguf"), str(q6), "Q6_K"],
+                       check=True, capture_output=True)
+    return q6 if q6.exists() else None
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    import torch
+
+    a = torch.ones(nbytes, dtype=torch.uint8)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best / 1e9
+
+
+def micro(threads: int | None) -> None:
+    """Per-matmul speed on random valid blocks, the bench model's shapes (weights bigger than
+    the caches for decode: 4 distinct matrices cycled)."""
+    import numpy as np
+    import torch
+
+    from tramontane.kernels import cpu_native
+    from tramontane.kernels import ggml_types as gt
+
+    if threads:
+        cpu_native.set_threads(threads)
+    copy = copy_bandwidth_gbs()
+    print(f"variant {cpu_native.variant()}, {cpu_native.threads()} threads, copy bandwidth {copy:.1f} GB/s "
+          f"(read + write)")
+    rng = np.random.default_rng(0)
+    shapes = [(4096, 2048), (8192, 2048), (2048, 8192)]
+    for t in (gt.Q4_K, gt.Q6_K, gt.Q8_0, gt.Q5_K, gt.Q4_0, gt.IQ4_XS, gt.F16):
+        info = gt.type_info(t)
+        for rows, cols in shapes:
+            rb = cols // info.block_size * info.type_size
+            ws = [torch.from_numpy(rng.integers(0, 256, (rows, rb), dtype=np.uint8)) for _ in range(4)]
+            if t == gt.F16:  # finite values
+                ws = [torch.randn(rows, cols).half().view(torch.uint8).reshape(rows, rb) for _ in range(4)]
+            nbytes = rows * rb
+            for n in (1, 128):
+                x = torch.randn(n, cols)
+                for w in ws:
+                    cpu_native.matmul(x, t, w, rows, cols)
+                reps = 8 if n == 1 else 1
+                best = float("inf")
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        for w in ws:
+                            cpu_native.matmul(x, t, w, rows, cols)
+                    best = min(best, (time.perf_counter() - t0) / (reps * len(ws)))
+                gmac = rows * cols * n / best / 1e9
+                print(f"{info.name:6} {rows:5}x{cols:<5} rows {n:3}: {best * 1e3:7.3f} ms  "
+                      f"{nbytes / best / 1e9:6.1f} GB/s of weights ({nbytes / best / 1e9 / (copy / 2):4.2f} of copy read)  "
+                      f"{gmac:6.1f} GMAC/s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="*", help="GGUF files (default: bench-Q4_K_M, bench-Q8_0, bench-Q6_K)")
+    ap.add_argument("--threads", type=int, default=0, help="threads for both (default: physical cores)")
+    ap.add_argument("-p", type=int, default=128, help="prompt tokens")
+    ap.add_argument("-n", type=int, default=32, help="generated tokens")
+    ap.add_argument("--micro", action="store_true", help="per-matmul benchmark only")
+    ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tramontane-only", metavar="GGUF", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.tramontane_only:
+        print(json.dumps(tramontane_run(args.tramontane_only, args.p, args.n, args.threads or None)))
+        return 0
+    if args.micro:
+        micro(args.threads or None)
+        return 0
+    from tramontane.kernels import cpu_native
+
+    threads = args.threads or cpu_native.default_threads()
+    bin_dir = models_dir = None
+    if not args.no_llama or not args.models:
+        bin_dir, models_dir = llama_tools()
+    paths = [Path(m) for m in args.models] if args.models else [
+        models_dir / "bench-Q4_K_M.gguf", models_dir / "bench-Q8_0.gguf", ensure_q6k(bin_dir, models_dir)]
+    rows = []
+    for path in [p for p in paths if p]:
+        ref = {} if args.no_llama else llama_bench(bin_dir, path, threads, args.p, args.n)
+        ours = tramontane(path, args.p, args.n, threads)
+        rows.append({"file": path.name, "threads": threads, "llama_cpp": ref, "tramontane": ours})
+        if not args.json:
+            _print_row(rows[-1])
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 0
+
+
+def _print_row(r: dict) -> None:
+    ref, ours = r["llama_cpp"], r["tramontane"]
+    print(f"\n{r['file']} ({r['threads']} threads)")
+    if "error" in ours:
+        print("  tramontane failed:", ours["error"])
+        return
+    for what in ("decode", "prefill"):
+        mine = ours[f"{what}_tok_s"]
+        theirs = ref.get(f"{what}_tok_s")
+        ratio = f"{mine / theirs:5.2f}x" if theirs else "  n/a"
+        theirs_s = f"{theirs:7.1f}" if theirs else "    n/a"
+        print(f"  {what:8} tramontane {mine:7.1f} tok/s   llama.cpp {theirs_s} tok/s   ratio {ratio}")
+    print(f"  peak RSS {ours['peak_rss_bytes'] / 1e9:.2f} GB = {ours['peak_rss_bytes'] / ours['file_bytes']:.2f}x "
+          f"the file ({ours['file_bytes'] / 1e9:.2f} GB); kernels {ours['variant']}, load {ours['load_s']:.1f} s"
+          + (", DENSE weights" if ours.get("dense") else ""))
+    if "error" in ref:
+        print("  llama-bench failed:", ref["error"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
