@@ -293,51 +293,61 @@ def run_fuzz(seed: int, count: int, out_dir: Path, keep: int) -> None:
 
 # --- the tests ------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def fuzz(request, tmp_path_factory):
-    slow = "slow" in (request.config.getoption("-m") or "")
-    seed = int(os.environ.get("TRAMONTANE_FUZZ_SEED", SEED))
-    count = SLOW_COUNT if slow else FAST_COUNT
-    out_dir = tmp_path_factory.mktemp("fuzz")
+def fuzz_in_helper(seed: int, count: int, out_dir: Path) -> list[dict]:
     env = {**os.environ, "TRAMONTANE_FUZZ_THREADS": "1"}
     proc = subprocess.run([sys.executable, __file__, str(seed), str(count), str(out_dir), "40"],
                           capture_output=True, text=True, timeout=count * 3 + 120, env=env)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and len(records) == count, (
         f"seed {seed}: helper exited {proc.returncode} after {len(records)} files\n{proc.stderr[-3000:]}")
-    return seed, records
+    return records
 
 
-def test_every_mutant_loads_or_is_refused_naming_the_file(fuzz):
-    seed, records = fuzz
+def check_outcomes(seed: int, records: list[dict]) -> None:
+    """Every mutant loaded or was refused naming its file, within the per-file limits."""
     bad = [r for r in records if r["outcome"] not in ("ok", "refused")]
     assert not bad, f"seed {seed} (TRAMONTANE_FUZZ_SEED={seed} to replay):\n" + "\n".join(
         f"#{r['i']} {r['source']} {r['mutations']}: {r['outcome']}\n{r.get('message', '')}" for r in bad[:5])
-
-
-def test_refusals_name_the_file(fuzz):
-    seed, records = fuzz
     for r in records:
         if r["outcome"] == "refused":
             assert f"mutant-{seed}-{r['i']}.gguf" in r["message"].split(": ", 1)[0], r
-
-
-def test_per_file_time_and_memory_limits(fuzz):
-    seed, records = fuzz
     slowest = max(records, key=lambda r: r["seconds"])
     largest = max(records, key=lambda r: r["peak"])
     assert slowest["seconds"] < SECONDS_PER_FILE, (seed, slowest)
     assert largest["peak"] < PEAK_PER_FILE, (seed, largest)
 
 
-def test_the_fuzz_reaches_every_stage(fuzz):
+def check_reach(records: list[dict]) -> None:
     """A fuzz that only ever broke the header would prove little: the mutants must reach the
-    config, tokenizer and weights stages too, and some must still load."""
-    _seed, records = fuzz
+    tokenizer and weights stages too, and some must still load."""
     stages = {r.get("stage") for r in records if r["outcome"] == "refused"}
     assert {"header", "describe"} <= stages and stages & {"config", "tokenizer", "weights", "recognition"}
     assert sum(r["outcome"] == "ok" for r in records) >= len(records) // 20
     assert sum(r["outcome"] == "refused" for r in records) >= len(records) // 3
+
+
+@pytest.fixture(scope="module")
+def fuzz(tmp_path_factory):
+    seed = int(os.environ.get("TRAMONTANE_FUZZ_SEED", SEED))
+    return seed, fuzz_in_helper(seed, FAST_COUNT, tmp_path_factory.mktemp("fuzz"))
+
+
+def test_every_mutant_loads_or_is_refused_naming_the_file_within_limits(fuzz):
+    check_outcomes(*fuzz)
+
+
+def test_the_fuzz_reaches_every_stage(fuzz):
+    check_reach(fuzz[1])
+
+
+@pytest.mark.slow
+def test_thousands_of_mutants(request, tmp_path):
+    if "slow" not in (request.config.getoption("-m") or ""):
+        pytest.skip("thousands of files: run with -m slow")
+    seed = int(os.environ.get("TRAMONTANE_FUZZ_SEED", SEED)) + 1  # other mutants than the CI run's
+    records = fuzz_in_helper(seed, SLOW_COUNT, tmp_path)
+    check_outcomes(seed, records)
+    check_reach(records)
 
 
 def test_cli_info_prints_one_line_and_exits_2_on_refused_files(fuzz):
@@ -350,6 +360,16 @@ def test_cli_info_prints_one_line_and_exits_2_on_refused_files(fuzz):
         assert proc.returncode == 2, (r, proc.stdout, proc.stderr)
         assert proc.stdout == "" and proc.stderr.count("\n") == 1, (r, proc.stderr)
         assert proc.stderr.startswith(f"error: {r['path']}: "), (r, proc.stderr)
+
+
+def test_the_checks_fail_on_a_crash_a_hang_a_memory_spike_or_an_unnamed_refusal():
+    ok = {"i": 0, "source": "x", "mutations": [], "outcome": "ok", "seconds": 0.01, "peak": 0}
+    check_outcomes(1, [ok])
+    for bad in ({"outcome": "crash TypeError", "message": "…"}, {"outcome": "timeout"},
+                {"seconds": SECONDS_PER_FILE + 1}, {"peak": PEAK_PER_FILE + 1},
+                {"outcome": "refused", "message": "/elsewhere/other.gguf: broken"}):
+        with pytest.raises(AssertionError):
+            check_outcomes(1, [ok, {**ok, "i": 1, **bad}])
 
 
 def test_serializer_round_trips_the_fixtures():
