@@ -34,6 +34,8 @@ from .openai_api import (
     Reply,
     RequestLimits,
     ServedModel,
+    check_model,
+    model_object,
     models_response,
     parse_chat_request,
     parse_completion_request,
@@ -42,7 +44,7 @@ from .openai_api import (
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = "GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
+ENDPOINTS = "GET /v1/models[/NAME], POST /v1/chat/completions, POST /v1/completions"
 COMPLETIONS_SESSION = ConversationKeys.PREFIX + "completions"  # raw prompts share one KV entry
 _END = object()  # the job is done (after its last piece)
 STREAM_BATCH_S = 0.02  # streamed text after the first piece reaches the client at most this much later
@@ -230,6 +232,7 @@ class OpenAIServer:
         app = web.Application(client_max_size=self.limits.max_body_bytes,
                               middlewares=[self._errors, self._guard])
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{name}", self._one_model)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.on_response_prepare.append(self._cors_headers)
@@ -306,6 +309,11 @@ class OpenAIServer:
     # -- endpoints ------------------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(models_response(self._model()))
+
+    async def _one_model(self, request: web.Request) -> web.Response:
+        model = self._model()
+        check_model({"model": request.match_info["name"]}, model)
+        return web.json_response(model_object(model))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         model = self._model()

@@ -450,6 +450,10 @@ class Reply:
         return chunks
 
 
+def model_object(model: ServedModel) -> dict:
+    return {"id": model.id, "object": "model", "created": model.created, "owned_by": "tramontane",
+            "max_model_len": model.context_size}  # vLLM's field: clients size their prompts by it
+
+
 def models_response(model: ServedModel) -> dict:
-    return {"object": "list", "data": [{"id": model.id, "object": "model", "created": model.created,
-                                        "owned_by": "tramontane", "max_model_len": model.context_size}]}
+    return {"object": "list", "data": [model_object(model)]}

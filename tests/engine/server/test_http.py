@@ -107,6 +107,9 @@ def test_models_lists_the_loaded_model(served):
     models = served.client().models.list().data
     assert [m.id for m in models] == [NAME]
     assert models[0].model_extra["max_model_len"] == served.engine.context_size
+    assert served.client().models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError):
+        served.client().models.retrieve("gpt-4o")
 
 
 def test_non_streaming_reply_equals_the_in_process_reply(served, reference):
