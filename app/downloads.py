@@ -44,6 +44,9 @@ class Downloads(QObject):
         self.pairs: dict[str, tuple[DownloadRequest, DownloadRequest | None]] = {}
         # model download key -> (model path, projector path or None), once both are verified
         self.ready: dict[str, tuple[Path, Path | None]] = {}
+        # (catalogue entry id, quant) -> (model bytes, projector bytes) as the hub listed them:
+        # asked once per session, not at every opening of the Models dialog
+        self.catalog_sizes: dict[tuple[str, str], tuple[int | None, int | None]] = {}
         self._status_from_worker.connect(self._on_status, Qt.ConnectionType.QueuedConnection)
         self.manager.add_listener(self._status_from_worker.emit)
 

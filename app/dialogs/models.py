@@ -231,7 +231,7 @@ class ModelManagerDialog(QDialog):
         self.loaded_model = _resolved(loaded_model)
         self.machine = machine
         self.fits: dict[tuple, Fit | None] = {}  # ("catalog", id, quant) / ("local", path) -> fit
-        self.listed: dict[tuple[str, str], tuple[int | None, int | None]] = {}  # hub sizes
+        self.listed = self.downloads.catalog_sizes  # the hub's sizes, kept by the app's downloads
         self._recent: set[Path] = set()  # rows from settings.recent_models
         self._plans = 0  # planning jobs started: only the latest one's results are shown
         self.downloads.status_changed.connect(self._on_status)

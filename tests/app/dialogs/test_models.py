@@ -414,3 +414,21 @@ def test_files_opened_from_elsewhere_are_listed_and_can_be_forgotten(qtbot, fake
     assert model.exists() and t.rowCount() == 0 and "left where it is" in dlg.message.text()
     assert str(model) not in settings.recent_models
     dlg.close()
+
+
+def test_the_hub_is_asked_for_open_sizes_once_per_session(qtbot, fake, tmp_path):
+    from tramontane.app.dialogs.models import human_size
+    from tramontane.app.downloads import Downloads
+    catalog = parse_catalog({"models": [
+        {"id": "open", "name": "Tiny, sizes open", "repo_id": REPO, "license": "MIT",
+         "variants": [{"quant": "Q8_0", "file": None}]}]})
+    downloads = Downloads(tmp_path / "models", Hub(endpoint=fake.endpoint, token=False))
+    listings = lambda: [p for m, p, _ in fake.requests if "/tree/" in p]  # noqa: E731
+    size = len(fake.repos[REPO].files["Tiny-Vision-Q8_0.gguf"])
+    for _ in range(2):
+        dlg = ModelManagerDialog(downloads=downloads, catalog=catalog, machine=GPU8)
+        qtbot.addWidget(dlg)
+        qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 2).text() == human_size(size), timeout=TIMEOUT)
+        dlg.close()
+    assert len(listings()) == 1
+    downloads.shutdown()
