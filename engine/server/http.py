@@ -302,6 +302,8 @@ class OpenAIServer:
             return json.loads(raw)
         except UnicodeDecodeError:
             raise ApiError(400, "request body: not UTF-8 text") from None
+        except RecursionError:
+            raise ApiError(400, "request body: JSON nested too deeply") from None
         except json.JSONDecodeError as exc:
             raise ApiError(400, f"request body: not valid JSON ({exc.msg} at line {exc.lineno} "
                                 f"column {exc.colno})") from None

@@ -144,6 +144,8 @@ def _sampling(body: dict, context_size: int) -> SamplingParams:
     if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
         raise bad("stop", f"at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters")
     seed = _integer(body, "seed")
+    if seed is not None and not -(1 << 63) <= seed < 1 << 63:
+        raise bad("seed", f"must be a 64-bit integer, got {seed}")
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise bad("ignore_eos", f"must be true or false, got {ignore_eos!r}")

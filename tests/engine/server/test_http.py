@@ -255,6 +255,10 @@ def test_errors_come_in_openais_shape_with_the_right_status(served):
     status, body = raw_post(served.url, "/v1/chat/completions", b'{"model": "x", "messages": [')
     assert status == 400 and body["error"]["message"].startswith("request body: not valid JSON")
     assert body["error"]["type"] == "invalid_request_error"
+    status, body = raw_post(served.url, "/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and body["error"]["message"] == "request body: JSON nested too deeply"
+    status, body = raw_post(served.url, "/v1/chat/completions", b'{"messages": "\xff"}')
+    assert status == 400 and body["error"]["message"] == "request body: not UTF-8 text"
     status, body = raw_post(served.url, "/v1/embeddings", b"{}")
     assert status == 404 and "no such endpoint" in body["error"]["message"]
     # The server is still answering.

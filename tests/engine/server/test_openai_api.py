@@ -55,6 +55,7 @@ def test_sampling_fields_map_to_the_engine_params():
     ("max_tokens", 2.5, "max_tokens: must be an integer"),
     ("stop", [1, 2], "stop: must be a string or a list of strings"),
     ("stream", "yes", "stream: must be true or false"),
+    ("seed", 1 << 70, "seed: must be a 64-bit integer"),
     ("presence_penalty", 0.5, "presence_penalty: not supported"),
     ("frequency_penalty", -0.2, "frequency_penalty: not supported"),
     ("n", 2, "n: not supported"),
