@@ -230,7 +230,6 @@ class ModelManagerDialog(QDialog):
         self.settings = settings
         self.loaded_model = _resolved(loaded_model)
         self.machine = machine
-        self.fits: dict[tuple, Fit | None] = {}  # ("catalog", id, quant) / ("local", path) -> fit
         self.listed = self.downloads.catalog_sizes  # the hub's sizes, kept by the app's downloads
         self._recent: set[Path] = set()  # rows from settings.recent_models
         self._plans = 0  # planning jobs started: only the latest one's results are shown
@@ -687,7 +686,7 @@ class ModelManagerDialog(QDialog):
 
             detected = known or detect_machine()
             machine = machine_for(detected, device)
-            fits: dict[tuple, Fit | None] = {}
+            fits: dict[tuple, Fit | None] = {}  # ("catalog", id, quant) / ("local", path) -> fit
             for entry, quant, (model_bytes, mmproj_bytes), (path, proj) in catalog:
                 key = ("catalog", entry.id, quant)
                 if path is not None:  # on disk: the file itself
@@ -709,12 +708,11 @@ class ModelManagerDialog(QDialog):
             return
         device = self.settings.device if self.settings else "auto"
         self.machine_label.setText(describe_machine(machine_for(self.machine, device)))
-        self.fits.update(fits)
         for r in range(self.catalog_table.rowCount()):
             entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
             if ("catalog", entry.id, quant) in fits:
                 _show_fit(self.catalog_table.item(r, 3), fits["catalog", entry.id, quant],
-                          "Not known yet: the hub has not said how big it is.")
+                          "Not known yet: the size of this model is not known until the hub is asked.")
         for r in range(self.local_table.rowCount()):
             m = self.local_table.item(r, 0).data(Qt.UserRole)
             if ("local", m.path) in fits:
