@@ -308,7 +308,7 @@ def test_local_engine_refuses_before_loading_when_nothing_fits(monkeypatch):
 
 def test_moving_only_the_embedding_keeps_every_layer_on_the_gpu(files):
     """24B text-only needs 15,508,819,968 bytes whole on one GPU, 15,131,332,608 without its
-    embedding table. A GPU with 15.7 GiB free (14.2 usable = 15,245,984,563) misses the first
+    embedding table. A GPU with 15.7 GiB free (14.2 usable = 15,247,133,900) misses the first
     by 0.25 GiB: the table (a row lookup) goes to CPU memory, and all 40 layers stay on the GPU."""
     s = _sizes(files["small-24b"])
     whole = 20 * L6 + 20 * L4 + 40 * KV_GPU + ACT_GPU + EMBED + HEAD
