@@ -49,6 +49,10 @@ _ELEMENTS = {  # array element kinds a caller can ask for -> (accepts this numpy
 }
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def describe_value(value) -> str:
     """What a metadata value is, for error messages: "string 'abc'", "array of 3 uint8"..."""
     if isinstance(value, bool):
@@ -89,44 +93,38 @@ class Metadata:
             raise self.error(f"{self.source}: metadata '{key}' is missing (expected {expected})")
         return value
 
-    def uint(self, key: str, lo: int = 0, hi: int = 2**64 - 1, *, default=_MISSING) -> int:
-        """An integer in lo..hi (any GGUF integer type)."""
-        expected = f"an integer in {lo}..{hi}" if hi < 2**64 - 1 else f"an integer ≥ {lo}"
+    def _read(self, key: str, expected: str, accept, default):
+        """The value if `accept(value)`, `default` if the key is absent, else the error."""
         value = self._lookup(key, expected, default)
         if value is _MISSING:
             return default
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        if not accept(value):
             raise self.fail(key, expected, describe_value(value))
         return value
+
+    def uint(self, key: str, lo: int = 0, hi: int = 2**64 - 1, *, default=_MISSING) -> int:
+        """An integer in lo..hi (any GGUF integer type)."""
+        expected = f"an integer in {lo}..{hi}" if hi < 2**64 - 1 else f"an integer ≥ {lo}"
+        return self._read(key, expected, lambda v: _is_int(v) and lo <= v <= hi, default)
 
     def float(self, key: str, lo: float = -math.inf, hi: float = math.inf, *,
               above: float | None = None, default=_MISSING) -> float:
         """A finite number in lo..hi (and > `above` when given); GGUF floats or integers."""
         expected = "a finite number" + (f" above {above}" if above is not None else "") + (
             f" in {lo}..{hi}" if (lo, hi) != (-math.inf, math.inf) else "")
-        value = self._lookup(key, expected, default)
-        if value is _MISSING:
-            return default
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or not lo <= value <= hi or (above is not None and not value > above)):
-            raise self.fail(key, expected, describe_value(value))
-        return float(value)
+
+        def accept(v) -> bool:
+            return ((_is_int(v) or isinstance(v, float)) and math.isfinite(v) and lo <= v <= hi
+                    and (above is None or v > above))
+
+        value = self._read(key, expected, accept, default)
+        return value if value is default else float(value)
 
     def bool(self, key: str, *, default=_MISSING) -> bool:
-        value = self._lookup(key, "a bool", default)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, bool):
-            raise self.fail(key, "a bool", describe_value(value))
-        return value
+        return self._read(key, "a bool", lambda v: isinstance(v, bool), default)
 
     def string(self, key: str, *, default=_MISSING) -> str:
-        value = self._lookup(key, "a string", default)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, str):
-            raise self.fail(key, "a string", describe_value(value))
-        return value
+        return self._read(key, "a string", lambda v: isinstance(v, str), default)
 
     def array_of(self, key: str, elem: str, length: int | None = None, *, default=_MISSING):
         """An array of `elem` ("int", "float", "bool": a numpy array; "string": a list of str),

@@ -15,6 +15,7 @@ from PySide6.QtCore import QTimer  # noqa: E402
 
 from support.app_window import MMPROJ, MODEL, close_window, drop_files, make_window, png_with_idat, send  # noqa: E402
 from support.gguf_edit import rewrite_gguf  # noqa: E402
+from support.rss import peak_since, reset_peak  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Function.*QDrag.*Event:DeprecationWarning")
 
@@ -66,14 +67,6 @@ class Heartbeat:
         self.timer.stop()
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-
 # name -> (file bytes, words the message must hold)
 REFUSED_AT_DROP = {
     "bomb.png": (png_header(50_000, 50_000), "too large"),
@@ -112,11 +105,9 @@ def test_the_issues_strip_is_read_within_bounded_memory(qtbot, window, tmp_path)
     path.write_bytes(black_strip(1, 5_000_000))
     drop_files(window.composer, [path])
     assert [im.name for im in window.composer.images] == ["strip.png"]
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # the peak from here on
-    base = _status("VmRSS")
+    base = reset_peak()
     send(qtbot, window, "what is this?")
-    grown = _status("VmHWM") - base
+    grown = peak_since(base)
     assert grown < 600 << 20, f"{grown / 2**20:.0f} MiB"
     messages = window.store.get_chat(window.current_chat_id).messages
     assert [m.role for m in messages] == ["user", "assistant"] and messages[0].images

@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.rss import helper_env, peak_since, reset_peak, status_bytes
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SOURCES = [FIXTURES / "mistral3_tiny-q8_0.gguf", FIXTURES / "mmproj-mistral3_tiny-f16.gguf"]
 FAST_COUNT = 300
@@ -228,14 +230,6 @@ def load_like_the_app(path: str) -> str:
         raise
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-
 class _Timeout(BaseException):
     pass
 
@@ -253,7 +247,7 @@ def run_fuzz(seed: int, count: int, out_dir: Path, keep: int) -> None:
     if torch_threads:
         import torch
         torch.set_num_threads(int(torch_threads))
-    data_limit = _status("VmData") + (2 << 30)  # any allocation over ~2 GiB fails as MemoryError
+    data_limit = status_bytes("VmData") + (2 << 30)  # any allocation over ~2 GiB fails as MemoryError
     resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
     signal.signal(signal.SIGALRM, _alarm)
     bases = [read_structure(p) for p in SOURCES]
@@ -265,9 +259,7 @@ def run_fuzz(seed: int, count: int, out_dir: Path, keep: int) -> None:
         data, done = make_mutant(bases[which], rng)
         path = out_dir / f"mutant-{seed}-{i}.gguf"
         path.write_bytes(data)
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        base = _status("VmRSS")
+        base = reset_peak()
         t0 = time.perf_counter()
         record = {"i": i, "source": SOURCES[which].name, "mutations": done, "path": str(path)}
         signal.setitimer(signal.ITIMER_REAL, SECONDS_PER_FILE)
@@ -282,7 +274,7 @@ def run_fuzz(seed: int, count: int, out_dir: Path, keep: int) -> None:
             record.update(outcome=f"crash {type(exc).__name__}", message=traceback.format_exc()[-1500:])
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        record.update(seconds=round(time.perf_counter() - t0, 3), peak=_status("VmHWM") - base)
+        record.update(seconds=round(time.perf_counter() - t0, 3), peak=peak_since(base))
         if record["outcome"] == "refused" and record["stage"] in ("header", "describe") and kept < keep:
             kept += 1
         else:
@@ -294,7 +286,7 @@ def run_fuzz(seed: int, count: int, out_dir: Path, keep: int) -> None:
 # --- the tests ------------------------------------------------------------------------------------
 
 def fuzz_in_helper(seed: int, count: int, out_dir: Path) -> list[dict]:
-    env = {**os.environ, "TRAMONTANE_FUZZ_THREADS": "1"}
+    env = helper_env(TRAMONTANE_FUZZ_THREADS="1")
     proc = subprocess.run([sys.executable, __file__, str(seed), str(count), str(out_dir), "40"],
                           capture_output=True, text=True, timeout=count * 3 + 120, env=env)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

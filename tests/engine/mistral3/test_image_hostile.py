@@ -26,6 +26,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from support.rss import helper_env, peak_since, reset_peak
+
 BYTES_PER_PIXEL = 64
 SLACK = 96 << 20
 REAL = dict(image_size=1540, patch_size=14, merge=2)  # Mistral-Small-3.1's projector
@@ -132,14 +134,6 @@ CASES = {
 
 # --- the helper process --------------------------------------------------------------------
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-
 def _run_case(name: str) -> dict:
     """In a forked child: make the file, reset the peak, preprocess, report."""
     from tramontane.engine.api import EngineError
@@ -147,9 +141,7 @@ def _run_case(name: str) -> dict:
 
     maker, in_px, _expected, _slow = CASES[name]
     data = maker()
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # reset VmHWM to the current RSS
-    base = _status("VmRSS")
+    base = reset_peak()
     t0 = time.perf_counter()
     out = {"name": name, "file_bytes": len(data), "in_px": in_px}
     try:
@@ -160,7 +152,7 @@ def _run_case(name: str) -> dict:
         out.update(outcome="refused", message=str(exc), out_px=0)
     except BaseException as exc:  # reported, and the test fails on it
         out.update(outcome=f"crash {type(exc).__name__}", message=str(exc)[:300], out_px=0)
-    out.update(peak=_status("VmHWM") - base, seconds=round(time.perf_counter() - t0, 2))
+    out.update(peak=peak_since(base), seconds=round(time.perf_counter() - t0, 2))
     return out
 
 
@@ -194,7 +186,8 @@ def measured(request):
     """Every case of this run (slow ones only under `-m slow`), measured in one helper process."""
     slow = "slow" in (request.config.getoption("-m") or "")
     names = [n for n, case in CASES.items() if slow or not case[3]]
-    proc = subprocess.run([sys.executable, __file__, *names], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, __file__, *names], capture_output=True, text=True, timeout=900,
+                          env=helper_env())
     results = {}
     for line in proc.stdout.splitlines():
         item = json.loads(line)
