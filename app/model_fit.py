@@ -26,7 +26,8 @@ FIT_WORDS = {"gpu": "on the GPU", "partial": "partly on the CPU", "cpu": "on the
 # Pixtral, the vision tower of Mistral Small 3.1 and of every Ministral 3 (their projectors
 # differ only in the output width, the decoder's hidden size). Used to size the activations
 # of an image for a projector not yet downloaded.
-PIXTRAL = dict(image_size=1540, patch_size=14, merge=2, hidden=1024, ffn=4096, n_layers=24, n_heads=16)
+PIXTRAL = {"image_size": 1540, "patch_size": 14, "merge": 2, "hidden": 1024, "ffn": 4096, "n_layers": 24,
+           "n_heads": 16}
 
 
 @dataclass(frozen=True)

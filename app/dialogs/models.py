@@ -165,7 +165,7 @@ def _item(text: str, data=None) -> QTableWidgetItem:
 
 
 def _bytes(gb: float | None) -> int | None:
-    return int(round(gb * 1e9)) if gb else None
+    return round(gb * 1e9) if gb else None
 
 
 def _resolved(path: str | os.PathLike | None) -> Path | None:

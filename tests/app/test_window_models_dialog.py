@@ -9,7 +9,6 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from support import FIXTURES  # noqa: E402
 from support.app_window import MODEL, close_window, make_window  # noqa: E402
 
 TIMEOUT = 30_000

@@ -1,5 +1,7 @@
 """The model manager dialog, driven offscreen against the loopback fake hub."""
 
+import shutil
+
 import pytest
 
 from support.fakehub import MODEL_FILE, PROJ_FILE, FakeHub, tiny_repos  # noqa: E402
@@ -11,6 +13,11 @@ from tramontane.engine.library.hub import Hub  # noqa: E402
 
 pytest.importorskip("PySide6")
 from tramontane.app.dialogs.models import ModelManagerDialog, describe_progress  # noqa: E402
+from tramontane.app.dialogs.settings import AppSettings  # noqa: E402
+from tramontane.app.store import Store  # noqa: E402
+from tramontane.engine.library.catalog import load_catalog  # noqa: E402
+from tramontane.engine.runtime.device_map import DeviceInfo, Machine  # noqa: E402
+from support import FIXTURES  # noqa: E402
 
 REPO = "tiny-org/Tiny-Vision-GGUF"
 TIMEOUT = 30_000
@@ -222,14 +229,6 @@ def test_import_and_delete_from_the_local_tab(qtbot, dialog, tmp_path):
 # issue 18 (loaded model, double-click, remembered choices, files opened lately, sizes) and
 # issue 16 (fits this machine, from the engine's planner)
 
-import shutil  # noqa: E402
-
-from support import FIXTURES  # noqa: E402
-from tramontane.app.dialogs.settings import AppSettings  # noqa: E402
-from tramontane.app.store import Store  # noqa: E402
-from tramontane.engine.library.catalog import load_catalog  # noqa: E402
-from tramontane.engine.runtime.device_map import DeviceInfo, Machine  # noqa: E402
-
 GiB = 1 << 30
 GPU8 = Machine((DeviceInfo("cuda:0", 8 * GiB, "simulated 8 GB"),), DeviceInfo("cpu", 64 * GiB, "simulated"))
 
@@ -423,12 +422,14 @@ def test_the_hub_is_asked_for_open_sizes_once_per_session(qtbot, fake, tmp_path)
         {"id": "open", "name": "Tiny, sizes open", "repo_id": REPO, "license": "MIT",
          "variants": [{"quant": "Q8_0", "file": None}]}]})
     downloads = Downloads(tmp_path / "models", Hub(endpoint=fake.endpoint, token=False))
-    listings = lambda: [p for m, p, _ in fake.requests if "/tree/" in p]  # noqa: E731
+    def listings():
+        return [p for _, p, _ in fake.requests if "/tree/" in p]
+
     size = len(fake.repos[REPO].files["Tiny-Vision-Q8_0.gguf"])
     for _ in range(2):
         dlg = ModelManagerDialog(downloads=downloads, catalog=catalog, machine=GPU8)
         qtbot.addWidget(dlg)
-        qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 2).text() == human_size(size), timeout=TIMEOUT)
+        qtbot.waitUntil(lambda d=dlg: d.catalog_table.item(0, 2).text() == human_size(size), timeout=TIMEOUT)
         dlg.close()
     assert len(listings()) == 1
     downloads.shutdown()
