@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tramontane.kernels import ggml_types as gt
-from tramontane.kernels.linear import QWeight, dequantize, linear
+from tramontane.kernels.linear import QWeight, cpu_exact, dequantize, linear, native_cpu
 
 from support import FIXTURES
+from support.cpu_reference import act_block, quantize_rows
 LLAMACPP_FILES = sorted(glob.glob(os.path.join(FIXTURES, "*-llamacpp-*.gguf")))
 # quantized model fixtures written by other generators (random valid blocks via gguf-py)
 OTHER_FILES = sorted(set(glob.glob(os.path.join(FIXTURES, "*[-_][Qq][0-9]*.gguf"))) - set(LLAMACPP_FILES))
@@ -40,8 +41,16 @@ def _check_file(path, triton_rows: int):
         w = QWeight.from_raw(raw, ggml_type, shape, "cpu", name=name)
         x = torch.randn(3, shape[1], generator=torch.Generator().manual_seed(0))
         expect = x @ torch.from_numpy(ref).t()
-        err = float((linear(x, w) - expect).abs().max() / expect.abs().max())
+        with cpu_exact():  # the float32 torch path
+            err = float((linear(x, w) - expect).abs().max() / expect.abs().max())
         assert err <= 1e-5, (name, err)
+        if native_cpu(w):  # the native kernels: int8 activations, checked against their model
+            blk = act_block(ggml_type)
+            q, d = quantize_rows(x.numpy(), blk)
+            model = (q * d) @ ref.astype(np.float64).T
+            scale = np.abs(q * d) @ np.abs(ref.astype(np.float64)).T + 1e-30
+            rel = float((np.abs(linear(x, w).numpy() - model) / scale).max())
+            assert rel <= 1e-5, (name, rel)
         if triton_rows and w.is_quantized and (os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()):
             from tramontane.kernels.qmatmul import dequantize_triton, linear_decode
 
