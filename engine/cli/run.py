@@ -56,6 +56,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--context-length", type=int,
                    help="window size (default: the context that fits in memory, at most the model's)")
+    add_device_map_argument(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=perplexity_main)
 
@@ -223,6 +224,7 @@ def perplexity_main(args) -> int:
     from ..mistral3.text import Mistral3Text
     from ..mistral3.config import text_config
     from ..mistral3.tokenizer import Tokenizer
+    from ..runtime.device_map import plan_for_files
 
     path = Path(args.file)
     check_context_length(args, 2)  # a window scores tokens after its first
@@ -233,7 +235,7 @@ def perplexity_main(args) -> int:
     gf = open_gguf(args.model)
     text_config(gf)  # a projector or another architecture: say so, before the tokenizer complains
     tok = Tokenizer.from_gguf(gf)
-    model = Mistral3Text.load(gf, device=args.device)
+    model = Mistral3Text.load(gf, plan=plan_for_files(gf, None, args.device, args.device_map))
     ids = [tok.bos_id] + tok.encode(text)
     if len(ids) < 2:
         raise EngineError(f"{path}: no text to score")

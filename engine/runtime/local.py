@@ -43,11 +43,7 @@ class LocalEngine:
             text_config(gf)  # refuse a projector or another architecture before anything else
             self.tokenizer = Tokenizer.from_gguf(gf)
             self.plan = plan_for_files(gf, self.mmproj_path, device, device_map)
-            split = len({p.name for p in self.plan.placements if p.layers}
-                        | {self.plan.embedding_device, self.plan.head_device}) > 1
-            self.model = Mistral3Text.load(gf, device=torch_device(self.plan.head_device),
-                                           plan=self.plan if split else None,
-                                           progress=_scaled(progress, 0.0, 0.85))
+            self.model = Mistral3Text.load(gf, plan=self.plan, progress=_scaled(progress, 0.0, 0.85))
         except GGUFError as exc:
             raise EngineError(str(exc)) from None
         self.vision = None

@@ -52,3 +52,13 @@ def test_run_with_a_device_map_answers_as_without(capsys):
     assert split["token_ids"] == whole["token_ids"] and split["text"] == whole["text"]
     assert cli_main(args + ["--device-map", "cpu=3"]) == 2
     assert "places 3 layers; mistral3_tiny-f32.gguf has 2" in capsys.readouterr().err
+
+
+def test_perplexity_with_a_device_map_is_the_same_number(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("The tramontane is a cold north wind. It blows over the plain.\n", encoding="utf-8")
+    args = ["perplexity", "--model", TINY, "--file", str(text), "--device", "cpu", "--json"]
+    assert cli_main(args) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert cli_main(args + ["--device-map", "cpu:0=1,cpu:1=1"]) == 0
+    assert json.loads(capsys.readouterr().out) == whole
