@@ -81,7 +81,7 @@ class WindowServer(QObject):
     def __init__(self, worker: EngineWorker, limits: RequestLimits | None = None):
         super().__init__()
         self.executor = WorkerExecutor(worker)
-        self.limits = limits or RequestLimits()
+        self.limits = limits  # None: the server's defaults
         self.server: OpenAIServer | None = None
         self.error = ""  # why the last start failed, in words
         self.served = 0  # replies finished since the switch was turned on
