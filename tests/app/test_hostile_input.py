@@ -208,3 +208,32 @@ def test_a_hostile_projector_is_refused_naming_its_key(qtbot, window, tmp_path):
     notice = window.notices.get(window.current_chat_id, "")
     assert "mmproj-bad.gguf" in notice and "clip.vision.block_count" in notice, notice
     assert chat_snapshot(window) == before
+
+
+def test_hostile_files_in_the_models_folder(qtbot, window, tmp_path):
+    """The model manager lists a file whose header keys are broken as unreadable, with the
+    key in its tooltip, and will not load it; a file whose header reads but whose counts are
+    hostile loads into one message. The open chat is unchanged either way."""
+    send(qtbot, window, "hello")
+    chat_id = window.current_chat_id
+    before = chat_snapshot(window)
+    folder = tmp_path / "models" / "org__Tiny-GGUF"
+    folder.mkdir(parents=True)
+    rewrite_gguf(MODEL, folder / "name.gguf", set_kv={"general.name": ([1, 2], T.ARRAY, T.UINT8)})
+    rewrite_gguf(MODEL, folder / "blocks.gguf", set_kv={"mistral3.block_count": (2**31, T.UINT64)})
+    window.open_model_manager(tab=2)
+    dialog = window.model_manager
+    table = dialog.local_table
+    qtbot.waitUntil(lambda: table.rowCount() >= 2, timeout=10000)  # and the model loaded lately
+    rows = {table.item(r, 0).text(): r for r in range(table.rowCount())}
+    broken = rows["name.gguf"]
+    assert table.item(broken, 2).text() == "unreadable"
+    assert "'general.name' should be a string, found array of 2 uint8" in table.item(broken, 0).toolTip()
+    table.selectRow(broken)
+    assert not dialog.local_load.isEnabled()
+    table.selectRow(rows["blocks.gguf"])
+    assert dialog.local_load.isEnabled()
+    dialog.local_load.click()
+    qtbot.waitUntil(lambda: window.loading is None and window.engine_info is None, timeout=30000)
+    assert "mistral3.block_count" in window.notices[chat_id] and "blocks.gguf" in window.notices[chat_id]
+    assert window.current_chat_id == chat_id and chat_snapshot(window) == before
