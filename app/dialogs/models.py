@@ -199,8 +199,7 @@ def describe_machine(machine: Machine) -> str:
     for d in machine.devices:
         name = f"{d.name} {d.description}" if d.kind == "cuda" else d.description or d.name
         parts.append(name if d.free_bytes >= UNKNOWN_RAM else f"{name}: {d.free_bytes / (1 << 30):.1f} GB free")
-    return (f"This machine: {' · '.join(parts)} — planned for a {Budget().max_seq_len}-token "
-            "context, before anything is loaded")
+    return f"This machine: {' · '.join(parts)}. Planned for a {Budget().max_seq_len}-token context."
 
 
 class ModelManagerDialog(QDialog):
@@ -279,8 +278,10 @@ class ModelManagerDialog(QDialog):
             banner.setStyleSheet("background: #fff3cd; padding: 6px;")
             layout.addWidget(banner)
         self.machine_label = QLabel("Working out what this machine can run…")
-        self.machine_label.setToolTip("Each model is placed by the same planner that loads it: "
-                                      "layers on the GPU while they fit, the rest on the CPU.")
+        self.machine_label.setWordWrap(True)
+        self.machine_label.setToolTip("Each model is placed by the same planner that loads it, from "
+                                      "its size alone, before anything is loaded: layers on the GPU "
+                                      "while they fit, the rest on the CPU.")
         layout.addWidget(self.machine_label)
         layout.addWidget(split, 1)
         layout.addWidget(self.message)
@@ -645,9 +646,9 @@ class ModelManagerDialog(QDialog):
             t.setItem(row, 4, _item(human_size(m.size)))
             t.setItem(row, 5, _item(""))
             t.setItem(row, 6, _item(m.mmproj.name if m.mmproj else ""))
-            where = ("  (opened from here)" if m.path in self._recent
-                     else "  (imported in place)" if m.imported_in_place else "")
-            t.setItem(row, 7, _item(str(m.folder) + where))
+            how = ("opened from: " if m.path in self._recent
+                   else "imported in place: " if m.imported_in_place else "")
+            t.setItem(row, 7, _item(how + str(m.folder)))  # a long folder loses its middle
             t.item(row, 7).setToolTip(str(m.path))
             if m.error:
                 t.item(row, 0).setToolTip(m.error)

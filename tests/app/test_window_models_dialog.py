@@ -42,7 +42,7 @@ def test_a_file_opened_from_elsewhere_is_listed_marked_and_double_click_loads_it
     table = dialog.local_table
     row = _row_of(table, "mine.gguf")
     assert table.item(row, 0).text() == "mine.gguf  (loaded)"
-    assert table.item(row, 7).text().endswith("(opened from here)")
+    assert table.item(row, 7).text() == f"opened from: {elsewhere.resolve()}"
     qtbot.waitUntil(lambda: table.item(row, 5).text() != "", timeout=TIMEOUT)
     assert table.item(row, 5).text() in ("on the CPU", "on the GPU", "partly on the CPU")
 

@@ -279,7 +279,7 @@ def test_every_catalogue_entry_has_a_size_and_says_whether_it_fits(qtbot, fake, 
     qtbot.waitUntil(lambda: all(_column(t, r, "On this machine") for r in rows.values()), timeout=TIMEOUT)
     words = {key: _column(t, r, "On this machine") for key, r in rows.items()}
     assert dlg.machine_label.text().startswith(
-        "This machine: cuda:0 simulated 8 GB: 8.0 GB free · simulated: 64.0 GB free — planned for a 4096")
+        "This machine: cuda:0 simulated 8 GB: 8.0 GB free · simulated: 64.0 GB free. Planned for a 4096")
     assert words == {("mistral-small-3.1-24b-instruct", "Q4_K_M"): "partly on the CPU",
                      ("mistral-small-3.1-24b-instruct", "Q8_0"): "partly on the CPU",
                      ("ministral-3-3b-instruct", "Q4_K_M"): "on the GPU",
@@ -403,7 +403,7 @@ def test_files_opened_from_elsewhere_are_listed_and_can_be_forgotten(qtbot, fake
     t = dlg.local_table
     assert t.rowCount() == 1  # the model (its projector is paired, not listed apart); not the gone file
     assert t.item(0, 0).text() == model.name and _column(t, 0, "Projector") == proj.name
-    assert _column(t, 0, "Folder").endswith("(opened from here)")
+    assert _column(t, 0, "Folder") == f"opened from: {model.parent.resolve()}"
     qtbot.waitUntil(lambda: _column(t, 0, "On this machine") == "on the GPU", timeout=TIMEOUT)
     t.selectRow(0)
     with qtbot.waitSignal(dlg.load_requested, timeout=TIMEOUT) as sig:
