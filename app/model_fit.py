@@ -43,6 +43,24 @@ class Fit:
         return FIT_WORDS[self.kind]
 
 
+def machine_for_a_switch(machine: Machine | None = None, reserved=None) -> Machine:
+    """This machine as the next load will find it: the engine unloads the current model first,
+    so the GPU memory this process holds (`reserved(index)`, torch's caching allocator) counts
+    as free. Without it a loaded 14B would make every other model look too big."""
+    from ..engine.runtime.device_map import DeviceInfo, detect_machine
+
+    machine = machine or detect_machine()
+    if not machine.gpus:
+        return machine
+    if reserved is None:
+        import torch
+
+        reserved = torch.cuda.memory_reserved
+    gpus = tuple(DeviceInfo(d.name, d.free_bytes + int(reserved(int(d.name.split(":")[1]))), d.description)
+                 for d in machine.gpus)
+    return Machine(gpus, machine.cpu, machine.unified)
+
+
 def machine_for(machine: Machine, device: str) -> Machine:
     """Settings' device "cpu" plans without the GPUs, as the engine then loads."""
     return Machine((), machine.cpu) if device == "cpu" else machine

@@ -33,7 +33,7 @@ from ...engine.library.local import (LocalModel, delete_model, describe_model, f
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
-from ..model_fit import Fit, catalog_sizes, fit_of_file, fit_of_sizes, machine_for
+from ..model_fit import Fit, catalog_sizes, fit_of_file, fit_of_sizes, machine_for, machine_for_a_switch
 from .settings import AppSettings
 
 
@@ -683,9 +683,7 @@ class ModelManagerDialog(QDialog):
         generation = self._plans
 
         def plan() -> tuple[int, Machine, dict]:
-            from ...engine.runtime.device_map import detect_machine
-
-            detected = known or detect_machine()
+            detected = known or machine_for_a_switch()
             machine = machine_for(detected, device)
             fits: dict[tuple, Fit | None] = {}  # ("catalog", id, quant) / ("local", path) -> fit
             for entry, quant, (model_bytes, mmproj_bytes), (path, proj) in catalog:

@@ -110,3 +110,20 @@ def test_gpu_layers_setting_becomes_the_manual_map():
         plan = plan_for_files(gf, None, "auto", gpu_layers_device_map(TINY, 1), machine=_gpu(8))
     assert (plan.manual, plan.gpu_layers, plan.cpu_layers) == (True, 1, n - 1)
     assert parse_device_map(gpu_layers_device_map(TINY, 1)) == [("cpu", n - 1), ("cuda:0", 1)]
+
+
+def test_a_switch_counts_the_loaded_models_gpu_memory_as_free(catalog):
+    from tramontane.app.model_fit import machine_for_a_switch
+
+    two = Machine((DeviceInfo("cuda:0", 2 * GiB, "a"), DeviceInfo("cuda:1", 3 * GiB, "b")), CPU64)
+    held = {0: 10 * GiB, 1: 0}
+    after = machine_for_a_switch(two, reserved=held.__getitem__)
+    assert [d.free_bytes for d in after.gpus] == [12 * GiB, 3 * GiB]
+    assert after.cpu == CPU64 and [d.description for d in after.gpus] == ["a", "b"]
+    # Ministral 3 14B: partly on the CPU with 2 GB free, on the GPU once the loaded model's 10 GB count
+    e = catalog["ministral-3-14b-instruct"]
+    sizes = catalog_sizes(e, 8_239_593_024, None)
+    assert fit_of_sizes(sizes, Machine(two.gpus[:1], CPU64)).kind == "partial"
+    assert fit_of_sizes(sizes, Machine(after.gpus[:1], CPU64)).kind == "gpu"
+    cpu_only = Machine((), CPU64)
+    assert machine_for_a_switch(cpu_only, reserved=None) is cpu_only  # no GPU: torch not asked
