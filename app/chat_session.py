@@ -344,6 +344,7 @@ class ChatSession(QObject):
             return False
         self.worker.forget_session(str(chat_id))
         self.notices.pop(chat_id, None)
+        self.save_draft(chat_id, "")
         if self.current_chat_id == chat_id:
             self.current_chat_id = None
         self.listChanged.emit()
@@ -373,6 +374,24 @@ class ChatSession(QObject):
             return None
         self.listChanged.emit()
         return chat_id
+
+    # What was typed but not sent stays with its chat, across restarts (text only).
+    @staticmethod
+    def _draft_key(chat_id: int | None) -> str:
+        return f"draft.{chat_id if chat_id is not None else 'new'}"
+
+    def draft(self, chat_id: int | None) -> str:
+        try:
+            return str(self.store.get_setting(self._draft_key(chat_id), "") or "")
+        except StoreError:
+            return ""
+
+    def save_draft(self, chat_id: int | None, text: str) -> None:
+        if text == self.draft(chat_id):
+            return
+        key = self._draft_key(chat_id)
+        self._guard(self.store.set_setting if text else self.store.delete_setting,
+                    *((key, text) if text else (key,)))
 
     def system_prompt(self) -> str:
         """The current chat's system prompt, or for the new chat the default one."""

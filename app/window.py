@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, Signal, Slot
-from PySide6.QtGui import QAction, QFont, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QFont, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout,
                                QInputDialog, QLabel, QLineEdit, QListView, QMainWindow, QMessageBox,
                                QPlainTextEdit, QSizePolicy, QSplitter, QStackedWidget, QToolButton,
@@ -22,6 +22,7 @@ from .dialogs.servers import EngineChoiceCombo, ServersDialog
 from .dialogs.settings import AppSettings, SettingsDialog
 from .servers import EngineChoice, ServerList, engine_for_choice
 from .store import Store, StoreError
+from .widgets import markdown
 from .widgets.chat_list import ChatListDelegate, ChatListModel
 from .widgets.chat_view import ChatView
 from .widgets.composer import Composer
@@ -56,8 +57,10 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Tramontane")
         self.dark = is_dark()
         self._load_errors: set[str] = set()  # load failures shown as chat notices
+        self._draft_shown = False  # the composer holds the current chat's draft
 
         warm_up_imports()
+        markdown.warm_up()
         self.worker = EngineWorker()
         self.worker.loadProgress.connect(self._on_load_progress)
         self.worker.loaded.connect(self._on_loaded)
@@ -293,11 +296,19 @@ class MainWindow(QMainWindow):
             dark = is_dark(self.palette())
             if dark != self.dark:
                 self.dark = dark
-                self.setStyleSheet(style_sheet(dark))
-                self.new_button.setIcon(icon("new-chat"))
-                self.view.dark = dark
-                self.refresh_view()
+                # Every message is drawn anew in the new colours. The old ones go first, a few
+                # at a time: restyling a window that holds a long chat would stall the UI.
+                self.view.clear()
+                self.view.after_trash(lambda: self._apply_scheme(dark))
         super().changeEvent(event)
+
+    def _apply_scheme(self, dark: bool) -> None:
+        if dark != self.dark:
+            return  # switched back meanwhile: that switch applies
+        self.setStyleSheet(style_sheet(dark))
+        self.new_button.setIcon(icon("new-chat"))
+        self.view.dark = dark
+        self.refresh_view()
 
     def _apply_font_size(self, size: int) -> None:
         font = QFont(QApplication.font())
@@ -362,8 +373,14 @@ class MainWindow(QMainWindow):
         self._select_current_in_list()
 
     def open_chat(self, chat_id: int | None) -> None:
-        if chat_id != self.current_chat_id:
+        if chat_id != self.current_chat_id or not self._draft_shown:
             self.composer.show_message("")
+            # The text typed in the chat we leave is kept for it; the one we open gets its own.
+            if self._draft_shown:
+                self.session.save_draft(self.current_chat_id, self.composer.edit.toPlainText())
+            self.composer.edit.setPlainText(self.session.draft(chat_id))
+            self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
+            self._draft_shown = True
         self.session.current_chat_id = chat_id
         if chat_id is not None:
             self.settings.last_chat_id = chat_id
@@ -578,6 +595,7 @@ class MainWindow(QMainWindow):
             self.composer.show_message(why_not)
             return False
         self.composer.accepted()
+        self.session.save_draft(self.current_chat_id, "")  # sent: no draft left
         return True
 
     def stop(self) -> None:
@@ -798,6 +816,7 @@ class MainWindow(QMainWindow):
         # its thread ends, so nothing written is lost.
         self.session.abandon()
         try:
+            self.session.save_draft(self.current_chat_id, self.composer.edit.toPlainText())
             self.settings.geometry = bytes(self.saveGeometry().toBase64()).decode()
             if self.current_chat_id is not None:
                 self.settings.last_chat_id = self.current_chat_id

@@ -8,7 +8,10 @@ arrive, so the UI thread never spends its time re-parsing Markdown on every toke
 from __future__ import annotations
 
 
+import time
 from pathlib import Path
+
+import shiboken6
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap,
@@ -25,6 +28,11 @@ RENDER_INTERVAL_MS = 50
 THUMB_SIZE = 96
 COLUMN_WIDTH = 760  # the conversation's text column, centred (lines stay readable at 1600 px)
 COPIED_MS = 1500  # how long "Copied" shows on the copy button
+# A long chat is shown newest first: the last SYNC_TAIL messages at once, the older ones a few
+# at a time between events (each turn at most BACKLOG_SLICE_S), so the UI never stalls.
+SYNC_ALL = 16
+SYNC_TAIL = 2
+BACKLOG_SLICE_S = 0.012
 ACTION_ICON = QSize(18, 18)
 
 
@@ -440,19 +448,48 @@ class ChatView(QScrollArea):
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render_pending)
         self._follow = True
+        self._first = 0  # index in the shown chat of widgets[0] (older ones are in the backlog)
+        self._backlog: list = []  # older messages still to build, oldest first
+        self._backlog_args: dict = {}
+        self._backlog_timer = QTimer(self)
+        self._backlog_timer.setSingleShot(True)
+        self._backlog_timer.setInterval(0)
+        self._backlog_timer.timeout.connect(self._build_backlog)
+        self._last_max = 0
+        self._grew_top = False
+        self._trash: list[MessageWidget] = []  # taken off the page, destroyed between events
+        self._when_empty: list = []  # called once the trash is gone (see `after_trash`)
         self.verticalScrollBar().rangeChanged.connect(self._keep_at_bottom)
         self.verticalScrollBar().valueChanged.connect(self._note_position)
 
     def clear(self) -> None:
+        self._backlog_timer.stop()
+        self._backlog, self._first = [], 0
         self._render_timer.stop()
         self._pending_text = None
         self.streaming = None
         for w in self.widgets:
-            self.column.removeWidget(w)
-            w.hide()  # deleteLater waits for the event loop; never show stale messages
-            w.deleteLater()
+            self._discard(w)
         self.widgets = []
         self.show_notice("")
+
+    def _discard(self, w: MessageWidget) -> None:
+        """Take a message off the page now (never show a stale one); it is destroyed a few
+        at a time between events (destroying a long chat's widgets at once would stall)."""
+        self.column.removeWidget(w)
+        w.hide()
+        self._trash.append(w)
+        if not self._backlog_timer.isActive():
+            self._backlog_timer.start()
+
+    def after_trash(self, callback) -> None:
+        """Call `callback` once the discarded messages are destroyed (now if there are none):
+        a restyle of the window is cheap only when they are gone."""
+        if self._trash:
+            self._when_empty.append(callback)
+            self._backlog_timer.start()
+        else:
+            callback()
 
     def show_messages(self, messages, *, live: dict, errors: dict, busy: bool,
                       streaming_id: int | None = None) -> None:
@@ -460,42 +497,85 @@ class ChatView(QScrollArea):
         this run, `errors` message id -> error text. Widgets that already show a message as
         it is are kept, so a new turn only builds the new messages."""
         self._render_timer.stop()
+        self._backlog_timer.stop()
         self._pending_text = None
         self.streaming = None
         last_assistant = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
+        # widgets[k] shows messages[first + k]; older ones may still be in the backlog.
+        first = self._first
+        if first and (first >= len(messages) or not self.widgets
+                      or messages[first].id != self.widgets[0].message.id):
+            first = 0  # another chat, or the start moved: build anew
         keep = 0
-        while (keep < len(self.widgets) and keep < len(messages) and messages[keep].id != streaming_id
-               and self.widgets[keep].shows(messages[keep], live.get(messages[keep].id),
-                                            errors.get(messages[keep].id, ""), self.dark)):
+        while (keep < len(self.widgets) and first + keep < len(messages)
+               and messages[first + keep].id != streaming_id
+               and self.widgets[keep].shows(messages[first + keep], live.get(messages[first + keep].id),
+                                            errors.get(messages[first + keep].id, ""), self.dark)):
             keep += 1
+        if first and not keep:
+            first = 0
         for w in self.widgets[keep:]:
-            self.column.removeWidget(w)
-            w.hide()  # deleteLater waits for the event loop; never show stale messages
-            w.deleteLater()
+            self._discard(w)
         del self.widgets[keep:]
         for w in self.widgets:
             w.set_busy(busy, w.message.id == last_assistant)
-        for m in messages[keep:]:
-            w = self._add(m, can_regenerate=m.id == last_assistant, busy=busy,
-                          live=live.get(m.id), error=errors.get(m.id, ""))
+        if not keep and len(messages) > SYNC_ALL:
+            first = len(messages) - SYNC_TAIL  # a long chat: its end now, the rest in turns
+        args = dict(live=live, errors=errors, busy=busy, last_assistant=last_assistant)
+        for m in messages[first + keep:]:
+            w = self._add(m, **self._message_args(m, args))
             if m.id == streaming_id:
                 self.streaming = w
+        self._first, self._backlog, self._backlog_args = first, list(messages[:first]), args
+        if self._backlog or self._trash:
+            self._backlog_timer.start()
         self._follow = True
+
+    @staticmethod
+    def _message_args(m, args: dict) -> dict:
+        return dict(can_regenerate=m.id == args["last_assistant"], busy=args["busy"],
+                    live=args["live"].get(m.id), error=args["errors"].get(m.id, ""))
+
+    @property
+    def building(self) -> bool:
+        """Older messages of a long chat are still being added."""
+        return bool(self._backlog)
+
+    def _build_backlog(self) -> None:
+        """Add the next older messages above the shown ones, for at most BACKLOG_SLICE_S."""
+        deadline = time.perf_counter() + BACKLOG_SLICE_S
+        while self._trash and time.perf_counter() < deadline:
+            shiboken6.delete(self._trash.pop())
+        if not self._trash:
+            callbacks, self._when_empty = self._when_empty, []
+            for callback in callbacks:
+                callback()
+        while self._backlog and time.perf_counter() < deadline:
+            m = self._backlog.pop()
+            self._add(m, at_top=True, **self._message_args(m, self._backlog_args))
+            self._first -= 1
+            self._grew_top = True
+        if self._backlog or self._trash:
+            self._backlog_timer.start()
 
     def changeEvent(self, event) -> None:  # noqa: N802
         if event.type() == QEvent.Type.FontChange:  # a zoom: hand it to every message
             share_font(self.inner, self.font())
         super().changeEvent(event)
 
-    def _add(self, message, **kwargs) -> MessageWidget:
+    def _add(self, message, at_top: bool = False, **kwargs) -> MessageWidget:
         w = MessageWidget(message, dark=self.dark, **kwargs)
         share_font(w, self.font())
         w.editSubmitted.connect(self.editSubmitted)
         w.regenerateRequested.connect(self.regenerateRequested)
         w.branchRequested.connect(self.branchRequested)
         w.imageOpened.connect(self._open_image)
-        self.column.insertWidget(self.column.count() - 2, w)  # before the notice and stretch
-        self.widgets.append(w)
+        if at_top:  # an older message of a long chat (see _build_backlog)
+            self.column.insertWidget(0, w)
+            self.widgets.insert(0, w)
+        else:
+            self.column.insertWidget(self.column.count() - 2, w)  # before the notice and stretch
+            self.widgets.append(w)
         return w
 
     def stream_text(self, text: str) -> None:
@@ -533,5 +613,11 @@ class ChatView(QScrollArea):
         self._follow = value >= bar.maximum() - 24
 
     def _keep_at_bottom(self, _lo: int, hi: int) -> None:
+        bar = self.verticalScrollBar()
         if self._follow:
-            self.verticalScrollBar().setValue(hi)
+            bar.setValue(hi)
+        elif self._grew_top:
+            # Older messages grew the page above what is being read: keep it in place.
+            bar.setValue(bar.value() + hi - self._last_max)
+        self._grew_top = bool(self._backlog)
+        self._last_max = hi

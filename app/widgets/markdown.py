@@ -9,6 +9,7 @@ resources, and links only open through the message view's own handler.
 from __future__ import annotations
 
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -135,13 +136,35 @@ _SIMPLE_RULES = [
 ]
 
 
+_CODE_FENCE = QTextFormat.Property.BlockCodeFence  # looked up once: PySide enum access is slow
+_CODE_LANGUAGE = QTextFormat.Property.BlockCodeLanguage
+
+
 def _code_language(block) -> str | None:
     """The fence language of a code block ('' for none), or None if `block` is not code."""
     fmt = block.blockFormat()
-    if not fmt.hasProperty(QTextFormat.Property.BlockCodeFence) and not fmt.hasProperty(
-            QTextFormat.Property.BlockCodeLanguage):
+    if not fmt.hasProperty(_CODE_FENCE) and not fmt.hasProperty(_CODE_LANGUAGE):
         return None
-    return str(fmt.property(QTextFormat.Property.BlockCodeLanguage) or "")
+    return str(fmt.property(_CODE_LANGUAGE) or "")
+
+
+@functools.lru_cache(maxsize=64)
+def _lexer(lang: str):
+    """One lexer per language, made once: making one costs milliseconds (its rules compile),
+    and a long chat highlights hundreds of blocks."""
+    try:
+        lexer = pygments.lexers.get_lexer_by_name(lang)
+    except ClassNotFound:
+        return None
+    lexer.stripnl = False
+    lexer.ensurenl = False
+    return lexer
+
+
+def warm_up() -> None:
+    """Make the commonest lexer before the window shows (its first use costs tens of ms)."""
+    if pygments is not None:
+        _lexer("python")
 
 
 class CodeHighlighter(QSyntaxHighlighter):
@@ -160,6 +183,12 @@ class CodeHighlighter(QSyntaxHighlighter):
                 fmt.setFontItalic(True)
             self.formats[kind] = fmt
         self._runs: dict[int, tuple[str, list[list[tuple[int, int, str]]]]] = {}
+        self._first_of: dict[int, int] = {}  # block number -> first block of its code block
+
+    def forget(self) -> None:
+        """The document is refilled: lexed code blocks are stale."""
+        self._runs.clear()
+        self._first_of.clear()
 
     def highlightBlock(self, text: str) -> None:  # noqa: N802 - Qt override
         block = self.currentBlock()
@@ -186,6 +215,12 @@ class CodeHighlighter(QSyntaxHighlighter):
         return spans
 
     def _pygments_spans(self, block, lang: str) -> list[tuple[int, int, str]] | None:
+        number = block.blockNumber()
+        if number in self._first_of:  # a later line of a code block lexed whole already
+            first_number = self._first_of[number]
+            runs = self._runs[first_number][1]
+            index = number - first_number
+            return runs[index] if index < len(runs) else []
         first = block
         while first.previous().isValid() and _code_language(first.previous()) == lang:
             first = first.previous()
@@ -201,6 +236,7 @@ class CodeHighlighter(QSyntaxHighlighter):
                 return None
             cached = (source, per_line)
             self._runs[first.blockNumber()] = cached
+            self._first_of.update((first.blockNumber() + i, first.blockNumber()) for i in range(len(lines)))
         index = block.blockNumber() - first.blockNumber()
         return cached[1][index] if index < len(cached[1]) else []
 
@@ -208,12 +244,9 @@ class CodeHighlighter(QSyntaxHighlighter):
     def _lex(source: str, lang: str, n_lines: int) -> list[list[tuple[int, int, str]]] | None:
         if not lang:  # guessing tries every lexer: too slow to redo while a reply streams
             return None
-        try:
-            lexer = pygments.lexers.get_lexer_by_name(lang)
-        except ClassNotFound:
+        lexer = _lexer(lang)
+        if lexer is None:
             return None
-        lexer.stripnl = False
-        lexer.ensurenl = False
         per_line: list[list[tuple[int, int, str]]] = [[] for _ in range(n_lines)]
         line, col = 0, 0
         for token, value in lexer.get_tokens(source):
@@ -253,7 +286,7 @@ def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) 
         highlighter.setDocument(None)
         highlighter = None
     if highlighter is not None:
-        highlighter._runs.clear()
+        highlighter.forget()
     # No raw HTML: model output is text, not markup that could pull in resources.
     features = (QTextDocument.MarkdownFeature.MarkdownDialectGitHub
                 | QTextDocument.MarkdownFeature.MarkdownNoHTML)

@@ -81,3 +81,35 @@ def test_failed_reply_is_saved_on_the_worker(qtbot, tmp_path, monkeypatch):
         assert "context length" in window.notices[window.current_chat_id]
     finally:
         close_window(window)
+
+
+def test_drafts_stay_with_their_chat_across_restarts(qtbot, tmp_path):
+    data = tmp_path / "data"
+    window = make_window(qtbot, data)
+    try:
+        send(qtbot, window, "First chat")
+        first = window.current_chat_id
+        window.new_chat()
+        send(qtbot, window, "Second chat")
+        second = window.current_chat_id
+        window.composer.edit.setPlainText("half-typed for the second")
+        window.open_chat(first)
+        assert window.composer.edit.toPlainText() == ""
+        window.composer.edit.setPlainText("half-typed for the first")
+        window.open_chat(second)
+        assert window.composer.edit.toPlainText() == "half-typed for the second"
+        window.new_chat()
+        assert window.composer.edit.toPlainText() == ""
+        window.open_chat(first)
+    finally:
+        close_window(window)
+    window = make_window(qtbot, data, load=False)  # restarted on the last chat
+    try:
+        assert window.current_chat_id == first
+        assert window.composer.edit.toPlainText() == "half-typed for the first"
+        window.open_chat(second)
+        assert window.composer.edit.toPlainText() == "half-typed for the second"
+        window.delete_chat(second)  # a deleted chat's draft goes with it
+        assert window.store.get_setting(f"draft.{second}") is None
+    finally:
+        close_window(window)

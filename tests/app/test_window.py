@@ -303,6 +303,60 @@ def test_ui_stays_responsive_while_loading_and_generating(qtbot, tmp_path):
         close_window(window)
 
 
+LONG_REPLY = ("Here is one way:\n\n```python\n"
+              + "\n".join(f"def step_{i}(x):\n    return x * {i}  # scale" for i in range(8))
+              + "\n```\n\nThen call **each** step in turn.")
+
+
+def test_a_long_chat_with_code_scrolls_and_rerenders_without_a_gap(qtbot, tmp_path):
+    """The timer of the test above, on a 200-message chat with code blocks: opened, scrolled
+    top to bottom, and re-rendered on a colour-scheme change."""
+    from tramontane.app.main import apply_color_scheme
+    from PySide6.QtWidgets import QApplication
+
+    window = make_window(qtbot, tmp_path / "data", load=False)
+    app = QApplication.instance()
+    old_palette = app.palette()
+    store = window.store
+    chat = store.create_chat("long")
+    for i in range(100):
+        store.add_message(chat, "user", f"Question {i}: how do I scale step {i}?")
+        store.add_message(chat, "assistant", LONG_REPLY)
+    gaps: list[float] = []
+    last = [time.perf_counter()]
+
+    def tick():
+        now = time.perf_counter()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(5)
+    timer.timeout.connect(tick)
+    try:
+        timer.start()
+        window.chat_model.refresh()
+        last[0] = time.perf_counter()
+        window.open_chat(chat)
+        qtbot.waitUntil(lambda: not window.view.building, timeout=60000)
+        assert len(window.view.widgets) == 200
+        assert [w.message.id for w in window.view.widgets] == [m.id for m in store.get_chat(chat).messages]
+        bar = window.view.verticalScrollBar()
+        for value in range(0, bar.maximum() + 1, max(1, bar.maximum() // 60)):
+            bar.setValue(value)
+            qtbot.wait(2)
+        apply_color_scheme(app, dark=not window.dark)  # every message is drawn again
+        qtbot.waitUntil(lambda: not window.view.building and len(window.view.widgets) == 200, timeout=60000)
+        qtbot.wait(20)
+        timer.stop()
+        assert len(gaps) >= 50
+        assert max(gaps) < 0.05, f"UI blocked {max(gaps) * 1000:.0f} ms in a 200-message chat"
+    finally:
+        timer.stop()
+        app.setPalette(old_palette)
+        close_window(window)
+
+
 def test_engine_errors_are_messages_in_the_chat(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path / "data", load=False)
     try:
