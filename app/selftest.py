@@ -240,7 +240,7 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
             vocab = getattr(engine.model.cfg, "vocab_size", None)
             if vocab and not all(0 <= t < vocab for t in res.token_ids):
                 raise SelfTestFailure(f"token ids out of range: {res.token_ids}")
-            if engine.model.device.type == "cuda" and _graphs_wanted():
+            if _on_gpu(engine.model) and _graphs_wanted():
                 if not engine.model.use_cuda_graphs:
                     why = "; ".join(str(w.message) for w in caught) or "no warning given"
                     raise SelfTestFailure(f"CUDA graph decoding was turned off: {why}")
@@ -266,7 +266,7 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
             state.setdefault("reply", res.text)
             detail = ""
             engine = state[key]
-            if engine.model.device.type == "cuda" and _graphs_wanted():
+            if _on_gpu(engine.model) and _graphs_wanted():
                 graphs = getattr(getattr(engine.cache, "_decode_graphs", None), "graphs", None)
                 if not graphs:
                     raise SelfTestFailure("the reply was decoded without a CUDA graph")
@@ -341,6 +341,11 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
                                                     context_length=512)
         except EngineError as exc:
             raise SelfTestFailure(str(exc)) from None
+        if not _on_gpu(eng.model):
+            raise SelfTestFailure(f"asked for the GPU, the model was loaded on the CPU ({name}: "
+                                  f"torch {torch.__version__}, CUDA {torch.version.cuda})")
+        if _graphs_wanted() and not eng.model.use_cuda_graphs:
+            raise SelfTestFailure("CUDA graph decoding is off for a model on the GPU")
         graphs = "on" if eng.model.use_cuda_graphs else "off (TRAMONTANE_CUDA_GRAPHS=0)"
         return f"{name}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
 
@@ -420,6 +425,15 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
         return 1
     print("OK", file=out, flush=True)
     return 0
+
+
+def _on_gpu(model) -> bool:
+    """Whether any of the model's layers run on a CUDA device (a model may be split across the
+    GPU and the CPU by segments)."""
+    segments = getattr(model, "segments", None)
+    if segments:
+        return any(seg.device.type == "cuda" for seg in segments)
+    return model.device.type == "cuda"
 
 
 def _graphs_wanted() -> bool:
