@@ -3,8 +3,8 @@ device, and what the split itself costs per step (boundary copies, bookkeeping).
 
     python bench/split.py                        # CPU: one model, then the same weights split
                                                  # across two logical CPUs (forced split)
-    python bench/split.py --device cuda          # GPU: whole on the GPU, whole on the CPU, and
-                                                 # half the layers on the CPU (--gpu-layers)
+    python bench/split.py --device cuda          # GPU: whole on the GPU, then half the layers
+                                                 # on the CPU (--gpu-layers), and that CPU part alone
 
 On the CPU the split and unsplit runs share the very same weights (only the segments differ),
 and alternate step by step so a busy machine slows both alike; their difference is also taken
