@@ -94,7 +94,10 @@ def apply_color_scheme(app, dark: bool | None = None) -> bool:
 def follow_system_scheme(app) -> None:
     hints = app.styleHints()
     if hasattr(hints, "colorSchemeChanged"):
-        hints.colorSchemeChanged.connect(lambda _scheme: apply_color_scheme(app))
+        # Only while the user's choice (View → Theme) is to follow the system.
+        hints.colorSchemeChanged.connect(
+            lambda _scheme: apply_color_scheme(app) if app.property("tramontane-theme") in (None, "system")
+            else None)
 
 
 def run_app(args: argparse.Namespace, argv: list[str]) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QFont, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout,
-                               QInputDialog, QLabel, QLineEdit, QListView, QMainWindow, QMessageBox,
+                               QInputDialog, QLabel, QLineEdit, QListView, QMainWindow, QMenu, QMessageBox,
                                QPlainTextEdit, QSizePolicy, QSplitter, QStackedWidget, QToolButton,
                                QVBoxLayout, QWidget)
 
@@ -95,6 +95,8 @@ class MainWindow(QMainWindow):
         else:
             self.resize(1100, 760)
 
+        if self.theme != "system":  # the light/dark chosen in View → Theme last time
+            self.set_theme(self.theme)
         self.chat_model.refresh()
         last = self.settings.last_chat_id
         self.open_chat(last if self.chat_model.row_of(last) >= 0 else None)
@@ -199,6 +201,8 @@ class MainWindow(QMainWindow):
         self.stack.addWidget(self.view)
 
         self.composer = Composer()
+        self.composer.start_folder = self.last_folder("images")
+        self.composer.folderUsed.connect(lambda folder: self.remember_folder("images", folder))
         self.composer.sendRequested.connect(self.send)
         self.composer.stopRequested.connect(self.stop)
         self.composer.regenerateRequested.connect(lambda: self.regenerate(None))
@@ -286,11 +290,71 @@ class MainWindow(QMainWindow):
         action(view, "Zoom &out", lambda: self.zoom(-1), QKeySequence.StandardKey.ZoomOut)
         action(view, "&Reset zoom", lambda: self.zoom(0), "Ctrl+0")
 
+        theme = view.addMenu("&Theme")
+        self.theme_actions = {}
+        for key, text in (("system", "&System"), ("light", "&Light"), ("dark", "&Dark")):
+            a = action(theme, text, lambda _=False, k=key: self.set_theme(k))
+            a.setCheckable(True)
+            self.theme_actions[key] = a
+        self.theme_actions[self.theme].setChecked(True)
+
         settings = self.menuBar().addMenu("&Settings")
         action(settings, "&Settings…", self.open_settings, "Ctrl+,")
         action(settings, "S&ervers…", self.open_servers)
 
+        help_menu = self.menuBar().addMenu("&Help")
+        action(help_menu, "&Keyboard shortcuts", self.show_shortcuts, "F1")
+        action(help_menu, "&About Tramontane", self.show_about)
+
+    # ------------------------------------------------------------------ help
+    def show_shortcuts(self):
+        from .dialogs.help import show_shortcuts
+
+        actions = [a for menu in self.menuBar().findChildren(QMenu) for a in menu.actions()]
+        self.help_dialog = show_shortcuts(self, actions)
+        return self.help_dialog
+
+    def show_about(self):
+        from ..engine.library.local import default_models_dir
+        from .dialogs.help import show_about
+
+        info = self.engine_info
+        self.help_dialog = show_about(
+            self, data_dir=str(self.store.data_dir), models_dir=self.settings.models_dir or str(default_models_dir()),
+            model=info.model_path if info else "", projector=info.mmproj_path if info else "")
+        return self.help_dialog
+
+    # ------------------------------------------------------------------ folders
+    # File dialogs start where the user last was, per kind of file (models, images, chats).
+    def last_folder(self, kind: str) -> str:
+        folder = self.store.get_setting(f"folder.{kind}", "")
+        return folder if isinstance(folder, str) and folder and Path(folder).is_dir() else ""
+
+    def remember_folder(self, kind: str, path: str) -> None:
+        folder = str(Path(path).parent if Path(path).suffix else Path(path))
+        if folder != self.last_folder(kind):
+            try:
+                self.store.set_setting(f"folder.{kind}", folder)
+            except StoreError as exc:
+                self.status_label.setText(str(exc))
+
     # ------------------------------------------------------------------ theme and fonts
+    @property
+    def theme(self) -> str:
+        """'system' (follow the desktop), 'light' or 'dark', as chosen in View → Theme."""
+        value = self.store.get_setting("theme", "system")
+        return value if value in ("system", "light", "dark") else "system"
+
+    def set_theme(self, theme: str) -> None:
+        from .main import apply_color_scheme
+
+        self.store.set_setting("theme", theme)
+        for key, a in self.theme_actions.items():
+            a.setChecked(key == theme)
+        app = QApplication.instance()
+        app.setProperty("tramontane-theme", theme)  # main.follow_system_scheme reads it
+        apply_color_scheme(app, dark=None if theme == "system" else theme == "dark")
+
     def changeEvent(self, event) -> None:  # noqa: N802
         if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
             dark = is_dark(self.palette())
@@ -493,14 +557,18 @@ class MainWindow(QMainWindow):
             return
         title = self.store.get_chat_info(chat_id).title
         safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "chat"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{safe}.json"),
+        start = Path(self.last_folder("chats") or Path.home())
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(start / f"{safe}.json"),
                                               "Chat JSON (*.json);;Markdown (*.md)")
         if path:
+            self.remember_folder("chats", path)
             self.export_chat(chat_id, path)
 
     def import_selected(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import chat", str(Path.home()), "Chat JSON (*.json)")
+        start = self.last_folder("chats") or str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self, "Import chat", start, "Chat JSON (*.json)")
         if path:
+            self.remember_folder("chats", path)
             self.import_chat(path)
 
     def edit_system_prompt(self) -> None:
@@ -673,9 +741,10 @@ class MainWindow(QMainWindow):
                          self.settings.context_length or None, self.settings.gpu_layers)
 
     def open_model_file(self) -> None:
-        start = self.settings.models_dir or str(Path.home())
+        start = self.last_folder("models") or self.settings.models_dir or str(Path.home())
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", start, GGUF_FILTER)
         if path:
+            self.remember_folder("models", path)
             from ..engine.library.projector import find_projector
 
             self.load_model(path, str(find_projector(path) or ""))

@@ -185,6 +185,7 @@ class Composer(QFrame):
     sendRequested = Signal(str, object)  # text, list[ImagePart]
     stopRequested = Signal()
     regenerateRequested = Signal()
+    folderUsed = Signal(str)  # the folder images were attached from (file dialogs start there)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -194,6 +195,7 @@ class Composer(QFrame):
         self.chips: list[AttachmentChip] = []
         self.vision_enabled = True
         self.vision_hint = ""
+        self.start_folder = ""  # where the attach dialog opens ('' the system's choice)
         self.jobs = Jobs(self)
         self.checking: set[str] = set()  # sha256 of attached images still being decoded
         self.send_when_checked = False
@@ -400,8 +402,10 @@ class Composer(QFrame):
             self.remove_chip(chip)
 
     def choose_files(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", IMAGE_FILTER)
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", self.start_folder, IMAGE_FILTER)
         if paths:
+            self.start_folder = str(Path(paths[0]).parent)  # the next dialog starts there
+            self.folderUsed.emit(self.start_folder)
             self.add_files(paths)
 
     # -- drag and drop on the whole composer ----------------------------------------------------

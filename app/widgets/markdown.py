@@ -13,8 +13,9 @@ import functools
 import re
 from dataclasses import dataclass
 
-from PySide6.QtGui import (QColor, QFont, QSyntaxHighlighter, QTextCharFormat, QTextCursor,
-                           QTextDocument, QTextFormat)
+from PySide6.QtCore import QSize, QUrl
+from PySide6.QtGui import (QColor, QFont, QFontMetrics, QSyntaxHighlighter, QTextCharFormat, QTextCursor,
+                           QTextDocument, QTextFormat, QTextImageFormat)
 
 try:  # optional: much better lexers
     import pygments.lexers
@@ -61,9 +62,10 @@ def _scan(markdown: str, link: bool = False) -> tuple[list[CodeBlock], str]:
             if m:
                 fence, lang, lines = m.group(2), m.group(3), []
                 if link:
-                    label = f"Copy code ({lang})" if lang else "Copy code"
-                    # A blank line first so the link is its own paragraph even after text.
-                    out.extend(["", f"[{label}]({COPY_SCHEME}:{len(blocks)})", ""])
+                    # The block's language as a label, then the copy link (its icon is put in
+                    # by render_markdown). A blank line first: its own paragraph after text.
+                    label = f"`{lang}`\u2003" if _LANGUAGE_NAME.fullmatch(lang) else ""
+                    out.extend(["", f"{label}[Copy]({COPY_SCHEME}:{len(blocks)})", ""])
             out.append(line)
             continue
         stripped = line.strip()
@@ -79,6 +81,7 @@ def _scan(markdown: str, link: bool = False) -> tuple[list[CodeBlock], str]:
 
 
 _IMAGE = re.compile(r"!(?=\[)")
+_LANGUAGE_NAME = re.compile(r"[\w+#.-]{1,30}")
 
 
 def _image_to_link(line: str) -> str:
@@ -265,7 +268,9 @@ class CodeHighlighter(QSyntaxHighlighter):
 LINK_COLOURS = ("#1565c0", "#82aaff")
 
 
-def _colour_links(cursor: QTextCursor, block, colour: QColor) -> None:
+def _colour_links(cursor: QTextCursor, block, colour: QColor) -> list[int]:
+    """Give the links of `block` `colour`; the positions of its copy links."""
+    copies = []
     it = block.begin()
     while not it.atEnd():
         fragment = it.fragment()
@@ -275,7 +280,31 @@ def _colour_links(cursor: QTextCursor, block, colour: QColor) -> None:
             cursor.setPosition(fragment.position())
             cursor.setPosition(fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor)
             cursor.mergeCharFormat(fmt)
+            if fragment.charFormat().anchorHref().startswith(f"{COPY_SCHEME}:"):
+                copies.append(fragment.position())
         it += 1
+    return copies
+
+
+def _add_copy_icons(document: QTextDocument, cursor: QTextCursor, positions: list[int], colour: QColor) -> None:
+    """A copy icon before each copy link: an image resource of the document (it loads no
+    others, see chat_view.SafeDocument), in the link's colour, sharp at 2x."""
+    from .icons import icon
+
+    name = f"tramontane-icon:copy-{colour.name()}"
+    added = document.__dict__.setdefault("_tramontane_icons", set())
+    if name not in added:
+        added.add(name)
+        size = QFontMetrics(document.defaultFont()).height()
+        document.addResource(QTextDocument.ResourceType.ImageResource, QUrl(name),
+                             icon("copy", colour).pixmap(QSize(size, size), 2.0).toImage())
+    image = QTextImageFormat()
+    image.setName(name)
+    image.setVerticalAlignment(QTextCharFormat.VerticalAlignment.AlignMiddle)
+    for position in reversed(positions):  # from the end: earlier positions stay valid
+        cursor.setPosition(position)
+        cursor.insertImage(image)
+        cursor.insertText(" ", QTextCharFormat())
 
 
 def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) -> None:
@@ -295,8 +324,9 @@ def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) 
     link = QColor(LINK_COLOURS[1 if dark else 0])
     cursor = QTextCursor(document)
     block = document.begin()
+    copies = []
     while block.isValid():
-        _colour_links(cursor, block, link)
+        copies += _colour_links(cursor, block, link)
         if _code_language(block) is not None:
             fmt = block.blockFormat()
             fmt.setBackground(background)
@@ -307,6 +337,7 @@ def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) 
             cursor.setPosition(block.position())
             cursor.setBlockFormat(fmt)
         block = block.next()
+    _add_copy_icons(document, cursor, copies, link)
     if highlighter is None:
         highlighter = CodeHighlighter(document, dark)
         highlighter.dark = dark

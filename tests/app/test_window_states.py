@@ -228,3 +228,72 @@ def test_a_leftover_socket_of_a_crashed_run_does_not_block_the_next(qtbot, tmp_p
             assert ask_running_instance(data)
     finally:
         close_window(window)
+
+
+# Help, theme and folders ---------------------------------------------------------------------
+def test_help_lists_the_shortcuts_and_about_says_where_things_are(qtbot, window):
+    dialog = window.show_shortcuts()
+    text = dialog.findChild(QLabel).text()
+    for keys, what in (("Ctrl+N", "New chat"), ("Ctrl+R", "Regenerate the last reply"), ("F1", "Keyboard shortcuts")):
+        assert keys in text and what in text
+    dialog.close()
+    dialog = window.show_about()
+    text = dialog.findChild(QLabel).text()
+    assert str(window.store.data_dir) in text and MODEL.name in text and "Apache-2.0" in text
+    dialog.close()
+
+
+def test_theme_switch_in_the_app_is_kept(qtbot, tmp_path):
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    old = app.palette()
+    data = tmp_path / "data"
+    window = make_window(qtbot, data, load=False)
+    try:
+        start_dark = window.dark
+        window.theme_actions["light" if start_dark else "dark"].trigger()
+        qtbot.waitUntil(lambda: window.dark != start_dark, timeout=5000)
+        assert window.theme_actions["light" if start_dark else "dark"].isChecked()
+        assert not window.theme_actions["system"].isChecked()
+    finally:
+        close_window(window)
+        app.setPalette(old)
+    window = make_window(qtbot, data, load=False)  # restarted: the choice holds
+    try:
+        qtbot.waitUntil(lambda: window.dark != start_dark, timeout=5000)
+        window.theme_actions["system"].trigger()
+    finally:
+        close_window(window)
+        app.setPalette(old)
+        app.setProperty("tramontane-theme", None)
+
+
+def test_file_dialogs_start_in_the_last_folder(qtbot, window, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    (pictures / "a.png").write_bytes(png_bytes(8, 8))
+    starts = []
+
+    def pick(_parent, _title, start, _filter):
+        starts.append(start)
+        return [str(pictures / "a.png")], ""
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileNames", pick)
+    window.composer.choose_files()
+    window.composer.choose_files()
+    assert starts[1] == str(pictures)
+    assert window.last_folder("images") == str(pictures)
+    models = tmp_path / "elsewhere"
+    models.mkdir()
+    shutil.copy(MODEL, models / MODEL.name)
+    opened = []
+    monkeypatch.setattr(QFileDialog, "getOpenFileName",
+                        lambda _p, _t, start, _f: (opened.append(start), (str(models / MODEL.name), ""))[1])
+    window.open_model_file()
+    qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
+    window.open_model_file()
+    qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
+    assert opened[1] == str(models)

@@ -1,0 +1,71 @@
+"""Help → Keyboard shortcuts (read from the window's own actions) and About."""
+from __future__ import annotations
+
+from html import escape
+
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QVBoxLayout, QWidget
+
+from ... import __version__
+
+LICENCE = "Apache-2.0"
+# Keys that belong to a widget rather than a menu entry.
+WIDGET_KEYS = [
+    ("Enter", "Send the message"),
+    ("Shift+Enter", "A new line in the message"),
+    ("Del", "Delete the chat (in the chat list)"),
+    ("Ctrl+Enter", "Save an edited message and resend it"),
+    ("Tab", "Move to the next control; a message's actions show when it has the focus"),
+]
+
+
+def shortcut_rows(actions: list[QAction]) -> list[tuple[str, str]]:
+    """(keys, what they do) for every action that has a shortcut, in menu order."""
+    rows = []
+    for action in actions:
+        keys = action.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
+        if keys:
+            rows.append((keys, action.text().replace("&", "").rstrip("…")))
+    return rows + WIDGET_KEYS
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    cells = "".join(f"<tr><td style='padding-right:18px'><b>{escape(k)}</b></td><td>{escape(v)}</td></tr>"
+                    for k, v in rows)
+    return f"<table cellspacing='4'>{cells}</table>"
+
+
+def show_shortcuts(parent: QWidget, actions: list[QAction]) -> QDialog:
+    dialog = QDialog(parent)
+    dialog.setWindowTitle("Keyboard shortcuts")
+    text = QLabel(_table(shortcut_rows(actions)))
+    text.setAccessibleName("Keyboard shortcuts")
+    box = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+    box.rejected.connect(dialog.reject)
+    layout = QVBoxLayout(dialog)
+    layout.addWidget(text)
+    layout.addWidget(box)
+    dialog.open()
+    return dialog
+
+
+def about_text(*, data_dir: str, models_dir: str, model: str, projector: str) -> str:
+    rows = [("Version", __version__), ("Data folder", data_dir), ("Models folder", models_dir),
+            ("Loaded model", model or "none"), ("Projector", projector or "none"),
+            ("Licence", LICENCE)]
+    return ("<h3>Tramontane</h3><p>Offline chat with Mistral 3 models, text and images, on this "
+            "computer.</p>" + _table(rows))
+
+
+def show_about(parent: QWidget, **paths: str) -> QDialog:
+    dialog = QDialog(parent)
+    dialog.setWindowTitle("About Tramontane")
+    text = QLabel(about_text(**paths))
+    text.setWordWrap(True)
+    box = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+    box.rejected.connect(dialog.reject)
+    layout = QVBoxLayout(dialog)
+    layout.addWidget(text)
+    layout.addWidget(box)
+    dialog.open()
+    return dialog
