@@ -147,6 +147,34 @@ def test_decode_graphs_are_per_segment_with_an_eager_stand_in(monkeypatch):
     assert (torch.stack(rows[:-1]) - full[9:29]).abs().max().item() < 1e-4
 
 
+def test_decode_graphs_run_cpu_segments_eagerly_between_graphed_ones(monkeypatch):
+    """The CUDA+CPU orchestration on CPU: "cpu:0" eager (as a CPU segment beside a GPU one),
+    "cpu:1" (standing in for the GPU) captured with the head; the row crosses into the graph's
+    static input, the logits come out of the graph's output (cloned: the next replay reuses it)."""
+    from tramontane.engine.runtime.cuda_graphs import DecodeGraphs
+
+    captured = []
+
+    def eager_capture(fn, device, pool):
+        out = fn()
+        captured.append(out)
+        return (lambda: out.copy_(fn())), out
+
+    monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(eager_capture))
+    monkeypatch.setattr(DecodeGraphs, "graphed", staticmethod(lambda seg: seg.name == "cpu:1"))
+    path = os.path.join(FIXTURES, "mistral3_q256-llamacpp-Q4_K_M.gguf")
+    whole = Mistral3Text.load(path, device="cpu")
+    split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
+    monkeypatch.setattr(split, "_graphs_enabled", lambda: True)
+    ids = _ids(24, whole.cfg.vocab_size, seed=13)
+    full = whole.logits(ids, all_logits=True)
+    cache = split.new_cache(64)
+    rows = [split.logits(ids[:8], 0, cache)] + [split.decode(int(t), cache) for t in ids[8:]]
+    assert set(cache._decode_graphs.graphs) == {(1, 64)} and len(captured) == 1
+    assert rows[1].data_ptr() != captured[0].data_ptr()  # a clone, not the graph's buffer
+    assert (torch.stack(rows[:-1]) - full[7:23]).abs().max().item() < 1e-4
+
+
 def test_local_engine_split_reuses_prefixes_and_parks_chats_like_the_whole_model():
     """LocalEngine with a manual map: greedy replies, prefix reuse and host-parked chats
     (switching chats snapshots the split cache) give what the unsplit engine gives."""
