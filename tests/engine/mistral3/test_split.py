@@ -278,3 +278,29 @@ def test_default_context_of_a_split_sizes_the_gpu_by_its_own_layers(monkeypatch)
     assert m.default_context_length() == 512
     free_mem(80 << 30)
     assert m.default_context_length() == min(8192, m.cfg.context_length)  # the CPU layers cap it
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_cpu_split_engine_parks_and_restores_chats_exactly():
+    """A CUDA+CPU split LocalEngine: chat "a", then "b", then back to "a" (its KV restored from
+    host memory: bf16 GPU part and f32 CPU part through one f32 snapshot, exact) replies as an
+    engine that never left chat "a"."""
+    path = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    first = [ChatMessage.text("user", "hello there")]
+
+    def second(reply):
+        return first + [ChatMessage.text("assistant", reply), ChatMessage.text("user", "and again")]
+
+    switching = LocalEngine(path, device="cuda", context_length=256, device_map="cpu=1,cuda:0=1")
+    assert [s.device.type for s in switching.model.segments] == ["cpu", "cuda"]
+    assert switching.placement["summary"] == "1 of 2 layers on GPU, 1 on CPU"
+    a1 = switching.chat(first, params, session_key="a")
+    switching.chat([ChatMessage.text("user", "another chat")], params, session_key="b")
+    a2 = switching.chat(second(a1.text), params, session_key="a")
+    staying = LocalEngine(path, device="cuda", context_length=256, device_map="cpu=1,cuda:0=1")
+    s1 = staying.chat(first, params, session_key="a")
+    s2 = staying.chat(second(s1.text), params, session_key="a")
+    assert (a1.token_ids, a2.token_ids) == (s1.token_ids, s2.token_ids)
+    assert a2.stats.reused_tokens == s2.stats.reused_tokens > 0
