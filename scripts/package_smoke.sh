@@ -22,7 +22,9 @@
 #     nohup scripts/package_smoke.sh > /tmp/package_smoke.log 2>&1 &
 # Env: VENV (reuse this venv: it must hold torch and the app's dependencies), PYTHON (python3
 #      with venv, for a fresh venv), WORK (folder to use; default a new /tmp dir), KEEP=1 (keep
-#      WORK), PYINSTALLER (pip requirement, default pyinstaller==6.22.3).
+#      WORK), PYINSTALLER (pip requirement, default pyinstaller==6.22.3), X11_DEPS=1 (as root
+#      on Debian/Ubuntu: apt-get install Xvfb and the libraries Qt's xcb plugin links, so they
+#      are bundled and a real X11 window is checked; CI sets it; best effort).
 # Prints SMOKE OK on success; exits non-zero at the first failing step.
 set -euo pipefail
 
@@ -35,6 +37,18 @@ trap cleanup EXIT
 
 step() { echo; echo "== $(date -u +%H:%M:%S) $*"; }
 t_start=$(date +%s)
+
+if [ "${X11_DEPS:-0}" = 1 ]; then
+    step "Xvfb + the xcb plugin's libraries (apt-get, best effort)"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+              xvfb xauth libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0 \
+              libxcb-render-util0 libxcb-shape0 libxcb-xkb1 libxkbcommon-x11-0 >/dev/null; } \
+            || echo "(apt-get failed: the bundle may lack the xcb libraries; the X11 check may be skipped)"
+    else
+        echo "(not root or no apt-get: skipped)"
+    fi
+fi
 
 step "clone $REPO -> $WORK/src"
 git clone -q "$REPO" "$WORK/src"
