@@ -24,7 +24,7 @@ from .servers import EngineChoice, ServerList, engine_for_choice
 from .store import Store, StoreError
 from .widgets import markdown
 from .widgets.chat_list import ChatListDelegate, ChatListModel
-from .widgets.chat_view import ChatView
+from .widgets.chat_view import ChatView, context_used
 from .widgets.composer import Composer
 from .widgets.elided_label import ElidedLabel
 from .widgets.empty_state import EmptyState
@@ -168,6 +168,7 @@ class MainWindow(QMainWindow):
         buttons.addStretch(1)
         sidebar = QWidget()
         sidebar.setObjectName("sidebar")
+        sidebar.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)
         side = QVBoxLayout(sidebar)
         side.setContentsMargins(8, 8, 8, 6)
         side.addWidget(self.new_button)
@@ -208,6 +209,8 @@ class MainWindow(QMainWindow):
         self.composer.regenerateRequested.connect(lambda: self.regenerate(None))
 
         right = QWidget()
+        right.setObjectName("conversationPane")  # bar, conversation and composer on one background
+        right.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)
         main = QVBoxLayout(right)
         main.setContentsMargins(0, 0, 0, 0)
         main.setSpacing(0)
@@ -615,6 +618,17 @@ class MainWindow(QMainWindow):
             self._show_empty_state()
         self._update_header(chat.title if chat else "New chat")
         self._update_busy()
+        self._update_context_meter()
+
+    def _update_context_meter(self) -> None:
+        """The model bar's meter: the tokens the open chat's last reply left in the context."""
+        info = self.engine_info
+        last = next((m for m in reversed(self.session.messages) if m.prompt_tokens), None)
+        used = 0
+        if last is not None:
+            live = self.session.live_stats.get(last.id)
+            used = context_used(live if live is not None else last)
+        self.model_bar.show_context(used, info.context_size if info else 0)
 
     def _show_empty_state(self) -> None:
         local = []
@@ -782,6 +796,7 @@ class MainWindow(QMainWindow):
         if not info.remote:
             self.settings.last_model = (info.model_path, info.mmproj_path)
         self.model_bar.show_info(info)
+        self._update_context_meter()
         if self.composer.message.text() == LOAD_FIRST_HINT:  # no longer true
             self.composer.show_message("")
         # Load failures shown in chats are no longer true either.

@@ -1,10 +1,11 @@
 """The bar above the conversation: the loaded model, device and memory, load/unload."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout,
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout,
                                QWidget)
 
 from ..worker import EngineInfo
@@ -26,6 +27,15 @@ class ModelBar(QFrame):
         self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.projector_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)
         self.device_label = ElidedLabel()
+        self.quant_label = QLabel()  # Q4_K_M, F16...: how the weights are stored
+        self.quant_label.setObjectName("quantChip")
+        self.quant_label.hide()
+        self.context_meter = QProgressBar()  # this chat's share of the context
+        self.context_meter.setObjectName("contextMeter")
+        self.context_meter.setTextVisible(False)
+        self.context_meter.setFixedSize(80, 6)
+        self.context_meter.setAccessibleName("Context used")
+        self.context_meter.hide()
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(220)
@@ -45,7 +55,12 @@ class ModelBar(QFrame):
         layout.setContentsMargins(8, 4, 8, 4)
         text = QVBoxLayout()
         text.setSpacing(0)
-        text.addWidget(self.model_label)
+        top = QHBoxLayout()
+        top.setSpacing(8)
+        top.addWidget(self.model_label)
+        top.addWidget(self.quant_label)
+        top.addStretch(1)
+        text.addLayout(top)
         line = QHBoxLayout()
         line.setSpacing(16)
         # When the line is short of room the projector's name is cut, not where the model
@@ -54,6 +69,7 @@ class ModelBar(QFrame):
         self.projector_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         line.addWidget(self.projector_label, 1)
         line.addWidget(self.device_label, 0)
+        line.addWidget(self.context_meter, 0, Qt.AlignmentFlag.AlignVCenter)
         text.addLayout(line)
         layout.addLayout(text, 1)
         layout.addWidget(self.progress)
@@ -86,6 +102,8 @@ class ModelBar(QFrame):
             self.projector_label.setText("")
             self.device_label.setText("")
             self.device_label.setToolTip("")
+            self.quant_label.hide()
+            self.show_context(0, 0)
             self.unload_button.setEnabled(False)
             return
         if info.remote:
@@ -96,6 +114,10 @@ class ModelBar(QFrame):
         else:
             self.model_label.setText(f"<b>{escape(Path(info.model_path).name)}</b>")
             self.model_label.setToolTip(info.model_path)
+            quant = quant_of(info.model_path)
+            self.quant_label.setText(quant)
+            self.quant_label.setToolTip(f"Weights stored as {quant}" if quant else "")
+            self.quant_label.setVisible(bool(quant))
             if info.mmproj_path:
                 self.projector_label.setText(f"Projector: {Path(info.mmproj_path).name}")
                 self.projector_label.setToolTip(info.mmproj_path)
@@ -106,11 +128,28 @@ class ModelBar(QFrame):
             self.device_label.setToolTip(device_tip(info))
         self.unload_button.setEnabled(True)
 
+    def show_context(self, used: int, size: int) -> None:
+        """The meter of the context the open chat takes (hidden without a model or a size)."""
+        self.context_meter.setVisible(size > 0)
+        if size > 0:
+            self.context_meter.setRange(0, size)
+            self.context_meter.setValue(min(used, size))
+            self.context_meter.setToolTip(f"Context: this chat takes {used} of {size} tokens")
+
     def show_error(self, text: str) -> None:
         self.progress.hide()
         self.model_label.setText(text)
         self.model_label.setToolTip(text)  # the whole message; the chat shows it too
         self.model_label.setStyleSheet("color: #c62828;")
+
+
+_QUANT = re.compile(r"(?i)(?:^|[-_.])((?:IQ|Q)\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?=\.gguf$)")
+
+
+def quant_of(path: str) -> str:
+    """The quantisation a GGUF file name ends with (…-Q4_K_M.gguf -> 'Q4_K_M'), or ''."""
+    m = _QUANT.search(Path(path).name)
+    return m.group(1).upper() if m else ""
 
 
 def context_words(info: EngineInfo) -> str:

@@ -19,7 +19,7 @@ def style_sheet(dark: bool) -> str:
     conversation = "#1b1e23" if dark else "#ffffff"
     sidebar = "#202328" if dark else "#f5f6f8"
     return f"""
-        QWidget#conversation {{ background: {conversation}; }}
+        QWidget#conversation, QWidget#conversationPane {{ background: {conversation}; }}
         QWidget#sidebar {{ background: {sidebar}; }}
         QFrame#userMessage {{ background: {user_bg}; border: none; border-radius: 16px;
                               margin-left: 72px; }}
@@ -41,4 +41,8 @@ def style_sheet(dark: bool) -> str:
         QListView#chatList::item:hover {{ background: {hover}; }}
         QListView#chatList::item:selected {{ background: {selected}; color: palette(text); }}
         QFrame#modelBar {{ border-bottom: 1px solid {border}; }}
+        QLabel#quantChip {{ color: {muted}; border: 1px solid {border}; border-radius: 6px;
+                            padding: 0px 5px; }}
+        QProgressBar#contextMeter {{ border: none; border-radius: 3px; background: {hover}; }}
+        QProgressBar#contextMeter::chunk {{ border-radius: 3px; background: {ACCENT}; }}
     """

@@ -6,7 +6,8 @@ the reply's text is then replaced in the store by a readable demo answer with a 
 
     TRAMONTANE_SCREENSHOTS_DIR=docs pytest tests/app/test_window_screenshots.py
 
-also writes docs/screenshot-light.png and docs/screenshot-dark.png (the README's pictures).
+also writes docs/screenshot-light.png, docs/screenshot-dark.png, docs/screenshot-models.png and
+docs/screenshot-empty.png (the README's pictures).
 """
 from __future__ import annotations
 
@@ -83,8 +84,17 @@ def mean_lightness(image: QImage, x0: float, y0: float, x1: float, y1: float) ->
     return total / n
 
 
+def save(shot, name: str) -> None:
+    """Into $TRAMONTANE_SCREENSHOTS_DIR when set (docs/ for the README)."""
+    out = os.environ.get("TRAMONTANE_SCREENSHOTS_DIR")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        assert shot.save(str(Path(out) / name))
+
+
 def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     app = QApplication.instance()
     old_style, old_palette = app.style().name(), app.palette()
     app.setStyle("Fusion")
@@ -126,10 +136,7 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
             path = tmp_path / f"screenshot-{scheme}.png"
             assert shot.save(str(path))
             shots[scheme] = shot.toImage()
-            out = os.environ.get("TRAMONTANE_SCREENSHOTS_DIR")
-            if out:
-                Path(out).mkdir(parents=True, exist_ok=True)
-                shot.save(str(Path(out) / f"screenshot-{scheme}.png"))
+            save(shot, f"screenshot-{scheme}.png")
 
         # The conversation area and the sidebar follow the scheme.
         light = mean_lightness(shots["light"], 0.3, 0.2, 0.95, 0.7)
@@ -138,6 +145,23 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
         assert mean_lightness(shots["dark"], 0.0, 0.1, 0.2, 0.9) < 80
         assert "tok/s" in window.view.widgets[1].status.text()
         assert len(window.view.widgets[0].thumbs) == 1
+
+        # The Models dialog over the window, and the first-run empty state, in light.
+        apply_color_scheme(app, dark=False)
+        qtbot.waitUntil(lambda: not window.dark, timeout=5000)
+        window.open_model_manager()
+        dialog = window.model_manager
+        qtbot.waitUntil(dialog.isVisible, timeout=5000)
+        dialog.resize(900, 600)
+        qtbot.wait(200)
+        save(dialog.grab(), "screenshot-models.png")
+        dialog.close()
+        window.new_chat()
+        window.unload_model()
+        qtbot.waitUntil(lambda: window.engine_info is None, timeout=30000)
+        qtbot.wait(100)
+        assert window.stack.currentWidget() is window.empty
+        save(window.grab(), "screenshot-empty.png")
     finally:
         window.close()
         store.close()

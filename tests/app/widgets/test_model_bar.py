@@ -1,0 +1,40 @@
+"""The model bar on the real window: the quant of the loaded file and a meter of the context
+the open chat takes."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from support.app_window import close_window, make_window, send  # noqa: E402
+from tramontane.app.widgets.model_bar import quant_of  # noqa: E402
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    w = make_window(qtbot, tmp_path / "data")
+    yield w
+    close_window(w)
+
+
+@pytest.mark.parametrize("name, quant", [("Ministral-3-8B-Instruct-2512-Q4_K_M.gguf", "Q4_K_M"),
+                                         ("mistral3_tiny-f32.gguf", "F32"), ("x-IQ4_XS.gguf", "IQ4_XS"),
+                                         ("b.BF16.gguf", "BF16"), ("model.gguf", "")])
+def test_quant_of_file_names(name, quant):
+    assert quant_of(name) == quant
+
+
+def test_quant_and_context_meter(qtbot, window):
+    bar = window.model_bar
+    assert bar.quant_label.text() == "F32" and not bar.quant_label.isHidden()
+    assert bar.context_meter.isHidden() is False and bar.context_meter.value() == 0
+    send(qtbot, window, "Hello")
+    status = window.view.widgets[-1].status.text()
+    used, size = map(int, re.search(r"context (\d+) / (\d+)", status).groups())
+    assert (bar.context_meter.value(), bar.context_meter.maximum()) == (used, size) == (used, 512)
+    assert f"{used} of 512" in bar.context_meter.toolTip()
+    window.new_chat()
+    assert bar.context_meter.value() == 0
