@@ -89,26 +89,29 @@ section() {  # section NAME SECONDS cmd...
 
 run_sections() {
     # kernels: compiled Triton kernels, bit-exactness and tolerances at real sizes (all types)
-    section kernels-tests 150 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_kernels_cuda.py \
-        tests/test_kernels_triton.py tests/test_kernels_reference.py tests/test_kernels_fixtures.py
+    section kernels-tests 110 "$PY" -m pytest -q -x -p no:cacheprovider tests/kernels/test_cuda.py \
+        tests/kernels/test_triton.py tests/kernels/test_reference.py tests/kernels/test_fixtures.py
     # kernels: decode GB/s vs copy, vs dequant+cuBLAS, Mistral-Small shapes
-    section kernels-bench 100 "$PY" bench/kernels.py --rows 1,8 --dense
+    section kernels-bench 80 "$PY" bench/kernels.py --rows 1,8 --dense
     # kernels: config search for Q4_K/Q6_K decode (opt-in: DEVICE_CHECK_SWEEP=1)
     if [ "${DEVICE_CHECK_SWEEP:-0}" = 1 ]; then
         section kernels-sweep 150 "$PY" bench/kernels.py --sweep --rows 1
     fi
     # every other CUDA-marked test in the repo
     section cuda-tests 90 pytest_allow_none -q -m cuda -p no:cacheprovider --continue-on-collection-errors \
-        --ignore=tests/test_kernels_cuda.py tests/
+        --ignore=tests/kernels/test_cuda.py tests/
     # decoder: Mistral-Small-3.1-shaped random Q4_K_M model (~14 GB), decode tok/s vs the
     # bandwidth bound (CUDA graphs and eager), prefill tok/s, TTFT
-    section model-bench 150 "$PY" bench/model.py --shape mistral-small --mix q4_k_m --prompts 512 --decode 64
+    section model-bench 110 "$PY" bench/model.py --shape mistral-small --mix q4_k_m --prompts 512 --decode 64
     # vision: encode time of 640x480 and 1540x1540 on a real-shaped tower, vs HF on the same weights
-    section vision-bench 60 "$PY" bench/vision.py --shape real --device cuda --dtype f16 --repeat 3
+    section vision-bench 50 "$PY" bench/vision.py --shape real --device cuda --dtype f16 --repeat 3
     # device map: decode with half the layers on the CPU vs whole on the GPU, boundary copies' share
     # of a step (< 3 %); the CUDA+CPU split correctness tests run in cuda-tests (test_split.py)
-    section split-bench 75 "$PY" bench/split.py --device cuda --shape ministral-3b --prompt 32 --steps 12
-    # (add `section NAME SECONDS command...` lines here; keep the total <= ~9 min)
+    section split-bench 55 "$PY" bench/split.py --device cuda --shape ministral-3b --prompt 32 --steps 12
+    # the installation self-test on the GPU: a user's first minutes (image turn, cached second
+    # turn, stop, regenerate) with CUDA graphs
+    section self-test 35 "$PY" -m tramontane.engine.cli.main self-test
+    # (add `section NAME SECONDS command...` lines here; the limits sum to <= 9 min: now 530 s)
 }
 
 ONLY=("$@")
