@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 
 import pytest
 
@@ -297,3 +298,14 @@ def test_file_dialogs_start_in_the_last_folder(qtbot, window, tmp_path, monkeypa
     window.open_model_file()
     qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
     assert opened[1] == str(models)
+
+
+def test_an_idle_window_uses_no_cpu(qtbot, window):
+    """Loaded, with a chat on screen and nothing happening: no timers spinning (~0 % CPU)."""
+    send(qtbot, window, "Hello")
+    qtbot.wait(1500)  # let the copy feedback, backlog and render timers finish
+    start_cpu, start = time.process_time(), time.perf_counter()
+    qtbot.wait(3000)
+    cpu = (time.process_time() - start_cpu) / (time.perf_counter() - start)
+    print(f"idle CPU: {cpu:.2%} of a core")
+    assert cpu < 0.03, f"{cpu:.1%} of a core while idle"
