@@ -126,9 +126,6 @@ def text_config(gf: GGUFFile) -> TextConfig:
         raise GGUFError(f"{gf.path}: metadata '{key('block_count')}' is {n_layers} but the file "
                         f"holds tensors for {present} blocks")
     scaling = gf.string(key("rope.scaling.type"), default=None)
-    if scaling not in (None, "none", "yarn"):
-        raise GGUFError(f"{gf.path}: metadata '{key('rope.scaling.type')}' is {scaling!r}; "
-                        "supported: 'yarn' or none")
     cfg = TextConfig(
         arch=gf.architecture,
         n_layers=n_layers,
