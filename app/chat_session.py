@@ -181,9 +181,9 @@ class ChatSession(QObject):
         self.notices.pop(chat_id, None)
         store = self.store
 
-        def write() -> int:
-            if message_id is not None:
-                store.truncate_after(message_id, inclusive=True)
+        def write():
+            if message_id is not None:  # a new version of this reply; the old ones are kept
+                return chat_id, store.regenerate_reply(message_id)
             return chat_id
 
         self._start_reply(write)
@@ -228,8 +228,10 @@ class ChatSession(QObject):
         store = self.store
 
         def prepare():
-            chat_id = write()
-            return chat_id, store.engine_messages(chat_id), store.begin_reply(chat_id)
+            written = write()  # the chat id, or (chat id, the reply row to write again)
+            chat_id, reply_id = written if isinstance(written, tuple) else (written, None)
+            messages = store.engine_messages(chat_id)  # without the streaming reply
+            return chat_id, messages, reply_id if reply_id is not None else store.begin_reply(chat_id)
 
         def finish(message_id: int, result: GenerationResult, so_far: str) -> None:
             text = result.text if result.text or not so_far else so_far
@@ -238,8 +240,8 @@ class ChatSession(QObject):
         def fail(message_id: int, so_far: str) -> None:
             if so_far:  # keep what was written, marked as an error
                 store.finish_reply(message_id, so_far, finish_reason="error")
-            else:
-                store.delete_message(message_id)
+            else:  # gone, or a regenerated reply back to its previous version
+                store.abandon_reply(message_id)
 
         self._next_request += 1
         params = self.settings.sampling.params(**self.param_overrides)
@@ -392,6 +394,12 @@ class ChatSession(QObject):
         key = self._draft_key(chat_id)
         self._guard(self.store.set_setting if text else self.store.delete_setting,
                     *((key, text) if text else (key,)))
+
+    def show_version(self, message_id: int, idx: int) -> None:
+        """Show another version of a regenerated reply (‹ 2/3 ›)."""
+        if self.pending is None and self._guard(self.store.show_reply_version, message_id, idx) is not False:
+            self.live_stats.pop(message_id, None)  # the numbers shown are the version's own
+            self.changed.emit(self.current_chat_id)
 
     def system_prompt(self) -> str:
         """The current chat's system prompt, or for the new chat the default one."""

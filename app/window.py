@@ -194,6 +194,7 @@ class MainWindow(QMainWindow):
         self.view.editSubmitted.connect(self.edit_and_resend)
         self.view.regenerateRequested.connect(self.regenerate)
         self.view.branchRequested.connect(self.branch_at)
+        self.view.versionRequested.connect(self.session.show_version)
         self.empty = EmptyState()
         self.empty.recommended_button.clicked.connect(lambda: self.open_model_manager(tab=0))
         self.empty.open_button.clicked.connect(self.open_model_file)

@@ -62,10 +62,18 @@ def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
                     }
                     for img in m.images
                 ],
+                **({"versions": [_version_json(v) for v in store.reply_versions(m.id)]}
+                   if m.versions > 1 else {}),
             }
             for m in chat.messages
         ],
     }
+
+
+def _version_json(version: dict[str, Any]) -> dict[str, Any]:
+    """One version of a regenerated reply (the shown one is also the message itself)."""
+    return {"text": version["text"], "finish_reason": version["finish_reason"], "shown": bool(version["shown"]),
+            "created_at": version["created_at"], "stats": {key: version[key] for key in _STAT_KEYS}}
 
 
 def export_json(store: Store, chat_id: int, path: str | Path) -> Path:
@@ -162,9 +170,28 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
             )
             name = doc.string(raw_image, f"{where}.name", default="image")
             images.append((ImagePart(blob, name), offset))
+        versions = []
+        raw_versions = raw.get("versions", [])
+        doc.require(isinstance(raw_versions, list), f"{at}.versions", "expected a list")
+        for j, raw_version in enumerate(raw_versions):
+            where = f"{at}.versions[{j}]"
+            doc.require(isinstance(raw_version, dict), where, "expected an object")
+            version_stats = doc.object(raw_version, f"{where}.stats", default={})
+            for key in _STAT_KEYS:
+                value = version_stats.get(key)
+                doc.require(value is None or (_is_number(value) and value >= 0), f"{where}.stats.{key}",
+                            f"expected a number, got {value!r}")
+            versions.append({
+                "text": doc.string(raw_version, f"{where}.text"),
+                "finish_reason": doc.string(raw_version, f"{where}.finish_reason", default=None, nullable=True),
+                "shown": doc.boolean(raw_version, f"{where}.shown", default=False),
+                "created_at": doc.number(raw_version, f"{where}.created_at", default=fields["created_at"]),
+                **{key: version_stats.get(key) for key in _STAT_KEYS},
+            })
         messages.append({
             "role": role,
             "text": text,
+            "versions": versions,
             "state": state,
             "finish_reason": doc.string(raw, f"{at}.finish_reason", default=None, nullable=True),
             "created_at": doc.number(raw, f"{at}.created_at", default=fields["created_at"]),
@@ -282,6 +309,8 @@ def _reply_note(m: Any) -> str:
         notes.append("reply interrupted")
     elif m.finish_reason and m.finish_reason not in ("stop", "stop_string"):
         notes.append(f"finished: {m.finish_reason}")
+    if getattr(m, "versions", 1) > 1:
+        notes.append(f"version {m.version + 1} of {m.versions} (all are in the JSON export)")
     if m.generated_tokens:
         notes.append(f"{m.generated_tokens} tokens")
     if m.decode_tok_s:

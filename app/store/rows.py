@@ -47,6 +47,8 @@ class Message:
     decode_tok_s: float | None
     created_at: float
     images: list[StoredImage] = field(default_factory=list)
+    versions: int = 1  # how many versions the reply has (regenerate keeps the older ones)
+    version: int = 0  # which of them is shown (0-based)
 
 
 @dataclass

@@ -72,8 +72,29 @@ ALTER TABLE messages ADD COLUMN reused_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE messages ADD COLUMN prefill_tok_s REAL;
 """
 
+# v2 -> v3: the replies a regenerate replaced, kept as versions of the reply (‹ 2/3 ›). Once a
+# reply has been regenerated, every version of it (the shown one too, `shown` = 1) is a row
+# here; the messages row holds a copy of the shown one, so the rest of the store reads as before.
+MIGRATE_V2_TO_V3 = """
+CREATE TABLE reply_versions (
+    message_id       INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    idx              INTEGER NOT NULL,
+    shown            INTEGER NOT NULL DEFAULT 0,
+    text             TEXT NOT NULL,
+    finish_reason    TEXT,
+    prompt_tokens    INTEGER NOT NULL DEFAULT 0,
+    generated_tokens INTEGER NOT NULL DEFAULT 0,
+    reused_tokens    INTEGER NOT NULL DEFAULT 0,
+    ttft_s           REAL,
+    prefill_tok_s    REAL,
+    decode_tok_s     REAL,
+    created_at       REAL NOT NULL,
+    PRIMARY KEY (message_id, idx)
+);
+"""
+
 # MIGRATIONS[n] brings a version-n database to version n + 1.
-MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2}
+MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2, 2: MIGRATE_V2_TO_V3}
 SCHEMA_VERSION = 1 + len(MIGRATIONS)
 
 # The search index is derived data, not part of the versioned schema: it is (re)built on

@@ -365,7 +365,8 @@ class Store:
     def restore_chat(self, chat_fields: dict[str, Any], messages: Sequence[dict[str, Any]]) -> int:
         """Create a whole chat in one transaction, keeping the given timestamps, states and
         stats (used by import). Each message dict has role, text and optionally images
-        [(ImagePart, text_offset)], state, finish_reason, stats (GenerationStats), created_at."""
+        [(ImagePart, text_offset)], state, finish_reason, stats (GenerationStats), created_at,
+        versions (dicts as reply_versions() gives them)."""
         values = chat_columns(chat_fields)
         now = self._now()
         values.setdefault("title", "Imported chat")
@@ -387,11 +388,13 @@ class Store:
                 chat_id = conn.execute(f"INSERT INTO chats ({cols}) VALUES ({marks})", values).lastrowid
                 for msg, images in zip(rows, stored):
                     state = msg.get("state", "complete")
-                    self._insert_message_row(
+                    message_id = self._insert_message_row(
                         chat_id, msg["role"], msg.get("text", ""), images,
                         "interrupted" if state == "streaming" else state,
                         msg.get("finish_reason"), msg.get("stats"), float(msg.get("created_at", now)),
                     )
+                    for version in msg.get("versions", ()):  # the replies a regenerate kept
+                        self._insert_version(conn, message_id, version)
                 return chat_id
 
     def get_message(self, message_id: int) -> Message:
@@ -431,6 +434,79 @@ class Store:
             self._touch(msg.chat_id)
         self.images.unlink(doomed)
         return count
+
+    # ---- versions of a reply (regenerate keeps the replies it replaces)
+
+    _VERSION_COLUMNS = ("text, finish_reason, prompt_tokens, generated_tokens, reused_tokens, ttft_s,"
+                        " prefill_tok_s, decode_tok_s")
+
+    def regenerate_reply(self, message_id: int) -> int:
+        """Make the finished reply `message_id` streaming again for a new version, keeping
+        what it says now as a version of it; the messages after it go. Returns its id."""
+        msg = self.get_message(message_id)
+        if msg.role != "assistant" or msg.state == "streaming":
+            raise StoreError(f"message {message_id} is not a finished reply")
+        self.truncate_after(message_id)
+        with self._tx() as conn:
+            if not conn.execute("SELECT 1 FROM reply_versions WHERE message_id = ?", (message_id,)).fetchone():
+                conn.execute(
+                    f"INSERT INTO reply_versions (message_id, idx, shown, {self._VERSION_COLUMNS}, created_at)"
+                    f" SELECT id, 0, 0, {self._VERSION_COLUMNS}, created_at FROM messages WHERE id = ?",
+                    (message_id,))
+            conn.execute("UPDATE reply_versions SET shown = 0 WHERE message_id = ?", (message_id,))
+            conn.execute(
+                "UPDATE messages SET text = '', state = 'streaming', finish_reason = NULL, prompt_tokens = 0,"
+                " generated_tokens = 0, reused_tokens = 0, ttft_s = NULL, prefill_tok_s = NULL,"
+                " decode_tok_s = NULL WHERE id = ?", (message_id,))
+            self._touch(msg.chat_id)
+        return message_id
+
+    def show_reply_version(self, message_id: int, idx: int) -> None:
+        """Show version `idx` of a reply (what later turns then build on)."""
+        with self._tx() as conn:
+            self._show_version(conn, message_id, idx)
+
+    def _show_version(self, conn, message_id: int, idx: int) -> None:
+        msg = self.get_message(message_id)
+        row = conn.execute(f"SELECT {self._VERSION_COLUMNS} FROM reply_versions WHERE message_id = ? AND idx = ?",
+                           (message_id, idx)).fetchone()
+        if row is None or msg.state == "streaming":
+            raise StoreError(f"message {message_id} has no version {idx}")
+        conn.execute(
+            "UPDATE messages SET text = ?, finish_reason = ?, prompt_tokens = ?, generated_tokens = ?,"
+            " reused_tokens = ?, ttft_s = ?, prefill_tok_s = ?, decode_tok_s = ? WHERE id = ?",
+            (*tuple(row), message_id))
+        conn.execute("UPDATE reply_versions SET shown = (idx = ?) WHERE message_id = ?", (idx, message_id))
+        self._touch(msg.chat_id)
+
+    def reply_versions(self, message_id: int) -> list[dict[str, Any]]:
+        """Every version of a reply, oldest first ([] when it was never regenerated)."""
+        return [dict(r) for r in self._rows(
+            f"SELECT idx, shown, {self._VERSION_COLUMNS}, created_at FROM reply_versions"
+            " WHERE message_id = ? ORDER BY idx", (message_id,))]
+
+    def _insert_version(self, conn, message_id: int, version: dict[str, Any]) -> None:
+        """Append a version to a reply (import); `version` as reply_versions() gives it."""
+        idx = conn.execute("SELECT coalesce(max(idx), -1) + 1 FROM reply_versions WHERE message_id = ?",
+                           (message_id,)).fetchone()[0]
+        values = [version.get(k) for k in ("finish_reason", "prompt_tokens", "generated_tokens",
+                                           "reused_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s")]
+        conn.execute(
+            f"INSERT INTO reply_versions (message_id, idx, shown, {self._VERSION_COLUMNS}, created_at)"
+            " VALUES (?, ?, ?, ?, ?, coalesce(?, 0), coalesce(?, 0), coalesce(?, 0), ?, ?, ?, ?)",
+            (message_id, idx, int(bool(version.get("shown"))), str(version.get("text") or ""), *values,
+             version.get("created_at") or self._now()))
+
+    def abandon_reply(self, message_id: int) -> None:
+        """A reply that failed with nothing written: gone, or, when it was a regenerate, back
+        to the version shown before."""
+        last = self._rows("SELECT max(idx) AS idx FROM reply_versions WHERE message_id = ?", (message_id,))
+        if last[0]["idx"] is None:
+            self.delete_message(message_id)
+            return
+        with self._tx() as conn:
+            conn.execute("UPDATE messages SET state = 'complete' WHERE id = ?", (message_id,))
+            self._show_version(conn, message_id, last[0]["idx"])
 
     # ---- a reply being generated
 
@@ -485,6 +561,14 @@ class Store:
                 " prefill_tok_s = ?, decode_tok_s = ? WHERE id = ?",
                 (text, reason, *stat_values(stats), message_id),
             )
+            if conn.execute("SELECT 1 FROM reply_versions WHERE message_id = ?", (message_id,)).fetchone():
+                # A regenerated reply: this text is its newest version, and the shown one.
+                conn.execute("UPDATE reply_versions SET shown = 0 WHERE message_id = ?", (message_id,))
+                conn.execute(
+                    f"INSERT INTO reply_versions (message_id, idx, shown, {self._VERSION_COLUMNS}, created_at)"
+                    f" SELECT id, (SELECT max(idx) + 1 FROM reply_versions WHERE message_id = ?), 1,"
+                    f" {self._VERSION_COLUMNS}, ? FROM messages WHERE id = ?",
+                    (message_id, self._now(), message_id))
             self._touch(row["chat_id"])
             return True
 
@@ -600,7 +684,17 @@ class Store:
                         StoredImage(r["sha256"], r["ext"], r["name"], r["text_offset"],
                                     self.image_path(r["sha256"], r["ext"]))
                     )
-        return [message_from_row(r, images.get(r["id"], [])) for r in rows]
+                versions = {r["message_id"]: (r["n"], r["shown"]) for r in self._rows(
+                    "SELECT message_id, count(*) AS n, coalesce(max(CASE WHEN shown THEN idx END), -1) AS shown"
+                    f" FROM reply_versions WHERE message_id IN ({marks}) GROUP BY message_id",
+                    [r["id"] for r in rows])}
+        messages = [message_from_row(r, images.get(r["id"], [])) for r in rows]
+        for m in messages:
+            if m.id in versions:
+                n, shown = versions[m.id]
+                # While a new version is written none is shown: it will be the last one.
+                m.versions, m.version = (n + 1, n) if shown < 0 else (n, shown)
+        return messages
 
 
 _CHAT_SELECT = (

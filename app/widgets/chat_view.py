@@ -182,6 +182,7 @@ class MessageWidget(QFrame):
     editSubmitted = Signal(int, str)  # message id, new text
     regenerateRequested = Signal(int)  # message id of the assistant reply
     branchRequested = Signal(int)  # message id to branch after
+    versionRequested = Signal(int, int)  # message id, which version of the reply to show
     imageOpened = Signal(str, str)  # path, name
 
     def __init__(self, message, *, dark: bool, can_regenerate: bool, busy: bool,
@@ -212,6 +213,10 @@ class MessageWidget(QFrame):
         header = QHBoxLayout()
         header.setSpacing(2)
         header.addWidget(self.role_label)
+        self.versions_label = None
+        self.version_buttons: dict[str, QToolButton] = {}
+        if getattr(message, "versions", 1) > 1:
+            self._add_version_switch(header)
         header.addStretch(1)
         self.buttons: dict[str, QToolButton] = {}
         self.hovered = False
@@ -279,6 +284,8 @@ class MessageWidget(QFrame):
         """Whether this widget already shows `message` exactly as it is now."""
         mine = self.message
         return (mine.id == message.id and mine.state == message.state and mine.text == message.text
+                and getattr(mine, "versions", 1) == getattr(message, "versions", 1)
+                and getattr(mine, "version", 0) == getattr(message, "version", 0)
                 and mine.finish_reason == message.finish_reason and self.error == error
                 and self.has_live == (live is not None) and self.dark == dark and self.editor is None)
 
@@ -301,6 +308,27 @@ class MessageWidget(QFrame):
         button.hide()
         layout.addWidget(button)
         self.buttons[key] = button
+
+    def _add_version_switch(self, header) -> None:
+        """‹ 2/3 ›: the replies a regenerate kept, one click apart."""
+        n, shown = self.message.versions, self.message.version
+        for name, step in (("previous", -1), ("next", +1)):
+            button = QToolButton()
+            button.setIcon(icon(name))
+            button.setIconSize(QSize(14, 14))
+            button.setAutoRaise(True)
+            button.setText("Previous version" if step < 0 else "Next version")
+            button.setAccessibleName(button.text())
+            button.setToolTip(button.text())
+            button.setEnabled(0 <= shown + step < n and self.message.state != "streaming")
+            button.clicked.connect(lambda _=False, i=shown + step: self.versionRequested.emit(self.message.id, i))
+            header.addWidget(button)
+            self.version_buttons[name] = button
+            if step < 0:
+                self.versions_label = QLabel(f"{shown + 1}/{n}")
+                self.versions_label.setObjectName("statusLine")
+                self.versions_label.setAccessibleName(f"Version {shown + 1} of {n}")
+                header.addWidget(self.versions_label)
 
     def show_actions(self, shown: bool) -> None:
         for key, button in self.buttons.items():
@@ -410,6 +438,7 @@ class ChatView(QScrollArea):
     editSubmitted = Signal(int, str)
     regenerateRequested = Signal(int)
     branchRequested = Signal(int)
+    versionRequested = Signal(int, int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -569,6 +598,7 @@ class ChatView(QScrollArea):
         w.editSubmitted.connect(self.editSubmitted)
         w.regenerateRequested.connect(self.regenerateRequested)
         w.branchRequested.connect(self.branchRequested)
+        w.versionRequested.connect(self.versionRequested)
         w.imageOpened.connect(self._open_image)
         if at_top:  # an older message of a long chat (see _build_backlog)
             self.column.insertWidget(0, w)

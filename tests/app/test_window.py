@@ -152,7 +152,8 @@ def test_regenerate_replaces_last_reply_and_reuses_cache(qtbot, window):
     second = blocker.args[0]
     messages = window.store.get_chat(window.current_chat_id).messages
     assert [m.role for m in messages] == ["user", "assistant"]
-    assert messages[1].id == second != first
+    # The reply is written again in its place; the first version is kept (‹ 2/2 ›).
+    assert messages[1].id == second == first and (messages[1].versions, messages[1].version) == (2, 1)
     assert messages[1].text == before.text  # greedy: the same reply again
     # The prompt was already in the KV cache: all of it but the last token is reused.
     assert window.live_stats[second].reused_tokens == before.prompt_tokens - 1

@@ -68,3 +68,19 @@ def test_copy_says_copied_for_a_moment(qtbot, window):
     assert reply.buttons["copy"].text() == "Copied"
     assert reply.buttons["copy"].toolButtonStyle() == Qt.ToolButtonStyle.ToolButtonTextBesideIcon
     qtbot.waitUntil(lambda: reply.buttons["copy"].text() == "Copy", timeout=COPIED_MS + 2000)
+
+
+def test_regenerate_keeps_the_replies_as_versions(qtbot, window):
+    send(qtbot, window, "Hello")
+    reply_id = window.view.widgets[-1].message.id
+    for _ in range(2):
+        with qtbot.waitSignal(window.replyFinished, timeout=30000):
+            window.regenerate()
+    reply = window.view.widgets[-1]
+    assert reply.message.id == reply_id and reply.versions_label.text() == "3/3"
+    assert not reply.version_buttons["next"].isEnabled()
+    reply.version_buttons["previous"].click()
+    reply = window.view.widgets[-1]
+    assert reply.versions_label.text() == "2/3" and reply.version_buttons["next"].isEnabled()
+    stored = window.store.reply_versions(reply_id)
+    assert [v["shown"] for v in stored] == [0, 1, 0] and reply.text == stored[1]["text"]

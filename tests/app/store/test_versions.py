@@ -1,0 +1,69 @@
+"""Versions of a regenerated reply: kept, shown one at a time, restored after a failed
+regenerate, exported and imported."""
+from __future__ import annotations
+
+import json
+
+from tramontane.app.store import Store
+from tramontane.app.store.export import export_json, export_markdown, import_json
+from tramontane.engine.api import GenerationStats
+
+
+def chat_with_reply(store: Store) -> tuple[int, int]:
+    chat = store.create_chat("c")
+    store.add_message(chat, "user", "Hi")
+    reply = store.add_message(chat, "assistant", "first", stats=GenerationStats(prompt_tokens=5, generated_tokens=1),
+                              finish_reason="stop")
+    return chat, reply
+
+
+def test_regenerate_keeps_every_version_and_shows_one(tmp_path):
+    with Store(tmp_path) as store:
+        chat, reply = chat_with_reply(store)
+        store.add_message(chat, "user", "later")  # goes with the regenerate
+        assert store.regenerate_reply(reply) == reply
+        m = store.get_chat(chat).messages
+        assert [x.role for x in m] == ["user", "assistant"] and m[1].state == "streaming"
+        assert (m[1].versions, m[1].version) == (2, 1)  # the one being written is the last
+        assert store.engine_messages(chat)[-1].role == "user"  # not the streaming reply
+        store.finish_reply(reply, "second", GenerationStats(prompt_tokens=5, generated_tokens=2, finish_reason="stop"))
+        store.regenerate_reply(reply)
+        store.finish_reply(reply, "third", GenerationStats(prompt_tokens=5, generated_tokens=3, finish_reason="stop"))
+        got = store.get_message(reply)
+        assert (got.text, got.versions, got.version) == ("third", 3, 2)
+        assert [v["text"] for v in store.reply_versions(reply)] == ["first", "second", "third"]
+        store.show_reply_version(reply, 0)
+        got = store.get_message(reply)
+        assert (got.text, got.generated_tokens, got.version) == ("first", 1, 0)
+        assert store.engine_messages(chat)[-1].text_content == "first"  # later turns build on it
+        assert [v["shown"] for v in store.reply_versions(reply)] == [1, 0, 0]
+
+
+def test_a_failed_regenerate_with_nothing_written_gives_the_old_reply_back(tmp_path):
+    with Store(tmp_path) as store:
+        chat, reply = chat_with_reply(store)
+        store.regenerate_reply(reply)
+        store.abandon_reply(reply)
+        got = store.get_message(reply)
+        assert (got.text, got.state, got.versions) == ("first", "complete", 1)
+        other = store.begin_reply(chat)  # a plain new reply that fails: gone
+        store.abandon_reply(other)
+        assert [m.id for m in store.get_chat(chat).messages][-1] == reply
+
+
+def test_versions_are_exported_and_imported(tmp_path):
+    with Store(tmp_path / "a") as store:
+        chat, reply = chat_with_reply(store)
+        store.regenerate_reply(reply)
+        store.finish_reply(reply, "second", GenerationStats(generated_tokens=2, finish_reason="stop"))
+        store.show_reply_version(reply, 0)
+        path = export_json(store, chat, tmp_path / "c.json")
+        doc = json.loads(path.read_text())
+        versions = doc["messages"][1]["versions"]
+        assert [(v["text"], v["shown"]) for v in versions] == [("first", True), ("second", False)]
+        assert "version 1 of 2" in export_markdown(store, chat, tmp_path / "c.md").read_text()
+    with Store(tmp_path / "b") as store:
+        new = import_json(store, path)
+        got = store.get_chat(new).messages[1]
+        assert (got.text, got.versions, got.version) == ("first", 2, 0)
+        assert [v["text"] for v in store.reply_versions(got.id)] == ["first", "second"]
