@@ -18,9 +18,9 @@ import warnings
 from pathlib import Path
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, QSize, Qt, Signal
-from PySide6.QtGui import QIcon, QImage, QImageReader, QPixmap
-from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
-                               QSizePolicy, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtGui import QImage, QImageReader, QPixmap
+from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy,
+                               QToolButton, QVBoxLayout, QWidget)
 
 from ...engine.api import EngineError, ImagePart
 from ...engine.mistral3.image import MAX_IMAGE_PIXELS, decode_image
