@@ -264,7 +264,18 @@ static int run_matmul(mm_job *J) {
         pool_for(unit_quant, J, J->n_x);
     }
     /* units of weight rows handed out dynamically (balances noisy cores) */
-    int rpu = 16;
+    /* about 16 units per thread (fewer atomics on big matrices such as the vocabulary head),
+     * at least 16 rows (4 for small matrices), and for prefill a unit's weight rows fit in L2
+     * (they are re-read once per tile of 4 activation rows) */
+    int rpu = J->n_out / (16 * n_threads);
+    int cap = 1024;
+    if (J->n_x > 4) {
+        size_t fit = ((size_t)256 << 10) / J->w_stride;
+        cap = fit < 16 ? 16 : fit > 1024 ? 1024 : (int)fit;
+    }
+    if (rpu > cap) rpu = cap;
+    if (rpu < 16) rpu = 16;
+    rpu &= ~3;
     while (rpu > 4 && (J->n_out + rpu - 1) / rpu < 4 * n_threads) rpu /= 2;
     J->rows_per_unit = rpu;
     pool_for(unit_gemm, J, (J->n_out + rpu - 1) / rpu);

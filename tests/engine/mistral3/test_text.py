@@ -20,6 +20,18 @@ from tramontane.engine.api import EngineError  # noqa: E402
 from tramontane.engine.gguf import GGUFError, open_gguf  # noqa: E402
 from tramontane.engine.mistral3.text import Mistral3Text, rope_inv_freq  # noqa: E402
 from tramontane.engine.mistral3.config import text_config  # noqa: E402
+from tramontane.kernels.linear import cpu_exact  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _float32_cpu_path():
+    """These tests compare against float references at float32 tolerances: the CPU runs the
+    float32 torch path here. The native kernels (int8 activations, llama.cpp's method) are
+    tested against gguf.quants + float64 in tests/kernels/test_cpu_native.py and end to end in
+    tests/engine/mistral3/test_text_cpu_native.py."""
+    with cpu_exact():
+        yield
+
 
 MISTRAL3_F32 = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MISTRAL3_F16 = os.path.join(FIXTURES, "mistral3_tiny-f16.gguf")
