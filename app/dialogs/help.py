@@ -36,17 +36,7 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 
 def show_shortcuts(parent: QWidget, actions: list[QAction]) -> QDialog:
-    dialog = QDialog(parent)
-    dialog.setWindowTitle("Keyboard shortcuts")
-    text = QLabel(_table(shortcut_rows(actions)))
-    text.setAccessibleName("Keyboard shortcuts")
-    box = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-    box.rejected.connect(dialog.reject)
-    layout = QVBoxLayout(dialog)
-    layout.addWidget(text)
-    layout.addWidget(box)
-    dialog.open()
-    return dialog
+    return _show(parent, "Keyboard shortcuts", _table(shortcut_rows(actions)))
 
 
 def about_text(*, data_dir: str, models_dir: str, model: str, projector: str) -> str:
@@ -58,10 +48,16 @@ def about_text(*, data_dir: str, models_dir: str, model: str, projector: str) ->
 
 
 def show_about(parent: QWidget, **paths: str) -> QDialog:
+    return _show(parent, "About Tramontane", about_text(**paths))
+
+
+def _show(parent: QWidget, title: str, html: str) -> QDialog:
+    """A window-modal dialog with `html` and a Close button."""
     dialog = QDialog(parent)
-    dialog.setWindowTitle("About Tramontane")
-    text = QLabel(about_text(**paths))
+    dialog.setWindowTitle(title)
+    text = QLabel(html)
     text.setWordWrap(True)
+    text.setAccessibleName(title)
     box = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
     box.rejected.connect(dialog.reject)
     layout = QVBoxLayout(dialog)

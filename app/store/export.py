@@ -99,6 +99,26 @@ def import_json(store: Store, path: str | Path) -> int:
     return chat_from_json(store, data, source=str(path))
 
 
+def _stats(doc: "_Reader", raw: dict, at: str) -> GenerationStats:
+    """The `stats` object of a message (or of a version of a reply), checked field by field."""
+    raw_stats = doc.object(raw, f"{at}.stats", default={})
+    stats = GenerationStats()
+    for key in _STAT_KEYS:
+        value = raw_stats.get(key)
+        if key.endswith("_tokens"):
+            doc.require(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 0 or value is None,
+                f"{at}.stats.{key}", f"expected a count, got {value!r}",
+            )
+            setattr(stats, key, value or 0)
+        else:
+            doc.require(
+                value is None or _is_number(value), f"{at}.stats.{key}", f"expected a number, got {value!r}"
+            )
+            setattr(stats, key, value)
+    return stats
+
+
 def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
     """Validate a chat_to_json document and store it as a new chat (one transaction)."""
     doc = _Reader(source)
@@ -131,21 +151,7 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
         state = doc.string(raw, f"{at}.state", default="complete")
         doc.require(state in STATES, f"{at}.state", f"{state!r} is not one of {', '.join(STATES)}")
         text = doc.string(raw, f"{at}.text", default="")
-        raw_stats = doc.object(raw, f"{at}.stats", default={})
-        stats = GenerationStats()
-        for key in _STAT_KEYS:
-            value = raw_stats.get(key)
-            if key.endswith("_tokens"):
-                doc.require(
-                    isinstance(value, int) and not isinstance(value, bool) and value >= 0 or value is None,
-                    f"{at}.stats.{key}", f"expected a count, got {value!r}",
-                )
-                setattr(stats, key, value or 0)
-            else:
-                doc.require(
-                    value is None or _is_number(value), f"{at}.stats.{key}", f"expected a number, got {value!r}"
-                )
-                setattr(stats, key, value)
+        stats = _stats(doc, raw, at)
         images = []
         raw_images = raw.get("images", [])
         doc.require(isinstance(raw_images, list), f"{at}.images", "expected a list")
@@ -176,17 +182,13 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
         for j, raw_version in enumerate(raw_versions):
             where = f"{at}.versions[{j}]"
             doc.require(isinstance(raw_version, dict), where, "expected an object")
-            version_stats = doc.object(raw_version, f"{where}.stats", default={})
-            for key in _STAT_KEYS:
-                value = version_stats.get(key)
-                doc.require(value is None or (_is_number(value) and value >= 0), f"{where}.stats.{key}",
-                            f"expected a number, got {value!r}")
+            version_stats = _stats(doc, raw_version, where)
             versions.append({
                 "text": doc.string(raw_version, f"{where}.text"),
                 "finish_reason": doc.string(raw_version, f"{where}.finish_reason", default=None, nullable=True),
                 "shown": doc.boolean(raw_version, f"{where}.shown", default=False),
                 "created_at": doc.number(raw_version, f"{where}.created_at", default=fields["created_at"]),
-                **{key: version_stats.get(key) for key in _STAT_KEYS},
+                **{key: getattr(version_stats, key) for key in _STAT_KEYS},
             })
         messages.append({
             "role": role,

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from support.app_window import MMPROJ, MODEL, close_window, make_window, send  # noqa: E402
+from support.app_window import MMPROJ, MODEL, close_window, isolate, make_window, send  # noqa: E402
 
 WRITES = ("create_chat", "add_message", "begin_reply", "checkpoint_reply", "finish_reply",
           "delete_message", "truncate_after", "edit_message")
@@ -17,8 +17,7 @@ WRITES = ("create_chat", "add_message", "begin_reply", "checkpoint_reply", "fini
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_DATA_DIR", str(tmp_path / "unused-default-data"))
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    isolate(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tramontane.app.store import Store  # noqa: E402
 from tramontane.app.widgets.chat_list import HeadingRole  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
 from support.app_window import (MMPROJ, MODEL, PieceCounter, close_window, drop_files,  # noqa: E402
-                                make_window, png_bytes, png_with_idat, send)
+                                isolate, make_window, png_bytes, png_with_idat, send)
 from tramontane.engine.api import ImagePart, SamplingParams  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 
@@ -30,9 +30,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Function.*QDrag.*Event:Deprecati
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_DATA_DIR", str(tmp_path / "unused-default-data"))
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    isolate(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QInputDialog, QLabel, QMessageBox  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
-from support.app_window import MMPROJ, MODEL, close_window, make_window, png_bytes, send  # noqa: E402
+from support.app_window import MMPROJ, MODEL, close_window, isolate, make_window, png_bytes, send  # noqa: E402
 from tramontane.app import main as app_main  # noqa: E402
 from tramontane.app.chat_session import LOAD_FIRST_HINT  # noqa: E402
 
@@ -23,9 +23,7 @@ OTHER_MODEL = FIXTURES / "mistral3_q256-Q4_K_M.gguf"  # hidden size 256: the tin
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_DATA_DIR", str(tmp_path / "unused-default-data"))
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    isolate(tmp_path, monkeypatch)
 
 
 @pytest.fixture

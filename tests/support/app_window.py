@@ -65,6 +65,13 @@ class PieceCounter(QObject):
             self.then()
 
 
+def isolate(tmp_path, monkeypatch) -> None:
+    """No test window touches the user's data or models folder, or the network."""
+    monkeypatch.setenv("TRAMONTANE_DATA_DIR", str(tmp_path / "unused-default-data"))
+    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 def make_window(qtbot, data_dir, *, load=True, mmproj=True, autoload=False):
     store = Store(data_dir)
     window = MainWindow(store, autoload=autoload)

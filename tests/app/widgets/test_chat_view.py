@@ -10,16 +10,8 @@ from PySide6.QtCore import QEvent, QPointF, Qt  # noqa: E402
 from PySide6.QtGui import QEnterEvent, QGuiApplication  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from support.app_window import close_window, make_window, send  # noqa: E402
+from support.app_window import send  # noqa: E402
 from tramontane.app.widgets.chat_view import COLUMN_WIDTH, COPIED_MS  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    w = make_window(qtbot, tmp_path / "data")
-    yield w
-    close_window(w)
 
 
 def hover(widget, inside: bool) -> None:

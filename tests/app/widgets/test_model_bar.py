@@ -8,16 +8,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from support.app_window import close_window, make_window, send  # noqa: E402
+from support.app_window import send  # noqa: E402
 from tramontane.app.widgets.model_bar import quant_of  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    w = make_window(qtbot, tmp_path / "data")
-    yield w
-    close_window(w)
 
 
 @pytest.mark.parametrize("name, quant", [("Ministral-3-8B-Instruct-2512-Q4_K_M.gguf", "Q4_K_M"),
