@@ -391,6 +391,12 @@ class MainWindow(QMainWindow):
         size = self.settings.font_size or base
         size = base if step == 0 else max(6, min(48, size + step))
         self.settings.font_size = 0 if size == base else size
+        if self.view.long_chat_shown():
+            # A long chat is drawn anew in the new size, a few messages at a time: handing the
+            # font to every message at once would stall the UI (see ChatView._build_backlog).
+            self.view.clear()
+            self.view.after_trash(lambda: (self._apply_font_size(size), self.refresh_view()))
+            return
         self._apply_font_size(size)
         self.refresh_view()
 

@@ -565,6 +565,10 @@ class ChatView(QScrollArea):
         return dict(can_regenerate=m.id == args["last_assistant"], busy=args["busy"],
                     live=args["live"].get(m.id), error=args["errors"].get(m.id, ""))
 
+    def long_chat_shown(self) -> bool:
+        """More messages than are drawn at once: changes to all of them go in slices."""
+        return len(self.widgets) + len(self._backlog) > SYNC_ALL
+
     @property
     def building(self) -> bool:
         """Older messages of a long chat are still being added."""
