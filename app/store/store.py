@@ -232,7 +232,8 @@ class Store:
 
     def branch_chat(self, chat_id: int, up_to_message_id: int | None = None, title: str | None = None) -> int:
         """A new chat with the same settings and a copy of the messages up to and including
-        `up_to_message_id` (all of them when None). Images are shared, not copied."""
+        `up_to_message_id` (all of them when None), each reply with its versions. Images are
+        shared, not copied."""
         with self._tx() as conn:
             info = self.get_chat_info(chat_id)
             limit = (
@@ -266,6 +267,12 @@ class Store:
                 conn.execute(
                     "INSERT INTO message_images (message_id, idx, sha256, name, text_offset)"
                     " SELECT ?, idx, sha256, name, text_offset FROM message_images WHERE message_id = ?",
+                    (copy_id, src["id"]),
+                )
+                conn.execute(  # a regenerated reply keeps its versions (‹ 2/3 ›) in the branch
+                    f"INSERT INTO reply_versions (message_id, idx, shown, {self._VERSION_COLUMNS}, created_at)"
+                    f" SELECT ?, idx, shown, {self._VERSION_COLUMNS}, created_at FROM reply_versions"
+                    " WHERE message_id = ?",
                     (copy_id, src["id"]),
                 )
             return new_id

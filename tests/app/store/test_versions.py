@@ -67,3 +67,20 @@ def test_versions_are_exported_and_imported(tmp_path):
         got = store.get_chat(new).messages[1]
         assert (got.text, got.versions, got.version) == ("first", 2, 0)
         assert [v["text"] for v in store.reply_versions(got.id)] == ["first", "second"]
+
+
+def test_a_branch_keeps_the_versions_of_its_replies(tmp_path):
+    with Store(tmp_path) as store:
+        chat, reply = chat_with_reply(store)
+        store.regenerate_reply(reply)
+        store.finish_reply(reply, "second", GenerationStats(prompt_tokens=5, generated_tokens=2, finish_reason="stop"))
+        store.show_reply_version(reply, 0)
+        branch = store.branch_chat(chat)
+        copy = store.get_chat(branch).messages[1]
+        assert copy.id != reply
+        assert (copy.text, copy.generated_tokens, copy.versions, copy.version) == ("first", 1, 2, 0)
+        assert store.reply_versions(copy.id) == store.reply_versions(reply)
+        store.show_reply_version(copy.id, 1)  # the branch's versions are its own
+        assert store.get_message(copy.id).text == "second" and store.get_message(reply).text == "first"
+        store.delete_chat(chat)
+        assert [v["text"] for v in store.reply_versions(copy.id)] == ["first", "second"]
