@@ -233,7 +233,7 @@ class EngineWorker(QObject):
     @Slot(str, str, str, int, int)
     def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int,
               gpu_layers: int = -1) -> None:
-        from .model_fit import gpu_layers_device_map
+        from ..engine.library.fit import gpu_layers_device_map
         from ..engine.library.projector import check_pair
         from ..engine.runtime.local import LocalEngine
 

@@ -8,7 +8,7 @@ window to load a model ('' when there is no projector): the Load buttons, or a d
 
 Every catalogue entry and local model says whether it fits this machine ("on the GPU", "partly
 on the CPU", "too big"), planned off the UI thread by the engine's device planner
-(app/model_fit.py). With the app's settings the dialog remembers its tab and the import's
+(engine/library/fit.py). With the app's settings the dialog remembers its tab and the import's
 "copy" choice, and lists the model files loaded lately from outside the models folder.
 """
 from __future__ import annotations
@@ -27,13 +27,14 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
 from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
                                          DownloadStatus, repo_folder)
 from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalog_entry
+from ...engine.library.fit import (Fit, catalog_sizes, fit_of_file, fit_of_sizes, machine_for,
+                                  machine_for_a_switch)
 from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.local import (LocalModel, delete_model, describe_model, find_projector,
                                      import_model, scan_models)
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
-from ..model_fit import Fit, catalog_sizes, fit_of_file, fit_of_sizes, machine_for, machine_for_a_switch
 from .settings import AppSettings
 
 

@@ -269,7 +269,7 @@ def _tiny_pair(folder):
 
 def test_every_catalogue_entry_has_a_size_and_says_whether_it_fits(qtbot, fake, tmp_path):
     """The shipped catalogue on a simulated 8 GB GPU + 64 GB machine. The verdicts are those of
-    the planner on the real tensor inventories (tests/app/test_model_fit.py checks the
+    the planner on the real tensor inventories (tests/engine/library/test_fit.py checks the
     estimates against them): Mistral Small 24B needs 16 of 40 layers on the CPU, Ministral 3
     14B 10 of 40; 3B and 8B fit the GPU."""
     dlg = _open(qtbot, tmp_path, Hub(endpoint=fake.endpoint, token=False), catalog=load_catalog(),

@@ -13,11 +13,11 @@ import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from ..engine.api import EngineError
-from ..engine.library.catalog import CatalogEntry
-from ..engine.mistral3.config import TextConfig, VisionConfig
-from ..engine.runtime.device_map import (Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
+from ..api import EngineError
+from ..mistral3.config import TextConfig, VisionConfig
+from ..runtime.device_map import (Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
                                          plan_devices, plan_for_files)
+from .catalog import CatalogEntry
 
 # The dialog's words for the planner's DevicePlan.fit, and for a PlanError.
 FIT_WORDS = {"gpu": "on the GPU", "partial": "partly on the CPU", "cpu": "on the CPU",
@@ -47,7 +47,7 @@ def machine_for_a_switch(machine: Machine | None = None, reserved=None) -> Machi
     """This machine as the next load will find it: the engine unloads the current model first,
     so the GPU memory this process holds (`reserved(index)`, torch's caching allocator) counts
     as free. Without it a loaded 14B would make every other model look too big."""
-    from ..engine.runtime.device_map import DeviceInfo, detect_machine
+    from ..runtime.device_map import DeviceInfo, detect_machine
 
     machine = machine or detect_machine()
     if not machine.gpus:
@@ -78,7 +78,7 @@ def fit_of_file(model_path: str | os.PathLike, mmproj_path: str | os.PathLike | 
                 machine: Machine, device: str = "auto") -> Fit | None:
     """The plan of a model file (and its projector) read from their headers; None when the
     file is not a model the engine runs (loading it says why)."""
-    from ..engine.gguf import open_gguf
+    from ..gguf import open_gguf
 
     try:
         with open_gguf(model_path) as gf:
@@ -132,8 +132,8 @@ def gpu_layers_device_map(model_path: str | os.PathLike, gpu_layers: int | None,
     None for the automatic plan (no N, or the device setting is "cpu")."""
     if gpu_layers is None or gpu_layers < 0 or device == "cpu":
         return None
-    from ..engine.gguf import open_gguf
-    from ..engine.mistral3.config import text_config
+    from ..gguf import open_gguf
+    from ..mistral3.config import text_config
 
     with open_gguf(model_path) as gf:
         n_layers = text_config(gf).n_layers

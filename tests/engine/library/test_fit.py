@@ -1,4 +1,4 @@
-"""Whether a model fits this machine (app/model_fit.py): catalogue estimates planned by the same
+"""Whether a model fits this machine (engine/library/fit.py): catalogue estimates planned by the same
 planner as real files and checked against the real tensor inventories; local files planned from
 their headers; Settings' "GPU layers: N" turned into the engine's manual map."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from support import FIXTURES
 from support.empty_gguf import write_empty_gguf
-from tramontane.app.model_fit import catalog_sizes, fit_of_file, fit_of_sizes, gpu_layers_device_map
+from tramontane.engine.library.fit import catalog_sizes, fit_of_file, fit_of_sizes, gpu_layers_device_map
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.library.catalog import load_catalog
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, parse_device_map, plan_devices,
@@ -113,7 +113,7 @@ def test_gpu_layers_setting_becomes_the_manual_map():
 
 
 def test_a_switch_counts_the_loaded_models_gpu_memory_as_free(catalog):
-    from tramontane.app.model_fit import machine_for_a_switch
+    from tramontane.engine.library.fit import machine_for_a_switch
 
     two = Machine((DeviceInfo("cuda:0", 2 * GiB, "a"), DeviceInfo("cuda:1", 3 * GiB, "b")), CPU64)
     held = {0: 10 * GiB, 1: 0}
