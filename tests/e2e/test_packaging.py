@@ -143,7 +143,7 @@ def test_spec_bundles_compiled_extension_modules(tmp_path, monkeypatch):
     built in place (editable install) or into site-packages (`pip install .`) becomes a hidden
     import staged beside the sources; a shared library it loads becomes a binary."""
     import importlib.machinery
-    import importlib.util
+    import json
 
     site = tmp_path / "site-packages" / "tramontane" / "kernels"
     (site / "sub").mkdir(parents=True)
@@ -152,17 +152,18 @@ def test_spec_bundles_compiled_extension_modules(tmp_path, monkeypatch):
     (site / "sub" / f"_deep{suffix}").write_bytes(b"\x7fELF")
     (site / "libfake_helper.so.1").write_bytes(b"\x7fELF")
     (site / "qmatmul.py").write_text("# an installed copy: the stage keeps this checkout's\n")
-    real_find_spec = importlib.util.find_spec
+    real_run = subprocess.run
 
-    def find_spec(name, *args):
-        if name == "tramontane.kernels":  # as if installed into site-packages
-            spec = importlib.machinery.ModuleSpec(name, None, origin=str(site / "__init__.py"),
-                                                  is_package=True)
-            spec.submodule_search_locations = [str(site)]
-            return spec
-        return real_find_spec(name, *args)
+    def run(args, *a, **kw):
+        """The spec asks a clean child of the build interpreter where tramontane is installed:
+        here, as if `pip install .` had put tramontane.kernels into site-packages."""
+        if args[:2] == [sys.executable, "-I"]:
+            where = {name: [] for name in args[4:]}
+            where["tramontane.kernels"] = [str(site)]
+            return subprocess.CompletedProcess(args, 0, json.dumps(where), "")
+        return real_run(args, *a, **kw)
 
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(subprocess, "run", run)
     ns = evaluate_spec(tmp_path, monkeypatch, TRAMONTANE_BUNDLE_TRITON="0")
     kw = ns["a"].kwargs
     stage = Path(kw["pathex"][0])
