@@ -25,12 +25,12 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
-                                         DownloadStatus, repo_folder)
+                                         DownloadStatus)
 from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalog_entry
-from ...engine.library.fit import (Fit, catalog_sizes, fit_of_file, fit_of_sizes, machine_for,
+from ...engine.library.fit import (Fit, catalog_bytes, fit_of_catalog_entry, fit_of_file, machine_for,
                                   machine_for_a_switch)
 from ...engine.library.hub import Hub, ModelChoice
-from ...engine.library.local import (LocalModel, delete_model, describe_model, find_projector,
+from ...engine.library.local import (LocalModel, catalog_files, delete_model, describe_model,
                                      import_model, scan_models)
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
@@ -163,10 +163,6 @@ def _item(text: str, data=None) -> QTableWidgetItem:
     if data is not None:
         it.setData(Qt.UserRole, data)
     return it
-
-
-def _bytes(gb: float | None) -> int | None:
-    return round(gb * 1e9) if gb else None
 
 
 def _resolved(path: str | os.PathLike | None) -> Path | None:
@@ -357,8 +353,7 @@ class ModelManagerDialog(QDialog):
         """(model, projector) sizes in bytes: the hub's once listed, else the catalogue's."""
         if (entry.id, quant) in self.listed:
             return self.listed[entry.id, quant]
-        v = entry.variant(quant)
-        return _bytes(v.size_gb), _bytes(entry.mmproj_size_gb) if entry.vision else 0
+        return catalog_bytes(entry, quant)
 
     def _show_catalog_size(self, row: int) -> None:
         entry, quant = self.catalog_table.item(row, 0).data(Qt.UserRole)
@@ -401,31 +396,10 @@ class ModelManagerDialog(QDialog):
             if self.catalog_table.item(r, 0).data(Qt.UserRole)[0] == entry:
                 self.catalog_table.item(r, 2).setToolTip(f"The hub could not be asked: {text}")
 
-    def _catalog_local_files(self, entry: CatalogEntry, quant: str) -> tuple[Path | None, Path | None]:
-        """The entry's model and projector if both are on disk and verified."""
-        v = entry.variant(quant)
-        folder = repo_folder(self.models_dir, entry.repo_id)
-        if v.file:
-            model = folder / v.file
-            if not model.is_file():
-                return None, None
-        else:
-            hits = sorted(p for p in folder.glob(f"*{v.quant}*.gguf")) if folder.is_dir() else []
-            hits = [p for p in hits if "mmproj" not in p.name.lower()]
-            if not hits:
-                return None, None
-            model = hits[0]
-        mmproj = None
-        if entry.vision:
-            mmproj = folder / entry.mmproj_file if entry.mmproj_file else find_projector(model)
-            if mmproj is None or not mmproj.is_file():
-                return model, None
-        return model, mmproj
-
     def _refresh_catalog_status(self) -> None:
         for r in range(self.catalog_table.rowCount()):
             entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
-            model, mmproj = self._catalog_local_files(entry, quant)
+            model, mmproj = catalog_files(self.models_dir, entry, quant)
             busy = self.downloads.busy(entry.repo_id)
             if model and (mmproj or not entry.vision):
                 status = "loaded" if _resolved(model) == self.loaded_model else "ready"
@@ -457,7 +431,7 @@ class ModelManagerDialog(QDialog):
         sel = self._selected_catalog()
         if sel is None or not self.catalog_load.isEnabled():  # a double-click on a row not ready
             return
-        model, mmproj = self._catalog_local_files(*sel)
+        model, mmproj = catalog_files(self.models_dir, *sel)
         if model is not None:
             self.load_requested.emit(str(model), str(mmproj) if mmproj else "")
 
@@ -676,7 +650,7 @@ class ModelManagerDialog(QDialog):
         for r in range(self.catalog_table.rowCount()):
             entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
             catalog.append((entry, quant, self.catalog_bytes(entry, quant),
-                            self._catalog_local_files(entry, quant)))
+                            catalog_files(self.models_dir, entry, quant)))
         local = [(m.path, m.mmproj) for m in self.local_models
                  if not m.is_projector and m.error is None]
         known = self.machine
@@ -687,14 +661,8 @@ class ModelManagerDialog(QDialog):
             detected = known or machine_for_a_switch()
             machine = machine_for(detected, device)
             fits: dict[tuple, Fit | None] = {}  # ("catalog", id, quant) / ("local", path) -> fit
-            for entry, quant, (model_bytes, mmproj_bytes), (path, proj) in catalog:
-                key = ("catalog", entry.id, quant)
-                if path is not None:  # on disk: the file itself
-                    fits[key] = fit_of_file(path, proj, machine, device)
-                elif model_bytes and entry.shape is not None:
-                    fits[key] = fit_of_sizes(catalog_sizes(entry, model_bytes, mmproj_bytes), machine)
-                else:
-                    fits[key] = None
+            for entry, quant, sizes, files in catalog:
+                fits["catalog", entry.id, quant] = fit_of_catalog_entry(entry, sizes, files, machine, device)
             for path, proj in local:
                 fits[("local", path)] = fit_of_file(path, proj, machine, device)
             return generation, detected, fits

@@ -12,18 +12,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..library.downloads import (DownloadManager, DownloadRequest, DownloadState, final_path,
-                        git_blob_oid, load_manifest, sha256_file)
 from ..library.catalog import load_catalog, resolve_catalog_entry
+from ..library.downloads import (DownloadManager, DownloadRequest, DownloadState, final_path,
+                                 git_blob_oid, load_manifest, sha256_file, size_text)
+from ..library.fit import catalog_bytes, fit_of_catalog_entry
 from ..library.hub import Hub, HubError, ModelChoice
-from ..library.local import (LocalModelError, default_models_dir, delete_model, read_header,
-                           scan_models)
-
-
-def _size(n: int | float | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+from ..library.local import (LocalModelError, catalog_files, default_models_dir, delete_model,
+                             read_header, scan_models)
 
 
 def _models_dir(args) -> Path:
@@ -41,22 +36,7 @@ def _hub(args) -> Hub:
 def _list(args) -> int:
     models_dir = _models_dir(args)
     if args.catalog:
-        rows = []
-        local = {m.path.name for m in scan_models(models_dir)}
-        for e in load_catalog():
-            for v in e.variants:
-                rows.append({"id": e.id, "name": e.name, "repo": e.repo_id, "quant": v.quant,
-                             "file": v.file, "size_gb": v.size_gb, "memory_gb": v.memory_gb,
-                             "projector": e.mmproj_file, "license": e.license,
-                             "installed": bool(v.file and v.file in local)})
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            for r in rows:
-                mark = "*" if r["installed"] else " "
-                print(f"{mark} {r['id']:<34} {r['quant']:<7} {r['size_gb'] or '?':>7} GB  "
-                      f"needs ~{r['memory_gb'] or '?'} GB  {r['license']}  {r['repo']}")
-        return 0
+        return _list_catalog(args, models_dir)
     models = scan_models(models_dir)
     offline_dm = DownloadManager(models_dir, hub=Hub(offline=True))
     pending = offline_dm.unfinished_requests()
@@ -78,11 +58,41 @@ def _list(args) -> int:
         kind = "projector" if m.is_projector else "model"
         facts = m.error or f"{m.architecture or '?'} {m.quant or '?'}"
         extra = f"  + {m.mmproj.name}" if m.mmproj else ""
-        print(f"  {kind:<9} {_size(m.size):>9}  {facts:<18} {m.path}{extra}")
+        print(f"  {kind:<9} {size_text(m.size):>9}  {facts:<18} {m.path}{extra}")
     for r in pending:
         part = offline_dm.partial_bytes(r)
-        print(f"  unfinished {_size(part):>8}  {r.key}  (resume with `models download "
+        print(f"  unfinished {size_text(part):>8}  {r.key}  (resume with `models download "
               f"{r.repo_id} --file {r.filename}`)")
+    return 0
+
+
+def _list_catalog(args, models_dir: Path) -> int:
+    """The catalogue with what the Models dialog shows: the download's size and where the
+    planner would run each entry on this machine (the files' own plan once downloaded)."""
+    from ..runtime.device_map import detect_machine
+
+    machine = detect_machine()
+    local = {m.path.name for m in scan_models(models_dir)}
+    rows, shown = [], []
+    for e in load_catalog():
+        for v in e.variants:
+            sizes = catalog_bytes(e, v.quant)
+            fit = fit_of_catalog_entry(e, sizes, catalog_files(models_dir, e, v.quant), machine)
+            rows.append({"id": e.id, "name": e.name, "repo": e.repo_id, "quant": v.quant,
+                         "file": v.file, "size_gb": v.size_gb, "memory_gb": v.memory_gb,
+                         "projector": e.mmproj_file, "license": e.license,
+                         "installed": bool(v.file and v.file in local),
+                         "fits": fit.kind if fit else None, "fit_detail": fit.detail if fit else None})
+            model, mmproj = sizes
+            size = ("?" if model is None else f"{size_text(model)} + projector" if mmproj is None
+                    else size_text(model + mmproj))
+            shown.append((size, fit.words if fit else "? (size not known)"))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r, (size, fit) in zip(rows, shown):
+        mark = "*" if r["installed"] else " "
+        print(f"{mark} {r['id']:<34} {r['quant']:<7} {size:>20}  {fit:<18}  {r['license']}  {r['repo']}")
     return 0
 
 
@@ -96,8 +106,8 @@ def _search(args) -> int:
         if not choices:
             print(f"{args.repo}: no GGUF model files")
         for c in choices:
-            proj = f"  + {c.mmproj.path} ({_size(c.mmproj.size)})" if c.mmproj else ""
-            print(f"  {c.model.quant or '?':<8} {_size(c.model.size):>9}  {c.model.path}{proj}")
+            proj = f"  + {c.mmproj.path} ({size_text(c.mmproj.size)})" if c.mmproj else ""
+            print(f"  {c.model.quant or '?':<8} {size_text(c.model.size):>9}  {c.model.path}{proj}")
         return 0
     found = hub.search(args.query or "", limit=args.limit)
     if args.json:
@@ -169,7 +179,7 @@ def _download(args) -> int:
             pct = f"{100 * st.fraction:5.1f}%" if st.fraction is not None else "  ?  "
             eta = f" ETA {st.eta_s:4.0f}s" if st.eta_s is not None else ""
             speed = f" {st.speed_bps / 1e6:6.1f} MB/s" if st.speed_bps else ""
-            line = (f"{st.state.value:<9} {pct} {_size(st.done_bytes)}/{_size(st.total_bytes)}"
+            line = (f"{st.state.value:<9} {pct} {size_text(st.done_bytes)}/{size_text(st.total_bytes)}"
                     f"{speed}{eta}  {Path(st.request.filename).name}")
             print(("\r" if tty and st.state is DownloadState.RUNNING else "") + line,
                   end="" if tty and st.state is DownloadState.RUNNING else "\n",

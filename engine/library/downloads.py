@@ -450,7 +450,7 @@ class DownloadManager:
         if free < needed + SPACE_RESERVE:
             raise HubError(
                 f"{label}: not enough disk space in {final.parent}: needs "
-                f"{_gb(needed + SPACE_RESERVE)} free, {_gb(free)} available.", "no_space")
+                f"{size_text(needed + SPACE_RESERVE)} free, {size_text(free)} available.", "no_space")
         final.parent.mkdir(parents=True, exist_ok=True)
         side.write_text(json.dumps(sidecar, indent=1), "utf-8")
         self._start_part(task, part, offset)
@@ -476,7 +476,7 @@ class DownloadManager:
                 if retries > self.max_retries:
                     raise HubError(
                         f"{label}: the connection keeps failing ({type(exc).__name__}); "
-                        f"{_gb(task.done_bytes)} of {_gb(size)} are kept and the download "
+                        f"{size_text(task.done_bytes)} of {size_text(size)} are kept and the download "
                         "can be resumed later.", "network") from exc
                 if task.stop.wait(self.retry_delay_s * 2 ** (retries - 1)):
                     raise _Interrupted() from exc
@@ -640,7 +640,10 @@ def _existing_parent(path: Path) -> Path:
     return p
 
 
-def _gb(n: int) -> str:
+def size_text(n: int | float | None) -> str:
+    """A byte count for people: GB from 0.1 GB up, MB below; "?" when not known."""
+    if n is None:
+        return "?"
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 

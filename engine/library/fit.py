@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 from ..api import EngineError
 from ..mistral3.config import TextConfig, VisionConfig
 from ..runtime.device_map import (Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
-                                         plan_devices, plan_for_files)
+                                  plan_devices, plan_for_files)
 from .catalog import CatalogEntry
 
 # The dialog's words for the planner's DevicePlan.fit, and for a PlanError.
@@ -89,6 +90,32 @@ def fit_of_file(model_path: str | os.PathLike, mmproj_path: str | os.PathLike | 
     except (EngineError, OSError):
         return None
     return Fit(plan.fit, plan.explain())
+
+
+def catalog_bytes(entry: CatalogEntry, quant: str) -> tuple[int | None, int | None]:
+    """(model, projector) sizes in bytes as the catalogue gives them: None where it leaves one
+    open (the hub knows it), a projector of 0 for a text-only entry."""
+    v = entry.variant(quant)
+    return _gb_bytes(v.size_gb), _gb_bytes(entry.mmproj_size_gb) if entry.vision else 0
+
+
+def _gb_bytes(gb: float | None) -> int | None:
+    return round(gb * 1e9) if gb else None
+
+
+def fit_of_catalog_entry(entry: CatalogEntry, sizes: tuple[int | None, int | None],
+                         files: tuple[Path | None, Path | None], machine: Machine,
+                         device: str = "auto") -> Fit | None:
+    """Where a catalogue entry would run: its files' own plan once the model is on disk
+    (`files` as catalog_files gives them), else the estimate from its (model, projector)
+    `sizes`; None while the model's size is not known."""
+    model_bytes, mmproj_bytes = sizes
+    path, proj = files
+    if path is not None:
+        return fit_of_file(path, proj, machine, device)
+    if model_bytes and entry.shape is not None:
+        return fit_of_sizes(catalog_sizes(entry, model_bytes, mmproj_bytes), machine)
+    return None
 
 
 def catalog_sizes(entry: CatalogEntry, model_bytes: int, mmproj_bytes: int | None) -> ModelSizes:

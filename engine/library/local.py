@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..api import EngineError
-from .downloads import PART_SUFFIX, SIDECAR_SUFFIX
+from .catalog import CatalogEntry
+from .downloads import PART_SUFFIX, SIDECAR_SUFFIX, repo_folder
 from .projector import find_projector, is_projector_name
 
 IMPORTS_FILE = "imported.json"
@@ -183,6 +184,30 @@ def import_model(src: str | os.PathLike, models_dir: str | os.PathLike | None = 
     if resolved not in [p.resolve() for p in imports]:
         _save_imports(models_dir, imports + [resolved])
     return _describe(resolved, True)
+
+
+def catalog_files(models_dir: str | os.PathLike, entry: CatalogEntry,
+                  quant: str) -> tuple[Path | None, Path | None]:
+    """A catalogue entry's model and projector as they lie in its repository's folder (None
+    for each one not there)."""
+    v = entry.variant(quant)
+    folder = repo_folder(Path(models_dir), entry.repo_id)
+    if v.file:
+        model = folder / v.file
+        if not model.is_file():
+            return None, None
+    else:
+        hits = sorted(p for p in folder.glob(f"*{v.quant}*.gguf")) if folder.is_dir() else []
+        hits = [p for p in hits if "mmproj" not in p.name.lower()]
+        if not hits:
+            return None, None
+        model = hits[0]
+    mmproj = None
+    if entry.vision:
+        mmproj = folder / entry.mmproj_file if entry.mmproj_file else find_projector(model)
+        if mmproj is None or not mmproj.is_file():
+            return model, None
+    return model, mmproj
 
 
 def _inside(path: Path, folder: Path) -> bool:

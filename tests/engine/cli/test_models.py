@@ -87,3 +87,27 @@ def test_registered_in_the_main_cli(fake, tmp_path, capsys):
     from tramontane.engine.cli import main as cli
     assert cli.main(["models", "list", "--dir", str(tmp_path)]) == 0
     assert str(tmp_path) in capsys.readouterr().out
+
+
+def test_catalogue_listing_says_where_each_entry_would_run(tmp_path, capsys, monkeypatch):
+    """What the Models dialog shows, from the same planner: the shipped catalogue on a simulated
+    8 GB GPU + 64 GB machine (tests/app/dialogs/test_models.py has the same verdicts), the
+    download's size, and no "needs ~? GB" for entries the catalogue gives no memory figure."""
+    from tramontane.engine.runtime import device_map
+    from tramontane.engine.runtime.device_map import DeviceInfo, Machine
+
+    gib = 1 << 30
+    gpu8 = Machine((DeviceInfo("cuda:0", 8 * gib, "simulated 8 GB"),), DeviceInfo("cpu", 64 * gib, "simulated"))
+    monkeypatch.setattr(device_map, "detect_machine", lambda: gpu8)
+    assert main(["list", "--catalog", "--json", "--dir", str(tmp_path)]) == 0
+    fits = {(r["id"], r["quant"]): r["fits"] for r in json.loads(capsys.readouterr().out)}
+    assert fits == {("mistral-small-3.1-24b-instruct", "Q4_K_M"): "partial",
+                    ("mistral-small-3.1-24b-instruct", "Q8_0"): "partial",
+                    ("ministral-3-3b-instruct", "Q4_K_M"): "gpu",
+                    ("ministral-3-8b-instruct", "Q4_K_M"): "gpu",
+                    ("ministral-3-14b-instruct", "Q4_K_M"): "partial"}
+    assert main(["list", "--catalog", "--dir", str(tmp_path)]) == 0
+    lines = {" ".join(line.split()[:2]): line for line in capsys.readouterr().out.splitlines()}
+    assert "15.21 GB  partly on the CPU" in lines["mistral-small-3.1-24b-instruct Q4_K_M"]
+    assert "5.20 GB + projector  on the GPU" in lines["ministral-3-8b-instruct Q4_K_M"]
+    assert not any("?" in line for line in lines.values())
