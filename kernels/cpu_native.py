@@ -128,3 +128,23 @@ def dequantize(ggml_type: int, data: torch.Tensor, rows: int, cols: int) -> torc
         w_ptr, w_stride = _weight_rows(data)
         _cpu.dequantize(int(ggml_type), w_ptr, w_stride, rows, cols, out.data_ptr())
     return out
+
+
+def attend_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: int,
+                  scale: float | None = None) -> torch.Tensor:
+    """Attention of one query row over the first n_keys cached positions, float32:
+    q (n_heads, d) -> (n_heads, dv). keys (n_kv_heads, capacity, d) and values
+    (n_kv_heads, capacity, dv) as the KV cache holds them (rows contiguous; any head/row
+    strides); query head h reads KV head h // (n_heads // n_kv_heads). Heads run on the pool."""
+    n_heads, d = q.shape
+    n_kv, dv = keys.shape[0], values.shape[-1]
+    if (q.dtype != torch.float32 or keys.dtype != torch.float32 or values.dtype != torch.float32
+            or keys.stride(-1) != 1 or values.stride(-1) != 1 or n_keys > keys.shape[1]
+            or n_keys > values.shape[1] or n_heads % n_kv):
+        raise ValueError("attend_decode needs float32 q (H, d), keys/values (Hkv, S, d) with contiguous rows")
+    q = q.contiguous()
+    out = torch.empty(n_heads, dv, dtype=torch.float32)
+    _cpu.attend_decode(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), n_heads, n_kv, d, dv,
+                       n_keys, keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+                       float(scale if scale is not None else d ** -0.5))
+    return out

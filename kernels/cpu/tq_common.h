@@ -48,8 +48,14 @@ typedef void (*tq_dequant_fn)(const uint8_t *w, size_t w_stride, int n_rows, int
 /* quantize one float row of k elements into activation blocks */
 typedef void (*tq_quant_fn)(const float *x, void *out, int64_t k);
 
+/* decode attention for one KV head group: q (n_rep, d) rows, keys k + s * ks (d floats each),
+ * values v + s * vs (dv floats each), s < n_keys; out (n_rep, dv); scores: n_keys floats */
+typedef void (*tq_attn_fn)(const float *q, int n_rep, int d, const float *k, size_t ks, const float *v,
+                           size_t vs, int dv, int n_keys, float scale, float *out, float *scores);
+
 typedef struct {
     const char *name;
+    tq_attn_fn attn_group;
     tq_quant_fn quant_q8k;
     tq_quant_fn quant_q8b;
     tq_gemm_fn gemm[TQ_NTYPES];

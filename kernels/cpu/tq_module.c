@@ -399,6 +399,65 @@ static PyObject *py_dequantize(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    int n_rep, d, dv, n_keys;
+    size_t k_head, k_row, v_head, v_row;
+    float scale;
+    int failed;
+} at_job;
+
+static void unit_attn(void *arg, int g) {
+    at_job *J = (at_job *)arg;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)J->n_keys);
+    if (!scores) {
+        J->failed = 1;
+        return;
+    }
+    K->attn_group(J->q + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, J->k + (size_t)g * J->k_head, J->k_row,
+                  J->v + (size_t)g * J->v_head, J->v_row, J->dv, J->n_keys, J->scale,
+                  J->out + (size_t)g * J->n_rep * J->dv, scores);
+    free(scores);
+}
+
+PyDoc_STRVAR(attend_doc,
+             "attend_decode(q_ptr, k_ptr, v_ptr, out_ptr, n_heads, n_kv_heads, d, dv, n_keys, k_head_stride, "
+             "k_row_stride, v_head_stride, v_row_stride, scale)\n"
+             "One query row of n_heads heads (contiguous (n_heads, d) float32) over n_keys cached keys and values "
+             "(strides in floats); query head h uses KV head h // (n_heads / n_kv_heads). out: (n_heads, dv).");
+
+static PyObject *py_attend_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "attend_decode takes 14 arguments");
+        return NULL;
+    }
+    void *q, *k, *v, *out;
+    Py_ssize_t n_heads, n_kv, d, dv, n_keys, kh, kr, vh, vr;
+    if (get_ptr(args[0], &q) || get_ptr(args[1], &k) || get_ptr(args[2], &v) || get_ptr(args[3], &out) ||
+        get_ssize(args[4], &n_heads) || get_ssize(args[5], &n_kv) || get_ssize(args[6], &d) ||
+        get_ssize(args[7], &dv) || get_ssize(args[8], &n_keys) || get_ssize(args[9], &kh) ||
+        get_ssize(args[10], &kr) || get_ssize(args[11], &vh) || get_ssize(args[12], &vr))
+        return NULL;
+    double scale = PyFloat_AsDouble(args[13]);
+    if (scale == -1.0 && PyErr_Occurred()) return NULL;
+    if (n_kv <= 0 || n_heads <= 0 || n_heads % n_kv || d <= 0 || dv <= 0 || n_keys <= 0 || n_keys > INT32_MAX ||
+        !q || !k || !v || !out) {
+        PyErr_SetString(PyExc_ValueError, "attend_decode: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    at_job J = {(const float *)q, (const float *)k, (const float *)v, (float *)out, (int)(n_heads / n_kv), (int)d,
+                (int)dv, (int)n_keys, (size_t)kh, (size_t)kr, (size_t)vh, (size_t)vr, (float)scale, 0};
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    pool_for(unit_attn, &J, (int)n_kv);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (J.failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
@@ -493,6 +552,7 @@ static PyObject *py_use_variant(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL, matmul_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_FASTCALL, dequantize_doc},
+    {"attend_decode", (PyCFunction)(void (*)(void))py_attend_decode, METH_FASTCALL, attend_doc},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
     {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
     {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},

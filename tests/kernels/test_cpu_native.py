@@ -174,3 +174,18 @@ def test_falls_back_to_torch_and_warns_once(monkeypatch):
         linear(x, w)  # once only
     torch.testing.assert_close(y, linear_reference(x, w))
     np.testing.assert_allclose(y.numpy(), x.numpy().astype(np.float64) @ deq.astype(np.float64).T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", cpu_native.variants())
+def test_attend_decode_matches_sdpa(variant):
+    cpu_native.use_variant(variant)
+    g = torch.Generator().manual_seed(1)
+    for n_heads, n_kv, d, cap, n in [(32, 8, 128, 300, 1), (32, 8, 128, 300, 257), (8, 8, 40, 20, 13), (6, 2, 24, 9, 9)]:
+        q = torch.randn(n_heads, d, generator=g)
+        keys = torch.randn(n_kv, cap, d, generator=g) * 2
+        values = torch.randn(n_kv, cap, d, generator=g)
+        out = cpu_native.attend_decode(q, keys, values, n)
+        rep = n_heads // n_kv
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.double().reshape(1, n_kv, rep, d), keys[:, :n].double()[None], values[:, :n].double()[None])
+        torch.testing.assert_close(out.double(), want.reshape(n_heads, d), rtol=1e-5, atol=1e-5)
