@@ -122,11 +122,7 @@ def text_config(gf: GGUFFile) -> TextConfig:
                         f"tokenizer.ggml.tokens holds {len(tokens)} tokens")
     if vocab is None:
         vocab = len(tokens) if tokens else gf.tensors["token_embd.weight"].shape[0]
-    n_layers = gf.uint(key("block_count"), 1)
-    present = len(gf.block_indices("blk."))
-    if n_layers > present:
-        raise GGUFError(f"{gf.path}: metadata '{key('block_count')}' is {n_layers} but the file "
-                        f"holds tensors for {present} blocks")
+    n_layers = _block_count(gf, key("block_count"), "blk.")
     scaling = gf.string(key("rope.scaling.type"), default=None)
     cfg = TextConfig(
         arch=gf.architecture,
@@ -156,6 +152,17 @@ def text_config(gf: GGUFFile) -> TextConfig:
     )
     _check_tensor_shapes(gf, cfg)
     return cfg
+
+
+def _block_count(gf: GGUFFile, key: str, prefix: str) -> int:
+    """The block count at `key`, refused when the file holds tensors for fewer `prefix`N.
+    blocks: every loop over the blocks is bounded by what the file really holds."""
+    n_layers = gf.uint(key, 1)
+    present = len(gf.block_indices(prefix))
+    if n_layers > present:
+        raise GGUFError(f"{gf.path}: metadata '{key}' is {n_layers} but the file holds tensors "
+                        f"for {present} blocks")
+    return n_layers
 
 
 def _check_tensor_shapes(gf: GGUFFile, cfg: TextConfig) -> None:
@@ -193,16 +200,6 @@ def projector_type(gf: GGUFFile) -> str | None:
 
 def is_pixtral_projector(gf: GGUFFile) -> bool:
     return gf.architecture == "clip" and projector_type(gf) == "pixtral"
-
-
-def check_pixtral_projector(gf: GGUFFile) -> None:
-    if gf.architecture != "clip":
-        raise GGUFError(f"{gf.path}: not a vision projector: general.architecture is "
-                        f"'{gf.architecture}', expected 'clip' with clip.projector_type 'pixtral'")
-    ptype = projector_type(gf)
-    if ptype != "pixtral":
-        raise GGUFError(f"{gf.path}: projector type {ptype!r} is not supported; "
-                        f"expected clip.projector_type 'pixtral' (Mistral 3 / Pixtral)")
 
 
 # -- Pixtral projector (mmproj) ------------------------------------------------------------
@@ -316,11 +313,7 @@ def read_config(gf: GGUFFile) -> VisionConfig:
     std = tuple(gf.array_of("clip.vision.image_std", "float", 3).tolist())
     if any(v == 0 for v in std):
         raise _fail(path, f"clip.vision.image_std has a zero: {std}")
-    n_layers = gf.uint("clip.vision.block_count", 1)
-    present = len(gf.block_indices("v.blk."))
-    if n_layers > present:
-        raise _fail(path, f"metadata 'clip.vision.block_count' is {n_layers} but the file holds "
-                          f"tensors for {present} blocks")
+    n_layers = _block_count(gf, "clip.vision.block_count", "v.blk.")
 
     layout = _detect_layout(gf, n_layers)
     names = LAYOUTS[layout]
