@@ -78,10 +78,9 @@ def model_hidden_size(model_path: str | os.PathLike) -> int:
 
 
 def projector_output_width(projector_path: str | os.PathLike) -> int:
-    from ..mistral3.config import check_pixtral_projector, read_config
+    from ..mistral3.config import read_config
 
     with open_gguf(projector_path) as gf:
-        check_pixtral_projector(gf)
         return read_config(gf).text_hidden
 
 
