@@ -3,8 +3,8 @@ gguf-py's `gguf.quants.dequantize` (not our kernels) and with Q/K rows un-permut
 rotate-half layout, loaded into HF transformers' `MistralForCausalLM`.
 
 So a test can compare our engine on a (quantized) GGUF against HF running exactly the same
-numbers. `tests/test_fixtures.py` proves the path on the f32 fixtures: the model built here
-reproduces the original HF checkpoint's logits.
+numbers. `tests/engine/mistral3/test_reference_fixtures.py` proves the path on the f32
+fixtures: the model built here reproduces the original HF checkpoint's logits.
 """
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def test_missing_image_file_is_a_usage_error(server, capsys, tmp_path):
 
 
 def test_through_tramontane_cli_run(server, capsys, monkeypatch):
-    """The real `tramontane-cli run --server` parser (engine/cli.py) reaches run_remote with
+    """The real `tramontane-cli run --server` parser (engine/cli/main.py) reaches run_remote with
     its shared run options (min-p, repetition penalty, ignore-eos)."""
     cli = pytest.importorskip("tramontane.engine.cli.main")
     monkeypatch.setenv("K", KEY)

@@ -1,4 +1,4 @@
-"""engine/image.py against mistral-common's ImageEncoder (the official Pixtral preprocessing).
+"""engine/mistral3/image.py against mistral-common's ImageEncoder (the official Pixtral preprocessing).
 
 Pixel tolerance: 1/255 in [0, 1] units, i.e. 1 grey level, compared in *normalised* units as
 (1/255)/min(std) ≈ 0.0146. Measured over CASES: 1.6e-4 normalised (cv2 with Intel IPP, the pip

@@ -2,7 +2,7 @@
 
 References nobody here wrote: HF `Mistral3ForConditionalGeneration` / `Ministral3ForCausalLM`
 on the original checkpoints, and HF `MistralForCausalLM` holding gguf-py's dequantization of a
-file's own (quantized) bytes (tests/fixture_models.py)."""
+file's own (quantized) bytes (tests/support/fixture_models.py)."""
 from __future__ import annotations
 
 import json

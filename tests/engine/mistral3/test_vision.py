@@ -1,4 +1,4 @@
-"""engine/vision.py against HF transformers' PixtralVisionModel + Mistral3 multi_modal_projector.
+"""engine/mistral3/vision.py against HF transformers' PixtralVisionModel + Mistral3 multi_modal_projector.
 
 References: the tiny random HF models in tests/fixtures (mistral3_tiny: SiLU tower,
 mistral3_tiny_gelu: GELU tower) and their mmproj GGUFs made by llama.cpp's converter. The

@@ -1,4 +1,4 @@
-"""RemoteEngine against a loopback fake of vLLM's OpenAI server (tests/fakevllm.py)."""
+"""RemoteEngine against a loopback fake of vLLM's OpenAI server (tests/support/fakevllm.py)."""
 from __future__ import annotations
 
 import io
