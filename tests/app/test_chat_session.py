@@ -9,22 +9,12 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from support.app_window import MMPROJ, MODEL, close_window, isolate, make_window, send  # noqa: E402
+from support.app_window import MMPROJ, MODEL, close_window, make_window, send  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("isolated")
 
 WRITES = ("create_chat", "add_message", "begin_reply", "checkpoint_reply", "finish_reply",
           "delete_message", "truncate_after", "edit_message")
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    isolate(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = make_window(qtbot, tmp_path / "data")
-    yield w
-    close_window(w)
 
 
 def record_writes(store, monkeypatch) -> list[tuple[str, str]]:

@@ -13,25 +13,12 @@ pytest.importorskip("pytestqt")
 from gguf import GGUFValueType as T  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
 
-from support.app_window import MMPROJ, MODEL, close_window, drop_files, make_window, png_with_idat, send  # noqa: E402
+from support.app_window import MMPROJ, MODEL, drop_files, png_with_idat, send  # noqa: E402
 from support.gguf_edit import rewrite_gguf  # noqa: E402
 from support.rss import peak_since, reset_peak  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:Function.*QDrag.*Event:DeprecationWarning")
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_DATA_DIR", str(tmp_path / "unused-default-data"))
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = make_window(qtbot, tmp_path / "data")
-    yield w
-    close_window(w)
+pytestmark = [pytest.mark.usefixtures("isolated"),
+              pytest.mark.filterwarnings("ignore:Function.*QDrag.*Event:DeprecationWarning")]
 
 
 def png_header(width: int, height: int) -> bytes:

@@ -21,23 +21,12 @@ from tramontane.app.store import Store  # noqa: E402
 from tramontane.app.widgets.chat_list import HeadingRole  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
 from support.app_window import (MMPROJ, MODEL, PieceCounter, close_window, drop_files,  # noqa: E402
-                                isolate, make_window, png_bytes, png_with_idat, send)
+                                make_window, png_bytes, png_with_idat, send)
 from tramontane.engine.api import ImagePart, SamplingParams  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:Function.*QDrag.*Event:DeprecationWarning")
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    isolate(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = make_window(qtbot, tmp_path / "data")
-    yield w
-    close_window(w)
+pytestmark = [pytest.mark.usefixtures("isolated"),
+              pytest.mark.filterwarnings("ignore:Function.*QDrag.*Event:DeprecationWarning")]
 
 
 @pytest.fixture(autouse=True)

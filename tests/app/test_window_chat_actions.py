@@ -9,15 +9,9 @@ pytest.importorskip("pytestqt")
 from PySide6.QtWidgets import QInputDialog, QMessageBox  # noqa: E402
 
 
-from support.app_window import close_window, make_window  # noqa: E402
-
-
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    w = make_window(qtbot, tmp_path / "data", load=False)
-    yield w
-    close_window(w)
+def window(idle_window):
+    return idle_window
 
 
 def test_new_chat_leaves_no_hidden_target_for_chat_actions(qtbot, window, monkeypatch):

@@ -12,21 +12,18 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 
-from support.app_window import GREEDY, MMPROJ, MODEL, close_window, make_window  # noqa: E402
+from support.app_window import GREEDY, MMPROJ, MODEL  # noqa: E402
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    w = make_window(qtbot, tmp_path / "data", load=False)
+def window(qtbot, idle_window):
+    w = idle_window
     w.activateWindow()
     qtbot.waitUntil(lambda: QApplication.focusWidget() is not None)
     w.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
     w.load_model(str(MODEL), str(MMPROJ))
     qtbot.waitUntil(lambda: w.engine_info is not None, timeout=30000)
-    yield w
-    close_window(w)
+    return w
 
 
 def click_and_wait(qtbot, window, button):

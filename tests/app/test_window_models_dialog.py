@@ -9,18 +9,15 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from support.app_window import MODEL, close_window, make_window  # noqa: E402
+from support.app_window import MODEL  # noqa: E402
 
 TIMEOUT = 30_000
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    w = make_window(qtbot, tmp_path / "data", load=False)
-    w.settings.models_dir = str(tmp_path / "models")
-    yield w
-    close_window(w)
+def window(idle_window, tmp_path):
+    idle_window.settings.models_dir = str(tmp_path / "models")
+    return idle_window
 
 
 def _row_of(table, name: str) -> int:

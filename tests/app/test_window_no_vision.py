@@ -13,17 +13,13 @@ pytest.importorskip("pytestqt")
 
 from tramontane.engine.api import ImagePart  # noqa: E402
 
-from support.app_window import GREEDY, MMPROJ, MODEL, close_window, make_window, png_bytes  # noqa: E402
+from support.app_window import GREEDY, MMPROJ, MODEL, png_bytes  # noqa: E402
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    w = make_window(qtbot, tmp_path / "data", load=False)
-    w.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
-    yield w
-    close_window(w)
+def window(idle_window):
+    idle_window.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
+    return idle_window
 
 
 def load(qtbot, window, mmproj: Path | None) -> None:

@@ -14,23 +14,13 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QInputDialog, QLabel, QMessageBox  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
-from support.app_window import MMPROJ, MODEL, close_window, isolate, make_window, png_bytes, send  # noqa: E402
+from support.app_window import MMPROJ, MODEL, close_window, make_window, png_bytes, send  # noqa: E402
 from tramontane.app import main as app_main  # noqa: E402
 from tramontane.app.chat_session import LOAD_FIRST_HINT  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("isolated")
+
 OTHER_MODEL = FIXTURES / "mistral3_q256-Q4_K_M.gguf"  # hidden size 256: the tiny projector is foreign
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    isolate(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    w = make_window(qtbot, tmp_path / "data")
-    yield w
-    close_window(w)
 
 
 def load(qtbot, window, model, mmproj=""):

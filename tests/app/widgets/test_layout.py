@@ -10,8 +10,6 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QLabel  # noqa: E402
 
-
-from support.app_window import close_window, make_window  # noqa: E402
 from tramontane.app.worker import EngineInfo  # noqa: E402
 
 LONG_MODEL = "/models/Mistral-Small-3.1-24B-Instruct-2503-UD-Q4_K_XL-with-a-long-suffix.gguf"
@@ -19,11 +17,8 @@ LONG_MMPROJ = "/models/mmproj-Mistral-Small-3.1-24B-Instruct-2503-F16-with-a-lon
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
-    w = make_window(qtbot, tmp_path / "data", load=False)
-    yield w
-    close_window(w)
+def window(idle_window):
+    return idle_window
 
 
 def _shrink_to_laptop(qtbot, window, name: str) -> None:

@@ -1,0 +1,33 @@
+"""The real window on the tiny fixture model, and the isolation every window test runs in."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """No user data or models folder, no network (support.app_window.isolate); a module whose
+    every test opens windows takes it with `pytest.mark.usefixtures("isolated")`."""
+    from support.app_window import isolate
+
+    isolate(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, isolated):
+    """The real window with the tiny model and its projector loaded."""
+    from support.app_window import close_window, make_window
+
+    w = make_window(qtbot, tmp_path / "data")
+    yield w
+    close_window(w)
+
+
+@pytest.fixture
+def idle_window(qtbot, tmp_path, isolated):
+    """The real window with no model loaded."""
+    from support.app_window import close_window, make_window
+
+    w = make_window(qtbot, tmp_path / "data", load=False)
+    yield w
+    close_window(w)
