@@ -27,12 +27,14 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from tramontane.kernels import ggml_types as gt
-from tramontane.kernels.linear import QWeight, linear_reference
-from support.quant_bytes import F16_FIELDS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' support helpers
+from support.quant_bytes import F16_FIELDS  # noqa: E402
+from tramontane.kernels import ggml_types as gt  # noqa: E402
+from tramontane.kernels.linear import QWeight, linear_reference  # noqa: E402
 
 # (in_features, out_features) of Mistral-Small-3.1's text layers
 MISTRAL_SMALL_SHAPES = {
