@@ -13,6 +13,7 @@ Not a test: nothing under tests/ imports it.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' support helpers
+from support.empty_gguf import q4_k_m_type  # noqa: E402
 from tramontane.engine.api import SamplingParams
 from tramontane.engine.cli.bench import copy_bandwidth
 from tramontane.engine.runtime.generate import generate, make_generator, sample
@@ -43,19 +46,6 @@ SHAPES = {
 D_OFFSET = {gt.Q4_0: 0, gt.Q8_0: 0, gt.Q4_K: 0, gt.Q5_K: 0, gt.Q6_K: 208}
 DMIN_OFFSET = {gt.Q4_K: 2, gt.Q5_K: 2}
 DMIN_OVER_D = {gt.Q4_K: 7.5, gt.Q5_K: 15.5}  # centres d*sc*q - dmin*m
-
-
-def q4_k_m_type(name: str, n_layers: int) -> int:
-    """llama.cpp's Q4_K_M choice: Q6_K for output and for attn_v / ffn_down on the layers
-    `use_more_bits` picks, Q4_K elsewhere."""
-    if name == "output.weight":
-        return gt.Q6_K
-    parts = name.split(".")
-    if parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down"):
-        i = int(parts[1])
-        more = i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2
-        return gt.Q6_K if more else gt.Q4_K
-    return gt.Q4_K
 
 
 MIXES = {

@@ -16,8 +16,9 @@ def tensor_bytes(shape, qtype) -> int:
 
 
 def q4_k_m_type(name: str, n_layers: int):
-    """llama.cpp's Q4_K_M: Q6_K for output, and for attn_v / ffn_down of the layers its
-    use_more_bits picks (first and last eighth, every third between); Q4_K elsewhere."""
+    """llama.cpp's Q4_K_M (llama_tensor_get_type): Q6_K for output, and for attn_v / ffn_down
+    of the layers its use_more_bits picks (first and last eighth, every third between); Q4_K
+    elsewhere. The one copy: the quantized fixtures and bench/model.py use it too."""
     if name == "output.weight":
         return T.Q6_K
     parts = name.split(".")
