@@ -13,7 +13,7 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import quote
 
 from ...engine.api import GenerationStats, ImagePart
@@ -140,12 +140,8 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
     for key in ("model_path", "projector_path", "remote_url", "remote_model"):
         fields[key] = doc.string(chat, f"chat.{key}", default=None, nullable=True)
 
-    raw_messages = data.get("messages", [])
-    doc.require(isinstance(raw_messages, list), "messages", "expected a list")
     messages = []
-    for i, raw in enumerate(raw_messages):
-        at = f"messages[{i}]"
-        doc.require(isinstance(raw, dict), at, "expected an object")
+    for at, raw in doc.objects(data, "messages"):
         role = doc.string(raw, f"{at}.role")
         doc.require(role in ROLES, f"{at}.role", f"{role!r} is not one of {', '.join(ROLES)}")
         state = doc.string(raw, f"{at}.state", default="complete")
@@ -153,11 +149,7 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
         text = doc.string(raw, f"{at}.text", default="")
         stats = _stats(doc, raw, at)
         images = []
-        raw_images = raw.get("images", [])
-        doc.require(isinstance(raw_images, list), f"{at}.images", "expected a list")
-        for j, raw_image in enumerate(raw_images):
-            where = f"{at}.images[{j}]"
-            doc.require(isinstance(raw_image, dict), where, "expected an object")
+        for where, raw_image in doc.objects(raw, f"{at}.images"):
             encoded = doc.string(raw_image, f"{where}.data_base64")
             try:
                 blob = base64.b64decode(encoded, validate=True)
@@ -177,11 +169,7 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
             name = doc.string(raw_image, f"{where}.name", default="image")
             images.append((ImagePart(blob, name), offset))
         versions = []
-        raw_versions = raw.get("versions", [])
-        doc.require(isinstance(raw_versions, list), f"{at}.versions", "expected a list")
-        for j, raw_version in enumerate(raw_versions):
-            where = f"{at}.versions[{j}]"
-            doc.require(isinstance(raw_version, dict), where, "expected an object")
+        for where, raw_version in doc.objects(raw, f"{at}.versions"):
             version_stats = _stats(doc, raw_version, where)
             versions.append({
                 "text": doc.string(raw_version, f"{where}.text"),
@@ -248,6 +236,15 @@ class _Reader:
         value = self._get(obj, path, default)
         self.require(isinstance(value, dict), path, f"expected an object, got {type(value).__name__}")
         return value
+
+    def objects(self, obj: dict, path: str) -> Iterator[tuple[str, dict]]:
+        """(field, object) for each element of the list at `path` (none when it is absent)."""
+        items = self._get(obj, path, [])
+        self.require(isinstance(items, list), path, "expected a list")
+        for i, item in enumerate(items):
+            where = f"{path}[{i}]"
+            self.require(isinstance(item, dict), where, "expected an object")
+            yield where, item
 
 
 # --------------------------------------------------------------------------- Markdown
