@@ -880,17 +880,14 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ drops anywhere
     def dragEnterEvent(self, event) -> None:  # noqa: N802
         """Images dropped anywhere on the window (the conversation, the empty state) go to
-        the composer, like drops on the composer itself."""
-        if event.mimeData().hasUrls() or event.mimeData().hasImage():
-            event.acceptProposedAction()
+        the composer: its own drop handling decides."""
+        self.composer.dragEnterEvent(event)
 
     def dragMoveEvent(self, event) -> None:  # noqa: N802
-        if event.mimeData().hasUrls() or event.mimeData().hasImage():
-            event.acceptProposedAction()
+        self.composer.dragMoveEvent(event)
 
     def dropEvent(self, event) -> None:  # noqa: N802
-        self.composer.add_mime(event.mimeData())
-        event.acceptProposedAction()
+        self.composer.dropEvent(event)
 
     def bring_to_front(self) -> None:
         """Show the window, restored and raised (another launch asked for it)."""

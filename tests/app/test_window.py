@@ -97,6 +97,14 @@ def test_drop_image_type_send_streams_pieces(qtbot, window, tmp_path):
     viewer.close()
 
 
+def test_an_image_dropped_anywhere_on_the_window_goes_to_the_composer(qtbot, window, tmp_path):
+    image_path = tmp_path / "photo.png"
+    image_path.write_bytes(png_bytes(20, 14))
+    event = drop_files(window, [image_path])  # the window itself: the conversation, the empty state
+    assert event.isAccepted()
+    assert [im.data for im in window.composer.images] == [image_path.read_bytes()]
+
+
 def test_stop_mid_reply_keeps_text_and_checkpoints(qtbot, window):
     # The tiny model's context is 512, so the longest reply is ~500 tokens, a fraction of a
     # second warm: Stop is pressed from the UI thread as the third piece arrives.
