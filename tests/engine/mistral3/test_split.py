@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from support import FIXTURES
+from support.eager_graphs import eager_graph_capture
 from tramontane.engine.api import ChatMessage, SamplingParams
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.text import KVCache, Mistral3Text
@@ -124,16 +125,7 @@ def test_embedding_and_head_on_devices_of_their_own_change_nothing():
 def test_decode_graphs_are_per_segment_with_an_eager_stand_in(monkeypatch):
     """The per-segment graph bookkeeping on CPU: a stand-in capture whose replay re-runs the
     captured function; one "graph" per (segment, bucket), the row handed over at each boundary."""
-    from tramontane.engine.runtime.cuda_graphs import DecodeGraphs
-
-    captured = []
-
-    def eager_capture(fn, device, pool):
-        out = fn()
-        captured.append(out)
-        return (lambda: out.copy_(fn())), out
-
-    monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(eager_capture))
+    captured = eager_graph_capture(monkeypatch)
     path = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
     whole = Mistral3Text.load(path, device="cpu")
     split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
@@ -153,14 +145,7 @@ def test_decode_graphs_run_cpu_segments_eagerly_between_graphed_ones(monkeypatch
     static input, the logits come out of the graph's output (cloned: the next replay reuses it)."""
     from tramontane.engine.runtime.cuda_graphs import DecodeGraphs
 
-    captured = []
-
-    def eager_capture(fn, device, pool):
-        out = fn()
-        captured.append(out)
-        return (lambda: out.copy_(fn())), out
-
-    monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(eager_capture))
+    captured = eager_graph_capture(monkeypatch)
     monkeypatch.setattr(DecodeGraphs, "graphed", staticmethod(lambda seg: seg.name == "cpu:1"))
     path = os.path.join(FIXTURES, "mistral3_q256-llamacpp-Q4_K_M.gguf")
     whole = Mistral3Text.load(path, device="cpu")

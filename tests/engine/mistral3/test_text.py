@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from support import FIXTURES  # noqa: E402
+from support.eager_graphs import eager_graph_capture  # noqa: E402
 from support.fixture_models import hf_text_model_from_gguf  # noqa: E402
 from support.gguf_edit import rewrite_gguf  # noqa: E402
 
@@ -448,16 +449,7 @@ def test_decode_graph_orchestration_with_an_eager_stand_in(monkeypatch):
     """Everything around the CUDA capture, on CPU: static input buffers read at replay, one
     "graph" per key bucket reused across steps, recapture after the RoPE tables are rebuilt,
     cache bookkeeping — with a stand-in whose replay re-runs the captured function."""
-    from tramontane.engine.runtime.cuda_graphs import DecodeGraphs
-
-    captured = []
-
-    def eager_capture(fn, device, pool):
-        out = fn()
-        captured.append(out)
-        return (lambda: out.copy_(fn())), out
-
-    monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(eager_capture))
+    captured = eager_graph_capture(monkeypatch)
     m = Mistral3Text.load(MINISTRAL3_F32, device="cpu")
     monkeypatch.setattr(m, "_graphs_enabled", lambda: True)
     ids = _ids(40, seed=17)
