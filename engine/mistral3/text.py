@@ -717,7 +717,12 @@ class Mistral3Text:
         keys = cache_k[:, :end].unsqueeze(0)  # (1, Hkv, S, d)
         values = cache_v[:, :end].unsqueeze(0)
         n_rep = cfg.n_heads // cfg.n_kv_heads
-        if T == 1:
+        if T == 1 and h.device.type == "cpu" and cache_k.dtype == torch.float32 and _linear_mod.cpu_native.AVAILABLE:
+            # CPU decode: the native kernel, heads on the thread pool (sdpa's CPU kernel spends
+            # ~90 us a layer on setup at decode sizes)
+            o = _linear_mod.cpu_native.attend_decode(q.reshape(cfg.n_heads, cfg.head_dim).float(), cache_k, cache_v, end)
+            o = o.reshape(1, cfg.n_heads * cfg.v_head_dim).to(h.dtype)
+        elif T == 1:
             # One new row sees every cached position: no mask. The query heads of a KV group
             # become that group's "rows", so GQA needs no key/value expansion.
             o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim), keys, values)
