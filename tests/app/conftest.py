@@ -31,3 +31,14 @@ def idle_window(qtbot, tmp_path, isolated):
     w = make_window(qtbot, tmp_path / "data", load=False)
     yield w
     close_window(w)
+
+
+@pytest.fixture
+def worker(qtbot):
+    """A running engine worker (a real QThread owning the engine), stopped after the test."""
+    from tramontane.app.worker import EngineWorker
+
+    w = EngineWorker()
+    w.start()
+    yield w
+    w.stop()

@@ -15,7 +15,6 @@ from PySide6.QtWidgets import QLabel  # noqa: E402
 from tramontane.app.dialogs.settings import AppSettings, SettingsDialog  # noqa: E402
 from tramontane.app.serving import WindowServer  # noqa: E402
 from tramontane.app.store import Store  # noqa: E402
-from tramontane.app.worker import EngineWorker  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
 
@@ -56,12 +55,9 @@ class Loaded(QObject):
 
 
 @pytest.fixture
-def worker(qtbot):
-    w = EngineWorker()
-    w.start()
-    w.watch = Loaded(w)
-    yield w
-    w.stop()
+def worker(worker):  # tests/app/conftest.py's, watched
+    worker.watch = Loaded(worker)
+    return worker
 
 
 def test_the_switch_serves_the_windows_model_and_says_so(qtbot, worker):

@@ -13,22 +13,13 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QObject, QThread, Slot  # noqa: E402
 
-from tramontane.app.worker import ChatRequest, EngineWorker  # noqa: E402
+from tramontane.app.worker import ChatRequest  # noqa: E402
 from tramontane.engine.api import ChatMessage, ImagePart, SamplingParams  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 
-from support import FIXTURES
-MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
-MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
+from support.app_window import MMPROJ, MODEL  # noqa: E402
+
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture
-def worker(qtbot):
-    w = EngineWorker()
-    w.start()
-    yield w
-    w.stop()
 
 
 def load(qtbot, worker, model=MODEL, mmproj=MMPROJ):
@@ -157,7 +148,7 @@ def test_failures_are_messages(qtbot, worker, tmp_path):
 
     # A projector that does not fit the model is refused in words.
     with qtbot.waitSignal(worker.loadFailed, timeout=30000) as blocker:
-        worker.load(MODEL, FIXTURES / "mistral3_tiny-f32.gguf", "cpu")
+        worker.load(MODEL, MODEL, "cpu")
     assert blocker.args[0]
 
     load(qtbot, worker, mmproj=None)

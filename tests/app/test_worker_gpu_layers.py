@@ -6,18 +6,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from support import FIXTURES  # noqa: E402
-from tramontane.app.worker import EngineWorker  # noqa: E402
-
-MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
-
-
-@pytest.fixture
-def worker(qtbot):
-    w = EngineWorker()
-    w.start()
-    yield w
-    w.stop()
+from support.app_window import MODEL  # noqa: E402
 
 
 def _layers() -> int:
