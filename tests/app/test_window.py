@@ -15,13 +15,13 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QMimeData, Qt, QTimer  # noqa: E402
+from PySide6.QtCore import QMimeData, Qt  # noqa: E402
 
 from tramontane.app.store import Store  # noqa: E402
 from tramontane.app.widgets.chat_list import HeadingRole  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
-from support.app_window import (MMPROJ, MODEL, PieceCounter, close_window, drop_files,  # noqa: E402
-                                make_window, png_bytes, png_with_idat, send)
+from support.app_window import (MMPROJ, MODEL, PieceCounter, UiGaps, close_window,  # noqa: E402
+                                drop_files, make_window, png_bytes, png_with_idat, send)
 from tramontane.engine.api import ImagePart, SamplingParams  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 
@@ -265,21 +265,11 @@ def test_several_images_by_paste_and_drop(qtbot, window, tmp_path):
 def test_ui_stays_responsive_while_loading_and_generating(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path / "data", load=False)
     try:
-        gaps: list[float] = []
-        last = [time.perf_counter()]
-
-        def tick():
-            now = time.perf_counter()
-            gaps.append(now - last[0])
-            last[0] = now
-
-        timer = QTimer()
-        timer.setInterval(5)
-        timer.timeout.connect(tick)
-        timer.start()
+        ui = UiGaps()
+        ui.timer.start()
         window.load_model(str(MODEL), str(MMPROJ))
         qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
-        load_gaps = list(gaps)
+        load_gaps = list(ui.gaps)
         window.param_overrides["max_tokens"] = 480
         counter = PieceCounter(window)
         image = tmp_path / "scene.png"
@@ -287,10 +277,10 @@ def test_ui_stays_responsive_while_loading_and_generating(qtbot, tmp_path):
         drop_files(window.composer, [image])  # the image is encoded on the worker too
         window.composer.edit.setPlainText("Keep talking")
         with qtbot.waitSignal(window.replyFinished, timeout=30000):
-            last[0] = time.perf_counter()
-            gaps.clear()
+            ui.restart()
             window.composer.submit()
-        timer.stop()
+        ui.timer.stop()
+        gaps = ui.gaps
         assert len(counter.pieces) > 1
         assert len(load_gaps) >= 1 and len(gaps) >= 10  # a warm tiny model loads in ~10 ms
         assert max(load_gaps) < 0.05, f"UI blocked {max(load_gaps) * 1000:.0f} ms while loading"
@@ -318,21 +308,12 @@ def test_a_long_chat_with_code_scrolls_and_rerenders_without_a_gap(qtbot, tmp_pa
     for i in range(100):
         store.add_message(chat, "user", f"Question {i}: how do I scale step {i}?")
         store.add_message(chat, "assistant", LONG_REPLY)
-    gaps: list[float] = []
-    last = [time.perf_counter()]
-
-    def tick():
-        now = time.perf_counter()
-        gaps.append(now - last[0])
-        last[0] = now
-
-    timer = QTimer()
-    timer.setInterval(5)
-    timer.timeout.connect(tick)
+    ui = UiGaps()
+    timer, gaps = ui.timer, ui.gaps
     try:
         timer.start()
         window.chat_model.refresh()
-        last[0] = time.perf_counter()
+        ui.restart()  # no tick yet: the refresh is not counted
         window.open_chat(chat)
         qtbot.waitUntil(lambda: not window.view.building, timeout=60000)
         assert len(window.view.widgets) == 200

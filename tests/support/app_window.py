@@ -3,9 +3,10 @@ drop files, make PNGs, count streamed pieces."""
 from __future__ import annotations
 
 import struct
+import time
 import zlib
 
-from PySide6.QtCore import QMimeData, QObject, QPoint, QPointF, Qt, QUrl, Slot
+from PySide6.QtCore import QMimeData, QObject, QPoint, QPointF, Qt, QTimer, QUrl, Slot
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
@@ -63,6 +64,28 @@ class PieceCounter(QObject):
         self.pieces.append(text)
         if self.then is not None:
             self.then()
+
+
+class UiGaps:
+    """The gaps between the ticks of a 5 ms timer on the UI thread: a long gap is the UI
+    blocked for that long."""
+
+    def __init__(self):
+        self.gaps: list[float] = []
+        self.last = time.perf_counter()
+        self.timer = QTimer()
+        self.timer.setInterval(5)
+        self.timer.timeout.connect(self.tick)
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        self.gaps.append(now - self.last)
+        self.last = now
+
+    def restart(self) -> None:
+        """Forget the gaps so far and count from now."""
+        self.gaps.clear()
+        self.last = time.perf_counter()
 
 
 def isolate(tmp_path, monkeypatch) -> None:
