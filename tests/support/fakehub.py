@@ -390,17 +390,6 @@ def make_gguf_bytes(path, arch: str = "llama", n_embd: int = 64, n_layers: int =
 _GGUF_CACHE: dict[tuple, bytes] = {}
 
 
-def tiny_gguf(tmp_dir, **kwargs) -> bytes:
-    """make_gguf_bytes, memoised per argument set (the bytes are deterministic)."""
-    key = tuple(sorted(kwargs.items()))
-    if key not in _GGUF_CACHE:
-        import os
-        os.makedirs(str(tmp_dir), exist_ok=True)
-        _GGUF_CACHE[key] = make_gguf_bytes(os.path.join(str(tmp_dir), f"tiny-{len(_GGUF_CACHE)}.gguf"),
-                                           **kwargs)
-    return _GGUF_CACHE[key]
-
-
 def tiny_model_q4_0(tmp_dir) -> bytes:
     """The tiny fixture model with its 2-D weights quantized to Q4_0 by gguf.quants (memoised)."""
     key = ("tiny-model-q4_0",)
