@@ -105,15 +105,21 @@ def load_local(args, images: bool):
                        device_map=args.device_map)
 
 
+def api_key_of(args) -> str | None:
+    """The API key from --api-key-env (refused when that variable is unset), else --api-key
+    where the command has one."""
+    if args.api_key_env:
+        value = os.environ.get(args.api_key_env)
+        if not value:
+            raise EngineError(f"--api-key-env: the environment variable {args.api_key_env} is not set")
+        return value
+    return getattr(args, "api_key", None) or None
+
+
 def connect_remote(args):
     from ..remote.client import DEFAULT_CONNECT_TIMEOUT_S, RemoteEngine
 
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise EngineError(f"--api-key-env: the environment variable {args.api_key_env} is not set")
-    return RemoteEngine(args.server, args.model, api_key,
+    return RemoteEngine(args.server, args.model, api_key_of(args),
                         connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_S, args.timeout),
                         read_timeout=args.timeout)
 

@@ -1,7 +1,6 @@
 """`tramontane-cli serve`: the model behind an OpenAI-compatible server until Ctrl-C."""
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
@@ -37,22 +36,13 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=serve_main)
 
 
-def api_key_of(args) -> str | None:
-    if args.api_key_env:
-        value = os.environ.get(args.api_key_env)
-        if not value:
-            raise EngineError(f"--api-key-env: the environment variable {args.api_key_env} is not set")
-        return value
-    return args.api_key or None
-
-
 def serve_main(args, stop: threading.Event | None = None) -> int:
     """Serve until Ctrl-C (or `stop` is set, for tests)."""
     from ..runtime.local import LocalEngine
     from ..server.executor import ThreadExecutor
     from ..server.http import OpenAIServer, check_bind
     from ..server.openai_api import RequestLimits
-    from .run import check_context_length, projector_for
+    from .run import api_key_of, check_context_length, projector_for
 
     api_key = api_key_of(args)
     check_bind(args.host, args.allow_network, api_key)  # before the minutes of loading
