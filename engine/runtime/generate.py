@@ -137,6 +137,8 @@ def check_params(params: SamplingParams) -> None:
         problems.append("temperature is NaN")
     elif params.temperature < 0 or params.temperature == float("inf"):
         problems.append(f"temperature must be a finite number >= 0 (0 = greedy), got {params.temperature}")
+    if params.seed is not None and not -(1 << 63) <= params.seed < 1 << 64:  # what torch's generator takes
+        problems.append(f"seed must fit in 64 bits, got {params.seed}")
     if problems:
         raise EngineError("bad sampling settings: " + "; ".join(problems))
 

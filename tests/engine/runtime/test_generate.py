@@ -12,7 +12,7 @@ from support import FIXTURES  # noqa: E402
 
 from tramontane.engine.api import EngineError, SamplingParams  # noqa: E402
 from tramontane.engine.runtime.generate import (  # noqa: E402
-    StopStringFilter, apply_repetition_penalty, apply_temperature, generate, make_generator,
+    StopStringFilter, apply_repetition_penalty, apply_temperature, check_params, generate, make_generator,
     min_p_filter, process_logits, sample, top_k_filter, top_p_filter)
 from tramontane.engine.gguf import open_gguf  # noqa: E402
 from tramontane.engine.mistral3.text import Mistral3Text  # noqa: E402
@@ -142,6 +142,12 @@ def test_bad_params_are_one_clear_error():
         generate(None, None, [1], SamplingParams(top_p=0.0), None)
     with pytest.raises(EngineError, match="repetition_penalty"):
         generate(None, None, [1], SamplingParams(repetition_penalty=-1.0), None)
+    for seed in (1 << 64, -(1 << 63) - 1):  # was torch's "Overflow when unpacking long long"
+        with pytest.raises(EngineError, match="seed must fit in 64 bits"):
+            generate(None, None, [1], SamplingParams(temperature=0.7, seed=seed), None)
+    for seed in (-(1 << 63), (1 << 64) - 1):  # the ends of what the generator takes
+        check_params(SamplingParams(seed=seed))
+        make_generator(seed, "cpu")
 
 
 # ------------------------------------------------------------------ stop strings
