@@ -96,6 +96,8 @@ def import_json(store: Store, path: str | Path) -> int:
         raise ChatFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ChatFileError(f"{path}: not JSON: {exc}") from exc
+    except RecursionError:
+        raise ChatFileError(f"{path}: not a chat export: JSON nested too deeply") from None
     return chat_from_json(store, data, source=str(path))
 
 

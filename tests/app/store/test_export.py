@@ -136,6 +136,9 @@ def test_unreadable_json_files(store, tmp_path):
     garbage.write_text("[]", encoding="utf-8")
     with pytest.raises(ChatFileError, match="garbage.json: expected a JSON object"):
         import_json(store, garbage)
+    garbage.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")  # was a RecursionError
+    with pytest.raises(ChatFileError, match="garbage.json: not a chat export: JSON nested too deeply"):
+        import_json(store, garbage)
 
 
 def test_markdown_export_with_image_files_beside_it(store, tmp_path):
