@@ -195,7 +195,8 @@ def main() -> int:
                 refs.append(llama_bench(bin_dir, path, threads, args.p, args.n))
             runs.append(tramontane(path, args.p, args.n, threads))
         ref, ours = _best(refs), _best(runs)
-        rows.append({"file": path.name, "threads": threads, "llama_cpp": ref, "tramontane": ours})
+        rows.append({"file": path.name, "threads": threads, "llama_cpp": ref, "tramontane": ours,
+                     "paired_ratios": _paired(refs, runs)})
         if not args.json:
             _print_row(rows[-1])
     if args.json:
@@ -217,6 +218,17 @@ def _best(results: list[dict]) -> dict:
     return best
 
 
+def _paired(refs: list[dict], runs: list[dict]) -> dict:
+    """Ratio of each round's pair (run back to back, so under the same background load) and
+    their median: steadier than best-of on a shared machine."""
+    out = {}
+    for key in ("decode_tok_s", "prefill_tok_s"):
+        ratios = sorted(b[key] / a[key] for a, b in zip(refs, runs) if key in a and key in b and a[key])
+        if ratios:
+            out[key] = {"ratios": ratios, "median": ratios[len(ratios) // 2]}
+    return out
+
+
 def _print_row(r: dict) -> None:
     ref, ours = r["llama_cpp"], r["tramontane"]
     print(f"\n{r['file']} ({r['threads']} threads)")
@@ -228,7 +240,10 @@ def _print_row(r: dict) -> None:
         theirs = ref.get(f"{what}_tok_s")
         ratio = f"{mine / theirs:5.2f}x" if theirs else "  n/a"
         theirs_s = f"{theirs:7.1f}" if theirs else "    n/a"
-        print(f"  {what:8} tramontane {mine:7.1f} tok/s   llama.cpp {theirs_s} tok/s   ratio {ratio}")
+        paired = r.get("paired_ratios", {}).get(f"{what}_tok_s")
+        rounds = (f"   per round {', '.join(f'{x:.2f}' for x in paired['ratios'])} (median {paired['median']:.2f}x)"
+                  if paired and len(paired["ratios"]) > 1 else "")
+        print(f"  {what:8} tramontane {mine:7.1f} tok/s   llama.cpp {theirs_s} tok/s   best/best {ratio}{rounds}")
     model_rss = ours['peak_rss_bytes'] - ours['rss_before_load_bytes']
     print(f"  peak RSS {ours['peak_rss_bytes'] / 1e9:.2f} GB = {ours['peak_rss_bytes'] / ours['file_bytes']:.2f}x "
           f"the file ({ours['file_bytes'] / 1e9:.2f} GB); of it {ours['rss_before_load_bytes'] / 1e9:.2f} GB before "
