@@ -25,10 +25,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
-                                         DownloadStatus)
+                                         DownloadStatus, size_text)
 from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalog_entry
-from ...engine.library.fit import (Fit, catalog_bytes, fit_of_catalog_entry, fit_of_file, machine_for,
-                                  machine_for_a_switch)
+from ...engine.library.fit import (Fit, catalog_bytes, catalog_size_text, fit_of_catalog_entry,
+                                  fit_of_file, machine_for, machine_for_a_switch)
 from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.local import (LocalModel, catalog_files, delete_model, describe_model,
                                      import_model, scan_models)
@@ -36,15 +36,6 @@ from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
 from .settings import AppSettings
-
-
-def human_size(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def human_eta(seconds: float | None) -> str:
@@ -63,18 +54,18 @@ def describe_progress(st: DownloadStatus) -> str:
     if st.state is DownloadState.FAILED:
         return st.error or "failed"
     if st.state is DownloadState.DONE:
-        return f"ready · {human_size(st.total_bytes)} verified"
+        return f"ready · {size_text(st.total_bytes)} verified"
     if st.state is DownloadState.CANCELLED:
         return "cancelled"
     if st.state is DownloadState.VERIFYING:
         return "checking the sha256…"
-    parts = [f"{human_size(st.done_bytes)} of {human_size(st.total_bytes)}"]
+    parts = [f"{size_text(st.done_bytes)} of {size_text(st.total_bytes)}"]
     if st.state is DownloadState.PAUSED:
         parts.append("paused")
     elif st.state is DownloadState.QUEUED:
         parts.append("waiting")
     elif st.speed_bps > 0:
-        parts.append(f"{human_size(st.speed_bps)}/s")
+        parts.append(f"{size_text(st.speed_bps)}/s")
         if st.eta_s is not None:
             parts.append(human_eta(st.eta_s))
     return " · ".join(parts)
@@ -359,15 +350,13 @@ class ModelManagerDialog(QDialog):
         entry, quant = self.catalog_table.item(row, 0).data(Qt.UserRole)
         model, mmproj = self.catalog_bytes(entry, quant)
         cell = self.catalog_table.item(row, 2)
+        cell.setText(catalog_size_text((model, mmproj)))
         if model is None:
-            cell.setText("?")
             cell.setToolTip("The size is shown once the hub has been asked.")
-        elif mmproj is None:  # a projector whose size the catalogue does not pin
-            cell.setText(f"{human_size(model)} + projector")
+        elif mmproj is None:
             cell.setToolTip("The projector's size is shown once the hub has been asked.")
         else:
-            cell.setText(human_size(model + mmproj))
-            cell.setToolTip(f"model {human_size(model)}" + (f" + projector {human_size(mmproj)}"
+            cell.setToolTip(f"model {size_text(model)}" + (f" + projector {size_text(mmproj)}"
                                                             if mmproj else ""))
 
     def _list_unknown_sizes(self) -> None:
@@ -508,9 +497,9 @@ class ModelManagerDialog(QDialog):
             self.files_table.insertRow(row)
             self.files_table.setItem(row, 0, _item(c.model.path, c))
             self.files_table.setItem(row, 1, _item(c.model.quant or "?"))
-            self.files_table.setItem(row, 2, _item(human_size(c.total_size or c.model.size)))
+            self.files_table.setItem(row, 2, _item(size_text(c.total_size or c.model.size)))
             self.files_table.setItem(row, 3, _item(
-                f"{c.mmproj.path} ({human_size(c.mmproj.size)})" if c.mmproj else "none (text only)"))
+                f"{c.mmproj.path} ({size_text(c.mmproj.size)})" if c.mmproj else "none (text only)"))
         self.show_message(f"{len(choices)} model files." if choices
                           else "This repository has no GGUF model files.")
 
@@ -618,7 +607,7 @@ class ModelManagerDialog(QDialog):
             t.setItem(row, 1, _item("projector" if m.is_projector else "model"))
             t.setItem(row, 2, _item(m.architecture or ("unreadable" if m.error else "?")))
             t.setItem(row, 3, _item(m.quant or "?"))
-            t.setItem(row, 4, _item(human_size(m.size)))
+            t.setItem(row, 4, _item(size_text(m.size)))
             t.setItem(row, 5, _item(""))
             t.setItem(row, 6, _item(m.mmproj.name if m.mmproj else ""))
             how = ("opened from: " if m.path in self._recent
@@ -722,7 +711,7 @@ class ModelManagerDialog(QDialog):
         if m is None:
             return
         what = ("forget this imported file (it stays on disk)" if m.imported_in_place
-                else f"delete {m.path.name} ({human_size(m.size)})")
+                else f"delete {m.path.name} ({size_text(m.size)})")
         if QMessageBox.question(self, "Delete model", f"Really {what}?") != QMessageBox.Yes:
             return
         self.delete_file(m.path)

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..library.catalog import load_catalog, resolve_catalog_entry
 from ..library.downloads import (DownloadManager, DownloadRequest, DownloadState, final_path,
                                  git_blob_oid, load_manifest, sha256_file, size_text)
-from ..library.fit import catalog_bytes, fit_of_catalog_entry
+from ..library.fit import catalog_bytes, catalog_size_text, fit_of_catalog_entry
 from ..library.hub import Hub, HubError, ModelChoice
 from ..library.local import (LocalModelError, catalog_files, default_models_dir, delete_model,
                              read_header, scan_models)
@@ -83,10 +83,7 @@ def _list_catalog(args, models_dir: Path) -> int:
                          "projector": e.mmproj_file, "license": e.license,
                          "installed": bool(v.file and v.file in local),
                          "fits": fit.kind if fit else None, "fit_detail": fit.detail if fit else None})
-            model, mmproj = sizes
-            size = ("?" if model is None else f"{size_text(model)} + projector" if mmproj is None
-                    else size_text(model + mmproj))
-            shown.append((size, fit.words if fit else "? (size not known)"))
+            shown.append((catalog_size_text(sizes), fit.words if fit else "? (size not known)"))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

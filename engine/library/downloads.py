@@ -641,10 +641,13 @@ def _existing_parent(path: Path) -> Path:
 
 
 def size_text(n: int | float | None) -> str:
-    """A byte count for people: GB from 0.1 GB up, MB below; "?" when not known."""
+    """A byte count for people, in decimal units (as the hub lists sizes); "?" when not known."""
     if n is None:
         return "?"
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def verify_file(path: str | os.PathLike, sha256: str) -> bool:

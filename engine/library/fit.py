@@ -19,6 +19,7 @@ from ..mistral3.config import TextConfig, VisionConfig
 from ..runtime.device_map import (Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
                                   plan_devices, plan_for_files)
 from .catalog import CatalogEntry
+from .downloads import size_text
 
 # The dialog's words for the planner's DevicePlan.fit, and for a PlanError.
 FIT_WORDS = {"gpu": "on the GPU", "partial": "partly on the CPU", "cpu": "on the CPU",
@@ -97,6 +98,17 @@ def catalog_bytes(entry: CatalogEntry, quant: str) -> tuple[int | None, int | No
     open (the hub knows it), a projector of 0 for a text-only entry."""
     v = entry.variant(quant)
     return _gb_bytes(v.size_gb), _gb_bytes(entry.mmproj_size_gb) if entry.vision else 0
+
+
+def catalog_size_text(sizes: tuple[int | None, int | None]) -> str:
+    """An entry's download, (model, projector) bytes, as the Models dialog and `models list
+    --catalog` show it: "?" while the model's size is not known."""
+    model, mmproj = sizes
+    if model is None:
+        return "?"
+    if mmproj is None:  # a projector whose size the catalogue does not pin
+        return f"{size_text(model)} + projector"
+    return size_text(model + mmproj)
 
 
 def _gb_bytes(gb: float | None) -> int | None:

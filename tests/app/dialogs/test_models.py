@@ -322,8 +322,8 @@ def test_sizes_the_catalogue_leaves_open_come_from_the_hub_listing(qtbot, fake, 
     dlg = _open(qtbot, tmp_path, Hub(endpoint=fake.endpoint, token=False), catalog=catalog, machine=GPU8)
     files = fake.repos[REPO].files
     total = len(files[MODEL_FILE]) + len(files[PROJ_FILE])
-    from tramontane.app.dialogs.models import human_size
-    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 2).text() == human_size(total), timeout=TIMEOUT)
+    from tramontane.engine.library.downloads import size_text
+    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 2).text() == size_text(total), timeout=TIMEOUT)
     assert dlg.listed[("open", "Q8_0")] == (len(files[MODEL_FILE]), len(files[PROJ_FILE]))
     qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 3).text() == "on the GPU", timeout=TIMEOUT)
     dlg.close()
@@ -416,7 +416,7 @@ def test_files_opened_from_elsewhere_are_listed_and_can_be_forgotten(qtbot, fake
 
 
 def test_the_hub_is_asked_for_open_sizes_once_per_session(qtbot, fake, tmp_path):
-    from tramontane.app.dialogs.models import human_size
+    from tramontane.engine.library.downloads import size_text
     from tramontane.app.downloads import Downloads
     catalog = parse_catalog({"models": [
         {"id": "open", "name": "Tiny, sizes open", "repo_id": REPO, "license": "MIT",
@@ -429,7 +429,7 @@ def test_the_hub_is_asked_for_open_sizes_once_per_session(qtbot, fake, tmp_path)
     for _ in range(2):
         dlg = ModelManagerDialog(downloads=downloads, catalog=catalog, machine=GPU8)
         qtbot.addWidget(dlg)
-        qtbot.waitUntil(lambda d=dlg: d.catalog_table.item(0, 2).text() == human_size(size), timeout=TIMEOUT)
+        qtbot.waitUntil(lambda d=dlg: d.catalog_table.item(0, 2).text() == size_text(size), timeout=TIMEOUT)
         dlg.close()
     assert len(listings()) == 1
     downloads.shutdown()
