@@ -42,3 +42,14 @@ def worker(qtbot):
     w.start()
     yield w
     w.stop()
+
+
+@pytest.fixture
+def settings(tmp_path):
+    """The app's settings in a fresh data folder."""
+    from tramontane.app.dialogs.settings import AppSettings
+    from tramontane.app.store import Store
+
+    store = Store(tmp_path / "data")
+    yield AppSettings(store)
+    store.close()

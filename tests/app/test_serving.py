@@ -21,13 +21,6 @@ from support import FIXTURES  # noqa: E402
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 
 
-@pytest.fixture
-def settings(tmp_path):
-    store = Store(tmp_path / "data")
-    yield AppSettings(store)
-    store.close()
-
-
 def test_the_settings_row_keeps_the_switch_and_the_port(qtbot, settings):
     assert settings.serve is False and settings.serve_port == 8080
     dialog = SettingsDialog(settings)

@@ -13,8 +13,6 @@ from tramontane.engine.library.hub import Hub  # noqa: E402
 
 pytest.importorskip("PySide6")
 from tramontane.app.dialogs.models import ModelManagerDialog, describe_progress  # noqa: E402
-from tramontane.app.dialogs.settings import AppSettings  # noqa: E402
-from tramontane.app.store import Store  # noqa: E402
 from tramontane.engine.library.catalog import load_catalog  # noqa: E402
 from tramontane.engine.runtime.device_map import DeviceInfo, Machine  # noqa: E402
 from support import FIXTURES  # noqa: E402
@@ -231,13 +229,6 @@ def test_import_and_delete_from_the_local_tab(qtbot, dialog, tmp_path):
 
 GiB = 1 << 30
 GPU8 = Machine((DeviceInfo("cuda:0", 8 * GiB, "simulated 8 GB"),), DeviceInfo("cpu", 64 * GiB, "simulated"))
-
-
-@pytest.fixture
-def settings(tmp_path):
-    store = Store(tmp_path / "data")
-    yield AppSettings(store)
-    store.close()
 
 
 def _open(qtbot, tmp_path, hub, **kw) -> ModelManagerDialog:

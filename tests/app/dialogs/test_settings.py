@@ -7,16 +7,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from tramontane.app.dialogs.settings import AppSettings, Sampling, SettingsDialog  # noqa: E402
-from tramontane.app.store import Store  # noqa: E402
+from tramontane.app.dialogs.settings import Sampling, SettingsDialog  # noqa: E402
 from tramontane.engine.runtime.generate import check_params  # noqa: E402
-
-
-@pytest.fixture
-def settings(tmp_path):
-    store = Store(tmp_path / "data")
-    yield AppSettings(store)
-    store.close()
 
 
 @pytest.mark.parametrize("end", ["minimum", "maximum"])
