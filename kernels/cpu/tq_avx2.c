@@ -5,6 +5,9 @@
 #elif defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi2"))), apply_to = function)
 #endif
+#if defined(__GNUC__) || defined(__clang__) /* MSVC: not selected at run time (generic) */
+#define TQ_TARGET_AVX2 1
+#endif
 #define TQ_SUFFIX avx2
 #define TQ_VARIANT_NAME "avx2"
 #include "tq_kernels.inc"

@@ -6,6 +6,10 @@
 #elif defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))), apply_to = function)
 #endif
+#if defined(__GNUC__) || defined(__clang__) /* MSVC: not selected at run time (generic) */
+#define TQ_TARGET_AVX2 1
+#define TQ_TARGET_VNNI 1
+#endif
 #define TQ_SUFFIX avx512
 #define TQ_VARIANT_NAME "avx512vnni"
 #include "tq_kernels.inc"
