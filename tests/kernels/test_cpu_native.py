@@ -1,7 +1,7 @@
 """The native CPU kernels (tramontane.kernels._cpu) against gguf.quants + float64.
 
 Every type, every kernel variant this CPU can run (avx512vnni / avx2 / generic), odd shapes
-(weight rows not a multiple of the 16-row unit or the 4-row activation tile, K = one block and
+(weight rows not a multiple of the 16-row unit, activation rows not a multiple of the 4 or 8-row tile, K = one block and
 many blocks), 1 and many activation rows, 1 and several threads. Two checks per product:
 
 * model: the kernels quantize each activation block to int8 (d = amax / 127, round half to
@@ -46,7 +46,7 @@ def _shapes(ggml_type):
     blk = gt.type_info(ggml_type).block_size
     one = blk if blk > 1 else 40  # float types: K with a tail after the 16-wide SIMD loop
     many = 2048 if blk > 1 else 1000
-    return [(37, one, 1), (1, many, 1), (19, many, 6), (53, one, 9), (16, 4 * max(blk, 64), 4)]
+    return [(37, one, 1), (1, many, 1), (19, many, 6), (53, one, 9), (16, 4 * max(blk, 64), 4), (21, one, 19)]
 
 
 def _check(ggml_type, raw, deq, x, y):
