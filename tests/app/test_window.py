@@ -583,10 +583,12 @@ def test_closing_mid_reply_keeps_the_partial_reply(qtbot, tmp_path):
     try:
         reply = store.get_message(closed["id"])
         assert reply.state == "complete" and reply.finish_reason == "cancelled"
-        assert reply.text == closed["text"] != ""
+        # The worker saves every piece it generated before the stop reached it: what the window
+        # showed at the close, and perhaps a few pieces still on their way to it. Nothing is lost.
+        assert closed["text"] != "" and reply.text.startswith(closed["text"])
         window2 = MainWindow(store, autoload=False)
         qtbot.addWidget(window2)
-        assert [w.text for w in window2.view.widgets] == ["A long answer please", closed["text"]]
+        assert [w.text for w in window2.view.widgets] == ["A long answer please", reply.text]
         assert "stopped" in window2.view.widgets[1].status.text()
         window2.close()
     finally:
