@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -458,6 +459,40 @@ static PyObject *py_attend_decode(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(rms_norm_doc,
+             "rms_norm(x_ptr, w_ptr, out_ptr, rows, n, eps): out = w * (x / sqrt(mean(x^2) + eps)) per row, "
+             "float32, contiguous rows (the sum of squares in double).");
+
+static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "rms_norm takes 6 arguments");
+        return NULL;
+    }
+    void *xp, *wp, *op;
+    Py_ssize_t rows, n;
+    if (get_ptr(args[0], &xp) || get_ptr(args[1], &wp) || get_ptr(args[2], &op) || get_ssize(args[3], &rows) ||
+        get_ssize(args[4], &n))
+        return NULL;
+    double eps = PyFloat_AsDouble(args[5]);
+    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    if (rows < 0 || n <= 0 || !xp || !wp || !op) {
+        PyErr_SetString(PyExc_ValueError, "rms_norm: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    const float *x = (const float *)xp, *w = (const float *)wp;
+    float *o = (float *)op;
+    for (Py_ssize_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * n;
+        float *orow = o + r * n;
+        double ss = 0.0;
+        for (Py_ssize_t i = 0; i < n; ++i) ss += (double)xr[i] * xr[i];
+        const float inv = (float)(1.0 / sqrt((double)(float)(ss / (double)n) + (double)(float)eps));
+        for (Py_ssize_t i = 0; i < n; ++i) orow[i] = w[i] * (xr[i] * inv);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
@@ -553,6 +588,7 @@ static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL, matmul_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_FASTCALL, dequantize_doc},
     {"attend_decode", (PyCFunction)(void (*)(void))py_attend_decode, METH_FASTCALL, attend_doc},
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, rms_norm_doc},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
     {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
     {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},

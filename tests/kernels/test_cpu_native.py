@@ -189,3 +189,14 @@ def test_attend_decode_matches_sdpa(variant):
         want = torch.nn.functional.scaled_dot_product_attention(
             q.double().reshape(1, n_kv, rep, d), keys[:, :n].double()[None], values[:, :n].double()[None])
         torch.testing.assert_close(out.double(), want.reshape(n_heads, d), rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_matches_hf_formula():
+    g = torch.Generator().manual_seed(2)
+    for shape in [(1, 2048), (7, 3, 64), (5, 40)]:
+        x = torch.randn(*shape, generator=g) * 3
+        w = torch.rand(shape[-1], generator=g) + 0.5
+        want = w.double() * (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5))
+        got = cpu_native.rms_norm(x, w, 1e-5)
+        assert got.shape == x.shape
+        torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
