@@ -161,3 +161,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(xc)
     _cpu.rms_norm(xc.data_ptr(), w.data_ptr(), out.data_ptr(), xc.numel() // n, n, float(eps))
     return out
+
+
+def rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on adjacent pairs, float32: x (T, H, d), tables (T, d);
+    x * cos + swap_pairs(x) * sin_signed (the engine's apply_rope_pairs, bit for bit)."""
+    T, H, d = x.shape
+    if (x.dtype != torch.float32 or cos.dtype != torch.float32 or sin_signed.dtype != torch.float32
+            or cos.shape != (T, d) or sin_signed.shape != (T, d) or d % 2):
+        raise ValueError("rope_pairs needs float32 x (T, H, d) and tables (T, d), d even")
+    xc, c, s = x.contiguous(), cos.contiguous(), sin_signed.contiguous()
+    out = torch.empty_like(xc)
+    _cpu.rope_pairs(xc.data_ptr(), c.data_ptr(), s.data_ptr(), out.data_ptr(), T, H, d)
+    return out

@@ -493,6 +493,44 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(rope_doc,
+             "rope_pairs(x_ptr, cos_ptr, sin_ptr, out_ptr, T, H, d): out[t, h] = x[t, h] * cos[t] + "
+             "swap_pairs(x[t, h]) * sin[t], float32, contiguous (T, H, d) and (T, d).");
+
+static PyObject *py_rope_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "rope_pairs takes 7 arguments");
+        return NULL;
+    }
+    void *xp, *cp, *sp, *op;
+    Py_ssize_t T, H, d;
+    if (get_ptr(args[0], &xp) || get_ptr(args[1], &cp) || get_ptr(args[2], &sp) || get_ptr(args[3], &op) ||
+        get_ssize(args[4], &T) || get_ssize(args[5], &H) || get_ssize(args[6], &d))
+        return NULL;
+    if (T < 0 || H <= 0 || d <= 0 || d % 2 || !xp || !cp || !sp || !op) {
+        PyErr_SetString(PyExc_ValueError, "rope_pairs: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    const float *x = (const float *)xp, *c = (const float *)cp, *sn = (const float *)sp;
+    float *o = (float *)op;
+    for (Py_ssize_t t = 0; t < T; ++t) {
+        const float *ct = c + t * d, *st = sn + t * d;
+        for (Py_ssize_t h = 0; h < H; ++h) {
+            const float *xr = x + (t * H + h) * d;
+            float *orow = o + (t * H + h) * d;
+            for (Py_ssize_t i = 0; i < d; i += 2) {
+                const float a = xr[i], b = xr[i + 1];
+                const float p0 = a * ct[i], q0 = b * st[i];
+                const float p1 = b * ct[i + 1], q1 = a * st[i + 1];
+                orow[i] = p0 + q0;
+                orow[i + 1] = p1 + q1;
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
@@ -589,6 +627,7 @@ static PyMethodDef methods[] = {
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_FASTCALL, dequantize_doc},
     {"attend_decode", (PyCFunction)(void (*)(void))py_attend_decode, METH_FASTCALL, attend_doc},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, rms_norm_doc},
+    {"rope_pairs", (PyCFunction)(void (*)(void))py_rope_pairs, METH_FASTCALL, rope_doc},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
     {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
     {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},

@@ -200,3 +200,18 @@ def test_rms_norm_matches_hf_formula():
         got = cpu_native.rms_norm(x, w, 1e-5)
         assert got.shape == x.shape
         torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
+
+
+def test_rope_pairs_is_bit_exact():
+    g = torch.Generator().manual_seed(3)
+    for T, H, d in [(1, 32, 128), (5, 3, 8)]:
+        x = torch.randn(T, H, d, generator=g)
+        cos, sin = torch.randn(T, d, generator=g), torch.randn(T, d, generator=g)
+        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        want = x * cos[:, None, :] + swapped * sin[:, None, :]
+        assert torch.equal(cpu_native.rope_pairs(x, cos, sin), want)
+        assert torch.equal(cpu_native.rope_pairs(x[:, :, :], cos, sin), want)
+    xs = torch.randn(4, 6, 16, generator=g)[:, ::2]  # a strided (non-contiguous) input
+    cos, sin = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
+    want = xs * cos[:, None] + xs.unflatten(-1, (-1, 2)).flip(-1).flatten(-2) * sin[:, None]
+    assert torch.equal(cpu_native.rope_pairs(xs, cos, sin), want)
