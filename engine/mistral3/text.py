@@ -160,6 +160,9 @@ def build_rope_tables(cfg: TextConfig, n_positions: int, dtype: torch.dtype,
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs: x (T, H, d), tables (T, d) from RopeTables.
     (x0, x1) -> (x0·c - x1·s, x1·c + x0·s): x·cos + swap(x)·sin_signed, four kernels."""
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and cos.dtype == torch.float32
+            and _linear_mod.cpu_native.AVAILABLE):
+        return _linear_mod.cpu_native.rope_pairs(x, cos, sin_signed)  # the same, bit for bit, one call
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
     return x * cos[:, None, :] + swapped * sin_signed[:, None, :]
 
