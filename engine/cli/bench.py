@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import torch
 
 from ..api import ChatMessage, EngineError, ImagePart, SamplingParams
-from .run import DEVICES, add_device_map_argument, projector_for
+from .run import add_local_model_arguments, projector_for
 
 
 def add_parsers(sub) -> None:
@@ -20,8 +20,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--image", action="append", default=[], help="also time an image prompt")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=64)
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    add_device_map_argument(p)
+    add_local_model_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=bench_main)
 
@@ -63,8 +62,9 @@ def bench_main(args) -> int:
     images = [ImagePart.from_path(p) for p in args.image]
     mmproj = projector_for(args, needed=bool(images)) if (images or args.mmproj) else None
     engine = LocalEngine(args.model, mmproj, device=args.device,
-                         context_length=args.prompt_tokens + args.gen_tokens + 64
-                         + (4096 * len(images) if images else 0), device_map=args.device_map)
+                         context_length=args.context_length or (args.prompt_tokens + args.gen_tokens + 64
+                                                                + (4096 * len(images) if images else 0)),
+                         device_map=args.device_map)
     device = engine.model.device
     # prompt + warm-up step + timed steps must fit the cache
     if args.prompt_tokens + 1 + args.gen_tokens > engine.cache.capacity:

@@ -13,7 +13,7 @@ import sys
 from ..api import EngineError
 from ..gguf import GGUFError
 from . import bench, inspect, models, run, selftest, serve
-from .run import CommandFailed
+from .run import CommandFailed, apply_threads
 
 SUBCOMMAND_MODULES = (inspect, run, serve, bench, models, selftest)  # order of `--help`
 
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     _tolerant_stdout()
     try:
         _check_text_arguments(args)
+        apply_threads(getattr(args, "threads", None))
         return int(args.func(args) or 0)
     except CommandFailed as exc:
         print(f"error: {exc}", file=sys.stderr)

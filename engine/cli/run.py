@@ -2,6 +2,7 @@
 (both through the Engine protocol, with one set of defaults: the app's), and a file's perplexity."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -39,10 +40,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    local = p.add_argument_group("local model")
-    local.add_argument("--device", choices=DEVICES, default="auto")
-    local.add_argument("--context-length", type=int)
-    add_device_map_argument(local)
+    add_local_model_arguments(p.add_argument_group("local model"))
     remote = p.add_argument_group("server (OpenAI-compatible)")
     remote.add_argument("--server", metavar="URL", help="e.g. http://127.0.0.1:8000/v1")
     remote.add_argument("--api-key-env", metavar="VAR", help="environment variable that holds the server's API key")
@@ -53,10 +51,8 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("perplexity", help="perplexity of a text file")
     p.add_argument("--model", required=True)
     p.add_argument("--file", required=True)
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--context-length", type=int,
-                   help="window size (default: the context that fits in memory, at most the model's)")
-    add_device_map_argument(p)
+    add_local_model_arguments(p, context_help="window size (default: the context that fits in memory, "
+                                              "at most the model's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=perplexity_main)
 
@@ -86,10 +82,41 @@ def check_context_length(args, least: int) -> None:
         raise EngineError(f"--context-length must be at least {least}, got {n}")
 
 
-def add_device_map_argument(parser) -> None:
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
+def add_local_model_arguments(parser, context_help: str | None = None) -> None:
+    """Where and how a local model runs: the same options for run, perplexity, bench and serve."""
+    parser.add_argument("--device", choices=DEVICES, default="auto")
+    parser.add_argument("--context-length", type=int,
+                        help=context_help or "tokens of context (default: what fits in memory, at most "
+                                             "the file's)")
     parser.add_argument("--device-map", metavar="MAP",
                         help="layers per device in layer order, e.g. cpu=10,cuda:0=30 "
                              "(default: planned from free memory; see `info --plan`)")
+    parser.add_argument("--threads", type=positive_int, metavar="N",
+                        help="CPU threads for the layers on the CPU (default: the physical cores)")
+
+
+def apply_threads(n: int | None) -> None:
+    """--threads for the native CPU kernels (or torch's own threads when they are not built)."""
+    if n is None:
+        return
+    from ...kernels import cpu_native
+
+    if cpu_native.AVAILABLE:
+        cpu_native.set_threads(n)
+    else:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 def load_local(args, images: bool):

@@ -9,7 +9,7 @@ from ..api import EngineError
 
 def add_parsers(sub) -> None:
     from ..server.openai_api import RequestLimits
-    from .run import DEVICES
+    from .run import add_local_model_arguments
 
     limits = RequestLimits()
     p = sub.add_parser("serve", help="serve a GGUF model over an OpenAI-compatible HTTP API (localhost)")
@@ -27,8 +27,7 @@ def add_parsers(sub) -> None:
                    help="allow binding an address other machines can reach (needs an API key)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000, or *) call the server")
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--context-length", type=int)
+    add_local_model_arguments(p)
     p.add_argument("--max-body-mb", type=int, default=limits.max_body_bytes >> 20)
     p.add_argument("--max-image-mb", type=int, default=limits.max_image_bytes >> 20)
     p.add_argument("--max-queue", type=int, default=limits.max_queue,
@@ -53,7 +52,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
             raise EngineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     check_context_length(args, 1)
     engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
-                         context_length=args.context_length)
+                         context_length=args.context_length, device_map=args.device_map)
     executor = ThreadExecutor(engine)
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,
                            max_queue=args.max_queue)

@@ -41,3 +41,29 @@ def test_every_subcommand_error_is_one_line_and_exit_2(argv, names, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and names in err[0], err
+
+
+@pytest.mark.parametrize("command", ["run", "perplexity", "bench", "serve"])
+def test_local_model_options_are_one_set(command):
+    """--device, --context-length, --device-map and --threads mean the same for every local command."""
+    parser = build_parser()
+    extra = {"run": ["--prompt", "x"], "perplexity": ["--file", "t.txt"], "bench": [], "serve": []}[command]
+    args = parser.parse_args([command, "--model", "m.gguf", *extra, "--device", "cpu", "--context-length", "64",
+                              "--device-map", "cpu=2", "--threads", "3"])
+    assert (args.device, args.context_length, args.device_map, args.threads) == ("cpu", 64, "cpu=2", 3)
+
+
+def test_threads_reach_the_cpu_kernels(capsys):
+    from tramontane.kernels import cpu_native
+    from support import FIXTURES
+
+    before = cpu_native.threads()
+    try:
+        assert main(["run", "--model", str(FIXTURES / "mistral3_tiny-q8_0.gguf"), "--prompt", "hi",
+                     "--max-tokens", "1", "--device", "cpu", "--threads", "1"]) == 0
+        assert cpu_native.threads() == 1 or not cpu_native.AVAILABLE
+    finally:
+        cpu_native.set_threads(before)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--model", "m.gguf", "--prompt", "hi", "--threads", "0"])
+    assert exc.value.code == 2 and "--threads" in capsys.readouterr().err
