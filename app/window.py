@@ -20,6 +20,7 @@ from .chat_session import LOAD_FIRST_HINT, ChatSession
 from .single_instance import InstanceServer
 from .dialogs.servers import EngineChoiceCombo, ServersDialog
 from .dialogs.settings import AppSettings, SettingsDialog
+from ..engine.runtime.threads import apply_threads
 from .servers import EngineChoice, ServerList, engine_for_choice
 from .store import Store, StoreError
 from .widgets import markdown
@@ -86,6 +87,7 @@ class MainWindow(QMainWindow):
         self.api_server = WindowServer(self.worker)
         self.statusBar().addPermanentWidget(ServerStatusLabel(self.api_server))
         self.api_server.apply(self.settings.serve, self.settings.serve_port)
+        apply_threads(self.settings.cpu_threads)
         self.setAcceptDrops(True)
         self.setStyleSheet(style_sheet(self.dark))
         self._apply_font_size(self.settings.font_size)
@@ -870,6 +872,7 @@ class MainWindow(QMainWindow):
         dialog = SettingsDialog(self.settings, self, servers_dialog=self.open_servers)
         if dialog.exec():
             self.api_server.apply(self.settings.serve, self.settings.serve_port)
+            apply_threads(self.settings.cpu_threads)
 
     def open_servers(self) -> None:
         dialog = ServersDialog(self.store, self)

@@ -20,6 +20,7 @@ from ...engine.api import SamplingParams
 DEVICES = ("auto", "cuda", "cpu")
 RECENT_MODELS = 10  # files the Models dialog lists as opened lately
 MAX_GPU_LAYERS = 999  # more than any model has; the engine keeps to the model's count
+MAX_CPU_THREADS = 256
 DEFAULT_SERVE_PORT = 8080
 
 
@@ -167,6 +168,16 @@ class AppSettings:
         self._set("gpu_layers", -1 if n is None or n < 0 else int(n))
 
     @property
+    def cpu_threads(self) -> int | None:
+        """Threads for the layers that run on the CPU; None: the physical cores (auto)."""
+        n = self._int("cpu_threads", 0)
+        return n if n > 0 else None
+
+    @cpu_threads.setter
+    def cpu_threads(self, n: int | None) -> None:
+        self._set("cpu_threads", 0 if n is None or n < 1 else int(n))
+
+    @property
     def models_tab(self) -> int:
         """The Models dialog's tab shown last."""
         return max(0, self._int("models_tab"))
@@ -268,6 +279,10 @@ class SettingsDialog(QDialog):
         self.gpu_layers.setSpecialValueText("auto")
         self.device.currentTextChanged.connect(lambda d: self.gpu_layers.setEnabled(d != "cpu"))
         self.gpu_layers.setEnabled(settings.device != "cpu")
+        self.cpu_threads = self._int(0, MAX_CPU_THREADS, settings.cpu_threads or 0,
+                                     "Threads for the layers that run on the CPU; auto = one per "
+                                     "physical core. Applies at once.")
+        self.cpu_threads.setSpecialValueText("auto")
         self.models_dir = QLineEdit(settings.models_dir)
         self.models_dir.setPlaceholderText("default")
         browse = QPushButton("Browse…")
@@ -303,6 +318,7 @@ class SettingsDialog(QDialog):
         form.addRow("&Context length:", self.context_length)
         form.addRow("&Device:", self.device)
         form.addRow("&GPU layers:", self.gpu_layers)
+        form.addRow("CPU t&hreads:", self.cpu_threads)
         form.addRow("Models &folder:", folder)
         form.labelForField(folder).setBuddy(self.models_dir)
         form.addRow("&API server:", serving)
@@ -359,6 +375,7 @@ class SettingsDialog(QDialog):
         self.settings.context_length = self.context_length.value()
         self.settings.device = self.device.currentText()
         self.settings.gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None
+        self.settings.cpu_threads = self.cpu_threads.value() or None
         self.settings.models_dir = folder
         self.settings.serve = self.serve.isChecked()
         self.settings.serve_port = self.serve_port.value()

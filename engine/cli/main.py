@@ -13,7 +13,8 @@ import sys
 from ..api import EngineError
 from ..gguf import GGUFError
 from . import bench, inspect, models, run, selftest, serve
-from .run import CommandFailed, apply_threads
+from ..runtime.threads import apply_threads
+from .run import CommandFailed
 
 SUBCOMMAND_MODULES = (inspect, run, serve, bench, models, selftest)  # order of `--help`
 
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     _tolerant_stdout()
     try:
         _check_text_arguments(args)
-        apply_threads(getattr(args, "threads", None))
+        if getattr(args, "threads", None) is not None:
+            apply_threads(args.threads)
         return int(args.func(args) or 0)
     except CommandFailed as exc:
         print(f"error: {exc}", file=sys.stderr)

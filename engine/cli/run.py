@@ -105,20 +105,6 @@ def add_local_model_arguments(parser, context_help: str | None = None) -> None:
                         help="CPU threads for the layers on the CPU (default: the physical cores)")
 
 
-def apply_threads(n: int | None) -> None:
-    """--threads for the native CPU kernels (or torch's own threads when they are not built)."""
-    if n is None:
-        return
-    from ...kernels import cpu_native
-
-    if cpu_native.AVAILABLE:
-        cpu_native.set_threads(n)
-    else:
-        import torch
-
-        torch.set_num_threads(n)
-
-
 def load_local(args, images: bool):
     from ..runtime.local import LocalEngine
 

@@ -71,3 +71,33 @@ def test_models_dialog_choices_round_trip(settings):
     settings.store.set_setting("app.models_tab", "two")
     settings.store.set_setting("app.import_copy", "yes")
     assert (settings.models_tab, settings.import_copy) == (0, False)
+
+
+def test_cpu_threads_is_auto_by_default_and_reaches_the_cpu_kernels(qtbot, settings, monkeypatch):
+    from tramontane.app.window import MainWindow
+    from tramontane.kernels import cpu_native
+
+    assert settings.cpu_threads is None
+    before = cpu_native.threads()
+    window = MainWindow(settings.store, autoload=False)
+    qtbot.addWidget(window)
+    chosen = []
+
+    def user_sets(dialog) -> int:  # what a user does in the dialog, then OK
+        assert dialog.cpu_threads.text() == ("auto" if not chosen else str(chosen[-1]))
+        chosen.append(1 if not chosen else 0)
+        dialog.cpu_threads.setValue(chosen[-1])
+        dialog.accept()
+        return 1
+
+    monkeypatch.setattr(SettingsDialog, "exec", user_sets)
+    try:
+        window.open_settings()
+        assert window.settings.cpu_threads == 1
+        assert cpu_native.threads() == 1 or not cpu_native.AVAILABLE
+        window.open_settings()  # back to auto: one thread per physical core
+        assert window.settings.cpu_threads is None
+        assert cpu_native.threads() == cpu_native.default_threads() or not cpu_native.AVAILABLE
+    finally:
+        window.close()
+        cpu_native.set_threads(before)
