@@ -43,7 +43,7 @@ from ..api import (
 )
 from .http import (  # noqa: F401 - transport names callers also import from here
     CancelWatch, check_api_key, connect, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S,
-    fetch_models, parse_base_url, read_body, RemoteError, RemoteModel, request_headers, Secret,
+    fetch_models, loads_json, parse_base_url, read_body, RemoteError, RemoteModel, request_headers, Secret,
     server_message, sse_data, status_error, StreamBroken,
 )
 
@@ -393,7 +393,7 @@ class RemoteEngine:
                 progress.done = True
                 return
             try:
-                obj = json.loads(data)
+                obj = loads_json(data)
             except ValueError:
                 raise StreamBroken(f"malformed stream line (not JSON): {data[:80]!r}",
                                     "malformed") from None
@@ -412,7 +412,7 @@ class RemoteEngine:
         body = read_body(resp, self._endpoint, self.read_timeout)
         progress = _Progress()
         try:
-            obj = json.loads(body)
+            obj = loads_json(body)
             choice = obj["choices"][0]
             text = choice["message"].get("content") or ""
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):

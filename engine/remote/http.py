@@ -155,13 +155,22 @@ def request_headers(secret: Secret, body: bytes | None, stream: bool) -> dict[st
     return headers
 
 
+def loads_json(data):
+    """json.loads; JSON nested past Python's recursion limit is a ValueError like any other
+    bad JSON from a server (json raises RecursionError for it)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 def server_message(body: bytes, secret: Secret) -> str:
     """The human part of an error body: vLLM's {"object":"error","message":...}, OpenAI's
     {"error":{"message":...}}, FastAPI's {"detail":...}, or the text itself."""
     text = body.decode("utf-8", errors="replace").strip()
     message = text
     try:
-        obj = json.loads(text)
+        obj = loads_json(text)
     except ValueError:
         obj = None
     if isinstance(obj, dict):
@@ -244,7 +253,7 @@ def fetch_models(base_url: str, api_key: str | None = None, *,
     finally:
         conn.close()
     try:
-        obj = json.loads(body)
+        obj = loads_json(body)
         entries = obj["data"]
         models = [RemoteModel(str(e["id"]),
                               int(e["max_model_len"]) if e.get("max_model_len") else None,

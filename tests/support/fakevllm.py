@@ -57,7 +57,7 @@ class FakeVLLM:
     max_model_len      prompt + max_tokens beyond it -> 400 with vLLM's context message
     chunk_delay_s      pause between token chunks
     models_delay_s     pause before answering /v1/models
-    fault              None, "cut", "stall", "malformed", "error_event", "status"
+    fault              None, "cut", "stall", "malformed", "deep", "error_event", "status"
     fault_after        token chunks sent before the fault
     fault_status       HTTP status for fault="status"
     stall_s            how long "stall" blocks (released early by stop())
@@ -346,6 +346,9 @@ def _make_handler(fake: FakeVLLM):
                 return False
             if fake.fault == "malformed":
                 self._send_chunk(b"data: {\"id\": \"chatcmpl-x\", \"choices\": [\n\n")
+                return False
+            if fake.fault == "deep":  # valid JSON nested past Python's recursion limit
+                self._send_chunk(b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n")
                 return False
             if fake.fault == "error_event":
                 err = {"error": {"message": "CUDA out of memory while decoding",

@@ -324,6 +324,11 @@ def test_malformed_stream_line(server):
         engine_for(server).chat(user("hi"), SamplingParams())
     assert info.value.kind == "malformed"
 
+    server.fault = "deep"  # valid JSON too deep for json.loads: was a RecursionError
+    with pytest.raises(RemoteError, match="malformed stream line") as info:
+        engine_for(server).chat(user("hi"), SamplingParams())
+    assert info.value.kind == "malformed"
+
 
 def test_error_event_mid_stream(server):
     server.fault, server.fault_after = "error_event", 2
