@@ -132,6 +132,8 @@ class QWeight:
     data: torch.Tensor
     # CPU only: float32 dense copy kept while the global CPU_DENSE_CACHE_BYTES budget allows
     _dense: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    # CPU native kernels: (ggml_type, data pointer, row bytes) once checked, False if not native
+    _native: tuple | bool | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_raw(cls, raw, ggml_type: int, shape, device="cpu", name: str = "") -> QWeight:
@@ -303,8 +305,37 @@ def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return F.linear(x.to(w.data.dtype), w.data).to(x.dtype)
 
 
+def _native_plan(w: QWeight) -> tuple | bool:
+    """Cached per weight (CPU_EXACT is checked on every call, not here)."""
+    if (w.data.device.type != "cpu" or w.ggml_type == F32 or not cpu_native.supports(w.ggml_type)
+            or w.data.dim() != 2 or w.data.stride(1) != 1):
+        return False
+    return (w.ggml_type, w.data.data_ptr(), w.data.stride(0) * w.data.element_size())
+
+
+def _linear_native_fast(x: torch.Tensor, w: QWeight, plan: tuple) -> torch.Tensor:
+    """The decode hot path (~60 calls a token): a few microseconds of Python, no more."""
+    if not _torch_threads_claimed:
+        _claim_cpu_threads()
+    n_out, k = w.shape
+    x2 = x if (x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()) else \
+        x.reshape(-1, k).to(torch.float32).contiguous()
+    n = x2.shape[0]
+    y = torch.empty(n, n_out, dtype=torch.float32)
+    if n:
+        cpu_native._cpu.matmul(plan[0], plan[1], plan[2], n_out, k, x2.data_ptr(), k * 4, n, y.data_ptr(), n_out)
+    if x.dim() != 2:
+        y = y.reshape(*x.shape[:-1], n_out)
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """x (..., in) -> (..., out) in x.dtype; weight stays quantized."""
+    plan = w._native
+    if plan is None:
+        plan = w._native = _native_plan(w)
+    if plan and x.is_cpu and not CPU_EXACT and x.shape[-1] == w.shape[1]:
+        return _linear_native_fast(x, w, plan)
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x has {x.shape[-1]} features, weight {w!r} expects {w.shape[1]}")
     if x.device != w.data.device:
