@@ -47,6 +47,8 @@ class EngineInfo:
     context_limit: int = 0  # the model file's own limit (0 unknown)
     context_asked: int = 0  # the context length Settings asked for (0: the default)
     remote: bool = False
+    placement: str = ""  # where the layers run, e.g. "34 of 40 layers on GPU, 6 on CPU"
+    split: bool = False  # some layers on a GPU, some on the CPU
 
 
 @dataclass
@@ -133,6 +135,7 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
         device = "remote"
     else:
         device = getattr(getattr(getattr(engine, "model", None), "device", None), "type", "") or "?"
+    plan = getattr(engine, "placement", None) or {}
     return EngineInfo(
         description=engine.description,
         has_vision=bool(engine.has_vision),
@@ -144,6 +147,8 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
         context_limit=int(getattr(getattr(getattr(engine, "model", None), "cfg", None), "context_length", 0) or 0),
         context_asked=context_asked,
         remote=device == "remote",
+        placement=str(plan.get("summary", "")),
+        split=bool(plan.get("gpu_layers")) and bool(plan.get("cpu_layers")),
     )
 
 

@@ -162,13 +162,17 @@ def context_words(info: EngineInfo) -> str:
 
 
 def device_line(info: EngineInfo) -> str:
-    """'cpu · 551.9 MB RAM · context 256': where it runs, the memory it takes, its context."""
+    """'cpu · 551.9 MB RAM · context 256': where it runs, the memory it takes, its context
+    (a model split between GPU and CPU says so: '34 of 40 layers on GPU, 6 on CPU · …')."""
     memory = info.memory.replace(" (process)", "")
-    return " · ".join(bit for bit in (info.device, memory, context_words(info)) if bit)
+    where = info.placement if info.split else info.device
+    return " · ".join(bit for bit in (where, memory, context_words(info)) if bit)
 
 
 def device_tip(info: EngineInfo) -> str:
     lines = [device_line(info), f"Runs on: {info.device}"]
+    if info.placement:
+        lines.append(f"Layers: {info.placement}")
     if info.memory:
         lines.append(f"Memory: {info.memory}")
     if info.context_size:

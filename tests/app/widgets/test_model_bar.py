@@ -30,3 +30,23 @@ def test_quant_and_context_meter(qtbot, window):
     assert f"{used} of 512" in bar.context_meter.toolTip()
     window.new_chat()
     assert bar.context_meter.value() == 0
+
+
+def test_the_bar_says_where_the_layers_run(qtbot, window):
+    """The loaded engine's plan reaches the bar: its tooltip names where the layers run."""
+    info = window.engine_info
+    n_layers = window.worker.engine.model.cfg.n_layers
+    assert info.placement == f"all {n_layers} layers on the CPU" and not info.split
+    assert f"Layers: all {n_layers} layers on the CPU" in window.model_bar.device_label.toolTip()
+
+
+def test_a_model_split_between_gpu_and_cpu_says_so_in_the_device_line():
+    from tramontane.app.widgets.model_bar import device_line, device_tip
+    from tramontane.app.worker import EngineInfo
+
+    info = EngineInfo("m.gguf on cuda + cpu", False, "/m/m.gguf", device="cuda", memory="9.1 GB GPU",
+                      context_size=4096, placement="34 of 40 layers on GPU, 6 on CPU", split=True)
+    assert device_line(info).startswith("34 of 40 layers on GPU, 6 on CPU · 9.1 GB GPU")
+    assert "Layers: 34 of 40 layers on GPU, 6 on CPU" in device_tip(info)
+    whole = EngineInfo("m.gguf on cuda", False, "/m/m.gguf", device="cuda", placement="all 40 layers on cuda:0")
+    assert device_line(whole).startswith("cuda")
