@@ -8,17 +8,10 @@ from gguf.quants import dequantize as gguf_dequantize
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import QWeight, dequantize, linear
 from support.quant_bytes import random_quant_bytes
-from tramontane.kernels.linear import cpu_exact  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _float32_cpu_path():
-    """These tests compare against float references at float32 tolerances: the CPU runs the
-    float32 torch path here. The native kernels (int8 activations, llama.cpp's method) are
-    tested against gguf.quants + float64 in tests/kernels/test_cpu_native.py and end to end in
-    tests/engine/mistral3/test_text_cpu_native.py."""
-    with cpu_exact():
-        yield
+# float references at float32 tolerances: the CPU's float32 path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("float32_cpu_path")
 
 
 ALL_TYPES = sorted(gt.TYPES)

@@ -14,24 +14,17 @@ import torch
 
 from support import FIXTURES  # noqa: E402
 from support.eager_graphs import eager_graph_capture  # noqa: E402
-from support.fixture_models import hf_text_model_from_gguf  # noqa: E402
+from support.fixture_models import greedy_tokens, hf_text_model_from_gguf  # noqa: E402
 from support.gguf_edit import rewrite_gguf  # noqa: E402
 
 from tramontane.engine.api import EngineError  # noqa: E402
 from tramontane.engine.gguf import GGUFError, open_gguf  # noqa: E402
 from tramontane.engine.mistral3.text import Mistral3Text, rope_inv_freq  # noqa: E402
 from tramontane.engine.mistral3.config import text_config  # noqa: E402
-from tramontane.kernels.linear import cpu_exact  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _float32_cpu_path():
-    """These tests compare against float references at float32 tolerances: the CPU runs the
-    float32 torch path here. The native kernels (int8 activations, llama.cpp's method) are
-    tested against gguf.quants + float64 in tests/kernels/test_cpu_native.py and end to end in
-    tests/engine/mistral3/test_text_cpu_native.py."""
-    with cpu_exact():
-        yield
+# float references at float32 tolerances: the CPU's float32 path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("float32_cpu_path")
 
 
 MISTRAL3_F32 = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
@@ -85,16 +78,6 @@ def _hf_greedy(hf, ids: torch.Tensor, n: int) -> list[int]:
     return out[len(ids):]
 
 
-def _our_greedy(model: Mistral3Text, ids: torch.Tensor, n: int) -> list[int]:
-    cache = model.new_cache(len(ids) + n)
-    logits = model.logits(ids, 0, cache)
-    out = []
-    for _ in range(n):
-        out.append(int(logits.argmax()))
-        logits = model.decode(out[-1], cache)
-    return out
-
-
 # ------------------------------------------------------------------ agreement with HF
 
 def test_mistral3_f32_matches_hf_at_every_position(hf_mistral3):
@@ -107,7 +90,7 @@ def test_mistral3_f32_matches_hf_at_every_position(hf_mistral3):
     assert (ours - ref).abs().max().item() < F32_TOL
     # prefill's default returns only the last row, and it is that same row
     assert (model.logits(ids) - ours[-1]).abs().max().item() < 1e-5
-    assert _our_greedy(model, ids[:20], 12) == _hf_greedy(hf_mistral3, ids[:20], 12)
+    assert greedy_tokens(model, ids[:20], 12) == _hf_greedy(hf_mistral3, ids[:20], 12)
 
 
 def test_ministral3_yarn_and_query_scale_match_hf_past_original_context(hf_ministral3):
@@ -118,7 +101,7 @@ def test_ministral3_yarn_and_query_scale_match_hf_past_original_context(hf_minis
     ours = model.logits(ids, all_logits=True)
     ref = _hf_logits(hf_ministral3, ids)
     assert (ours - ref).abs().max().item() < F32_TOL
-    assert _our_greedy(model, ids[:30], 12) == _hf_greedy(hf_ministral3, ids[:30], 12)
+    assert greedy_tokens(model, ids[:30], 12) == _hf_greedy(hf_ministral3, ids[:30], 12)
 
 
 @pytest.mark.parametrize("edit", [
@@ -194,7 +177,7 @@ def test_quantized_files_match_hf_on_their_dequantized_weights(path):
     ours = model.logits(ids, all_logits=True)
     ref = _hf_logits(hf, ids)
     assert (ours - ref).abs().max().item() < QUANT_TOL
-    assert _our_greedy(model, ids[:16], 8) == _hf_greedy(hf, ids[:16], 8)
+    assert greedy_tokens(model, ids[:16], 8) == _hf_greedy(hf, ids[:16], 8)
 
 
 @pytest.mark.parametrize("mix", ["Q4_K_M", "Q5_K"])

@@ -20,21 +20,12 @@ from tramontane.engine.cli.run import token_nll
 from tramontane.engine.mistral3.text import Mistral3Text
 from tramontane.kernels import cpu_native
 from tramontane.kernels.linear import cpu_exact
+from support.fixture_models import greedy_tokens
 
 pytestmark = pytest.mark.skipif(not cpu_native.AVAILABLE, reason="native CPU kernels not built")
 
 FILES = ["mistral3_tiny-q8_0", "mistral3_q256-Q4_K_M", "mistral3_q256-Q6_K", "mistral3_q256-Q5_K",
          "mistral3_q256-Q4_0", "mistral3_q256-llamacpp-Q4_K_M", "mistral3_tiny-f16"]
-
-
-def _greedy(model, ids, n):
-    cache = model.new_cache(len(ids) + n)
-    logits = model.logits(ids, 0, cache)
-    out = []
-    for _ in range(n):
-        out.append(int(logits.argmax()))
-        logits = model.decode(out[-1], cache)
-    return out
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -46,11 +37,11 @@ def test_native_cpu_model_agrees_with_float32_path(name):
     with cpu_exact():
         exact = Mistral3Text.load(path, device="cpu", dense_on_cpu=False)
         want_logits = exact.logits(ids[:40], all_logits=True)
-        want_tokens = _greedy(exact, ids[:16], 16)
+        want_tokens = greedy_tokens(exact, ids[:16], 16)
         nll_e, n_e = token_nll(exact, ids, 64, 32)
     logits = native.logits(ids[:40], all_logits=True)
     assert (logits - want_logits).abs().max() <= 0.03 * want_logits.abs().max()
-    assert _greedy(native, ids[:16], 16) == want_tokens
+    assert greedy_tokens(native, ids[:16], 16) == want_tokens
     nll_n, n_n = token_nll(native, ids, 64, 32)
     assert n_n == n_e
     ppl_e, ppl_n = math.exp(nll_e / n_e), math.exp(nll_n / n_n)

@@ -28,17 +28,10 @@ from tramontane.engine.mistral3.vision import LAYOUTS, VisionTower, unpermute_ro
 
 from support import FIXTURES
 from support.gguf_edit import rewrite_gguf
-from tramontane.kernels.linear import cpu_exact  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _float32_cpu_path():
-    """These tests compare against float references at float32 tolerances: the CPU runs the
-    float32 torch path here. The native kernels (int8 activations, llama.cpp's method) are
-    tested against gguf.quants + float64 in tests/kernels/test_cpu_native.py and end to end in
-    tests/engine/mistral3/test_text_cpu_native.py."""
-    with cpu_exact():
-        yield
+# float references at float32 tolerances: the CPU's float32 path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("float32_cpu_path")
 
 
 transformers = pytest.importorskip("transformers")
