@@ -87,7 +87,8 @@ class MainWindow(QMainWindow):
         self.api_server = WindowServer(self.worker)
         self.statusBar().addPermanentWidget(ServerStatusLabel(self.api_server))
         self.api_server.apply(self.settings.serve, self.settings.serve_port)
-        apply_threads(self.settings.cpu_threads)
+        if self.settings.cpu_threads:  # auto needs nothing: the kernels start with the default
+            apply_threads(self.settings.cpu_threads)
         self.setAcceptDrops(True)
         self.setStyleSheet(style_sheet(self.dark))
         self._apply_font_size(self.settings.font_size)

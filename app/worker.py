@@ -239,14 +239,11 @@ class EngineWorker(QObject):
     def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int,
               gpu_layers: int = -1) -> None:
         from ..engine.library.fit import gpu_layers_device_map
-        from ..engine.library.projector import check_pair
         from ..engine.runtime.local import LocalEngine
 
         self._close_engine()
         _leave_a_core_for_the_ui(device)
         try:
-            if mmproj_path:  # from the headers, before gigabytes of weights are read
-                check_pair(model_path, mmproj_path)
             engine = LocalEngine(model_path, mmproj_path or None, device=device,
                                  context_length=context_length or None,
                                  device_map=gpu_layers_device_map(model_path, gpu_layers, device),

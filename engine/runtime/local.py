@@ -17,6 +17,7 @@ import torch
 from ..api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .generate import InvalidLogitsError, check_params, generate
+from ..library.projector import check_pair
 from ..gguf import GGUFError, open_gguf
 from ..mistral3.text import Mistral3Text, default_dtype, torch_device
 from ..mistral3.config import text_config
@@ -41,6 +42,8 @@ class LocalEngine:
         try:
             gf = open_gguf(self.model_path)
             text_config(gf)  # refuse a projector or another architecture before anything else
+            if self.mmproj_path is not None:  # a foreign projector: refused from the headers
+                check_pair(self.model_path, self.mmproj_path)
             self.tokenizer = Tokenizer.from_gguf(gf)
             self.plan = plan_for_files(gf, self.mmproj_path, device, device_map)
             self.model = Mistral3Text.load(gf, plan=self.plan, progress=_scaled(progress, 0.0, 0.85))
