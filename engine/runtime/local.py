@@ -76,12 +76,8 @@ class LocalEngine:
         from ..mistral3.vision import VisionTower
 
         where = torch_device(self.plan.vision_device) if self.plan.vision_device else self.model.device
-        tower = VisionTower.load(path, device=where, dtype=default_dtype(where) if where.type == "cuda" else None)
-        if tower.text_hidden != self.model.cfg.hidden:
-            raise EngineError(f"{path}: projector outputs {tower.text_hidden} features but "
-                              f"{self.model_path.name} has hidden size {self.model.cfg.hidden}: "
-                              f"they belong to different models")
-        return tower
+        # its width was checked against the model from the headers (check_pair) before loading
+        return VisionTower.load(path, device=where, dtype=default_dtype(where) if where.type == "cuda" else None)
 
     # -- Engine protocol ---------------------------------------------------------------------
     @property
