@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from tramontane.engine.gguf import GGML_TYPES
@@ -38,3 +40,24 @@ def test_cpu_engine_imports_leave_out_heavy_optional_packages():
     assert "tramontane" in loaded
     heavy = {"gguf", "triton", "mistral_common", "cv2", "pydantic", "transformers", "yaml"} & loaded
     assert not heavy, f"a CPU engine import pulled in {sorted(heavy)}"
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/smaps_rollup", encoding="ascii") as fh:
+        return next(int(ln.split()[1]) for ln in fh if ln.startswith("Rss:")) * 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux RSS accounting")
+def test_cpu_kv_cache_is_resident_only_where_written():
+    import torch
+
+    from tramontane.engine.mistral3.text import KVCache
+
+    before = _rss_bytes()
+    cache = KVCache(8, 8, 128, 128, 8192, torch.float32, torch.device("cpu"))  # 512 MiB of K/V
+    assert float(cache.k.sum()) == 0.0 and float(cache.v.max()) == float(cache.v.min()) == 0.0  # reads too
+    cache.layer_k[3][:, :100] = 1.0
+    cache.layer_v[3][:, :100] = 2.0
+    grown = _rss_bytes() - before
+    assert grown < 64 << 20, f"an unfilled 512 MiB cache made {grown >> 20} MiB resident"
+    assert float(cache.k[3, :, :100].sum()) == 8 * 100 * 128 and float(cache.k[3, :, 100:].abs().sum()) == 0.0
