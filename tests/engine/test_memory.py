@@ -8,13 +8,34 @@ import pytest
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from tramontane.engine.gguf import GGML_TYPES
+from tramontane.engine.gguf import GGML_TYPES, StringArray, open_gguf
 
 
 def test_ggml_type_table_matches_gguf_package():
     ours = {i: (name, block, size) for i, (name, block, size) in GGML_TYPES.items()}
     theirs = {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType if t in GGML_QUANT_SIZES}
     assert ours == theirs
+
+
+def test_metadata_string_arrays_stay_in_the_file_and_read_as_written(tmp_path):
+    from gguf import GGUFWriter
+
+    strings = ["<unk>", "", "Ġ Ġ", "é", "监督", "🙂x", "a" * 300] + [f"t{i}" for i in range(1000)]
+    path = tmp_path / "strings.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_array("test.strings", strings)
+    w.add_array("test.nested", [["x", "ÿ"], ["", "yz"]])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open_gguf(path) as gf:
+        ours = gf.kv["test.strings"]
+        assert isinstance(ours, StringArray)  # offsets into the file, not one str object each
+        assert len(ours) == len(strings) and list(ours) == strings and ours == strings
+        assert ours[3] == "é" and ours[-1] == "t999" and ours[4:6] == ["监督", "🙂x"]
+        assert gf.array_of("test.strings", "string", len(strings)) is ours
+        assert [list(a) for a in gf.kv["test.nested"]] == [["x", "ÿ"], ["", "yz"]]
 
 
 # A fresh interpreter without the test suite's TRITON_INTERPRET, as a CPU user starts one.
