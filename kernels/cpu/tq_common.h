@@ -67,6 +67,12 @@ extern const tq_kernels tq_kernels_generic;
 extern const tq_kernels tq_kernels_avx2;
 extern const tq_kernels tq_kernels_avx512;
 #endif
+/* NEON variants: little-endian aarch64 with GCC or clang (elsewhere, MSVC included: generic) */
+#if defined(__aarch64__) && !defined(__AARCH64EB__) && (defined(__GNUC__) || defined(__clang__))
+#define TQ_HAVE_NEON_VARIANTS 1
+extern const tq_kernels tq_kernels_neon;
+extern const tq_kernels tq_kernels_neondot;
+#endif
 
 /* Type geometry (shared by all variants). */
 static inline int tq_block_elems(int t) {

@@ -1,7 +1,8 @@
 /* tramontane.kernels._cpu: quantized matmuls on GGUF blocks for the CPU.
  *
- * - kernel variant chosen once at import from the CPU's features (cpuid): avx512vnni, avx2,
- *   generic; TRAMONTANE_CPU_VARIANT=<name> or use_variant() overrides (tests run them all).
+ * - kernel variant chosen once at import from the CPU's features: x86-64 (cpuid) avx512vnni,
+ *   avx2, generic; aarch64 (the OS's hwcaps) neondot, neon (generic is never needed there);
+ *   TRAMONTANE_CPU_VARIANT=<name> or use_variant() overrides (tests run them all).
  * - a persistent thread pool: workers spin briefly between calls (decode issues ~60 matmuls
  *   per token back to back), then sleep on a condition variable.
  * - every call releases the GIL; calls from several Python threads are serialized here.
@@ -15,6 +16,9 @@
 #include <string.h>
 
 #include "tq_common.h"
+#ifdef TQ_HAVE_NEON_VARIANTS
+#include "tq_arm_features.h"
+#endif
 
 #ifndef _WIN32
 #define TQ_THREADS 1
@@ -45,12 +49,19 @@ static int variant_supported(const tq_kernels *k) {
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #endif
+#ifdef TQ_HAVE_NEON_VARIANTS
+    if (k == &tq_kernels_neon) return 1; /* Advanced SIMD is part of every aarch64 CPU */
+    if (k == &tq_kernels_neondot) return tq_arm_has_dotprod();
+#endif
     return 0;
 }
 
 static const tq_kernels *all_variants[] = {
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
     &tq_kernels_avx512, &tq_kernels_avx2,
+#endif
+#ifdef TQ_HAVE_NEON_VARIANTS
+    &tq_kernels_neondot, &tq_kernels_neon,
 #endif
     &tq_kernels_generic, NULL};
 
