@@ -21,6 +21,7 @@ enum {
 
 #define TQ_QK 256 /* elements per K-quant super-block */
 #define TQ_QB 32  /* elements per legacy block */
+#define TQ_WIDE_MIN_ROWS 4 /* activation rows from which a matmul uses gemm_wide */
 
 /* Activation block for K-quants and IQ4_XS: 256 int8 quants, scale, sums of each 16. */
 typedef struct {
@@ -60,6 +61,10 @@ typedef struct {
     tq_quant_fn quant_q8b;
     tq_gemm_fn gemm[TQ_NTYPES];
     tq_dequant_fn dequant[TQ_NTYPES];
+    /* prefill (4+ activation rows), where a variant has it: activations quantized by
+     * quant_wide[t] into a lane-transposed order that gemm_wide[t] expects (NULL: use gemm) */
+    tq_gemm_fn gemm_wide[TQ_NTYPES];
+    tq_quant_fn quant_wide[TQ_NTYPES];
 } tq_kernels;
 
 extern const tq_kernels tq_kernels_generic;

@@ -243,6 +243,7 @@ typedef struct {
     uint8_t *xq; /* quantized rows (or x itself for float weights) */
     size_t xq_stride;
     tq_quant_fn quant;
+    tq_gemm_fn gemm;
     float *y;
     size_t ldy;
     int rows_per_unit;
@@ -257,13 +258,14 @@ static void unit_gemm(void *arg, int u) {
     mm_job *J = (mm_job *)arg;
     int r0 = u * J->rows_per_unit;
     int n = J->n_out - r0 < J->rows_per_unit ? J->n_out - r0 : J->rows_per_unit;
-    K->gemm[J->type](J->w + (size_t)r0 * J->w_stride, J->w_stride, n, J->xq, J->xq_stride, J->n_x, J->k,
-                     J->y + r0, J->ldy);
+    J->gemm(J->w + (size_t)r0 * J->w_stride, J->w_stride, n, J->xq, J->xq_stride, J->n_x, J->k, J->y + r0,
+            J->ldy);
 }
 
 /* returns 0, or -1 when the scratch buffer could not be allocated */
 static int run_matmul(mm_job *J) {
     const int act = tq_act_kind(J->type);
+    J->gemm = K->gemm[J->type];
     if (act == TQ_ACT_F32) {
         J->xq = (uint8_t *)J->x;
         J->xq_stride = J->x_stride;
@@ -273,6 +275,10 @@ static int run_matmul(mm_job *J) {
         J->xq = (uint8_t *)get_scratch(J->xq_stride * (size_t)J->n_x);
         if (!J->xq) return -1;
         J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
+        if (J->n_x >= TQ_WIDE_MIN_ROWS && K->gemm_wide[J->type]) {
+            J->quant = K->quant_wide[J->type];
+            J->gemm = K->gemm_wide[J->type];
+        }
         pool_for(unit_quant, J, J->n_x);
     }
     /* units of weight rows handed out dynamically (balances noisy cores) */
@@ -542,6 +548,431 @@ static PyObject *py_rope_pairs(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------ fused forward-pass ops
+ * The non-matmul steps of a CPU forward pass (engine/mistral3/text.py), each one call instead of several
+ * torch ops: RoPE + KV-cache write, causal attention over the cache, SwiGLU, a gather of embedding rows,
+ * greedy argmax. Rows go to the pool when there are enough of them (prefill). */
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define TQ_ELEMENTWISE_X86 1
+#endif
+
+static int pool_units(Py_ssize_t rows, Py_ssize_t row_elems) {
+    /* one unit for small work (the pool's hand-off costs more than it saves), else about 4 per thread */
+    if (rows <= 1 || rows * row_elems < (1 << 15)) return 1;
+    Py_ssize_t u = 4 * (Py_ssize_t)n_threads;
+    return (int)(u < rows ? u : rows);
+}
+
+typedef struct {
+    float *q;
+    const float *k, *v, *cq, *sq, *ck, *sk;
+    float *kc, *vc;
+    int T, hq, hkv, d, dv, n_units;
+    size_t q_row, k_row, v_row, kh, kr, vh, vr; /* strides in floats */
+    Py_ssize_t pos;
+} rkv_job;
+
+static inline void rope_row(const float *x, const float *c, const float *s, float *o, int d) {
+    for (int i = 0; i < d; i += 2) { /* the same products and sum as py_rope_pairs (bit-exact) */
+        const float a = x[i], b = x[i + 1];
+        const float p0 = a * c[i], q0 = b * s[i];
+        const float p1 = b * c[i + 1], q1 = a * s[i + 1];
+        o[i] = p0 + q0;
+        o[i + 1] = p1 + q1;
+    }
+}
+
+static void unit_rope_kv(void *arg, int u) {
+    rkv_job *J = (rkv_job *)arg;
+    int t0 = (int)((int64_t)J->T * u / J->n_units), t1 = (int)((int64_t)J->T * (u + 1) / J->n_units);
+    for (int t = t0; t < t1; ++t) {
+        const size_t row = (size_t)J->pos + (size_t)t;
+        float *q = J->q + (size_t)t * J->q_row;
+        for (int h = 0; h < J->hq; ++h) /* in place: each pair is read before it is written */
+            rope_row(q + (size_t)h * J->d, J->cq + (size_t)t * J->d, J->sq + (size_t)t * J->d, q + (size_t)h * J->d,
+                     J->d);
+        for (int h = 0; h < J->hkv; ++h) {
+            rope_row(J->k + (size_t)t * J->k_row + (size_t)h * J->d, J->ck + (size_t)t * J->d, J->sk + (size_t)t * J->d,
+                     J->kc + (size_t)h * J->kh + row * J->kr, J->d);
+            memcpy(J->vc + (size_t)h * J->vh + row * J->vr, J->v + (size_t)t * J->v_row + (size_t)h * J->dv,
+                   sizeof(float) * (size_t)J->dv);
+        }
+    }
+}
+
+PyDoc_STRVAR(rope_kv_doc,
+             "rope_kv(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, T, Hq, Hkv, d, dv, pos, q_row, k_row, "
+             "v_row, kc_head, kc_row, vc_head, vc_row)\n"
+             "Pointers then sizes, strides in floats. For each row t < T: q[t] (Hq heads of d) rotated in place with "
+             "tables row t (as rope_pairs); k[t] rotated into k_cache[h, pos + t]; v[t] copied to v_cache[h, pos + t].");
+
+static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 22) {
+        PyErr_SetString(PyExc_TypeError, "rope_kv takes 22 arguments");
+        return NULL;
+    }
+    void *p[9];
+    Py_ssize_t s[13];
+    for (int i = 0; i < 9; ++i)
+        if (get_ptr(args[i], &p[i])) return NULL;
+    for (int i = 0; i < 13; ++i)
+        if (get_ssize(args[9 + i], &s[i])) return NULL;
+    for (int i = 0; i < 9; ++i)
+        if (!p[i]) goto bad;
+    for (int i = 0; i < 13; ++i)
+        if (s[i] < 0 || s[i] > INT32_MAX) goto bad;
+    if (s[1] <= 0 || s[2] <= 0 || s[3] <= 0 || s[3] % 2 || s[4] <= 0) goto bad;
+    rkv_job J = {(float *)p[0], (const float *)p[1], (const float *)p[2], (const float *)p[3], (const float *)p[4],
+                 (const float *)p[5], (const float *)p[6], (float *)p[7], (float *)p[8], (int)s[0], (int)s[1],
+                 (int)s[2], (int)s[3], (int)s[4], 1, (size_t)s[6], (size_t)s[7], (size_t)s[8], (size_t)s[9],
+                 (size_t)s[10], (size_t)s[11], (size_t)s[12], s[5]};
+    if (J.T == 0) Py_RETURN_NONE;
+    J.n_units = pool_units(J.T, (Py_ssize_t)(J.hq + 2 * J.hkv) * J.d);
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    pool_for(unit_rope_kv, &J, J.n_units);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+bad:
+    PyErr_SetString(PyExc_ValueError, "rope_kv: inconsistent sizes or null pointers");
+    return NULL;
+}
+
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    int T, n_kv, n_rep, d, dv;
+    size_t q_row, out_row, kh, kr, vh, vr;
+    Py_ssize_t start;
+    float scale;
+    int failed; /* a unit could not allocate its scores */
+} ac_job;
+
+static void unit_attn_causal(void *arg, int u) {
+    ac_job *J = (ac_job *)arg;
+    const int t = J->T - 1 - u / J->n_kv, g = u % J->n_kv; /* the longest rows first: they finish last */
+    const int n_keys = (int)(J->start + t + 1);
+    float stack_scores[1024];
+    float *scores = n_keys <= 1024 ? stack_scores : (float *)malloc(sizeof(float) * (size_t)n_keys);
+    if (!scores) {
+        J->failed = 1;
+        return;
+    }
+    K->attn_group(J->q + (size_t)t * J->q_row + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, J->k + (size_t)g * J->kh,
+                  J->kr, J->v + (size_t)g * J->vh, J->vr, J->dv, n_keys, J->scale,
+                  J->out + (size_t)t * J->out_row + (size_t)g * J->n_rep * J->dv, scores);
+    if (scores != stack_scores) free(scores);
+}
+
+PyDoc_STRVAR(attend_causal_doc,
+             "attend_causal(q, k_cache, v_cache, out, T, n_heads, n_kv_heads, d, dv, start, q_row, out_row, k_head, "
+             "k_row, v_head, v_row, scale)\n"
+             "Causal attention of T query rows at positions start..start+T-1 over the cached keys/values "
+             "[0, start + t] of each (float32, strides in floats; a row's heads contiguous): query head h reads KV "
+             "head h // (n_heads / n_kv_heads). out[t]: (n_heads, dv). The decode step is T = 1.");
+
+static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "attend_causal takes 17 arguments");
+        return NULL;
+    }
+    void *p[4];
+    Py_ssize_t s[12];
+    for (int i = 0; i < 4; ++i)
+        if (get_ptr(args[i], &p[i])) return NULL;
+    for (int i = 0; i < 12; ++i)
+        if (get_ssize(args[4 + i], &s[i])) return NULL;
+    double scale = PyFloat_AsDouble(args[16]);
+    if (scale == -1.0 && PyErr_Occurred()) return NULL;
+    int ok = p[0] && p[1] && p[2] && p[3] && s[1] > 0 && s[2] > 0 && s[1] % s[2] == 0 && s[3] > 0 && s[4] > 0;
+    for (int i = 0; i < 12; ++i) ok = ok && s[i] >= 0 && s[i] <= INT32_MAX;
+    if (!ok || s[0] * s[2] > INT32_MAX || s[0] + s[5] > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "attend_causal: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    ac_job J;
+    J.q = (const float *)p[0];
+    J.k = (const float *)p[1];
+    J.v = (const float *)p[2];
+    J.out = (float *)p[3];
+    J.T = (int)s[0];
+    J.n_kv = (int)s[2];
+    J.n_rep = (int)(s[1] / s[2]);
+    J.d = (int)s[3];
+    J.dv = (int)s[4];
+    J.start = s[5];
+    J.q_row = (size_t)s[6];
+    J.out_row = (size_t)s[7];
+    J.kh = (size_t)s[8];
+    J.kr = (size_t)s[9];
+    J.vh = (size_t)s[10];
+    J.vr = (size_t)s[11];
+    J.scale = (float)scale;
+    J.failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    pool_for(unit_attn_causal, &J, J.T * J.n_kv);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (J.failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math") /* lets the clamps below vectorize; results are unchanged */
+#endif
+/* exp for float32 without libm (so the loops vectorize): Cody-Waite reduction by ln 2 and Cephes'
+ * degree-6 polynomial, ~1 ulp; inputs clamped to [-87, 88] (finite, normal results).
+ * Plain float ops only, no fused multiply-add (-ffp-contract=off): every variant rounds alike. */
+static inline float tq_expf(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * (r * r) + r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) * (1 << 23);
+    return y * scale.f;
+}
+
+#define SWIGLU_BODY                                                                                          \
+    for (int64_t i = 0; i < n; ++i) {                                                                        \
+        const float a = g[i];                                                                                \
+        out[i] = a / (1.0f + tq_expf(-a)) * u[i];                                                            \
+    }
+static void swiglu_row_generic(const float *g, const float *u, float *out, int64_t n) { SWIGLU_BODY }
+#ifdef TQ_ELEMENTWISE_X86
+__attribute__((target("avx2"))) static void swiglu_row_avx2(const float *g, const float *u, float *out, int64_t n) {
+    SWIGLU_BODY
+}
+__attribute__((target("avx2,avx512f"))) static void swiglu_row_avx512(const float *g, const float *u, float *out,
+                                                                      int64_t n) {
+    SWIGLU_BODY
+}
+#endif
+
+typedef void (*row_fn)(const float *, const float *, float *, int64_t);
+
+static row_fn swiglu_row(void) {
+#ifdef TQ_ELEMENTWISE_X86
+    if (K == &tq_kernels_avx512) return swiglu_row_avx512;
+    if (K == &tq_kernels_avx2) return swiglu_row_avx2;
+#endif
+    return swiglu_row_generic;
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+typedef struct {
+    const float *g, *u;
+    float *out;
+    int64_t rows, n;
+    size_t g_row, u_row, out_row;
+    int n_units;
+    row_fn fn;
+} sw_job;
+
+static void unit_swiglu(void *arg, int unit) {
+    sw_job *J = (sw_job *)arg;
+    int64_t r0 = J->rows * unit / J->n_units, r1 = J->rows * (unit + 1) / J->n_units;
+    for (int64_t r = r0; r < r1; ++r) J->fn(J->g + r * J->g_row, J->u + r * J->u_row, J->out + r * J->out_row, J->n);
+}
+
+PyDoc_STRVAR(swiglu_doc,
+             "swiglu(gate, up, out, rows, n, gate_row, up_row, out_row): out = silu(gate) * up, float32 rows of n "
+             "(strides in floats); silu(a) = a / (1 + exp(-a)).");
+
+static PyObject *py_swiglu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "swiglu takes 8 arguments");
+        return NULL;
+    }
+    void *g, *u, *o;
+    Py_ssize_t rows, n, gr, ur, orow;
+    if (get_ptr(args[0], &g) || get_ptr(args[1], &u) || get_ptr(args[2], &o) || get_ssize(args[3], &rows) ||
+        get_ssize(args[4], &n) || get_ssize(args[5], &gr) || get_ssize(args[6], &ur) || get_ssize(args[7], &orow))
+        return NULL;
+    if (!g || !u || !o || rows < 0 || rows > INT32_MAX || n <= 0 || gr < 0 || ur < 0 || orow < n) {
+        PyErr_SetString(PyExc_ValueError, "swiglu: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    sw_job J = {(const float *)g, (const float *)u, (float *)o, rows, n, (size_t)gr, (size_t)ur, (size_t)orow,
+                pool_units(rows, n), swiglu_row()};
+    if (rows == 0) Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    pool_for(unit_swiglu, &J, J.n_units);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    int type;
+    const uint8_t *w;
+    size_t w_stride;
+    const int64_t *ids;
+    int64_t k;
+    float *out;
+    int n_ids, n_units;
+} gather_job;
+
+static void unit_gather(void *arg, int u) {
+    gather_job *J = (gather_job *)arg;
+    const int i0 = (int)((int64_t)J->n_ids * u / J->n_units), i1 = (int)((int64_t)J->n_ids * (u + 1) / J->n_units);
+    for (int i = i0; i < i1; ++i)
+        K->dequant[J->type](J->w + (size_t)J->ids[i] * J->w_stride, J->w_stride, 1, J->k, J->out + (size_t)i * J->k);
+}
+
+PyDoc_STRVAR(dequantize_rows_doc,
+             "dequantize_rows(ggml_type, w_ptr, w_row_bytes, w_rows, k, ids_ptr, n_ids, out_ptr): out[i] = float32 "
+             "row ids[i] (int64) of the weight (embedding lookup); an id outside [0, w_rows) is an IndexError.");
+
+static PyObject *py_dequantize_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "dequantize_rows takes 8 arguments");
+        return NULL;
+    }
+    Py_ssize_t type, w_stride, w_rows, k, n_ids;
+    void *w, *ids, *out;
+    if (get_ssize(args[0], &type) || get_ptr(args[1], &w) || get_ssize(args[2], &w_stride) ||
+        get_ssize(args[3], &w_rows) || get_ssize(args[4], &k) || get_ptr(args[5], &ids) ||
+        get_ssize(args[6], &n_ids) || get_ptr(args[7], &out))
+        return NULL;
+    if (check_type((int)type, k)) return NULL;
+    if (!w || !ids || !out || n_ids < 0 || n_ids > INT32_MAX || w_rows < 0 ||
+        w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type))) {
+        PyErr_SetString(PyExc_ValueError, "dequantize_rows: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    const int64_t *id = (const int64_t *)ids;
+    for (Py_ssize_t i = 0; i < n_ids; ++i) {
+        if (id[i] < 0 || id[i] >= w_rows) {
+            PyErr_Format(PyExc_IndexError, "row id %lld is outside [0, %lld)", (long long)id[i], (long long)w_rows);
+            return NULL;
+        }
+    }
+    gather_job J = {(int)type, (const uint8_t *)w, (size_t)w_stride, id, k, (float *)out, (int)n_ids,
+                    pool_units(n_ids, k)};
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    pool_for(unit_gather, &J, J.n_units);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* argmax in two passes: the maximum and a NaN flag (vector max / unordered compares), then the first
+ * index holding it, as torch.argmax */
+static int64_t argmax_generic(const float *x, int64_t n, int *has_nan) {
+    float best = -INFINITY;
+    int nan = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        nan |= x[i] != x[i];
+        best = x[i] > best ? x[i] : best;
+    }
+    *has_nan = nan;
+    for (int64_t i = 0; i < n; ++i)
+        if (x[i] == best) return i;
+    return 0; /* all NaN */
+}
+#ifdef TQ_ELEMENTWISE_X86
+__attribute__((target("avx2,avx512f"))) static int64_t argmax_avx512(const float *x, int64_t n, int *has_nan) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    __mmask16 bad = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        m = _mm512_max_ps(v, m); /* a NaN in v leaves m (flagged above) */
+    }
+    float best = _mm512_reduce_max_ps(m);
+    int nan = bad != 0;
+    for (int64_t j = i; j < n; ++j) {
+        nan |= x[j] != x[j];
+        best = x[j] > best ? x[j] : best;
+    }
+    *has_nan = nan;
+    const __m512 b = _mm512_set1_ps(best);
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), b, _CMP_EQ_OQ);
+        if (eq) return i + __builtin_ctz((unsigned)eq);
+    }
+    for (; i < n; ++i)
+        if (x[i] == best) return i;
+    return 0;
+}
+__attribute__((target("avx2"))) static int64_t argmax_avx2(const float *x, int64_t n, int *has_nan) {
+    __m256 m = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        m = _mm256_max_ps(v, m);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    float best = -INFINITY;
+    for (int l = 0; l < 8; ++l) best = lanes[l] > best ? lanes[l] : best;
+    int nan = _mm256_movemask_ps(bad) != 0;
+    for (int64_t j = i; j < n; ++j) {
+        nan |= x[j] != x[j];
+        best = x[j] > best ? x[j] : best;
+    }
+    *has_nan = nan;
+    const __m256 b = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), b, _CMP_EQ_OQ));
+        if (eq) return i + __builtin_ctz((unsigned)eq);
+    }
+    for (; i < n; ++i)
+        if (x[i] == best) return i;
+    return 0;
+}
+#endif
+
+PyDoc_STRVAR(argmax_doc, "argmax(x_ptr, n) -> (index, has_nan): the first index of the largest of n float32 values, "
+                         "and whether any is NaN (then the index means nothing).");
+
+static PyObject *py_argmax(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "argmax takes 2 arguments");
+        return NULL;
+    }
+    void *x;
+    Py_ssize_t n;
+    if (get_ptr(args[0], &x) || get_ssize(args[1], &n)) return NULL;
+    if (!x || n <= 0) {
+        PyErr_SetString(PyExc_ValueError, "argmax: empty input or null pointer");
+        return NULL;
+    }
+    int64_t idx;
+    int nan = 0;
+#ifdef TQ_ELEMENTWISE_X86
+    if (K == &tq_kernels_avx512) idx = argmax_avx512((const float *)x, n, &nan);
+    else if (K == &tq_kernels_avx2) idx = argmax_avx2((const float *)x, n, &nan);
+    else
+#endif
+        idx = argmax_generic((const float *)x, n, &nan);
+    return Py_BuildValue("(LO)", (long long)idx, nan ? Py_True : Py_False);
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
@@ -639,6 +1070,11 @@ static PyMethodDef methods[] = {
     {"attend_decode", (PyCFunction)(void (*)(void))py_attend_decode, METH_FASTCALL, attend_doc},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, rms_norm_doc},
     {"rope_pairs", (PyCFunction)(void (*)(void))py_rope_pairs, METH_FASTCALL, rope_doc},
+    {"rope_kv", (PyCFunction)(void (*)(void))py_rope_kv, METH_FASTCALL, rope_kv_doc},
+    {"attend_causal", (PyCFunction)(void (*)(void))py_attend_causal, METH_FASTCALL, attend_causal_doc},
+    {"swiglu", (PyCFunction)(void (*)(void))py_swiglu, METH_FASTCALL, swiglu_doc},
+    {"dequantize_rows", (PyCFunction)(void (*)(void))py_dequantize_rows, METH_FASTCALL, dequantize_rows_doc},
+    {"argmax", (PyCFunction)(void (*)(void))py_argmax, METH_FASTCALL, argmax_doc},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
     {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
     {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},

@@ -97,16 +97,20 @@ def test_dequantize_is_bit_exact(ggml_type):
         np.testing.assert_array_equal(out.view(np.uint32), deq.view(np.uint32), err_msg=variant)
 
 
-def test_a_wrong_weight_is_caught():
-    """The tolerance is tight enough to see one flipped nibble in a 2048-wide row."""
+@pytest.mark.parametrize("n_x", [2, 8], ids=["decode-tile", "prefill-tile"])
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
+def test_a_wrong_weight_is_caught(ggml_type, n_x):
+    """The tolerance is tight enough to see one flipped nibble in a 2048-wide row, on the decode
+    tiles and on the prefill tiles (8 rows: the transposed layout where a variant has one)."""
     rng = np.random.default_rng(3)
-    raw, deq = make_weight(gt.Q4_K, 8, 2048, rng)
-    x = rng.standard_normal((2, 2048)).astype(np.float32)
+    raw, deq = make_weight(ggml_type, 8, 2048, rng)
+    x = rng.standard_normal((n_x, 2048)).astype(np.float32)
     bad = raw.copy()
-    bad[5, 16 + 40] ^= 0x0F  # one low nibble of row 5's first super-block
-    y = cpu_native.matmul(torch.from_numpy(x), gt.Q4_K, torch.from_numpy(bad), 8, 2048).numpy()
+    bad[5, 16 + 40] ^= 0x0F  # one low nibble of row 5's first super-block (quant bytes in both types)
+    y = cpu_native.matmul(torch.from_numpy(x), ggml_type, torch.from_numpy(bad), 8, 2048).numpy()
+    _check(ggml_type, raw, deq, x, cpu_native.matmul(torch.from_numpy(x), ggml_type, torch.from_numpy(raw), 8, 2048).numpy())
     with pytest.raises(AssertionError):
-        _check(gt.Q4_K, raw, deq, x, y)
+        _check(ggml_type, raw, deq, x, y)
 
 
 def test_zero_and_constant_rows():
