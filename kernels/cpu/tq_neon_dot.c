@@ -8,6 +8,9 @@
 #pragma GCC target("arch=armv8.2-a+dotprod")
 #elif defined(__clang__)
 #pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
+#ifndef __ARM_FEATURE_DOTPROD /* clang < 16's arm_neon.h declares vdotq_s32 only under it; the */
+#define __ARM_FEATURE_DOTPROD 1 /* pragma above gives its functions the target they need */
+#endif
 #endif
 #define TQ_TARGET_NEON 1
 #define TQ_TARGET_DOTPROD 1 /* clang's attribute pragma does not define __ARM_FEATURE_DOTPROD */

@@ -1,6 +1,6 @@
 """The NEON kernel variants (aarch64) against the portable C one, on an x86 machine: neon_harness.c
-and the module's kernel sources cross-compiled with aarch64-linux-gnu-gcc (the flags setup.py
-uses), run under qemu-aarch64. What the harness checks, and its tolerances, are in its header:
+and the module's kernel sources cross-compiled with aarch64-linux-gnu-gcc, and with clang where
+it is installed (the flags setup.py uses), run under qemu-aarch64. What the harness checks, and its tolerances, are in its header:
 identical activation bytes, bit-exact dequantization, every gemm output within 1e-5 of
 sum |w||x|, a corrupted nibble that must show, attention within 1e-5 of max |v|.
 
@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CPU_SRC = ROOT / "kernels" / "cpu"
 HARNESS = Path(__file__).with_name("neon_harness.c")
-CC = shutil.which("aarch64-linux-gnu-gcc")
+GCC = shutil.which("aarch64-linux-gnu-gcc")
+CLANG = shutil.which("clang")  # Apple Silicon builds with clang: its pragmas differ from GCC's
 QEMU = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
 OBJDUMP = shutil.which("aarch64-linux-gnu-objdump")
 # setup.py's flags (-pthread aside: the harness has no threads); static, so qemu needs no sysroot
@@ -29,30 +30,39 @@ CFLAGS = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-Wall", 
 VARIANT_FILES = ["tq_generic.c", "tq_neon.c", "tq_neon_dot.c"]
 
 pytestmark = [
-    pytest.mark.skipif(CC is None, reason="aarch64-linux-gnu-gcc not found (Debian: apt-get install gcc-aarch64-linux-gnu)"),
+    pytest.mark.skipif(GCC is None, reason="aarch64-linux-gnu-gcc not found (Debian: apt-get install gcc-aarch64-linux-gnu)"),
     pytest.mark.skipif(QEMU is None, reason="qemu-aarch64 not found (Debian: apt-get install qemu-user)"),
 ]
 
 
-def _compile(args: list[str]) -> None:
-    proc = subprocess.run([CC, *CFLAGS, f"-I{CPU_SRC}", *args], capture_output=True, text=True, timeout=300)
+def _compiler(name: str, tmp: Path) -> list[str]:
+    """The argv of an aarch64 compiler that can link a static program, or a skip saying what lacks."""
+    if name == "clang" and CLANG is None:
+        pytest.skip("clang not found (Debian: apt-get install clang): the clang build is not checked")
+    cc = [GCC] if name == "gcc" else [CLANG, "--target=aarch64-linux-gnu"]  # clang: gcc-cross's libc
+    probe = tmp / "probe.c"
+    probe.write_text("#include <math.h>\nint main(void) { return (int)sqrt(0.0); }\n")
+    if subprocess.run([*cc, "-static", str(probe), "-lm", "-o", str(tmp / "probe")], capture_output=True).returncode:
+        pytest.skip(f"{name} cannot link a static aarch64 program: no aarch64 C library "
+                    "(Debian: apt-get install libc6-dev-arm64-cross)")
+    return cc
+
+
+def _compile(cc: list[str], args: list[str]) -> None:
+    proc = subprocess.run([*cc, *CFLAGS, f"-I{CPU_SRC}", *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-@pytest.fixture(scope="module")
-def build(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("neon")
-    probe = out / "probe.c"
-    probe.write_text("#include <math.h>\nint main(void) { return (int)sqrt(0.0); }\n")
-    if subprocess.run([CC, "-static", str(probe), "-lm", "-o", str(out / "probe")], capture_output=True).returncode:
-        pytest.skip("aarch64-linux-gnu-gcc cannot link a static program: no aarch64 C library "
-                    "(Debian: apt-get install libc6-dev-arm64-cross)")
+@pytest.fixture(scope="module", params=["gcc", "clang"])
+def build(request, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp(f"neon-{request.param}")
+    cc = _compiler(request.param, out)
     objects = []
     for name in VARIANT_FILES:
         obj = out / name.replace(".c", ".o")
-        _compile(["-c", str(CPU_SRC / name), "-o", str(obj)])
+        _compile(cc, ["-c", str(CPU_SRC / name), "-o", str(obj)])
         objects.append(str(obj))
-    _compile(["-static", str(HARNESS), *objects, "-lm", "-o", str(out / "neon_harness")])
+    _compile(cc, ["-static", str(HARNESS), *objects, "-lm", "-o", str(out / "neon_harness")])
     return out
 
 
@@ -101,7 +111,7 @@ def test_the_module_links_for_aarch64_with_both_neon_variants(tmp_path):
                    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "SOURCES")
     assert {"kernels/cpu/tq_neon.c", "kernels/cpu/tq_neon_dot.c"} <= set(sources)
     lib = tmp_path / "_cpu.so"
-    _compile(["-shared", "-fPIC", "-pthread", f"-I{sysconfig.get_paths()['include']}",
+    _compile(_compiler("gcc", tmp_path), ["-shared", "-fPIC", "-pthread", f"-I{sysconfig.get_paths()['include']}",
               *(str(ROOT / s) for s in sources), "-lm", "-o", str(lib)])
     nm = shutil.which("aarch64-linux-gnu-nm")
     if nm is None:
