@@ -174,3 +174,93 @@ def rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     out = torch.empty_like(xc)
     _cpu.rope_pairs(xc.data_ptr(), c.data_ptr(), s.data_ptr(), out.data_ptr(), T, H, d)
     return out
+
+
+# ---------------------------------------------------------------------------- fused forward-pass ops
+# The non-matmul steps of a CPU forward pass, one native call each (torch references:
+# engine/mistral3/text.py's fallbacks; tests/kernels/test_cpu_fused.py compares them).
+
+def _rows(t: torch.Tensor, heads: int, d: int) -> int:
+    """Row stride (floats) of a float32 (T, heads, d) tensor whose rows hold contiguous heads."""
+    if (t.dtype != torch.float32 or t.dim() != 3 or t.shape[1:] != (heads, d) or t.stride(2) != 1
+            or (heads > 1 and t.stride(1) != d)):
+        raise ValueError(f"expected float32 (T, {heads}, {d}) with contiguous heads, got "
+                         f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
+    return t.stride(0)
+
+
+def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                  cos_k: torch.Tensor, sin_k: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  start: int) -> None:
+    """One call for RoPE and the KV-cache write of T rows, float32: q (T, Hq, d) is rotated in
+    place, k (T, Hkv, d) rotated into k_cache[:, start:start + T] and v (T, Hkv, dv) copied into
+    v_cache[:, start:start + T] (caches (Hkv, capacity, d), rows contiguous). Tables (T, d) as
+    for rope_pairs; bit-exact with rope_pairs and a slice assignment."""
+    T, hq, d = q.shape
+    hkv, dv = k.shape[1], v.shape[2]
+    q_row, k_row, v_row = _rows(q, hq, d), _rows(k, hkv, d), _rows(v, hkv, dv)
+    for t in (cos_q, sin_q, cos_k, sin_k):
+        if t.dtype != torch.float32 or t.shape != (T, d) or not t.is_contiguous():
+            raise ValueError(f"rope tables must be contiguous float32 ({T}, {d})")
+    if (k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[0] != hkv
+            or v_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape[2] != dv
+            or k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or k.shape[0] != T or v.shape[0] != T
+            or not 0 <= start <= min(k_cache.shape[1], v_cache.shape[1]) - T):
+        raise ValueError("rope_kv_write: caches must be float32 (Hkv, capacity, d) with room for the rows")
+    _cpu.rope_kv(q.data_ptr(), k.data_ptr(), v.data_ptr(), cos_q.data_ptr(), sin_q.data_ptr(), cos_k.data_ptr(),
+                 sin_k.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), T, hq, hkv, d, dv, start, q_row, k_row,
+                 v_row, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1))
+
+
+def attend_causal(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+                  scale: float | None = None) -> torch.Tensor:
+    """Causal attention, float32: q (T, H, d) at positions start..start+T-1 over the cached keys
+    and values (Hkv, capacity, d / dv), row t seeing positions [0, start + t]; query head h reads
+    KV head h // (H // Hkv). Returns (T, H * dv). (T, KV head) pairs run on the pool: prefill
+    attention uses every thread, and a decode step (T = 1) is attend_decode."""
+    T, H, d = q.shape
+    hkv, dv = k_cache.shape[0], v_cache.shape[2]
+    q_row = _rows(q, H, d)
+    if (k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[2] != d
+            or v_cache.shape[0] != hkv or k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or H % hkv
+            or start < 0 or start + T > min(k_cache.shape[1], v_cache.shape[1])):
+        raise ValueError("attend_causal: caches must be float32 (Hkv, capacity, d) holding the rows")
+    out = torch.empty(T, H * dv, dtype=torch.float32)
+    if T:
+        _cpu.attend_causal(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), T, H, hkv, d, dv,
+                           start, q_row, H * dv, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+                           v_cache.stride(1), float(scale if scale is not None else d ** -0.5))
+    return out
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, float32 (rows, n) (any row strides, e.g. the halves of a fused gate_up
+    output); silu(a) = a / (1 + exp(-a)) with a vectorized exp (~1 ulp)."""
+    if (gate.dtype != torch.float32 or up.dtype != torch.float32 or gate.dim() != 2 or gate.shape != up.shape
+            or gate.stride(1) != 1 or up.stride(1) != 1):
+        raise ValueError("swiglu needs float32 gate and up of one (rows, n) shape with contiguous rows")
+    rows, n = gate.shape
+    out = torch.empty(rows, n, dtype=torch.float32)
+    _cpu.swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, n, gate.stride(0), up.stride(0), n)
+    return out
+
+
+def dequantize_rows(ggml_type: int, data: torch.Tensor, ids: torch.Tensor, cols: int) -> torch.Tensor:
+    """float32 (len(ids), cols): the rows `ids` of a weight in its GGUF form (an embedding
+    lookup straight from the mapped table, no gathered copy). Bad ids raise IndexError."""
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(ids.numel(), cols, dtype=torch.float32)
+    if ids.numel():
+        w_ptr, w_stride = _weight_rows(data)
+        _cpu.dequantize_rows(int(ggml_type), w_ptr, w_stride, data.shape[0], cols, ids.data_ptr(), ids.numel(),
+                             out.data_ptr())
+    return out
+
+
+def argmax(x: torch.Tensor) -> tuple[int, bool]:
+    """(first index of the largest value, whether any value is NaN) of a float32 vector: greedy
+    sampling's one pass over the logits."""
+    if x.dtype != torch.float32 or x.dim() != 1 or x.numel() == 0:
+        raise ValueError("argmax needs a non-empty float32 vector")
+    x = x.contiguous()
+    return _cpu.argmax(x.data_ptr(), x.numel())

@@ -158,11 +158,15 @@ def build_rope_tables(cfg: TextConfig, n_positions: int, dtype: torch.dtype,
     return RopeTables(put(cos_full), put(sin_signed), put(cos_q), put(sin_q))
 
 
+def _native_f32(*tensors: torch.Tensor) -> bool:
+    """The native CPU kernels take these: float32 CPU tensors (and the module is built)."""
+    return _linear_mod.cpu_native.AVAILABLE and all(t.dtype == torch.float32 and t.is_cpu for t in tensors)
+
+
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs: x (T, H, d), tables (T, d) from RopeTables.
     (x0, x1) -> (x0·c - x1·s, x1·c + x0·s): x·cos + swap(x)·sin_signed, four kernels."""
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and cos.dtype == torch.float32
-            and _linear_mod.cpu_native.AVAILABLE):
+    if _native_f32(x, cos):
         return _linear_mod.cpu_native.rope_pairs(x, cos, sin_signed)  # the same, bit for bit, one call
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
     return x * cos[:, None, :] + swapped * sin_signed[:, None, :]
@@ -176,12 +180,33 @@ def causal_mask_lower_right(rows: int, keys: int, device: torch.device) -> torch
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF MistralRMSNorm: normalise in float32, cast back, then scale by the (f32) weight."""
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and _linear_mod.cpu_native.AVAILABLE):
+    if _native_f32(x, weight):
         return _linear_mod.cpu_native.rms_norm(x, weight, eps)  # one call, not ~9 small ops
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (weight * xf.to(x.dtype)).to(x.dtype)
+
+
+def rope_into_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables, cache_k: torch.Tensor,
+                    cache_v: torch.Tensor, start: int) -> torch.Tensor:
+    """RoPE on q and k (T, heads, d), k and v written to one layer's cache (Hkv, capacity, d) at
+    [start, start + T); returns the rotated q. tables: (cos_q, sin_q, cos_k, sin_k) rows."""
+    cos_q, sin_q, cos_k, sin_k = tables
+    if _native_f32(q, k, v, cos_q, cache_k, cache_v):
+        # one call instead of two rotations, two transposed copies and their temporaries
+        _linear_mod.cpu_native.rope_kv_write(q, k, v, cos_q, sin_q, cos_k, sin_k, cache_k, cache_v, start)
+        return q
+    end = start + q.shape[0]
+    cache_k[:, start:end] = apply_rope_pairs(k, cos_k, sin_k).transpose(0, 1)
+    cache_v[:, start:end] = v.transpose(0, 1)
+    return apply_rope_pairs(q, cos_q, sin_q)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The MLP's activation: silu(gate) * up."""
+    if gate.dim() == 2 and _native_f32(gate, up):
+        return _linear_mod.cpu_native.swiglu(gate, up)  # one pass (rows on the pool), not two ops
+    return F.silu(gate) * up
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -326,6 +351,9 @@ class TokenEmbedding:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        if w.is_quantized and w.data.is_cpu and _linear_mod.cpu_native.supports(w.ggml_type):
+            # straight from the mapped rows (no gathered copy, no pool hand-off for one token)
+            return _linear_mod.cpu_native.dequantize_rows(w.ggml_type, w.data, ids, w.shape[1]).to(self.dtype)
         rows = w.data.index_select(0, ids)
         if not w.is_quantized:
             return rows.to(self.dtype)
@@ -729,23 +757,19 @@ class Mistral3Text:
                    cache: KVCache) -> torch.Tensor:
         cfg = self.cfg
         T = h.shape[0]
-        cos_q, sin_q, cos_k, sin_k = tables
         q, k, v = self._qkv(layer, h)
-        q = apply_rope_pairs(q, cos_q, sin_q)
-        k = apply_rope_pairs(k, cos_k, sin_k)
-        end = start + T
         cache_k, cache_v = cache.layer_k[i], cache.layer_v[i]
-        cache_k[:, start:end] = k.transpose(0, 1)
-        cache_v[:, start:end] = v.transpose(0, 1)
+        q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
+        if _native_f32(q, cache_k):
+            # CPU: the native kernel, (row, KV head) pairs on the thread pool. sdpa's CPU kernel
+            # spends ~90 us a layer on setup at decode sizes, and runs prefill on one thread
+            # (torch keeps one beside the pool).
+            return linear(_linear_mod.cpu_native.attend_causal(q, cache_k, cache_v, start), layer.wo)
+        end = start + T
         keys = cache_k[:, :end].unsqueeze(0)  # (1, Hkv, S, d)
         values = cache_v[:, :end].unsqueeze(0)
         n_rep = cfg.n_heads // cfg.n_kv_heads
-        if T == 1 and h.device.type == "cpu" and cache_k.dtype == torch.float32 and _linear_mod.cpu_native.AVAILABLE:
-            # CPU decode: the native kernel, heads on the thread pool (sdpa's CPU kernel spends
-            # ~90 us a layer on setup at decode sizes)
-            o = _linear_mod.cpu_native.attend_decode(q.reshape(cfg.n_heads, cfg.head_dim).float(), cache_k, cache_v, end)
-            o = o.reshape(1, cfg.n_heads * cfg.v_head_dim).to(h.dtype)
-        elif T == 1:
+        if T == 1:
             # One new row sees every cached position: no mask. The query heads of a KV group
             # become that group's "rows", so GQA needs no key/value expansion.
             o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim), keys, values)
@@ -766,7 +790,7 @@ class Mistral3Text:
             gate, up = linear(h, layer.w_gate_up).chunk(2, dim=-1)
         else:
             gate, up = linear(h, layer.w_gate), linear(h, layer.w_up)
-        return linear(F.silu(gate) * up, layer.w_down)
+        return linear(swiglu(gate, up), layer.w_down)
 
     # -- one-token decode ------------------------------------------------------------------------
     def decode_bucket(self, n_keys: int, capacity: int) -> int:

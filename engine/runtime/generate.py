@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ...kernels import cpu_native
 from ..api import EngineError, FinishReason, GenerationStats, SamplingParams
 
 # ----------------------------------------------------------------------------- sampling
@@ -99,6 +100,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """One token id from a logits vector (vocab,)."""
     logits = process_logits(logits, params, seen)
     if params.greedy:
+        if logits.is_cpu and logits.dim() == 1 and cpu_native.AVAILABLE:
+            token, bad = cpu_native.argmax(logits)  # one pass, not argmax + isnan + any (~0.2 ms)
+            if bad:
+                raise InvalidLogitsError(_INVALID_LOGITS)
+            return token
         scores = logits
     else:
         # A draw from softmax(logits): argmax of p / E with E ~ Exp(1) (the exponential race,

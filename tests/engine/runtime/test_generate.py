@@ -329,6 +329,23 @@ def test_nan_logits_are_a_clear_error():
         sample(bad, SamplingParams(temperature=1.0), make_generator(0, "cpu"))
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_greedy_is_the_first_largest_logit_on_either_path(monkeypatch, native):
+    """Greedy on CPU logits takes the native one-pass argmax when built; both paths agree."""
+    from tramontane.engine.runtime import generate as generate_mod
+
+    monkeypatch.setattr(generate_mod.cpu_native, "AVAILABLE", native and generate_mod.cpu_native.AVAILABLE)
+    for seed in range(4):
+        logits = _logits(seed, 131075)
+        assert sample(logits, SamplingParams(temperature=0.0)) == int(logits.argmax())
+    tied = torch.zeros(40)
+    tied[[31, 9, 17]] = 1.0
+    assert sample(tied, SamplingParams(temperature=0.0)) == 9
+    tied[3] = float("nan")
+    with pytest.raises(EngineError, match="invalid logits"):
+        sample(tied, SamplingParams(temperature=0.0))
+
+
 def test_cancel_during_a_long_prefill_keeps_a_valid_prefix(model, tok):
     cancel = threading.Event()
     real_layers = model._layers

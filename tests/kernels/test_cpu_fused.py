@@ -1,0 +1,182 @@
+"""The native CPU forward-pass ops (kernels/cpu_native.py: rope_kv_write, attend_causal, swiglu,
+dequantize_rows, argmax) against their torch references, every kernel variant this CPU can run,
+one thread and the pool.
+
+Tolerances: RoPE + cache write, the embedding gather and argmax are exact (bit for bit; the same
+float32 operations as the torch formula). Attention within 1e-5 of sdpa in float64 (float32
+accumulation over at most a few hundred keys). SwiGLU within 1e-6 relative of float64 (its exp
+is ~1 ulp, a division and two products add ~3 ulp = 2e-7), and bit-identical across variants.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tramontane.kernels import cpu_native
+from tramontane.kernels import ggml_types as gt
+from tramontane.kernels.linear import dequantize
+
+from support.cpu_reference import make_weight
+
+pytestmark = pytest.mark.skipif(not cpu_native.AVAILABLE,
+                                reason=f"native CPU kernels not built: {cpu_native.IMPORT_ERROR}")
+
+VARIANT_THREADS = [(v, n) for v in cpu_native.variants() for n in (1, 2)]
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():
+    variant, threads = cpu_native.variant(), cpu_native.threads()
+    yield
+    cpu_native.use_variant(variant)
+    cpu_native.set_threads(threads)
+
+
+def _use(variant, threads):
+    cpu_native.use_variant(variant)
+    cpu_native.set_threads(threads)
+
+
+def _rope_reference(x, cos, sin):
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x * cos[:, None, :] + swapped * sin[:, None, :]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rope_kv_write_is_bit_exact(threads):
+    cpu_native.set_threads(threads)
+    g = torch.Generator().manual_seed(5)
+    for T, hq, hkv, d, dv, cap, start, fused in [(1, 32, 8, 128, 128, 40, 17, False), (70, 32, 8, 128, 128, 80, 3, False),
+                                                 (5, 6, 2, 8, 12, 9, 4, True), (3, 4, 4, 16, 16, 3, 0, False)]:
+        q_w, k_w, v_w = hq * d, hkv * d, hkv * dv
+        qkv = torch.randn(T, q_w + k_w + v_w, generator=g)
+        if fused:  # views of one fused matmul output: rows strided
+            q, k, v = (t.reshape(T, -1, n) for t, n in zip(qkv.split([q_w, k_w, v_w], -1), (d, d, dv)))
+        else:
+            q, k, v = (t.reshape(T, -1, n).clone() for t, n in zip(qkv.split([q_w, k_w, v_w], -1), (d, d, dv)))
+        cq, sq, ck, sk = (torch.randn(T, d, generator=g) for _ in range(4))
+        k_cache, v_cache = torch.randn(hkv, cap, d, generator=g), torch.randn(hkv, cap, dv, generator=g)
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        want_k[:, start:start + T] = _rope_reference(k, ck, sk).transpose(0, 1)
+        want_v[:, start:start + T] = v.transpose(0, 1)
+        want_q = _rope_reference(q, cq, sq)
+        cpu_native.rope_kv_write(q, k, v, cq, sq, ck, sk, k_cache, v_cache, start)
+        assert torch.equal(q, want_q)  # rotated in place
+        assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)  # and nothing else written
+
+
+def test_rope_kv_write_refuses_what_does_not_fit():
+    q, k, v = torch.zeros(2, 4, 8), torch.zeros(2, 2, 8), torch.zeros(2, 2, 8)
+    tables = [torch.zeros(2, 8)] * 4
+    cache = torch.zeros(2, 5, 8)
+    with pytest.raises(ValueError, match="room"):
+        cpu_native.rope_kv_write(q, k, v, *tables, cache, cache.clone(), 4)  # rows 4, 5 of 5
+    with pytest.raises(ValueError, match="float32"):
+        cpu_native.rope_kv_write(q.double(), k, v, *tables, cache, cache.clone(), 0)
+    with pytest.raises(ValueError, match="tables"):
+        cpu_native.rope_kv_write(q, k, v, torch.zeros(1, 8), *tables[1:], cache, cache.clone(), 0)
+
+
+def _attention_reference(q, keys, values, start):
+    """sdpa in float64: T rows at positions start.., bottom-right causal, GQA by expansion."""
+    T, H, d = q.shape
+    rep = H // keys.shape[0]
+    end = start + T
+    k = keys[:, :end].double().repeat_interleave(rep, 0)[None]
+    v = values[:, :end].double().repeat_interleave(rep, 0)[None]
+    mask = torch.ones(T, end, dtype=torch.bool).tril(start)
+    o = F.scaled_dot_product_attention(q.double().transpose(0, 1)[None], k, v, attn_mask=mask)
+    return o[0].transpose(0, 1).reshape(T, -1)
+
+
+@pytest.mark.parametrize("variant,threads", VARIANT_THREADS)
+def test_attend_causal_matches_sdpa(variant, threads):
+    _use(variant, threads)
+    g = torch.Generator().manual_seed(6)
+    for T, H, hkv, d, dv, cap, start in [(1, 32, 8, 128, 128, 300, 0), (1, 32, 8, 128, 128, 300, 256),
+                                         (33, 32, 8, 128, 128, 300, 0), (20, 8, 8, 40, 40, 64, 11),
+                                         (9, 6, 2, 24, 16, 9, 0), (1100, 2, 1, 8, 8, 1200, 5)]:
+        q = torch.randn(T, H, d, generator=g)
+        keys = torch.randn(hkv, cap, d, generator=g) * 2
+        values = torch.randn(hkv, cap, dv, generator=g)
+        out = cpu_native.attend_causal(q, keys, values, start)
+        assert out.shape == (T, H * dv)
+        torch.testing.assert_close(out.double(), _attention_reference(q, keys, values, start), rtol=1e-5, atol=1e-5)
+        if T == 1:  # the decode step is the decode kernel, bit for bit
+            assert torch.equal(out.reshape(H, dv), cpu_native.attend_decode(q[0], keys, values, start + 1))
+
+
+def test_attend_causal_refuses_rows_past_the_cache():
+    with pytest.raises(ValueError, match="holding the rows"):
+        cpu_native.attend_causal(torch.zeros(3, 4, 8), torch.zeros(2, 4, 8), torch.zeros(2, 4, 8), 2)
+    with pytest.raises(ValueError, match="contiguous heads"):
+        cpu_native.attend_causal(torch.zeros(3, 8, 4).transpose(1, 2), torch.zeros(2, 4, 8), torch.zeros(2, 4, 8), 0)
+
+
+@pytest.mark.parametrize("variant,threads", VARIANT_THREADS)
+def test_swiglu_matches_float64(variant, threads):
+    _use(variant, threads)
+    g = torch.Generator().manual_seed(7)
+    for rows, n in [(1, 8192), (37, 1000), (3, 7)]:
+        gate = torch.randn(rows, n, generator=g) * 8
+        gate[0, :4] = torch.tensor([0.0, -100.0, 90.0, -87.5])  # zero, and past the exp clamps
+        up = torch.randn(rows, n, generator=g)
+        want = F.silu(gate.double()) * up.double()
+        got = cpu_native.swiglu(gate, up)
+        err = (got.double() - want).abs() - 1e-6 * want.abs()
+        assert float(err.max()) <= 1e-35, float(err.max())
+    fused = torch.randn(5, 2 * 96, generator=g) * 4  # the two halves of a fused gate_up output
+    gate, up = fused.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_native.swiglu(gate, up).double(), F.silu(gate.double()) * up.double(),
+                               rtol=1e-6, atol=1e-30)
+    nan_gate = torch.tensor([[float("nan"), 1.0]])
+    assert torch.isnan(cpu_native.swiglu(nan_gate, torch.ones(1, 2))[0, 0])
+
+
+def test_swiglu_is_the_same_on_every_variant():
+    g = torch.Generator().manual_seed(8)
+    gate, up = torch.randn(4, 4099, generator=g) * 10, torch.randn(4, 4099, generator=g)
+    outs = []
+    for variant in cpu_native.variants():
+        cpu_native.use_variant(variant)
+        outs.append(cpu_native.swiglu(gate, up))
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K, gt.Q8_0, gt.F16])
+def test_dequantize_rows_is_the_reference_row(ggml_type):
+    rng = np.random.default_rng(ggml_type)
+    raw, _ = make_weight(ggml_type, 50, 512, rng)
+    data = torch.from_numpy(raw)
+    if ggml_type == gt.F16:
+        data = data.view(torch.float16).reshape(50, 512)
+    table = dequantize(torch.from_numpy(raw), ggml_type, (50, 512))
+    for ids in ([7], [0, 49, 7, 7], list(range(50)) * 3):
+        got = cpu_native.dequantize_rows(ggml_type, data, torch.tensor(ids), 512)
+        assert torch.equal(got, table[ids])
+    with pytest.raises(IndexError, match="outside"):
+        cpu_native.dequantize_rows(ggml_type, data, torch.tensor([3, 50]), 512)
+    with pytest.raises(IndexError, match="outside"):
+        cpu_native.dequantize_rows(ggml_type, data, torch.tensor([-1]), 512)
+
+
+@pytest.mark.parametrize("variant", cpu_native.variants())
+def test_argmax_is_torch_argmax(variant):
+    cpu_native.use_variant(variant)
+    g = torch.Generator().manual_seed(9)
+    for n in (1, 15, 16, 17, 131072, 131075):
+        x = torch.randn(n, generator=g)
+        assert cpu_native.argmax(x) == (int(x.argmax()), False)
+    x = torch.full((1000,), -float("inf"))
+    x[[300, 77, 900]] = 2.5  # ties: the first index, as torch
+    x[999] = 1.0
+    assert cpu_native.argmax(x) == (77, False) == (int(x.argmax()), False)
+    x[5] = float("nan")
+    assert cpu_native.argmax(x)[1] is True
+    tail = torch.randn(35, generator=g)
+    tail[34] = float("nan")  # past the vector loop
+    assert cpu_native.argmax(tail)[1] is True
+    with pytest.raises(ValueError):
+        cpu_native.argmax(torch.zeros(0))
