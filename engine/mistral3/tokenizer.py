@@ -13,9 +13,10 @@ whole, and the stream decoder never emits half a character.
 from __future__ import annotations
 
 import codecs
+import json
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -88,8 +89,13 @@ def _byte_token_value(piece: str) -> int | None:
 
 @dataclass
 class Tokenizer:
+    """Per-id data is kept compact (a 131072-token vocabulary is looked up, not mirrored in
+    Python objects): `tokens` is the file's StringArray, the decoded bytes one blob with
+    offsets, and text -> id goes through the BPE model's own vocabulary plus a small dict of
+    the tokens outside it (controls, byte and user-defined tokens)."""
+
     source: str
-    tokens: list[str]
+    tokens: Sequence[str]
     token_types: np.ndarray
     bos_id: int
     eos_id: int
@@ -97,9 +103,10 @@ class Tokenizer:
     unk_id: int | None
     add_bos: bool
     _hf: Any = field(repr=False)
-    _token_bytes: list[bytes] = field(repr=False)  # what each id decodes to (b"" for controls)
+    _bytes_blob: bytes = field(repr=False)  # what every id decodes to, concatenated (b"" for controls)
+    _bytes_offsets: np.ndarray = field(repr=False)  # id i's bytes: blob[offsets[i]:offsets[i + 1]]
     _is_control: np.ndarray = field(repr=False)  # bool per id
-    _piece_to_id: dict[str, int] = field(repr=False)
+    _special_pieces: dict[str, int] = field(repr=False)  # text -> id of the tokens not in the BPE vocab
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -143,45 +150,49 @@ class Tokenizer:
         merges = meta.array_of("tokenizer.ggml.merges", "string")
 
         is_control = np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN])
-        token_bytes: list[bytes] = []
-        bpe_vocab: dict[str, int] = {}
+        # One pass over the vocabulary, keeping nothing per token but its decoded bytes (in one
+        # blob) and, for an ordinary token, its entry in the BPE model's JSON text.
+        blob = bytearray()
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        vocab_json = bytearray()  # '"piece":id,' for each ordinary token
+        n_normal = 0
+        special_pieces: dict[str, int] = {}  # tokens outside the BPE vocabulary; lowest id wins
         for i, (piece, ttype) in enumerate(zip(tokens, types.tolist())):
             if ttype == TokenType.NORMAL:
                 try:
-                    token_bytes.append(bytes(_CHAR_TO_BYTE[c] for c in piece))
+                    blob += bytes(_CHAR_TO_BYTE[c] for c in piece)
                 except KeyError:
                     raise fail(f"token {i} {piece!r} is not byte-level BPE text") from None
-                if piece in bpe_vocab:
-                    raise fail(f"token {piece!r} appears twice (ids {bpe_vocab[piece]} and {i})")
-                bpe_vocab[piece] = i
-            elif ttype == TokenType.BYTE:
-                value = _byte_token_value(piece)
-                if value is None:
-                    raise fail(f"token {i} {piece!r} has type BYTE but is not of the form <0xHH>")
-                token_bytes.append(bytes([value]))
-            elif ttype == TokenType.USER_DEFINED:
-                token_bytes.append(piece.encode("utf-8"))  # llama.cpp stores these as plain text
-            else:  # CONTROL, UNKNOWN, UNUSED: nothing in decoded text
-                token_bytes.append(b"")
+                vocab_json += f"{json.dumps(piece)}:{i},".encode("ascii")  # json.dumps escapes non-ASCII
+                n_normal += 1
+            else:
+                special_pieces.setdefault(piece, i)
+                if ttype == TokenType.BYTE:
+                    value = _byte_token_value(piece)
+                    if value is None:
+                        raise fail(f"token {i} {piece!r} has type BYTE but is not of the form <0xHH>")
+                    blob.append(value)
+                elif ttype == TokenType.USER_DEFINED:
+                    blob += piece.encode("utf-8")  # llama.cpp stores these as plain text
+                # CONTROL, UNKNOWN, UNUSED: nothing in decoded text
+            offsets[i + 1] = len(blob)
 
-        merge_pairs: list[tuple[str, str]] = []
+        merges_json = bytearray()
         for j, merge in enumerate(merges):
             parts = merge.split(" ")
             if len(parts) != 2 or not parts[0] or not parts[1]:
                 raise fail(f"tokenizer.ggml.merges[{j}] {merge!r} is not 'left right'")
-            merge_pairs.append((parts[0], parts[1]))
+            merges_json += f"{json.dumps(merge)},".encode("ascii")
 
-        hf = _build_hf_tokenizer(bpe_vocab, merge_pairs, PRE_TOKENIZER_PATTERNS[pre], fail)
-
-        # control tokens win over a normal token with the same text
-        piece_to_id = {tokens[i]: i for i in np.flatnonzero(is_control)[::-1].tolist()}
-        for i, piece in enumerate(tokens):
-            piece_to_id.setdefault(piece, i)
+        hf = _build_hf_tokenizer(vocab_json, merges_json, PRE_TOKENIZER_PATTERNS[pre], fail)
+        if hf.get_vocab_size(with_added_tokens=False) != n_normal:  # a JSON key given twice
+            raise fail(_duplicate_normal_token(tokens, types))
+        del vocab_json, merges_json
 
         def special(key: str, piece: str, required: bool) -> int | None:
             value = meta.uint(key, default=None)
             if value is None:
-                value = piece_to_id.get(piece)
+                value = _lookup(piece, special_pieces, is_control, hf)
             if value is None:
                 if required:
                     raise fail(f"{key} is missing and the vocabulary has no {piece!r}")
@@ -200,9 +211,10 @@ class Tokenizer:
             unk_id=special("tokenizer.ggml.unknown_token_id", "<unk>", False),
             add_bos=meta.bool("tokenizer.ggml.add_bos_token", default=True),
             _hf=hf,
-            _token_bytes=token_bytes,
+            _bytes_blob=bytes(blob),
+            _bytes_offsets=offsets,
             _is_control=is_control,
-            _piece_to_id=piece_to_id,
+            _special_pieces=special_pieces,
         )
 
     # ------------------------------------------------------------------ lookups
@@ -212,27 +224,30 @@ class Tokenizer:
 
     def token_id(self, piece: str) -> int:
         """Id of a token by its text as stored in the file, e.g. "[IMG_BREAK]"."""
-        try:
-            return self._piece_to_id[piece]
-        except KeyError:
-            raise TokenizerError(f"{self.source}: the vocabulary has no token {piece!r}") from None
+        token_id = _lookup(piece, self._special_pieces, self._is_control, self._hf)
+        if token_id is None:
+            raise TokenizerError(f"{self.source}: the vocabulary has no token {piece!r}")
+        return token_id
 
     def has_token(self, piece: str) -> bool:
-        return piece in self._piece_to_id
+        return _lookup(piece, self._special_pieces, self._is_control, self._hf) is not None
 
     def is_control(self, token_id: int) -> bool:
         return bool(self._is_control[self._check_id(token_id)])
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token adds to decoded text (b"" for control tokens)."""
-        return self._token_bytes[self._check_id(token_id)]
+        return self._bytes_of(self._check_id(token_id))
+
+    def _bytes_of(self, token_id: int) -> bytes:
+        return self._bytes_blob[self._bytes_offsets[token_id]:self._bytes_offsets[token_id + 1]]
 
     def piece(self, token_id: int) -> str:
         """Readable text of one token: control tokens by name, others decoded (may hold U+FFFD)."""
         token_id = self._check_id(token_id)
         if self._is_control[token_id]:
             return self.tokens[token_id]
-        return self._token_bytes[token_id].decode("utf-8", errors="replace")
+        return self._bytes_of(token_id).decode("utf-8", errors="replace")
 
     def _check_id(self, token_id: int) -> int:
         token_id = int(token_id)
@@ -283,7 +298,7 @@ class StreamDecoder:
         if self._tok._is_control[token_id]:
             text = self.flush()  # a control token ends the current byte run
             return text if self._skip_special else text + self._tok.tokens[token_id]
-        return self._utf8.decode(self._tok._token_bytes[token_id])
+        return self._utf8.decode(self._tok._bytes_of(token_id))
 
     def flush(self) -> str:
         """Whatever is held back (an incomplete character becomes U+FFFD)."""
@@ -292,20 +307,50 @@ class StreamDecoder:
         return text
 
 
-def _build_hf_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]], pattern: str, fail):
+def _lookup(piece: str, special_pieces: dict[str, int], is_control: np.ndarray, hf) -> int | None:
+    """The id of a token's text: a control token wins over an ordinary one with the same text,
+    otherwise the lowest id (the BPE vocabulary holds the ordinary tokens, each once)."""
+    other = special_pieces.get(piece)
+    if other is not None and is_control[other]:
+        return other
+    normal = hf.token_to_id(piece)
+    if normal is None or other is not None and other < normal:
+        return other
+    return normal
+
+
+def _duplicate_normal_token(tokens, types: np.ndarray) -> str:
+    """The message for an ordinary token given twice (only looked for once one is known)."""
+    seen: dict[str, int] = {}
+    for i in np.flatnonzero(types == TokenType.NORMAL).tolist():
+        piece = tokens[i]
+        if piece in seen:
+            return f"token {piece!r} appears twice (ids {seen[piece]} and {i})"
+        seen[piece] = i
+    raise AssertionError("no duplicate")
+
+
+def _build_hf_tokenizer(vocab_json: bytearray, merges_json: bytearray, pattern: str, fail):
+    """A `tokenizers` BPE from `"piece":id,` and `"left right",` JSON fragments (one ASCII JSON
+    text parsed in Rust: ~8 MB for tekken, where the dict and tuples BPE(...) takes are ~60 MB
+    of Python objects)."""
     from tokenizers import Regex
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers
 
-    try:
-        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=True, fuse_unk=False,
-                         byte_fallback=False)
-    except Exception as exc:  # tokenizers raises plain Exception on a merge of unknown tokens
-        raise fail(f"the BPE merges do not fit the vocabulary: {exc}") from None
-    hf = HFTokenizer(bpe)
+    hf = HFTokenizer(models.BPE(vocab={}, merges=[], ignore_merges=True, fuse_unk=False, byte_fallback=False))
     hf.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
         # maps bytes to GPT-2's printable alphabet; the split above already did the regex part
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
     ])
-    return hf
+    config = json.loads(hf.to_str())  # the same settings, with the real vocabulary spliced in
+    config["model"]["vocab"], config["model"]["merges"] = "\x00vocab", "\x00merges"  # no setting holds a NUL
+    head, rest = json.dumps(config).encode("ascii").split(json.dumps("\x00vocab").encode("ascii"))
+    middle, tail = rest.split(json.dumps("\x00merges").encode("ascii"))
+    text = b"".join((head, b"{", vocab_json[:-1], b"}", middle, b"[", merges_json[:-1], b"]", tail))
+    try:
+        return HFTokenizer.from_buffer(text)
+    except Exception as exc:  # tokenizers raises plain Exception on a merge of unknown tokens
+        raise fail(f"the BPE merges do not fit the vocabulary: {exc}") from None
+

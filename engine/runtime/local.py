@@ -22,6 +22,7 @@ from ..gguf import GGUFError, open_gguf
 from ..mistral3.text import Mistral3Text, default_dtype, torch_device
 from ..mistral3.config import text_config
 from .device_map import plan_for_files
+from .memory import release_freed_heap
 from .session import HostKVStore, Session, position_keys
 from ..mistral3.tokenizer import Tokenizer
 
@@ -58,6 +59,7 @@ class LocalEngine:
         self.session = Session()
         self.session_key: str | None = None
         self.host_kv = HostKVStore(kv_host_budget_mb << 20)
+        release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
 

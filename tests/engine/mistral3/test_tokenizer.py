@@ -344,3 +344,34 @@ def test_tokenize_main_refuses_a_file_without_tekken(tmp_path):
     w.close()
     with pytest.raises(TokenizerError, match="spm.gguf: tokenizer.ggml.model is 'llama'"):
         tokenize_main(str(path), "x", False)
+
+
+def test_text_to_id_prefers_control_then_lowest_id():
+    # ids 263/264: a control and a byte token whose texts are also ordinary tokens ("a", "b")
+    kv = _synthetic_kv()
+    kv["tokenizer.ggml.tokens"] = kv["tokenizer.ggml.tokens"] + ["a", "<0x41>", "b"]
+    kv["tokenizer.ggml.token_type"] = np.concatenate(
+        [kv["tokenizer.ggml.token_type"], np.array([TokenType.CONTROL, TokenType.BYTE, TokenType.UNUSED], np.int32)])
+    tok = Tokenizer.from_kv(kv, "synthetic.gguf")
+    assert tok.token_id("a") == 263 and tok.is_control(263)  # the control token wins
+    assert tok.token_id("b") == 3 + ord("b")  # the ordinary token has the lower id
+    assert tok.token_id("<0x41>") == 264 and tok.token_id("<0xE4>") == 260
+    assert tok.has_token("ab") and not tok.has_token("zz")
+    assert tok.encode("ab") == [3 + 256]  # the BPE vocabulary only holds ordinary tokens
+
+
+def test_an_ordinary_token_given_twice_is_refused():
+    kv = _synthetic_kv()
+    kv["tokenizer.ggml.tokens"] = kv["tokenizer.ggml.tokens"] + ["c"]
+    kv["tokenizer.ggml.token_type"] = np.append(kv["tokenizer.ggml.token_type"], np.int32(TokenType.NORMAL))
+    with pytest.raises(TokenizerError, match=f"token 'c' appears twice \\(ids {3 + ord('c')} and 263\\)"):
+        Tokenizer.from_kv(kv, "synthetic.gguf")
+
+
+def test_vocabulary_is_held_compactly(tok):
+    # the file's StringArray, not 131072 str objects; text -> id for the ~1000 controls only
+    from tramontane.engine.gguf import StringArray
+
+    assert isinstance(tok.tokens, StringArray)
+    assert len(tok._special_pieces) <= 1000 < tok.vocab_size
+    assert isinstance(tok._bytes_blob, bytes) and len(tok._bytes_offsets) == tok.vocab_size + 1
