@@ -275,7 +275,7 @@ static int run_matmul(mm_job *J) {
         J->xq = (uint8_t *)get_scratch(J->xq_stride * (size_t)J->n_x);
         if (!J->xq) return -1;
         J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
-        if (J->n_x >= TQ_WIDE_MIN_ROWS && K->gemm_wide[J->type]) {
+        if (J->n_x >= TQ_WIDE_MIN_ROWS && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
             J->quant = K->quant_wide[J->type];
             J->gemm = K->gemm_wide[J->type];
         }

@@ -98,7 +98,7 @@ def test_dequantize_is_bit_exact(ggml_type):
 
 
 @pytest.mark.parametrize("n_x", [2, 8], ids=["decode-tile", "prefill-tile"])
-@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q5_K, gt.Q6_K, gt.Q8_0], ids=gt.type_name)
 def test_a_wrong_weight_is_caught(ggml_type, n_x):
     """The tolerance is tight enough to see one flipped nibble in a 2048-wide row, on the decode
     tiles and on the prefill tiles (8 rows: the transposed layout where a variant has one)."""
@@ -106,7 +106,7 @@ def test_a_wrong_weight_is_caught(ggml_type, n_x):
     raw, deq = make_weight(ggml_type, 8, 2048, rng)
     x = rng.standard_normal((n_x, 2048)).astype(np.float32)
     bad = raw.copy()
-    bad[5, 16 + 40] ^= 0x0F  # one low nibble of row 5's first super-block (quant bytes in both types)
+    bad[5, 16 + 40] ^= 0x0F  # a quant byte's low nibble in row 5 (in every type here)
     y = cpu_native.matmul(torch.from_numpy(x), ggml_type, torch.from_numpy(bad), 8, 2048).numpy()
     _check(ggml_type, raw, deq, x, cpu_native.matmul(torch.from_numpy(x), ggml_type, torch.from_numpy(raw), 8, 2048).numpy())
     with pytest.raises(AssertionError):
