@@ -77,7 +77,8 @@ def threads() -> int:
 
 
 def variant() -> str | None:
-    """The kernel variant in use: 'avx512vnni', 'avx2' or 'generic' (None when not built)."""
+    """The kernel variant in use: 'avx512vnni', 'avx2', 'neondot', 'neon' or 'generic' (None when
+    not built)."""
     return _cpu.variant() if _cpu is not None else None
 
 
