@@ -81,11 +81,31 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None) -> dict:
             token = int(model.decode(token, cache).argmax())
         decode_s = time.perf_counter() - t
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return {"prefill_tok_s": p / prefill_s, "decode_tok_s": n / decode_s, "load_s": load_s,
+    return {**_resident_now(path), "prefill_tok_s": p / prefill_s, "decode_tok_s": n / decode_s, "load_s": load_s,
             "peak_rss_bytes": rss, "rss_before_load_bytes": rss_before, "file_bytes": os.path.getsize(path),
             "torch_threads": torch.get_num_threads(),
             "variant": cpu_native.variant(), "threads": cpu_native.threads(),
             "dense": bool(model.dense_weights)}
+
+
+def _resident_now(path: str) -> dict:
+    """What is resident at the end of the run (Linux): the model file's mapped pages, and
+    anonymous memory (heap, torch, KV cache, activations). Empty elsewhere."""
+    try:
+        with open("/proc/self/smaps", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return {}
+    target, mapped, anon, in_file = os.path.realpath(path), 0, 0, False
+    for line in lines:
+        head = line.split(None, 5)
+        if head and not head[0].endswith(":"):  # a mapping's header line
+            in_file = len(head) == 6 and head[5] == target
+        elif head[0] == "Rss:" and in_file:
+            mapped += int(head[1]) * 1024
+        elif head[0] == "Anonymous:":
+            anon += int(head[1]) * 1024
+    return {"file_resident_bytes": mapped, "anonymous_bytes": anon}
 
 
 def tramontane(path: Path, p: int, n: int, threads: int) -> dict:
@@ -249,6 +269,9 @@ def _print_row(r: dict) -> None:
           f"the file ({ours['file_bytes'] / 1e9:.2f} GB); of it {ours['rss_before_load_bytes'] / 1e9:.2f} GB before "
           f"loading (Python, torch, imports): the model's own {model_rss / 1e9:.2f} GB = "
           f"{model_rss / ours['file_bytes']:.2f}x the file")
+    if "file_resident_bytes" in ours:
+        print(f"  resident at the end: {ours['file_resident_bytes'] / 1e9:.2f} GB of the mapped file, "
+              f"{ours['anonymous_bytes'] / 1e9:.2f} GB anonymous (heap, torch, KV cache, activations)")
     print(f"  kernels {ours['variant']}, {ours['threads']} threads (torch {ours['torch_threads']}), "
           f"load {ours['load_s']:.1f} s" + (", DENSE weights" if ours.get("dense") else ""))
     if "error" in ref:
