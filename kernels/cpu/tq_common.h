@@ -21,7 +21,7 @@ enum {
 
 #define TQ_QK 256 /* elements per K-quant super-block */
 #define TQ_QB 32  /* elements per legacy block */
-#define TQ_WIDE_MIN_ROWS 4 /* activation rows from which a matmul uses gemm_wide */
+#define TQ_WIDE_MIN_ROWS 3 /* activation rows from which a matmul uses gemm_wide */
 
 /* Activation block for K-quants and IQ4_XS: 256 int8 quants, scale, sums of each 16. */
 typedef struct {

@@ -46,7 +46,10 @@ def _shapes(ggml_type):
     blk = gt.type_info(ggml_type).block_size
     one = blk if blk > 1 else 40  # float types: K with a tail after the 16-wide SIMD loop
     many = 2048 if blk > 1 else 1000
-    return [(37, one, 1), (1, many, 1), (19, many, 6), (53, one, 9), (16, 4 * max(blk, 64), 4), (21, one, 19)]
+    shapes = [(37, one, 1), (1, many, 1), (19, many, 6), (53, one, 9), (16, 4 * max(blk, 64), 4), (21, one, 19)]
+    if blk > 1:  # K in several chunks of the prefill tiles' L1 blocking (23 x 256: chunks 8, 8, 7)
+        shapes.append((11, 23 * 256, 9))
+    return shapes
 
 
 def _check(ggml_type, raw, deq, x, y):
