@@ -156,7 +156,8 @@ class Tokenizer:
         offsets = np.zeros(n + 1, dtype=np.int64)
         vocab_json = bytearray()  # '"piece":id,' for each ordinary token
         n_normal = 0
-        special_pieces: dict[str, int] = {}  # tokens outside the BPE vocabulary; lowest id wins
+        # tokens outside the BPE vocabulary, by text: the lowest control id, else the lowest id
+        special_pieces: dict[str, int] = {}
         for i, (piece, ttype) in enumerate(zip(tokens, types.tolist())):
             if ttype == TokenType.NORMAL:
                 try:
@@ -166,7 +167,9 @@ class Tokenizer:
                 vocab_json += f"{json.dumps(piece)}:{i},".encode("ascii")  # json.dumps escapes non-ASCII
                 n_normal += 1
             else:
-                special_pieces.setdefault(piece, i)
+                first = special_pieces.get(piece)
+                if first is None or is_control[i] and not is_control[first]:
+                    special_pieces[piece] = i  # as _lookup wants it
                 if ttype == TokenType.BYTE:
                     value = _byte_token_value(piece)
                     if value is None:
@@ -185,8 +188,10 @@ class Tokenizer:
             merges_json += f"{json.dumps(merge)},".encode("ascii")
 
         hf = _build_hf_tokenizer(vocab_json, merges_json, PRE_TOKENIZER_PATTERNS[pre], fail)
-        if hf.get_vocab_size(with_added_tokens=False) != n_normal:  # a JSON key given twice
-            raise fail(_duplicate_normal_token(tokens, types))
+        held = hf.get_vocab_size(with_added_tokens=False)
+        if held != n_normal:  # a JSON key given twice keeps one entry
+            raise fail(_duplicate_normal_token(tokens, types)
+                       or f"the BPE vocabulary holds {held} of the {n_normal} ordinary tokens")
         del vocab_json, merges_json
 
         def special(key: str, piece: str, required: bool) -> int | None:
@@ -319,15 +324,16 @@ def _lookup(piece: str, special_pieces: dict[str, int], is_control: np.ndarray, 
     return normal
 
 
-def _duplicate_normal_token(tokens, types: np.ndarray) -> str:
-    """The message for an ordinary token given twice (only looked for once one is known)."""
+def _duplicate_normal_token(tokens, types: np.ndarray) -> str | None:
+    """The message for an ordinary token given twice (looked for only once the BPE vocabulary
+    came out short: this builds the dict the normal path avoids)."""
     seen: dict[str, int] = {}
     for i in np.flatnonzero(types == TokenType.NORMAL).tolist():
         piece = tokens[i]
         if piece in seen:
             return f"token {piece!r} appears twice (ids {seen[piece]} and {i})"
         seen[piece] = i
-    raise AssertionError("no duplicate")
+    return None
 
 
 def _build_hf_tokenizer(vocab_json: bytearray, merges_json: bytearray, pattern: str, fail):

@@ -375,3 +375,11 @@ def test_vocabulary_is_held_compactly(tok):
     assert isinstance(tok.tokens, StringArray)
     assert len(tok._special_pieces) <= 1000 < tok.vocab_size
     assert isinstance(tok._bytes_blob, bytes) and len(tok._bytes_offsets) == tok.vocab_size + 1
+
+
+def test_a_control_token_wins_over_a_lower_byte_token_with_its_text():
+    kv = _synthetic_kv()
+    kv["tokenizer.ggml.tokens"] = kv["tokenizer.ggml.tokens"] + ["<0x41>", "<0x41>"]
+    kv["tokenizer.ggml.token_type"] = np.concatenate(
+        [kv["tokenizer.ggml.token_type"], np.array([TokenType.BYTE, TokenType.CONTROL], np.int32)])
+    assert Tokenizer.from_kv(kv, "synthetic.gguf").token_id("<0x41>") == 264
