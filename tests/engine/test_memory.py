@@ -41,7 +41,7 @@ def test_metadata_string_arrays_stay_in_the_file_and_read_as_written(tmp_path):
 # A fresh interpreter without the test suite's TRITON_INTERPRET, as a CPU user starts one.
 _IMPORTS = r'''
 import json, sys
-import tramontane.engine.runtime.local, tramontane.engine.cli.main
+import tramontane.engine.runtime.local, tramontane.engine.cli.main, tramontane.app.window, tramontane.app.worker
 print(json.dumps(sorted(m.split(".")[0] for m in sys.modules)))
 '''
 
