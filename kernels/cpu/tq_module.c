@@ -556,6 +556,9 @@ static PyObject *py_rope_pairs(PyObject *self, PyObject *const *args, Py_ssize_t
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
 #define TQ_ELEMENTWISE_X86 1
 #endif
+#if defined(__GNUC__) || defined(__clang__)
+#define TQ_PREFILL_ATTENTION 1 /* written in GCC / clang vector types */
+#endif
 
 static int pool_units(Py_ssize_t rows, Py_ssize_t row_elems) {
     /* one unit for small work (the pool's hand-off costs more than it saves), else about 4 per thread */
@@ -667,6 +670,10 @@ static void unit_attn_causal(void *arg, int u) {
     if (scores != stack_scores) free(scores);
 }
 
+#ifdef TQ_PREFILL_ATTENTION
+static void attend_prefill(ac_job *J); /* T > 1: below, beside the vectorized exp */
+#endif
+
 PyDoc_STRVAR(attend_causal_doc,
              "attend_causal(q, k_cache, v_cache, out, T, n_heads, n_kv_heads, d, dv, start, q_row, out_row, k_head, "
              "k_row, v_head, v_row, scale)\n"
@@ -715,7 +722,12 @@ static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssiz
     J.failed = 0;
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
-    pool_for(unit_attn_causal, &J, J.T * J.n_kv);
+#ifdef TQ_PREFILL_ATTENTION
+    if (J.T > 1)
+        attend_prefill(&J);
+    else
+#endif
+        pool_for(unit_attn_causal, &J, J.T * J.n_kv); /* one row, or a compiler without vector types */
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS
     if (J.failed) return PyErr_NoMemory();
@@ -772,8 +784,218 @@ static row_fn swiglu_row(void) {
 #endif
     return swiglu_row_generic;
 }
+
+/* Prefill attention, one query row of a KV group (n_rep heads), in GCC / clang vector types of the
+ * variant's register width W (AVX-512 16 floats, AVX2 8, SSE 4) so the accumulators stay in
+ * registers. Scores against the group's keys transposed (kt: d rows of n_pad floats, n_pad a
+ * multiple of ATT_PAD past n_keys, zero-padded): 2 W keys at a time with no horizontal sum per key,
+ * four heads at once so each loaded key vector serves four; softmax with tq_expf; then the weighted
+ * sum of values, 2 W output elements of four heads at a time. scores: n_rep * n_pad floats. */
+#ifdef TQ_PREFILL_ATTENTION
+#define ATT_PAD 64 /* a multiple of 2 W for every W */
+typedef float tq_v16 __attribute__((vector_size(64)));
+typedef float tq_v8 __attribute__((vector_size(32)));
+typedef float tq_v4 __attribute__((vector_size(16)));
+
+/* unaligned loads and stores (macros: a vector return value would be ABI-dependent) */
+#define VLOAD(VT, p) __extension__({ VT v_; memcpy(&v_, (p), sizeof(v_)); v_; })
+#define VSTORE(VT, p, x) __extension__({ VT v_ = (x); memcpy((p), &v_, sizeof(v_)); })
+
+/* softmax of sc[0, n_keys) in place, sc[n_keys, n_blk) set to 0; inv = 1 / sum */
+#define ATT_SOFTMAX(VT, W, sc, inv)                                                                          \
+    do {                                                                                                     \
+        float lane_max[W];                                                                                   \
+        for (int j = 0; j < (W); ++j) lane_max[j] = -INFINITY;                                               \
+        int s = 0;                                                                                           \
+        for (; s + (W) <= n_keys; s += (W))                                                                  \
+            for (int j = 0; j < (W); ++j) lane_max[j] = sc[s + j] > lane_max[j] ? sc[s + j] : lane_max[j];   \
+        float mx = -INFINITY;                                                                                \
+        for (int j = 0; j < (W); ++j) mx = lane_max[j] > mx ? lane_max[j] : mx;                              \
+        for (; s < n_keys; ++s) mx = sc[s] > mx ? sc[s] : mx;                                                \
+        for (s = 0; s < n_blk; ++s) sc[s] = tq_expf(sc[s] - mx);                                             \
+        for (s = n_keys; s < n_blk; ++s) sc[s] = 0.0f; /* past this row's causal limit */                   \
+        VT part = {0};                                                                                       \
+        for (s = 0; s < n_blk; s += (W)) part += VLOAD(VT, sc + s);                                          \
+        float sum = 0.0f;                                                                                    \
+        for (int j = 0; j < (W); ++j) sum += part[j];                                                        \
+        inv = 1.0f / sum;                                                                                    \
+    } while (0)
+
+#define ATT_ROW_BODY(VT, W)                                                                                  \
+    const int n_blk = (n_keys + 2 * (W) - 1) / (2 * (W)) * (2 * (W));                                       \
+    const VT zero = {0};                                                                                     \
+    int h = 0;                                                                                               \
+    for (; h + 4 <= n_rep; h += 4) {                                                                         \
+        const float *q0 = q + (size_t)h * d, *q1 = q0 + d, *q2 = q1 + d, *q3 = q2 + d;                       \
+        float *c0 = scores + (size_t)h * n_pad, *c1 = c0 + n_pad, *c2 = c1 + n_pad, *c3 = c2 + n_pad;        \
+        for (int s0 = 0; s0 < n_blk; s0 += 2 * (W)) {                                                        \
+            VT a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero, a30 = zero, a31 = zero; \
+            for (int e = 0; e < d; ++e) {                                                                    \
+                const float *row = kt + (size_t)e * n_pad + s0;                                              \
+                const VT k0 = VLOAD(VT, row), k1 = VLOAD(VT, row + (W));                                     \
+                const float x0 = q0[e], x1 = q1[e], x2 = q2[e], x3 = q3[e];                                  \
+                a00 += x0 * k0;                                                                              \
+                a01 += x0 * k1;                                                                              \
+                a10 += x1 * k0;                                                                              \
+                a11 += x1 * k1;                                                                              \
+                a20 += x2 * k0;                                                                              \
+                a21 += x2 * k1;                                                                              \
+                a30 += x3 * k0;                                                                              \
+                a31 += x3 * k1;                                                                              \
+            }                                                                                                \
+            VSTORE(VT, c0 + s0, a00 * scale);                                                                \
+            VSTORE(VT, c0 + s0 + (W), a01 * scale);                                                          \
+            VSTORE(VT, c1 + s0, a10 * scale);                                                                \
+            VSTORE(VT, c1 + s0 + (W), a11 * scale);                                                          \
+            VSTORE(VT, c2 + s0, a20 * scale);                                                                \
+            VSTORE(VT, c2 + s0 + (W), a21 * scale);                                                          \
+            VSTORE(VT, c3 + s0, a30 * scale);                                                                \
+            VSTORE(VT, c3 + s0 + (W), a31 * scale);                                                          \
+        }                                                                                                    \
+        float i0, i1, i2, i3;                                                                                \
+        ATT_SOFTMAX(VT, W, c0, i0);                                                                          \
+        ATT_SOFTMAX(VT, W, c1, i1);                                                                          \
+        ATT_SOFTMAX(VT, W, c2, i2);                                                                          \
+        ATT_SOFTMAX(VT, W, c3, i3);                                                                          \
+        float *o0 = out + (size_t)h * dv, *o1 = o0 + dv, *o2 = o1 + dv, *o3 = o2 + dv;                       \
+        int e0 = 0;                                                                                          \
+        for (; e0 + 2 * (W) <= dv; e0 += 2 * (W)) {                                                          \
+            VT a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero, a30 = zero, a31 = zero; \
+            for (int s = 0; s < n_keys; ++s) {                                                               \
+                const float *vrow = v + (size_t)s * vs + e0;                                                 \
+                const VT v0 = VLOAD(VT, vrow), v1 = VLOAD(VT, vrow + (W));                                   \
+                const float p0 = c0[s], p1 = c1[s], p2 = c2[s], p3 = c3[s];                                  \
+                a00 += p0 * v0;                                                                              \
+                a01 += p0 * v1;                                                                              \
+                a10 += p1 * v0;                                                                              \
+                a11 += p1 * v1;                                                                              \
+                a20 += p2 * v0;                                                                              \
+                a21 += p2 * v1;                                                                              \
+                a30 += p3 * v0;                                                                              \
+                a31 += p3 * v1;                                                                              \
+            }                                                                                                \
+            VSTORE(VT, o0 + e0, a00 * i0);                                                                   \
+            VSTORE(VT, o0 + e0 + (W), a01 * i0);                                                             \
+            VSTORE(VT, o1 + e0, a10 * i1);                                                                   \
+            VSTORE(VT, o1 + e0 + (W), a11 * i1);                                                             \
+            VSTORE(VT, o2 + e0, a20 * i2);                                                                   \
+            VSTORE(VT, o2 + e0 + (W), a21 * i2);                                                             \
+            VSTORE(VT, o3 + e0, a30 * i3);                                                                   \
+            VSTORE(VT, o3 + e0 + (W), a31 * i3);                                                             \
+        }                                                                                                    \
+        for (; e0 < dv; ++e0) { /* a value size that is not a multiple of 2 W */                             \
+            float b0 = 0.0f, b1 = 0.0f, b2 = 0.0f, b3 = 0.0f;                                                \
+            for (int s = 0; s < n_keys; ++s) {                                                               \
+                const float x = v[(size_t)s * vs + e0];                                                      \
+                b0 += c0[s] * x;                                                                             \
+                b1 += c1[s] * x;                                                                             \
+                b2 += c2[s] * x;                                                                             \
+                b3 += c3[s] * x;                                                                             \
+            }                                                                                                \
+            o0[e0] = b0 * i0;                                                                                \
+            o1[e0] = b1 * i1;                                                                                \
+            o2[e0] = b2 * i2;                                                                                \
+            o3[e0] = b3 * i3;                                                                                \
+        }                                                                                                    \
+    }                                                                                                        \
+    for (; h < n_rep; ++h) { /* heads past a multiple of four, one at a time */                              \
+        const float *qh = q + (size_t)h * d;                                                                 \
+        float *c = scores + (size_t)h * n_pad;                                                               \
+        for (int s0 = 0; s0 < n_blk; s0 += 2 * (W)) {                                                        \
+            VT a0 = zero, a1 = zero;                                                                         \
+            for (int e = 0; e < d; ++e) {                                                                    \
+                const float *row = kt + (size_t)e * n_pad + s0;                                              \
+                a0 += qh[e] * VLOAD(VT, row);                                                                \
+                a1 += qh[e] * VLOAD(VT, row + (W));                                                          \
+            }                                                                                                \
+            VSTORE(VT, c + s0, a0 * scale);                                                                  \
+            VSTORE(VT, c + s0 + (W), a1 * scale);                                                            \
+        }                                                                                                    \
+        float inv;                                                                                           \
+        ATT_SOFTMAX(VT, W, c, inv);                                                                          \
+        float *o = out + (size_t)h * dv;                                                                     \
+        for (int e = 0; e < dv; ++e) {                                                                       \
+            float acc = 0.0f;                                                                                \
+            for (int s = 0; s < n_keys; ++s) acc += c[s] * v[(size_t)s * vs + e];                            \
+            o[e] = acc * inv;                                                                                \
+        }                                                                                                    \
+    }
+#define ATT_ROW_ARGS                                                                                         \
+    const float *q, int n_rep, int d, const float *kt, int n_pad, const float *v, size_t vs, int dv, int n_keys, \
+        float scale, float *out, float *scores
+static void att_row_generic(ATT_ROW_ARGS) { ATT_ROW_BODY(tq_v4, 4) }
+#ifdef TQ_ELEMENTWISE_X86
+__attribute__((target("avx2"))) static void att_row_avx2(ATT_ROW_ARGS) { ATT_ROW_BODY(tq_v8, 8) }
+__attribute__((target("avx2,avx512f"))) static void att_row_avx512(ATT_ROW_ARGS) { ATT_ROW_BODY(tq_v16, 16) }
+#endif
+
+typedef void (*att_row_fn)(ATT_ROW_ARGS);
+
+static att_row_fn att_row(void) {
+#ifdef TQ_ELEMENTWISE_X86
+    if (K == &tq_kernels_avx512) return att_row_avx512;
+    if (K == &tq_kernels_avx2) return att_row_avx2;
+#endif
+    return att_row_generic;
+}
+#endif /* TQ_PREFILL_ATTENTION */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
+#endif
+
+#ifdef TQ_PREFILL_ATTENTION
+typedef struct {
+    ac_job *J;
+    float *kt; /* n_kv groups of (d, n_pad) */
+    int n_pad;
+    att_row_fn fn;
+} pf_job;
+
+static void unit_transpose_keys(void *arg, int g) {
+    pf_job *P = (pf_job *)arg;
+    const ac_job *J = P->J;
+    const int n = (int)(J->start + J->T);
+    const float *k = J->k + (size_t)g * J->kh;
+    float *kt = P->kt + (size_t)g * J->d * P->n_pad;
+    for (int e = 0; e < J->d; ++e) {
+        float *row = kt + (size_t)e * P->n_pad;
+        for (int s = 0; s < n; ++s) row[s] = k[(size_t)s * J->kr + e];
+        for (int s = n; s < P->n_pad; ++s) row[s] = 0.0f;
+    }
+}
+
+static void unit_prefill_row(void *arg, int u) {
+    pf_job *P = (pf_job *)arg;
+    ac_job *J = P->J;
+    const int t = J->T - 1 - u / J->n_kv, g = u % J->n_kv; /* the longest rows first: they finish last */
+    float stack_scores[4096];
+    const size_t n_scores = (size_t)J->n_rep * (size_t)P->n_pad;
+    float *scores = n_scores <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * n_scores);
+    if (!scores) {
+        J->failed = 1;
+        return;
+    }
+    P->fn(J->q + (size_t)t * J->q_row + (size_t)g * J->n_rep * J->d, J->n_rep, J->d,
+          P->kt + (size_t)g * J->d * P->n_pad, P->n_pad, J->v + (size_t)g * J->vh, J->vr, J->dv,
+          (int)(J->start + t + 1), J->scale, J->out + (size_t)t * J->out_row + (size_t)g * J->n_rep * J->dv, scores);
+    if (scores != stack_scores) free(scores);
+}
+
+/* T > 1 rows: keys transposed once per call, then (row, group) pairs; J->failed when out of memory */
+static void attend_prefill(ac_job *J) {
+    pf_job P;
+    P.J = J;
+    P.n_pad = (int)((J->start + J->T + ATT_PAD - 1) / ATT_PAD * ATT_PAD);
+    P.fn = att_row();
+    P.kt = (float *)malloc(sizeof(float) * (size_t)J->n_kv * (size_t)J->d * (size_t)P.n_pad);
+    if (!P.kt) {
+        J->failed = 1;
+        return;
+    }
+    pool_for(unit_transpose_keys, &P, J->n_kv);
+    pool_for(unit_prefill_row, &P, J->T * J->n_kv);
+    free(P.kt);
+}
 #endif
 
 typedef struct {

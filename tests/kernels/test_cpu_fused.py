@@ -4,7 +4,9 @@ one thread and the pool.
 
 Tolerances: RoPE + cache write, the embedding gather and argmax are exact (bit for bit; the same
 float32 operations as the torch formula). Attention within 1e-5 of sdpa in float64 (float32
-accumulation over at most a few hundred keys). SwiGLU within 1e-6 relative of float64 (its exp
+accumulation over at most ~1500 keys); shapes cover the prefill kernel's four-head groups and the
+heads left over (n_rep 1..5), head sizes that are not a multiple of the vector width, and score
+rows too long for its stack buffer. SwiGLU within 1e-6 relative of float64 (its exp
 is ~1 ulp, a division and two products add ~3 ulp = 2e-7), and bit-identical across variants.
 """
 from __future__ import annotations
@@ -97,7 +99,8 @@ def test_attend_causal_matches_sdpa(variant, threads):
     g = torch.Generator().manual_seed(6)
     for T, H, hkv, d, dv, cap, start in [(1, 32, 8, 128, 128, 300, 0), (1, 32, 8, 128, 128, 300, 256),
                                          (33, 32, 8, 128, 128, 300, 0), (20, 8, 8, 40, 40, 64, 11),
-                                         (9, 6, 2, 24, 16, 9, 0), (1100, 2, 1, 8, 8, 1200, 5)]:
+                                         (9, 6, 2, 24, 16, 9, 0), (1100, 2, 1, 8, 8, 1200, 5),
+                                         (6, 10, 2, 32, 48, 20, 3), (3, 8, 2, 16, 16, 1500, 1400)]:
         q = torch.randn(T, H, d, generator=g)
         keys = torch.randn(hkv, cap, d, generator=g) * 2
         values = torch.randn(hkv, cap, dv, generator=g)
