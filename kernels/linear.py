@@ -357,6 +357,29 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return linear_reference(x, w)
 
 
+def linears(x: torch.Tensor, weights: list[QWeight] | tuple[QWeight, ...]) -> list[torch.Tensor]:
+    """`linear(x, w)` for each weight of one input (a layer's q, k, v; gate and up): on the CPU
+    kernels one native call for all of them (decode: fewer Python round trips a token)."""
+    plans = []
+    for w in weights:
+        if w._native is None:
+            w._native = _native_plan(w)
+        plans.append(w._native)
+    k = x.shape[-1]
+    if (all(plans) and x.is_cpu and not CPU_EXACT and x.dim() == 2 and x.dtype == torch.float32
+            and x.is_contiguous() and all(w.shape[1] == k for w in weights) and len(weights) <= 8):
+        if not _torch_threads_claimed:
+            _claim_cpu_threads()
+        n = x.shape[0]
+        ys = [torch.empty(n, w.shape[0], dtype=torch.float32) for w in weights]
+        args = []
+        for w, plan, y in zip(weights, plans, ys):
+            args += (plan[0], plan[1], plan[2], w.shape[0], y.data_ptr(), w.shape[0])
+        cpu_native._cpu.matmuls(x.data_ptr(), k * 4, n, k, *args)
+        return ys
+    return [linear(x, w) for w in weights]
+
+
 def embedding(ids: torch.Tensor, w: QWeight, dtype=torch.float32) -> torch.Tensor:
     """Rows of an (n_vocab, dim) weight for token ids (..., ) -> (..., dim): only the needed
     byte rows are gathered and dequantized."""

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from ...kernels import ggml_types
 from ...kernels import linear as _linear_mod
-from ...kernels.linear import QWeight, dequantize, linear
+from ...kernels.linear import QWeight, dequantize, linear, linears
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from ..runtime.cuda_graphs import DecodeGraphs
@@ -748,7 +748,7 @@ class Mistral3Text:
         if layer.wqkv is not None:
             q, k, v = linear(h, layer.wqkv).split([q_w, k_w, cfg.n_kv_heads * cfg.v_head_dim], dim=-1)
         else:
-            q, k, v = linear(h, layer.wq), linear(h, layer.wk), linear(h, layer.wv)
+            q, k, v = linears(h, (layer.wq, layer.wk, layer.wv))
         T = h.shape[0]
         return (q.reshape(T, cfg.n_heads, cfg.head_dim), k.reshape(T, cfg.n_kv_heads, cfg.head_dim),
                 v.reshape(T, cfg.n_kv_heads, cfg.v_head_dim))
@@ -789,7 +789,7 @@ class Mistral3Text:
         if layer.w_gate_up is not None:
             gate, up = linear(h, layer.w_gate_up).chunk(2, dim=-1)
         else:
-            gate, up = linear(h, layer.w_gate), linear(h, layer.w_up)
+            gate, up = linears(h, (layer.w_gate, layer.w_up))
         return linear(swiglu(gate, up), layer.w_down)
 
     # -- one-token decode ------------------------------------------------------------------------

@@ -1195,6 +1195,66 @@ static PyObject *py_argmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return Py_BuildValue("(LO)", (long long)idx, nan ? Py_True : Py_False);
 }
 
+PyDoc_STRVAR(matmuls_doc,
+             "matmuls(x_ptr, x_row_bytes, n_x, k, (ggml_type, w_ptr, w_row_bytes, n_out, y_ptr, y_row_floats), ...)\n"
+             "matmul of one float32 input with each weight in turn (e.g. a layer's q, k and v), one call and one "
+             "hand-off of the GIL for all of them.");
+
+static PyObject *py_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 10 || (nargs - 4) % 6) {
+        PyErr_SetString(PyExc_TypeError, "matmuls takes 4 arguments then 6 per weight");
+        return NULL;
+    }
+    void *x;
+    Py_ssize_t x_stride, n_x, k;
+    if (get_ptr(args[0], &x) || get_ssize(args[1], &x_stride) || get_ssize(args[2], &n_x) || get_ssize(args[3], &k))
+        return NULL;
+    const int n_w = (int)((nargs - 4) / 6);
+    mm_job jobs[8];
+    if (n_w > 8) {
+        PyErr_SetString(PyExc_ValueError, "matmuls: at most 8 weights");
+        return NULL;
+    }
+    if (!x || n_x < 0 || n_x > INT32_MAX || x_stride < k * 4) goto bad;
+    for (int i = 0; i < n_w; ++i) {
+        PyObject *const *a = args + 4 + 6 * i;
+        Py_ssize_t type, w_stride, n_out, ldy;
+        void *w, *y;
+        if (get_ssize(a[0], &type) || get_ptr(a[1], &w) || get_ssize(a[2], &w_stride) || get_ssize(a[3], &n_out) ||
+            get_ptr(a[4], &y) || get_ssize(a[5], &ldy))
+            return NULL;
+        if (check_type((int)type, k)) return NULL;
+        if (n_out <= 0 || n_out > INT32_MAX || !w || !y || ldy < n_out ||
+            w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type)))
+            goto bad;
+        mm_job *J = &jobs[i];
+        memset(J, 0, sizeof(*J));
+        J->type = (int)type;
+        J->w = (const uint8_t *)w;
+        J->w_stride = (size_t)w_stride;
+        J->n_out = (int)n_out;
+        J->k = k;
+        J->x = (const uint8_t *)x;
+        J->x_stride = (size_t)x_stride;
+        J->n_x = (int)n_x;
+        J->y = (float *)y;
+        J->ldy = (size_t)ldy;
+    }
+    if (n_x == 0) Py_RETURN_NONE;
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    for (int i = 0; i < n_w && !rc; ++i) rc = run_matmul(&jobs[i]);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+bad:
+    PyErr_SetString(PyExc_ValueError, "matmuls: inconsistent sizes or null pointers");
+    return NULL;
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
@@ -1297,6 +1357,7 @@ static PyMethodDef methods[] = {
     {"swiglu", (PyCFunction)(void (*)(void))py_swiglu, METH_FASTCALL, swiglu_doc},
     {"dequantize_rows", (PyCFunction)(void (*)(void))py_dequantize_rows, METH_FASTCALL, dequantize_rows_doc},
     {"argmax", (PyCFunction)(void (*)(void))py_argmax, METH_FASTCALL, argmax_doc},
+    {"matmuls", (PyCFunction)(void (*)(void))py_matmuls, METH_FASTCALL, matmuls_doc},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
     {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
     {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},

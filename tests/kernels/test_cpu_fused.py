@@ -183,3 +183,21 @@ def test_argmax_is_torch_argmax(variant):
     assert cpu_native.argmax(tail)[1] is True
     with pytest.raises(ValueError):
         cpu_native.argmax(torch.zeros(0))
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_linears_is_linear_per_weight(rows):
+    """One native call for several weights of one input (q, k, v of mixed types): bit for bit
+    what one `linear` per weight gives, on the native kernels and on the float32 torch path."""
+    from tramontane.kernels.linear import QWeight, cpu_exact, linear, linears
+
+    rng = np.random.default_rng(10)
+    weights = [QWeight.from_raw(make_weight(t, n, 512, rng)[0], t, (n, 512))
+               for t, n in [(gt.Q4_K, 64), (gt.Q4_K, 16), (gt.Q6_K, 16), (gt.Q8_0, 8)]]
+    x = torch.from_numpy(rng.standard_normal((rows, 512)).astype(np.float32))
+    for exact in (False, True):
+        with cpu_exact(exact):
+            got = linears(x, weights)
+            want = [linear(x, w) for w in weights]
+        assert [tuple(y.shape) for y in got] == [(rows, w.shape[0]) for w in weights]
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
