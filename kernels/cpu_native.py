@@ -265,3 +265,36 @@ def argmax(x: torch.Tensor) -> tuple[int, bool]:
         raise ValueError("argmax needs a non-empty float32 vector")
     x = x.contiguous()
     return _cpu.argmax(x.data_ptr(), x.numel())
+
+
+def matmuls(x: torch.Tensor, plans: list[tuple]) -> list[torch.Tensor]:
+    """x (n, k) contiguous float32 times each weight of `plans` ((ggml_type, data pointer, row
+    bytes, out_features), from kernels.linear.native_plans), in one call: [(n, out) ...]."""
+    n, k = x.shape
+    ys = [torch.empty(n, p[3], dtype=torch.float32) for p in plans]
+    args = [a for p, y in zip(plans, ys) for a in (p[0], p[1], p[2], p[3], y.data_ptr(), p[3])]
+    _cpu.matmuls(x.data_ptr(), k * 4, n, k, *args)
+    return ys
+
+
+def norm_matmuls(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, plans: list[tuple]) -> list[torch.Tensor]:
+    """matmuls(rms_norm(x, norm_weight, eps), plans) in one call (x contiguous float32 (n, k))."""
+    n, k = x.shape
+    if norm_weight.dtype != torch.float32 or norm_weight.shape != (k,) or not norm_weight.is_contiguous():
+        raise ValueError(f"norm_matmuls needs a contiguous float32 ({k},) norm weight")
+    h = torch.empty(n, k, dtype=torch.float32)
+    ys = [torch.empty(n, p[3], dtype=torch.float32) for p in plans]
+    args = [a for p, y in zip(plans, ys) for a in (p[0], p[1], p[2], p[3], y.data_ptr(), p[3])]
+    _cpu.norm_matmuls(x.data_ptr(), n, k, norm_weight.data_ptr(), float(eps), h.data_ptr(), *args)
+    return ys
+
+
+def matmul_add(x: torch.Tensor, plan: tuple, residual: torch.Tensor) -> torch.Tensor:
+    """residual + x @ W.T in one call: x (n, k) contiguous float32, residual (n, out) contiguous."""
+    n, k = x.shape
+    if residual.dtype != torch.float32 or residual.shape != (n, plan[3]) or not residual.is_contiguous():
+        raise ValueError(f"matmul_add needs a contiguous float32 ({n}, {plan[3]}) residual")
+    y = torch.empty(n, plan[3], dtype=torch.float32)
+    _cpu.matmul_add(x.data_ptr(), k * 4, n, k, residual.data_ptr(), plan[3], plan[0], plan[1], plan[2], plan[3],
+                    y.data_ptr(), plan[3])
+    return y

@@ -357,27 +357,42 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return linear_reference(x, w)
 
 
-def linears(x: torch.Tensor, weights: list[QWeight] | tuple[QWeight, ...]) -> list[torch.Tensor]:
-    """`linear(x, w)` for each weight of one input (a layer's q, k, v; gate and up): on the CPU
-    kernels one native call for all of them (decode: fewer Python round trips a token)."""
+def native_plans(weights, x: torch.Tensor) -> list[tuple] | None:
+    """(ggml_type, data pointer, row bytes, out_features) of each weight when the CPU kernels
+    can multiply x (2-D contiguous float32 on the CPU) by all of them in one call, else None."""
+    k = x.shape[-1]
+    if CPU_EXACT or not x.is_cpu or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() \
+            or len(weights) > 8:
+        return None
     plans = []
     for w in weights:
         if w._native is None:
             w._native = _native_plan(w)
-        plans.append(w._native)
-    k = x.shape[-1]
-    if (all(plans) and x.is_cpu and not CPU_EXACT and x.dim() == 2 and x.dtype == torch.float32
-            and x.is_contiguous() and all(w.shape[1] == k for w in weights) and len(weights) <= 8):
-        if not _torch_threads_claimed:
-            _claim_cpu_threads()
-        n = x.shape[0]
-        ys = [torch.empty(n, w.shape[0], dtype=torch.float32) for w in weights]
-        args = []
-        for w, plan, y in zip(weights, plans, ys):
-            args += (plan[0], plan[1], plan[2], w.shape[0], y.data_ptr(), w.shape[0])
-        cpu_native._cpu.matmuls(x.data_ptr(), k * 4, n, k, *args)
-        return ys
-    return [linear(x, w) for w in weights]
+        if not w._native or w.shape[1] != k:
+            return None
+        plans.append(w._native + (w.shape[0],))
+    if not _torch_threads_claimed:
+        _claim_cpu_threads()
+    return plans
+
+
+def linears(x: torch.Tensor, weights) -> list[torch.Tensor]:
+    """`linear(x, w)` for each weight of one input (a layer's q, k, v; gate and up): on the CPU
+    kernels one native call for all of them (decode: fewer Python round trips a token)."""
+    plans = native_plans(weights, x)
+    if plans is None:
+        return [linear(x, w) for w in weights]
+    return cpu_native.matmuls(x, plans)
+
+
+def linear_add(x: torch.Tensor, w: QWeight, residual: torch.Tensor) -> torch.Tensor:
+    """residual + linear(x, w) (a residual connection); on the CPU kernels the sum is made in the
+    matmul's call, bit for bit the same."""
+    plans = native_plans((w,), x)
+    if plans is None or residual.dtype != torch.float32 or residual.shape != (x.shape[0], w.shape[0]) \
+            or not residual.is_contiguous():
+        return residual + linear(x, w)
+    return cpu_native.matmul_add(x, plans[0], residual)
 
 
 def embedding(ids: torch.Tensor, w: QWeight, dtype=torch.float32) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from ...kernels import ggml_types
 from ...kernels import linear as _linear_mod
-from ...kernels.linear import QWeight, dequantize, linear, linears
+from ...kernels.linear import QWeight, dequantize, linear, linear_add, linears
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from ..runtime.cuda_graphs import DecodeGraphs
@@ -207,6 +207,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.dim() == 2 and _native_f32(gate, up):
         return _linear_mod.cpu_native.swiglu(gate, up)  # one pass (rows on the pool), not two ops
     return F.silu(gate) * up
+
+
+def norm_linears(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weights) -> list[torch.Tensor]:
+    """linears(rms_norm(x, norm_weight, eps), weights): a block's norm and its input matmuls."""
+    plans = _linear_mod.native_plans(weights, x)
+    if plans is not None and _native_f32(norm_weight):
+        return _linear_mod.cpu_native.norm_matmuls(x, norm_weight, eps, plans)  # one call for all
+    return linears(rms_norm(x, norm_weight, eps), weights)
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -718,8 +726,7 @@ class Mistral3Text:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.to(device=self.device, dtype=self.dtype)  # no-op unless the head sits apart
         with on_device(self.device):
-            h = rms_norm(hidden, self.output_norm, self.cfg.norm_eps)
-            return linear(h, self.head).float()
+            return norm_linears(hidden, self.output_norm, self.cfg.norm_eps, (self.head,))[0].float()
 
     def _layers(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
         for k, seg in enumerate(self.segments):
@@ -736,35 +743,37 @@ class Mistral3Text:
         tables = (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])
         for i in seg.layers:
             layer = self.layers[i]
-            h = rms_norm(x, layer.attn_norm, self.cfg.norm_eps)
-            x = x + self._attention(i, layer, h, start, tables, cache)
-            h = rms_norm(x, layer.ffn_norm, self.cfg.norm_eps)
-            x = x + self._mlp(layer, h)
+            # pre-norm residual blocks: x + W_o attention(norm(x)), x + W_down swiglu(norm(x))
+            x = linear_add(self._attention(i, layer, x, start, tables, cache), layer.wo, x)
+            x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
         return x
 
-    def _qkv(self, layer: LayerWeights, h: torch.Tensor):
+    def _qkv(self, layer: LayerWeights, x: torch.Tensor):
+        """q, k, v (T, heads, d) of attn_norm(x)."""
         cfg = self.cfg
         q_w, k_w = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         if layer.wqkv is not None:
+            h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
             q, k, v = linear(h, layer.wqkv).split([q_w, k_w, cfg.n_kv_heads * cfg.v_head_dim], dim=-1)
         else:
-            q, k, v = linears(h, (layer.wq, layer.wk, layer.wv))
-        T = h.shape[0]
+            q, k, v = norm_linears(x, layer.attn_norm, cfg.norm_eps, (layer.wq, layer.wk, layer.wv))
+        T = x.shape[0]
         return (q.reshape(T, cfg.n_heads, cfg.head_dim), k.reshape(T, cfg.n_kv_heads, cfg.head_dim),
                 v.reshape(T, cfg.n_kv_heads, cfg.v_head_dim))
 
-    def _attention(self, i: int, layer: LayerWeights, h: torch.Tensor, start: int, tables,
+    def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, start: int, tables,
                    cache: KVCache) -> torch.Tensor:
+        """Attention of attn_norm(x) over the cache (K/V of these rows written first), before W_o."""
         cfg = self.cfg
-        T = h.shape[0]
-        q, k, v = self._qkv(layer, h)
+        T = x.shape[0]
+        q, k, v = self._qkv(layer, x)
         cache_k, cache_v = cache.layer_k[i], cache.layer_v[i]
         q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
         if _native_f32(q, cache_k):
             # CPU: the native kernel, (row, KV head) pairs on the thread pool. sdpa's CPU kernel
             # spends ~90 us a layer on setup at decode sizes, and runs prefill on one thread
             # (torch keeps one beside the pool).
-            return linear(_linear_mod.cpu_native.attend_causal(q, cache_k, cache_v, start), layer.wo)
+            return _linear_mod.cpu_native.attend_causal(q, cache_k, cache_v, start)
         end = start + T
         keys = cache_k[:, :end].unsqueeze(0)  # (1, Hkv, S, d)
         values = cache_v[:, :end].unsqueeze(0)
@@ -780,17 +789,18 @@ class Mistral3Text:
                 o = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=n_rep > 1)
             else:
                 # Rows are the last T of S positions: causal aligned to the bottom right.
-                o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=causal_mask_lower_right(T, end, h.device),
+                o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=causal_mask_lower_right(T, end, x.device),
                                                    enable_gqa=n_rep > 1)
             o = o[0].transpose(0, 1).reshape(T, cfg.n_heads * cfg.v_head_dim)
-        return linear(o, layer.wo)
+        return o
 
-    def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+    def _mlp_hidden(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of ffn_norm(x): the down projection's input."""
         if layer.w_gate_up is not None:
-            gate, up = linear(h, layer.w_gate_up).chunk(2, dim=-1)
+            gate, up = linear(rms_norm(x, layer.ffn_norm, self.cfg.norm_eps), layer.w_gate_up).chunk(2, dim=-1)
         else:
-            gate, up = linears(h, (layer.w_gate, layer.w_up))
-        return linear(swiglu(gate, up), layer.w_down)
+            gate, up = norm_linears(x, layer.ffn_norm, self.cfg.norm_eps, (layer.w_gate, layer.w_up))
+        return swiglu(gate, up)
 
     # -- one-token decode ------------------------------------------------------------------------
     def decode_bucket(self, n_keys: int, capacity: int) -> int:
@@ -832,8 +842,7 @@ class Mistral3Text:
             torch.arange(bucket, device=x.device) > pos, float("-inf"))
         for i in seg.layers:
             layer = self.layers[i]
-            h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
-            q, k, v = self._qkv(layer, h)
+            q, k, v = self._qkv(layer, x)
             q = apply_rope_pairs(q, cos_q, sin_q)
             k = apply_rope_pairs(k, cos_k, sin_k)
             cache.layer_k[i].index_copy_(1, pos, k.transpose(0, 1))
@@ -842,9 +851,8 @@ class Mistral3Text:
             values = cache.layer_v[i][:, :bucket].unsqueeze(0)
             o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
                                                keys, values, attn_mask=visible)
-            x = x + linear(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo)
-            h = rms_norm(x, layer.ffn_norm, cfg.norm_eps)
-            x = x + self._mlp(layer, h)
+            x = linear_add(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo, x)
+            x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
         return x
 
     @torch.inference_mode()

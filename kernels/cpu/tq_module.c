@@ -476,6 +476,40 @@ static PyObject *py_attend_decode(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* RMSNorm of rows [r0, r1): the sum of squares in double, as HF's float32 formula rounds */
+static void rms_norm_rows(const float *x, const float *w, float *o, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
+                          float eps) {
+    for (Py_ssize_t r = r0; r < r1; ++r) {
+        const float *xr = x + r * n;
+        float *orow = o + r * n;
+        double ss = 0.0;
+        for (Py_ssize_t i = 0; i < n; ++i) ss += (double)xr[i] * xr[i];
+        const float inv = (float)(1.0 / sqrt((double)(float)(ss / (double)n) + (double)eps));
+        for (Py_ssize_t i = 0; i < n; ++i) orow[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+typedef struct {
+    const float *x, *w;
+    float *o;
+    Py_ssize_t rows, n;
+    float eps;
+    int n_units;
+} rn_job;
+
+static void unit_rms_norm(void *arg, int u) {
+    rn_job *J = (rn_job *)arg;
+    rms_norm_rows(J->x, J->w, J->o, J->rows * u / J->n_units, J->rows * (u + 1) / J->n_units, J->n, J->eps);
+}
+
+static int pool_units(Py_ssize_t rows, Py_ssize_t row_elems);
+
+/* rows on the pool when there are many (prefill); the caller holds the call lock */
+static void rms_norm_pool(const float *x, const float *w, float *o, Py_ssize_t rows, Py_ssize_t n, float eps) {
+    rn_job J = {x, w, o, rows, n, eps, pool_units(rows, n)};
+    pool_for(unit_rms_norm, &J, J.n_units);
+}
+
 PyDoc_STRVAR(rms_norm_doc,
              "rms_norm(x_ptr, w_ptr, out_ptr, rows, n, eps): out = w * (x / sqrt(mean(x^2) + eps)) per row, "
              "float32, contiguous rows (the sum of squares in double).");
@@ -497,16 +531,11 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "rms_norm: inconsistent sizes or null pointers");
         return NULL;
     }
-    const float *x = (const float *)xp, *w = (const float *)wp;
-    float *o = (float *)op;
-    for (Py_ssize_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * n;
-        float *orow = o + r * n;
-        double ss = 0.0;
-        for (Py_ssize_t i = 0; i < n; ++i) ss += (double)xr[i] * xr[i];
-        const float inv = (float)(1.0 / sqrt((double)(float)(ss / (double)n) + (double)(float)eps));
-        for (Py_ssize_t i = 0; i < n; ++i) orow[i] = w[i] * (xr[i] * inv);
-    }
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    rms_norm_pool((const float *)xp, (const float *)wp, (float *)op, rows, n, (float)eps);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -1195,39 +1224,22 @@ static PyObject *py_argmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return Py_BuildValue("(LO)", (long long)idx, nan ? Py_True : Py_False);
 }
 
-PyDoc_STRVAR(matmuls_doc,
-             "matmuls(x_ptr, x_row_bytes, n_x, k, (ggml_type, w_ptr, w_row_bytes, n_out, y_ptr, y_row_floats), ...)\n"
-             "matmul of one float32 input with each weight in turn (e.g. a layer's q, k and v), one call and one "
-             "hand-off of the GIL for all of them.");
-
-static PyObject *py_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs < 10 || (nargs - 4) % 6) {
-        PyErr_SetString(PyExc_TypeError, "matmuls takes 4 arguments then 6 per weight");
-        return NULL;
-    }
-    void *x;
-    Py_ssize_t x_stride, n_x, k;
-    if (get_ptr(args[0], &x) || get_ssize(args[1], &x_stride) || get_ssize(args[2], &n_x) || get_ssize(args[3], &k))
-        return NULL;
-    const int n_w = (int)((nargs - 4) / 6);
-    mm_job jobs[8];
-    if (n_w > 8) {
-        PyErr_SetString(PyExc_ValueError, "matmuls: at most 8 weights");
-        return NULL;
-    }
-    if (!x || n_x < 0 || n_x > INT32_MAX || x_stride < k * 4) goto bad;
-    for (int i = 0; i < n_w; ++i) {
-        PyObject *const *a = args + 4 + 6 * i;
+/* n_w weights from 6 arguments each (ggml_type, w_ptr, w_row_bytes, n_out, y_ptr, y_row_floats), all against
+ * the float32 rows x (k each): their matmul jobs. -1 with an exception set when one does not fit. */
+static int parse_weights(PyObject *const *a, int n_w, int64_t k, const void *x, size_t x_stride, int n_x,
+                         mm_job *jobs) {
+    for (int i = 0; i < n_w; ++i, a += 6) {
         Py_ssize_t type, w_stride, n_out, ldy;
         void *w, *y;
         if (get_ssize(a[0], &type) || get_ptr(a[1], &w) || get_ssize(a[2], &w_stride) || get_ssize(a[3], &n_out) ||
             get_ptr(a[4], &y) || get_ssize(a[5], &ldy))
-            return NULL;
-        if (check_type((int)type, k)) return NULL;
+            return -1;
+        if (check_type((int)type, k)) return -1;
         if (n_out <= 0 || n_out > INT32_MAX || !w || !y || ldy < n_out ||
-            w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type)))
-            goto bad;
+            w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type))) {
+            PyErr_SetString(PyExc_ValueError, "matmuls: inconsistent sizes or null pointers");
+            return -1;
+        }
         mm_job *J = &jobs[i];
         memset(J, 0, sizeof(*J));
         J->type = (int)type;
@@ -1236,11 +1248,38 @@ static PyObject *py_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t na
         J->n_out = (int)n_out;
         J->k = k;
         J->x = (const uint8_t *)x;
-        J->x_stride = (size_t)x_stride;
-        J->n_x = (int)n_x;
+        J->x_stride = x_stride;
+        J->n_x = n_x;
         J->y = (float *)y;
         J->ldy = (size_t)ldy;
     }
+    return 0;
+}
+
+#define MAX_WEIGHTS 8
+
+PyDoc_STRVAR(matmuls_doc,
+             "matmuls(x_ptr, x_row_bytes, n_x, k, (ggml_type, w_ptr, w_row_bytes, n_out, y_ptr, y_row_floats), ...)\n"
+             "matmul of one float32 input with each weight in turn (e.g. a layer's q, k and v, at most 8), one call "
+             "and one hand-off of the GIL for all of them.");
+
+static PyObject *py_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 10 || (nargs - 4) % 6 || (nargs - 4) / 6 > MAX_WEIGHTS) {
+        PyErr_SetString(PyExc_TypeError, "matmuls takes 4 arguments then 6 for each of 1..8 weights");
+        return NULL;
+    }
+    void *x;
+    Py_ssize_t x_stride, n_x, k;
+    if (get_ptr(args[0], &x) || get_ssize(args[1], &x_stride) || get_ssize(args[2], &n_x) || get_ssize(args[3], &k))
+        return NULL;
+    if (!x || n_x < 0 || n_x > INT32_MAX || x_stride < k * 4) {
+        PyErr_SetString(PyExc_ValueError, "matmuls: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    const int n_w = (int)((nargs - 4) / 6);
+    mm_job jobs[MAX_WEIGHTS];
+    if (parse_weights(args + 4, n_w, k, x, (size_t)x_stride, (int)n_x, jobs)) return NULL;
     if (n_x == 0) Py_RETURN_NONE;
     int rc = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -1250,9 +1289,86 @@ static PyObject *py_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_END_ALLOW_THREADS
     if (rc) return PyErr_NoMemory();
     Py_RETURN_NONE;
-bad:
-    PyErr_SetString(PyExc_ValueError, "matmuls: inconsistent sizes or null pointers");
-    return NULL;
+}
+
+PyDoc_STRVAR(norm_matmuls_doc,
+             "norm_matmuls(x_ptr, n_x, k, norm_w_ptr, eps, h_ptr, (ggml_type, w_ptr, w_row_bytes, n_out, y_ptr, "
+             "y_row_floats), ...)\n"
+             "h = rms_norm(x) (as rms_norm; contiguous float32 rows of k), then matmuls(h, ...): a layer's "
+             "normalisation and its q, k, v (or gate and up) in one call.");
+
+static PyObject *py_norm_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 12 || (nargs - 6) % 6 || (nargs - 6) / 6 > MAX_WEIGHTS) {
+        PyErr_SetString(PyExc_TypeError, "norm_matmuls takes 6 arguments then 6 for each of 1..8 weights");
+        return NULL;
+    }
+    void *x, *nw, *h;
+    Py_ssize_t n_x, k;
+    if (get_ptr(args[0], &x) || get_ssize(args[1], &n_x) || get_ssize(args[2], &k) || get_ptr(args[3], &nw))
+        return NULL;
+    double eps = PyFloat_AsDouble(args[4]);
+    if ((eps == -1.0 && PyErr_Occurred()) || get_ptr(args[5], &h)) return NULL;
+    if (!x || !nw || !h || n_x < 0 || n_x > INT32_MAX || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "norm_matmuls: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    const int n_w = (int)((nargs - 6) / 6);
+    mm_job jobs[MAX_WEIGHTS];
+    if (parse_weights(args + 6, n_w, k, h, (size_t)k * 4, (int)n_x, jobs)) return NULL;
+    if (n_x == 0) Py_RETURN_NONE;
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    rms_norm_pool((const float *)x, (const float *)nw, (float *)h, n_x, k, (float)eps);
+    for (int i = 0; i < n_w && !rc; ++i) rc = run_matmul(&jobs[i]);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(matmul_add_doc,
+             "matmul_add(x_ptr, x_row_bytes, n_x, k, r_ptr, r_row_floats, ggml_type, w_ptr, w_row_bytes, n_out, "
+             "y_ptr, y_row_floats)\n"
+             "y = W x + r (the residual added to the matmul output in the same call), float32.");
+
+static PyObject *py_matmul_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "matmul_add takes 12 arguments");
+        return NULL;
+    }
+    void *x, *r;
+    Py_ssize_t x_stride, n_x, k, ldr;
+    if (get_ptr(args[0], &x) || get_ssize(args[1], &x_stride) || get_ssize(args[2], &n_x) || get_ssize(args[3], &k) ||
+        get_ptr(args[4], &r) || get_ssize(args[5], &ldr))
+        return NULL;
+    mm_job J;
+    if (!x || !r || n_x < 0 || n_x > INT32_MAX || x_stride < k * 4) {
+        PyErr_SetString(PyExc_ValueError, "matmul_add: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    if (parse_weights(args + 6, 1, k, x, (size_t)x_stride, (int)n_x, &J)) return NULL;
+    if (ldr < J.n_out) {
+        PyErr_SetString(PyExc_ValueError, "matmul_add: residual rows shorter than the output");
+        return NULL;
+    }
+    if (n_x == 0) Py_RETURN_NONE;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    rc = run_matmul(&J);
+    if (!rc)
+        for (int j = 0; j < J.n_x; ++j) {
+            float *y = J.y + (size_t)j * J.ldy;
+            const float *rr = (const float *)r + (size_t)j * (size_t)ldr;
+            for (int o = 0; o < J.n_out; ++o) y[o] += rr[o]; /* the same float sum as torch's r + y */
+        }
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
@@ -1358,6 +1474,8 @@ static PyMethodDef methods[] = {
     {"dequantize_rows", (PyCFunction)(void (*)(void))py_dequantize_rows, METH_FASTCALL, dequantize_rows_doc},
     {"argmax", (PyCFunction)(void (*)(void))py_argmax, METH_FASTCALL, argmax_doc},
     {"matmuls", (PyCFunction)(void (*)(void))py_matmuls, METH_FASTCALL, matmuls_doc},
+    {"norm_matmuls", (PyCFunction)(void (*)(void))py_norm_matmuls, METH_FASTCALL, norm_matmuls_doc},
+    {"matmul_add", (PyCFunction)(void (*)(void))py_matmul_add, METH_FASTCALL, matmul_add_doc},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
     {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
     {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},

@@ -201,3 +201,27 @@ def test_linears_is_linear_per_weight(rows):
             want = [linear(x, w) for w in weights]
         assert [tuple(y.shape) for y in got] == [(rows, w.shape[0]) for w in weights]
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("rows", [1, 70])
+def test_norm_and_residual_ride_in_the_matmul_call(rows):
+    """norm_linears = linears(rms_norm(x)) and linear_add = residual + linear, bit for bit (the
+    same float32 operations, only fewer calls); RMSNorm rows on the pool equal one thread."""
+    from tramontane.engine.mistral3.text import norm_linears, rms_norm
+    from tramontane.kernels.linear import QWeight, linear, linear_add, linears
+
+    rng = np.random.default_rng(11)
+    weights = [QWeight.from_raw(make_weight(t, n, 512, rng)[0], t, (n, 512)) for t, n in [(gt.Q4_K, 48), (gt.Q6_K, 16)]]
+    x = torch.from_numpy(rng.standard_normal((rows, 512)).astype(np.float32)) * 3
+    norm = torch.from_numpy(rng.uniform(0.5, 1.5, 512).astype(np.float32))
+    got = norm_linears(x, norm, 1e-5, weights)
+    want = linears(rms_norm(x, norm, 1e-5), weights)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    pooled = cpu_native.rms_norm(x, norm, 1e-5)
+    cpu_native.set_threads(1)
+    assert torch.equal(cpu_native.rms_norm(x, norm, 1e-5), pooled)
+    cpu_native.set_threads(2)
+    residual = torch.from_numpy(rng.standard_normal((rows, 48)).astype(np.float32))
+    assert torch.equal(linear_add(x, weights[0], residual), residual + linear(x, weights[0]))
+    with pytest.raises(ValueError, match="residual"):
+        cpu_native.matmul_add(x, weights[0]._native + (48,), residual[:, :40])
