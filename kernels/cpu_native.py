@@ -190,13 +190,8 @@ def _rows(t: torch.Tensor, heads: int, d: int) -> int:
     return t.stride(0)
 
 
-def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
-                  cos_k: torch.Tensor, sin_k: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  start: int) -> None:
-    """One call for RoPE and the KV-cache write of T rows, float32: q (T, Hq, d) is rotated in
-    place, k (T, Hkv, d) rotated into k_cache[:, start:start + T] and v (T, Hkv, dv) copied into
-    v_cache[:, start:start + T] (caches (Hkv, capacity, d), rows contiguous). Tables (T, d) as
-    for rope_pairs; bit-exact with rope_pairs and a slice assignment."""
+def _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start: int) -> list:
+    """rope_kv's arguments, every shape and stride checked (the kernel trusts them)."""
     T, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[2]
     q_row, k_row, v_row = _rows(q, hq, d), _rows(k, hkv, d), _rows(v, hkv, dv)
@@ -207,10 +202,35 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torc
             or v_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape[2] != dv
             or k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or k.shape[0] != T or v.shape[0] != T
             or not 0 <= start <= min(k_cache.shape[1], v_cache.shape[1]) - T):
-        raise ValueError("rope_kv_write: caches must be float32 (Hkv, capacity, d) with room for the rows")
-    _cpu.rope_kv(q.data_ptr(), k.data_ptr(), v.data_ptr(), cos_q.data_ptr(), sin_q.data_ptr(), cos_k.data_ptr(),
-                 sin_k.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), T, hq, hkv, d, dv, start, q_row, k_row,
-                 v_row, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1))
+        raise ValueError("rope_kv: caches must be float32 (Hkv, capacity, d) with room for the rows")
+    return [q.data_ptr(), k.data_ptr(), v.data_ptr(), cos_q.data_ptr(), sin_q.data_ptr(), cos_k.data_ptr(),
+            sin_k.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), T, hq, hkv, d, dv, start, q_row, k_row, v_row,
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1)]
+
+
+def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                  cos_k: torch.Tensor, sin_k: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  start: int) -> None:
+    """One call for RoPE and the KV-cache write of T rows, float32: q (T, Hq, d) is rotated in
+    place, k (T, Hkv, d) rotated into k_cache[:, start:start + T] and v (T, Hkv, dv) copied into
+    v_cache[:, start:start + T] (caches (Hkv, capacity, d), rows contiguous). Tables (T, d) as
+    for rope_pairs; bit-exact with rope_pairs and a slice assignment."""
+    _cpu.rope_kv(*_rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start))
+
+
+def rope_kv_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                   cos_k: torch.Tensor, sin_k: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   start: int, scale: float | None = None) -> torch.Tensor:
+    """rope_kv_write then attend_causal(q, k_cache, v_cache, start) in one call: a layer's
+    attention before its output projection, (T, Hq * dv). q is rotated in place."""
+    args = _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start)
+    T, hq, d = q.shape
+    if hq % k.shape[1]:
+        raise ValueError("rope_kv_attend: query heads must be a multiple of the KV heads")
+    out = torch.empty(T, hq * v.shape[2], dtype=torch.float32)
+    if T:
+        _cpu.rope_kv_attend(*args, out.data_ptr(), float(scale if scale is not None else d ** -0.5))
+    return out
 
 
 def attend_causal(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
@@ -298,3 +318,17 @@ def matmul_add(x: torch.Tensor, plan: tuple, residual: torch.Tensor) -> torch.Te
     _cpu.matmul_add(x.data_ptr(), k * 4, n, k, residual.data_ptr(), plan[3], plan[0], plan[1], plan[2], plan[3],
                     y.data_ptr(), plan[3])
     return y
+
+
+def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_plan: tuple,
+                up_plan: tuple) -> torch.Tensor:
+    """swiglu(*norm_matmuls(x, norm_weight, eps, [gate_plan, up_plan])) in one call: an MLP up
+    to its down projection's input, (n, gate out_features)."""
+    n, k = x.shape
+    if norm_weight.dtype != torch.float32 or norm_weight.shape != (k,) or not norm_weight.is_contiguous():
+        raise ValueError(f"norm_swiglu needs a contiguous float32 ({k},) norm weight")
+    h = torch.empty(n, k, dtype=torch.float32)
+    gate, up, out = (torch.empty(n, gate_plan[3], dtype=torch.float32) for _ in range(3))
+    _cpu.norm_swiglu(x.data_ptr(), n, k, norm_weight.data_ptr(), float(eps), h.data_ptr(), out.data_ptr(),
+                     *gate_plan, gate.data_ptr(), gate_plan[3], *up_plan, up.data_ptr(), up_plan[3])
+    return out

@@ -190,12 +190,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_into_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables, cache_k: torch.Tensor,
                     cache_v: torch.Tensor, start: int) -> torch.Tensor:
     """RoPE on q and k (T, heads, d), k and v written to one layer's cache (Hkv, capacity, d) at
-    [start, start + T); returns the rotated q. tables: (cos_q, sin_q, cos_k, sin_k) rows."""
+    [start, start + T); returns the rotated q. tables: (cos_q, sin_q, cos_k, sin_k) rows.
+    (The CPU kernels do this in the attention's call: cpu_native.rope_kv_attend.)"""
     cos_q, sin_q, cos_k, sin_k = tables
-    if _native_f32(q, k, v, cos_q, cache_k, cache_v):
-        # one call instead of two rotations, two transposed copies and their temporaries
-        _linear_mod.cpu_native.rope_kv_write(q, k, v, cos_q, sin_q, cos_k, sin_k, cache_k, cache_v, start)
-        return q
     end = start + q.shape[0]
     cache_k[:, start:end] = apply_rope_pairs(k, cos_k, sin_k).transpose(0, 1)
     cache_v[:, start:end] = v.transpose(0, 1)
@@ -768,12 +765,12 @@ class Mistral3Text:
         T = x.shape[0]
         q, k, v = self._qkv(layer, x)
         cache_k, cache_v = cache.layer_k[i], cache.layer_v[i]
-        q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
         if _native_f32(q, cache_k):
-            # CPU: the native kernel, (row, KV head) pairs on the thread pool. sdpa's CPU kernel
-            # spends ~90 us a layer on setup at decode sizes, and runs prefill on one thread
-            # (torch keeps one beside the pool).
-            return _linear_mod.cpu_native.attend_causal(q, cache_k, cache_v, start)
+            # CPU: RoPE, the KV write and attention in one native call, (row, KV head) pairs on
+            # the thread pool. sdpa's CPU kernel spends ~90 us a layer on setup at decode sizes,
+            # and runs prefill on one thread (torch keeps one beside the pool).
+            return _linear_mod.cpu_native.rope_kv_attend(q, k, v, *tables, cache_k, cache_v, start)
+        q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
         end = start + T
         keys = cache_k[:, :end].unsqueeze(0)  # (1, Hkv, S, d)
         values = cache_v[:, :end].unsqueeze(0)
@@ -796,11 +793,14 @@ class Mistral3Text:
 
     def _mlp_hidden(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of ffn_norm(x): the down projection's input."""
+        eps = self.cfg.norm_eps
         if layer.w_gate_up is not None:
-            gate, up = linear(rms_norm(x, layer.ffn_norm, self.cfg.norm_eps), layer.w_gate_up).chunk(2, dim=-1)
-        else:
-            gate, up = norm_linears(x, layer.ffn_norm, self.cfg.norm_eps, (layer.w_gate, layer.w_up))
-        return swiglu(gate, up)
+            gate, up = linear(rms_norm(x, layer.ffn_norm, eps), layer.w_gate_up).chunk(2, dim=-1)
+            return swiglu(gate, up)
+        plans = _linear_mod.native_plans((layer.w_gate, layer.w_up), x)
+        if plans is not None and _native_f32(layer.ffn_norm):  # CPU: norm, gate, up, SwiGLU in one call
+            return _linear_mod.cpu_native.norm_swiglu(x, layer.ffn_norm, eps, *plans)
+        return swiglu(*norm_linears(x, layer.ffn_norm, eps, (layer.w_gate, layer.w_up)))
 
     # -- one-token decode ------------------------------------------------------------------------
     def decode_bucket(self, n_keys: int, capacity: int) -> int:

@@ -639,38 +639,45 @@ PyDoc_STRVAR(rope_kv_doc,
              "Pointers then sizes, strides in floats. For each row t < T: q[t] (Hq heads of d) rotated in place with "
              "tables row t (as rope_pairs); k[t] rotated into k_cache[h, pos + t]; v[t] copied to v_cache[h, pos + t].");
 
+/* rope_kv's 22 arguments into its job; -1 with an exception set when they do not fit */
+static int parse_rope_kv(PyObject *const *args, rkv_job *J) {
+    void *p[9];
+    Py_ssize_t s[13];
+    for (int i = 0; i < 9; ++i)
+        if (get_ptr(args[i], &p[i])) return -1;
+    for (int i = 0; i < 13; ++i)
+        if (get_ssize(args[9 + i], &s[i])) return -1;
+    int ok = s[1] > 0 && s[2] > 0 && s[3] > 0 && s[3] % 2 == 0 && s[4] > 0;
+    for (int i = 0; i < 9; ++i) ok = ok && p[i];
+    for (int i = 0; i < 13; ++i) ok = ok && s[i] >= 0 && s[i] <= INT32_MAX;
+    if (!ok || s[0] + s[5] > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "rope_kv: inconsistent sizes or null pointers");
+        return -1;
+    }
+    rkv_job j = {(float *)p[0], (const float *)p[1], (const float *)p[2], (const float *)p[3], (const float *)p[4],
+                 (const float *)p[5], (const float *)p[6], (float *)p[7], (float *)p[8], (int)s[0], (int)s[1],
+                 (int)s[2], (int)s[3], (int)s[4], 1, (size_t)s[6], (size_t)s[7], (size_t)s[8], (size_t)s[9],
+                 (size_t)s[10], (size_t)s[11], (size_t)s[12], s[5]};
+    j.n_units = pool_units(j.T, (Py_ssize_t)(j.hq + 2 * j.hkv) * j.d);
+    *J = j;
+    return 0;
+}
+
 static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 22) {
         PyErr_SetString(PyExc_TypeError, "rope_kv takes 22 arguments");
         return NULL;
     }
-    void *p[9];
-    Py_ssize_t s[13];
-    for (int i = 0; i < 9; ++i)
-        if (get_ptr(args[i], &p[i])) return NULL;
-    for (int i = 0; i < 13; ++i)
-        if (get_ssize(args[9 + i], &s[i])) return NULL;
-    for (int i = 0; i < 9; ++i)
-        if (!p[i]) goto bad;
-    for (int i = 0; i < 13; ++i)
-        if (s[i] < 0 || s[i] > INT32_MAX) goto bad;
-    if (s[1] <= 0 || s[2] <= 0 || s[3] <= 0 || s[3] % 2 || s[4] <= 0) goto bad;
-    rkv_job J = {(float *)p[0], (const float *)p[1], (const float *)p[2], (const float *)p[3], (const float *)p[4],
-                 (const float *)p[5], (const float *)p[6], (float *)p[7], (float *)p[8], (int)s[0], (int)s[1],
-                 (int)s[2], (int)s[3], (int)s[4], 1, (size_t)s[6], (size_t)s[7], (size_t)s[8], (size_t)s[9],
-                 (size_t)s[10], (size_t)s[11], (size_t)s[12], s[5]};
+    rkv_job J;
+    if (parse_rope_kv(args, &J)) return NULL;
     if (J.T == 0) Py_RETURN_NONE;
-    J.n_units = pool_units(J.T, (Py_ssize_t)(J.hq + 2 * J.hkv) * J.d);
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
     pool_for(unit_rope_kv, &J, J.n_units);
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
-bad:
-    PyErr_SetString(PyExc_ValueError, "rope_kv: inconsistent sizes or null pointers");
-    return NULL;
 }
 
 typedef struct {
@@ -702,6 +709,16 @@ static void unit_attn_causal(void *arg, int u) {
 #ifdef TQ_PREFILL_ATTENTION
 static void attend_prefill(ac_job *J); /* T > 1: below, beside the vectorized exp */
 #endif
+
+/* the caller holds the call lock */
+static void run_attend(ac_job *J) {
+#ifdef TQ_PREFILL_ATTENTION
+    if (J->T > 1)
+        attend_prefill(J);
+    else
+#endif
+        pool_for(unit_attn_causal, J, J->T * J->n_kv); /* one row, or a compiler without vector types */
+}
 
 PyDoc_STRVAR(attend_causal_doc,
              "attend_causal(q, k_cache, v_cache, out, T, n_heads, n_kv_heads, d, dv, start, q_row, out_row, k_head, "
@@ -751,15 +768,43 @@ static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssiz
     J.failed = 0;
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
-#ifdef TQ_PREFILL_ATTENTION
-    if (J.T > 1)
-        attend_prefill(&J);
-    else
-#endif
-        pool_for(unit_attn_causal, &J, J.T * J.n_kv); /* one row, or a compiler without vector types */
+    run_attend(&J);
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS
     if (J.failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(rope_kv_attend_doc,
+             "rope_kv_attend(<rope_kv's 22 arguments>, out_ptr, scale)\n"
+             "rope_kv, then attend_causal of the rotated q over the caches (out: T rows of Hq * dv floats): a "
+             "layer's attention before its output projection, one call.");
+
+static PyObject *py_rope_kv_attend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 24) {
+        PyErr_SetString(PyExc_TypeError, "rope_kv_attend takes 24 arguments");
+        return NULL;
+    }
+    rkv_job R;
+    void *out;
+    if (parse_rope_kv(args, &R) || get_ptr(args[22], &out)) return NULL;
+    double scale = PyFloat_AsDouble(args[23]);
+    if (scale == -1.0 && PyErr_Occurred()) return NULL;
+    if (!out || R.hq % R.hkv) {
+        PyErr_SetString(PyExc_ValueError, "rope_kv_attend: null output or heads not a multiple of the KV heads");
+        return NULL;
+    }
+    if (R.T == 0) Py_RETURN_NONE;
+    ac_job A = {R.q, R.kc, R.vc, (float *)out, R.T, R.hkv, R.hq / R.hkv, R.d, R.dv, R.q_row, (size_t)R.hq * R.dv,
+                R.kh, R.kr, R.vh, R.vr, R.pos, (float)scale, 0};
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    pool_for(unit_rope_kv, &R, R.n_units);
+    run_attend(&A);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (A.failed) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -1328,6 +1373,49 @@ static PyObject *py_norm_matmuls(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(norm_swiglu_doc,
+             "norm_swiglu(x_ptr, n_x, k, norm_w_ptr, eps, h_ptr, out_ptr, <gate: 6 as in matmuls>, <up: 6>)\n"
+             "out = swiglu(gate, up) of norm_matmuls(x, ...) with the two weights (out: n_x rows of the gate's "
+             "n_out): an MLP's norm, gate and up projections and activation, one call.");
+
+static PyObject *py_norm_swiglu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "norm_swiglu takes 19 arguments");
+        return NULL;
+    }
+    void *x, *nw, *h, *out;
+    Py_ssize_t n_x, k;
+    if (get_ptr(args[0], &x) || get_ssize(args[1], &n_x) || get_ssize(args[2], &k) || get_ptr(args[3], &nw))
+        return NULL;
+    double eps = PyFloat_AsDouble(args[4]);
+    if ((eps == -1.0 && PyErr_Occurred()) || get_ptr(args[5], &h) || get_ptr(args[6], &out)) return NULL;
+    if (!x || !nw || !h || !out || n_x < 0 || n_x > INT32_MAX || k <= 0) {
+        PyErr_SetString(PyExc_ValueError, "norm_swiglu: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    mm_job jobs[2];
+    if (parse_weights(args + 7, 2, k, h, (size_t)k * 4, (int)n_x, jobs)) return NULL;
+    if (jobs[0].n_out != jobs[1].n_out) {
+        PyErr_SetString(PyExc_ValueError, "norm_swiglu: gate and up differ in size");
+        return NULL;
+    }
+    if (n_x == 0) Py_RETURN_NONE;
+    const int n = jobs[0].n_out;
+    sw_job S = {jobs[0].y, jobs[1].y, (float *)out, n_x, n, jobs[0].ldy, jobs[1].ldy, (size_t)n, pool_units(n_x, n),
+                swiglu_row()};
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    rms_norm_pool((const float *)x, (const float *)nw, (float *)h, n_x, k, (float)eps);
+    for (int i = 0; i < 2 && !rc; ++i) rc = run_matmul(&jobs[i]);
+    if (!rc) pool_for(unit_swiglu, &S, S.n_units);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(matmul_add_doc,
              "matmul_add(x_ptr, x_row_bytes, n_x, k, r_ptr, r_row_floats, ggml_type, w_ptr, w_row_bytes, n_out, "
              "y_ptr, y_row_floats)\n"
@@ -1470,12 +1558,14 @@ static PyMethodDef methods[] = {
     {"rope_pairs", (PyCFunction)(void (*)(void))py_rope_pairs, METH_FASTCALL, rope_doc},
     {"rope_kv", (PyCFunction)(void (*)(void))py_rope_kv, METH_FASTCALL, rope_kv_doc},
     {"attend_causal", (PyCFunction)(void (*)(void))py_attend_causal, METH_FASTCALL, attend_causal_doc},
+    {"rope_kv_attend", (PyCFunction)(void (*)(void))py_rope_kv_attend, METH_FASTCALL, rope_kv_attend_doc},
     {"swiglu", (PyCFunction)(void (*)(void))py_swiglu, METH_FASTCALL, swiglu_doc},
     {"dequantize_rows", (PyCFunction)(void (*)(void))py_dequantize_rows, METH_FASTCALL, dequantize_rows_doc},
     {"argmax", (PyCFunction)(void (*)(void))py_argmax, METH_FASTCALL, argmax_doc},
     {"matmuls", (PyCFunction)(void (*)(void))py_matmuls, METH_FASTCALL, matmuls_doc},
     {"norm_matmuls", (PyCFunction)(void (*)(void))py_norm_matmuls, METH_FASTCALL, norm_matmuls_doc},
     {"matmul_add", (PyCFunction)(void (*)(void))py_matmul_add, METH_FASTCALL, matmul_add_doc},
+    {"norm_swiglu", (PyCFunction)(void (*)(void))py_norm_swiglu, METH_FASTCALL, norm_swiglu_doc},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
     {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
     {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},

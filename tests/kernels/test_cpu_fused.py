@@ -225,3 +225,31 @@ def test_norm_and_residual_ride_in_the_matmul_call(rows):
     assert torch.equal(linear_add(x, weights[0], residual), residual + linear(x, weights[0]))
     with pytest.raises(ValueError, match="residual"):
         cpu_native.matmul_add(x, weights[0]._native + (48,), residual[:, :40])
+
+
+@pytest.mark.parametrize("T,start", [(1, 30), (40, 0), (7, 12)])
+def test_one_call_attention_and_mlp_are_their_steps(T, start):
+    """rope_kv_attend = rope_kv_write then attend_causal, norm_swiglu = swiglu of norm_linears:
+    bit for bit (the same kernels, one call)."""
+    from tramontane.engine.mistral3.text import norm_linears, swiglu
+    from tramontane.kernels.linear import QWeight, native_plans
+
+    g = torch.Generator().manual_seed(12)
+    hq, hkv, d = 8, 2, 64
+    q, k, v = torch.randn(T, hq, d, generator=g), torch.randn(T, hkv, d, generator=g), torch.randn(T, hkv, d, generator=g)
+    tables = [torch.randn(T, d, generator=g) for _ in range(4)]
+    caches = [torch.randn(hkv, 64, d, generator=g) for _ in range(2)]
+    want_caches = [c.clone() for c in caches]
+    q2 = q.clone()
+    cpu_native.rope_kv_write(q2, k, v, *tables, *want_caches, start)
+    want = cpu_native.attend_causal(q2, *want_caches, start)
+    got = cpu_native.rope_kv_attend(q, k, v, *tables, *caches, start)
+    assert torch.equal(got, want) and torch.equal(q, q2)
+    assert all(torch.equal(a, b) for a, b in zip(caches, want_caches))
+
+    rng = np.random.default_rng(13)
+    gate_w, up_w = (QWeight.from_raw(make_weight(gt.Q4_K, 96, 256, rng)[0], gt.Q4_K, (96, 256)) for _ in range(2))
+    x = torch.from_numpy(rng.standard_normal((T, 256)).astype(np.float32))
+    norm = torch.from_numpy(rng.uniform(0.5, 1.5, 256).astype(np.float32))
+    got = cpu_native.norm_swiglu(x, norm, 1e-5, *native_plans((gate_w, up_w), x))
+    assert torch.equal(got, swiglu(*norm_linears(x, norm, 1e-5, (gate_w, up_w))))
