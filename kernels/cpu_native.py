@@ -298,14 +298,14 @@ def matmuls(x: torch.Tensor, plans: list[tuple]) -> list[torch.Tensor]:
 
 
 def norm_matmuls(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, plans: list[tuple]) -> list[torch.Tensor]:
-    """matmuls(rms_norm(x, norm_weight, eps), plans) in one call (x contiguous float32 (n, k))."""
+    """matmuls(rms_norm(x, norm_weight, eps), plans) in one call (x contiguous float32 (n, k));
+    the normalised rows stay inside the kernels."""
     n, k = x.shape
     if norm_weight.dtype != torch.float32 or norm_weight.shape != (k,) or not norm_weight.is_contiguous():
         raise ValueError(f"norm_matmuls needs a contiguous float32 ({k},) norm weight")
-    h = torch.empty(n, k, dtype=torch.float32)
     ys = [torch.empty(n, p[3], dtype=torch.float32) for p in plans]
     args = [a for p, y in zip(plans, ys) for a in (p[0], p[1], p[2], p[3], y.data_ptr(), p[3])]
-    _cpu.norm_matmuls(x.data_ptr(), n, k, norm_weight.data_ptr(), float(eps), h.data_ptr(), *args)
+    _cpu.norm_matmuls(x.data_ptr(), n, k, norm_weight.data_ptr(), float(eps), *args)
     return ys
 
 
@@ -323,12 +323,10 @@ def matmul_add(x: torch.Tensor, plan: tuple, residual: torch.Tensor) -> torch.Te
 def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_plan: tuple,
                 up_plan: tuple) -> torch.Tensor:
     """swiglu(*norm_matmuls(x, norm_weight, eps, [gate_plan, up_plan])) in one call: an MLP up
-    to its down projection's input, (n, gate out_features)."""
+    to its down projection's input, (n, gate out_features); the gate and up outputs stay inside."""
     n, k = x.shape
     if norm_weight.dtype != torch.float32 or norm_weight.shape != (k,) or not norm_weight.is_contiguous():
         raise ValueError(f"norm_swiglu needs a contiguous float32 ({k},) norm weight")
-    h = torch.empty(n, k, dtype=torch.float32)
-    gate, up, out = (torch.empty(n, gate_plan[3], dtype=torch.float32) for _ in range(3))
-    _cpu.norm_swiglu(x.data_ptr(), n, k, norm_weight.data_ptr(), float(eps), h.data_ptr(), out.data_ptr(),
-                     *gate_plan, gate.data_ptr(), gate_plan[3], *up_plan, up.data_ptr(), up_plan[3])
+    out = torch.empty(n, gate_plan[3], dtype=torch.float32)
+    _cpu.norm_swiglu(x.data_ptr(), n, k, norm_weight.data_ptr(), float(eps), out.data_ptr(), *gate_plan, *up_plan)
     return out

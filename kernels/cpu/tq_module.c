@@ -1272,15 +1272,16 @@ static PyObject *py_argmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* n_w weights from 6 arguments each (ggml_type, w_ptr, w_row_bytes, n_out, y_ptr, y_row_floats), all against
  * the float32 rows x (k each): their matmul jobs. -1 with an exception set when one does not fit. */
 static int parse_weights(PyObject *const *a, int n_w, int64_t k, const void *x, size_t x_stride, int n_x,
-                         mm_job *jobs) {
+                         mm_job *jobs, int y_optional) {
     for (int i = 0; i < n_w; ++i, a += 6) {
-        Py_ssize_t type, w_stride, n_out, ldy;
-        void *w, *y;
+        Py_ssize_t type, w_stride, n_out, ldy = 0;
+        void *w, *y = NULL;
+        const int temp = y_optional && a[4] == Py_None;
         if (get_ssize(a[0], &type) || get_ptr(a[1], &w) || get_ssize(a[2], &w_stride) || get_ssize(a[3], &n_out) ||
-            get_ptr(a[4], &y) || get_ssize(a[5], &ldy))
+            (!temp && (get_ptr(a[4], &y) || get_ssize(a[5], &ldy))))
             return -1;
         if (check_type((int)type, k)) return -1;
-        if (n_out <= 0 || n_out > INT32_MAX || !w || !y || ldy < n_out ||
+        if (n_out <= 0 || n_out > INT32_MAX || !w || (!y && !y_optional) || (y && ldy < n_out) ||
             w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type))) {
             PyErr_SetString(PyExc_ValueError, "matmuls: inconsistent sizes or null pointers");
             return -1;
@@ -1295,10 +1296,34 @@ static int parse_weights(PyObject *const *a, int n_w, int64_t k, const void *x, 
         J->x = (const uint8_t *)x;
         J->x_stride = x_stride;
         J->n_x = n_x;
-        J->y = (float *)y;
-        J->ldy = (size_t)ldy;
+        J->y = (float *)y; /* NULL (y_optional): a temporary, placed by the caller */
+        J->ldy = y ? (size_t)ldy : (size_t)n_out;
     }
     return 0;
+}
+
+/* Temporaries of the fused calls (normalised rows, gate and up outputs), never seen by Python: kept
+ * between calls up to TEMP_KEEP bytes (a decode step's: the same cache lines every token), larger
+ * ones (prefill) freed after the call. Used under the call lock. */
+#define TEMP_KEEP ((size_t)4 << 20)
+static float *temp_buf = NULL;
+static size_t temp_size = 0;
+
+static float *get_temp(size_t n_floats) {
+    const size_t n = n_floats * sizeof(float);
+    if (n <= temp_size) return temp_buf;
+    free(temp_buf);
+    temp_buf = (float *)malloc(n);
+    temp_size = temp_buf ? n : 0;
+    return temp_buf;
+}
+
+static void release_temp(void) {
+    if (temp_size > TEMP_KEEP) {
+        free(temp_buf);
+        temp_buf = NULL;
+        temp_size = 0;
+    }
 }
 
 #define MAX_WEIGHTS 8
@@ -1324,7 +1349,7 @@ static PyObject *py_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     const int n_w = (int)((nargs - 4) / 6);
     mm_job jobs[MAX_WEIGHTS];
-    if (parse_weights(args + 4, n_w, k, x, (size_t)x_stride, (int)n_x, jobs)) return NULL;
+    if (parse_weights(args + 4, n_w, k, x, (size_t)x_stride, (int)n_x, jobs, 0)) return NULL;
     if (n_x == 0) Py_RETURN_NONE;
     int rc = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -1337,36 +1362,56 @@ static PyObject *py_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 PyDoc_STRVAR(norm_matmuls_doc,
-             "norm_matmuls(x_ptr, n_x, k, norm_w_ptr, eps, h_ptr, (ggml_type, w_ptr, w_row_bytes, n_out, y_ptr, "
+             "norm_matmuls(x_ptr, n_x, k, norm_w_ptr, eps, (ggml_type, w_ptr, w_row_bytes, n_out, y_ptr, "
              "y_row_floats), ...)\n"
-             "h = rms_norm(x) (as rms_norm; contiguous float32 rows of k), then matmuls(h, ...): a layer's "
-             "normalisation and its q, k, v (or gate and up) in one call.");
+             "matmuls(rms_norm(x), ...) (the norm as rms_norm, into a temporary; x contiguous float32 rows of k): "
+             "a layer's normalisation and its q, k, v (or gate and up) in one call.");
+
+/* rms_norm of x into a temporary of n_x * k floats followed by `extra` more, then jobs (whose x is
+ * the temporary; a NULL y is placed in the extra floats); the caller holds the call lock. -1: no memory */
+static int run_norm_matmuls(const float *x, const float *nw, float eps, int n_x, int64_t k, mm_job *jobs, int n_w,
+                            size_t extra) {
+    float *h = get_temp((size_t)n_x * (size_t)k + extra);
+    if (!h) return -1;
+    rms_norm_pool(x, nw, h, n_x, k, eps);
+    float *y = h + (size_t)n_x * (size_t)k;
+    int rc = 0;
+    for (int i = 0; i < n_w && !rc; ++i) {
+        jobs[i].x = (const uint8_t *)h;
+        if (!jobs[i].y) {
+            jobs[i].y = y;
+            y += (size_t)n_x * jobs[i].ldy;
+        }
+        rc = run_matmul(&jobs[i]);
+    }
+    return rc;
+}
 
 static PyObject *py_norm_matmuls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs < 12 || (nargs - 6) % 6 || (nargs - 6) / 6 > MAX_WEIGHTS) {
-        PyErr_SetString(PyExc_TypeError, "norm_matmuls takes 6 arguments then 6 for each of 1..8 weights");
+    if (nargs < 11 || (nargs - 5) % 6 || (nargs - 5) / 6 > MAX_WEIGHTS) {
+        PyErr_SetString(PyExc_TypeError, "norm_matmuls takes 5 arguments then 6 for each of 1..8 weights");
         return NULL;
     }
-    void *x, *nw, *h;
+    void *x, *nw;
     Py_ssize_t n_x, k;
     if (get_ptr(args[0], &x) || get_ssize(args[1], &n_x) || get_ssize(args[2], &k) || get_ptr(args[3], &nw))
         return NULL;
     double eps = PyFloat_AsDouble(args[4]);
-    if ((eps == -1.0 && PyErr_Occurred()) || get_ptr(args[5], &h)) return NULL;
-    if (!x || !nw || !h || n_x < 0 || n_x > INT32_MAX || k <= 0) {
+    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    if (!x || !nw || n_x < 0 || n_x > INT32_MAX || k <= 0) {
         PyErr_SetString(PyExc_ValueError, "norm_matmuls: inconsistent sizes or null pointers");
         return NULL;
     }
-    const int n_w = (int)((nargs - 6) / 6);
+    const int n_w = (int)((nargs - 5) / 6);
     mm_job jobs[MAX_WEIGHTS];
-    if (parse_weights(args + 6, n_w, k, h, (size_t)k * 4, (int)n_x, jobs)) return NULL;
+    if (parse_weights(args + 5, n_w, k, x, (size_t)k * 4, (int)n_x, jobs, 0)) return NULL;
     if (n_x == 0) Py_RETURN_NONE;
-    int rc = 0;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
-    rms_norm_pool((const float *)x, (const float *)nw, (float *)h, n_x, k, (float)eps);
-    for (int i = 0; i < n_w && !rc; ++i) rc = run_matmul(&jobs[i]);
+    rc = run_norm_matmuls((const float *)x, (const float *)nw, (float)eps, (int)n_x, k, jobs, n_w, 0);
+    release_temp();
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS
     if (rc) return PyErr_NoMemory();
@@ -1374,42 +1419,48 @@ static PyObject *py_norm_matmuls(PyObject *self, PyObject *const *args, Py_ssize
 }
 
 PyDoc_STRVAR(norm_swiglu_doc,
-             "norm_swiglu(x_ptr, n_x, k, norm_w_ptr, eps, h_ptr, out_ptr, <gate: 6 as in matmuls>, <up: 6>)\n"
-             "out = swiglu(gate, up) of norm_matmuls(x, ...) with the two weights (out: n_x rows of the gate's "
-             "n_out): an MLP's norm, gate and up projections and activation, one call.");
+             "norm_swiglu(x_ptr, n_x, k, norm_w_ptr, eps, out_ptr, <gate: 4 as in matmuls, without y>, <up: 4>)\n"
+             "out = swiglu(gate, up) of norm_matmuls(x, ...) with the two weights (gate and up outputs are "
+             "temporaries; out: n_x rows of n_out): an MLP's norm, gate and up projections and activation, one call.");
 
 static PyObject *py_norm_swiglu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 19) {
-        PyErr_SetString(PyExc_TypeError, "norm_swiglu takes 19 arguments");
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "norm_swiglu takes 14 arguments");
         return NULL;
     }
-    void *x, *nw, *h, *out;
+    void *x, *nw, *out;
     Py_ssize_t n_x, k;
     if (get_ptr(args[0], &x) || get_ssize(args[1], &n_x) || get_ssize(args[2], &k) || get_ptr(args[3], &nw))
         return NULL;
     double eps = PyFloat_AsDouble(args[4]);
-    if ((eps == -1.0 && PyErr_Occurred()) || get_ptr(args[5], &h) || get_ptr(args[6], &out)) return NULL;
-    if (!x || !nw || !h || !out || n_x < 0 || n_x > INT32_MAX || k <= 0) {
+    if ((eps == -1.0 && PyErr_Occurred()) || get_ptr(args[5], &out)) return NULL;
+    if (!x || !nw || !out || n_x < 0 || n_x > INT32_MAX || k <= 0) {
         PyErr_SetString(PyExc_ValueError, "norm_swiglu: inconsistent sizes or null pointers");
         return NULL;
     }
+    /* each weight: 4 arguments and a NULL output (a temporary) */
+    PyObject *w6[12] = {args[6], args[7], args[8], args[9], Py_None, Py_None,
+                        args[10], args[11], args[12], args[13], Py_None, Py_None};
     mm_job jobs[2];
-    if (parse_weights(args + 7, 2, k, h, (size_t)k * 4, (int)n_x, jobs)) return NULL;
+    if (parse_weights(w6, 2, k, x, (size_t)k * 4, (int)n_x, jobs, 1)) return NULL;
     if (jobs[0].n_out != jobs[1].n_out) {
         PyErr_SetString(PyExc_ValueError, "norm_swiglu: gate and up differ in size");
         return NULL;
     }
     if (n_x == 0) Py_RETURN_NONE;
     const int n = jobs[0].n_out;
-    sw_job S = {jobs[0].y, jobs[1].y, (float *)out, n_x, n, jobs[0].ldy, jobs[1].ldy, (size_t)n, pool_units(n_x, n),
-                swiglu_row()};
-    int rc = 0;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
-    rms_norm_pool((const float *)x, (const float *)nw, (float *)h, n_x, k, (float)eps);
-    for (int i = 0; i < 2 && !rc; ++i) rc = run_matmul(&jobs[i]);
-    if (!rc) pool_for(unit_swiglu, &S, S.n_units);
+    rc = run_norm_matmuls((const float *)x, (const float *)nw, (float)eps, (int)n_x, k, jobs, 2,
+                          2 * (size_t)n_x * (size_t)n);
+    if (!rc) {
+        sw_job S = {jobs[0].y, jobs[1].y, (float *)out, n_x, n, (size_t)n, (size_t)n, (size_t)n, pool_units(n_x, n),
+                    swiglu_row()};
+        pool_for(unit_swiglu, &S, S.n_units);
+    }
+    release_temp();
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS
     if (rc) return PyErr_NoMemory();
@@ -1437,7 +1488,7 @@ static PyObject *py_matmul_add(PyObject *self, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_ValueError, "matmul_add: inconsistent sizes or null pointers");
         return NULL;
     }
-    if (parse_weights(args + 6, 1, k, x, (size_t)x_stride, (int)n_x, &J)) return NULL;
+    if (parse_weights(args + 6, 1, k, x, (size_t)x_stride, (int)n_x, &J, 0)) return NULL;
     if (ldr < J.n_out) {
         PyErr_SetString(PyExc_ValueError, "matmul_add: residual rows shorter than the output");
         return NULL;

@@ -253,3 +253,17 @@ def test_one_call_attention_and_mlp_are_their_steps(T, start):
     norm = torch.from_numpy(rng.uniform(0.5, 1.5, 256).astype(np.float32))
     got = cpu_native.norm_swiglu(x, norm, 1e-5, *native_plans((gate_w, up_w), x))
     assert torch.equal(got, swiglu(*norm_linears(x, norm, 1e-5, (gate_w, up_w))))
+
+
+def test_prefill_sized_temporaries_are_released_and_right():
+    """Past 4 MiB of normalised rows the kernels' temporary is freed after the call (RSS); the
+    results are the same either side of that line."""
+    from tramontane.engine.mistral3.text import norm_linears, rms_norm
+    from tramontane.kernels.linear import QWeight, linears
+
+    rng = np.random.default_rng(14)
+    w = QWeight.from_raw(make_weight(gt.Q8_0, 16, 1024, rng)[0], gt.Q8_0, (16, 1024))
+    norm = torch.from_numpy(rng.uniform(0.5, 1.5, 1024).astype(np.float32))
+    for rows in (1100, 3, 1100):  # 4.5 MB, then small (kept), then large again
+        x = torch.from_numpy(rng.standard_normal((rows, 1024)).astype(np.float32))
+        assert torch.equal(norm_linears(x, norm, 1e-5, [w])[0], linears(rms_norm(x, norm, 1e-5), [w])[0])
