@@ -214,6 +214,14 @@ def norm_linears(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weights
     return linears(rms_norm(x, norm_weight, eps), weights)
 
 
+def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w_gate: QWeight, w_up: QWeight) -> torch.Tensor:
+    """swiglu of norm_linears(x, ..., (w_gate, w_up)): an MLP up to its down projection's input."""
+    plans = _linear_mod.native_plans((w_gate, w_up), x)
+    if plans is not None and _native_f32(norm_weight):
+        return _linear_mod.cpu_native.norm_swiglu(x, norm_weight, eps, *plans)  # norm, gate, up, SwiGLU: one call
+    return swiglu(*norm_linears(x, norm_weight, eps, (w_gate, w_up)))
+
+
 # ----------------------------------------------------------------------------- KV cache
 
 @dataclass
@@ -797,10 +805,7 @@ class Mistral3Text:
         if layer.w_gate_up is not None:
             gate, up = linear(rms_norm(x, layer.ffn_norm, eps), layer.w_gate_up).chunk(2, dim=-1)
             return swiglu(gate, up)
-        plans = _linear_mod.native_plans((layer.w_gate, layer.w_up), x)
-        if plans is not None and _native_f32(layer.ffn_norm):  # CPU: norm, gate, up, SwiGLU in one call
-            return _linear_mod.cpu_native.norm_swiglu(x, layer.ffn_norm, eps, *plans)
-        return swiglu(*norm_linears(x, layer.ffn_norm, eps, (layer.w_gate, layer.w_up)))
+        return norm_swiglu(x, layer.ffn_norm, eps, layer.w_gate, layer.w_up)
 
     # -- one-token decode ------------------------------------------------------------------------
     def decode_bucket(self, n_keys: int, capacity: int) -> int:
@@ -896,4 +901,5 @@ def load_model(path, device: str | torch.device = "auto", dtype: torch.dtype | N
 
 
 __all__ = ["Mistral3Text", "KVCache", "KVSnapshot", "load_model", "resolve_device", "default_dtype",
-           "rope_inv_freq", "build_rope_tables", "apply_rope_pairs", "rms_norm", "query_scale"]
+           "rope_inv_freq", "build_rope_tables", "apply_rope_pairs", "rms_norm", "query_scale", "rope_into_cache",
+           "swiglu", "norm_linears", "norm_swiglu"]
