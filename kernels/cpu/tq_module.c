@@ -269,6 +269,7 @@ static int run_matmul(mm_job *J) {
     if (act == TQ_ACT_F32) {
         J->xq = (uint8_t *)J->x;
         J->xq_stride = J->x_stride;
+        if (J->n_x >= TQ_WIDE_MIN_ROWS && K->gemm_wide[J->type]) J->gemm = K->gemm_wide[J->type];
     } else {
         const int64_t nb = J->k / (act == TQ_ACT_Q8K ? TQ_QK : TQ_QB);
         J->xq_stride = (size_t)nb * (act == TQ_ACT_Q8K ? sizeof(tq_q8k) : sizeof(tq_q8b));

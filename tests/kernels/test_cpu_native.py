@@ -49,6 +49,8 @@ def _shapes(ggml_type):
     shapes = [(37, one, 1), (1, many, 1), (19, many, 6), (53, one, 9), (16, 4 * max(blk, 64), 4), (21, one, 19)]
     if blk > 1:  # K in several chunks of the prefill tiles' L1 blocking (23 x 256: chunks 8, 8, 7)
         shapes.append((11, 23 * 256, 9))
+    else:  # float prefill blocks: K in chunks of 1024 with a tail, weight and activation rows left over
+        shapes.append((7, 2500, 7))
     return shapes
 
 
