@@ -183,11 +183,11 @@ def rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
 
 def _rows(t: torch.Tensor, heads: int, d: int) -> int:
     """Row stride (floats) of a float32 (T, heads, d) tensor whose rows hold contiguous heads."""
-    if (t.dtype != torch.float32 or t.dim() != 3 or t.shape[1:] != (heads, d) or t.stride(2) != 1
-            or (heads > 1 and t.stride(1) != d)):
+    s = t.stride()
+    if t.dtype != torch.float32 or t.shape[1:] != (heads, d) or s[2] != 1 or (heads > 1 and s[1] != d):
         raise ValueError(f"expected float32 (T, {heads}, {d}) with contiguous heads, got "
-                         f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
-    return t.stride(0)
+                         f"{t.dtype} {tuple(t.shape)} strides {s}")
+    return s[0]
 
 
 def _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start: int) -> list:
@@ -195,17 +195,20 @@ def _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start: 
     T, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[2]
     q_row, k_row, v_row = _rows(q, hq, d), _rows(k, hkv, d), _rows(v, hkv, dv)
-    for t in (cos_q, sin_q, cos_k, sin_k):
-        if t.dtype != torch.float32 or t.shape != (T, d) or not t.is_contiguous():
-            raise ValueError(f"rope tables must be contiguous float32 ({T}, {d})")
-    if (k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[0] != hkv
-            or v_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape[2] != dv
-            or k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or k.shape[0] != T or v.shape[0] != T
-            or not 0 <= start <= min(k_cache.shape[1], v_cache.shape[1]) - T):
+    f32 = torch.float32
+    if (cos_q.dtype != f32 or sin_q.dtype != f32 or cos_k.dtype != f32 or sin_k.dtype != f32
+            or not cos_q.shape == sin_q.shape == cos_k.shape == sin_k.shape == (T, d)
+            or not (cos_q.is_contiguous() and sin_q.is_contiguous() and cos_k.is_contiguous()
+                    and sin_k.is_contiguous())):
+        raise ValueError(f"rope tables must be contiguous float32 ({T}, {d})")
+    ks, vs = k_cache.stride(), v_cache.stride()
+    if (k_cache.dtype != f32 or v_cache.dtype != f32 or k_cache.shape[0] != hkv or v_cache.shape[0] != hkv
+            or k_cache.shape[2] != d or v_cache.shape[2] != dv or ks[2] != 1 or vs[2] != 1
+            or k.shape[0] != T or v.shape[0] != T or not 0 <= start <= min(k_cache.shape[1], v_cache.shape[1]) - T):
         raise ValueError("rope_kv: caches must be float32 (Hkv, capacity, d) with room for the rows")
     return [q.data_ptr(), k.data_ptr(), v.data_ptr(), cos_q.data_ptr(), sin_q.data_ptr(), cos_k.data_ptr(),
             sin_k.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), T, hq, hkv, d, dv, start, q_row, k_row, v_row,
-            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1)]
+            ks[0], ks[1], vs[0], vs[1]]
 
 
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,

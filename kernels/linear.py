@@ -306,11 +306,12 @@ def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 
 def _native_plan(w: QWeight) -> tuple | bool:
-    """Cached per weight (CPU_EXACT is checked on every call, not here)."""
+    """(ggml_type, data pointer, row bytes, out_features), cached per weight (CPU_EXACT is
+    checked on every call, not here)."""
     if (w.data.device.type != "cpu" or w.ggml_type == F32 or not cpu_native.supports(w.ggml_type)
             or w.data.dim() != 2 or w.data.stride(1) != 1):
         return False
-    return (w.ggml_type, w.data.data_ptr(), w.data.stride(0) * w.data.element_size())
+    return (w.ggml_type, w.data.data_ptr(), w.data.stride(0) * w.data.element_size(), w.shape[0])
 
 
 def _linear_native_fast(x: torch.Tensor, w: QWeight, plan: tuple) -> torch.Tensor:
@@ -370,7 +371,7 @@ def native_plans(weights, x: torch.Tensor) -> list[tuple] | None:
             w._native = _native_plan(w)
         if not w._native or w.shape[1] != k:
             return None
-        plans.append(w._native + (w.shape[0],))
+        plans.append(w._native)
     if not _torch_threads_claimed:
         _claim_cpu_threads()
     return plans

@@ -160,7 +160,12 @@ def build_rope_tables(cfg: TextConfig, n_positions: int, dtype: torch.dtype,
 
 def _native_f32(*tensors: torch.Tensor) -> bool:
     """The native CPU kernels take these: float32 CPU tensors (and the module is built)."""
-    return _linear_mod.cpu_native.AVAILABLE and all(t.dtype == torch.float32 and t.is_cpu for t in tensors)
+    if not _linear_mod.cpu_native.AVAILABLE:
+        return False
+    for t in tensors:  # a loop, not all(generator): this runs a few times per layer
+        if t.dtype != torch.float32 or not t.is_cpu:
+            return False
+    return True
 
 
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
