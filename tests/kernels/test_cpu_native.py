@@ -103,7 +103,8 @@ def test_dequantize_is_bit_exact(ggml_type):
 
 
 @pytest.mark.parametrize("n_x", [2, 8], ids=["decode-tile", "prefill-tile"])
-@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q5_K, gt.Q6_K, gt.Q8_0, gt.IQ4_XS], ids=gt.type_name)
+@pytest.mark.parametrize("ggml_type", [gt.Q2_K, gt.Q3_K, gt.Q4_K, gt.Q5_K, gt.Q6_K, gt.Q8_0, gt.IQ4_XS],
+                         ids=gt.type_name)
 def test_a_wrong_weight_is_caught(ggml_type, n_x):
     """The tolerance is tight enough to see one flipped nibble in a 2048-wide row, on the decode
     tiles and on the prefill tiles (8 rows: the transposed layout where a variant has one)."""
