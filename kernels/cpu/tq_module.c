@@ -691,6 +691,7 @@ typedef struct {
     int failed; /* a unit could not allocate its scores */
 } ac_job;
 
+#ifndef TQ_PREFILL_ATTENTION /* the per-head decode kernel, where vector types are missing */
 static void unit_attn_causal(void *arg, int u) {
     ac_job *J = (ac_job *)arg;
     const int t = J->T - 1 - u / J->n_kv, g = u % J->n_kv; /* the longest rows first: they finish last */
@@ -706,9 +707,11 @@ static void unit_attn_causal(void *arg, int u) {
                   J->out + (size_t)t * J->out_row + (size_t)g * J->n_rep * J->dv, scores);
     if (scores != stack_scores) free(scores);
 }
+#endif
 
 #ifdef TQ_PREFILL_ATTENTION
 static void attend_prefill(ac_job *J); /* T > 1: below, beside the vectorized exp */
+static void attend_decode_groups(ac_job *J); /* T = 1: below */
 #endif
 
 /* the caller holds the call lock */
@@ -717,8 +720,10 @@ static void run_attend(ac_job *J) {
     if (J->T > 1)
         attend_prefill(J);
     else
+        attend_decode_groups(J);
+#else
+    pool_for(unit_attn_causal, J, J->T * J->n_kv); /* a compiler without vector types */
 #endif
-        pool_for(unit_attn_causal, J, J->T * J->n_kv); /* one row, or a compiler without vector types */
 }
 
 PyDoc_STRVAR(attend_causal_doc,
@@ -1013,6 +1018,116 @@ static att_row_fn att_row(void) {
 #endif
     return att_row_generic;
 }
+
+/* Decode attention (one query row), one KV group: its heads four at a time, so each key and value row
+ * is loaded once for four heads (the K-quant-free half of a decode step: n_rep x fewer loads than a
+ * head at a time); the scores' horizontal sums once per key and head. Keys not transposed (a decode
+ * step reads each once). scores: 4 * n_pad floats, n_pad a multiple of ATT_PAD past n_keys. */
+#define ATT_DEC_BODY(VT, W)                                                                                  \
+    const int n_blk = (n_keys + 2 * (W) - 1) / (2 * (W)) * (2 * (W));                                       \
+    const VT zero = {0};                                                                                     \
+    for (int h = 0; h < n_rep; h += 4) {                                                                     \
+        const int nh = n_rep - h < 4 ? n_rep - h : 4;                                                        \
+        const float *q0 = q + (size_t)h * d; /* heads past n_rep repeat the first (computed, not stored) */  \
+        const float *q1 = q0 + (size_t)(nh > 1) * d, *q2 = q0 + (size_t)(nh > 2) * 2 * d;                    \
+        const float *q3 = q0 + (size_t)(nh > 3) * 3 * d;                                                     \
+        float *c0 = scores, *c1 = c0 + n_pad, *c2 = c1 + n_pad, *c3 = c2 + n_pad;                            \
+        for (int s = 0; s < n_keys; ++s) {                                                                   \
+            const float *kr = k + (size_t)s * ks;                                                            \
+            VT a0 = zero, a1 = zero, a2 = zero, a3 = zero;                                                   \
+            int e = 0;                                                                                       \
+            for (; e + (W) <= d; e += (W)) {                                                                 \
+                const VT kv = VLOAD(VT, kr + e);                                                             \
+                a0 += VLOAD(VT, q0 + e) * kv;                                                                \
+                a1 += VLOAD(VT, q1 + e) * kv;                                                                \
+                a2 += VLOAD(VT, q2 + e) * kv;                                                                \
+                a3 += VLOAD(VT, q3 + e) * kv;                                                                \
+            }                                                                                                \
+            float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;                                                \
+            for (int j = 0; j < (W); ++j) {                                                                  \
+                t0 += a0[j];                                                                                 \
+                t1 += a1[j];                                                                                 \
+                t2 += a2[j];                                                                                 \
+                t3 += a3[j];                                                                                 \
+            }                                                                                                \
+            for (; e < d; ++e) { /* a head size that is not a multiple of W */                               \
+                t0 += q0[e] * kr[e];                                                                         \
+                t1 += q1[e] * kr[e];                                                                         \
+                t2 += q2[e] * kr[e];                                                                         \
+                t3 += q3[e] * kr[e];                                                                         \
+            }                                                                                                \
+            c0[s] = t0 * scale;                                                                              \
+            c1[s] = t1 * scale;                                                                              \
+            c2[s] = t2 * scale;                                                                              \
+            c3[s] = t3 * scale;                                                                              \
+        }                                                                                                    \
+        float i0, i1, i2, i3;                                                                                \
+        ATT_SOFTMAX(VT, W, c0, i0);                                                                          \
+        ATT_SOFTMAX(VT, W, c1, i1);                                                                          \
+        ATT_SOFTMAX(VT, W, c2, i2);                                                                          \
+        ATT_SOFTMAX(VT, W, c3, i3);                                                                          \
+        float *o0 = out + (size_t)h * dv;                                                                    \
+        float *o1 = o0 + (size_t)(nh > 1) * dv, *o2 = o0 + (size_t)(nh > 2) * 2 * dv;                        \
+        float *o3 = o0 + (size_t)(nh > 3) * 3 * dv;                                                          \
+        int e0 = 0;                                                                                          \
+        for (; e0 + 2 * (W) <= dv; e0 += 2 * (W)) {                                                          \
+            VT a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero, a30 = zero, a31 = zero; \
+            for (int s = 0; s < n_keys; ++s) {                                                               \
+                const float *vrow = v + (size_t)s * vs + e0;                                                 \
+                const VT v0 = VLOAD(VT, vrow), v1 = VLOAD(VT, vrow + (W));                                   \
+                const float p0 = c0[s], p1 = c1[s], p2 = c2[s], p3 = c3[s];                                  \
+                a00 += p0 * v0;                                                                              \
+                a01 += p0 * v1;                                                                              \
+                a10 += p1 * v0;                                                                              \
+                a11 += p1 * v1;                                                                              \
+                a20 += p2 * v0;                                                                              \
+                a21 += p2 * v1;                                                                              \
+                a30 += p3 * v0;                                                                              \
+                a31 += p3 * v1;                                                                              \
+            }                                                                                                \
+            /* stored last head first: a missing head aliases the first, whose values win */                \
+            VSTORE(VT, o3 + e0, a30 * i3);                                                                   \
+            VSTORE(VT, o3 + e0 + (W), a31 * i3);                                                             \
+            VSTORE(VT, o2 + e0, a20 * i2);                                                                   \
+            VSTORE(VT, o2 + e0 + (W), a21 * i2);                                                             \
+            VSTORE(VT, o1 + e0, a10 * i1);                                                                   \
+            VSTORE(VT, o1 + e0 + (W), a11 * i1);                                                             \
+            VSTORE(VT, o0 + e0, a00 * i0);                                                                   \
+            VSTORE(VT, o0 + e0 + (W), a01 * i0);                                                             \
+        }                                                                                                    \
+        for (; e0 < dv; ++e0) {                                                                              \
+            float b0 = 0.0f, b1 = 0.0f, b2 = 0.0f, b3 = 0.0f;                                                \
+            for (int s = 0; s < n_keys; ++s) {                                                               \
+                const float x = v[(size_t)s * vs + e0];                                                      \
+                b0 += c0[s] * x;                                                                             \
+                b1 += c1[s] * x;                                                                             \
+                b2 += c2[s] * x;                                                                             \
+                b3 += c3[s] * x;                                                                             \
+            }                                                                                                \
+            o3[e0] = b3 * i3;                                                                                \
+            o2[e0] = b2 * i2;                                                                                \
+            o1[e0] = b1 * i1;                                                                                \
+            o0[e0] = b0 * i0;                                                                                \
+        }                                                                                                    \
+    }
+#define ATT_DEC_ARGS                                                                                         \
+    const float *q, int n_rep, int d, const float *k, size_t ks, const float *v, size_t vs, int dv, int n_keys, \
+        int n_pad, float scale, float *out, float *scores
+static void att_dec_generic(ATT_DEC_ARGS) { ATT_DEC_BODY(tq_v4, 4) }
+#ifdef TQ_ELEMENTWISE_X86
+__attribute__((target("avx2"))) static void att_dec_avx2(ATT_DEC_ARGS) { ATT_DEC_BODY(tq_v8, 8) }
+__attribute__((target("avx2,avx512f"))) static void att_dec_avx512(ATT_DEC_ARGS) { ATT_DEC_BODY(tq_v16, 16) }
+#endif
+
+typedef void (*att_dec_fn)(ATT_DEC_ARGS);
+
+static att_dec_fn att_dec(void) {
+#ifdef TQ_ELEMENTWISE_X86
+    if (K == &tq_kernels_avx512) return att_dec_avx512;
+    if (K == &tq_kernels_avx2) return att_dec_avx2;
+#endif
+    return att_dec_generic;
+}
 #endif /* TQ_PREFILL_ATTENTION */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
@@ -1071,6 +1186,24 @@ static void attend_prefill(ac_job *J) {
     pool_for(unit_prefill_row, &P, J->T * J->n_kv);
     free(P.kt);
 }
+
+static void unit_decode_group(void *arg, int g) {
+    ac_job *J = (ac_job *)arg;
+    const int n_keys = (int)(J->start + 1);
+    const int n_pad = (n_keys + ATT_PAD - 1) / ATT_PAD * ATT_PAD;
+    float stack_scores[4096];
+    float *scores = 4 * (size_t)n_pad <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * 4 * (size_t)n_pad);
+    if (!scores) {
+        J->failed = 1;
+        return;
+    }
+    att_dec()(J->q + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, J->k + (size_t)g * J->kh, J->kr,
+              J->v + (size_t)g * J->vh, J->vr, J->dv, n_keys, n_pad, J->scale,
+              J->out + (size_t)g * J->n_rep * J->dv, scores);
+    if (scores != stack_scores) free(scores);
+}
+
+static void attend_decode_groups(ac_job *J) { pool_for(unit_decode_group, J, J->n_kv); }
 #endif
 
 typedef struct {

@@ -100,15 +100,17 @@ def test_attend_causal_matches_sdpa(variant, threads):
     for T, H, hkv, d, dv, cap, start in [(1, 32, 8, 128, 128, 300, 0), (1, 32, 8, 128, 128, 300, 256),
                                          (33, 32, 8, 128, 128, 300, 0), (20, 8, 8, 40, 40, 64, 11),
                                          (9, 6, 2, 24, 16, 9, 0), (1100, 2, 1, 8, 8, 1200, 5),
-                                         (6, 10, 2, 32, 48, 20, 3), (3, 8, 2, 16, 16, 1500, 1400)]:
+                                         (6, 10, 2, 32, 48, 20, 3), (3, 8, 2, 16, 16, 1500, 1400),
+                                         (1, 10, 2, 36, 20, 1500, 1300), (1, 3, 3, 16, 16, 40, 39)]:
         q = torch.randn(T, H, d, generator=g)
         keys = torch.randn(hkv, cap, d, generator=g) * 2
         values = torch.randn(hkv, cap, dv, generator=g)
         out = cpu_native.attend_causal(q, keys, values, start)
         assert out.shape == (T, H * dv)
         torch.testing.assert_close(out.double(), _attention_reference(q, keys, values, start), rtol=1e-5, atol=1e-5)
-        if T == 1:  # the decode step is the decode kernel, bit for bit
-            assert torch.equal(out.reshape(H, dv), cpu_native.attend_decode(q[0], keys, values, start + 1))
+        if T == 1:  # the four-heads-a-load decode kernel agrees with the head-at-a-time one
+            torch.testing.assert_close(out.reshape(H, dv), cpu_native.attend_decode(q[0], keys, values, start + 1),
+                                       rtol=1e-5, atol=1e-6)
 
 
 def test_attend_causal_refuses_rows_past_the_cache():
