@@ -52,7 +52,9 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None) -> dict:
     """In this (fresh) process: load, prefill p tokens, decode n; peak RSS."""
     import torch
 
+    from tramontane.engine.api import SamplingParams
     from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.engine.runtime.generate import sample
     from tramontane.kernels import cpu_native
 
     if threads:
@@ -62,6 +64,7 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None) -> dict:
     model = Mistral3Text.load(path, device="cpu")
     load_s = time.perf_counter() - t
     cache = model.new_cache(p + n + 8)
+    greedy = SamplingParams(temperature=0.0)
     gen = torch.Generator().manual_seed(0)
     lo = 1000 if model.cfg.vocab_size > 2000 else 20
     prompt = torch.randint(lo, model.cfg.vocab_size, (p,), generator=gen).tolist()
@@ -77,8 +80,8 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None) -> dict:
         token = int(logits.argmax())
         model.decode(token, cache)
         t = time.perf_counter()
-        for _ in range(n):
-            token = int(model.decode(token, cache).argmax())
+        for _ in range(n):  # greedy through the app's own sampler (its one-pass native argmax)
+            token = sample(model.decode(token, cache), greedy)
         decode_s = time.perf_counter() - t
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return {**_resident_now(path), "prefill_tok_s": p / prefill_s, "decode_tok_s": n / decode_s, "load_s": load_s,
