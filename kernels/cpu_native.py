@@ -87,8 +87,42 @@ def variants() -> list[str]:
     return list(_cpu.variants()) if _cpu is not None else []
 
 
+# Bumped by use_variant: weights re-plan then (a repacked weight runs on one variant only).
+VARIANT_EPOCH = 0
+
+
 def use_variant(name: str) -> None:
+    global VARIANT_EPOCH
     _cpu.use_variant(name)
+    VARIANT_EPOCH += 1
+
+
+# Not a ggml type: Q4_K rows repacked (repack_q4k) for the VNNI kernels; the same bytes a row.
+Q4_K_REPACKED = 31
+_REPACKING_VARIANTS = ("avx512vnni",)  # the variants with kernels for Q4_K_REPACKED
+
+
+def repacks_q4k() -> bool:
+    """Whether Q4_K weights run faster repacked on the variant in use (its kernels then read
+    their vectors straight from memory instead of shuffling every block into place)."""
+    return _cpu is not None and variant() in _REPACKING_VARIANTS
+
+
+def repack_q4k(data: torch.Tensor) -> torch.Tensor:
+    """A Q4_K weight's rows (uint8 (rows, row bytes)) in the Q4_K_REPACKED order: a new tensor,
+    multithreaded, once per weight."""
+    rows, cols = data.shape[0], data.shape[1] // 144 * 256
+    src, stride = _weight_rows(data)
+    out = torch.empty(rows, data.shape[1], dtype=torch.uint8)
+    _cpu.repack_q4k(src, stride, rows, cols, out.data_ptr(), out.stride(0))
+    return out
+
+
+def drop_pages(data: torch.Tensor) -> bool:
+    """Give back the resident pages of a tensor that views a read-only file mapping (they are
+    read from the file again if touched). Only for file-backed tensors: anonymous memory
+    would lose its contents."""
+    return bool(_cpu.drop_pages(data.data_ptr(), data.numel() * data.element_size()))
 
 
 if _cpu is not None:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_native, quant_iq4, quant_k, quant_legacy
-from .ggml_types import F32, QuantFormatError, row_bytes, type_info, type_name
+from .ggml_types import F32, Q4_K, QuantFormatError, row_bytes, type_info, type_name
 from .quant_float import FLOAT_DTYPES
 from .triton_compat import HAVE_TRITON
 
@@ -132,8 +132,14 @@ class QWeight:
     data: torch.Tensor
     # CPU only: float32 dense copy kept while the global CPU_DENSE_CACHE_BYTES budget allows
     _dense: torch.Tensor | None = field(default=None, repr=False, compare=False)
-    # CPU native kernels: (ggml_type, data pointer, row bytes) once checked, False if not native
+    # True when `data` views the model file's read-only mapping (from_gguf on the CPU)
+    mapped: bool = field(default=False, repr=False, compare=False)
+    # CPU native kernels: (ggml_type, data pointer, row bytes, out_features) once checked, False
+    # if not native; made for the kernel variant of _native_epoch (cpu_native.VARIANT_EPOCH)
     _native: tuple | bool | None = field(default=None, repr=False, compare=False)
+    _native_epoch: int = field(default=-1, repr=False, compare=False)
+    # CPU, Q4_K on a repacking variant: the rows the plan points at (cpu_native.repack_q4k)
+    _repacked: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_raw(cls, raw, ggml_type: int, shape, device="cpu", name: str = "") -> QWeight:
@@ -166,7 +172,9 @@ class QWeight:
         if name not in gf.tensors:
             raise QuantFormatError(f"{gf.path}: no tensor {name!r}")
         info = gf.tensors[name]
-        return cls.from_raw(gf.raw(name), info.ggml_type, info.shape, device, name=f"{gf.path}: {name}")
+        w = cls.from_raw(gf.raw(name), info.ggml_type, info.shape, device, name=f"{gf.path}: {name}")
+        w.mapped = w.data.device.type == "cpu"
+        return w
 
     @classmethod
     def cat(cls, weights: list[QWeight]) -> QWeight:
@@ -307,11 +315,33 @@ def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 def _native_plan(w: QWeight) -> tuple | bool:
     """(ggml_type, data pointer, row bytes, out_features), cached per weight (CPU_EXACT is
-    checked on every call, not here)."""
+    checked on every call, not here). A Q4_K weight on a repacking variant is repacked here,
+    once (decode is compute-bound on Q4_K there: ~1.2x the GB/s repacked), and the file's pages
+    it was read from are given back, so resident memory stays about the file's size."""
+    w._native_epoch = cpu_native.VARIANT_EPOCH
     if (w.data.device.type != "cpu" or w.ggml_type == F32 or not cpu_native.supports(w.ggml_type)
             or w.data.dim() != 2 or w.data.stride(1) != 1):
         return False
+    if w.ggml_type == Q4_K and cpu_native.repacks_q4k() and w.shape[1] % 256 == 0:
+        if w._repacked is None:
+            w._repacked = cpu_native.repack_q4k(w.data)
+            if w.mapped and w.data.is_contiguous():
+                cpu_native.drop_pages(w.data)
+        return (cpu_native.Q4_K_REPACKED, w._repacked.data_ptr(), w._repacked.stride(0), w.shape[0])
     return (w.ggml_type, w.data.data_ptr(), w.data.stride(0) * w.data.element_size(), w.shape[0])
+
+
+def prepare(w: QWeight) -> None:
+    """Make w's native plan now (a loader calls it, so that repacking happens while the model
+    loads, not in the first reply)."""
+    _plan(w)
+
+
+def _plan(w: QWeight) -> tuple | bool:
+    """w's cached native plan, made again after a change of kernel variant."""
+    if w._native is None or w._native_epoch != cpu_native.VARIANT_EPOCH:
+        w._native = _native_plan(w)
+    return w._native
 
 
 def _linear_native_fast(x: torch.Tensor, w: QWeight, plan: tuple) -> torch.Tensor:
@@ -332,9 +362,7 @@ def _linear_native_fast(x: torch.Tensor, w: QWeight, plan: tuple) -> torch.Tenso
 
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """x (..., in) -> (..., out) in x.dtype; weight stays quantized."""
-    plan = w._native
-    if plan is None:
-        plan = w._native = _native_plan(w)
+    plan = _plan(w)
     if plan and x.is_cpu and not CPU_EXACT and x.shape[-1] == w.shape[1]:
         return _linear_native_fast(x, w, plan)
     if x.shape[-1] != w.shape[1]:
@@ -367,11 +395,10 @@ def native_plans(weights, x: torch.Tensor) -> list[tuple] | None:
         return None
     plans = []
     for w in weights:
-        if w._native is None:
-            w._native = _native_plan(w)
-        if not w._native or w.shape[1] != k:
+        plan = _plan(w)
+        if not plan or w.shape[1] != k:
             return None
-        plans.append(w._native)
+        plans.append(plan)
     if not _torch_threads_claimed:
         _claim_cpu_threads()
     return plans

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from ...kernels import ggml_types
 from ...kernels import linear as _linear_mod
-from ...kernels.linear import QWeight, dequantize, linear, linear_add, linears
+from ...kernels.linear import QWeight, dequantize, linear, linear_add, linears, prepare
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from ..runtime.cuda_graphs import DecodeGraphs
@@ -551,12 +551,15 @@ class Mistral3Text:
         info = gf.tensors[name]
         self.weight_bytes += info.nbytes
         w = QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), device)
+        w.mapped = w.data.device.type == "cpu"  # a view of the file's mapping (its pages may be given back)
         if dense and self.dense_weights and device.type == "cpu" and w.ggml_type != ggml_types.F32:
             w = QWeight(ggml_types.F32, w.shape, w.dequantize(torch.float32))
         elif device.type != "cpu" and w.ggml_type == ggml_types.F32 and dtype in _DTYPE_TYPES:
             # An f32 file on a GPU: hold the weights in the compute dtype (as HF loading in bf16
             # does), so matmuls run natively instead of upcasting activations every call.
             w = QWeight(_DTYPE_TYPES[dtype], w.shape, w.data.to(dtype))
+        if dense and w.data.device.type == "cpu":
+            prepare(w)  # the CPU kernels' plan (a repack where one applies) while loading, not in the first reply
         return w
 
     def _upload_fused(self, gf: GGUFFile, names: Sequence[str], device=None, dtype=None) -> QWeight:

@@ -16,7 +16,10 @@ enum {
     TQ_F32 = 0, TQ_F16 = 1, TQ_Q4_0 = 2, TQ_Q4_1 = 3, TQ_Q5_0 = 6, TQ_Q5_1 = 7, TQ_Q8_0 = 8,
     TQ_Q2_K = 10, TQ_Q3_K = 11, TQ_Q4_K = 12, TQ_Q5_K = 13, TQ_Q6_K = 14,
     TQ_IQ4_NL = 20, TQ_IQ4_XS = 23, TQ_BF16 = 30,
-    TQ_NTYPES = 31
+    /* not a ggml type: Q4_K blocks with their quants in the order the VNNI tiles read (made
+     * once by repack_q4k; same 144 bytes a block). Only variants with gemm_wide for it run it. */
+    TQ_Q4_K_R = 31,
+    TQ_NTYPES = 32
 };
 
 #define TQ_QK 256 /* elements per K-quant super-block */
@@ -65,6 +68,8 @@ typedef struct {
      * quant_wide[t] into a lane-transposed order that gemm_wide[t] expects (NULL: use gemm) */
     tq_gemm_fn gemm_wide[TQ_NTYPES];
     tq_quant_fn quant_wide[TQ_NTYPES];
+    /* Q4_K rows -> TQ_Q4_K_R rows (n_rows, k / 256 blocks each), where the variant runs them */
+    void (*repack_q4k)(const uint8_t *src, size_t src_stride, int n_rows, int nb, uint8_t *dst, size_t dst_stride);
 } tq_kernels;
 
 extern const tq_kernels tq_kernels_generic;
@@ -84,7 +89,8 @@ static inline int tq_block_elems(int t) {
     switch (t) {
     case TQ_F32: case TQ_F16: case TQ_BF16: return 1;
     case TQ_Q4_0: case TQ_Q4_1: case TQ_Q5_0: case TQ_Q5_1: case TQ_Q8_0: case TQ_IQ4_NL: return 32;
-    case TQ_Q2_K: case TQ_Q3_K: case TQ_Q4_K: case TQ_Q5_K: case TQ_Q6_K: case TQ_IQ4_XS: return 256;
+    case TQ_Q2_K: case TQ_Q3_K: case TQ_Q4_K: case TQ_Q5_K: case TQ_Q6_K: case TQ_IQ4_XS: case TQ_Q4_K_R:
+        return 256;
     default: return 0;
     }
 }
@@ -94,7 +100,7 @@ static inline int tq_block_bytes(int t) {
     case TQ_F16: case TQ_BF16: return 2;
     case TQ_Q4_0: return 18; case TQ_Q4_1: return 20; case TQ_Q5_0: return 22;
     case TQ_Q5_1: return 24; case TQ_Q8_0: return 34; case TQ_IQ4_NL: return 18;
-    case TQ_Q2_K: return 84; case TQ_Q3_K: return 110; case TQ_Q4_K: return 144;
+    case TQ_Q2_K: return 84; case TQ_Q3_K: return 110; case TQ_Q4_K: case TQ_Q4_K_R: return 144;
     case TQ_Q5_K: return 176; case TQ_Q6_K: return 210; case TQ_IQ4_XS: return 136;
     default: return 0;
     }

@@ -16,6 +16,10 @@
 #include <string.h>
 
 #include "tq_common.h"
+#if defined(__linux__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 #ifdef TQ_HAVE_NEON_VARIANTS
 #include "tq_arm_features.h"
 #endif
@@ -276,7 +280,7 @@ static int run_matmul(mm_job *J) {
         J->xq = (uint8_t *)get_scratch(J->xq_stride * (size_t)J->n_x);
         if (!J->xq) return -1;
         J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
-        if (J->n_x >= TQ_WIDE_MIN_ROWS && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
+        if ((J->n_x >= TQ_WIDE_MIN_ROWS || J->type == TQ_Q4_K_R) && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
             J->quant = K->quant_wide[J->type];
             J->gemm = K->gemm_wide[J->type];
         }
@@ -321,6 +325,10 @@ static void unit_dequant(void *arg, int u) {
 static int check_type(int t, int64_t k) {
     if (t < 0 || t >= TQ_NTYPES || tq_block_elems(t) == 0) {
         PyErr_Format(PyExc_ValueError, "ggml type %d is not supported by the native CPU kernels", t);
+        return -1;
+    }
+    if (t == TQ_Q4_K_R && !K->gemm_wide[t]) {
+        PyErr_Format(PyExc_ValueError, "repacked Q4_K weights need the avx512vnni kernels, not %s", K->name);
         return -1;
     }
     if (k <= 0 || k % tq_block_elems(t)) {
@@ -1735,8 +1743,81 @@ static PyObject *py_use_variant(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------ repacking
+ * Q4_K -> TQ_Q4_K_R (the variant's repack_q4k: the order its tiles read, see tq_kernels.inc),
+ * rows on the pool; done once per weight. */
+typedef struct {
+    const uint8_t *src;
+    size_t src_stride;
+    uint8_t *dst;
+    size_t dst_stride;
+    int n_rows, nb;
+} repack_job;
+
+#define REPACK_ROWS 64
+static void unit_repack(void *arg, int u) {
+    repack_job *J = (repack_job *)arg;
+    const int r1 = (u + 1) * REPACK_ROWS < J->n_rows ? (u + 1) * REPACK_ROWS : J->n_rows;
+    const int r0 = u * REPACK_ROWS;
+    K->repack_q4k(J->src + (size_t)r0 * J->src_stride, J->src_stride, r1 - r0, J->nb,
+                  J->dst + (size_t)r0 * J->dst_stride, J->dst_stride);
+}
+
+PyDoc_STRVAR(repack_doc, "repack_q4k(src_ptr, src_stride, n_rows, k, dst_ptr, dst_stride)\n"
+                         "Q4_K rows -> the internal TQ_Q4_K_R order (same bytes a row), for the VNNI kernels.");
+static PyObject *py_repack_q4k(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "repack_q4k takes 6 arguments");
+        return NULL;
+    }
+    void *src, *dst;
+    Py_ssize_t src_stride, n_rows, k, dst_stride;
+    if (get_ptr(args[0], &src) || get_ssize(args[1], &src_stride) || get_ssize(args[2], &n_rows) ||
+        get_ssize(args[3], &k) || get_ptr(args[4], &dst) || get_ssize(args[5], &dst_stride))
+        return NULL;
+    if (n_rows < 0 || k <= 0 || k % 256 || src_stride < k / 256 * 144 || dst_stride < k / 256 * 144 || !src ||
+        !dst) {
+        PyErr_SetString(PyExc_ValueError, "repack_q4k: bad shape, stride or pointer");
+        return NULL;
+    }
+    if (!K->repack_q4k) {
+        PyErr_Format(PyExc_ValueError, "the %s kernels do not run repacked Q4_K", K->name);
+        return NULL;
+    }
+    repack_job J = {(const uint8_t *)src, (size_t)src_stride, (uint8_t *)dst, (size_t)dst_stride, (int)n_rows,
+                    (int)(k / 256)};
+    Py_BEGIN_ALLOW_THREADS LOCK_CALLS();
+    pool_for(unit_repack, &J, (int)((n_rows + REPACK_ROWS - 1) / REPACK_ROWS));
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(drop_pages_doc,
+             "drop_pages(ptr, nbytes) -> bool\n"
+             "Gives back the resident pages wholly inside [ptr, ptr + nbytes) of a read-only FILE mapping "
+             "(madvise MADV_DONTNEED: a later read faults them in from the file again). Never call it on "
+             "anonymous memory: its contents would be lost. False where the OS has no such call.");
+static PyObject *py_drop_pages(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *p;
+    Py_ssize_t n;
+    if (nargs != 2 || get_ptr(args[0], &p) || get_ssize(args[1], &n)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "drop_pages takes 2 arguments");
+        return NULL;
+    }
+#if defined(__linux__) || defined(__APPLE__)
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)p + page - 1) / page * page, b = ((uintptr_t)p + (uintptr_t)n) / page * page;
+    if (n > 0 && b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0) Py_RETURN_TRUE;
+#endif
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL, matmul_doc},
+    {"repack_q4k", (PyCFunction)(void (*)(void))py_repack_q4k, METH_FASTCALL, repack_doc},
+    {"drop_pages", (PyCFunction)(void (*)(void))py_drop_pages, METH_FASTCALL, drop_pages_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_FASTCALL, dequantize_doc},
     {"attend_decode", (PyCFunction)(void (*)(void))py_attend_decode, METH_FASTCALL, attend_doc},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, rms_norm_doc},

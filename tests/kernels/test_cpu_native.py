@@ -225,3 +225,80 @@ def test_rope_pairs_is_bit_exact():
     cos, sin = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
     want = xs * cos[:, None] + xs.unflatten(-1, (-1, 2)).flip(-1).flatten(-2) * sin[:, None]
     assert torch.equal(cpu_native.rope_pairs(xs, cos, sin), want)
+
+
+REPACKING = [v for v in cpu_native.variants() if v in cpu_native._REPACKING_VARIANTS]
+
+
+@pytest.mark.skipif(not REPACKING, reason="no kernel variant here runs repacked Q4_K (needs AVX-512 VNNI)")
+@pytest.mark.parametrize("k", [2048, 23 * 256])
+def test_repacked_q4k_weights_give_the_file_layouts_products(k):
+    """A Q4_K weight planned on a repacking variant runs on its repacked copy: the products
+    hold the same bounds against gguf.quants, and from 3 rows on they are bit for bit the
+    file layout's (the same tile, minus the in-register shuffles)."""
+    cpu_native.use_variant(REPACKING[0])
+    rng = np.random.default_rng(k)
+    raw, deq = make_weight(gt.Q4_K, 37, k, rng)
+    w = QWeight.from_raw(raw, gt.Q4_K, (37, k))
+    for threads in (1, 3):
+        cpu_native.set_threads(threads)
+        for n in (1, 2, 3, 8, 19):
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            y = linear(torch.from_numpy(x), w)
+            assert w._native[0] == cpu_native.Q4_K_REPACKED and w._repacked is not None
+            _check(gt.Q4_K, raw, deq, x, y.numpy())
+            if n >= 3:
+                assert torch.equal(y, cpu_native.matmul(torch.from_numpy(x), gt.Q4_K, torch.from_numpy(raw), 37, k))
+
+
+@pytest.mark.skipif(not REPACKING, reason="no kernel variant here runs repacked Q4_K (needs AVX-512 VNNI)")
+def test_a_wrong_weight_is_caught_after_repacking():
+    cpu_native.use_variant(REPACKING[0])
+    rng = np.random.default_rng(5)
+    raw, deq = make_weight(gt.Q4_K, 8, 2048, rng)
+    bad = raw.copy()
+    bad[5, 16 + 40] ^= 0x0F
+    x = rng.standard_normal((1, 2048)).astype(np.float32)
+    y = linear(torch.from_numpy(x), QWeight.from_raw(bad, gt.Q4_K, (8, 2048)))
+    with pytest.raises(AssertionError):
+        _check(gt.Q4_K, raw, deq, x, y.numpy())
+
+
+@pytest.mark.skipif(not REPACKING or "avx2" not in cpu_native.variants(), reason="needs a repacking variant and avx2")
+def test_a_variant_change_replans_a_repacked_weight():
+    """Repacked rows run on their variant only: after use_variant the weight is planned again
+    (on the file's bytes), and the kernels refuse repacked rows on a variant without them."""
+    cpu_native.use_variant(REPACKING[0])
+    rng = np.random.default_rng(6)
+    raw, deq = make_weight(gt.Q4_K, 16, 512, rng)
+    w = QWeight.from_raw(raw, gt.Q4_K, (16, 512))
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    linear(torch.from_numpy(x), w)
+    assert w._native[0] == cpu_native.Q4_K_REPACKED
+    cpu_native.use_variant("avx2")
+    _check(gt.Q4_K, raw, deq, x, linear(torch.from_numpy(x), w).numpy())
+    assert w._native[0] == gt.Q4_K
+    y = torch.empty(2, 16)
+    with pytest.raises(ValueError, match="repacked"):
+        cpu_native._cpu.matmul(cpu_native.Q4_K_REPACKED, w._repacked.data_ptr(), w._repacked.stride(0), 16, 512,
+                               torch.from_numpy(x).data_ptr(), 512 * 4, 2, y.data_ptr(), 16)
+
+
+def test_drop_pages_gives_back_a_file_mappings_pages_and_keeps_its_bytes(tmp_path):
+    import mmap
+    import sys
+
+    path = tmp_path / "blob.bin"
+    payload = np.random.default_rng(7).integers(0, 256, 1 << 20, dtype=np.uint8)
+    path.write_bytes(payload.tobytes())
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        data = torch.frombuffer(mm, dtype=torch.uint8)
+    assert int(data.sum()) == int(payload.sum())  # touched: resident
+    dropped = cpu_native.drop_pages(data[100:])  # any start: only whole pages inside go
+    assert dropped == sys.platform.startswith(("linux", "darwin"))
+    assert np.array_equal(data.numpy(), payload)  # read again from the file
+    del data
+    mm.close()

@@ -152,12 +152,16 @@ def test_decode_graphs_run_cpu_segments_eagerly_between_graphed_ones(monkeypatch
     split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
     monkeypatch.setattr(split, "_graphs_enabled", lambda: True)
     ids = _ids(24, whole.cfg.vocab_size, seed=13)
-    full = whole.logits(ids, all_logits=True)
+    # the unsplit model decoding the same tokens: the same kernels row for row (the quantized
+    # CPU kernels' prefill tiles sum in another order than their one-row tiles, and int8
+    # activation rounding can amplify that, so a prefill's logits are not the reference here)
+    whole_cache = whole.new_cache(64)
+    want = [whole.logits(ids[:8], 0, whole_cache)] + [whole.decode(int(t), whole_cache) for t in ids[8:]]
     cache = split.new_cache(64)
     rows = [split.logits(ids[:8], 0, cache)] + [split.decode(int(t), cache) for t in ids[8:]]
     assert set(cache._decode_graphs.graphs) == {(1, 64)} and len(captured) == 1
     assert rows[1].data_ptr() != captured[0].data_ptr()  # a clone, not the graph's buffer
-    assert (torch.stack(rows[:-1]) - full[7:23]).abs().max().item() < 1e-4
+    assert (torch.stack(rows) - torch.stack(want)).abs().max().item() < 1e-4
 
 
 def test_local_engine_split_reuses_prefixes_and_parks_chats_like_the_whole_model():
