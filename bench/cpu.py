@@ -3,6 +3,7 @@
     python bench/cpu.py                       # the bench models made by llama_cpp_tools.sh
     python bench/cpu.py --models a.gguf b.gguf --threads 2
     python bench/cpu.py --micro               # per-matmul GB/s of weights vs memory copy
+    python bench/cpu.py --depth 2048          # also decode after a 2048-token context (llama-bench -d)
 
 For each file: llama.cpp's llama-bench (-p 128 -n 32, the given threads, CPU only), then
 Tramontane end to end in a fresh subprocess (load, prefill of 128 random tokens from an empty
@@ -33,23 +34,27 @@ def llama_tools() -> tuple[Path, Path]:
     return Path(bin_dir), Path(models)
 
 
-def llama_bench(bin_dir: Path, path: Path, threads: int, p: int, n: int) -> dict:
-    cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(threads), "-p", str(p), "-n", str(n),
-           "-ngl", "0", "-o", "json"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode:
-        return {"error": res.stderr.strip()[-500:]}
+def llama_bench(bin_dir: Path, path: Path, threads: int, p: int, n: int, depth: int = 0) -> dict:
     out = {}
-    for row in json.loads(res.stdout):
-        if row.get("n_prompt") == p and not row.get("n_gen"):
-            out["prefill_tok_s"] = row["avg_ts"]
-        elif row.get("n_gen") == n and not row.get("n_prompt"):
-            out["decode_tok_s"] = row["avg_ts"]
+    runs = [(["-p", str(p), "-n", str(n)], 0)] + ([(["-p", "0", "-n", str(n), "-d", str(depth)], depth)] if depth else [])
+    for extra, d in runs:
+        cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(threads), *extra, "-ngl", "0", "-o", "json"]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            return {"error": res.stderr.strip()[-500:]}
+        for row in json.loads(res.stdout):
+            if row.get("n_depth", 0) != d:
+                continue
+            if row.get("n_prompt") == p and not row.get("n_gen") and not d:
+                out["prefill_tok_s"] = row["avg_ts"]
+            elif row.get("n_gen") == n and not row.get("n_prompt"):
+                out["decode_at_depth_tok_s" if d else "decode_tok_s"] = row["avg_ts"]
     return out
 
 
-def tramontane_run(path: str, p: int, n: int, threads: int | None) -> dict:
-    """In this (fresh) process: load, prefill p tokens, decode n; peak RSS."""
+def tramontane_run(path: str, p: int, n: int, threads: int | None, depth: int = 0) -> dict:
+    """In this (fresh) process: load, prefill p tokens, decode n; peak RSS; then, with depth,
+    decode n after a context of `depth` tokens (as llama-bench -d)."""
     import torch
 
     from tramontane.engine.api import SamplingParams
@@ -83,8 +88,20 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None) -> dict:
         for _ in range(n):  # greedy through the app's own sampler (its one-pass native argmax)
             token = sample(model.decode(token, cache), greedy)
         decode_s = time.perf_counter() - t
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return {**_resident_now(path), "prefill_tok_s": p / prefill_s, "decode_tok_s": n / decode_s, "load_s": load_s,
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB (before the depth run's cache)
+    resident = _resident_now(path)
+    extra = {}
+    if depth:
+        with torch.inference_mode():
+            cache = model.new_cache(depth + n + 8)
+            context = torch.randint(lo, model.cfg.vocab_size, (depth,), generator=gen).tolist()
+            token = sample(model.forward(model.embed(context), 0, cache), greedy)
+            token = sample(model.decode(token, cache), greedy)
+            t = time.perf_counter()
+            for _ in range(n):
+                token = sample(model.decode(token, cache), greedy)
+            extra["decode_at_depth_tok_s"] = n / (time.perf_counter() - t)
+    return {**resident, **extra, "prefill_tok_s": p / prefill_s, "decode_tok_s": n / decode_s, "load_s": load_s,
             "peak_rss_bytes": rss, "rss_before_load_bytes": rss_before, "file_bytes": os.path.getsize(path),
             "torch_threads": torch.get_num_threads(),
             "variant": cpu_native.variant(), "threads": cpu_native.threads(),
@@ -111,9 +128,9 @@ def _resident_now(path: str) -> dict:
     return {"file_resident_bytes": mapped, "anonymous_bytes": anon}
 
 
-def tramontane(path: Path, p: int, n: int, threads: int) -> dict:
+def tramontane(path: Path, p: int, n: int, threads: int, depth: int = 0) -> dict:
     res = subprocess.run([sys.executable, __file__, "--tramontane-only", str(path), "-p", str(p), "-n", str(n),
-                          "--threads", str(threads)], capture_output=True, text=True)
+                          "--threads", str(threads), "--depth", str(depth)], capture_output=True, text=True)
     if res.returncode:
         return {"error": res.stderr.strip()[-1500:]}
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -193,10 +210,12 @@ def main() -> int:
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each, alternating; the best is kept")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="also decode after a context of this many tokens (llama-bench -d; e.g. 2048)")
     ap.add_argument("--tramontane-only", metavar="GGUF", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tramontane_only:
-        print(json.dumps(tramontane_run(args.tramontane_only, args.p, args.n, args.threads or None)))
+        print(json.dumps(tramontane_run(args.tramontane_only, args.p, args.n, args.threads or None, args.depth)))
         return 0
     if args.micro:
         micro(args.threads or None)
@@ -215,10 +234,10 @@ def main() -> int:
         refs, runs = [], []
         for _ in range(args.rounds):
             if not args.no_llama:
-                refs.append(llama_bench(bin_dir, path, threads, args.p, args.n))
-            runs.append(tramontane(path, args.p, args.n, threads))
+                refs.append(llama_bench(bin_dir, path, threads, args.p, args.n, args.depth))
+            runs.append(tramontane(path, args.p, args.n, threads, args.depth))
         ref, ours = _best(refs), _best(runs)
-        rows.append({"file": path.name, "threads": threads, "llama_cpp": ref, "tramontane": ours,
+        rows.append({"file": path.name, "threads": threads, "depth": args.depth, "llama_cpp": ref, "tramontane": ours,
                      "paired_ratios": _paired(refs, runs)})
         if not args.json:
             _print_row(rows[-1])
@@ -232,7 +251,7 @@ def _best(results: list[dict]) -> dict:
     if not ok:
         return results[-1] if results else {}
     best = dict(ok[0])
-    for key in ("decode_tok_s", "prefill_tok_s"):
+    for key in ("decode_tok_s", "prefill_tok_s", "decode_at_depth_tok_s"):
         vals = [r[key] for r in ok if key in r]
         if vals:
             best[key] = max(vals)
@@ -245,7 +264,7 @@ def _paired(refs: list[dict], runs: list[dict]) -> dict:
     """Ratio of each round's pair (run back to back, so under the same background load) and
     their median: steadier than best-of on a shared machine."""
     out = {}
-    for key in ("decode_tok_s", "prefill_tok_s"):
+    for key in ("decode_tok_s", "prefill_tok_s", "decode_at_depth_tok_s"):
         ratios = sorted(b[key] / a[key] for a, b in zip(refs, runs) if key in a and key in b and a[key])
         if ratios:
             out[key] = {"ratios": ratios, "median": ratios[len(ratios) // 2]}
@@ -258,7 +277,9 @@ def _print_row(r: dict) -> None:
     if "error" in ours:
         print("  tramontane failed:", ours["error"])
         return
-    for what in ("decode", "prefill"):
+    for what in ("decode", "prefill", "decode_at_depth"):
+        if f"{what}_tok_s" not in ours:
+            continue
         mine = ours[f"{what}_tok_s"]
         theirs = ref.get(f"{what}_tok_s")
         ratio = f"{mine / theirs:5.2f}x" if theirs else "  n/a"
@@ -266,7 +287,8 @@ def _print_row(r: dict) -> None:
         paired = r.get("paired_ratios", {}).get(f"{what}_tok_s")
         rounds = (f"   per round {', '.join(f'{x:.2f}' for x in paired['ratios'])} (median {paired['median']:.2f}x)"
                   if paired and len(paired["ratios"]) > 1 else "")
-        print(f"  {what:8} tramontane {mine:7.1f} tok/s   llama.cpp {theirs_s} tok/s   best/best {ratio}{rounds}")
+        label = f"decode @ d{r['depth']}" if what == "decode_at_depth" else what
+        print(f"  {label:8} tramontane {mine:7.1f} tok/s   llama.cpp {theirs_s} tok/s   best/best {ratio}{rounds}")
     model_rss = ours['peak_rss_bytes'] - ours['rss_before_load_bytes']
     print(f"  peak RSS {ours['peak_rss_bytes'] / 1e9:.2f} GB = {ours['peak_rss_bytes'] / ours['file_bytes']:.2f}x "
           f"the file ({ours['file_bytes'] / 1e9:.2f} GB); of it {ours['rss_before_load_bytes'] / 1e9:.2f} GB before "
