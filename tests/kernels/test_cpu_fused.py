@@ -22,18 +22,11 @@ from tramontane.kernels.linear import dequantize
 
 from support.cpu_reference import make_weight
 
-pytestmark = pytest.mark.skipif(not cpu_native.AVAILABLE,
-                                reason=f"native CPU kernels not built: {cpu_native.IMPORT_ERROR}")
+pytestmark = [pytest.mark.skipif(not cpu_native.AVAILABLE,
+                                 reason=f"native CPU kernels not built: {cpu_native.IMPORT_ERROR}"),
+              pytest.mark.usefixtures("restore_cpu_kernel_settings")]
 
 VARIANT_THREADS = [(v, n) for v in cpu_native.variants() for n in (1, 2)]
-
-
-@pytest.fixture(autouse=True)
-def _restore_settings():
-    variant, threads = cpu_native.variant(), cpu_native.threads()
-    yield
-    cpu_native.use_variant(variant)
-    cpu_native.set_threads(threads)
 
 
 def _use(variant, threads):

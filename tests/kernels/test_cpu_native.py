@@ -25,20 +25,13 @@ from tramontane.kernels.linear import QWeight, linear, linear_reference
 
 from support.cpu_reference import act_block, make_weight, quantize_rows
 
-pytestmark = pytest.mark.skipif(not cpu_native.AVAILABLE,
-                                reason=f"native CPU kernels not built: {cpu_native.IMPORT_ERROR}")
+pytestmark = [pytest.mark.skipif(not cpu_native.AVAILABLE,
+                                 reason=f"native CPU kernels not built: {cpu_native.IMPORT_ERROR}"),
+              pytest.mark.usefixtures("restore_cpu_kernel_settings")]
 
 ALL_TYPES = [gt.Q8_0, gt.Q4_K, gt.Q6_K, gt.Q5_K, gt.Q2_K, gt.Q3_K, gt.Q4_0, gt.Q4_1, gt.Q5_0,
              gt.Q5_1, gt.IQ4_NL, gt.IQ4_XS, gt.F16, gt.BF16, gt.F32]
 RTOL = 1e-5  # of sum |w| |x| per output: float32 accumulation only
-
-
-@pytest.fixture(autouse=True)
-def _restore_settings():
-    variant, threads = cpu_native.variant(), cpu_native.threads()
-    yield
-    cpu_native.use_variant(variant)
-    cpu_native.set_threads(threads)
 
 
 def _shapes(ggml_type):
