@@ -909,6 +909,50 @@ typedef float tq_v4 __attribute__((vector_size(16)));
         inv = 1.0f / sum;                                                                                    \
     } while (0)
 
+/* out rows o0..o3 = (c0..c3 weights over n_keys value rows) * i0..i3, 2 W lanes at a time, then
+ * the tail; expects those names, v, vs, dv, n_keys and zero in scope */
+#define ATT_PV4(VT, W)                                                                                       \
+        int e0 = 0;                                                                                          \
+        for (; e0 + 2 * (W) <= dv; e0 += 2 * (W)) {                                                          \
+            VT a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero, a30 = zero, a31 = zero; \
+            for (int s = 0; s < n_keys; ++s) {                                                               \
+                const float *vrow = v + (size_t)s * vs + e0;                                                 \
+                const VT v0 = VLOAD(VT, vrow), v1 = VLOAD(VT, vrow + (W));                                   \
+                const float p0 = c0[s], p1 = c1[s], p2 = c2[s], p3 = c3[s];                                  \
+                a00 += p0 * v0;                                                                              \
+                a01 += p0 * v1;                                                                              \
+                a10 += p1 * v0;                                                                              \
+                a11 += p1 * v1;                                                                              \
+                a20 += p2 * v0;                                                                              \
+                a21 += p2 * v1;                                                                              \
+                a30 += p3 * v0;                                                                              \
+                a31 += p3 * v1;                                                                              \
+            }                                                                                                \
+            /* last head first: a missing head aliases the first, whose values win */                        \
+            VSTORE(VT, o3 + e0, a30 * i3);                                                                   \
+            VSTORE(VT, o3 + e0 + (W), a31 * i3);                                                             \
+            VSTORE(VT, o2 + e0, a20 * i2);                                                                   \
+            VSTORE(VT, o2 + e0 + (W), a21 * i2);                                                             \
+            VSTORE(VT, o1 + e0, a10 * i1);                                                                   \
+            VSTORE(VT, o1 + e0 + (W), a11 * i1);                                                             \
+            VSTORE(VT, o0 + e0, a00 * i0);                                                                   \
+            VSTORE(VT, o0 + e0 + (W), a01 * i0);                                                             \
+        }                                                                                                    \
+        for (; e0 < dv; ++e0) {                                                                              \
+            float b0 = 0.0f, b1 = 0.0f, b2 = 0.0f, b3 = 0.0f;                                                \
+            for (int s = 0; s < n_keys; ++s) {                                                               \
+                const float x = v[(size_t)s * vs + e0];                                                      \
+                b0 += c0[s] * x;                                                                             \
+                b1 += c1[s] * x;                                                                             \
+                b2 += c2[s] * x;                                                                             \
+                b3 += c3[s] * x;                                                                             \
+            }                                                                                                \
+            o3[e0] = b3 * i3;                                                                                \
+            o2[e0] = b2 * i2;                                                                                \
+            o1[e0] = b1 * i1;                                                                                \
+            o0[e0] = b0 * i0;                                                                                \
+        }
+
 #define ATT_ROW_BODY(VT, W)                                                                                  \
     const int n_blk = (n_keys + 2 * (W) - 1) / (2 * (W)) * (2 * (W));                                       \
     const VT zero = {0};                                                                                     \
@@ -946,45 +990,7 @@ typedef float tq_v4 __attribute__((vector_size(16)));
         ATT_SOFTMAX(VT, W, c2, i2);                                                                          \
         ATT_SOFTMAX(VT, W, c3, i3);                                                                          \
         float *o0 = out + (size_t)h * dv, *o1 = o0 + dv, *o2 = o1 + dv, *o3 = o2 + dv;                       \
-        int e0 = 0;                                                                                          \
-        for (; e0 + 2 * (W) <= dv; e0 += 2 * (W)) {                                                          \
-            VT a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero, a30 = zero, a31 = zero; \
-            for (int s = 0; s < n_keys; ++s) {                                                               \
-                const float *vrow = v + (size_t)s * vs + e0;                                                 \
-                const VT v0 = VLOAD(VT, vrow), v1 = VLOAD(VT, vrow + (W));                                   \
-                const float p0 = c0[s], p1 = c1[s], p2 = c2[s], p3 = c3[s];                                  \
-                a00 += p0 * v0;                                                                              \
-                a01 += p0 * v1;                                                                              \
-                a10 += p1 * v0;                                                                              \
-                a11 += p1 * v1;                                                                              \
-                a20 += p2 * v0;                                                                              \
-                a21 += p2 * v1;                                                                              \
-                a30 += p3 * v0;                                                                              \
-                a31 += p3 * v1;                                                                              \
-            }                                                                                                \
-            VSTORE(VT, o0 + e0, a00 * i0);                                                                   \
-            VSTORE(VT, o0 + e0 + (W), a01 * i0);                                                             \
-            VSTORE(VT, o1 + e0, a10 * i1);                                                                   \
-            VSTORE(VT, o1 + e0 + (W), a11 * i1);                                                             \
-            VSTORE(VT, o2 + e0, a20 * i2);                                                                   \
-            VSTORE(VT, o2 + e0 + (W), a21 * i2);                                                             \
-            VSTORE(VT, o3 + e0, a30 * i3);                                                                   \
-            VSTORE(VT, o3 + e0 + (W), a31 * i3);                                                             \
-        }                                                                                                    \
-        for (; e0 < dv; ++e0) { /* a value size that is not a multiple of 2 W */                             \
-            float b0 = 0.0f, b1 = 0.0f, b2 = 0.0f, b3 = 0.0f;                                                \
-            for (int s = 0; s < n_keys; ++s) {                                                               \
-                const float x = v[(size_t)s * vs + e0];                                                      \
-                b0 += c0[s] * x;                                                                             \
-                b1 += c1[s] * x;                                                                             \
-                b2 += c2[s] * x;                                                                             \
-                b3 += c3[s] * x;                                                                             \
-            }                                                                                                \
-            o0[e0] = b0 * i0;                                                                                \
-            o1[e0] = b1 * i1;                                                                                \
-            o2[e0] = b2 * i2;                                                                                \
-            o3[e0] = b3 * i3;                                                                                \
-        }                                                                                                    \
+        ATT_PV4(VT, W);                                                                                      \
     }                                                                                                        \
     for (; h < n_rep; ++h) { /* heads past a multiple of four, one at a time */                              \
         const float *qh = q + (size_t)h * d;                                                                 \
@@ -1077,46 +1083,7 @@ static att_row_fn att_row(void) {
         float *o0 = out + (size_t)h * dv;                                                                    \
         float *o1 = o0 + (size_t)(nh > 1) * dv, *o2 = o0 + (size_t)(nh > 2) * 2 * dv;                        \
         float *o3 = o0 + (size_t)(nh > 3) * 3 * dv;                                                          \
-        int e0 = 0;                                                                                          \
-        for (; e0 + 2 * (W) <= dv; e0 += 2 * (W)) {                                                          \
-            VT a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero, a30 = zero, a31 = zero; \
-            for (int s = 0; s < n_keys; ++s) {                                                               \
-                const float *vrow = v + (size_t)s * vs + e0;                                                 \
-                const VT v0 = VLOAD(VT, vrow), v1 = VLOAD(VT, vrow + (W));                                   \
-                const float p0 = c0[s], p1 = c1[s], p2 = c2[s], p3 = c3[s];                                  \
-                a00 += p0 * v0;                                                                              \
-                a01 += p0 * v1;                                                                              \
-                a10 += p1 * v0;                                                                              \
-                a11 += p1 * v1;                                                                              \
-                a20 += p2 * v0;                                                                              \
-                a21 += p2 * v1;                                                                              \
-                a30 += p3 * v0;                                                                              \
-                a31 += p3 * v1;                                                                              \
-            }                                                                                                \
-            /* stored last head first: a missing head aliases the first, whose values win */                \
-            VSTORE(VT, o3 + e0, a30 * i3);                                                                   \
-            VSTORE(VT, o3 + e0 + (W), a31 * i3);                                                             \
-            VSTORE(VT, o2 + e0, a20 * i2);                                                                   \
-            VSTORE(VT, o2 + e0 + (W), a21 * i2);                                                             \
-            VSTORE(VT, o1 + e0, a10 * i1);                                                                   \
-            VSTORE(VT, o1 + e0 + (W), a11 * i1);                                                             \
-            VSTORE(VT, o0 + e0, a00 * i0);                                                                   \
-            VSTORE(VT, o0 + e0 + (W), a01 * i0);                                                             \
-        }                                                                                                    \
-        for (; e0 < dv; ++e0) {                                                                              \
-            float b0 = 0.0f, b1 = 0.0f, b2 = 0.0f, b3 = 0.0f;                                                \
-            for (int s = 0; s < n_keys; ++s) {                                                               \
-                const float x = v[(size_t)s * vs + e0];                                                      \
-                b0 += c0[s] * x;                                                                             \
-                b1 += c1[s] * x;                                                                             \
-                b2 += c2[s] * x;                                                                             \
-                b3 += c3[s] * x;                                                                             \
-            }                                                                                                \
-            o3[e0] = b3 * i3;                                                                                \
-            o2[e0] = b2 * i2;                                                                                \
-            o1[e0] = b1 * i1;                                                                                \
-            o0[e0] = b0 * i0;                                                                                \
-        }                                                                                                    \
+        ATT_PV4(VT, W);                                                                                      \
     }
 #define ATT_DEC_ARGS                                                                                         \
     const float *q, int n_rep, int d, const float *k, size_t ks, const float *v, size_t vs, int dv, int n_keys, \
