@@ -3,9 +3,9 @@
 Why not `gguf.GGUFReader`: it trusts counts and lengths from the header (a file claiming
 2^40 metadata entries makes it allocate or loop), and a damaged file surfaces as whatever
 numpy or struct raises. Here every count and length is checked against the bytes that are
-actually left, so any bad file ends in one `GGUFError` naming the file. The type table below
-(ggml's block geometry, tested equal to the `gguf` package's) is kept here because importing
-`gguf` pulls in its whole converter stack (mistral-common, pydantic, cv2, yaml: ~47 MB of RSS).
+actually left, so any bad file ends in one `GGUFError` naming the file. Block geometry comes
+from `kernels.ggml_types.GGML_TYPES` (tested equal to the `gguf` package's), not from `gguf`,
+whose import pulls in its whole converter stack (mistral-common, pydantic, cv2, yaml: ~47 MB).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..kernels.ggml_types import BF16, F16, F32, GGML_TYPES
 from .api import EngineError
 
 GGUF_MAGIC = b"GGUF"
@@ -36,20 +37,6 @@ _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 
           10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
 
-# ggml tensor types: id -> (name, elements per block, bytes per block), as in ggml.h /
-# gguf.constants.GGML_QUANT_SIZES (tests/engine/test_memory.py checks they agree).
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
-    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
-}
-_F32, _F16, _BF16 = 0, 1, 30
 
 
 class GGUFError(EngineError):
@@ -207,12 +194,13 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return GGML_TYPES[self.ggml_type][0]
+        return GGML_TYPES[self.ggml_type].name
 
 
 def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
     """Bytes of a tensor of `shape` (row-major) stored as `ggml_type`."""
-    _name, block, type_size = GGML_TYPES[int(ggml_type)]
+    t = GGML_TYPES[int(ggml_type)]
+    block, type_size = t.block_size, t.type_size
     count = 1
     for d in shape:
         count *= d
@@ -386,7 +374,8 @@ class GGUFFile(Metadata):
             raise cur.fail(f"tensor '{name}' appears twice")
         if ggml_type not in GGML_TYPES:
             raise cur.fail(f"tensor '{name}' has unknown GGML type {ggml_type}")
-        type_name, block, type_size = GGML_TYPES[ggml_type]
+        t = GGML_TYPES[ggml_type]
+        type_name, block, type_size = t.name, t.block_size, t.type_size
         if any(d == 0 for d in ne):
             raise cur.fail(f"tensor '{name}' has a zero dimension {ne}")
         if ne[0] % block:
@@ -439,11 +428,11 @@ class GGUFFile(Metadata):
         """An F32/F16/BF16 tensor as a numpy array of its shape (BF16 widened to float32)."""
         info = self._info(name)
         raw = self.raw(name)
-        if info.ggml_type == _F32:
+        if info.ggml_type == F32:
             return raw.view("<f4").reshape(info.shape)
-        if info.ggml_type == _F16:
+        if info.ggml_type == F16:
             return raw.view("<f2").reshape(info.shape)
-        if info.ggml_type == _BF16:
+        if info.ggml_type == BF16:
             return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
         raise GGUFError(f"{self.path}: tensor '{name}' is {info.type_name}, not a float type")
 

@@ -31,25 +31,30 @@ class GGMLType:
         return self.id in (F32, F16, BF16)
 
 
-TYPES: dict[int, GGMLType] = {
+# Every ggml tensor type a GGUF file may name (ggml.h; tests/engine/test_memory.py checks this
+# equals gguf.constants.GGML_QUANT_SIZES): the reader sizes any tensor with it.
+GGML_TYPES: dict[int, GGMLType] = {
     t.id: t
     for t in (
-        GGMLType(F32, "F32", 1, 4),
-        GGMLType(F16, "F16", 1, 2),
-        GGMLType(BF16, "BF16", 1, 2),
-        GGMLType(Q4_0, "Q4_0", 32, 18),
-        GGMLType(Q4_1, "Q4_1", 32, 20),
-        GGMLType(Q5_0, "Q5_0", 32, 22),
-        GGMLType(Q5_1, "Q5_1", 32, 24),
-        GGMLType(Q8_0, "Q8_0", 32, 34),
-        GGMLType(Q2_K, "Q2_K", QK_K, 84),
-        GGMLType(Q3_K, "Q3_K", QK_K, 110),
-        GGMLType(Q4_K, "Q4_K", QK_K, 144),
-        GGMLType(Q5_K, "Q5_K", QK_K, 176),
-        GGMLType(Q6_K, "Q6_K", QK_K, 210),
-        GGMLType(IQ4_NL, "IQ4_NL", 32, 18),
-        GGMLType(IQ4_XS, "IQ4_XS", QK_K, 136),
+        GGMLType(F32, "F32", 1, 4), GGMLType(F16, "F16", 1, 2), GGMLType(Q4_0, "Q4_0", 32, 18),
+        GGMLType(Q4_1, "Q4_1", 32, 20), GGMLType(Q5_0, "Q5_0", 32, 22), GGMLType(Q5_1, "Q5_1", 32, 24),
+        GGMLType(Q8_0, "Q8_0", 32, 34), GGMLType(9, "Q8_1", 32, 40), GGMLType(Q2_K, "Q2_K", QK_K, 84),
+        GGMLType(Q3_K, "Q3_K", QK_K, 110), GGMLType(Q4_K, "Q4_K", QK_K, 144), GGMLType(Q5_K, "Q5_K", QK_K, 176),
+        GGMLType(Q6_K, "Q6_K", QK_K, 210), GGMLType(15, "Q8_K", QK_K, 292), GGMLType(16, "IQ2_XXS", QK_K, 66),
+        GGMLType(17, "IQ2_XS", QK_K, 74), GGMLType(18, "IQ3_XXS", QK_K, 98), GGMLType(19, "IQ1_S", QK_K, 50),
+        GGMLType(IQ4_NL, "IQ4_NL", 32, 18), GGMLType(21, "IQ3_S", QK_K, 110), GGMLType(22, "IQ2_S", QK_K, 82),
+        GGMLType(IQ4_XS, "IQ4_XS", QK_K, 136), GGMLType(24, "I8", 1, 1), GGMLType(25, "I16", 1, 2),
+        GGMLType(26, "I32", 1, 4), GGMLType(27, "I64", 1, 8), GGMLType(28, "F64", 1, 8),
+        GGMLType(29, "IQ1_M", QK_K, 56), GGMLType(BF16, "BF16", 1, 2), GGMLType(34, "TQ1_0", QK_K, 54),
+        GGMLType(35, "TQ2_0", QK_K, 66), GGMLType(39, "MXFP4", 32, 17), GGMLType(40, "NVFP4", 64, 36),
+        GGMLType(41, "Q1_0", 128, 18),
     )
+}
+
+# The ones this engine can hold on a device and multiply.
+TYPES: dict[int, GGMLType] = {
+    t: GGML_TYPES[t]
+    for t in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)
 }
 
 QUANTIZED_TYPES = tuple(t for t, info in TYPES.items() if not info.is_float)

@@ -8,11 +8,12 @@ import pytest
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from tramontane.engine.gguf import GGML_TYPES, StringArray, open_gguf
+from tramontane.engine.gguf import StringArray, open_gguf
+from tramontane.kernels.ggml_types import GGML_TYPES
 
 
 def test_ggml_type_table_matches_gguf_package():
-    ours = {i: (name, block, size) for i, (name, block, size) in GGML_TYPES.items()}
+    ours = {i: (t.name, t.block_size, t.type_size) for i, t in GGML_TYPES.items()}
     theirs = {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType if t in GGML_QUANT_SIZES}
     assert ours == theirs
 
