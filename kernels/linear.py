@@ -142,9 +142,10 @@ class QWeight:
     _repacked: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_raw(cls, raw, ggml_type: int, shape, device="cpu", name: str = "") -> QWeight:
+    def from_raw(cls, raw, ggml_type: int, shape, device="cpu", name: str = "", from_mapping: bool = False) -> QWeight:
         """Wrap GGUFFile.raw(name) bytes. On CPU the memmap is used in place (no copy); for
-        another device the bytes are copied straight there, one tensor at a time."""
+        another device the bytes are copied straight there, one tensor at a time. from_mapping:
+        raw views a read-only file mapping (then `mapped` on the CPU: its pages may be given back)."""
         what = f"tensor {name!r}: " if name else ""
         try:
             info = type_info(ggml_type)
@@ -163,7 +164,9 @@ class QWeight:
             data = data.view(FLOAT_DTYPES[info.id]).reshape(shape)
         else:
             data = data.reshape(shape[0], rb)
-        return cls(info.id, shape, data.to(device))
+        w = cls(info.id, shape, data.to(device))
+        w.mapped = from_mapping and w.data.device.type == "cpu"
+        return w
 
     @classmethod
     def from_gguf(cls, gf, name: str, device="cpu") -> QWeight:
@@ -172,9 +175,8 @@ class QWeight:
         if name not in gf.tensors:
             raise QuantFormatError(f"{gf.path}: no tensor {name!r}")
         info = gf.tensors[name]
-        w = cls.from_raw(gf.raw(name), info.ggml_type, info.shape, device, name=f"{gf.path}: {name}")
-        w.mapped = w.data.device.type == "cpu"
-        return w
+        return cls.from_raw(gf.raw(name), info.ggml_type, info.shape, device, name=f"{gf.path}: {name}",
+                            from_mapping=True)
 
     @classmethod
     def cat(cls, weights: list[QWeight]) -> QWeight:

@@ -550,8 +550,7 @@ class Mistral3Text:
         device, dtype = device or self.device, dtype or self.dtype
         info = gf.tensors[name]
         self.weight_bytes += info.nbytes
-        w = QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), device)
-        w.mapped = w.data.device.type == "cpu"  # a view of the file's mapping (its pages may be given back)
+        w = QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), device, from_mapping=True)
         if dense and self.dense_weights and device.type == "cpu" and w.ggml_type != ggml_types.F32:
             w = QWeight(ggml_types.F32, w.shape, w.dequantize(torch.float32))
         elif device.type != "cpu" and w.ggml_type == ggml_types.F32 and dtype in _DTYPE_TYPES:
