@@ -324,12 +324,17 @@ def argmax(x: torch.Tensor) -> tuple[int, bool]:
     return _cpu.argmax(x.data_ptr(), x.numel())
 
 
+def _outputs(n: int, plans: list[tuple]) -> tuple[list[torch.Tensor], list]:
+    """An (n, out) float32 output per plan, and the kernels' per-weight arguments for them."""
+    ys = [torch.empty(n, p[3], dtype=torch.float32) for p in plans]
+    return ys, [a for p, y in zip(plans, ys) for a in (p[0], p[1], p[2], p[3], y.data_ptr(), p[3])]
+
+
 def matmuls(x: torch.Tensor, plans: list[tuple]) -> list[torch.Tensor]:
     """x (n, k) contiguous float32 times each weight of `plans` ((ggml_type, data pointer, row
     bytes, out_features), from kernels.linear.native_plans), in one call: [(n, out) ...]."""
     n, k = x.shape
-    ys = [torch.empty(n, p[3], dtype=torch.float32) for p in plans]
-    args = [a for p, y in zip(plans, ys) for a in (p[0], p[1], p[2], p[3], y.data_ptr(), p[3])]
+    ys, args = _outputs(n, plans)
     _cpu.matmuls(x.data_ptr(), k * 4, n, k, *args)
     return ys
 
@@ -340,8 +345,7 @@ def norm_matmuls(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, plans: 
     n, k = x.shape
     if norm_weight.dtype != torch.float32 or norm_weight.shape != (k,) or not norm_weight.is_contiguous():
         raise ValueError(f"norm_matmuls needs a contiguous float32 ({k},) norm weight")
-    ys = [torch.empty(n, p[3], dtype=torch.float32) for p in plans]
-    args = [a for p, y in zip(plans, ys) for a in (p[0], p[1], p[2], p[3], y.data_ptr(), p[3])]
+    ys, args = _outputs(n, plans)
     _cpu.norm_matmuls(x.data_ptr(), n, k, norm_weight.data_ptr(), float(eps), *args)
     return ys
 
