@@ -99,13 +99,17 @@ def use_variant(name: str) -> None:
 
 # Not a ggml type: Q4_K rows repacked (repack_q4k) for the VNNI kernels; the same bytes a row.
 Q4_K_REPACKED = 31
-_REPACKING_VARIANTS = ("avx512vnni",)  # the variants with kernels for Q4_K_REPACKED
+
+
+def repacking_variants() -> list[str]:
+    """The variants this CPU can run that have kernels for Q4_K_REPACKED."""
+    return list(_cpu.repacking_variants()) if _cpu is not None else []
 
 
 def repacks_q4k() -> bool:
     """Whether Q4_K weights run faster repacked on the variant in use (its kernels then read
     their vectors straight from memory instead of shuffling every block into place)."""
-    return _cpu is not None and variant() in _REPACKING_VARIANTS
+    return _cpu is not None and variant() in repacking_variants()
 
 
 def repack_q4k(data: torch.Tensor) -> torch.Tensor:

@@ -1665,13 +1665,12 @@ static PyObject *py_variant(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(K->name);
 }
 
-static PyObject *py_variants(PyObject *self, PyObject *unused) {
-    (void)self;
-    (void)unused;
+/* the names of the variants this CPU runs (those with repacked Q4_K kernels only, or all) */
+static PyObject *variant_names(int repacking_only) {
     PyObject *l = PyList_New(0);
     if (!l) return NULL;
     for (int i = 0; all_variants[i]; ++i) {
-        if (!variant_supported(all_variants[i])) continue;
+        if (!variant_supported(all_variants[i]) || (repacking_only && !all_variants[i]->repack_q4k)) continue;
         PyObject *s = PyUnicode_FromString(all_variants[i]->name);
         if (!s || PyList_Append(l, s)) {
             Py_XDECREF(s);
@@ -1681,6 +1680,18 @@ static PyObject *py_variants(PyObject *self, PyObject *unused) {
         Py_DECREF(s);
     }
     return l;
+}
+
+static PyObject *py_variants(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return variant_names(0);
+}
+
+static PyObject *py_repacking_variants(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return variant_names(1);
 }
 
 static int select_variant(const char *name) {
@@ -1813,6 +1824,8 @@ static PyMethodDef methods[] = {
     {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},
     {"variant", py_variant, METH_NOARGS, "variant(): the kernel variant in use."},
     {"variants", py_variants, METH_NOARGS, "variants(): the variants this CPU can run, best first."},
+    {"repacking_variants", py_repacking_variants, METH_NOARGS,
+     "repacking_variants(): those of variants() that run repacked Q4_K (repack_q4k)."},
     {"use_variant", py_use_variant, METH_O, "use_variant(name): switch variant (tests, benchmarks)."},
     {NULL, NULL, 0, NULL},
 };

@@ -220,7 +220,7 @@ def test_rope_pairs_is_bit_exact():
     assert torch.equal(cpu_native.rope_pairs(xs, cos, sin), want)
 
 
-REPACKING = [v for v in cpu_native.variants() if v in cpu_native._REPACKING_VARIANTS]
+REPACKING = cpu_native.repacking_variants()
 
 
 @pytest.mark.skipif(not REPACKING, reason="no kernel variant here runs repacked Q4_K (needs AVX-512 VNNI)")
