@@ -328,7 +328,8 @@ static int check_type(int t, int64_t k) {
         return -1;
     }
     if (t == TQ_Q4_K_R && !K->gemm_wide[t]) {
-        PyErr_Format(PyExc_ValueError, "repacked Q4_K weights need the avx512vnni kernels, not %s", K->name);
+        PyErr_Format(PyExc_ValueError, "repacked Q4_K weights do not run on the %s kernels (repacking_variants())",
+                     K->name);
         return -1;
     }
     if (k <= 0 || k % tq_block_elems(t)) {
