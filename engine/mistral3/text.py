@@ -889,6 +889,76 @@ class Mistral3Text:
     def _graphs_enabled(self) -> bool:
         return self.use_cuda_graphs and any(seg.device.type == "cuda" for seg in self.segments)
 
+    # -- several sequences in one pass (continuous batching: runtime/batch.py) ------------------
+    @torch.inference_mode()
+    def forward_batch(self, embeds: torch.Tensor, groups: Sequence[tuple[KVCache, int, int]],
+                      logits_of: Sequence[int]) -> torch.Tensor:
+        """Rows of several sequences in one pass over the weights.
+
+        `embeds` (N, hidden) is the concatenation of every group's input rows; a group
+        (cache, start, n) is n rows at positions [start, start + n) of its own cache (a decode
+        step: n = 1; a prefill chunk: n > 1), start == cache.length. The matmuls run on all N
+        rows at once (each weight read once for every sequence); RoPE, the KV write and the
+        attention run per group, over that group's cache only. Returns float32 logits
+        (len(logits_of), vocab) of the rows `logits_of` (indices into the N rows)."""
+        n_rows = sum(n for _, _, n in groups)
+        if embeds.dim() != 2 or embeds.shape[0] != n_rows or n_rows == 0:
+            raise EngineError(f"forward_batch: {tuple(embeds.shape)} input rows for groups of {n_rows} rows")
+        for cache, start, n in groups:
+            if start != cache.length or n <= 0:
+                raise EngineError(f"forward_batch: a group of {n} rows at position {start}, its KV cache "
+                                  f"holds {cache.length} positions")
+            if start + n > cache.capacity:
+                raise EngineError(f"context full: {start} + {n} tokens exceed the context length {cache.capacity}")
+        self._ensure_rope(max(cache.capacity for cache, _, _ in groups))
+        first = self.segments[0]
+        x = embeds.to(device=first.device, dtype=first.dtype)
+        for k, seg in enumerate(self.segments):
+            if k:
+                x = _cross(x, seg)
+            with on_device(seg.device):
+                x = self._segment_batch(seg, x, groups)
+        for cache, start, n in groups:
+            cache.length = start + n
+        return self._logits(x[list(logits_of)])
+
+    def _segment_batch(self, seg: Segment, x: torch.Tensor, groups) -> torch.Tensor:
+        rope = seg.rope
+        spans, lo = [], 0
+        for cache, start, n in groups:
+            sl = slice(start, start + n)
+            spans.append((lo, lo + n, cache, start, (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])))
+            lo += n
+        for i in seg.layers:
+            layer = self.layers[i]
+            q, k, v = self._qkv(layer, x)
+            outs = [self._attend_rows(q[a:b], k[a:b], v[a:b], tables, cache.layer_k[i], cache.layer_v[i], start)
+                    for a, b, cache, start, tables in spans]
+            o = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+            x = linear_add(o, layer.wo, x)
+            x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
+        return x
+
+    def _attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables, cache_k: torch.Tensor,
+                     cache_v: torch.Tensor, start: int) -> torch.Tensor:
+        """One sequence's rows of a batch: RoPE, K/V written at [start, start + T) of its cache,
+        causal attention over [0, start + t] for row t; (T, heads * dv) before W_o."""
+        if _native_f32(q, cache_k):
+            return _linear_mod.cpu_native.rope_kv_attend(q, k, v, *tables, cache_k, cache_v, start)
+        cfg = self.cfg
+        T = q.shape[0]
+        q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
+        end = start + T
+        keys, values = cache_k[:, :end].unsqueeze(0), cache_v[:, :end].unsqueeze(0)
+        n_rep = cfg.n_heads // cfg.n_kv_heads
+        if T == 1:  # the query heads of a KV group are its rows: no key/value expansion
+            o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim), keys, values)
+            return o.reshape(1, cfg.n_heads * cfg.v_head_dim)
+        mask = causal_mask_lower_right(T, end, q.device)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask,
+                                           enable_gqa=n_rep > 1)
+        return o[0].transpose(0, 1).reshape(T, cfg.n_heads * cfg.v_head_dim)
+
 
 def on_device(device: torch.device):
     """Make a GPU the current one while its segment runs: Triton launches on the current
