@@ -1,0 +1,296 @@
+"""Causal attention over the KV cache on the GPU: one Triton flash-attention kernel.
+
+`attention(q, cache_k, cache_v, start)`: T new query rows at positions [start, start + T)
+attend to the cache's first S = start + T keys, causal aligned to the bottom right (row t sees
+keys <= S - T + t). `decode_attention(q, cache_k, cache_v, pos, bucket)`: one row at the device
+position `pos` over a fixed key bucket, keys > pos hidden inside the kernel (no float mask, no
+host sync: a CUDA graph body).
+
+The kernel (FlashAttention-2's loop):
+  * Grouped-query attention without expanding K/V: a program owns one KV head g and BLOCK_M
+    "rows", each a (query row t, head in group r) pair (row m = t * n_rep + r, query head
+    g * n_rep + r). Every key/value tile it loads serves all n_rep heads of the group, and one
+    decode row is n_rep rows of a tile, not n_rep programs.
+  * K/V read in place from the cache layout (kv_heads, capacity, head_dim) through its strides.
+  * Online softmax in base 2 with float32 running max / sum and a float32 accumulator; QK^T and
+    PV on tensor cores (tl.dot) in the input dtype (bf16 / fp16; fp32 under the interpreter).
+  * Optional split over keys (flash-decoding): when rows x KV heads give too few programs to
+    fill the GPU (decode, short turns over a long cache) each program takes one key range and
+    writes float32 (acc, max, sum) partials; `_combine_kernel` merges them per row.
+Scratch: the output (T, heads, d) and at most MAX_SPLITS partial rows per row: O(T x head_dim),
+never O(T x S).
+
+Tiles: BLOCK_M = 64 rows (prefill) / 16 (decode: tl.dot's smallest M; n_rep <= 16 fill it),
+BLOCK_N = 64 keys, 4 warps (sm_80+: a 64 x 128 float32 accumulator is 64 registers a thread),
+2 stages. No GPU was lent while writing this: tile sizes to be confirmed on one.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .triton_compat import HAVE_TRITON, interpreting, tl, triton
+
+LOG2E = 1.4426950408889634
+BLOCK_N = 64
+PREFILL_BLOCK_M = 64
+DECODE_BLOCK_M = 16
+NUM_WARPS = 4
+NUM_STAGES = 2
+MAX_SPLITS = 64  # key ranges a row may be split into (partials: MAX_SPLITS x rows x d_v floats at most)
+COMBINE_BLOCK_R = 16  # rows a combine program merges
+
+
+@triton.jit
+def _dot(a, b, DOT_F32: tl.constexpr):
+    # The interpreter multiplies bf16 tiles wrongly (Triton 3.9: garbage); on float32 copies the
+    # products are exact, as on a tensor core, and the sum is float32 either way.
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, stat_ptr, pos_ptr,
+                      T, S, n_rep, n_rows, keys_per_split,
+                      stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_ot, stride_oh,
+                      qk_scale,
+                      HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      POS_FROM_PTR: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr):
+    pid_m = tl.program_id(0)
+    g = tl.program_id(1)  # KV head
+    split = tl.program_id(2)
+    n_kv = tl.num_programs(1)
+    if POS_FROM_PTR:  # decode: one row at the device position; S is the key count it sees
+        S = tl.load(pos_ptr).to(tl.int32) + 1
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = m < n_rows
+    t = m // n_rep
+    head = g * n_rep + m % n_rep
+    last_key = S - T + t  # lower-right causal: row t sees keys [0, S - T + t]
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+
+    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+
+    # keys this program visits: its split's range, cut at the last key its last row sees
+    m_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_rows) - 1
+    lo = split * keys_per_split
+    hi = tl.minimum(lo + keys_per_split, S - T + m_last // n_rep + 1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    k_base = k_ptr + g * stride_kh
+    v_base = v_ptr + g * stride_vh
+    for start_n in range(lo, hi, BLOCK_N):
+        j = start_n + tl.arange(0, BLOCK_N)
+        key_ok = j < hi
+        k = tl.load(k_base + j[None, :] * stride_ks + d[:, None],
+                    mask=key_ok[None, :] & (d[:, None] < HEAD_DIM), other=0.0)  # (BLOCK_D, BLOCK_N)
+        s = _dot(q, k, DOT_F32) * qk_scale
+        s = tl.where(j[None, :] <= last_key[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row with no visible key yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0, no NaN)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + j[:, None] * stride_vs + dv[None, :],
+                    mask=key_ok[:, None] & (dv[None, :] < V_HEAD_DIM), other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_F32)
+        m_i = m_new
+
+    if SPLIT:  # float32 partials (split, kv head, row): merged by _combine_kernel
+        slot = (split * n_kv + g) * n_rows + m
+        tl.store(part_ptr + slot[:, None] * V_HEAD_DIM + dv[None, :], acc,
+                 mask=row_ok[:, None] & (dv[None, :] < V_HEAD_DIM))
+        tl.store(stat_ptr + 2 * slot, m_i, mask=row_ok)
+        tl.store(stat_ptr + 2 * slot + 1, l_i, mask=row_ok)
+    else:
+        out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # padding rows saw nothing: no 0/0
+        tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < V_HEAD_DIM))
+
+
+@triton.jit
+def _combine_kernel(part_ptr, stat_ptr, o_ptr, n_rep, n_rows, n_splits, stride_ot, stride_oh,
+                    V_HEAD_DIM: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_R: tl.constexpr):
+    """o = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s for BLOCK_R rows of one KV head,
+    merged split by split with the same running-max rescale as the main loop."""
+    m = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    g = tl.program_id(1)
+    n_kv = tl.num_programs(1)
+    row_ok = m < n_rows
+    dv = tl.arange(0, BLOCK_DV)
+    tile_ok = row_ok[:, None] & (dv[None, :] < V_HEAD_DIM)
+    m_run = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+    for s in range(0, n_splits):
+        slot = (s * n_kv + g) * n_rows + m
+        m_s = tl.load(stat_ptr + 2 * slot, mask=row_ok, other=float("-inf"))
+        l_s = tl.load(stat_ptr + 2 * slot + 1, mask=row_ok, other=0.0)
+        a_s = tl.load(part_ptr + slot[:, None] * V_HEAD_DIM + dv[None, :], mask=tile_ok, other=0.0)
+        m_new = tl.maximum(m_run, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # splits past a row's last key: -inf
+        w_run = tl.exp2(m_run - m_safe)
+        w_s = tl.exp2(m_s - m_safe)
+        l_run = l_run * w_run + l_s * w_s
+        acc = acc * w_run[:, None] + a_s * w_s[:, None]
+        m_run = m_new
+    t = m // n_rep
+    head = g * n_rep + m % n_rep
+    tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
+             (acc / tl.where(row_ok, l_run, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: small enough that tests take the split path too
+
+
+def split_plan(n_programs: int, n_keys: int, device: torch.device) -> tuple[int, int]:
+    """(n_splits, keys_per_split): split the keys when the row blocks x KV heads alone give
+    fewer than two programs per SM; each range a multiple of BLOCK_N, at most MAX_SPLITS."""
+    want = triton.cdiv(2 * _sm_count(device), n_programs)
+    key_blocks = triton.cdiv(n_keys, BLOCK_N)
+    n_splits = max(1, min(want, key_blocks, MAX_SPLITS))
+    keys_per_split = triton.cdiv(key_blocks, n_splits) * BLOCK_N
+    return triton.cdiv(n_keys, keys_per_split), keys_per_split
+
+
+def _check(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+    if q.dim() != 3 or cache_k.dim() != 3 or cache_v.dim() != 3:
+        raise ValueError(f"attention wants q (T, heads, d) and one layer's cache (kv_heads, capacity, d), "
+                         f"got {tuple(q.shape)}, {tuple(cache_k.shape)}, {tuple(cache_v.shape)}")
+    if q.shape[1] % cache_k.shape[0] or q.shape[2] != cache_k.shape[2] or cache_v.shape[:2] != cache_k.shape[:2]:
+        raise ValueError(f"query heads/size {tuple(q.shape[1:])} do not fit the cache's K {tuple(cache_k.shape)} "
+                         f"/ V {tuple(cache_v.shape)}")
+    if q.stride(-1) != 1 or cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
+        raise ValueError("attention wants rows contiguous in head_dim")
+
+
+def _launch(q, cache_k, cache_v, T: int, n_keys: int, pos, block_m: int, n_splits: int | None) -> torch.Tensor:
+    """Shared by both entry points: n_keys is the key count (prefill) or the bucket (decode,
+    keys > pos masked in the kernel); pos None or the device position tensor."""
+    n_kv, _, head_dim = cache_k.shape
+    n_heads, v_head_dim = q.shape[1], cache_v.shape[2]
+    n_rep = n_heads // n_kv
+    n_rows = T * n_rep
+    out = torch.empty(T, n_heads, v_head_dim, dtype=q.dtype, device=q.device)
+    row_blocks = triton.cdiv(n_rows, block_m)
+    if n_splits is None:
+        n_splits, keys_per_split = split_plan(row_blocks * n_kv, n_keys, q.device)
+    else:
+        keys_per_split = triton.cdiv(triton.cdiv(n_keys, BLOCK_N), n_splits) * BLOCK_N
+        n_splits = triton.cdiv(n_keys, keys_per_split)
+    split = n_splits > 1
+    if split:
+        part = torch.empty(n_splits, n_kv, n_rows, v_head_dim, dtype=torch.float32, device=q.device)
+        stat = torch.empty(n_splits, n_kv, n_rows, 2, dtype=torch.float32, device=q.device)
+    else:
+        part = stat = out  # unused
+    block_d, block_dv = max(16, triton.next_power_of_2(head_dim)), max(16, triton.next_power_of_2(v_head_dim))
+    qk_scale = LOG2E / head_dim ** 0.5
+    _attention_kernel[(row_blocks, n_kv, n_splits)](
+        q, cache_k, cache_v, out, part, stat, pos if pos is not None else out,
+        T, n_keys, n_rep, n_rows, keys_per_split,
+        q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1), cache_v.stride(0), cache_v.stride(1),
+        out.stride(0), out.stride(1), qk_scale,
+        HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N, POS_FROM_PTR=pos is not None, SPLIT=split,
+        DOT_F32=q.dtype == torch.bfloat16 and interpreting(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if split:
+        _combine_kernel[(triton.cdiv(n_rows, COMBINE_BLOCK_R), n_kv)](
+            part, stat, out, n_rep, n_rows, n_splits, out.stride(0), out.stride(1),
+            V_HEAD_DIM=v_head_dim, BLOCK_DV=block_dv, BLOCK_R=COMBINE_BLOCK_R, num_warps=NUM_WARPS)
+    return out
+
+
+def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int,
+              n_splits: int | None = None) -> torch.Tensor:
+    """q (T, heads, d): rows at positions [start, start + T), already in the cache with their
+    K/V. cache_k / cache_v: one layer's (kv_heads, capacity, d) views. Returns (T, heads, d_v)
+    in q.dtype. n_splits: key ranges (default: split_plan)."""
+    _check(q, cache_k, cache_v)
+    T = q.shape[0]
+    if start < 0 or start + T > cache_k.shape[1]:
+        raise ValueError(f"rows [{start}, {start + T}) outside a cache of {cache_k.shape[1]} positions")
+    return _launch(q, cache_k, cache_v, T, start + T, None, PREFILL_BLOCK_M, n_splits)
+
+
+def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, pos: torch.Tensor,
+                     bucket: int, n_splits: int | None = None) -> torch.Tensor:
+    """q (1, heads, d) at the device position pos (a (1,) integer tensor on q's device): attends
+    to keys [0, pos] of the first `bucket` cache positions. Shapes and launches depend on
+    bucket only, and pos is read by the kernel: capturable in a CUDA graph."""
+    _check(q, cache_k, cache_v)
+    if q.shape[0] != 1 or bucket > cache_k.shape[1]:
+        raise ValueError(f"decode attention takes one row over at most the cache's {cache_k.shape[1]} "
+                         f"positions, got {q.shape[0]} rows over {bucket}")
+    return _launch(q, cache_k, cache_v, 1, bucket, pos, DECODE_BLOCK_M, n_splits)
+
+
+def attention_reference(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int) -> torch.Tensor:
+    """Plain torch (float32 math, K/V expanded per head): what the kernel computes. Memory
+    O(T x S): for checks and small shapes only."""
+    T, n_heads, head_dim = q.shape
+    S = start + T
+    n_rep = n_heads // cache_k.shape[0]
+    k = cache_k[:, :S].float().repeat_interleave(n_rep, 0)  # (heads, S, d)
+    v = cache_v[:, :S].float().repeat_interleave(n_rep, 0)
+    scores = torch.einsum("thd,hsd->hts", q.float(), k) / head_dim ** 0.5
+    visible = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    return torch.einsum("hts,hsd->thd", probs, v).to(q.dtype)
+
+
+def _compile_specs() -> list[dict]:
+    """The specializations real launches use (head_dim 128, bf16 / fp16 caches), for offline
+    compile checks: kernel, signature (Triton type strings), constexprs, launch options, and
+    `aligned`: arguments a real launch passes 16-byte aligned / divisible by 16."""
+    specs = []
+    for dtype in ("bf16", "fp16"):
+        for decode in (False, True):
+            for split in (False, True):
+                if decode and not split:
+                    continue  # decode plans always split over a bucket >= 256 keys on a real GPU
+                sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "o_ptr": f"*{dtype}",
+                       "part_ptr": "*fp32" if split else f"*{dtype}", "stat_ptr": "*fp32" if split else f"*{dtype}",
+                       "pos_ptr": "*i64" if decode else f"*{dtype}",
+                       "T": "i32", "S": "i32", "n_rep": "i32", "n_rows": "i32", "keys_per_split": "i32",
+                       "stride_qt": "i32", "stride_qh": "i32", "stride_kh": "i32", "stride_ks": "i32",
+                       "stride_vh": "i32", "stride_vs": "i32", "stride_ot": "i32", "stride_oh": "i32",
+                       "qk_scale": "fp32",
+                       "HEAD_DIM": "constexpr", "V_HEAD_DIM": "constexpr", "BLOCK_D": "constexpr",
+                       "BLOCK_DV": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                       "POS_FROM_PTR": "constexpr", "SPLIT": "constexpr", "DOT_F32": "constexpr"}
+                specs.append({
+                    "name": f"attention_{'decode' if decode else 'prefill'}{'_split' if split else ''}_{dtype}",
+                    "kernel": _attention_kernel, "signature": sig,
+                    "constexprs": {"HEAD_DIM": 128, "V_HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_DV": 128,
+                                   "BLOCK_M": DECODE_BLOCK_M if decode else PREFILL_BLOCK_M, "BLOCK_N": BLOCK_N,
+                                   "POS_FROM_PTR": decode, "SPLIT": split, "DOT_F32": False},
+                    "num_warps": NUM_WARPS, "num_stages": NUM_STAGES,
+                    "aligned": [n for n in sig if sig[n].startswith("*")]
+                    + ["keys_per_split", "stride_qt", "stride_qh", "stride_kh", "stride_ks", "stride_vh",
+                       "stride_vs", "stride_ot", "stride_oh"]})
+        specs.append({
+            "name": f"attention_combine_{dtype}", "kernel": _combine_kernel,
+            "signature": {"part_ptr": "*fp32", "stat_ptr": "*fp32", "o_ptr": f"*{dtype}", "n_rep": "i32",
+                          "n_rows": "i32", "n_splits": "i32", "stride_ot": "i32", "stride_oh": "i32",
+                          "V_HEAD_DIM": "constexpr", "BLOCK_DV": "constexpr", "BLOCK_R": "constexpr"},
+            "constexprs": {"V_HEAD_DIM": 128, "BLOCK_DV": 128, "BLOCK_R": COMBINE_BLOCK_R},
+            "num_warps": NUM_WARPS, "num_stages": 1,
+            "aligned": ["part_ptr", "stat_ptr", "o_ptr", "stride_ot", "stride_oh"]})
+    return specs
+
+
+# Offline compile checks (tests/kernels/test_compile.py) read this; empty without Triton.
+COMPILE_SPECS = _compile_specs() if HAVE_TRITON else []
