@@ -14,6 +14,41 @@ from support import FIXTURES  # noqa: E402,F401  (kept importable from conftest)
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cpu_variants: run once per native CPU kernel variant this CPU can force "
+        "(avx512vnni, avx2, generic, neon...), so a variant-specific failure shows on any machine")
+
+
+def pytest_generate_tests(metafunc):
+    """Tests marked cpu_variants take a `cpu_variant` parameter: every variant cpu_native.variants()
+    lists here (one run, "default", where the native module is not built)."""
+    if metafunc.definition.get_closest_marker("cpu_variants") is None:
+        return
+    from tramontane.kernels import cpu_native
+
+    if "cpu_variant" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("cpu_variant")
+    metafunc.parametrize("cpu_variant", cpu_native.variants() or ["default"], indirect=True)
+
+
+@pytest.fixture
+def cpu_variant(request):
+    """The forced variant for this test (the one in use before is restored after)."""
+    from tramontane.kernels import cpu_native
+
+    name = request.param
+    if name == "default":
+        yield name
+        return
+    before = cpu_native.variant()
+    cpu_native.use_variant(name)
+    try:
+        yield name
+    finally:
+        cpu_native.use_variant(before)
+
+
 @pytest.fixture
 def float32_cpu_path():
     """For tests that compare against float references at float32 tolerances: the CPU runs the

@@ -19,6 +19,10 @@ from tramontane.engine.mistral3.text import KVCache, Mistral3Text
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, parse_device_map, plan_devices,
                                                   sizes_of_files)
 from tramontane.engine.runtime.local import LocalEngine
+from tramontane.kernels.linear import cpu_exact
+
+# every test here runs on each CPU kernel variant this machine can force
+pytestmark = pytest.mark.cpu_variants
 
 MODELS = ["mistral3_tiny-f32.gguf", "ministral3_tiny-f32.gguf", "mistral3_q256-llamacpp-Q4_K_M.gguf"]
 MACHINE = Machine((), DeviceInfo("cpu", 64 << 30, "test CPU"))
@@ -148,20 +152,27 @@ def test_decode_graphs_run_cpu_segments_eagerly_between_graphed_ones(monkeypatch
     captured = eager_graph_capture(monkeypatch)
     monkeypatch.setattr(DecodeGraphs, "graphed", staticmethod(lambda seg: seg.name == "cpu:1"))
     path = os.path.join(FIXTURES, "mistral3_q256-llamacpp-Q4_K_M.gguf")
-    whole = Mistral3Text.load(path, device="cpu")
-    split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
-    monkeypatch.setattr(split, "_graphs_enabled", lambda: True)
-    ids = _ids(24, whole.cfg.vocab_size, seed=13)
-    # the unsplit model decoding the same tokens: the same kernels row for row (the quantized
-    # CPU kernels' prefill tiles sum in another order than their one-row tiles, and int8
-    # activation rounding can amplify that, so a prefill's logits are not the reference here)
-    whole_cache = whole.new_cache(64)
-    want = [whole.logits(ids[:8], 0, whole_cache)] + [whole.decode(int(t), whole_cache) for t in ids[8:]]
-    cache = split.new_cache(64)
-    rows = [split.logits(ids[:8], 0, cache)] + [split.decode(int(t), cache) for t in ids[8:]]
-    assert set(cache._decode_graphs.graphs) == {(1, 64)} and len(captured) == 1
-    assert rows[1].data_ptr() != captured[0].data_ptr()  # a clone, not the graph's buffer
-    assert (torch.stack(rows) - torch.stack(want)).abs().max().item() < 1e-4
+    # Float32 matmuls (cpu_exact): the graphed segment's static step attends through sdpa over a
+    # padded bucket while the whole model uses the native attention kernel; the two differ by
+    # float32 rounding (~1e-7), and the native matmuls' int8 activation rounding can turn that
+    # into a flipped rounding step (1.3e-2 on some rows with AVX2's tiles, seen with seed 5). What
+    # this test means - the split decode computes the whole decode - holds at float32 precision
+    # on every variant; the native matmuls are checked against gguf.quants in tests/kernels.
+    with cpu_exact():
+        whole = Mistral3Text.load(path, device="cpu")
+        split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
+        monkeypatch.setattr(split, "_graphs_enabled", lambda: True)
+        for seed in (5, 13):
+            ids = _ids(24, whole.cfg.vocab_size, seed=seed)
+            whole_cache = whole.new_cache(64)
+            want = [whole.logits(ids[:8], 0, whole_cache)] + [whole.decode(int(t), whole_cache) for t in ids[8:]]
+            cache = split.new_cache(64)
+            rows = [split.logits(ids[:8], 0, cache)] + [split.decode(int(t), cache) for t in ids[8:]]
+            assert set(cache._decode_graphs.graphs) == {(1, 64)}
+            assert rows[1].data_ptr() != captured[-1].data_ptr()  # a clone, not the graph's buffer
+            # measured worst 1.7e-6 over 12 seeds on every variant: float32 rounding of 2 layers
+            assert (torch.stack(rows) - torch.stack(want)).abs().max().item() < 1e-4
+    assert len(captured) == 2  # one capture per cache: the bucket is captured once, then replayed
 
 
 def test_local_engine_split_reuses_prefixes_and_parks_chats_like_the_whole_model():

@@ -20,7 +20,8 @@ from tramontane.engine.mistral3.text import Mistral3Text
 from tramontane.kernels import cpu_native
 from tramontane.kernels.linear import cpu_exact
 
-pytestmark = pytest.mark.skipif(not cpu_native.AVAILABLE, reason="native CPU kernels not built")
+pytestmark = [pytest.mark.skipif(not cpu_native.AVAILABLE, reason="native CPU kernels not built"),
+              pytest.mark.cpu_variants]  # once per kernel variant this CPU can force
 
 
 def _ids(n: int, seed: int) -> list[int]:

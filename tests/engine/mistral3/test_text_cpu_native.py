@@ -22,7 +22,8 @@ from tramontane.kernels import cpu_native
 from tramontane.kernels.linear import cpu_exact
 from support.fixture_models import greedy_tokens
 
-pytestmark = pytest.mark.skipif(not cpu_native.AVAILABLE, reason="native CPU kernels not built")
+pytestmark = [pytest.mark.skipif(not cpu_native.AVAILABLE, reason="native CPU kernels not built"),
+              pytest.mark.cpu_variants]  # once per kernel variant this CPU can force
 
 FILES = ["mistral3_tiny-q8_0", "mistral3_q256-Q4_K_M", "mistral3_q256-Q6_K", "mistral3_q256-Q5_K",
          "mistral3_q256-Q4_0", "mistral3_q256-llamacpp-Q4_K_M", "mistral3_tiny-f16"]
