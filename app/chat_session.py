@@ -190,7 +190,8 @@ class ChatSession(QObject):
         return True
 
     def edit_and_resend(self, message_id: int, text: str) -> bool:
-        """Replace a user message's text, drop everything after it, and reply again."""
+        """Reply again to a user message with a new text. The old text and everything that
+        followed it are kept as the message's previous version (‹ 1/2 ›), not deleted."""
         if self.pending is not None:
             return False
         try:
@@ -208,8 +209,7 @@ class ChatSession(QObject):
         store = self.store
 
         def write() -> int:
-            store.edit_message(message_id, text)
-            store.truncate_after(message_id)
+            store.edit_as_version(message_id, text)
             return chat_id
 
         self._start_reply(write)
@@ -396,8 +396,8 @@ class ChatSession(QObject):
                     *((key, text) if text else (key,)))
 
     def show_version(self, message_id: int, idx: int) -> None:
-        """Show another version of a regenerated reply (‹ 2/3 ›)."""
-        if self.pending is None and self._guard(self.store.show_reply_version, message_id, idx) is not False:
+        """Show another version of a regenerated reply or of an edited message (‹ 2/3 ›)."""
+        if self.pending is None and self._guard(self.store.show_version, message_id, idx) is not False:
             self.live_stats.pop(message_id, None)  # the numbers shown are the version's own
             self.changed.emit(self.current_chat_id)
 

@@ -93,8 +93,29 @@ CREATE TABLE reply_versions (
 );
 """
 
+# v3 -> v4: edit and resend keeps what was there, as versions of the edited message (‹ 1/2 ›).
+# `message_versions` holds each version's text (once a message has been edited, every version,
+# the shown one too); the messages that followed a version not shown stay rows of `messages`,
+# hidden: `tail_of` names the edited message, `tail_idx` the version they follow, and their
+# position is minus their id (unique, and out of the way of the shown positions, which are
+# >= 0); their order is their ids' order. Their replies keep their own reply_versions, and
+# images stay referenced, so switching back restores everything.
+MIGRATE_V3_TO_V4 = """
+ALTER TABLE messages ADD COLUMN tail_of INTEGER REFERENCES messages(id) ON DELETE CASCADE;
+ALTER TABLE messages ADD COLUMN tail_idx INTEGER;
+CREATE INDEX messages_by_tail ON messages(tail_of);
+CREATE TABLE message_versions (
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    idx        INTEGER NOT NULL,
+    shown      INTEGER NOT NULL DEFAULT 0,
+    text       TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (message_id, idx)
+);
+"""
+
 # MIGRATIONS[n] brings a version-n database to version n + 1.
-MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2, 2: MIGRATE_V2_TO_V3}
+MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2, 2: MIGRATE_V2_TO_V3, 3: MIGRATE_V3_TO_V4}
 SCHEMA_VERSION = 1 + len(MIGRATIONS)
 
 # The search index is derived data, not part of the versioned schema: it is (re)built on

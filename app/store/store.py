@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ...engine.api import ChatMessage, GenerationStats, ImagePart
+from ...engine.private_files import create_private_file, make_private_dir, tighten_tree
 from . import schema
 from .errors import NotFoundError, StoreError
 from .images import ImageFiles, image_extension
@@ -72,12 +73,18 @@ class Store:
         self._last_checkpoint: dict[int, float] = {}
         self._last_now = 0.0
         try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.data_dir)
         except OSError as exc:
             raise StoreError(f"{self.data_dir}: cannot create data dir: {exc.strerror or exc}") from exc
         self._dir_lock = DirLock(self.data_dir / LOCK_NAME)
         self._dir_lock.acquire()
         try:
+            # Chats and photos are the user's alone: 0600 files in a 0700 folder (SQLite gives its
+            # -wal and -shm files the database's mode), and a folder from an older version is
+            # tightened here, once per start.
+            if not self.db_path.exists():
+                os.close(create_private_file(self.db_path, os.O_WRONLY | os.O_CREAT))
+            tighten_tree(self.data_dir)
             self._conn = schema.connect(self.db_path)
             schema.migrate(self._conn, self.db_path)
             self.search_method = schema.setup_search(self._conn, self.db_path)
@@ -199,7 +206,7 @@ class Store:
         """The chat with its messages in order."""
         with self._lock:
             info = self.get_chat_info(chat_id)
-            messages = self._messages("WHERE m.chat_id = ?", (chat_id,))
+            messages = self._messages(f"WHERE m.chat_id = ? AND {_SHOWN}", (chat_id,))
         return Chat(**vars(info), messages=messages)
 
     def search_chats(self, query: str) -> list[ChatInfo]:
@@ -213,14 +220,14 @@ class Store:
         if self.search_method == "fts5" and len(query) >= schema.TRIGRAM_MIN_CHARS:
             phrase = '"' + query.replace('"', '""') + '"'
             in_messages = (
-                "c.id IN (SELECT m.chat_id FROM messages m WHERE m.id IN "
+                f"c.id IN (SELECT m.chat_id FROM messages m WHERE {_SHOWN} AND m.id IN "
                 "(SELECT rowid FROM message_search WHERE message_search MATCH :phrase))"
             )
         else:
             phrase = None
             in_messages = (
-                "c.id IN (SELECT m.chat_id FROM messages m "
-                "WHERE instr(tramontane_fold(m.text), :folded) > 0)"
+                f"c.id IN (SELECT m.chat_id FROM messages m WHERE {_SHOWN} "
+                "AND instr(tramontane_fold(m.text), :folded) > 0)"
             )
         sql = (
             _CHAT_SELECT
@@ -248,8 +255,8 @@ class Store:
                 (title if title is not None else f"{info.title} (branch)", now, now, chat_id),
             ).lastrowid
             sources = conn.execute(
-                "SELECT id FROM messages WHERE chat_id = ? AND (? IS NULL OR position <= ?)"
-                " ORDER BY position",
+                "SELECT id FROM messages WHERE chat_id = ? AND position >= 0"
+                " AND (? IS NULL OR position <= ?) ORDER BY position",
                 (chat_id, limit, limit),
             ).fetchall()
             for src in sources:
@@ -422,7 +429,7 @@ class Store:
     def delete_message(self, message_id: int) -> None:
         with self._tx() as conn:
             msg = self.get_message(message_id)
-            shas = self._image_shas("SELECT ?", (message_id,))
+            shas = self._image_shas(_WITH_HIDDEN.format("SELECT ?"), (message_id,))
             conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
             doomed = self._drop_unused_images(shas)
             self._touch(msg.chat_id)
@@ -435,12 +442,90 @@ class Store:
             msg = self.get_message(message_id)
             cut = msg.position if inclusive else msg.position + 1
             where = "chat_id = ? AND position >= ?"
-            shas = self._image_shas(f"SELECT id FROM messages WHERE {where}", (msg.chat_id, cut))
+            shas = self._image_shas(_WITH_HIDDEN.format(f"SELECT id FROM messages WHERE {where}"),
+                                    (msg.chat_id, cut))
             count = conn.execute(f"DELETE FROM messages WHERE {where}", (msg.chat_id, cut)).rowcount
             doomed = self._drop_unused_images(shas)
             self._touch(msg.chat_id)
         self.images.unlink(doomed)
         return count
+
+    # ---- versions of an edited message (edit and resend keeps what was there)
+
+    def edit_as_version(self, message_id: int, text: str) -> None:
+        """Edit and resend: `text` becomes a new version of the finished message, shown; the
+        messages after it are kept, hidden, as what follows the version shown until now
+        (schema v4). Switch back with show_version."""
+        with self._tx() as conn:
+            msg = self.get_message(message_id)
+            if msg.state == "streaming" or msg.position < 0:
+                raise StoreError(f"message {message_id} is not a finished message of its chat")
+            self._refuse_while_streaming(conn, msg.chat_id)
+            if not conn.execute("SELECT 1 FROM message_versions WHERE message_id = ?", (message_id,)).fetchone():
+                conn.execute("INSERT INTO message_versions (message_id, idx, shown, text, created_at)"
+                             " VALUES (?, 0, 1, ?, ?)", (message_id, msg.text, msg.created_at))
+            shown = self._shown_message_version(conn, message_id)
+            self._hide_tail(conn, msg, shown)
+            conn.execute(
+                "INSERT INTO message_versions (message_id, idx, shown, text, created_at) VALUES"
+                " (?, (SELECT max(idx) + 1 FROM message_versions WHERE message_id = ?), 0, ?, ?)",
+                (message_id, message_id, text, self._now()))
+            newest = conn.execute("SELECT max(idx) FROM message_versions WHERE message_id = ?",
+                                  (message_id,)).fetchone()[0]
+            self._show_message_version(conn, msg, newest)
+
+    def show_version(self, message_id: int, idx: int) -> None:
+        """Show version `idx` of an edited message (with what followed it) or of a
+        regenerated reply."""
+        with self._tx() as conn:
+            if conn.execute("SELECT 1 FROM message_versions WHERE message_id = ?", (message_id,)).fetchone():
+                msg = self.get_message(message_id)
+                self._refuse_while_streaming(conn, msg.chat_id)
+                if not conn.execute("SELECT 1 FROM message_versions WHERE message_id = ? AND idx = ?",
+                                    (message_id, idx)).fetchone():
+                    raise StoreError(f"message {message_id} has no version {idx}")
+                shown = self._shown_message_version(conn, message_id)
+                if idx != shown:
+                    self._hide_tail(conn, msg, shown)
+                    self._show_message_version(conn, msg, idx)
+            else:
+                self._show_version(conn, message_id, idx)
+
+    def message_versions(self, message_id: int) -> list[dict[str, Any]]:
+        """Every version of an edited message, oldest first ([] when it was never edited)."""
+        return [dict(r) for r in self._rows(
+            "SELECT idx, shown, text, created_at FROM message_versions WHERE message_id = ? ORDER BY idx",
+            (message_id,))]
+
+    def _refuse_while_streaming(self, conn, chat_id: int) -> None:
+        if conn.execute("SELECT 1 FROM messages WHERE chat_id = ? AND state = 'streaming'", (chat_id,)).fetchone():
+            raise StoreError(f"chat {chat_id}: a reply is being written; wait for it or stop it first")
+
+    @staticmethod
+    def _shown_message_version(conn, message_id: int) -> int:
+        row = conn.execute("SELECT idx FROM message_versions WHERE message_id = ? AND shown",
+                           (message_id,)).fetchone()
+        return row[0] if row is not None else 0
+
+    @staticmethod
+    def _hide_tail(conn, msg: Message, version: int) -> None:
+        """The shown messages after `msg` become the hidden continuation of its `version`."""
+        conn.execute(
+            "UPDATE messages SET tail_of = ?, tail_idx = ?, position = -id"
+            " WHERE chat_id = ? AND position > ?", (msg.id, version, msg.chat_id, msg.position))
+
+    def _show_message_version(self, conn, msg: Message, idx: int) -> None:
+        """Version `idx`'s text, and the messages that followed it back in place (in their
+        order: ids grow with positions within a chat). Its tail was hidden by the caller."""
+        tail = conn.execute("SELECT id FROM messages WHERE tail_of = ? AND tail_idx = ? ORDER BY id",
+                            (msg.id, idx)).fetchall()
+        for offset, row in enumerate(tail, start=1):
+            conn.execute("UPDATE messages SET position = ?, tail_of = NULL, tail_idx = NULL WHERE id = ?",
+                         (msg.position + offset, row["id"]))
+        conn.execute("UPDATE messages SET text = (SELECT text FROM message_versions WHERE message_id = ?"
+                     " AND idx = ?) WHERE id = ?", (msg.id, idx, msg.id))
+        conn.execute("UPDATE message_versions SET shown = (idx = ?) WHERE message_id = ?", (idx, msg.id))
+        self._touch(msg.chat_id)
 
     # ---- versions of a reply (regenerate keeps the replies it replaces)
 
@@ -691,9 +776,10 @@ class Store:
                         StoredImage(r["sha256"], r["ext"], r["name"], r["text_offset"],
                                     self.image_path(r["sha256"], r["ext"]))
                     )
-                versions = {r["message_id"]: (r["n"], r["shown"]) for r in self._rows(
+                versions = {r["message_id"]: (r["n"], r["shown"]) for table in ("reply_versions", "message_versions")
+                            for r in self._rows(
                     "SELECT message_id, count(*) AS n, coalesce(max(CASE WHEN shown THEN idx END), -1) AS shown"
-                    f" FROM reply_versions WHERE message_id IN ({marks}) GROUP BY message_id",
+                    f" FROM {table} WHERE message_id IN ({marks}) GROUP BY message_id",
                     [r["id"] for r in rows])}
         messages = [message_from_row(r, images.get(r["id"], [])) for r in rows]
         for m in messages:
@@ -704,8 +790,14 @@ class Store:
         return messages
 
 
+# The messages a chat shows: hidden versions' messages (schema v4) have negative positions.
+_SHOWN = "m.position >= 0"
+# Message ids (an SQL select) with the hidden versions that hang off them, at any depth.
+_WITH_HIDDEN = ("WITH RECURSIVE kept(id) AS ({} UNION SELECT h.id FROM messages h JOIN kept"
+                " ON h.tail_of = kept.id) SELECT id FROM kept")
+
 _CHAT_SELECT = (
-    "SELECT c.*, (SELECT count(*) FROM messages m WHERE m.chat_id = c.id) AS message_count"
+    f"SELECT c.*, (SELECT count(*) FROM messages m WHERE m.chat_id = c.id AND {_SHOWN}) AS message_count"
     " FROM chats c"
 )
 _CHAT_ORDER = " ORDER BY c.pinned DESC, c.updated_at DESC, c.id DESC"

@@ -14,7 +14,7 @@ from support.app_window import MMPROJ, MODEL, close_window, make_window, send  #
 pytestmark = pytest.mark.usefixtures("isolated")
 
 WRITES = ("create_chat", "add_message", "begin_reply", "checkpoint_reply", "finish_reply",
-          "delete_message", "truncate_after", "edit_message")
+          "delete_message", "truncate_after", "edit_message", "edit_as_version")
 
 
 def record_writes(store, monkeypatch) -> list[tuple[str, str]]:
@@ -43,7 +43,7 @@ def test_reply_writes_happen_on_the_worker(qtbot, window, monkeypatch):
         window.edit_and_resend(user, "Hello there")
     names = {name for name, _ in calls}
     assert {"create_chat", "add_message", "begin_reply", "checkpoint_reply", "finish_reply",
-            "truncate_after", "edit_message"} <= names
+            "edit_as_version"} <= names
     on_ui = [(name, thread) for name, thread in calls if thread == ui]
     assert on_ui == [], on_ui
     # What was written is what was shown, and complete.

@@ -84,3 +84,37 @@ def test_a_branch_keeps_the_versions_of_its_replies(tmp_path):
         assert store.get_message(copy.id).text == "second" and store.get_message(reply).text == "first"
         store.delete_chat(chat)
         assert [v["text"] for v in store.reply_versions(copy.id)] == ["first", "second"]
+
+
+def test_edit_versions_nest_and_their_images_go_with_the_chat(tmp_path):
+    """Edits inside an older version stay with it; a hidden version's image is kept while any
+    version holds it and its file goes with the last message that refers to it."""
+    from tramontane.engine.api import ImagePart
+
+    png = (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    with Store(tmp_path) as store:
+        chat = store.create_chat("c")
+        q1 = store.add_message(chat, "user", "q1")
+        store.add_message(chat, "assistant", "a1")
+        q2 = store.add_message(chat, "user", "q2", [ImagePart(png, "cat.png")])
+        store.add_message(chat, "assistant", "a2")
+        store.edit_as_version(q2, "q2 edited")  # q2: 2 versions, a2 hidden
+        store.add_message(chat, "assistant", "a2 for the edit")
+        store.edit_as_version(q1, "q1 edited")  # q1: 2 versions; a1, q2 (with its versions) hidden
+        assert [m.text for m in store.get_chat(chat).messages] == ["q1 edited"]
+        assert store.get_chat_info(chat).message_count == 1
+        assert store.search_chats("a2 for") == []  # hidden text is not what the chat shows
+        store.show_version(q1, 0)
+        got = store.get_chat(chat).messages
+        assert [(m.text, m.versions, m.version) for m in got] == [
+            ("q1", 2, 0), ("a1", 1, 0), ("q2 edited", 2, 1), ("a2 for the edit", 1, 0)]
+        store.show_version(q2, 0)
+        assert [m.text for m in store.get_chat(chat).messages] == ["q1", "a1", "q2", "a2"]
+        image = store.get_chat(chat).messages[2].images[0]
+        assert image.path.is_file()
+        store.show_version(q1, 1)  # the image is now only in hidden messages: kept
+        assert image.path.is_file()
+        store.truncate_after(q1, inclusive=True)  # q1 and every version after it go
+        assert not image.path.exists()
+        assert store._conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+        assert store.integrity_check() == "ok"
