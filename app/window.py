@@ -103,7 +103,9 @@ class MainWindow(QMainWindow):
         self.chat_model.refresh()
         last = self.settings.last_chat_id
         self.open_chat(last if self.chat_model.row_of(last) >= 0 else None)
-        if autoload:
+        # A chat bound to a server has asked for it already (open_chat): the last local model
+        # would take its place and answer its next message.
+        if autoload and self._chosen().is_local:
             self.load_last_model()
         self._update_model_state()
 
@@ -464,6 +466,10 @@ class MainWindow(QMainWindow):
             self._follow_chat_binding(chat_id)
         self._select_current_in_list()
         self.refresh_view()
+
+    def _chosen(self) -> EngineChoice:
+        combo = getattr(self.model_bar, "model_combo", None)
+        return combo.current_choice() if combo is not None else EngineChoice()
 
     # A chat remembers what it runs on: the local model, or a model of a server (stored as the
     # server's base URL + model name, so renaming the server keeps the binding).
