@@ -14,6 +14,7 @@ import sys
 from typing import Callable
 
 from .. import __version__
+from ..engine.private_files import restrict_umask
 
 APP_NAME = "Tramontane"
 
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             return handler(args)
     if args.data_dir:
         os.environ.setdefault("TRAMONTANE_DATA_DIR", args.data_dir)
+    restrict_umask()  # whatever the window writes (chats, photos, exports, downloads) is private
     return run_app(args, argv)
 
 

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from ...engine.api import ImagePart
+from ...engine.private_files import create_private_file, make_private_dir
 from .errors import StoreError
 
 _MAGIC = (
@@ -38,9 +39,9 @@ def image_extension(data: bytes, name: str = "") -> str:
 
 def write_durably(path: Path, data: bytes) -> None:
     """Write a file so that it is either absent or complete, even after a crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
-    with open(tmp, "wb") as f:
+    with os.fdopen(create_private_file(tmp), "wb") as f:  # 0600: a photo is the user's alone
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

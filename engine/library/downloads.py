@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
+from ..private_files import create_private_file, make_private_dir
 from .hub import Hub, HubError, translate_error
 
 PART_SUFFIX = ".part"
@@ -451,8 +452,9 @@ class DownloadManager:
             raise HubError(
                 f"{label}: not enough disk space in {final.parent}: needs "
                 f"{size_text(needed + SPACE_RESERVE)} free, {size_text(free)} available.", "no_space")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        side.write_text(json.dumps(sidecar, indent=1), "utf-8")
+        make_private_dir(final.parent, tighten_existing=False)
+        with os.fdopen(create_private_file(side), "w", encoding="utf-8") as f:
+            f.write(json.dumps(sidecar, indent=1))
         self._start_part(task, part, offset)
 
         location = remote.location
@@ -522,9 +524,11 @@ class DownloadManager:
     def _start_part(self, task: _Task, part: Path, offset: int) -> None:
         """Hash the bytes already in the part (no network), or empty it when offset is 0."""
         hasher = hashlib.sha256()
+        # 0600: what is being downloaded is nobody else's business on a shared machine
         if offset == 0:
-            part.write_bytes(b"")
+            os.close(create_private_file(part))
         else:
+            os.close(create_private_file(part, os.O_WRONLY))
             with open(part, "r+b") as f:
                 f.truncate(offset)
                 for chunk in iter(lambda: f.read(self.chunk_size), b""):

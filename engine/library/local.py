@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..api import EngineError
 from .catalog import CatalogEntry
+from ..private_files import create_private_file
 from .downloads import PART_SUFFIX, SIDECAR_SUFFIX, repo_folder
 from .projector import find_projector, is_projector_name
 
@@ -171,6 +172,7 @@ def import_model(src: str | os.PathLike, models_dir: str | os.PathLike | None = 
             raise LocalModelError(f"{dest}: a file with this name is already in the models folder")
         part = dest.with_name(dest.name + PART_SUFFIX)
         try:
+            os.close(create_private_file(part))  # copyfile keeps an existing file's 0600
             shutil.copyfile(src, part)
             os.replace(part, dest)
         except OSError as exc:
