@@ -42,10 +42,31 @@ class ImagePart:
 Part = Union[str, ImagePart]
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call an assistant message made: `arguments` is the JSON text as written."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call (OpenAI's `tools[i].function`): `parameters` is its JSON
+    Schema, kept as the client wrote it (the prompt shows it in that key order)."""
+
+    name: str
+    description: str = ""
+    parameters: dict = field(default_factory=dict, hash=False, compare=True)
+
+
 @dataclass
 class ChatMessage:
     role: Role
     parts: list[Part] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call they answer
 
     @classmethod
     def text(cls, role: Role, text: str) -> "ChatMessage":
@@ -71,6 +92,11 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    # Per request, not settings: each `(generated_ids, logits) -> logits` runs before the
+    # sampling chain (a grammar's token mask: runtime/grammar.py).
+    logits_processors: tuple = ()
+    logprobs: int | None = None  # None: off; n: the chosen token's log-probability and the top n
+    control_text: bool = False  # pieces and text show control tokens by name ([TOOL_CALLS]...)
 
     @property
     def greedy(self) -> bool:
@@ -91,12 +117,23 @@ class GenerationStats:
     finish_reason: FinishReason = "stop"
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (before sampling settings), with the
+    `top` most likely alternatives as (token id, log-probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple = ()
+
+
 @dataclass
 class GenerationResult:
     text: str
     token_ids: list[int]
     prompt_token_ids: list[int]
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per generated token when asked for
 
     @property
     def finish_reason(self) -> FinishReason:

@@ -1,29 +1,38 @@
-"""Mistral v7 (tekken) chat encoding, token-exact with mistral-common's `encode_chat_completion`.
+"""Mistral tekken chat encoding (v7, v11, v13), token-exact with mistral-common's
+`encode_chat_completion`, and the parser of the tool calls a model writes.
 
     <s>[SYSTEM_PROMPT]sys[/SYSTEM_PROMPT][INST]user 1[/INST]answer 1</s>[INST]user 2[/INST]
 
-What mistral-common's v7 normaliser + InstructTokenizerV7 do, and so what we do:
-- consecutive messages of the same role are merged into one; within the merged user/assistant
-  message, runs of text parts are joined with "\\n\\n" (empty text parts skipped, whitespace
-  kept as typed), an image part breaks the run;
-- every system message stays where it stands, in its own [SYSTEM_PROMPT]…[/SYSTEM_PROMPT] block
-  (several in a row give several blocks; an empty one gives an empty block);
+What mistral-common's normaliser + InstructTokenizerV7/V11/V13 do, and so what we do:
+- consecutive messages of the same role are merged into one (tool messages and system messages
+  stay one each); within a merged user/assistant message, runs of text parts are joined with
+  "\\n\\n" (empty text parts skipped, whitespace kept as typed), an image part breaks the run;
+- every system message stays where it stands, in its own [SYSTEM_PROMPT]…[/SYSTEM_PROMPT] block;
 - a user message becomes [INST]…[/INST]; if it is (after merging) exactly text then one image,
   the image is moved first (mistral-common's "image first" compatibility rule);
-- an assistant message becomes its text with trailing spaces removed, then </s>;
+- tools: [AVAILABLE_TOOLS]json[/AVAILABLE_TOOLS] just before the [INST] of the last user
+  message (v7, v11) or of the first one (v13);
+- an assistant message becomes its text with trailing spaces removed, then its tool calls, then
+  </s>. Calls: v7 `[TOOL_CALLS][{"name", "arguments", "id"}, …]`; v11 one
+  `[TOOL_CALLS]name[CALL_ID]id[ARGS]{…}` per call; v13 the same without the id;
+- a tool result: v7/v11 `[TOOL_RESULTS]id[TOOL_CONTENT]text[/TOOL_RESULTS]`, v13
+  `[TOOL_RESULTS]text[/TOOL_RESULTS]` (v11+ order a turn's results as its calls were made);
 - an image becomes rows × ([IMG]×cols + [IMG_BREAK]) with the last [IMG_BREAK] → [IMG_END].
-Our own choices where mistral-common refuses: tool messages are dropped (logged); an empty
-assistant message is just </s> (what a reply that stopped at once left in the KV cache).
-No template from the model file is ever rendered.
+Our own choices where mistral-common refuses: an empty assistant message is just </s> (what a
+reply that stopped at once left in the KV cache); a tool message naming no call is dropped. No template from the model file is ever
+rendered; the file's template text only tells which version (`instruct_version`).
 """
 from __future__ import annotations
 
+import json
 import logging
 import operator
+import secrets
+import string
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..api import ChatMessage, EngineError, ImagePart
+from ..api import ChatMessage, EngineError, ImagePart, ToolCall, ToolSpec
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -120,33 +129,127 @@ def _text_only(parts: list[str | ImagePart], role: str) -> str:
     return "".join(parts)  # at most one merged text run
 
 
-def encode_chat(tok: Tokenizer, messages: list[ChatMessage],
-                image_grid: ImageGrid | None = None) -> EncodedPrompt:
-    """Prompt ids (BOS first) for `messages`, and where each image's tokens stand."""
-    ctl = _ControlIds.of(tok)
+def instruct_version(tok: Tokenizer) -> int:
+    """Which chat format the file's model was trained on: 7, 11 or 13.
+
+    mistral-common's versions differ here only in the tool-call wire format. A vocabulary
+    without an [ARGS] control token is v7 (Mistral Small 3.1 2503: llama.cpp writes its template
+    as the name "mistral-v7-tekken"). With [ARGS], the file's template text says whether calls
+    carry [CALL_ID] (v11, e.g. Mistral Small 3.2 2506) or not (v13: Ministral 3 2512, Magistral,
+    Devstral; llama.cpp's converter writes a v13 template for these)."""
+    if not _has_control(tok, "[ARGS]"):
+        return 7
+    if "[CALL_ID]" in (tok.chat_template or "") and _has_control(tok, "[CALL_ID]"):
+        return 11
+    return 13
+
+
+def _has_control(tok: Tokenizer, piece: str) -> bool:
+    return tok.has_token(piece) and tok.is_control(tok.token_id(piece))
+
+
+def _json(value) -> str:
+    return json.dumps(value, ensure_ascii=False)  # mistral-common's separators ", " and ": "
+
+
+def _arguments_value(arguments: str):
+    """mistral-common normalises the arguments text through json (empty = {}), then writes the
+    parsed value; text that is not JSON is written as a string."""
+    if not arguments:
+        return {}
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+def tools_json(tools: list[ToolSpec]) -> str:
+    return _json([{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                     "parameters": t.parameters}} for t in tools])
+
+
+def _tool_call_ids(tok: Tokenizer, version: int, calls: list[ToolCall]) -> list[int]:
+    if version == 7:
+        prepared = []
+        for call in calls:
+            item = {"name": call.name, "arguments": _arguments_value(call.arguments)}
+            if call.id and call.id != "null":
+                item["id"] = call.id
+            prepared.append(item)
+        return [tok.token_id("[TOOL_CALLS]"), *tok.encode(_json(prepared))]
+    ids: list[int] = []
+    for call in calls:
+        ids += [tok.token_id("[TOOL_CALLS]"), *tok.encode(call.name)]
+        if version == 11 and call.id and call.id != "null":
+            ids += [tok.token_id("[CALL_ID]"), *tok.encode(call.id)]
+        ids += [tok.token_id("[ARGS]"), *tok.encode(_json(_arguments_value(call.arguments)))]
+    return ids
+
+
+def _tool_result_ids(tok: Tokenizer, version: int, message: ChatMessage) -> list[int]:
+    text = _text_only(_merge_parts([message]), "tool")
+    if version == 13:
+        return [tok.token_id("[TOOL_RESULTS]"), *tok.encode(text), tok.token_id("[/TOOL_RESULTS]")]
+    return [tok.token_id("[TOOL_RESULTS]"), *tok.encode(message.tool_call_id),
+            tok.token_id("[TOOL_CONTENT]"), *tok.encode(text), tok.token_id("[/TOOL_RESULTS]")]
+
+
+def _ordered_results(group: list[ChatMessage], call_order: list[str]) -> list[ChatMessage]:
+    """v11+: a turn's results in the order of its calls (then as given), as mistral-common sorts."""
+    rank = {call_id: i for i, call_id in enumerate(call_order)}
+    return sorted(group, key=lambda m: rank.get(m.tool_call_id or "null", len(rank)))
+
+
+def encode_chat(tok: Tokenizer, messages: list[ChatMessage], image_grid: ImageGrid | None = None,
+                tools: list[ToolSpec] | None = None) -> EncodedPrompt:
+    """Prompt ids (BOS first) for `messages` (and the `tools` the model may call), and where each
+    image's tokens stand."""
     kept = []
     for message in messages:
-        if message.role == "tool":
-            log.info("chat encoding: a tool message was dropped (tools are not supported)")
-        elif message.role in ("system", "user", "assistant"):
+        if message.role == "tool" and not message.tool_call_id:
+            # a result that names no call cannot be placed (mistral-common refuses it): older
+            # chats stored such messages, so they are skipped rather than refused
+            log.info("chat encoding: a tool message without a tool_call_id was dropped")
+        elif message.role in ("system", "user", "assistant", "tool"):
             kept.append(message)
         else:
             raise EngineError(f"unknown message role {message.role!r}")
     if not kept:
         raise EngineError("there is no message to answer")
+    messages = kept
+    ctl = _ControlIds.of(tok)
+    version = instruct_version(tok) if (tools or any(m.tool_calls or m.role == "tool" for m in messages)) else 7
+    groups = _group_by_role(messages)
+    user_groups = [i for i, g in enumerate(groups) if g[0].role == "user"]
+    tools_at = None
+    if tools and user_groups:
+        tools_at = user_groups[0] if version == 13 else user_groups[-1]
 
     ids = [ctl.bos]
     spans: list[ImageSpan] = []
-    for group in _group_by_role(kept):
+    call_order: list[str] = []  # the latest assistant turn's call ids
+    for index, group in enumerate(groups):
         role = group[0].role
         if role == "system":
-            for message in group:  # v7 keeps each system message as its own block
+            for message in group:  # each system message is its own block
                 text = _text_only(_merge_parts([message]), "system")
                 ids += [ctl.system, *tok.encode(text), ctl.end_system]
+        elif role == "tool":
+            ordered = _ordered_results(group, call_order) if version >= 11 else group
+            for message in ordered:
+                ids += _tool_result_ids(tok, version, message)
         elif role == "assistant":
             text = _text_only(_merge_parts(group), "assistant")
-            ids += [*tok.encode(text.rstrip(" ")), ctl.eos]
+            calls = [call for message in group for call in message.tool_calls]
+            ids += tok.encode(text.rstrip(" "))
+            if calls:
+                ids += _tool_call_ids(tok, version, calls)
+            ids.append(ctl.eos)
+            call_order = [call.id for call in calls]
         else:
+            if index == tools_at:
+                ids += [tok.token_id("[AVAILABLE_TOOLS]"), *tok.encode(tools_json(tools)),
+                        tok.token_id("[/AVAILABLE_TOOLS]")]
             parts = _merge_parts(group)
             if (len(parts) >= 2 and isinstance(parts[-1], ImagePart)
                     and all(isinstance(p, str) for p in parts[:-1])):
@@ -162,6 +265,66 @@ def encode_chat(tok: Tokenizer, messages: list[ChatMessage],
                 spans.append(ImageSpan(start, len(ids), part, rows, cols))
             ids.append(ctl.end_inst)
     return EncodedPrompt(ids, spans)
+
+
+# ----------------------------------------------------------------------------- model output
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_call_id() -> str:
+    """A 9-character call id, the form mistral-common validates (v7, v11)."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
+
+@dataclass
+class ParsedReply:
+    content: str  # the text before the first [TOOL_CALLS]
+    tool_calls: list[ToolCall]
+
+
+def parse_tool_calls(text: str, version: int) -> ParsedReply | None:
+    """The calls in a reply decoded with its control tokens by name. None when the reply has no
+    [TOOL_CALLS], or when what follows is not a well-formed call list (the caller then keeps
+    the reply as text). Arguments come back as compact-enough JSON text (json.dumps)."""
+    head, marker, rest = text.partition("[TOOL_CALLS]")
+    if not marker:
+        return None
+    calls: list[ToolCall] = []
+    if version == 7:
+        try:
+            items = json.loads(rest.replace("[TOOL_CALLS]", ""))
+        except json.JSONDecodeError:
+            return None
+        if isinstance(items, dict):
+            items = [items]
+        if not isinstance(items, list) or not items:
+            return None
+        for item in items:
+            if not (isinstance(item, dict) and isinstance(item.get("name"), str) and item["name"]
+                    and isinstance(item.get("arguments", {}), (dict, str))):
+                return None
+            args = item.get("arguments", {})
+            call_id = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else new_call_id()
+            calls.append(ToolCall(call_id, item["name"], args if isinstance(args, str) else _json(args)))
+        return ParsedReply(head, calls)
+    for segment in rest.split("[TOOL_CALLS]"):
+        name, args_marker, args = segment.partition("[ARGS]")
+        if not args_marker:
+            return None
+        name, id_marker, call_id = name.partition("[CALL_ID]")
+        name = name.strip()
+        if not name or any(c.isspace() for c in name):
+            return None
+        try:
+            value, end = json.JSONDecoder().raw_decode(args.strip())
+        except json.JSONDecodeError:
+            return None
+        if args.strip()[end:].strip() or not isinstance(value, dict):
+            return None
+        calls.append(ToolCall(call_id.strip() if id_marker and call_id.strip() else new_call_id(),
+                              name, _json(value)))
+    return ParsedReply(head, calls)
 
 
 def _grid_of(image: ImagePart, image_grid: ImageGrid | None) -> tuple[int, int]:

@@ -107,6 +107,9 @@ class Tokenizer:
     _bytes_offsets: np.ndarray = field(repr=False)  # id i's bytes: blob[offsets[i]:offsets[i + 1]]
     _is_control: np.ndarray = field(repr=False)  # bool per id
     _special_pieces: dict[str, int] = field(repr=False)  # text -> id of the tokens not in the BPE vocab
+    # the file's tokenizer.chat_template (a llama.cpp template name or Jinja text): never
+    # rendered, only read for which tool-call format the model was trained on (chat_format)
+    chat_template: str | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -220,6 +223,7 @@ class Tokenizer:
             _bytes_offsets=offsets,
             _is_control=is_control,
             _special_pieces=special_pieces,
+            chat_template=meta.string("tokenizer.chat_template", default=None),
         )
 
     # ------------------------------------------------------------------ lookups
