@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDia
                                QVBoxLayout, QWidget)
 
 from .chat_session import LOAD_FIRST_HINT, ChatSession
+from .model_files import why_not_a_model
 from .single_instance import InstanceServer
 from .dialogs.servers import EngineChoiceCombo, ServersDialog
 from .dialogs.settings import AppSettings, SettingsDialog
@@ -750,12 +751,19 @@ class MainWindow(QMainWindow):
     def load_last_model(self) -> bool:
         model, mmproj = self.settings.last_model
         if model and Path(model).is_file():
-            self.load_model(model, mmproj if mmproj and Path(mmproj).is_file() else "")
-            return True
+            return self.load_model(model, mmproj if mmproj and Path(mmproj).is_file() else "")
         return False
 
-    def load_model(self, model_path: str, mmproj_path: str = "") -> None:
-        """Load a local GGUF (and its projector) on the worker; the bar shows progress."""
+    def load_model(self, model_path: str, mmproj_path: str = "") -> bool:
+        """Load a local GGUF (and its projector) on the worker; the bar shows progress. A
+        file that is not a model is refused first, in words, and the loaded model stays."""
+        why_not = why_not_a_model(model_path)
+        if why_not:
+            info = self.engine_info
+            if info is not None:
+                why_not += f" {Path(info.model_path).name if not info.remote else info.description} stays loaded."
+            self.composer.show_message(why_not)
+            return False
         if self.pending is not None:
             self.pending.cancel.set()
         self.session.loading = str(model_path)
@@ -769,6 +777,7 @@ class MainWindow(QMainWindow):
         self._update_model_state()
         self.worker.load(model_path, mmproj_path or None, self.settings.device,
                          self.settings.context_length or None, self.settings.gpu_layers)
+        return True
 
     def open_model_file(self) -> None:
         start = self.last_folder("models") or self.settings.models_dir or str(Path.home())
