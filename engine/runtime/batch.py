@@ -1,0 +1,470 @@
+"""Continuous batching: many sequences decoded together, one pass over the weights per step.
+
+A `BatchScheduler` owns a few KV slots (one KVCache each) and, once started, a loop thread.
+Every step runs one row for each sequence that is decoding plus chunks of the prompts being
+read, at most `step_rows` rows in all, through `Mistral3Text.forward_batch` (the matmuls on all
+rows at once, attention per sequence over its own cache); new requests join at step
+boundaries and finished ones leave, so a long prompt is read a chunk per step while the other
+streams keep getting a token every step. Decode is bound by reading the weights: eight rows
+cost about what one does.
+
+A priority request (the window's own reply) has a slot kept for it and its prompt is read
+before anyone else's, so it never queues behind API streams. Image features are encoded in the
+submitting thread, outside the step. Prefix reuse: a slot keeps what it last held (the next turn
+of a conversation reuses it in place), and every sequence's full blocks go to the shared
+`PrefixCache`, from which a new sequence copies its longest known prefix (a known system prompt).
+Sampling, stop strings and stats follow `generate.generate` step for step.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams
+from ..mistral3.chat_format import EncodedPrompt, encode_chat
+from .generate import StopStringFilter, check_params, make_generator, sample
+from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
+from .session import Key, position_keys, reusable_prefix
+
+log = logging.getLogger(__name__)
+
+STEP_ROWS_CPU = 128  # rows per step: a prompt chunk on top of the decode rows (~0.5 s of CPU prefill)
+STEP_ROWS_GPU = 512
+DEFAULT_SLOTS = 8
+PREFIX_CACHE_BYTES = 1 << 30
+
+
+@dataclass
+class _Request:
+    prompt: EncodedPrompt
+    keys: list[Key]
+    params: SamplingParams
+    on_piece: Callable[[str], None] | None
+    cancel: threading.Event | None
+    priority: bool
+    features: list[torch.Tensor]  # one per image span, encoded before the request was queued
+    future: Future
+    t0: float
+    order: int
+
+
+@dataclass
+class _Slot:
+    cache: object  # KVCache
+    reserved: bool  # kept for priority requests
+    keys: list[Key] = field(default_factory=list)  # what cache positions [0, length) hold
+    busy: bool = False
+    last_used: float = 0.0
+
+
+class _Sequence:
+    """One request while it runs: its prompt rows still to read, then one token a step."""
+
+    def __init__(self, req: _Request, slot: _Slot, reused: int, embeds: torch.Tensor, tokenizer):
+        self.req = req
+        self.slot = slot
+        self.reused = reused
+        self.embeds = embeds  # input rows for prompt positions [reused, len(prompt))
+        self.read = 0  # of those rows
+        self.pending: int | None = None  # the sampled token the next step feeds
+        self.generated: list[int] = []
+        self.cached: list[int] = []  # generated ids whose K/V are in the cache
+        self.decoder = tokenizer.stream()
+        self.stop = StopStringFilter(req.params.stop)
+        self.generator = None
+        self.seen = None
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.n_sampled = 0
+
+    @property
+    def reading(self) -> bool:
+        return self.read < self.embeds.shape[0]
+
+
+def _common_prefix(a: list[Key], b: list[Key]) -> int:
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class BatchScheduler:
+    """Runs many generations on one model at once (see the module's docstring).
+
+    `submit` (any thread) queues a request and answers a Future of its GenerationResult;
+    `start()` runs the steps on a thread of its own, or a caller drives them with `step()`."""
+
+    def __init__(self, model, tokenizer, vision=None, *, slots: int = DEFAULT_SLOTS, priority_slots: int = 1,
+                 context_length: int | None = None, step_rows: int | None = None,
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+        if slots < 1 or priority_slots < 0:
+            raise EngineError(f"a batch needs at least one slot, got {slots} (+{priority_slots} for priority)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vision = vision
+        on_gpu = any(seg.device.type == "cuda" for seg in model.segments)
+        self.step_rows = step_rows or (STEP_ROWS_GPU if on_gpu else STEP_ROWS_CPU)
+        self.slots = [_Slot(model.new_cache(context_length), reserved=i >= slots)
+                      for i in range(slots + priority_slots)]
+        self.prefix = PrefixCache(prefix_cache_bytes)
+        self.replies = ReplyMemory()
+        self._img_id = tokenizer.token_id("[IMG]") if vision is not None else None
+        self._running: list[_Sequence] = []
+        self._waiting: list[_Request] = []
+        self._cond = threading.Condition()
+        self._order = itertools.count()
+        self._vision_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def context_size(self) -> int:
+        return self.slots[0].cache.capacity
+
+    # -- any thread -----------------------------------------------------------------------------
+    def submit(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
+               cancel: threading.Event | None = None, priority: bool = False) -> Future:
+        """Queue one generation; image features are encoded here, in the caller's thread."""
+        check_params(params)
+        t0 = time.perf_counter()
+        n = len(prompt.ids)
+        if n == 0:
+            raise EngineError("the prompt is empty: give at least one token")
+        room = 1 if params.max_tokens > 0 else 0
+        if n + room > self.context_size:
+            raise EngineError(f"the conversation is {n} tokens, more than the context length of "
+                              f"{self.context_size}: start a new chat or raise the context length")
+        features = self._image_features(prompt)
+        future: Future = Future()
+        req = _Request(prompt, position_keys(prompt.ids, prompt.image_spans), params, on_piece, cancel,
+                       priority, features, future, t0, next(self._order))
+        with self._cond:
+            if self._closed:
+                raise EngineError("the engine was closed: load the model again")
+            self._waiting.append(req)
+            self._cond.notify()
+        return future
+
+    def generate(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
+                 cancel: threading.Event | None = None, priority: bool = False) -> GenerationResult:
+        """submit() and wait (the scheduler must be started, or driven by another thread)."""
+        return self.submit(prompt, params, on_piece, cancel, priority).result()
+
+    def start(self) -> "BatchScheduler":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="tramontane-batch", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the loop; what is queued or running fails with an EngineError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        closed = EngineError("the engine was closed: load the model again")
+        for seq in list(self._running):
+            self._fail(seq, closed)
+        with self._cond:
+            waiting, self._waiting = self._waiting, []
+        for req in waiting:
+            req.future.set_exception(closed)
+
+    @property
+    def active(self) -> int:
+        """Sequences running now (reading their prompt or decoding)."""
+        return len(self._running)
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave the clients waiting forever
+                log.error("a batch step failed", exc_info=exc)
+                for seq in list(self._running):
+                    self._fail(seq, exc)
+
+    def step(self) -> bool:
+        """Admit what fits, then one forward pass for every running sequence; False when idle."""
+        self._admit()
+        for seq in list(self._running):
+            if seq.req.cancel is not None and seq.req.cancel.is_set():
+                self._finish(seq, "cancelled")
+        if not self._running:
+            return False
+        decoding = [s for s in self._running if not s.reading]
+        reading = sorted((s for s in self._running if s.reading), key=lambda s: (not s.req.priority, s.req.order))
+        parts, groups, logit_rows, sampled = [], [], [], []
+        row = 0
+        if decoding:
+            parts.append(self.model.embed([s.pending for s in decoding]))
+            for s in decoding:
+                groups.append((s.slot.cache, s.slot.cache.length, 1))
+                logit_rows.append(row)
+                sampled.append(s)
+                row += 1
+        budget = max(self.step_rows - len(decoding), 1)
+        stepped = list(decoding)
+        for s in reading:
+            if budget <= 0:
+                break
+            n = min(budget, s.embeds.shape[0] - s.read)
+            parts.append(s.embeds[s.read:s.read + n])
+            groups.append((s.slot.cache, s.slot.cache.length, n))
+            s.read += n
+            row += n
+            budget -= n
+            stepped.append(s)
+            if not s.reading:
+                logit_rows.append(row - 1)
+                sampled.append(s)
+        embeds = parts[0] if len(parts) == 1 else torch.cat([p.to(parts[0].device) for p in parts])
+        try:
+            logits = self.model.forward_batch(embeds, groups, logit_rows)
+        except BaseException as exc:  # noqa: BLE001 - every sequence of the step hears it
+            for s in stepped:
+                self._fail(s, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return True
+        for s in decoding:
+            s.cached.append(s.pending)
+            s.pending = None
+        for i, s in enumerate(sampled):
+            if s.n_sampled == 0:
+                self._remember_blocks(s)  # the prompt is in: later arrivals can copy it already
+            try:
+                self._take(s, logits[i])
+            except BaseException as exc:  # noqa: BLE001 - a callback or NaN fails its own sequence
+                self._fail(s, exc)
+        return True
+
+    # -- admission ------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        with self._cond:
+            queue = sorted(self._waiting, key=lambda r: (not r.priority, r.order))
+            admitted = []
+            for req in queue:
+                slot = self._free_slot(req)
+                if slot is None:
+                    continue
+                slot.busy = True
+                admitted.append((req, slot))
+                self._waiting.remove(req)
+        for req, slot in admitted:
+            try:
+                self._start(req, slot)
+            except BaseException as exc:  # noqa: BLE001 - e.g. a bad image: that request fails
+                slot.busy = False
+                slot.cache.truncate(0)
+                slot.keys = []
+                req.future.set_exception(exc)
+
+    def _free_slot(self, req: _Request) -> _Slot | None:
+        """A free slot this request may use: the one holding the longest prefix of its prompt,
+        else the one used least recently."""
+        free = [s for s in self.slots if not s.busy and (req.priority or not s.reserved)]
+        if not free:
+            return None
+        return max(free, key=lambda s: (_common_prefix(s.keys, req.keys), -s.last_used))
+
+    def _start(self, req: _Request, slot: _Slot) -> None:
+        prompt, keys, cache = req.prompt, req.keys, slot.cache
+        if req.cancel is not None and req.cancel.is_set():
+            slot.busy = False
+            req.future.set_result(self._result(req, [], "", 0, cache, "cancelled", None, None, 0))
+            return
+        spans = prompt.image_spans
+        own = reusable_prefix(slot.keys[:cache.length], keys, spans)
+        b = self.prefix.block
+        hashes = block_hashes(keys, b)
+        held = self.prefix.match(hashes)
+        from_blocks = reusable_prefix(keys[:held * b], keys, spans) if held else 0
+        if from_blocks > own:
+            first = own // b
+            cache.truncate(first * b)
+            self.prefix.load(hashes[:-(-from_blocks // b)], cache, first)
+            cache.truncate(from_blocks)
+            reused = from_blocks
+        else:
+            cache.truncate(own)
+            reused = own
+        slot.keys = keys[:reused]
+        seq = _Sequence(req, slot, reused, self._embeddings(req, reused), self.tokenizer)
+        seq.hashes = hashes
+        self._running.append(seq)
+
+    def _image_features(self, prompt: EncodedPrompt) -> list[torch.Tensor]:
+        if not prompt.image_spans:
+            return []
+        if self.vision is None:
+            raise EngineError("this model has no vision projector: load one to send images")
+        with self._vision_lock:
+            return self.vision.encode_image_parts([s.image for s in prompt.image_spans])
+
+    def _embeddings(self, req: _Request, start: int) -> torch.Tensor:
+        """Input rows for prompt positions [start, end): token embeddings with each image's
+        features in place of its [IMG] rows (as LocalEngine._embeddings)."""
+        ids = req.prompt.ids[start:]
+        embeds = self.model.embed(ids)
+        for span, feats in zip(req.prompt.image_spans, req.features):
+            if span.end <= start:
+                continue
+            lo, hi = span.start - start, span.end - start
+            ids_t = torch.tensor(ids[lo:hi], device=embeds.device)
+            rows = (ids_t == self._img_id).nonzero().squeeze(1) + lo
+            if rows.numel() != feats.shape[0]:
+                raise EngineError(f"{span.image.name}: the image gives {feats.shape[0]} features for "
+                                  f"{rows.numel()} [IMG] tokens")
+            embeds[rows] = feats.to(device=embeds.device, dtype=embeds.dtype)
+        return embeds
+
+    # -- sampling and the end of a sequence -------------------------------------------------------
+    def _take(self, s: _Sequence, logits: torch.Tensor) -> None:
+        """The token after this step's last row, as generate() does after a forward."""
+        params = s.req.params
+        if params.max_tokens == 0:
+            return self._finish(s, "length")
+        if s.n_sampled == 0:
+            if not params.greedy:
+                s.generator = make_generator(params.seed, logits.device)
+            if params.repetition_penalty != 1.0:
+                s.seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+                ids = torch.tensor(s.req.prompt.ids, dtype=torch.long, device=logits.device)
+                s.seen[ids.clamp_(0, logits.shape[-1] - 1)] = True
+        token = sample(logits, params, s.generator, s.seen)
+        s.n_sampled += 1
+        s.t_last = time.perf_counter()
+        if s.t_first is None:
+            s.t_first = s.t_last
+        if token == self.tokenizer.eos_id and not params.ignore_eos:
+            return self._finish(s, "stop")
+        s.generated.append(token)
+        if s.seen is not None:
+            s.seen[token] = True
+        self._emit(s, s.stop.feed(s.decoder.push(token)))
+        cache = s.slot.cache
+        if s.stop.stopped:
+            return self._finish(s, "stop_string")
+        if len(s.generated) >= params.max_tokens:
+            return self._finish(s, "length")
+        if s.req.cancel is not None and s.req.cancel.is_set():
+            return self._finish(s, "cancelled")
+        if cache.length >= cache.capacity:
+            return self._finish(s, "length")
+        s.pending = token
+
+    @staticmethod
+    def _emit(s: _Sequence, piece: str) -> None:
+        if piece and s.req.on_piece is not None:
+            s.req.on_piece(piece)
+
+    def _remember_blocks(self, s: _Sequence) -> None:
+        keys = s.req.keys + s.cached
+        hashes = s.hashes if not s.cached else block_hashes(keys, self.prefix.block)
+        self.prefix.store(hashes, s.slot.cache)
+
+    def _release(self, s: _Sequence) -> None:
+        self._running.remove(s)
+        s.slot.busy = False
+        s.slot.last_used = time.perf_counter()
+
+    def _finish(self, s: _Sequence, reason: FinishReason) -> None:
+        if not s.stop.stopped:
+            self._emit(s, s.stop.feed(s.decoder.flush(), final=True))
+        cache = s.slot.cache
+        s.slot.keys = (s.req.keys + s.cached)[:cache.length]
+        if reason != "cancelled" or not s.reading:
+            self._remember_blocks(s)
+        if reason in ("stop", "length") and s.generated and self.tokenizer.decode(s.generated) == s.stop.text:
+            self.replies.remember(s.stop.text, s.generated)
+        self._release(s)
+        s.req.future.set_result(self._result(s.req, s.generated, s.stop.text, s.reused, cache, reason,
+                                             s.t_first, s.t_last, s.n_sampled))
+
+    def _fail(self, s: _Sequence, exc: BaseException) -> None:
+        # The cache's length counts only rows whose forward pass completed: a prefix of the
+        # prompt and of what was fed back, which the slot's keys describe.
+        s.slot.keys = (s.req.keys + s.cached)[:s.slot.cache.length]
+        self._release(s)
+        s.req.future.set_exception(exc)
+
+    @staticmethod
+    def _result(req: _Request, generated, text, reused, cache, reason, t_first, t_last, n_sampled) -> GenerationResult:
+        n_prompt = len(req.prompt.ids)
+        stats = GenerationStats(prompt_tokens=n_prompt, reused_tokens=reused, prefilled_tokens=n_prompt - reused,
+                                generated_tokens=len(generated), context_used=cache.length,
+                                context_size=cache.capacity, finish_reason=reason)
+        if t_first is not None:
+            stats.ttft_s = t_first - req.t0
+            stats.prefill_tok_s = (n_prompt - reused) / max(stats.ttft_s, 1e-9)
+            if n_sampled > 1:
+                stats.decode_tok_s = (n_sampled - 1) / max(t_last - t_first, 1e-9)
+        return GenerationResult(text, list(generated), list(req.prompt.ids), stats)
+
+
+class BatchedEngine:
+    """What a server job gets from a BatchExecutor: LocalEngine's `chat` / `complete`, callable
+    from many threads at once, each call one sequence of the scheduler (it blocks until done)."""
+
+    def __init__(self, engine, scheduler: BatchScheduler):
+        self.engine = engine
+        self.scheduler = scheduler
+        self.model_path = engine.model_path
+        self.tokenizer = engine.tokenizer
+
+    @property
+    def has_vision(self) -> bool:
+        return self.engine.vision is not None
+
+    @property
+    def context_size(self) -> int:
+        return self.scheduler.context_size
+
+    @property
+    def description(self) -> str:
+        return f"{self.engine.description}, {sum(not s.reserved for s in self.scheduler.slots)} sequences at once"
+
+    def encode(self, messages: list[ChatMessage], tools=None) -> EncodedPrompt:
+        vision = self.engine.vision
+        grid = vision.grid if vision is not None else None
+        if tools:
+            return encode_chat(self.tokenizer, messages, grid, tools)
+        return encode_reusing_replies(self.tokenizer, messages, grid, self.scheduler.replies)
+
+    def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
+             cancel: threading.Event | None = None, session_key: str | None = None, tools=None,
+             priority: bool = False) -> GenerationResult:
+        """session_key is accepted for the Engine protocol: the prefix cache finds any
+        conversation's KV by its tokens, whatever it is called."""
+        check_params(params)
+        return self.scheduler.generate(self.encode(messages, tools), params, on_piece, cancel, priority)
+
+    def complete(self, prompt_ids: list[int], params: SamplingParams, on_piece=None,
+                 cancel: threading.Event | None = None, session_key: str | None = None,
+                 priority: bool = False) -> GenerationResult:
+        check_params(params)
+        vocab = self.tokenizer.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise EngineError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        return self.scheduler.generate(EncodedPrompt(list(prompt_ids)), params, on_piece, cancel, priority)
+
+
+__all__ = ["BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "STEP_ROWS_CPU", "STEP_ROWS_GPU"]

@@ -1,0 +1,163 @@
+"""A KV prefix cache shared by every conversation, and the replies the engine generated.
+
+Positions are cut into fixed-size blocks; a block is addressed by a chained hash of its keys
+(token ids; inside an image span the image's content hash too, see session.position_keys) and
+of every block before it, so equal hashes mean equal prefixes. A new sequence copies the longest
+run of known blocks into its KV cache and prefills only the rest: a second conversation with a
+known system prompt starts with those tokens cached. Blocks are host-memory copies in an LRU
+bounded in bytes (a block whose parent was evicted is never matched: lookups stop at the first
+miss).
+
+`ReplyMemory` keeps the exact token ids of replies the engine generated, and
+`encode_reusing_replies` puts them back when a client resends the reply as text, so the next
+turn's prompt is token for token what the cache holds (no re-tokenization drift).
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from typing import Sequence
+
+import torch
+
+from ..api import ChatMessage
+from ..mistral3.chat_format import EncodedPrompt, ImageSpan, encode_chat
+from .session import Key
+
+BLOCK_TOKENS = 32
+
+
+def _block_bytes(keys: Sequence[Key]) -> bytes:
+    ids = array("q", (k if isinstance(k, int) else k[0] for k in keys)).tobytes()
+    images = b"".join(i.to_bytes(4, "little") + k[1].encode("ascii")
+                      for i, k in enumerate(keys) if not isinstance(k, int))
+    return ids + b"|" + images
+
+
+def block_hashes(keys: Sequence[Key], block: int = BLOCK_TOKENS) -> list[bytes]:
+    """hashes[i] names keys[:(i + 1) * block] (full blocks only)."""
+    out, parent = [], b""
+    for lo in range(0, len(keys) - block + 1, block):
+        parent = hashlib.blake2b(parent + _block_bytes(keys[lo:lo + block]), digest_size=16).digest()
+        out.append(parent)
+    return out
+
+
+class PrefixCache:
+    """Blocks of KV (host copies, one (layers, kv_heads, block, d) pair per cache part) by hash."""
+
+    def __init__(self, budget_bytes: int, block: int = BLOCK_TOKENS):
+        self.budget = max(0, int(budget_bytes))
+        self.block = block
+        self.used = 0
+        self._blocks: OrderedDict[bytes, tuple[list[torch.Tensor], list[torch.Tensor], int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, digest: bytes) -> bool:
+        return digest in self._blocks
+
+    def match(self, hashes: Sequence[bytes]) -> int:
+        """How many leading blocks are held (each one found becomes the most recently used)."""
+        n = 0
+        for digest in hashes:
+            if digest not in self._blocks:
+                break
+            self._blocks.move_to_end(digest)
+            n += 1
+        return n
+
+    def load(self, hashes: Sequence[bytes], cache, first: int = 0) -> None:
+        """Copy blocks [first, len(hashes)) into `cache` at their positions; the cache must hold
+        at least first * block positions. Afterwards it holds len(hashes) * block."""
+        b = self.block
+        if cache.length < first * b:
+            raise ValueError(f"loading from block {first} into a cache of {cache.length} positions")
+        for i in range(first, len(hashes)):
+            ks, vs, _ = self._blocks[hashes[i]]
+            for dst_k, dst_v, k, v in zip(cache.ks, cache.vs, ks, vs):
+                dst_k[:, :, i * b:(i + 1) * b].copy_(k)
+                dst_v[:, :, i * b:(i + 1) * b].copy_(v)
+        cache.length = max(first * b, len(hashes) * b)
+
+    def store(self, hashes: Sequence[bytes], cache) -> int:
+        """Copy the cache's full blocks not yet held (only those its positions cover); returns
+        how many were added."""
+        if self.budget == 0:
+            return 0
+        b, added = self.block, 0
+        for i, digest in enumerate(hashes):
+            if (i + 1) * b > cache.length:
+                break
+            if digest in self._blocks:
+                self._blocks.move_to_end(digest)
+                continue
+            ks = [k[:, :, i * b:(i + 1) * b].to("cpu", copy=True) for k in cache.ks]
+            vs = [v[:, :, i * b:(i + 1) * b].to("cpu", copy=True) for v in cache.vs]
+            nbytes = sum(t.numel() * t.element_size() for t in ks + vs)
+            if nbytes > self.budget:
+                return added
+            self._blocks[digest] = (ks, vs, nbytes)
+            self.used += nbytes
+            added += 1
+            while self.used > self.budget:
+                _, (_, _, n) = self._blocks.popitem(last=False)
+                self.used -= n
+        return added
+
+
+class ReplyMemory:
+    """Replies the engine generated: their text -> the exact token ids it sampled (bounded LRU)."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+
+    def remember(self, text: str, ids: Sequence[int]) -> None:
+        if not text or not ids:
+            return
+        self._ids[text] = list(ids)
+        self._ids.move_to_end(text)
+        while len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+    def get(self, text: str) -> list[int] | None:
+        ids = self._ids.get(text)
+        if ids is not None:
+            self._ids.move_to_end(text)
+        return ids
+
+
+def encode_reusing_replies(tokenizer, messages: list[ChatMessage], image_grid, replies: ReplyMemory) -> EncodedPrompt:
+    """encode_chat, except that an assistant message the engine generated (a lone assistant
+    message whose text is a remembered reply) gets the ids that were sampled, not a
+    re-tokenization of its text. The v7 format encodes messages in order with no look-ahead
+    beyond merging neighbours of one role (without tools), so the pieces between such replies
+    encode apart."""
+    if any(m.role == "tool" or getattr(m, "tool_calls", None) for m in messages):
+        return encode_chat(tokenizer, messages, image_grid)  # tool turns look ahead: encoded whole
+    cuts = [i for i, m in enumerate(messages)
+            if m.role == "assistant" and not m.images and replies.get(m.text_content) is not None
+            and (i == 0 or messages[i - 1].role != "assistant")
+            and (i + 1 == len(messages) or messages[i + 1].role != "assistant")]
+    if not cuts:
+        return encode_chat(tokenizer, messages, image_grid)
+    ids: list[int] = []
+    spans: list[ImageSpan] = []
+    lo = 0
+    for cut in cuts + [len(messages)]:
+        part = messages[lo:cut]
+        if part:
+            enc = encode_chat(tokenizer, part, image_grid)
+            skip = 1 if ids else 0  # the BOS of every piece after the first
+            base = len(ids) - skip
+            ids += enc.ids[skip:]
+            spans += [ImageSpan(s.start + base, s.end + base, s.image, s.rows, s.cols) for s in enc.image_spans]
+        elif not ids:
+            ids.append(tokenizer.bos_id)
+        if cut < len(messages):
+            ids += replies.get(messages[cut].text_content) + [tokenizer.eos_id]
+        lo = cut + 1
+    return EncodedPrompt(ids, spans)
