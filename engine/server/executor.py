@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ..api import EngineError
-from .openai_api import ServedModel
+from .openai_api import ServedModel, longest_token_bytes
 
 T = TypeVar("T")
 Job = Callable[[Any], T]  # runs on the owner thread with the engine
@@ -40,7 +40,8 @@ def served_model_of(engine) -> ServedModel | None:
     path = getattr(engine, "model_path", None)
     if path is None or not hasattr(engine, "complete"):
         return None
-    return ServedModel(Path(path).stem, bool(engine.has_vision), int(engine.context_size))
+    return ServedModel(Path(path).stem, bool(engine.has_vision), int(engine.context_size),
+                       max_token_bytes=longest_token_bytes(engine.tokenizer))
 
 
 class ThreadExecutor:

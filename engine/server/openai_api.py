@@ -25,6 +25,8 @@ from ..remote.client import image_mime
 DEFAULT_PARAMS = SamplingParams()
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+MAX_CHOICES = 8  # `n`: each choice is one more generation after the shared prompt
+MAX_PROMPTS = 32  # a list of prompts on /v1/completions
 
 
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}  # else by status class
@@ -58,6 +60,13 @@ class ServedModel:
     has_vision: bool
     context_size: int
     created: int = field(default_factory=lambda: int(time.time()))
+    max_token_bytes: int = 0  # the tokenizer's longest token (0: unknown): bounds tokens by bytes
+    aliases: tuple[str, ...] = ()  # more ids /v1/models lists (the server's --alias)
+    strict: bool = False  # refuse model names not listed (else any name gets this model)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return (self.id, *(a for a in self.aliases if a != self.id))
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,10 @@ class ChatJob:
     stream: bool
     include_usage: bool
     messages: list[ChatMessage] | None = None  # /v1/chat/completions
-    prompt: str | list[int] | None = None  # /v1/completions
+    prompt: str | list[int] | None = None  # /v1/completions: the first of `prompts`
+    n: int = 1  # choices per prompt
+    prompts: list[str | list[int]] = field(default_factory=list)  # /v1/completions: every prompt
+    continue_final: bool = False  # chat: the last message is an assistant prefix to continue
 
 
 # ------------------------------------------------------------------------------- primitives
@@ -116,7 +128,7 @@ def _refuse_unsupported(body: dict, supported_defaults: dict[str, Any]) -> None:
 
 
 _COMMON_UNSUPPORTED = {
-    "n": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": (False, 0),
+    "presence_penalty": 0, "frequency_penalty": 0, "logprobs": (False, 0),
     "top_logprobs": 0, "logit_bias": ({},), "best_of": 1,
 }
 _CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "tools": ([],), "tool_choice": ("none", "auto"),
@@ -129,9 +141,10 @@ _COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "echo": False, "suffix": ("",)
 def _sampling(body: dict, context_size: int) -> SamplingParams:
     """OpenAI's sampling fields, plus the extensions Tramontane's own client and vLLM send
     (top_k, min_p, repetition_penalty, ignore_eos)."""
-    max_tokens = _integer(body, "max_completion_tokens", lo=0)
+    # At least one token: a request for none would only spend a prefill (OpenAI refuses it too).
+    max_tokens = _integer(body, "max_completion_tokens", lo=1)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", lo=0)
+        max_tokens = _integer(body, "max_tokens", lo=1)
     stop = body.get("stop")
     if stop is None:
         stops: list[str] = []
@@ -184,15 +197,69 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
 
 
 def check_model(body: dict, model: ServedModel) -> None:
-    """`model` may be omitted (the loaded one), else it must name the loaded one: 404."""
+    """Any model name is answered by the loaded model (clients are often configured with
+    another name, as llama-server and LM Studio allow); a strict server wants a listed id (404)."""
     name = body.get("model")
     if name is None:
         return
     if not isinstance(name, str):
         raise bad("model", f"must be a string, got {name!r}")
-    if name != model.id:
-        raise ApiError(404, f"model {name!r} does not exist here: this server serves {model.id!r}",
-                       "model", "model_not_found")
+    if model.strict and name not in model.ids:
+        raise model_not_found(name, model)
+
+
+def model_not_found(name: str, model: ServedModel) -> ApiError:
+    served = ", ".join(repr(i) for i in model.ids)
+    return ApiError(404, f"model {name!r} does not exist here: this server serves {served}",
+                    "model", "model_not_found")
+
+
+def _choice_count(body: dict) -> int:
+    n = _integer(body, "n", lo=1)
+    if n is not None and n > MAX_CHOICES:
+        raise bad("n", f"at most {MAX_CHOICES} choices per request, got {n}")
+    return n or 1
+
+
+def longest_token_bytes(tokenizer) -> int:
+    """The most bytes one token stands for: a text of B bytes is at least B / this many tokens."""
+    return max((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=0)
+
+
+def context_exceeded(param: str, tokens: int, model: ServedModel, at_least: bool = False) -> ApiError:
+    """OpenAI's over-context refusal (400, code context_length_exceeded), in words."""
+    count = f"at least {tokens}" if at_least else f"{tokens}"
+    return ApiError(400, f"{param}: this model's maximum context length is {model.context_size} tokens, "
+                         f"but the prompt is {count} tokens (and the reply needs at least one more): "
+                         "shorten it, or serve the model with a longer --context-length",
+                    param, "context_length_exceeded")
+
+
+def check_text_fits(param: str, text_bytes: int, model: ServedModel, other_tokens: int = 1) -> None:
+    """Refuse, before any tokenizing, a text too long for the context whatever its tokens: no
+    token is longer than `max_token_bytes`, so B bytes are at least B / max_token_bytes tokens.
+    What passes costs at most a context's worth of bytes to tokenize. `other_tokens`: what the
+    prompt holds besides the text, at least (BOS)."""
+    if model.max_token_bytes <= 0:
+        return
+    at_least = -(-text_bytes // model.max_token_bytes) + other_tokens  # ceil
+    if at_least + 1 > model.context_size:
+        raise context_exceeded(param, at_least, model, at_least=True)
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def message_text_bytes(messages: list[ChatMessage]) -> int:
+    """A lower bound of the UTF-8 bytes the chat encoding tokenizes (assistant text loses its
+    trailing spaces there)."""
+    total = 0
+    for m in messages:
+        for part in m.parts:
+            if isinstance(part, str):
+                total += _utf8_len(part.rstrip(" ") if m.role == "assistant" else part)
+    return total
 
 
 # ------------------------------------------------------------------------------- chat
@@ -274,11 +341,7 @@ def parse_messages(raw, limits: RequestLimits) -> list[ChatMessage]:
             raise bad(f"{where}.role", f"must be system, user or assistant, got {role!r}")
         parts = _content_parts(m.get("content"), f"{where}.content", role, images, limits)
         messages.append(ChatMessage(_ROLES[role], parts))
-    if messages[-1].role == "assistant":
-        # Continuing an assistant prefix would need the reply without its </s>: not in the format.
-        raise bad(f"messages[{len(raw) - 1}].role", "the last message must be a user or system "
-                                                    "message (the server writes the assistant's)")
-    return messages
+    return messages  # a last assistant message is a prefix to continue (mistral-common's prefix=True)
 
 
 def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJob:
@@ -292,27 +355,43 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
         raise ApiError(400, f"messages: {model.id} has no vision projector, so it cannot read "
                             "images (start the server with its mmproj file)", "messages",
                        "model_has_no_vision")
+    check_text_fits("messages", message_text_bytes(messages), model)
     stream, include_usage = _stream_flags(body)
-    return ChatJob(_sampling(body, model.context_size), stream, include_usage, messages=messages)
+    return ChatJob(_sampling(body, model.context_size), stream, include_usage, messages=messages,
+                   n=_choice_count(body), continue_final=messages[-1].role == "assistant")
+
+
+def _is_token_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 def parse_completion_request(body, model: ServedModel, limits: RequestLimits) -> ChatJob:
-    """A /v1/completions body: `prompt` is one string (BOS is added, control-token text stays
-    text) or one list of token ids (used as given)."""
+    """A /v1/completions body: `prompt` is a string (BOS is added, control-token text stays
+    text), a list of token ids (used as given), or a list of either (one answer each; choices
+    are numbered across prompts, prompt i's j-th choice is i * n + j, as OpenAI does)."""
     if not isinstance(body, dict):
         raise ApiError(400, "request body: must be a JSON object")
     check_model(body, model)
     _refuse_unsupported(body, _COMPLETION_UNSUPPORTED)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    ok = isinstance(prompt, str) or (
-        isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                    for t in prompt))
-    if not ok:
-        raise bad("prompt", "must be a string or a non-empty list of token ids (one prompt per request)")
+    if isinstance(prompt, str) or _is_token_list(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_token_list(p) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise bad("prompt", "must be a string, a non-empty list of token ids, or a list of those")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad("prompt", f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
+    for i, p in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(p, str):
+            check_text_fits(where, _utf8_len(p), model)
+        elif len(p) + 1 > model.context_size:
+            raise context_exceeded(where, len(p), model)
     stream, include_usage = _stream_flags(body)
-    return ChatJob(_sampling(body, model.context_size), stream, include_usage, prompt=prompt)
+    return ChatJob(_sampling(body, model.context_size), stream, include_usage, prompt=prompts[0],
+                   n=_choice_count(body), prompts=prompts)
 
 
 # ------------------------------------------------------------------------------- conversations
@@ -384,6 +463,16 @@ def usage(result: GenerationResult) -> dict:
             "prompt_tokens_details": {"cached_tokens": stats.reused_tokens}}
 
 
+def usage_of(results: list[GenerationResult], n: int = 1) -> dict:
+    """The usage of a request with several choices: prompt i's choices are results[i*n:(i+1)*n];
+    each prompt counts once (its choices share it, as OpenAI bills `n`), every reply counts."""
+    firsts = results[::n]
+    prompt = sum(r.stats.prompt_tokens for r in firsts)
+    completion = sum(r.stats.generated_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(r.stats.reused_tokens for r in firsts)}}
+
+
 def stop_reason(result: GenerationResult, params: SamplingParams, full_text: str) -> str | None:
     """The stop string that ended the reply (vLLM's `stop_reason`; Tramontane's client reads it)."""
     if result.finish_reason != "stop_string":
@@ -452,10 +541,11 @@ class Reply:
         return chunks
 
 
-def model_object(model: ServedModel) -> dict:
-    return {"id": model.id, "object": "model", "created": model.created, "owned_by": "tramontane",
+def model_object(model: ServedModel, name: str | None = None) -> dict:
+    """The model under its id, or under one of its aliases."""
+    return {"id": name or model.id, "object": "model", "created": model.created, "owned_by": "tramontane",
             "max_model_len": model.context_size}  # vLLM's field: clients size their prompts by it
 
 
 def models_response(model: ServedModel) -> dict:
-    return {"object": "list", "data": [model_object(model)]}
+    return {"object": "list", "data": [model_object(model, name) for name in model.ids]}

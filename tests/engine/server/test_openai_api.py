@@ -1,5 +1,6 @@
 """Request checking and conversation keys of the OpenAI server, without HTTP or a model."""
 import base64
+import dataclasses
 import io
 
 import pytest
@@ -51,14 +52,17 @@ def test_sampling_fields_map_to_the_engine_params():
     ("temperature", -1, "temperature: must be in [0, 2]"),
     ("temperature", "hot", "temperature: must be a number"),
     ("top_p", 0, "top_p: must be in (0, 1]"),
-    ("max_tokens", -2, "max_tokens: must be at least 0"),
+    ("max_tokens", -2, "max_tokens: must be at least 1"),
+    ("max_tokens", 0, "max_tokens: must be at least 1"),
+    ("max_completion_tokens", 0, "max_completion_tokens: must be at least 1"),
+    ("n", 9, "n: at most 8 choices"),
+    ("n", 0, "n: must be at least 1"),
     ("max_tokens", 2.5, "max_tokens: must be an integer"),
     ("stop", [1, 2], "stop: must be a string or a list of strings"),
     ("stream", "yes", "stream: must be true or false"),
     ("seed", 1 << 70, "seed: must be a 64-bit integer"),
     ("presence_penalty", 0.5, "presence_penalty: not supported"),
     ("frequency_penalty", -0.2, "frequency_penalty: not supported"),
-    ("n", 2, "n: not supported"),
     ("logprobs", True, "logprobs: not supported"),
     ("tools", [{"type": "function"}], "tools: not supported"),
     ("response_format", {"type": "json_object"}, "response_format: not supported"),
@@ -100,8 +104,6 @@ def test_messages_become_chat_messages_with_images_in_order():
      400, "not valid base64"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGVsbG8gd29ybGQh"}}]}],
      400, "not a PNG, JPEG"),
-    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "partial"}], 400,
-     "messages[1].role: the last message must be a user or system message"),
 ])
 def test_bad_messages_name_the_field(messages, status, words):
     err = refused({"messages": messages})
@@ -120,17 +122,31 @@ def test_images_are_refused_on_a_text_only_model_and_past_the_limits():
     assert err.status == 413 and "at most 1 images" in err.message
 
 
-def test_a_wrong_model_is_404_and_an_absent_one_means_the_loaded_one():
-    err = refused({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
-    assert err.status == 404 and err.code == "model_not_found" and "'tiny'" in err.message
-    assert parse_chat_request({"messages": [{"role": "user", "content": "hi"}]}, VISION, LIMITS).messages
+def test_any_model_name_means_the_loaded_one_unless_the_server_is_strict():
+    hi = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat_request({"model": "gpt-4o", **hi}, VISION, LIMITS).messages
+    assert parse_chat_request(hi, VISION, LIMITS).messages
+    strict = dataclasses.replace(VISION, aliases=("my-alias",), strict=True)
+    err = refused({"model": "gpt-4o", **hi}, model=strict)
+    assert err.status == 404 and err.code == "model_not_found" and "'tiny', 'my-alias'" in err.message
+    assert parse_chat_request({"model": "my-alias", **hi}, strict, LIMITS).messages
+    assert refused({"model": 7, **hi}).param == "model"
+
+
+def test_an_assistant_message_last_is_a_prefix_to_continue():
+    job = parse_chat_request({"messages": [{"role": "user", "content": "hi"},
+                                           {"role": "assistant", "content": "Once upon"}]}, VISION, LIMITS)
+    assert job.continue_final and job.messages[-1].role == "assistant"
+    assert not chat().continue_final
 
 
 def test_completion_prompts_are_text_or_token_ids():
     assert parse_completion_request({"prompt": "Once"}, VISION, LIMITS).prompt == "Once"
     assert parse_completion_request({"prompt": [1, 5, 9]}, VISION, LIMITS).prompt == [1, 5, 9]
     assert parse_completion_request({"prompt": ["Once"]}, VISION, LIMITS).prompt == "Once"
-    for bad in (None, ["a", "b"], [], [1, "x"], 5):
+    several = parse_completion_request({"prompt": ["a", [1, 2], "c"], "n": 2}, VISION, LIMITS)
+    assert several.prompts == ["a", [1, 2], "c"] and several.n == 2
+    for bad in (None, [], [1, "x"], 5, ["a", 5], [[]], ["x"] * 33):
         assert "prompt:" in refused({"prompt": bad}, parse=parse_completion_request).message
     assert "echo: not supported" in refused({"prompt": "x", "echo": True}, parse=parse_completion_request).message
 
