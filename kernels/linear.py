@@ -1,10 +1,15 @@
 """`QWeight` (a 2-D weight kept in its GGUF form) and `linear(x, w)`, the one matmul the model calls.
 
 Paths picked by `linear`:
-  * CUDA + Triton, quantized, <= DECODE_MAX_ROWS activation rows: fused decode kernel
-    (qmatmul.py) - reads the raw blocks once, dequantizes in registers, never writes the weight.
-  * CUDA + Triton, quantized, more rows (prefill): Triton dequant of a chunk of weight rows to
-    the activation dtype in a scratch buffer, then cuBLAS (torch.matmul).
+  * CUDA + Triton, quantized, 1 activation row (float32 activations: up to DECODE_MAX_ROWS):
+    fused decode kernel (qmatmul.py) - reads the raw blocks once, dequantizes in registers,
+    never writes the weight.
+  * CUDA + Triton, quantized, 2..FUSED_MAX_ROWS bf16/fp16 rows (short turns, batched decode,
+    prefill chunks up to 512): fused multi-row kernel - weight units dequantized in registers
+    and multiplied on tensor cores (tl.dot), no weight scratch.
+  * CUDA + Triton, quantized, more rows (long prefill chunks): Triton dequant of a chunk of
+    weight rows to the activation dtype in a scratch buffer, then cuBLAS (torch.matmul); each
+    weight is dequantized once per call (per prefill chunk), never per row tile.
   * CPU with the native kernels (kernels/cpu, built by pip install): quantized and F16/BF16
     weights are multiplied straight on their GGUF bytes (the memory-mapped file, no float copy;
     cpu_native.py, docs/design-cpu-kernels.md). F32 weights go to torch (BLAS).
@@ -37,7 +42,22 @@ from .triton_compat import HAVE_TRITON
 
 REFERENCES = {**quant_legacy.REFERENCES, **quant_k.REFERENCES, **quant_iq4.REFERENCES}
 
-DECODE_MAX_ROWS = 8  # activation rows up to which the fused decode kernel is used
+DECODE_MAX_ROWS = 8  # float32 activation rows up to which the fused decode kernel is used
+# CUDA, bf16/fp16 activations: rows up to which the fused multi-row kernel runs; above it the
+# weight is dequantized to scratch (once per call) and multiplied by cuBLAS. By arithmetic, per
+# weight element, on an H200-class GPU (132 SMs x 128 lanes x ~1.8 GHz = 30e12 thread
+# instructions/s, ~600 TFLOP/s bf16 reachable from Triton's tl.dot, ~700 from cuBLAS, 4.8 TB/s):
+#   fused: the unit is dequantized in registers once per 128-row tile, ~10 instructions (tile,
+#          bf16 convert, staging for the MMA) = 0.33 ps a tile; the MMA 2M flop = M x 0.0033 ps;
+#   dense: the same dequant once per call plus writing and reading back 2+2 bytes (0.83 ps from
+#          HBM, less while the 32 MiB chunk stays in L2): ~1.2 ps a call; cuBLAS M x 0.0029 ps.
+#   M = 256: fused 0.7 + 0.8 = 1.5 vs dense 1.2 + 0.7 = 1.9; M = 512: 1.3 + 1.7 = 3.0 vs 2.7
+#   (1.7 where the dequant hides under the MMA: a wash); M = 2048 (the CUDA prefill chunk): 5.3 +
+#   6.8 = 12.1 vs 7.1. So: fused up to 512 rows (never a weight-sized scratch, and short
+#   turns run no dequant pass at all); longer chunks pay one dequant pass per call, 1.2 ps
+#   against 5.9 ps of MMA at 2048 rows (~20 %), instead of one per 9+ rows before.
+# To be confirmed on a GPU (bench/kernels.py); this constant is the only place to move it.
+FUSED_MAX_ROWS = 512
 PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / GPU compute dtype)
 # CPU: float32 dense copies of weights are cached first come, first served, up to this total
 # (released when the QWeight dies); weights past the budget are dequantized chunk by chunk on
@@ -362,6 +382,16 @@ def _linear_native_fast(x: torch.Tensor, w: QWeight, plan: tuple) -> torch.Tenso
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
+def cuda_kernel_for(n_rows: int, dtype: torch.dtype) -> str:
+    """Which CUDA path multiplies n_rows activation rows of `dtype` by a quantized weight:
+    "decode" (one row; float32 up to DECODE_MAX_ROWS), "rows" (the tensor-core kernel, bf16 /
+    fp16 up to FUSED_MAX_ROWS) or "dense" (dequantize to scratch + cuBLAS)."""
+    tensor_cores = dtype in (torch.bfloat16, torch.float16)
+    if n_rows <= 1 or (not tensor_cores and n_rows <= DECODE_MAX_ROWS):
+        return "decode"
+    return "rows" if tensor_cores and n_rows <= FUSED_MAX_ROWS else "dense"
+
+
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """x (..., in) -> (..., out) in x.dtype; weight stays quantized."""
     plan = _plan(w)
@@ -374,12 +404,12 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     if not w.is_quantized:
         return _linear_float(x, w)
     if x.device.type == "cuda" and HAVE_TRITON:
-        from .qmatmul import linear_decode, linear_prefill
+        from .qmatmul import linear_decode, linear_prefill, linear_rows
 
-        n_rows = x.numel() // x.shape[-1]
-        if n_rows <= DECODE_MAX_ROWS:
+        kernel = cuda_kernel_for(x.numel() // x.shape[-1], x.dtype)
+        if kernel == "decode":
             return linear_decode(x, w)
-        return linear_prefill(x, w)
+        return linear_rows(x, w) if kernel == "rows" else linear_prefill(x, w)
     if x.device.type == "cpu":
         if native_cpu(w):
             return _linear_native(x, w)

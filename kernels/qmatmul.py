@@ -61,7 +61,7 @@ from . import ggml_types as gt
 from .quant_iq4 import kvalues_table, tile_iq4_nl, tile_iq4_xs
 from .quant_k import dot_q4_k, dot_q6_k, tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k
 from .quant_legacy import tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
-from .triton_compat import tl, triton
+from .triton_compat import interpreting, tl, triton
 
 UNIT = 256  # elements per row handled by one tile call
 F32_BITS_2P23 = 0x4B000000  # bit pattern of float32 2**23, see quant_k._nibble_f32
@@ -199,6 +199,54 @@ def _decode_dot_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_
     tl.store(out, acc.to(part_ptr.dtype.element_ty), mask=rows < N)
 
 
+@triton.jit
+def _mma(x, w, acc, BF16_AS_F32: tl.constexpr):
+    """acc + x @ w.T on tensor cores: x [BLOCK_M, 256] bf16/fp16, w [BLOCK_N, 256] float32
+    rounded to x's dtype, float32 accumulation. BF16_AS_F32 only under the interpreter (numpy has
+    no bfloat16 matmul, and its float32 -> bf16 cast truncates): the same bf16 values - w
+    rounded to nearest even as cvt.rn.bf16.f32 does - widened to float32, whose products are
+    exact there as on the tensor cores."""
+    if BF16_AS_F32:
+        bits = w.to(tl.uint32, bitcast=True)
+        w = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        return tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+
+
+@triton.jit(do_not_specialize=["M", "n_blocks", "n_units", "units_per_split"])
+def _rows_kernel(x_ptr, w_ptr, out_ptr, table_ptr, M, N, K, row_bytes, n_blocks, n_units,
+                 units_per_split, stride_xm,
+                 QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BF16_AS_F32: tl.constexpr):
+    """Several activation rows on tensor cores: each program dequantizes a [BLOCK_N, 256] unit
+    of weight rows in registers (the same _tile as the decode kernels), rounds it to x's dtype
+    and multiplies it with the [BLOCK_M, 256] activations at the unit's columns (the tile's own
+    column order: a dot product does not care in which order K is walked). Grid and outputs as
+    _decode_kernel: (N tiles, SPLIT_K, M tiles), float32 partials when split over K."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows4 = rows[:, None, None, None]
+    rmask = rows4 < N
+    rowp = w_ptr + rows4 * row_bytes
+    m_ids = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    x_rows = x_ptr + m_ids.to(tl.int64)[:, None] * stride_xm
+    m_ok = (m_ids < M)[:, None]
+    u_start = pid_k * units_per_split
+    u_stop = tl.minimum(u_start + units_per_split, n_units)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for u in range(u_start, u_stop):
+        w, col = _tile(QTYPE, rowp, u, n_blocks, rmask, table_ptr)
+        col = tl.reshape(tl.broadcast_to(col, [1, w.shape[1], w.shape[2], w.shape[3]]), [1, 256])
+        w = tl.reshape(w, [BLOCK_N, 256])
+        kcol = u * 256 + col
+        x = tl.load(x_rows + kcol, mask=m_ok & (kcol < K), other=0.0)
+        acc = _mma(x, w, acc, BF16_AS_F32)
+    out = out_ptr + pid_k.to(tl.int64) * M * N + m_ids.to(tl.int64)[:, None] * N + rows[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok & (rows[None, :] < N))
+
+
 def _packed_bf16(x2: torch.Tensor) -> bool:
     """Can the dot kernel load this bf16 activation matrix 4 values (8 bytes) at a time?"""
     return x2.dtype == torch.bfloat16 and x2.data_ptr() % 8 == 0 and x2.stride(0) % 4 == 0
@@ -319,6 +367,62 @@ def _decode_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.T
             _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
                                  units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
                                  BLOCK_M=block_m, num_warps=num_warps, **_launch_opts(x.device, True))
+    return part
+
+
+# Multi-row launch configs (BLOCK_M, BLOCK_N, num_warps), by activation rows. Register budget
+# per thread (ptxas, sm_90; see COMPILE_SPECS and the module docstring's table): the float32
+# [BLOCK_N, 256] dequantized unit takes BLOCK_N * 256 / (32 * warps) registers and the float32
+# accumulator BLOCK_M * BLOCK_N / (32 * warps); both kept near 64 so no type spills.
+_ROWS_TILES = ((16, (16, 64, 4)), (32, (32, 64, 4)), (64, (64, 64, 8)), (None, (128, 64, 8)))
+ROWS_MIN_UNITS_PER_SPLIT = 4  # K units (of 256) per split: each program's loop amortizes its setup
+
+
+def rows_config(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, SPLIT_K, num_warps) of the multi-row kernel for m activation rows of an
+    (n, k) weight: the smallest row tile holding m (a 2-row turn pads to 16, the tensor cores'
+    least M), and a K split when the tiles alone give fewer than ~2 programs per SM (short
+    turns: N / 64 tiles are 80 programs for a 5120-row weight on a 132-SM GPU)."""
+    block_m, block_n, warps = next(cfg for limit, cfg in _ROWS_TILES if limit is None or m <= limit)
+    programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    n_units = triton.cdiv(k, UNIT)
+    most = max(1, n_units // ROWS_MIN_UNITS_PER_SPLIT)
+    split_k = max(1, min(most, triton.cdiv(2 * _sm_count(device), programs)))
+    return block_m, block_n, split_k, warps
+
+
+def linear_rows(x: torch.Tensor, w, config: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Fused dequant + tensor-core matmul for 2..FUSED_MAX_ROWS (linear.py) bf16/fp16 activation rows:
+    x (..., in) -> (..., out) in x.dtype; the weight is only read, as raw blocks. config:
+    (BLOCK_M, BLOCK_N, SPLIT_K, num_warps), default rows_config."""
+    part = _rows_parts(x, w, config)
+    out = part[0] if part.shape[0] == 1 else part.sum(0).to(x.dtype)
+    return out.reshape(*x.shape[:-1], w.shape[0])
+
+
+def _rows_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.Tensor:
+    """(SPLIT_K, rows, out) partial sums: float32 when split over K, else already x.dtype."""
+    _check(w)
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"linear_rows multiplies bfloat16 or float16 activations on tensor cores, got {x.dtype}")
+    n, k = w.shape
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    data = w.data if w.data.is_contiguous() else w.data.contiguous()
+    block_m, block_n, split_k, warps = config or rows_config(m, n, k, x.device)
+    n_units = triton.cdiv(k, UNIT)
+    units_per_split = triton.cdiv(n_units, split_k)
+    split_k = triton.cdiv(n_units, units_per_split)
+    part = torch.empty(split_k, m, n, dtype=torch.float32 if split_k > 1 else x.dtype, device=x.device)
+    grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
+    n_blocks = k // gt.type_info(w.ggml_type).block_size
+    with _on_device(x.device):
+        _rows_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
+                           units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_M=block_m, BLOCK_N=block_n,
+                           BF16_AS_F32=x.dtype == torch.bfloat16 and interpreting(), num_warps=warps,
+                           **_launch_opts(x.device, True))
     return part
 
 
