@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from ...kernels import ggml_types
+from ...kernels import attention as _attention_mod
 from ...kernels import linear as _linear_mod
 from ...kernels.linear import QWeight, dequantize, linear, linear_add, linears, prepare
 from ..api import EngineError
@@ -181,6 +182,41 @@ def causal_mask_lower_right(rows: int, keys: int, device: torch.device) -> torch
     """Boolean mask (True = attend) for the last `rows` of `keys` positions. A plain tensor:
     torch.nn.attention.bias imports torch._dynamo (and sympy), which the frozen app leaves out."""
     return torch.ones(rows, keys, dtype=torch.bool, device=device).tril(keys - rows)
+
+
+def flash_attention_on(device: torch.device) -> bool:
+    """Attention through the Triton kernels (kernels/attention.py): on CUDA when Triton is there.
+    sdpa on CUDA would need a float mask for cached-KV rows, and its only backend for that with
+    GQA keeps (heads, T, S) float32 scores."""
+    return device.type == "cuda" and _attention_mod.HAVE_TRITON
+
+
+def prefill_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int,
+                      flash: bool) -> torch.Tensor:
+    """Rows q (T, heads, d) at positions [start, start + T), their K/V already in one layer's
+    cache (kv_heads, capacity, d): row t attends to [0, start + t]. Returns (T, heads * d_v).
+    flash: the Triton kernel (no mask, K/V read in place); else sdpa."""
+    T, n_heads, head_dim = q.shape
+    if flash:
+        return _attention_mod.attention(q, cache_k, cache_v, start).reshape(T, -1)
+    n_kv = cache_k.shape[0]
+    n_rep = n_heads // n_kv
+    end = start + T
+    keys = cache_k[:, :end].unsqueeze(0)  # (1, Hkv, S, d)
+    values = cache_v[:, :end].unsqueeze(0)
+    if T == 1:
+        # One new row sees every cached position: no mask. The query heads of a KV group
+        # become that group's "rows", so GQA needs no key/value expansion.
+        o = F.scaled_dot_product_attention(q.reshape(1, n_kv, n_rep, head_dim), keys, values)
+        return o.reshape(1, -1)
+    qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, d)
+    if start == 0:
+        o = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=n_rep > 1)
+    else:
+        # Rows are the last T of S positions: causal aligned to the bottom right.
+        o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=causal_mask_lower_right(T, end, q.device),
+                                           enable_gqa=n_rep > 1)
+    return o[0].transpose(0, 1).reshape(T, -1)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -776,8 +812,6 @@ class Mistral3Text:
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, start: int, tables,
                    cache: KVCache) -> torch.Tensor:
         """Attention of attn_norm(x) over the cache (K/V of these rows written first), before W_o."""
-        cfg = self.cfg
-        T = x.shape[0]
         q, k, v = self._qkv(layer, x)
         cache_k, cache_v = cache.layer_k[i], cache.layer_v[i]
         if _native_f32(q, cache_k):
@@ -786,25 +820,7 @@ class Mistral3Text:
             # and runs prefill on one thread (torch keeps one beside the pool).
             return _linear_mod.cpu_native.rope_kv_attend(q, k, v, *tables, cache_k, cache_v, start)
         q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
-        end = start + T
-        keys = cache_k[:, :end].unsqueeze(0)  # (1, Hkv, S, d)
-        values = cache_v[:, :end].unsqueeze(0)
-        n_rep = cfg.n_heads // cfg.n_kv_heads
-        if T == 1:
-            # One new row sees every cached position: no mask. The query heads of a KV group
-            # become that group's "rows", so GQA needs no key/value expansion.
-            o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim), keys, values)
-            o = o.reshape(1, cfg.n_heads * cfg.v_head_dim)
-        else:
-            qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, d)
-            if start == 0:
-                o = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=n_rep > 1)
-            else:
-                # Rows are the last T of S positions: causal aligned to the bottom right.
-                o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=causal_mask_lower_right(T, end, x.device),
-                                                   enable_gqa=n_rep > 1)
-            o = o[0].transpose(0, 1).reshape(T, cfg.n_heads * cfg.v_head_dim)
-        return o
+        return prefill_attention(q, cache_k, cache_v, start, flash_attention_on(q.device))
 
     def _mlp_hidden(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of ffn_norm(x): the down projection's input."""
@@ -849,8 +865,10 @@ class Mistral3Text:
         rope = seg.rope
         cos_q, sin_q = rope.cos_q.index_select(0, pos), rope.sin_q.index_select(0, pos)
         cos_k, sin_k = rope.cos_k.index_select(0, pos), rope.sin_k.index_select(0, pos)
-        # Additive mask, made once per segment (a bool mask would be converted in every layer).
-        visible = torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
+        # The Triton kernel reads pos and hides keys > pos itself. sdpa (CPU, no Triton) takes an
+        # additive mask, made once per segment (a bool mask would be converted in every layer).
+        flash = flash_attention_on(x.device)
+        visible = None if flash else torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
             torch.arange(bucket, device=x.device) > pos, float("-inf"))
         for i in seg.layers:
             layer = self.layers[i]
@@ -859,10 +877,13 @@ class Mistral3Text:
             k = apply_rope_pairs(k, cos_k, sin_k)
             cache.layer_k[i].index_copy_(1, pos, k.transpose(0, 1))
             cache.layer_v[i].index_copy_(1, pos, v.transpose(0, 1))
-            keys = cache.layer_k[i][:, :bucket].unsqueeze(0)
-            values = cache.layer_v[i][:, :bucket].unsqueeze(0)
-            o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
-                                               keys, values, attn_mask=visible)
+            if flash:
+                o = _attention_mod.decode_attention(q, cache.layer_k[i], cache.layer_v[i], pos, bucket)
+            else:
+                keys = cache.layer_k[i][:, :bucket].unsqueeze(0)
+                values = cache.layer_v[i][:, :bucket].unsqueeze(0)
+                o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
+                                                   keys, values, attn_mask=visible)
             x = linear_add(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo, x)
             x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
         return x
