@@ -27,9 +27,13 @@ from PySide6.QtCore import QObject, Signal, Slot
 from ..engine.api import GenerationResult, GenerationStats
 from .dialogs.settings import AppSettings
 from .store import Store, StoreError
-from .worker import ChatRequest, EngineInfo, EngineWorker
+from .worker import NO_MODEL_LOADED, ChatRequest, EngineInfo, EngineWorker
 
 LOAD_FIRST_HINT = "Load a model first (Models… or Open… in the model bar)."
+IMAGES_NEED_VISION = ("The loaded model has no vision projector, so it cannot read the attached "
+                      "images: remove them, or load the model with its mmproj file (Models… or Open…).")
+CHAT_NEEDS_VISION = ("This chat has images and the loaded model has no vision projector: load the "
+                     "model with its mmproj file (Models… or Open…), or start a new chat.")
 
 
 @dataclass
@@ -105,10 +109,15 @@ class ChatSession(QObject):
         except StoreError:
             return ""
 
+    def can_reply(self) -> bool:
+        """A model is loaded (or on its way: the request waits for it)."""
+        return self.engine_info is not None or bool(self.loading)
+
     def can_regenerate(self) -> bool:
         # From the messages read for the view, not another store read: while a reply
         # streams, the worker may hold the store for a checkpoint.
-        return self.pending is None and bool(self.messages) and self.messages[-1].role in ("user", "assistant")
+        return (self.pending is None and self.can_reply() and bool(self.messages)
+                and self.messages[-1].role in ("user", "assistant"))
 
     def streaming_id(self, chat_id: int | None) -> int | None:
         p = self.pending
@@ -150,12 +159,14 @@ class ChatSession(QObject):
         if info is None or info.has_vision:
             return ""
         if new_images:
-            return ("The loaded model has no vision projector, so it cannot read the attached "
-                    "images: remove them, or load the model with its mmproj file (Models… or Open…).")
+            return IMAGES_NEED_VISION
         if any(m.images for m in history):
-            return ("This chat has images and the loaded model has no vision projector: load the "
-                    "model with its mmproj file (Models… or Open…), or start a new chat.")
+            return CHAT_NEEDS_VISION
         return ""
+
+    def model_hints(self, info: EngineInfo) -> set[str]:
+        """The messages about the model that stop being true once `info` is loaded."""
+        return {LOAD_FIRST_HINT, NO_MODEL_LOADED} | ({IMAGES_NEED_VISION, CHAT_NEEDS_VISION} if info.has_vision else set())
 
     def regenerate(self, message_id: int | None = None) -> bool:
         """Drop the reply `message_id` (default: the last one) and everything after, and
@@ -163,6 +174,9 @@ class ChatSession(QObject):
         if self.pending is not None or self.current_chat_id is None:
             return False
         chat_id = self.current_chat_id
+        if not self.can_reply():
+            self._notice(chat_id, LOAD_FIRST_HINT)
+            return False
         try:
             messages = self.store.get_chat(chat_id).messages
         except StoreError as exc:
@@ -193,6 +207,9 @@ class ChatSession(QObject):
         """Reply again to a user message with a new text. The old text and everything that
         followed it are kept as the message's previous version (‹ 1/2 ›), not deleted."""
         if self.pending is not None:
+            return False
+        if not self.can_reply():
+            self._notice(self.current_chat_id, LOAD_FIRST_HINT)
             return False
         try:
             chat_id = self.store.get_message(message_id).chat_id

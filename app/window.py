@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDia
                                QPlainTextEdit, QSizePolicy, QSplitter, QStackedWidget, QToolButton,
                                QVBoxLayout, QWidget)
 
-from .chat_session import LOAD_FIRST_HINT, ChatSession
+from .chat_session import ChatSession
 from .model_files import why_not_a_model
 from .single_instance import InstanceServer
 from .dialogs.servers import EngineChoiceCombo, ServersDialog
@@ -822,15 +822,16 @@ class MainWindow(QMainWindow):
             self.settings.last_model = (info.model_path, info.mmproj_path)
         self.model_bar.show_info(info)
         self._update_context_meter()
-        if self.composer.message.text() == LOAD_FIRST_HINT:  # no longer true
+        # What was said about the missing model (no model, no projector, a failed load) is no
+        # longer true: in the composer and in every chat.
+        stale = self.session.model_hints(info) | self._load_errors
+        if self.composer.message.text() in stale:
             self.composer.show_message("")
-        # Load failures shown in chats are no longer true either.
         for chat_id, text in list(self.notices.items()):
-            if text in self._load_errors:
+            if text in stale:
                 del self.notices[chat_id]
-        if self._load_errors:
-            self._load_errors.clear()
-            self.refresh_view()
+        self._load_errors.clear()
+        self.refresh_view()
         self._update_model_state()
         self.modelLoaded.emit(info)
 
@@ -857,6 +858,8 @@ class MainWindow(QMainWindow):
         info = self.engine_info
         vision = info is not None and info.has_vision
         self.unload_action.setEnabled(info is not None)
+        self.view.set_can_reply(self.session.can_reply())
+        self._update_busy()
         if info is None and self.loading:
             self.composer.set_vision(False, "The model is still loading")
         else:

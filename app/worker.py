@@ -26,6 +26,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from ..engine.api import ChatMessage, EngineError, GenerationResult, GenerationStats, SamplingParams
 
+NO_MODEL_LOADED = "No model is loaded: load one from the model bar first."
 log = logging.getLogger(__name__)
 
 # Offer the partial reply to the store this often; the store itself writes at most once per
@@ -287,7 +288,7 @@ class EngineWorker(QObject):
     def _chat(self, req: ChatRequest) -> None:
         rid = req.request_id
         if self.engine is None:
-            self.failed.emit(rid, "No model is loaded: load one from the model bar first.")
+            self.failed.emit(rid, NO_MODEL_LOADED)
             return
         message_id = None
         if req.prepare is not None:

@@ -185,7 +185,7 @@ class MessageWidget(QFrame):
     versionRequested = Signal(int, int)  # message id, which version of the reply to show
     imageOpened = Signal(str, str)  # path, name
 
-    def __init__(self, message, *, dark: bool, can_regenerate: bool, busy: bool,
+    def __init__(self, message, *, dark: bool, can_regenerate: bool, busy: bool, can_reply: bool = True,
                  live: GenerationStats | None = None, error: str = "", parent: QWidget | None = None):
         super().__init__(parent)
         self.message = message
@@ -264,11 +264,17 @@ class MessageWidget(QFrame):
         self.set_text(message.text)
         self.set_stats(live)
         self.set_error(error)
-        self.set_busy(busy, can_regenerate)
+        self.set_busy(busy, can_regenerate, can_reply)
 
-    def set_busy(self, busy: bool, can_regenerate: bool) -> None:
-        """Edit/Regenerate are off while a reply is written; Regenerate only on the last reply."""
+    def set_busy(self, busy: bool, can_regenerate: bool, can_reply: bool = True) -> None:
+        """Edit/Regenerate are off while a reply is written, and without a model to write one;
+        Regenerate only on the last reply."""
         self._can_regenerate = can_regenerate
+        self.busy = busy
+        for key, tip in (("edit", "Edit this message and send it again"), ("regenerate", "Write this reply again")):
+            if key in self.buttons:
+                self.buttons[key].setToolTip(tip if can_reply else f"{tip} (load a model first)")
+        busy = busy or not can_reply
         if "edit" in self.buttons:
             self.buttons["edit"].setEnabled(not busy)
         if "regenerate" in self.buttons:
@@ -463,6 +469,7 @@ class ChatView(QScrollArea):
         self.setWidget(self.inner)
         QApplication.instance().focusChanged.connect(self._focus_moved)
         self.dark = False
+        self.can_reply = True  # a model is there to write replies (else Edit/Regenerate are off)
         self.widgets: list[MessageWidget] = []
         self.notice = QLabel()
         self.notice.setObjectName("errorLine")
@@ -547,10 +554,10 @@ class ChatView(QScrollArea):
             self._discard(w)
         del self.widgets[keep:]
         for w in self.widgets:
-            w.set_busy(busy, w.message.id == last_assistant)
+            w.set_busy(busy, w.message.id == last_assistant, self.can_reply)
         if not keep and len(messages) > SYNC_ALL:
             first = len(messages) - SYNC_TAIL  # a long chat: its end now, the rest in turns
-        args = dict(live=live, errors=errors, busy=busy, last_assistant=last_assistant)
+        args = dict(live=live, errors=errors, busy=busy, last_assistant=last_assistant, can_reply=self.can_reply)
         for m in messages[first + keep:]:
             w = self._add(m, **self._message_args(m, args))
             if m.id == streaming_id:
@@ -562,8 +569,17 @@ class ChatView(QScrollArea):
 
     @staticmethod
     def _message_args(m, args: dict) -> dict:
-        return dict(can_regenerate=m.id == args["last_assistant"], busy=args["busy"],
+        return dict(can_regenerate=m.id == args["last_assistant"], busy=args["busy"], can_reply=args["can_reply"],
                     live=args["live"].get(m.id), error=args["errors"].get(m.id, ""))
+
+    def set_can_reply(self, can_reply: bool) -> None:
+        """Whether a model is there to write replies (Edit and Regenerate need one)."""
+        if can_reply == self.can_reply:
+            return
+        self.can_reply = can_reply
+        self._backlog_args["can_reply"] = can_reply
+        for w in self.widgets:
+            w.set_busy(w.busy, w._can_regenerate, can_reply)
 
     def long_chat_shown(self) -> bool:
         """More messages than are drawn at once: changes to all of them go in slices."""

@@ -36,3 +36,52 @@ def test_opening_a_wrong_file_keeps_the_loaded_model(qtbot, window, monkeypatch,
         assert "magic" not in message and "--mmproj" not in message
         assert MODEL.name in window.model_bar.model_label.text()
     assert window.store.get_message(send(qtbot, window, "still there?")).state == "complete"
+
+
+def test_regenerate_is_off_without_a_model(qtbot, idle_window):
+    """Item 6: with no model, Regenerate (menu, Ctrl+R, ↻, the reply's button) and Edit are
+    off, and a Ctrl+R that gets through says what to do instead of failing."""
+    window = idle_window
+    chat = window.store.create_chat("Old chat")
+    window.store.add_message(chat, "user", "Hello")
+    window.store.add_message(chat, "assistant", "Hi")
+    window.refresh_chat_list()
+    window.open_chat(chat)
+    reply, question = window.view.widgets[-1], window.view.widgets[0]
+    assert not window.regenerate_action.isEnabled()
+    assert not window.composer.regenerate_button.isEnabled()
+    assert not reply.buttons["regenerate"].isEnabled() and not question.buttons["edit"].isEnabled()
+    assert "load a model first" in reply.buttons["regenerate"].toolTip()
+    window.regenerate(None)
+    assert window.pending is None
+    assert "Load a model first" in window.view.notice.text()
+    assert [m.text for m in window.store.get_chat(chat).messages] == ["Hello", "Hi"]
+
+    window.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    assert window.regenerate_action.isEnabled() and window.composer.regenerate_button.isEnabled()
+    assert window.view.widgets[-1].buttons["regenerate"].isEnabled()
+    assert window.view.widgets[0].buttons["edit"].isEnabled()
+    assert not window.view.notice.isVisible()  # item 5: "Load a model first" is no longer true
+
+
+def test_model_hints_go_when_a_model_loads(qtbot, idle_window):
+    """Item 5: after a successful load, what was said about the missing projector goes."""
+    from support.app_window import png_bytes
+    from tramontane.engine.api import ImagePart
+
+    window = idle_window
+    chat = window.store.create_chat("Picture chat")
+    window.store.add_message(chat, "user", "Look", [ImagePart(png_bytes(8, 8), "cat.png")])
+    window.store.add_message(chat, "assistant", "A cat.")
+    window.refresh_chat_list()
+    window.open_chat(chat)
+    window.load_model(str(MODEL), "")  # text only
+    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    window.composer.edit.setPlainText("And now?")
+    window.composer.send_button.click()
+    assert "no vision projector" in window.composer.message.text()
+    window.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.engine_info is not None and window.engine_info.has_vision, timeout=30000)
+    assert not window.composer.message.isVisible() and window.composer.message.text() == ""
+    assert window.composer.edit.toPlainText() == "And now?"  # kept for the user to send

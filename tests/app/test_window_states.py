@@ -42,10 +42,12 @@ def test_a_failed_load_leaves_no_stale_header(qtbot, window, tmp_path):
     assert window.model_bar.projector_label.text() and window.model_bar.device_label.text()
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00 truncated")
-    load(qtbot, window, bad)
+    load(qtbot, window, bad)  # refused before anything is unloaded (issue 26, item 2)
+    assert window.engine_info is not None and "broken.gguf" in window.composer.message.text()
+    load(qtbot, window, OTHER_MODEL, MMPROJ)  # a load that fails on the worker
     bar = window.model_bar
     assert window.engine_info is None
-    assert "broken.gguf" in bar.model_label.text()
+    assert "projector" in bar.model_label.text()
     assert bar.projector_label.text() == "" and bar.device_label.text() == ""
     assert not bar.unload_button.isEnabled() and not window.unload_action.isEnabled()
     window.composer.edit.setPlainText("hello?")
