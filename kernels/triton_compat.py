@@ -7,8 +7,11 @@ them offline): on a CPU-only machine it would add ~70 MB of RSS for nothing.
 """
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import sys
+import sysconfig
 
 import torch
 
@@ -49,10 +52,53 @@ def interpreting() -> bool:
     return HAVE_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def triton_usable(device: "torch.device") -> bool:  # noqa: F821
-    """Can a Triton kernel run on tensors of this device?"""
-    if not HAVE_TRITON:
+@functools.lru_cache(maxsize=1)
+def _c_compiler_found() -> bool:
+    """Could Triton build its launcher here? It needs a C compiler ($CC, cc, gcc or clang on
+    PATH) and Python.h."""
+    cc = os.environ.get("CC", "").split()
+    if not (cc and shutil.which(cc[0])) and not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
         return False
+    return os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+
+
+def aot_mode() -> bool:
+    """Launch CUDA kernels from the ahead-of-time artifacts (kernels/aot.py) instead of Triton's JIT?
+    TRAMONTANE_TRITON_AOT=1/0 decides; else yes in a frozen bundle or without a C compiler
+    (Triton's JIT would fail at its first launch), no otherwise. Never under the interpreter."""
+    if interpreting():
+        return False
+    choice = os.environ.get("TRAMONTANE_TRITON_AOT", "").strip()
+    if choice:
+        return choice not in ("0", "no", "false")
+    return bool(getattr(sys, "frozen", False)) or not _c_compiler_found()
+
+
+def triton_usable(device: "torch.device") -> bool:  # noqa: F821
+    """Can a Triton kernel run on tensors of this device? On CUDA in AOT mode: when artifacts
+    for the device's compute capability exist (else one log line, and callers take the torch path)."""
     if device.type == "cuda":
-        return True
-    return device.type == "cpu" and interpreting()
+        if aot_mode():
+            from . import aot
+
+            return aot.available(device)
+        return HAVE_TRITON
+    return HAVE_TRITON and device.type == "cpu" and interpreting()
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)`: the one place kernels are launched. On CUDA in AOT mode
+    through the precompiled cubins (no compiler); otherwise Triton's JIT (or interpreter)."""
+    if _launch_hook is not None and _launch_hook(kernel, grid, args, kwargs):
+        return  # the hook took the launch (tests recording launches without running them)
+    if aot_mode():
+        from . import aot
+
+        aot.launch(kernel, grid, args, kwargs)
+    else:
+        kernel[grid](*args, **kwargs)
+
+
+# Tests set this to see every launch (kernel, grid, args, kwargs) the kernels make; a true
+# return skips the launch.
+_launch_hook = None
