@@ -789,6 +789,8 @@ class MainWindow(QMainWindow):
             self.load_model(path, str(find_projector(path) or ""))
 
     def unload_model(self) -> None:
+        if self.engine_info is not None and self.engine_info.remote:
+            return  # nothing to free here (the button and menu item are off)
         if self.pending is not None:
             self.pending.cancel.set()
         self.worker.unload()
@@ -857,7 +859,7 @@ class MainWindow(QMainWindow):
     def _update_model_state(self) -> None:
         info = self.engine_info
         vision = info is not None and info.has_vision
-        self.unload_action.setEnabled(info is not None)
+        self.unload_action.setEnabled(info is not None and not info.remote)
         self.view.set_can_reply(self.session.can_reply())
         self._update_busy()
         if info is None and self.loading:

@@ -109,8 +109,16 @@ class ModelBar(QFrame):
         if info.remote:
             self.model_label.setText(f"<b>{escape(info.description)}</b>")
             self.model_label.setToolTip(info.description)
+            self.quant_label.hide()  # the local file's, not the server's
             self.projector_label.setText("server")
+            self.projector_label.setToolTip("")
             self.device_label.setText("")
+            self.device_label.setToolTip("")
+            # Nothing of it is in this computer's memory; the model box switches back.
+            self.unload_button.setEnabled(False)
+            self.unload_button.setToolTip("A server's model takes no memory here: choose "
+                                          "“Local model” in the box to use a local one")
+            return
         else:
             self.model_label.setText(f"<b>{escape(Path(info.model_path).name)}</b>")
             self.model_label.setToolTip(info.model_path)
@@ -127,6 +135,7 @@ class ModelBar(QFrame):
             self.device_label.setText(device_line(info))
             self.device_label.setToolTip(device_tip(info))
         self.unload_button.setEnabled(True)
+        self.unload_button.setToolTip("Free the memory the model uses")
 
     def show_context(self, used: int, size: int) -> None:
         """The meter of the context the open chat takes (hidden without a model or a size)."""

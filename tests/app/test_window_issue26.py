@@ -85,3 +85,28 @@ def test_model_hints_go_when_a_model_loads(qtbot, idle_window):
     qtbot.waitUntil(lambda: window.engine_info is not None and window.engine_info.has_vision, timeout=30000)
     assert not window.composer.message.isVisible() and window.composer.message.text() == ""
     assert window.composer.edit.toPlainText() == "And now?"  # kept for the user to send
+
+
+def test_server_and_local_states_do_not_mix(qtbot, window):
+    """Item 7: on a server the local file's quant chip goes, and Unload (which would say "No
+    model loaded" while the box shows the server) is off."""
+    from support.fakevllm import FakeVLLM
+
+    bar = window.model_bar
+    assert bar.quant_label.isVisible() and bar.quant_label.text() == "F32"
+    with FakeVLLM(models=["served-model"], reply="Hi.") as fake:
+        window.store.set_setting("remote_servers", [
+            {"name": "lab", "base_url": fake.url, "api_key": "", "default_model": "served-model",
+             "models": ["served-model"]}])
+        bar.model_combo.reload()
+        with qtbot.waitSignal(window.modelLoaded, timeout=10000):
+            bar.model_combo.setCurrentIndex(bar.model_combo.findText("served-model — lab"))
+        assert not bar.quant_label.isVisible()
+        assert not bar.unload_button.isEnabled() and not window.unload_action.isEnabled()
+        window.unload_model()
+        qtbot.wait(200)
+        assert window.engine_info is not None and window.engine_info.remote
+        assert "served-model" in bar.model_label.text()
+        with qtbot.waitSignal(window.modelLoaded, timeout=30000):
+            bar.model_combo.setCurrentIndex(bar.model_combo.findText("Local model"))
+        assert bar.quant_label.isVisible() and bar.unload_button.isEnabled()
