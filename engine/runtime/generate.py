@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...kernels import cpu_native
-from ..api import EngineError, FinishReason, GenerationStats, SamplingParams
+from ..api import EngineError, FinishReason, GenerationStats, SamplingParams, TokenLogprob
 
 # ----------------------------------------------------------------------------- sampling
 
@@ -143,6 +143,8 @@ def check_params(params: SamplingParams) -> None:
         problems.append("temperature is NaN")
     elif params.temperature < 0 or params.temperature == float("inf"):
         problems.append(f"temperature must be a finite number >= 0 (0 = greedy), got {params.temperature}")
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
+        problems.append(f"top logprobs must be 0..{MAX_TOP_LOGPROBS}, got {params.logprobs}")
     if params.seed is not None and not -(1 << 63) <= params.seed < 1 << 64:  # what torch's generator takes
         problems.append(f"seed must fit in 64 bits, got {params.seed}")
     if problems:
@@ -196,6 +198,51 @@ class StopStringFilter:
         return out
 
 
+# ----------------------------------------------------------------------------- per-token extras
+
+MAX_TOP_LOGPROBS = 20
+
+# Test-only: a logits processor run first on every step of every generation (tests set it, e.g.
+# to a ScriptedLogits, to make a tiny random model write a given reply through the real loop).
+TEST_LOGITS_HOOK: Callable | None = None
+
+
+class ScriptedLogits:
+    """Test-only logits processor: the reply is `ids` then EOS, whatever the model says (every
+    other logit -inf), so a random model "writes" a chosen text through the whole stack."""
+
+    def __init__(self, ids: Sequence[int], eos_id: int):
+        self.ids = [int(t) for t in ids]
+        self.eos_id = eos_id
+
+    def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
+        step = len(generated)
+        want = self.ids[step] if step < len(self.ids) else self.eos_id
+        forced = torch.full_like(logits, float("-inf"))
+        forced[want] = 0.0
+        return forced
+
+
+def apply_processors(params: SamplingParams, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
+    if TEST_LOGITS_HOOK is not None:
+        logits = TEST_LOGITS_HOOK(generated, logits)
+    for processor in params.logits_processors:
+        logits = processor(generated, logits)
+    return logits
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """The token's log-probability under the model's own distribution (raw logits, before the
+    sampling settings and any grammar), and the `top` most likely tokens."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    if top > 0:
+        values, ids = torch.topk(logp, min(top, logp.shape[-1]))
+        pairs = tuple(zip(ids.tolist(), values.tolist()))
+    else:
+        pairs = ()
+    return TokenLogprob(token, float(logp[token]), pairs)
+
+
 # ----------------------------------------------------------------------------- the loop
 
 @dataclass
@@ -206,6 +253,7 @@ class GenerationOutput:
     # The generated ids whose K/V are in the cache (all but the last sampled one, which was
     # never fed back): the cache holds prompt + cached_ids.
     cached_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # per generated token, when params.logprobs is set
 
 
 def _prompt_embeds(model, prompt) -> tuple[torch.Tensor, list[int] | None]:
@@ -237,7 +285,9 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     stats = GenerationStats(prompt_tokens=start_pos + n_prompt, reused_tokens=start_pos,
                             prefilled_tokens=n_prompt, context_size=cache.capacity)
     eos_id = getattr(tokenizer, "eos_id", None)
-    decoder = tokenizer.stream()
+    decoder = tokenizer.stream(skip_special=False) if params.control_text else tokenizer.stream()
+    logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+    processed = bool(params.logits_processors) or TEST_LOGITS_HOOK is not None
     stop_filter = StopStringFilter(params.stop)
 
     def emit(piece: str) -> None:
@@ -255,7 +305,7 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
             stats.prefill_tok_s = n_prompt / max(t_first - t0, 1e-9)
             if n_sampled > 1:
                 stats.decode_tok_s = (n_sampled - 1) / max(t_last - t_first, 1e-9)
-        return GenerationOutput(generated, stop_filter.text, stats, cached)
+        return GenerationOutput(generated, stop_filter.text, stats, cached, logprobs)
 
     if cancel is not None and cancel.is_set():
         return finish("cancelled", [], [], None, None, 0)
@@ -282,6 +332,9 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     if params.max_tokens == 0:
         return finish("length", generated, cached, None, None, 0)
     while True:
+        raw = logits
+        if processed:
+            logits = apply_processors(params, generated, logits)
         token = sample(logits, params, generator, seen)
         n_sampled += 1
         t_last = time.perf_counter()
@@ -289,6 +342,8 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
             t_first = t_last
         if token == eos_id and not params.ignore_eos:
             return finish("stop", generated, cached, t_first, t_last, n_sampled)
+        if logprobs is not None:
+            logprobs.append(token_logprob(raw, token, params.logprobs))
         generated.append(token)
         if seen is not None:
             seen[token] = True
@@ -307,4 +362,5 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
 
 __all__ = ["InvalidLogitsError", "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
            "process_logits", "sample", "make_generator", "check_params", "StopStringFilter",
-           "GenerationOutput", "generate"]
+           "GenerationOutput", "generate", "ScriptedLogits", "apply_processors", "token_logprob",
+           "MAX_TOP_LOGPROBS"]

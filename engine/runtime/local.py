@@ -21,7 +21,7 @@ from ..library.projector import check_pair
 from ..gguf import GGUFError, open_gguf
 from ..mistral3.text import Mistral3Text, default_dtype, torch_device
 from ..mistral3.config import text_config
-from .device_map import plan_for_files
+from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
 from .session import HostKVStore, Session, position_keys
 from ..mistral3.tokenizer import Tokenizer
@@ -37,7 +37,9 @@ class LocalEngine:
                  kv_host_budget_mb: int = 2048, progress: LoadProgress | None = None,
                  device_map: str | None = None):
         """device: auto / cuda (GPUs, with layers spilled to the CPU when the model does not
-        fit: planned before loading), or cpu. device_map: a manual map, e.g. "cuda:0=30,cpu=10"."""
+        fit: planned before loading), or cpu. device_map: a manual map, e.g. "cuda:0=30,cpu=10".
+        context_length: None for the plan's default; a larger one is planned the same way
+        (layers move to the CPU, or a PlanError says it does not fit)."""
         self.model_path = Path(model_path)
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         try:
@@ -46,7 +48,8 @@ class LocalEngine:
             if self.mmproj_path is not None:  # a foreign projector: refused from the headers
                 check_pair(self.model_path, self.mmproj_path)
             self.tokenizer = Tokenizer.from_gguf(gf)
-            self.plan = plan_for_files(gf, self.mmproj_path, device, device_map)
+            budget = Budget(max_seq_len=int(context_length)) if context_length else Budget()
+            self.plan = plan_for_files(gf, self.mmproj_path, device, device_map, budget)
             self.model = Mistral3Text.load(gf, plan=self.plan, progress=_scaled(progress, 0.0, 0.85))
         except GGUFError as exc:
             raise EngineError(str(exc)) from None
@@ -54,8 +57,8 @@ class LocalEngine:
         if self.mmproj_path is not None:
             self.vision = self._load_vision(self.mmproj_path)
         if progress:
-            progress(0.95, "allocating the KV cache")
-        self.cache = self.model.new_cache(context_length)
+            progress(0.95, "allocating the KV cache, capturing the decode graphs")
+        self.cache = self.model.new_cache(self.plan.context_length)  # the KV the plan counted
         self.session = Session()
         self.session_key: str | None = None
         self.host_kv = HostKVStore(kv_host_budget_mb << 20)
@@ -72,7 +75,15 @@ class LocalEngine:
         info = self.plan.as_dict()
         if self.vision is None:
             info["vision"] = None
+        info["warnings"] = self.warnings
         return info
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the model bar's tooltip can show: the planner's warnings, and each decode bucket
+        whose CUDA graph capture failed at load (bucket, layers, reason; that bucket runs eagerly)."""
+        graphs = self.model.graph_failures if self.model is not None else []
+        return list(self.plan.warnings) + list(graphs)
 
     def _load_vision(self, path: Path):
         from ..mistral3.vision import VisionTower
@@ -106,14 +117,16 @@ class LocalEngine:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def encode(self, messages: list[ChatMessage]) -> EncodedPrompt:
+    def encode(self, messages: list[ChatMessage], tools=None) -> EncodedPrompt:
         grid = self.vision.grid if self.vision is not None else None
-        return encode_chat(self.tokenizer, messages, grid)
+        return encode_chat(self.tokenizer, messages, grid, tools=tools)
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
-             cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+             cancel: threading.Event | None = None, session_key: str | None = None,
+             tools=None) -> GenerationResult:
+        """`tools`: the ToolSpecs the model may call (shown in the prompt)."""
         self._check_ready(params)
-        return self.generate_from(self.encode(messages), params, on_piece, cancel, session_key)
+        return self.generate_from(self.encode(messages, tools), params, on_piece, cancel, session_key)
 
     def complete(self, prompt_ids: list[int], params: SamplingParams, on_piece=None,
                  cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
@@ -158,7 +171,7 @@ class LocalEngine:
             raise
         # The cache holds the prompt (unless cancelled before prefill) and all but the last token.
         self.session.keys = (keys + list(out.cached_ids))[: self.cache.length]
-        result = GenerationResult(out.text, out.token_ids, prompt.ids, out.stats)
+        result = GenerationResult(out.text, out.token_ids, prompt.ids, out.stats, out.logprobs)
         if result.stats.ttft_s:
             result.stats.ttft_s += before_prefill
         stats = result.stats
