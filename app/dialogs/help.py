@@ -4,9 +4,10 @@ from __future__ import annotations
 from html import escape
 
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
 from ... import __version__
+from ..licences import notices_text
 
 LICENCE = "Apache-2.0"
 # Keys that belong to a widget rather than a menu entry.
@@ -48,7 +49,30 @@ def about_text(*, data_dir: str, models_dir: str, model: str, projector: str) ->
 
 
 def show_about(parent: QWidget, **paths: str) -> QDialog:
-    return _show(parent, "About Tramontane", about_text(**paths))
+    dialog = _show(parent, "About Tramontane", about_text(**paths))
+    box = dialog.findChild(QDialogButtonBox)
+    licences = box.addButton("Licences…", QDialogButtonBox.ButtonRole.ActionRole)
+    licences.setToolTip("The licence of Tramontane and of the software it ships with (Qt, PyTorch, …)")
+    licences.clicked.connect(lambda: setattr(dialog, "licences_dialog", show_licences(dialog)))
+    return dialog
+
+
+def show_licences(parent: QWidget) -> QDialog:
+    """The third-party notices (the installer's file, or the installed distributions' list)."""
+    dialog = QDialog(parent)
+    dialog.setWindowTitle("Licences")
+    view = QPlainTextEdit(notices_text())
+    view.setReadOnly(True)
+    view.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+    view.setAccessibleName("Licences")
+    box = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+    box.rejected.connect(dialog.reject)
+    layout = QVBoxLayout(dialog)
+    layout.addWidget(view)
+    layout.addWidget(box)
+    dialog.resize(760, 560)
+    dialog.open()
+    return dialog
 
 
 def _show(parent: QWidget, title: str, html: str) -> QDialog:
