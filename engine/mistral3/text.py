@@ -19,10 +19,10 @@ Facts this module relies on (see docs/mistral3.md of the shared notes):
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import mmap
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -36,13 +36,12 @@ from ...kernels.linear import QWeight, dequantize, linear, linear_add, linears, 
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from ..runtime.cuda_graphs import DecodeGraphs
+# Sizes that the memory accounting counts live in runtime/memory.py, once.
+from ..runtime.memory import (CPU_PREFILL_CHUNK, CUDA_HEADROOM_BYTES, DEFAULT_CONTEXT,  # noqa: F401
+                              MIN_DECODE_BUCKET, PREFILL_CHUNK, bucket_for)
 from .config import TextConfig, text_config
 
-CPU_DEFAULT_CONTEXT = 8192
-PREFILL_CHUNK = 2048  # prompt rows per forward pass: bounds activation memory on long prompts
-CPU_PREFILL_CHUNK = 512  # CPU is ~100x slower: smaller passes keep a cancel responsive
-CUDA_HEADROOM_BYTES = 1536 << 20  # left free after weights + KV for activations / allocator slack
-MIN_DECODE_BUCKET = 256
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- device
@@ -408,10 +407,12 @@ class TokenEmbedding:
         if w.is_quantized and w.data.is_cpu and _linear_mod.cpu_native.supports(w.ggml_type):
             # straight from the mapped rows (no gathered copy, no pool hand-off for one token)
             return _linear_mod.cpu_native.dequantize_rows(w.ggml_type, w.data, ids, w.shape[1]).to(self.dtype)
-        rows = w.data.index_select(0, ids)
+        # On the table's device: ids there already (decode keeps its token in a device tensor),
+        # rows gathered and dequantized there (Triton on CUDA): no host tensor, no sync per token.
+        rows = w.data.index_select(0, ids.to(w.data.device))
         if not w.is_quantized:
             return rows.to(self.dtype)
-        return dequantize(rows.reshape(-1), w.ggml_type, (ids.numel(), w.shape[1])).to(self.dtype)
+        return QWeight(w.ggml_type, (ids.numel(), w.shape[1]), rows).dequantize(self.dtype)
 
 
 @dataclass
@@ -520,6 +521,8 @@ class Mistral3Text:
         self.weight_bytes = 0  # bytes of the file's tensors in use (as stored)
         self.dense_weights = False  # CPU: linear weights dequantized to float32 at load
         self.use_cuda_graphs = device.type == "cuda" and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
+        self.graph_failures: list[str] = []  # decode buckets whose capture failed (they run eagerly)
+        self.planned_context = 0  # the device plan's context (0: no plan, DEFAULT_CONTEXT)
         # Prompt rows per pass: bounds activation memory, and how often a cancel is seen.
         self.prefill_chunk = PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
 
@@ -573,6 +576,7 @@ class Mistral3Text:
                 self.segments.append(Segment(names[start], dev, dtype or default_dtype(dev), range(start, i)))
                 start = i
         self.embedding_device = torch_device(plan.embedding_device)
+        self.planned_context = int(getattr(plan, "context_length", 0) or 0)
         cuda = any(seg.device.type == "cuda" for seg in self.segments)
         self.use_cuda_graphs = cuda and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
         if any(seg.device.type == "cpu" for seg in self.segments):
@@ -664,29 +668,16 @@ class Mistral3Text:
         return total
 
     def default_context_length(self) -> int:
-        """What fits: on each GPU holding layers, the free memory after weights minus headroom
-        over that GPU's KV bytes per position; with CPU layers at most 8192. Never more than
-        the file's context_length."""
-        limit = self.cfg.context_length
-        gpus = {seg.device for seg in self.segments if seg.device.type == "cuda"}
-        if len(gpus) < len({seg.device for seg in self.segments}):
-            limit = min(limit, CPU_DEFAULT_CONTEXT)
-        for dev in gpus:
-            free, _total = torch.cuda.mem_get_info(dev)
-            # Blocks torch's allocator holds but does not use (load-time temporaries) are free too.
-            free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-            # Prefill activations scale with the chunk: keep room for them too.
-            act = self.prefill_chunk * (2 * self.cfg.ffn + 4 * self.cfg.hidden) * 4
-            room = free - CUDA_HEADROOM_BYTES - act
-            fits = max(room // self.kv_bytes_per_token(device=dev), 0)
-            limit = min(limit, int(fits) // 256 * 256)
-            if limit < 256:
-                raise EngineError(f"not enough GPU memory left on {dev} for a KV cache after loading the "
-                                  f"weights ({free / 2**30:.1f} GiB free); try a smaller quantization, "
-                                  f"fewer GPU layers, or --device cpu")
-        return limit
+        """The context the device plan budgeted (its KV was counted there, with everything else
+        the model needs); without a plan DEFAULT_CONTEXT. Never more than the file's. Nothing
+        here fills "what is left": a larger context is the caller's choice, planned first
+        (LocalEngine(context_length=...))."""
+        planned = self.planned_context or DEFAULT_CONTEXT
+        return min(planned, self.cfg.context_length)
 
-    def new_cache(self, context_length: int | None = None) -> KVCache:
+    def new_cache(self, context_length: int | None = None, capture_graphs: bool = True) -> KVCache:
+        """A KV cache (the planned context by default); on a model with GPU segments the decode
+        graphs of its buckets are captured now, never later in a reply (`graph_failures`)."""
         cfg = self.cfg
         n = self.default_context_length() if context_length is None else int(context_length)
         if n <= 0:
@@ -701,7 +692,14 @@ class Mistral3Text:
                                   f"{free / 2**30:.1f} GiB of free memory: lower the context length")
         self._ensure_rope(n)
         parts = [(len(seg.layers), seg.dtype, seg.device) for seg in self.segments]
-        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, self.dtype, self.device, parts)
+        cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, self.dtype, self.device, parts)
+        if capture_graphs and self._graphs_enabled():
+            cache._decode_graphs = DecodeGraphs(self)
+            for failure in cache._decode_graphs.capture_all(cache):
+                if failure not in self.graph_failures:
+                    self.graph_failures.append(failure)
+                    log.warning("%s", failure)
+        return cache
 
     def _ensure_rope(self, n: int) -> None:
         """Tables for n positions on every segment's (device, dtype); `rope` is the last one's."""
@@ -742,7 +740,7 @@ class Mistral3Text:
         if T == 0:
             raise EngineError("nothing to run: the prompt is empty")
         if cache is None:
-            cache = self.new_cache(start_pos + T)
+            cache = self.new_cache(start_pos + T, capture_graphs=False)  # one pass: no decode
             cache.length = start_pos
         if start_pos != cache.length:
             raise EngineError(f"forward at position {start_pos} but the KV cache holds {cache.length} "
@@ -835,10 +833,7 @@ class Mistral3Text:
         """Key length a static decode step attends over: the next power of two ≥ n_keys
         (at least MIN_DECODE_BUCKET), capped by the cache. Few buckets → few CUDA graphs,
         and never more than 2× the keys actually needed."""
-        bucket = MIN_DECODE_BUCKET
-        while bucket < n_keys:
-            bucket *= 2
-        return min(bucket, capacity)
+        return bucket_for(n_keys, capacity)  # the buckets new_cache captured graphs for
 
     def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, bucket: int,
                       segment: int | None = None) -> torch.Tensor:
@@ -890,21 +885,16 @@ class Mistral3Text:
 
     @torch.inference_mode()
     def decode(self, token_id: int, cache: KVCache) -> torch.Tensor:
-        """Feed one token at position cache.length; float32 logits (vocab,)."""
+        """Feed one token at position cache.length; float32 logits (vocab,). Replays the cache's
+        decode graphs where they were captured (new_cache); eager otherwise."""
         pos = cache.length
         if pos >= cache.capacity:
             raise EngineError(f"context full: the context length is {cache.capacity} tokens")
-        if self._graphs_enabled():
-            try:
-                if cache._decode_graphs is None:
-                    cache._decode_graphs = DecodeGraphs(self)
-                logits = cache._decode_graphs.run(cache, token_id, pos)
-                cache.length = pos + 1
-                return logits
-            except Exception as exc:  # noqa: BLE001 - keep generating on the eager path
-                warnings.warn(f"CUDA graph decode failed ({exc!r}); using eager decode")
-                self.use_cuda_graphs = False
-                cache._decode_graphs = None
+        graphs = cache._decode_graphs
+        if graphs is not None and self._graphs_enabled():
+            logits = graphs.run(cache, token_id, pos)
+            cache.length = pos + 1
+            return logits
         return self.forward(self.embed([token_id]), pos, cache)
 
     def _graphs_enabled(self) -> bool:

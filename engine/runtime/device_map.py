@@ -13,22 +13,20 @@ Where it goes further than that anchor, cheaply:
   split model has one boundary per step (CPU layers first, then the GPU layers and the head);
 - the token embedding is a row lookup: on a split model it stays in CPU memory;
 - the vision tower is placed whole on a GPU when it fits there (an image encodes in one piece).
-Activations are sized by the prompt rows one pass really runs (the engine prefills in chunks),
-and attention scores are not counted: SDPA's fused kernels never materialise them.
+Every byte is counted by runtime/memory.py's terms, stage by stage (load, vision encode, prefill
+chunk, decode): a device's need is its worst stage, and the loader allocates what the plan
+counted (the KV cache for the plan's `context_length`, nothing from "what is left").
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from ..api import EngineError
 from ..mistral3.config import TextConfig, VisionConfig
-from ..mistral3.text import CPU_PREFILL_CHUNK, CUDA_HEADROOM_BYTES, PREFILL_CHUNK
-
-GiB = 1 << 30
-MiB = 1 << 20
-CPU_HEADROOM_BYTES = 2 * GiB  # the OS, this app (Python, Qt), other programs' growth
+from . import memory as mem
+from .memory import CPU_HEADROOM_BYTES, CUDA_HEADROOM_BYTES, DEFAULT_CONTEXT, GiB, MiB
 UNKNOWN_RAM = 1 << 50  # a system that does not say: plan as if the CPU had room (as before planning)
 
 
@@ -42,7 +40,7 @@ class PlanError(EngineError):
 class Budget:
     """What the plan reserves room for: estimates, not limits at run time."""
 
-    max_seq_len: int = 4096
+    max_seq_len: int = DEFAULT_CONTEXT  # the context the loader allocates (capped by the file's)
     max_batch_size: int = 1
     max_num_images: int = 1  # only when a projector is loaded
     max_image_length: int = 1024  # images assumed square of this side
@@ -96,18 +94,14 @@ class Machine:
 
 
 def detect_machine() -> Machine:
-    """This machine: free memory of every CUDA GPU now, and MemAvailable of the system."""
-    import torch
-
+    """This machine: free memory of every CUDA GPU now (NVML: no CUDA context is created on a
+    GPU only to ask, see memory.gpu_free_memory), and MemAvailable of the system."""
     from ..mistral3.text import _available_ram
 
     gpus, unified = [], False
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            free, _total = torch.cuda.mem_get_info(i)
-            props = torch.cuda.get_device_properties(i)
-            unified = unified or bool(getattr(props, "is_integrated", False))
-            gpus.append(DeviceInfo(f"cuda:{i}", int(free), props.name))
+    for i, (free, _total, name, integrated, how) in enumerate(mem.gpu_free_memory()):
+        unified = unified or integrated
+        gpus.append(DeviceInfo(f"cuda:{i}", free, name if how in ("nvml", "torch") else f"{name}, {how}"))
     ram = _available_ram()
     cpu = DeviceInfo("cpu", ram, "system memory") if ram else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown")
     return Machine(tuple(gpus), cpu, unified)
@@ -130,6 +124,12 @@ class ModelSizes:
     vision_patch: int = 14  # patch_size * merge gives the image grid step
     vision_merge: int = 2
     vision_image_size: int = 1540  # longest side the preprocessing keeps
+    n_heads: int = 32  # query heads, and their size: attention scratch
+    head_dim: int = 128
+    vocab: int = 131072  # logits rows
+    context_length: int = 0  # the file's; 0 = not known
+    vision_heads: int = 16
+    vision_head_dim: int = 64
 
     @property
     def n_layers(self) -> int:
@@ -157,7 +157,9 @@ def model_sizes(cfg: TextConfig, tensors: Mapping[str, object], name: str = "mod
     kv_width = cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
     # residual, norm output, attention output, MLP out + q, k, v + gate, up, gate*up
     row_width = 4 * cfg.hidden + cfg.q_width + kv_width + 3 * cfg.ffn
-    sizes = ModelSizes(name, tuple(layers), embedding, head, cfg.tied_embeddings, kv_width, row_width)
+    text = dict(n_heads=cfg.n_heads, head_dim=cfg.head_dim, vocab=cfg.vocab_size,
+                context_length=cfg.context_length)
+    sizes = ModelSizes(name, tuple(layers), embedding, head, cfg.tied_embeddings, kv_width, row_width, **text)
     if vision is None:
         return sizes
     vbytes = sum(t.nbytes for t in (vision_tensors or {}).values())
@@ -166,7 +168,8 @@ def model_sizes(cfg: TextConfig, tensors: Mapping[str, object], name: str = "mod
                       # as row_width: 4 residual-sized + q, k, v + gate, up, gate*up per patch
                       vision_row_width=7 * vision.hidden + 3 * vision.ffn,
                       vision_patch=vision.patch_size, vision_merge=vision.merge,
-                      vision_image_size=vision.image_size)
+                      vision_image_size=vision.image_size, vision_heads=vision.n_heads,
+                      vision_head_dim=vision.hidden // vision.n_heads, **text)
 
 
 def sizes_of_files(model_gf, mmproj_gf=None) -> ModelSizes:
@@ -187,14 +190,29 @@ def compute_bytes(device_kind: str) -> int:
     return 4 if device_kind == "cpu" else 2
 
 
+def context_of(sizes: ModelSizes, budget: Budget) -> int:
+    """The context the plan budgets and the loader allocates: the budget's, capped by the file's."""
+    n = budget.max_seq_len
+    return min(n, sizes.context_length) if sizes.context_length else n
+
+
 def kv_bytes_per_layer(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
-    return budget.tokens * sizes.kv_width * compute_bytes(device_kind)
+    return mem.kv_bytes(context_of(sizes, budget) * budget.max_batch_size, sizes.kv_width, 1,
+                        compute_bytes(device_kind))
 
 
 def activation_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
     """Peak of one layer pass: the rows of one prefill chunk (never more than the budget's)."""
-    chunk = PREFILL_CHUNK if device_kind == "cuda" else CPU_PREFILL_CHUNK
-    return min(budget.tokens, chunk) * sizes.row_width * compute_bytes(device_kind)
+    rows = mem.prefill_rows(context_of(sizes, budget) * budget.max_batch_size, device_kind)
+    return mem.prefill_activation_bytes(rows, sizes.row_width, compute_bytes(device_kind))
+
+
+def prefill_scratch_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
+    """Besides the chunk's rows: flash attention's per-row state, and on a GPU the dequantized
+    weight rows of a multi-row quantized matmul."""
+    rows = mem.prefill_rows(context_of(sizes, budget) * budget.max_batch_size, device_kind)
+    scratch = mem.attention_scratch_bytes(rows, sizes.n_heads, sizes.head_dim)
+    return scratch + (mem.matmul_scratch_bytes() if device_kind == "cuda" else 0)
 
 
 def image_patches(sizes: ModelSizes, budget: Budget) -> int:
@@ -206,32 +224,57 @@ def image_patches(sizes: ModelSizes, budget: Budget) -> int:
 
 
 def vision_activation_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
+    """The images of one prompt through the tower: float32 everywhere (the residual stream is,
+    and GPUs without bf16 run the whole tower in float32: fp16 overflows there)."""
     if not sizes.has_vision:
         return 0
-    return (budget.max_num_images * image_patches(sizes, budget) * sizes.vision_row_width
-            * compute_bytes(device_kind))
+    return mem.vision_stage_bytes(budget.max_num_images * image_patches(sizes, budget), sizes.vision_row_width,
+                                  sizes.vision_heads, sizes.vision_head_dim, 4)
 
 
 # ----------------------------------------------------------------------------- the plan
 
+# Resident parts that exist only once the model runs (not while its weights load).
+RUNTIME_PARTS = ("cuBLAS workspace", "CUDA graph pool")
+STAGES = ("load", "vision encode", "prefill chunk", "decode")
+
+
 @dataclass
 class Placement:
-    """What one device holds, and what that costs."""
+    """What one device holds, and what that costs at each stage."""
 
     device: DeviceInfo
     layers: range = range(0)
     weights: int = 0  # of its layers
     kv: int = 0
-    activations: int = 0
-    parts: dict[str, int] = field(default_factory=dict)  # "embedding", "head", "vision", ...
+    activations: int = 0  # one prefill chunk's rows through a layer
+    parts: dict[str, int] = field(default_factory=dict)  # resident: "token embedding", "vision tower", ...
+    prefill_scratch: int = 0  # attention state, matmul scratch, logits
+    decode_scratch: int = 0  # one row and the logits (a GPU's live in its graph pool)
+    vision_activations: int = 0  # when the tower is here
+    load_scratch: int = 0  # one fused weight in flight while loading
 
     @property
     def name(self) -> str:
         return self.device.name
 
     @property
+    def resident(self) -> int:
+        return self.weights + self.kv + sum(self.parts.values())
+
+    def stages(self) -> dict[str, int]:
+        """Peak bytes at each stage; stages never overlap, so the need is the largest."""
+        loaded = self.weights + sum(n for k, n in self.parts.items() if k not in RUNTIME_PARTS)
+        out = {"load": loaded + self.load_scratch,
+               "prefill chunk": self.resident + self.activations + self.prefill_scratch,
+               "decode": self.resident + self.decode_scratch}
+        if self.vision_activations:
+            out["vision encode"] = self.resident + self.vision_activations
+        return {s: out[s] for s in STAGES if s in out}
+
+    @property
     def total(self) -> int:
-        return self.weights + self.kv + self.activations + sum(self.parts.values())
+        return max(self.stages().values())
 
 
 @dataclass
@@ -245,6 +288,7 @@ class DevicePlan:
     vision_device: str | None
     manual: bool = False
     warnings: list[str] = field(default_factory=list)
+    context_length: int = DEFAULT_CONTEXT  # what the loader allocates (context_of)
 
     def layer_devices(self) -> list[str]:
         out = [""] * self.n_layers
@@ -287,8 +331,10 @@ class DevicePlan:
             "n_layers": self.n_layers,
             "gpu_layers": self.gpu_layers,
             "cpu_layers": self.cpu_layers,
+            "context_length": self.context_length,
             "devices": [{"device": p.name, "first_layer": p.layers.start, "layers": len(p.layers),
-                         "bytes": p.total, "usable_bytes": p.device.usable} for p in self.placements],
+                         "bytes": p.total, "usable_bytes": p.device.usable, "stages": p.stages()}
+                        for p in self.placements],
             "embedding": self.embedding_device,
             "head": self.head_device,
             "vision": self.vision_device,
@@ -303,7 +349,7 @@ class DevicePlan:
         lines = [f"plan for {self.model} ({'manual map' if self.manual else 'automatic'})",
                  f"budget: max_seq_len {b.max_seq_len} x max_batch_size {b.max_batch_size}"
                  + (f", {b.max_num_images} image(s) of {b.max_image_length}x{b.max_image_length}"
-                    if self.vision_device else "") + " (estimates, not limits)"]
+                    if self.vision_device else "") + f"; context {self.context_length}"]
         for p in self.placements:
             d = p.device
             lines.append(f"{d.name}{' (' + d.description + ')' if d.description else ''}: "
@@ -313,9 +359,13 @@ class DevicePlan:
             if p.layers:
                 n = len(p.layers)
                 lines.append(f"  layers {p.layers.start}-{p.layers.stop - 1} ({n}){'':<7} "
-                             f"{_gib(p.weights)} weights + {n} x {_mib(p.kv // n)} KV = {_gib(p.kv)} "
-                             f"+ {_gib(p.activations)} activations")
-            lines.append(f"  {'total':<22} {_gib(p.total)} of {_gib(d.usable)}")
+                             f"{_gib(p.weights)} weights + {n} x {_mib(p.kv // n)} KV = {_gib(p.kv)}")
+            transient = [("one fused weight at load", p.load_scratch), ("prefill chunk rows", p.activations),
+                         ("prefill scratch", p.prefill_scratch), ("decode step", p.decode_scratch),
+                         ("one image's activations", p.vision_activations)]
+            lines.append("  while running: " + ", ".join(f"{what} {_gib(n)}" for what, n in transient if n))
+            lines.append("  stages: " + ", ".join(f"{s} {_gib(n)}" for s, n in p.stages().items()))
+            lines.append(f"  {'peak':<22} {_gib(p.total)} of {_gib(d.usable)}")
         lines.extend(f"warning: {w}" for w in self.warnings)
         lines.append(f"=> {self.summary()}")
         return "\n".join(lines)
@@ -368,34 +418,30 @@ def plan_devices(sizes: ModelSizes, machine: Machine, budget: Budget = Budget(),
     devices = machine.devices
     if not devices:
         raise PlanError("no device to run on (no GPU and no CPU memory reported)")
+    if budget.max_seq_len <= 0:
+        raise PlanError(f"context length must be positive, got {budget.max_seq_len}")
     if manual is not None:
         return _manual_plan(sizes, machine, budget, manual)
-    kv = {d.name: kv_bytes_per_layer(sizes, budget, d.kind) for d in devices}
-    act = {d.name: activation_bytes(sizes, budget, d.kind) for d in devices}
-    vision_need = {d.name: sizes.vision_bytes + vision_activation_bytes(sizes, budget, d.kind)
-                   for d in devices}
     all_layers = range(sizes.n_layers)
+    context = context_of(sizes, budget)
 
     # Everything on the first device, when it fits: no split, nothing moved.
     first = devices[0]
-    tables = sizes.head_bytes if sizes.tied else sizes.embedding_bytes + sizes.head_bytes
-    whole = (sum(sizes.layer_bytes) + sizes.n_layers * kv[first.name] + act[first.name] + tables
-             + (vision_need[first.name] if sizes.has_vision else 0))
-    if whole <= first.usable or len(devices) == 1:
-        p = _fill(Placement(first), sizes, all_layers, kv[first.name], act[first.name])
-        _add_embedding_and_head(p, p, sizes)
-        if sizes.has_vision:
-            _add_vision(p, sizes, budget)
+    p = Placement(first)
+    _add_embedding_and_head(p, p, sizes)
+    _fill(p, sizes, all_layers, budget)
+    if sizes.has_vision:
+        _add_vision(p, sizes, budget)
+    if p.total <= first.usable or len(devices) == 1:
         plan = DevicePlan(sizes.name, sizes.n_layers, budget, [p], first.name, first.name,
-                          first.name if sizes.has_vision else None)
+                          first.name if sizes.has_vision else None, context_length=context)
         if p.total > first.usable:
             raise _does_not_fit(plan, sizes, [], p.total - first.usable)
         return plan
 
     placements = [Placement(d) for d in devices]
-    # The head on the first device that can hold it with a layer pass's activations.
-    head_p = next((p for p in placements if sizes.head_bytes + act[p.name] <= p.device.usable),
-                  placements[-1])
+    # The head on the first device that can hold it with the last layer (and a pass through it).
+    head_p = next((p for p in placements if _holds_head(p, sizes, budget)), placements[-1])
     has_cpu = devices[-1].kind == "cpu"
     embed_p = placements[-1] if has_cpu else head_p
     _add_embedding_and_head(embed_p, head_p, sizes)
@@ -403,41 +449,36 @@ def plan_devices(sizes: ModelSizes, machine: Machine, budget: Budget = Budget(),
     if sizes.has_vision:
         # Whole on a GPU when it fits beside what is there already; else the CPU (or the last device).
         vision_p = next((p for p in placements if p.device.kind == "cuda"
-                         and p.total + vision_need[p.name] <= p.device.usable), placements[-1])
+                         and _add_vision(_copy(p), sizes, budget).total <= p.device.usable), placements[-1])
         _add_vision(vision_p, sizes, budget)
 
     # Greedy, device by device; layers from the last one down (the head's device takes the last).
     remaining = list(reversed(all_layers))
     plan = DevicePlan(sizes.name, sizes.n_layers, budget, placements, embed_p.name, head_p.name,
-                      vision_p.name if vision_p else None)
+                      vision_p.name if vision_p else None, context_length=context)
     for p in placements:
         if not remaining:
             break
         d = p.device
-        room = d.usable - p.total - act[d.name]
         take = 0
-        used = 0
-        for i in remaining:
-            need = sizes.layer_bytes[i] + kv[d.name]
-            if used + need > room:
-                break
-            used += need
+        while take < len(remaining) and _with_layers(p, sizes, remaining[:take + 1], budget).total <= d.usable:
             take += 1
         if take == 0:
-            one = sizes.layer_bytes[remaining[0]]
+            one = _with_layers(p, sizes, remaining[:1], budget)
             plan.warnings.append(
-                f"{d.name} can fit 0 layers: {_gib(max(room, 0))} of its {_gib(d.usable)} usable left "
-                f"after its share, one layer needs "
-                f"{_gib(one)} + {_mib(kv[d.name])} KV + {_gib(act[d.name])} activations; lower "
-                f"max_seq_len ({budget.max_seq_len})"
+                f"{d.name} can fit 0 layers: {_gib(max(d.usable - p.total, 0))} of its {_gib(d.usable)} usable left "
+                f"after its share, one layer needs {_gib(one.total - p.total)} "
+                f"({_gib(one.weights)} + {_mib(one.kv)} KV + {_gib(one.activations)} activations and scratch); "
+                f"lower max_seq_len ({budget.max_seq_len})"
                 + (f" or max_num_images ({budget.max_num_images}) / max_image_length "
                    f"({budget.max_image_length})" if sizes.has_vision else "")
                 + " to use it")
             continue
         taken, remaining = remaining[:take], remaining[take:]
-        _fill(p, sizes, range(min(taken), max(taken) + 1), kv[d.name], act[d.name])
+        _fill(p, sizes, range(min(taken), max(taken) + 1), budget)
     if remaining:
-        short = sum(sizes.layer_bytes[i] + kv[devices[-1].name] for i in remaining)
+        last = placements[-1]
+        short = _with_layers(last, sizes, remaining, budget).total - last.device.usable
         raise _does_not_fit(plan, sizes, remaining, short)
     return plan
 
@@ -474,12 +515,49 @@ def plan_for_files(model_gf, mmproj_path=None, device: str = "auto", device_map:
     return plan_devices(sizes, machine, budget, parse_device_map(device_map) if device_map else None)
 
 
-def _fill(p: Placement, sizes: ModelSizes, layers: range, kv_per_layer: int, act: int) -> Placement:
+def _holds_head(p: Placement, sizes: ModelSizes, budget: Budget) -> bool:
+    trial = _copy(p)
+    trial.parts["output head + norm"] = sizes.head_bytes
+    return _with_layers(trial, sizes, [sizes.n_layers - 1], budget).total <= p.device.usable
+
+
+def _copy(p: Placement) -> Placement:
+    return replace(p, parts=dict(p.parts))
+
+
+def _with_layers(p: Placement, sizes: ModelSizes, layers: Sequence[int], budget: Budget) -> Placement:
+    """p as it would be holding `layers` too (a trial: p is unchanged)."""
+    return _fill(_copy(p), sizes, range(min(layers), max(layers) + 1), budget)
+
+
+def _fill(p: Placement, sizes: ModelSizes, layers: range, budget: Budget) -> Placement:
+    kind = p.device.kind
     p.layers = layers
     p.weights = sum(sizes.layer_bytes[i] for i in layers)
-    p.kv = len(layers) * kv_per_layer
-    p.activations = act if layers else 0
+    p.kv = len(layers) * kv_bytes_per_layer(sizes, budget, kind)
+    p.activations = activation_bytes(sizes, budget, kind) if layers else 0
+    if not layers:
+        return p
+    logits = p.parts.get("output head + norm", 0) or p.parts.get("output norm", 0)
+    logits_bytes = mem.logits_bytes(sizes.vocab) if logits else 0
+    p.prefill_scratch = prefill_scratch_bytes(sizes, budget, kind) + logits_bytes
+    if kind == "cuda":
+        _add_runtime(p)
+        p.decode_scratch = 0  # inside the CUDA graph pool
+        p.load_scratch = max(sizes.layer_bytes[i] for i in layers)  # a fused copy while loading
+    else:
+        bucket = context_of(sizes, budget)
+        p.decode_scratch = mem.decode_scratch_bytes(sizes.n_heads, bucket, sizes.vocab if logits else 0,
+                                                    sizes.row_width, compute_bytes(kind))
     return p
+
+
+def _add_runtime(p: Placement, graphs: bool = True) -> None:
+    """What a GPU running matmuls holds besides tensors: cuBLAS's workspace, and where layers
+    run, the decode graphs' pool (captured at load)."""
+    p.parts.setdefault("cuBLAS workspace", mem.CUBLAS_WORKSPACE_BYTES)
+    if graphs:
+        p.parts.setdefault("CUDA graph pool", mem.GRAPH_POOL_BYTES)
 
 
 def _add_embedding_and_head(embed_p: Placement, head_p: Placement, sizes: ModelSizes) -> None:
@@ -490,18 +568,21 @@ def _add_embedding_and_head(embed_p: Placement, head_p: Placement, sizes: ModelS
         head_p.parts["output head + norm"] = sizes.head_bytes
 
 
-def _add_vision(p: Placement, sizes: ModelSizes, budget: Budget) -> None:
+def _add_vision(p: Placement, sizes: ModelSizes, budget: Budget) -> Placement:
     p.parts["vision tower"] = sizes.vision_bytes
-    p.parts["vision activations"] = vision_activation_bytes(sizes, budget, p.device.kind)
+    p.vision_activations = vision_activation_bytes(sizes, budget, p.device.kind)
+    if p.device.kind == "cuda":
+        _add_runtime(p, graphs=False)
+    return p
 
 
 def _does_not_fit(plan: DevicePlan, sizes: ModelSizes, remaining: Sequence[int], short: int) -> PlanError:
     where = " + ".join(f"{p.name} {_gib(p.device.usable)}" for p in plan.placements)
-    what = (f"{len(remaining)} of {sizes.n_layers} layers ({_gib(short)}) are left over"
+    what = (f"{len(remaining)} of {sizes.n_layers} layers ({_gib(short)} short) are left over"
             if remaining else f"it needs {_gib(short)} more")
-    return PlanError(f"{sizes.name} does not fit this machine: {what} after filling every device "
-                     f"(usable: {where}); use a smaller quantization, or lower max_seq_len "
-                     f"({plan.budget.max_seq_len})")
+    return PlanError(f"{sizes.name} does not fit this machine with a {plan.context_length}-token context: "
+                     f"{what} after filling every device (usable: {where}); use a smaller quantization, "
+                     f"or lower the context length (max_seq_len {plan.budget.max_seq_len})")
 
 
 def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
@@ -517,22 +598,22 @@ def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
         if dev is None:
             raise PlanError(f"device map '{text}': this machine has no {name} "
                             f"(devices: {', '.join(d.name for d in machine.devices)})")
-        p = Placement(dev)
-        _fill(p, sizes, range(start, start + count), kv_bytes_per_layer(sizes, budget, dev.kind),
-              activation_bytes(sizes, budget, dev.kind))
+        placements.append(Placement(dev))
         start += count
-        placements.append(p)
-    with_layers = [p for p in placements if p.layers] or placements
-    embed_p, head_p = with_layers[0], with_layers[-1]  # no boundary beyond the layers' own
+    with_layers = [i for i, (_, c) in enumerate(counts) if c] or [0]
+    embed_p, head_p = placements[with_layers[0]], placements[with_layers[-1]]  # no boundary beyond the layers' own
     _add_embedding_and_head(embed_p, head_p, sizes)
+    start = 0
+    for p, (_, count) in zip(placements, counts):
+        _fill(p, sizes, range(start, start + count), budget)
+        start += count
     vision_p = None
     if sizes.has_vision:
-        need = sizes.vision_bytes + vision_activation_bytes(sizes, budget, "cuda")
         vision_p = next((p for p in placements if p.device.kind == "cuda"
-                         and p.total + need <= p.device.usable), placements[-1])
+                         and _add_vision(_copy(p), sizes, budget).total <= p.device.usable), placements[-1])
         _add_vision(vision_p, sizes, budget)
     plan = DevicePlan(sizes.name, sizes.n_layers, budget, placements, embed_p.name, head_p.name,
-                      vision_p.name if vision_p else None, manual=True)
+                      vision_p.name if vision_p else None, manual=True, context_length=context_of(sizes, budget))
     for p in placements:
         if p.total > p.device.usable:
             plan.warnings.append(f"{p.name} is asked to hold {_gib(p.total)}, more than its "
@@ -543,4 +624,4 @@ def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
 __all__ = ["Budget", "DeviceInfo", "Machine", "ModelSizes", "Placement", "DevicePlan", "PlanError",
            "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "plan_for_files", "parse_device_map",
            "gpu_layers_map", "kv_bytes_per_layer", "activation_bytes", "vision_activation_bytes",
-           "image_patches"]
+           "image_patches", "context_of", "prefill_scratch_bytes", "STAGES"]

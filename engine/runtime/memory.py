@@ -1,10 +1,162 @@
-"""Giving freed heap memory back to the OS after a load (glibc keeps it otherwise)."""
+"""The one memory accounting (what a model costs on a device, stage by stage), GPU memory
+counted without creating CUDA contexts, and giving freed heap memory back to the OS.
+
+The planner (device_map.py) adds these terms per device; the loader takes the plan's context
+and allocates nothing the plan did not count. Terms, per device:
+  resident   weights, KV for the chosen context, the tables and vision tower placed there,
+             cuBLAS workspace and the CUDA graph pool (GPUs)
+  load       the weights while loading, plus one fused copy in flight (QKV / gate+up)
+  vision     one image batch through the tower (its rows, attention scratch O(patches x head))
+  prefill    one prompt chunk (its rows, attention scratch O(rows x head_dim), the dequantized
+             weight chunk of a multi-row matmul, one row of logits)
+  decode     one row through the layers and the logits (inside the graph pool on a GPU)
+A stage's peak is resident (without what is not there yet at load) plus its own term: stages
+never overlap (an image is encoded before its prompt is prefilled).
+"""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import sys
 
+MiB = 1 << 20
+GiB = 1 << 30
+
+DEFAULT_CONTEXT = 4096  # positions of KV the default plan budgets (mistral.rs's default)
+PREFILL_CHUNK = 2048  # prompt rows per forward pass on a GPU: bounds activation memory
+CPU_PREFILL_CHUNK = 512  # CPU is ~100x slower: smaller passes keep a cancel responsive
+# Left free on a GPU beyond every counted term: the CUDA context and kernel images of this
+# process (free memory is read before our context exists, see gpu_free_memory), allocator
+# rounding and fragmentation, the desktop's own use.
+CUDA_HEADROOM_BYTES = 1 << 30
+CPU_HEADROOM_BYTES = 2 * GiB  # the OS, this app (Python, Qt), other programs' growth
+# torch's cuBLAS workspace: up to 32 MiB per (stream, handle) on Hopper and newer; the decode
+# graphs are captured on a side stream, so two.
+CUBLAS_WORKSPACE_BYTES = 64 * MiB
+# The decode graphs of one GPU share one memory pool: one step's intermediates (a row per
+# layer, the attention's scores over a bucket, split-K partial sums) rounded up to the caching
+# allocator's 2 MiB segments, plus one logits row per bucket. A bound, checked on a GPU by
+# scripts/device_check.sh (planned against measured).
+GRAPH_POOL_BYTES = 96 * MiB
+MIN_DECODE_BUCKET = 256
+MAX_GRAPH_BUCKETS = 6  # decode buckets captured at load (256 .. 8192 keys; larger contexts
+                       # start at a larger first bucket, see decode_buckets)
+
+
+def decode_buckets(capacity: int, largest: int | None = None) -> list[int]:
+    """Key lengths the decode graphs are captured for: powers of two from MIN_DECODE_BUCKET,
+    the last one the cache's capacity; at most MAX_GRAPH_BUCKETS (the smallest dropped)."""
+    out, b = [], MIN_DECODE_BUCKET
+    while b < capacity:
+        out.append(b)
+        b *= 2
+    out.append(capacity)
+    return out[-MAX_GRAPH_BUCKETS:]
+
+
+def bucket_for(n_keys: int, capacity: int) -> int:
+    """The smallest captured bucket holding n_keys keys (decode_buckets' set, never another)."""
+    for b in decode_buckets(capacity):
+        if b >= n_keys:
+            return b
+    return capacity
+
+
+def kv_bytes(tokens: int, kv_width: int, n_layers: int, value_bytes: int) -> int:
+    """K and V of `tokens` positions over `n_layers` layers (kv_width = kv_heads x (k + v dims))."""
+    return tokens * kv_width * n_layers * value_bytes
+
+
+def prefill_rows(tokens: int, device_kind: str) -> int:
+    return min(tokens, PREFILL_CHUNK if device_kind == "cuda" else CPU_PREFILL_CHUNK)
+
+
+def prefill_activation_bytes(rows: int, row_width: int, value_bytes: int) -> int:
+    return rows * row_width * value_bytes
+
+
+def attention_scratch_bytes(rows: int, n_heads: int, head_dim: int) -> int:
+    """Flash attention's float32 state per query row and head: the output accumulator and the
+    running max / sum (no rows x keys scores are ever held)."""
+    return rows * n_heads * (head_dim + 2) * 4
+
+
+def decode_scratch_bytes(n_heads: int, bucket: int, vocab: int, row_width: int, value_bytes: int) -> int:
+    """One decode step: a layer's row, the scores of one bucket, the logits (f32)."""
+    return row_width * value_bytes + n_heads * bucket * 4 + 2 * vocab * 4
+
+
+def logits_bytes(vocab: int, rows: int = 1) -> int:
+    return 2 * rows * vocab * 4  # the head's output and its float32 copy
+
+
+def matmul_scratch_bytes() -> int:
+    """The dequantized weight rows a multi-row quantized matmul may hold (kernels.linear)."""
+    from ...kernels.linear import PREFILL_CHUNK_BYTES
+
+    return PREFILL_CHUNK_BYTES
+
+
+def vision_stage_bytes(patches: int, row_width: int, n_heads: int, head_dim: int, value_bytes: int) -> int:
+    """One image through the tower: its rows (float32 residual + compute-dtype matmuls) and
+    the attention's per-row state."""
+    return patches * row_width * value_bytes + attention_scratch_bytes(patches, n_heads, head_dim)
+
+
+# ----------------------------------------------------------------------------- GPU memory
+
+def gpu_free_memory() -> list[tuple[int, int, str, bool, str]]:
+    """(free, total, name, integrated, how) of every CUDA device torch sees, in torch's order,
+    without creating a CUDA context on any of them: free memory from NVML (nvidia-ml-py),
+    matched to torch's devices by UUID; where NVML is missing, torch.cuda.mem_get_info only on
+    devices this process already uses, and the total elsewhere (said in `how`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    nvml = _nvml_free_by_uuid()
+    out = []
+    for i, p in enumerate(props):
+        integrated = bool(getattr(p, "is_integrated", False))
+        uuid = str(getattr(p, "uuid", "")).lower().removeprefix("gpu-")
+        if uuid and uuid in nvml:
+            out.append((nvml[uuid], int(p.total_memory), p.name, integrated, "nvml"))
+        elif torch.cuda.is_initialized() and torch.cuda.memory_reserved(i) > 0:
+            free, total = torch.cuda.mem_get_info(i)  # a context exists there already
+            out.append((int(free), int(total), p.name, integrated, "torch"))
+        else:
+            out.append((int(p.total_memory), int(p.total_memory), p.name, integrated, "total (free unknown)"))
+    return out
+
+
+def _nvml_free_by_uuid() -> dict[str, int]:
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver library, no permission: fall back
+        return {}
+    out = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            uuid = (uuid.decode() if isinstance(uuid, bytes) else uuid).lower().removeprefix("gpu-")
+            out[uuid] = int(pynvml.nvmlDeviceGetMemoryInfo(h).free)
+    except Exception:  # noqa: BLE001
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+# ----------------------------------------------------------------------------- host heap
 
 def release_freed_heap() -> bool:
     """malloc_trim(0) where the C library is glibc: the temporaries of building a tokenizer and

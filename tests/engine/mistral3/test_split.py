@@ -255,31 +255,6 @@ def test_cuda_cpu_split_matches_the_gpu_model(name):
         assert gap <= 0.03 * ref.abs().max().item() + 0.03, f"greedy differs at step {n} by {gap}"
 
 
-def test_default_context_of_a_split_sizes_the_gpu_by_its_own_layers(monkeypatch):
-    """The context that fits: per GPU, its free memory over the KV bytes of *its* layers; with
-    layers on the CPU at most 8192 (the CPU default). Memory queries stubbed (no GPU here)."""
-    from tramontane.engine.mistral3 import text as text_mod
-
-    path = os.path.join(FIXTURES, "mistral3_q256-Q8_0.gguf")
-    m = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
-    gpu = torch.device("cuda")
-    m.segments[1].device, m.segments[1].dtype = gpu, torch.bfloat16  # only the sizing looks at it
-    per_token = m.kv_bytes_per_token(device=gpu)
-    assert per_token == 1 * 2 * (64 + 64) * 2  # one layer x kv heads x (k + v dims) x bf16
-    assert m.kv_bytes_per_token() == per_token + 1 * 2 * (64 + 64) * 4  # + the CPU layer in f32
-    act = m.prefill_chunk * (2 * m.cfg.ffn + 4 * m.cfg.hidden) * 4
-
-    def free_mem(free):
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 << 30))
-        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
-        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
-
-    free_mem(text_mod.CUDA_HEADROOM_BYTES + act + 600 * per_token)
-    assert m.default_context_length() == 512
-    free_mem(80 << 30)
-    assert m.default_context_length() == min(8192, m.cfg.context_length)  # the CPU layers cap it
-
-
 @pytest.mark.cuda
 @cuda
 def test_cuda_cpu_split_engine_parks_and_restores_chats_exactly():

@@ -87,8 +87,16 @@ KV_GPU = 4096 * 8 * (128 + 128) * 2  # bf16 K+V for 4096 positions: 16 MiB
 KV_CPU = 2 * KV_GPU  # f32
 ACT_GPU = 2048 * (4 * 5120 + 4096 + 2 * 1024 + 3 * 32768) * 2  # one 2048-row prefill chunk in bf16: 511,705,088
 ACT_CPU = 512 * (4 * 5120 + 4096 + 2 * 1024 + 3 * 32768) * 4  # 512-row chunk in f32
-VISION_ACT_GPU = 74 * 74 * (7 * 1024 + 3 * 4096) * 2  # 1024² image -> 37x37 merged -> 74² patches
-HEADROOM_GPU, HEADROOM_CPU = 1536 << 20, 2 * GiB
+# flash attention's float32 state (output + max + sum) per row and head of a chunk; the 32 MiB
+# of dequantized weight rows a multi-row matmul may hold; the head's logits and their f32 copy
+ATT_GPU, ATT_CPU = 2048 * 32 * (128 + 2) * 4, 512 * 32 * (128 + 2) * 4
+MATMUL_SCRATCH, LOGITS = 32 << 20, 2 * 131072 * 4
+PREFILL_GPU = ACT_GPU + ATT_GPU + MATMUL_SCRATCH  # beyond resident, one 2048-row chunk
+# 1024² image -> 37x37 merged -> 74² patches, float32 rows + attention state (16 heads of 64)
+VISION_ACT = 74 * 74 * (7 * 1024 + 3 * 4096) * 4 + 74 * 74 * 16 * (64 + 2) * 4
+RUNTIME_GPU = {"cuBLAS workspace": 64 << 20, "CUDA graph pool": 96 << 20}
+RUNTIME = sum(RUNTIME_GPU.values())
+HEADROOM_GPU, HEADROOM_CPU = 1 << 30, 2 * GiB
 
 
 def _more_bits(i: int) -> bool:
@@ -128,11 +136,12 @@ def test_inventory_of_a_real_file_matches_gguf_py(tmp_path):
 
 
 @pytest.mark.parametrize("gib, first, l6, l4", [
-    # usable = gib - 1.5 headroom; the GPU first takes the head, the whole vision tower (it fits)
-    # and one layer pass's activations; then layers from the last one down, each with 16 MiB KV.
-    (8, 27, 8, 5),     # room 6.5 GiB - 2,153,328,640 = 4,825,993,216: layers 27..39 cost 4,639,367,168
-    (12, 14, 12, 14),  # room 9,120,960,512: layers 14..39 cost 9,100,312,576
-    (16, 2, 18, 20),   # room 13,415,927,808: layers 2..39 cost 13,321,043,968
+    # usable = gib - 1 headroom; the GPU first takes the head, the whole vision tower (it fits),
+    # cuBLAS's workspace and the graph pool; its worst stage is a prefill chunk (580 MB beyond
+    # resident, more than an image's 449 MB); then layers from the last one down, 16 MiB KV each.
+    (8, 26, 8, 6),     # 370,700,288 bytes to spare; layer 25 would need 3,330,048 more
+    (12, 13, 13, 14),  # 160,116,736 to spare; layer 12 would need 169,308,160 more
+    (16, 1, 19, 20),   # 234,352,640 to spare; layer 0 would need 139,677,696 more
 ])
 def test_24b_with_projector_on_one_gpu_spills_the_first_layers_to_the_cpu(files, gib, first, l6, l4):
     s = _sizes(files["small-24b"], vision=True)
@@ -142,11 +151,16 @@ def test_24b_with_projector_on_one_gpu_spills_the_first_layers_to_the_cpu(files,
     assert gpu.layers == range(first, 40) and cpu.layers == range(0, first)
     assert sum(map(_more_bits, gpu.layers)) == l6 and l6 + l4 == n
     assert gpu.weights == l6 * L6 + l4 * L4 and gpu.kv == n * KV_GPU and gpu.activations == ACT_GPU
-    assert gpu.parts == {"output head + norm": HEAD, "vision tower": VISION, "vision activations": VISION_ACT_GPU}
+    assert gpu.parts == {"output head + norm": HEAD, "vision tower": VISION, **RUNTIME_GPU}
+    assert gpu.vision_activations == VISION_ACT and gpu.prefill_scratch == ATT_GPU + MATMUL_SCRATCH + LOGITS
     assert cpu.parts == {"token embedding": EMBED}  # a lookup: stays in CPU memory
-    fixed = HEAD + VISION + VISION_ACT_GPU + ACT_GPU
+    resident = HEAD + VISION + RUNTIME + gpu.weights + gpu.kv
     usable = gib * GiB - HEADROOM_GPU
-    assert gpu.total == fixed + gpu.weights + gpu.kv <= usable
+    stages = gpu.stages()
+    assert stages == {"load": HEAD + VISION + gpu.weights + max(map(_layer, gpu.layers)),
+                      "vision encode": resident + VISION_ACT, "prefill chunk": resident + PREFILL_GPU + LOGITS,
+                      "decode": resident}
+    assert gpu.total == max(stages.values()) == resident + PREFILL_GPU + LOGITS <= usable
     assert gpu.total + _layer(first - 1) + KV_GPU > usable  # one more layer would not fit
     assert cpu.weights == sum(_layer(i) for i in range(first)) and cpu.kv == first * KV_CPU
     assert (plan.head_device, plan.embedding_device, plan.vision_device) == ("cuda:0", "cpu", "cuda:0")
@@ -159,8 +173,8 @@ def test_24b_with_projector_fits_a_24gb_gpu_whole(files):
     s = _sizes(files["small-24b"], vision=True)
     plan = plan_devices(s, Machine((_gpu(24),), CPU64))
     (gpu,) = plan.placements
-    whole = 20 * L6 + 20 * L4 + 40 * KV_GPU + ACT_GPU + EMBED + HEAD + VISION + VISION_ACT_GPU
-    assert gpu.total == whole == 16_599_920_640 <= 24 * GiB - HEADROOM_GPU
+    whole = 20 * L6 + 20 * L4 + 40 * KV_GPU + EMBED + HEAD + VISION + RUNTIME + PREFILL_GPU + LOGITS
+    assert gpu.total == whole == 16_623_292_416 <= 24 * GiB - HEADROOM_GPU
     assert plan.fit == "gpu" and plan.summary() == "all 40 layers on cuda:0"
     assert (plan.embedding_device, plan.head_device, plan.vision_device) == ("cuda:0",) * 3
 
@@ -169,26 +183,27 @@ def test_two_24gb_gpus(files):
     # Q4_K_M fits the first GPU whole: the second stays free
     plan = plan_devices(_sizes(files["small-24b"], vision=True), Machine((_gpu(24), _gpu(24, "cuda:1")), CPU64))
     assert [p.name for p in plan.placements] == ["cuda:0"] and plan.gpu_layers == 40
-    # Q8_0 (25 GB) does not: cuda:0 takes the head and 37 layers, cuda:1 the other 3, none on the CPU
+    # Q8_0 (25 GB) does not: cuda:0 takes the head and 38 layers, cuda:1 the other 2, none on the CPU
     s = _sizes(files["small-24b-q8"])
     layer = Q_PARAMS * 34 // 32 + NORMS  # Q8_0: 34 bytes / 32 values
     head = 131072 * 5120 * 34 // 32 + 5120 * 4
     assert s.layer_bytes[0] == layer and s.head_bytes == head
     plan = plan_devices(s, Machine((_gpu(24), _gpu(24, "cuda:1")), CPU64))
     g0, g1, cpu = plan.placements
-    room = 24 * GiB - HEADROOM_GPU - head - ACT_GPU  # 22,934,433,792
-    assert 37 * (layer + KV_GPU) <= room < 38 * (layer + KV_GPU)
-    assert g0.layers == range(3, 40) and g1.layers == range(0, 3) and not cpu.layers
+    room = 24 * GiB - HEADROOM_GPU - head - RUNTIME - PREFILL_GPU - 2 * 131072 * 4  # 23,234,850,816
+    assert 38 * (layer + KV_GPU) <= room < 39 * (layer + KV_GPU)
+    assert g0.layers == range(2, 40) and g1.layers == range(0, 2) and not cpu.layers
     assert cpu.parts == {"token embedding": 131072 * 5120 * 34 // 32}
-    assert plan.fit == "gpu" and plan.summary() == "all 40 layers on GPU (37 on cuda:0, 3 on cuda:1)"
+    assert plan.fit == "gpu" and plan.summary() == "all 40 layers on GPU (38 on cuda:0, 2 on cuda:1)"
 
 
 def test_cpu_only_machine_holds_everything_in_f32_kv(files):
     s = _sizes(files["small-24b"], vision=True)
     plan = plan_devices(s, Machine((), CPU64))
     (cpu,) = plan.placements
-    vision_act_cpu = 2 * VISION_ACT_GPU  # f32
-    assert cpu.total == 20 * L6 + 20 * L4 + 40 * KV_CPU + ACT_CPU + EMBED + HEAD + VISION + vision_act_cpu
+    resident = 20 * L6 + 20 * L4 + 40 * KV_CPU + EMBED + HEAD + VISION
+    assert cpu.stages()["prefill chunk"] == resident + ACT_CPU + ATT_CPU + 2 * 131072 * 4
+    assert cpu.total == resident + VISION_ACT  # an image's rows outweigh a 512-row chunk's
     assert plan.fit == "cpu" and plan.summary() == "all 40 layers on the CPU"
     with pytest.raises(PlanError, match="does not fit this machine"):  # 16 GB of RAM: 14 usable < 17.2 needed
         plan_devices(s, Machine((), DeviceInfo("cpu", 16 * GiB)))
@@ -198,16 +213,16 @@ def test_unified_memory_never_adds_the_cpu(files):
     s = _sizes(files["small-24b"], vision=True)
     plan = plan_devices(s, Machine((_gpu(64),), CPU64, unified=True))
     assert [p.name for p in plan.placements] == ["cuda:0"]
-    # 16 GB of shared memory: needs 16,599,920,640, has 15,569,256,448 -> an error, not a CPU spill
+    # 16 GB of shared memory: needs 16,623,292,416, has 16,106,127,360 -> an error, not a CPU spill
     with pytest.raises(PlanError, match=r"small|Small|24B") as err:
         plan_devices(s, Machine((_gpu(16),), CPU64, unified=True))
-    assert "0.96 GiB more" in str(err.value) and "max_seq_len" in str(err.value)
+    assert "0.48 GiB more" in str(err.value) and "4096-token context" in str(err.value)
 
 
 def test_a_gpu_with_room_for_no_layer_is_a_warning_naming_the_parameters(files):
     s = _sizes(files["small-24b"], vision=True)
     plan = plan_devices(s, Machine((_gpu(16), _gpu(2, "cuda:1")), CPU64))
-    assert [len(p.layers) for p in plan.placements] == [38, 0, 2]
+    assert [len(p.layers) for p in plan.placements] == [39, 0, 1]
     (warning,) = plan.warnings
     assert warning.startswith("cuda:1 can fit 0 layers") and "max_seq_len (4096)" in warning
     assert "max_num_images" in warning
@@ -230,7 +245,8 @@ def test_ministral_3_8b_and_14b(files):
     layer8 = (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336) * 144 // 256 + 2 * 4096 * 4
     assert s8.layer_bytes[5] == layer8  # a Q4_K-only layer (34 // 8 = 4; (5 - 4) % 3 != 2)
     kv, act8 = KV_GPU, 2048 * (4 * 4096 + 4096 + 2048 + 3 * 14336) * 2
-    whole8 = sum(s8.layer_bytes) + 34 * kv + act8 + s8.embedding_bytes + s8.head_bytes
+    whole8 = (sum(s8.layer_bytes) + 34 * kv + s8.embedding_bytes + s8.head_bytes + RUNTIME
+              + act8 + ATT_GPU + MATMUL_SCRATCH + LOGITS)
     assert whole8 <= 8 * GiB - HEADROOM_GPU
     assert plan_devices(s8, Machine((_gpu(8),), CPU64)).fit == "gpu"
 
@@ -239,14 +255,15 @@ def test_ministral_3_8b_and_14b(files):
     plan = plan_devices(s14, Machine((_gpu(8),), CPU64))
     gpu, cpu = plan.placements
     act14 = 2048 * (4 * 5120 + 4096 + 2048 + 3 * 16384) * 2
-    room = 8 * GiB - HEADROOM_GPU - s14.head_bytes - act14
+    room = 8 * GiB - HEADROOM_GPU - s14.head_bytes - RUNTIME - act14 - ATT_GPU - MATMUL_SCRATCH - LOGITS
     used = sum(s14.layer_bytes[i] + kv for i in gpu.layers)
     assert gpu.layers.stop == 40 and used <= room < used + s14.layer_bytes[gpu.layers.start - 1] + kv
     assert plan.fit == "partial" and plan.summary() == f"{len(gpu.layers)} of 40 layers on GPU, {len(cpu.layers)} on CPU"
-    # by hand: room 6,979,321,856 - 550,522,880 - 310,378,496 = 6,118,420,480; a layer is
-    # 171,089,920 (Q4_K) or 194,068,480 (Q6_K attn_v/ffn_down) + 16 MiB KV; layers 10..39 hold
-    # 14 Q6_K-ish + 16 Q4_K: 5,454,397,440 + 30 x 16 MiB = 5,957,713,920; layer 9 would add 187,867,136
-    assert gpu.layers == range(10, 40) and gpu.weights == 14 * 194_068_480 + 16 * 171_089_920
+    # by hand: room 7,516,192,768 - 550,522,880 - 167,772,160 - 310,378,496 - 34,078,720 - 33,554,432
+    # - 1,048,576 = 6,418,837,504; a layer is 171,089,920 (Q4_K) or 194,068,480 (Q6_K attn_v/ffn_down)
+    # + 16 MiB KV; layers 8..39 hold 14 Q6_K-ish + 18 Q4_K: 5,796,577,280 + 32 x 16 MiB = 6,333,448,192;
+    # layer 7 (Q6_K-ish) would add 210,845,696 to the 85,389,312 left
+    assert gpu.layers == range(8, 40) and gpu.weights == 14 * 194_068_480 + 18 * 171_089_920
 
 
 def test_manual_maps_override_the_counts(files):
@@ -283,10 +300,11 @@ def test_bad_device_maps_are_one_clear_error(files, text, match):
 def test_explain_shows_the_arithmetic(files):
     plan = plan_devices(_sizes(files["small-24b"], vision=True), Machine((_gpu(16),), CPU64))
     text = plan.explain()
-    assert "cuda:0 (simulated): 16.00 GiB free - 1.50 GiB headroom = 14.50 GiB usable" in text
-    assert "layers 2-39 (38)" in text and "38 x 16.0 MiB KV" in text
-    assert "max_seq_len 4096 x max_batch_size 1, 1 image(s) of 1024x1024" in text
-    assert text.endswith("=> 38 of 40 layers on GPU, 2 on CPU")
+    assert "cuda:0 (simulated): 16.00 GiB free - 1.00 GiB headroom = 15.00 GiB usable" in text
+    assert "layers 1-39 (39)" in text and "39 x 16.0 MiB KV" in text
+    assert "max_seq_len 4096 x max_batch_size 1, 1 image(s) of 1024x1024; context 4096" in text
+    assert "stages: load " in text and "prefill chunk" in text and "vision encode" in text
+    assert text.endswith("=> 39 of 40 layers on GPU, 1 on CPU")
 
 
 def test_local_engine_refuses_before_loading_when_nothing_fits(monkeypatch):
@@ -302,18 +320,18 @@ def test_local_engine_refuses_before_loading_when_nothing_fits(monkeypatch):
         raise AssertionError("weights were loaded before the plan refused")
 
     monkeypatch.setattr(Mistral3Text, "load", never)
-    with pytest.raises(PlanError, match="mistral3_tiny-f32.gguf does not fit this machine: it needs"):
+    with pytest.raises(PlanError, match="mistral3_tiny-f32.gguf does not fit this machine with a 512-token context: it needs"):
         LocalEngine(tiny, device="cpu")
 
 
 def test_moving_only_the_embedding_keeps_every_layer_on_the_gpu(files):
-    """24B text-only needs 15,508,819,968 bytes whole on one GPU, 15,131,332,608 without its
-    embedding table. A GPU with 15.7 GiB free (14.2 usable = 15,247,133,900) misses the first
-    by 0.25 GiB: the table (a row lookup) goes to CPU memory, and all 40 layers stay on the GPU."""
+    """24B text-only needs 15,745,273,856 bytes whole on one GPU, 15,367,786,496 without its
+    embedding table. A GPU with 15.5 GiB free (14.5 usable = 15,569,256,448) misses the first
+    by 0.16 GiB: the table (a row lookup) goes to CPU memory, and all 40 layers stay on the GPU."""
     s = _sizes(files["small-24b"])
-    whole = 20 * L6 + 20 * L4 + 40 * KV_GPU + ACT_GPU + EMBED + HEAD
-    assert (whole, whole - EMBED) == (15_508_819_968, 15_131_332_608)
-    plan = plan_devices(s, Machine((_gpu(15.7),), CPU64))
+    whole = 20 * L6 + 20 * L4 + 40 * KV_GPU + EMBED + HEAD + RUNTIME + PREFILL_GPU + LOGITS
+    assert (whole, whole - EMBED) == (15_745_273_856, 15_367_786_496)
+    plan = plan_devices(s, Machine((_gpu(15.5),), CPU64))
     gpu, cpu = plan.placements
     assert whole - EMBED <= gpu.device.usable < whole
     assert gpu.layers == range(0, 40) and gpu.total == whole - EMBED and cpu.parts == {"token embedding": EMBED}
