@@ -119,6 +119,26 @@ class ChatSession(QObject):
         return (self.pending is None and self.can_reply() and bool(self.messages)
                 and self.messages[-1].role in ("user", "assistant"))
 
+    def writing_here(self) -> bool:
+        """The reply being written belongs to the chat on screen (or to the new chat it is
+        creating); Stop and Esc act on it only then."""
+        p = self.pending
+        return p is not None and p.chat_id == self.current_chat_id
+
+    def busy_elsewhere(self) -> str:
+        """Why a message cannot be sent here now: another chat is writing ('' if none is)."""
+        p = self.pending
+        if p is None or self.writing_here():
+            return ""
+        title = "Another chat"
+        if p.chat_id is not None:
+            try:
+                title = f"“{self.store.get_chat_info(p.chat_id).title}”"
+            except StoreError:
+                pass
+        return (f"{title} is still writing its reply: send this when it is done, or open "
+                "that chat to stop it.")
+
     def streaming_id(self, chat_id: int | None) -> int | None:
         p = self.pending
         return p.message_id if p is not None and chat_id is not None and p.chat_id == chat_id else None
@@ -128,7 +148,7 @@ class ChatSession(QObject):
         """Start the reply to a new user message: '' when started, else why it cannot be sent
         now (nothing is saved then). The message is saved by the worker."""
         if self.pending is not None:
-            return "A reply is being written."
+            return self.busy_elsewhere() or "A reply is being written."
         if self.engine_info is None and not self.loading:
             return LOAD_FIRST_HINT
         refused = self.images_refused(images, self.messages)

@@ -451,6 +451,8 @@ class MainWindow(QMainWindow):
         """Reread the chat list (titles, order, pins) and highlight the open chat."""
         self.chat_model.refresh()
         self._select_current_in_list()
+        pending = self.pending
+        self.chat_model.set_writing(pending.chat_id if pending is not None else None)
 
     def open_chat(self, chat_id: int | None) -> None:
         if chat_id != self.current_chat_id or not self._draft_shown:
@@ -672,13 +674,17 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"{title} — Tramontane" if title else "Tramontane")
 
     def _update_busy(self) -> None:
-        busy = self.pending is not None
+        # Stop belongs to the chat that is writing; another chat shows Send (which says why
+        # it must wait) and the sidebar shows which chat is writing.
+        here = self.session.writing_here()
         can_regenerate = self.session.can_regenerate()
-        self.composer.set_busy(busy, can_regenerate=can_regenerate)
+        self.composer.set_busy(here, can_regenerate=can_regenerate)
         if hasattr(self, "stop_action"):
-            self.stop_action.setEnabled(busy)
+            self.stop_action.setEnabled(here)
             self.regenerate_action.setEnabled(can_regenerate)
-        self.status_label.setText("Writing…" if busy else "")
+        pending = self.pending
+        self.chat_model.set_writing(pending.chat_id if pending is not None else None)
+        self.status_label.setText("Writing…" if here else "Writing in another chat…" if pending else "")
 
     def _show_status(self, text: str) -> None:
         self.status_label.setText(text)
@@ -687,8 +693,6 @@ class MainWindow(QMainWindow):
     def send(self, text: str, images: list) -> bool:
         """Start the reply to a new user message. False (and a message) when it cannot be
         sent now; the text and images then stay in the composer."""
-        if self.pending is not None:
-            return False
         why_not = self.session.send(text, images, self._chat_binding())
         if why_not:
             self.composer.show_message(why_not)
@@ -698,8 +702,10 @@ class MainWindow(QMainWindow):
         return True
 
     def stop(self) -> None:
-        """Stop the reply being written; the engine returns at the next token."""
-        self.session.stop()
+        """Stop the reply being written in the chat on screen; the engine returns at the next
+        token. A reply in another chat is stopped there."""
+        if self.session.writing_here():
+            self.session.stop()
         self._focus_composer()
 
     def regenerate(self, message_id: int | None = None) -> None:

@@ -49,6 +49,17 @@ class ChatListModel(QAbstractListModel):
         self.store = store
         self.query = ""
         self.chats = []
+        self.writing_id: int | None = None  # the chat whose reply is being written
+
+    def set_writing(self, chat_id: int | None) -> None:
+        """Mark the chat that is writing a reply (its row says so), or none."""
+        if chat_id == self.writing_id:
+            return
+        rows = [self.row_of(c) for c in (self.writing_id, chat_id)]
+        self.writing_id = chat_id
+        for row in rows:
+            if row >= 0:
+                self.dataChanged.emit(self.index(row), self.index(row))
 
     def refresh(self, query: str | None = None) -> None:
         if query is not None:
@@ -65,8 +76,9 @@ class ChatListModel(QAbstractListModel):
         if not index.isValid() or not 0 <= index.row() < len(self.chats):
             return None
         chat = self.chats[index.row()]
+        writing = chat.id == self.writing_id
         if role == Qt.ItemDataRole.DisplayRole:
-            return chat.title
+            return f"{chat.title}  · writing…" if writing else chat.title
         if role == Qt.ItemDataRole.DecorationRole:
             return icon("pin") if chat.pinned else None
         if role == HeadingRole:
@@ -75,9 +87,10 @@ class ChatListModel(QAbstractListModel):
             same = previous is not None and group_of(previous.pinned, previous.updated_at) == group
             return "" if same else group
         if role == Qt.ItemDataRole.ToolTipRole:
-            return f"{chat.title}\n{chat.message_count} messages · {_when(chat.updated_at)}"
+            state = "writing a reply" if writing else _when(chat.updated_at)
+            return f"{chat.title}\n{chat.message_count} messages · {state}"
         if role == Qt.ItemDataRole.AccessibleTextRole:
-            return chat.title
+            return f"{chat.title}, writing a reply" if writing else chat.title
         if role == ChatIdRole:
             return chat.id
         return None

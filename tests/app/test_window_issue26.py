@@ -110,3 +110,35 @@ def test_server_and_local_states_do_not_mix(qtbot, window):
         with qtbot.waitSignal(window.modelLoaded, timeout=30000):
             bar.model_combo.setCurrentIndex(bar.model_combo.findText("Local model"))
         assert bar.quant_label.isVisible() and bar.unload_button.isEnabled()
+
+
+def test_stop_belongs_to_the_chat_that_is_writing(qtbot, window):
+    """Item 14: a new chat opened while another writes shows Send, not a Stop that would stop
+    the other chat; Enter there says why it waits; the sidebar shows which chat is writing."""
+    from PySide6.QtCore import Qt
+
+    from tramontane.app.widgets.chat_list import ChatIdRole
+
+    window.param_overrides["max_tokens"] = 400
+    window.composer.edit.setPlainText("A long answer, please")
+    with qtbot.waitSignal(window.session.changed, timeout=30000):  # the chat exists
+        window.composer.send_button.click()
+    writing = window.current_chat_id
+    assert window.composer.stop_button.isVisible() and window.stop_action.isEnabled()
+
+    window.new_chat()
+    assert not window.composer.stop_button.isVisible() and window.composer.send_button.isVisible()
+    assert not window.stop_action.isEnabled()
+    model = window.chat_model
+    row = model.index(model.row_of(writing))
+    assert row.data(ChatIdRole) == writing and "writing" in row.data(Qt.ItemDataRole.DisplayRole)
+    window.stop()  # Esc / Stop here: not this chat's reply
+    qtbot.keyClicks(window.composer.edit, "hello")
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    assert "still writing its reply" in window.composer.message.text()
+    assert window.composer.edit.toPlainText() == "hello"  # kept, not lost
+    with qtbot.waitSignal(window.replyFinished, timeout=60000) as blocker:
+        pass
+    reply = window.store.get_message(blocker.args[0])
+    assert reply.chat_id == writing and reply.finish_reason != "cancelled"
+    assert "writing" not in model.index(model.row_of(writing)).data(Qt.ItemDataRole.DisplayRole)
