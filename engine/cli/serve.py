@@ -8,10 +8,11 @@ from ..api import EngineError
 
 
 def add_parsers(sub) -> None:
-    from ..server.openai_api import RequestLimits
+    from ..server.openai_api import ConnectionLimits, RequestLimits
     from .run import add_local_model_arguments
 
     limits = RequestLimits()
+    conn = ConnectionLimits()
     p = sub.add_parser("serve", help="serve a GGUF model over an OpenAI-compatible HTTP API (localhost)")
     p.add_argument("--model", required=True, help="GGUF file")
     p.add_argument("--mmproj", help="vision projector GGUF (default: the one beside the model that fits it)")
@@ -32,6 +33,18 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-image-mb", type=int, default=limits.max_image_bytes >> 20)
     p.add_argument("--max-queue", type=int, default=limits.max_queue,
                    help="requests waiting or running before the next one gets 503")
+    p.add_argument("--alias", action="append", default=[], metavar="NAME",
+                   help="another model id for /v1/models (repeatable); any name gets the loaded model")
+    p.add_argument("--strict-model", action="store_true",
+                   help="answer 404 to a model name that is not the model's id or an alias")
+    p.add_argument("--max-connections", type=int, default=conn.max_connections,
+                   help="connections open at once; more wait until one closes")
+    p.add_argument("--header-timeout", type=float, default=conn.header_timeout_s, metavar="S",
+                   help="seconds a client has to send a request's headers")
+    p.add_argument("--body-timeout", type=float, default=conn.body_timeout_s, metavar="S",
+                   help="seconds a client has to send a request's body")
+    p.add_argument("--idle-timeout", type=float, default=conn.idle_timeout_s, metavar="S",
+                   help="seconds an idle connection is kept open")
     p.set_defaults(func=serve_main)
 
 
@@ -40,25 +53,34 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     from ..runtime.local import LocalEngine
     from ..server.executor import ThreadExecutor
     from ..server.http import OpenAIServer, check_bind
-    from ..server.openai_api import RequestLimits
+    from ..server.openai_api import ConnectionLimits, RequestLimits
     from .run import api_key_of, check_context_length, projector_for
 
     api_key = api_key_of(args)
     check_bind(args.host, args.allow_network, api_key)  # before the minutes of loading
     if not 0 <= args.port <= 65535:
         raise EngineError(f"--port must be 0-65535, got {args.port}")
-    for name in ("max_body_mb", "max_image_mb", "max_queue"):
+    for name in ("max_body_mb", "max_image_mb", "max_queue", "max_connections"):
         if getattr(args, name) < 1:
             raise EngineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    for name in ("header_timeout", "body_timeout", "idle_timeout"):
+        if not getattr(args, name) > 0:
+            raise EngineError(f"--{name.replace('_', '-')} must be more than 0 seconds, got {getattr(args, name)}")
+    aliases = tuple(a.strip() for a in args.alias)
+    if any(not a for a in aliases):
+        raise EngineError("--alias needs a name, got an empty one")
     check_context_length(args, 1)
     engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
                          context_length=args.context_length, device_map=args.device_map)
     executor = ThreadExecutor(engine)
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,
                            max_queue=args.max_queue)
+    connection_limits = ConnectionLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                                         idle_timeout_s=args.idle_timeout, max_connections=args.max_connections)
     server = OpenAIServer(executor, host=args.host, port=args.port, api_key=api_key,
                           allow_network=args.allow_network, cors_origins=tuple(args.cors_origin),
-                          limits=limits)
+                          limits=limits, aliases=aliases, strict_model=args.strict_model,
+                          connection_limits=connection_limits)
     try:
         server.start()
         print(f"serving {executor.served_model().id} ({engine.description}) at {server.url}"

@@ -25,6 +25,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import re
 import socket
 import threading
@@ -41,6 +42,7 @@ from .executor import EngineExecutor, ModelUnavailable
 from .openai_api import (
     ApiError,
     ChatJob,
+    ConnectionLimits,
     ConversationKeys,
     Reply,
     RequestLimits,
@@ -67,19 +69,10 @@ ACCEPT_BACKOFF_S = (0.05, 2.0)  # after an accept() error: first wait, doubling 
 ACCEPT_LOG_EVERY_S = 10.0  # accept() errors are logged at most this often (with a count)
 _HEADER_LIST = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+(?:\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*")
 # An absolute file path (POSIX or Windows) in an engine's message: shown as its last part only.
+# Quoted (as OSError writes them), a path may hold spaces.
+_QUOTED_PATH = re.compile(r"(['\"])(?:[A-Za-z]:)?[\\/](?:[^'\"\n]*[\\/])?([^'\"\\/\n]*)\1")
 _FILE_PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:)?[\\/](?:[^\s'\"\\/]+[\\/])+([^\s'\"\\/]*)")
 
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What one client may hold. The defaults are far above what a browser or the OpenAI
-    clients need (they send a request at once; they keep idle connections a few seconds to
-    minutes) and bound what a silent or trickling client holds."""
-
-    header_timeout_s: float = 30.0  # from a request's first byte to the end of its headers
-    body_timeout_s: float = 300.0  # reading one request's body (64 MiB at ~220 KB/s)
-    idle_timeout_s: float = 300.0  # a connection with no request under way (new or kept alive)
-    max_connections: int = 256  # open at once; more wait in the kernel's backlog
 
 
 @dataclass(frozen=True)
@@ -126,26 +119,46 @@ def _error_response(exc: ApiError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status, headers=headers)
 
 
-def without_paths(message: str) -> str:
+def without_paths(message: str, known: tuple = ()) -> str:
     """An engine's message with every file path cut to its last part (a client never learns
-    where the server keeps its files)."""
+    where the server keeps its files): the engine's own files first (their folders may hold
+    spaces), then anything else shaped like an absolute path."""
+    for path in known:
+        if path:
+            message = message.replace(str(path), os.path.basename(str(path)))
+    message = _QUOTED_PATH.sub(lambda m: m.group(1) + m.group(2) + m.group(1), message)
     return _FILE_PATH.sub(lambda m: m.group(1), message)
 
 
-def engine_failure(exc: BaseException) -> ApiError:
+def engine_failure(exc: BaseException, known_paths: tuple = ()) -> ApiError:
     """An exception from a job as the client should read it."""
     if isinstance(exc, ApiError):
         return exc
+    words = without_paths(str(exc), known_paths)
     if isinstance(exc, ModelUnavailable):
-        return ApiError(503, without_paths(str(exc)), code="model_not_loaded")
+        return ApiError(503, words, code="model_not_loaded")
     if isinstance(exc, InvalidLogitsError):
-        return ApiError(500, without_paths(str(exc)), code="invalid_logits")
+        return ApiError(500, words, code="invalid_logits")
     if isinstance(exc, EngineError):
-        return ApiError(400, without_paths(str(exc)))
+        return ApiError(400, words)
     if isinstance(exc, MemoryError):
         return ApiError(503, "out of memory while generating: send a shorter prompt", code="out_of_memory")
     log.error("a server job failed", exc_info=exc)
-    return ApiError(500, without_paths(f"the engine failed: {type(exc).__name__}: {exc}"))
+    return ApiError(500, f"the engine failed: {type(exc).__name__}: {words}")
+
+
+def surely_fits(messages, context_size: int) -> bool:
+    """Whether a text-only conversation fits with room for a reply whatever its tokens: a token
+    is at least one byte, the format adds at most 3 tokens a message (and BOS), and joins parts
+    with 2 bytes. Longer ones are encoded and counted first, for OpenAI's over-context error."""
+    tokens = 1
+    for m in messages:
+        tokens += 3
+        for part in m.parts:
+            if not isinstance(part, str):
+                return False
+            tokens += len(part.encode("utf-8", "surrogatepass")) + 2
+    return tokens + 1 <= context_size
 
 
 def choice_params(params: SamplingParams, choice: int) -> SamplingParams:
@@ -493,7 +506,7 @@ class OpenAIServer:
                 "Access-Control-Allow-Headers": _allowed_headers(request),
                 "Access-Control-Max-Age": "600",
                 "Vary": "Origin, Access-Control-Request-Headers"})
-        if self._api_key is not None and request.match_info.handler is not self._health:
+        if self._api_key is not None and request.match_info.handler != self._health:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8"),
                                                                      self._api_key):
@@ -559,19 +572,21 @@ class OpenAIServer:
         extra = {"tools": tools} if tools else {}
 
         def prepare(engine):
+            if not job.continue_final and not tools and surely_fits(job.messages, model.context_size):
+                return [None]  # the engine encodes it (once)
             prompt = engine.encode(job.messages, **extra)
             if job.continue_final and prompt.ids and prompt.ids[-1] == engine.tokenizer.eos_id:
                 # mistral-common's prefix=True: the last assistant message without its </s>
                 prompt.ids.pop()
-            if len(prompt.ids) + 1 > engine.context_size:  # counted here: OpenAI's error code
+            if len(prompt.ids) + 1 > model.context_size:  # counted here: OpenAI's error code
                 raise context_exceeded("messages", len(prompt.ids), model)
             return [prompt]
 
         def run(engine, prompt, params, on_piece, cancel):
             generate_from = getattr(engine, "generate_from", None)
-            if generate_from is not None:  # the prompt as encoded above: no second tokenizing
+            if prompt is not None and generate_from is not None:  # as encoded above: not twice
                 return generate_from(prompt, params, on_piece, cancel, session_key=key)
-            if not job.continue_final:
+            if not job.continue_final:  # (an engine without generate_from encodes again)
                 return engine.chat(job.messages, params, on_piece=on_piece, cancel=cancel,
                                    session_key=key, **extra)
             if prompt.image_spans:
@@ -600,7 +615,7 @@ class OpenAIServer:
             for i, prompt in enumerate(job.prompts):
                 if isinstance(prompt, str):
                     prompt = [engine.tokenizer.bos_id, *engine.tokenizer.encode(prompt)]
-                if len(prompt) + 1 > engine.context_size:
+                if len(prompt) + 1 > model.context_size:
                     raise context_exceeded("prompt" if len(job.prompts) == 1 else f"prompt[{i}]",
                                            len(prompt), model)
                 prompts.append(prompt)
@@ -626,6 +641,13 @@ class OpenAIServer:
         def work(engine):
             if engine is None or not hasattr(engine, "complete"):
                 raise ModelUnavailable("no local model is loaded: load one, then try again")
+            try:
+                return generate_all(engine)
+            except BaseException as exc:  # in words, without the engine's file paths
+                raise engine_failure(exc, (getattr(engine, "model_path", None),
+                                           getattr(engine, "mmproj_path", None))) from None
+
+        def generate_all(engine):
             outcomes = []
             for p, prompt in enumerate(prepare(engine)):  # every prompt checked before any reply
                 for i in range(job.n):

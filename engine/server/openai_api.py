@@ -77,6 +77,18 @@ class RequestLimits:
     max_queue: int = 32  # requests waiting or running: the next one gets 503
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one client may hold. The defaults are far above what a browser or the OpenAI
+    clients need (they send a request at once; they keep idle connections a few seconds to
+    minutes) and bound what a silent or trickling client holds."""
+
+    header_timeout_s: float = 30.0  # from a request's first byte to the end of its headers
+    body_timeout_s: float = 300.0  # reading one request's body (64 MiB at ~220 KB/s)
+    idle_timeout_s: float = 300.0  # a connection with no request under way (new or kept alive)
+    max_connections: int = 256  # open at once; more wait in the kernel's backlog
+
+
 @dataclass
 class ChatJob:
     """A checked request: what to generate and how to answer."""
