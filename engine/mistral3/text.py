@@ -271,6 +271,8 @@ class KVSnapshot:
     k: torch.Tensor  # (layers, kv_heads, length, head_dim), CPU
     v: torch.Tensor
     length: int
+    buffer: torch.Tensor | None = None  # the pool buffer k and v live in (HostBufferPool)
+    pinned: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -352,24 +354,36 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
 
-    def to_host(self) -> KVSnapshot:
+    def to_host(self, pool=None) -> KVSnapshot:
         """One (layers, ...) host tensor per K and V whatever the split; parts of different
-        dtypes (bf16 GPU, f32 CPU) meet in float32, which holds both exactly."""
+        dtypes (bf16 GPU, f32 CPU) meet in float32, which holds both exactly. Host memory is
+        pinned when a part is on a GPU; with a `pool` (runtime.session.HostBufferPool) both
+        live in one of its buffers, reused across chat switches, instead of new allocations."""
         n = self.length
         pin = any(t.device.type == "cuda" for t in self.ks)
         dtypes = {t.dtype for t in self.ks}
         dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+        size = torch.empty((), dtype=dtype).element_size()
 
-        def copy(parts: list[torch.Tensor]) -> torch.Tensor:
-            shape = (sum(t.shape[0] for t in parts),) + tuple(parts[0].shape[1:2]) + (n, parts[0].shape[3])
-            out = torch.empty(shape, dtype=dtype, pin_memory=pin)
+        def shape_of(parts: list[torch.Tensor]) -> tuple[int, ...]:
+            return (sum(t.shape[0] for t in parts),) + tuple(parts[0].shape[1:2]) + (n, parts[0].shape[3])
+
+        k_shape, v_shape = shape_of(self.ks), shape_of(self.vs)
+        k_bytes, v_bytes = math.prod(k_shape) * size, math.prod(v_shape) * size
+        buffer = pool.take(k_bytes + v_bytes, pin) if pool is not None else None
+
+        def copy(parts: list[torch.Tensor], shape, offset: int) -> torch.Tensor:
+            if buffer is None:
+                out = torch.empty(shape, dtype=dtype, pin_memory=pin)
+            else:
+                out = buffer[offset:offset + math.prod(shape) * size].view(dtype).view(shape)
             lo = 0
             for t in parts:
                 out[lo:lo + t.shape[0]].copy_(t[:, :, :n])
                 lo += t.shape[0]
             return out
 
-        return KVSnapshot(copy(self.ks), copy(self.vs), n)
+        return KVSnapshot(copy(self.ks, k_shape, 0), copy(self.vs, v_shape, k_bytes), n, buffer, pin)
 
     def from_host(self, snap: KVSnapshot) -> None:
         """Restore a snapshot taken from a cache of the same model (same or smaller length)."""

@@ -193,7 +193,7 @@ class LocalEngine:
         if session_key == self.session_key:
             return
         if self.session_key is not None and self.cache.length:
-            snap = self.cache.to_host()
+            snap = self.cache.to_host(self.host_kv.pool)  # a reused (pinned) buffer, not a new one
             self.host_kv.put(self.session_key, self.session.keys[: self.cache.length], snap, snap.nbytes)
         self.session_key = session_key
         restored = self.host_kv.take(session_key) if session_key is not None else None
@@ -203,6 +203,7 @@ class LocalEngine:
             return
         keys, snap = restored
         self.cache.from_host(snap)
+        self.host_kv.recycle(snap)  # copied into the cache: its buffer serves the next switch
         self.session = Session(list(keys))
 
     def forget_session(self, session_key: str) -> None:

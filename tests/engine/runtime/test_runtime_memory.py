@@ -1,0 +1,307 @@
+"""What the engine allocates at load and per switch, on the CPU: the context the plan budgeted
+(and no other), decode graphs captured at load with a failed bucket reported once and run
+eagerly, decode's embedding without host tensors, parked KV in pooled host buffers, and GPU
+memory read from NVML without a CUDA context (a fake NVML and fake torch.cuda queries)."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+from support import FIXTURES
+from support.eager_graphs import eager_graph_capture
+from tramontane.engine.api import ChatMessage, SamplingParams
+from tramontane.engine.mistral3.text import Mistral3Text
+from tramontane.engine.runtime import memory
+from tramontane.engine.runtime.device_map import DeviceInfo, Machine, PlanError
+from tramontane.engine.runtime.session import HostBufferPool, HostKVStore
+
+TINY = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")  # context_length 512
+GiB = 1 << 30
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+
+
+def _ids(n: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------- the planned context
+
+def test_the_cache_is_the_context_the_plan_budgeted_and_free_memory_is_never_asked(monkeypatch):
+    from tramontane.engine.runtime import device_map
+    from tramontane.engine.runtime.local import LocalEngine
+
+    def asked(*a, **k):
+        raise AssertionError("the loader asked for free GPU memory")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", asked)
+    monkeypatch.setattr(device_map, "detect_machine", lambda: Machine((), DeviceInfo("cpu", 64 * GiB)))
+    eng = LocalEngine(TINY, device="cpu", context_length=200)
+    try:
+        assert eng.plan.context_length == 200 == eng.cache.capacity == eng.context_size
+        assert eng.plan.placements[0].kv == 200 * eng.model.kv_bytes_per_token()  # the KV the plan counted
+    finally:
+        eng.close()
+    eng = LocalEngine(TINY, device="cpu")
+    try:  # the default: the plan's 4096, capped by the file's 512
+        assert eng.plan.context_length == eng.cache.capacity == 512 == eng.model.default_context_length()
+    finally:
+        eng.close()
+
+
+def test_a_larger_context_is_planned_or_refused_before_loading(monkeypatch):
+    from tramontane.engine.runtime import device_map
+    from tramontane.engine.runtime.local import LocalEngine
+
+    from tramontane.engine.gguf import open_gguf
+    from tramontane.engine.runtime.device_map import Budget, plan_devices, sizes_of_files
+
+    with open_gguf(TINY) as gf:
+        sizes = sizes_of_files(gf)
+    need_300 = plan_devices(sizes, Machine((), DeviceInfo("cpu", 64 * GiB)), Budget(300)).placements[0].total
+    room = 2 * GiB + need_300  # the headroom and what a 300-token context needs
+    monkeypatch.setattr(device_map, "detect_machine", lambda: Machine((), DeviceInfo("cpu", room)))
+    monkeypatch.setattr(Mistral3Text, "load", classmethod(lambda cls, *a, **k: pytest.fail("loaded")))
+    with pytest.raises(PlanError, match="with a 512-token context: .*lower the context length"):
+        LocalEngine(TINY, device="cpu")  # the default (the file's 512) does not fit
+    with pytest.raises(PlanError, match="with a 500-token context"):
+        LocalEngine(TINY, device="cpu", context_length=500)
+    monkeypatch.undo()
+    monkeypatch.setattr(device_map, "detect_machine", lambda: Machine((), DeviceInfo("cpu", room)))
+    eng = LocalEngine(TINY, device="cpu", context_length=256)  # planned, and it fits
+    try:
+        assert eng.cache.capacity == 256
+    finally:
+        eng.close()
+
+
+# ----------------------------------------------------------------------------- decode graphs
+
+def test_decode_buckets_are_a_capped_set():
+    assert memory.decode_buckets(64) == [64]
+    assert memory.decode_buckets(4096) == [256, 512, 1024, 2048, 4096]
+    assert memory.decode_buckets(3000) == [256, 512, 1024, 2048, 3000]
+    big = memory.decode_buckets(131072)
+    assert len(big) == memory.MAX_GRAPH_BUCKETS and big[-1] == 131072 and big[0] == 4096
+    assert [memory.bucket_for(n, 4096) for n in (1, 256, 257, 4000)] == [256, 256, 512, 4096]
+    assert memory.bucket_for(10, 131072) == 4096  # the smallest captured bucket
+
+
+def _graph_model(monkeypatch, fail_bucket: int | None):
+    """The tiny model with "GPU" graphs stood in for on the CPU; the capture of `fail_bucket`
+    raises as a CUDA capture can (an op that syncs inside a capture)."""
+    captured = eager_graph_capture(monkeypatch)
+    from tramontane.engine.runtime.cuda_graphs import DecodeGraphs
+
+    eager = DecodeGraphs.capture
+    state = {"capturing": False, "captures": 0}
+
+    def capture(fn, device, pool):
+        state["capturing"] = True
+        state["captures"] += 1
+        try:
+            return eager(fn, device, pool)
+        finally:
+            state["capturing"] = False
+
+    monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(capture))
+    m = Mistral3Text.load(TINY, device="cpu")
+    orig = m.decode_static
+
+    def decode_static(x, pos, cache, bucket, segment=None):
+        if state["capturing"] and bucket == fail_bucket:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return orig(x, pos, cache, bucket, segment)
+
+    monkeypatch.setattr(m, "decode_static", decode_static)
+    monkeypatch.setattr(m, "_graphs_enabled", lambda: True)
+    return m, captured, state
+
+
+def test_graphs_are_captured_when_the_cache_is_made_and_never_in_a_reply(monkeypatch):
+    m, captured, state = _graph_model(monkeypatch, fail_bucket=None)
+    cache = m.new_cache(512)
+    assert set(cache._decode_graphs.graphs) == {(0, 256), (0, 512)} and state["captures"] == 2
+    ids = _ids(300, m.cfg.vocab_size, seed=3)
+    want = m.logits(ids, all_logits=True)
+    rows = [m.logits(ids[:250], 0, cache)] + [m.decode(int(t), cache) for t in ids[250:299]]
+    assert state["captures"] == 2  # decoding across the 256 -> 512 bucket captured nothing
+    assert (torch.stack(rows) - want[249:299]).abs().max().item() < 1e-4
+    assert not m.graph_failures
+
+
+def test_a_failed_capture_is_reported_once_and_only_its_bucket_runs_eagerly(monkeypatch, caplog):
+    m, captured, state = _graph_model(monkeypatch, fail_bucket=512)
+    with caplog.at_level(logging.WARNING, logger="tramontane.engine.mistral3.text"):
+        cache = m.new_cache(512)
+        m.new_cache(512)  # the same failure again: not reported twice
+    (msg,) = m.graph_failures
+    assert "decode bucket 512" in msg and "layers 0-1" in msg and "operation not permitted" in msg
+    assert [r.getMessage() for r in caplog.records] == [msg]
+    graphs = cache._decode_graphs
+    assert set(graphs.graphs) == {(0, 256)} and set(graphs.failures) == {(0, 512)}
+    ids = _ids(300, m.cfg.vocab_size, seed=4)
+    want = m.logits(ids, all_logits=True)
+    replays = []
+    replay_256 = graphs.graphs[(0, 256)][0]
+    graphs.graphs[(0, 256)] = (lambda: replays.append(1) or replay_256(), graphs.graphs[(0, 256)][1])
+    rows = [m.logits(ids[:240], 0, cache)] + [m.decode(int(t), cache) for t in ids[240:299]]
+    assert len(replays) == 256 - 240  # positions 240..255 replayed the 256 graph, the rest ran eagerly
+    assert (torch.stack(rows) - want[239:299]).abs().max().item() < 1e-4
+    assert cache._decode_graphs is graphs and m.graph_failures == [msg]  # no global off-switch
+
+
+def test_local_engine_exposes_a_failed_capture_for_the_model_bar(monkeypatch):
+    from tramontane.engine.runtime.local import LocalEngine
+
+    eager_graph_capture(monkeypatch)
+    from tramontane.engine.runtime.cuda_graphs import DecodeGraphs
+
+    def capture(fn, device, pool):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(capture))
+    monkeypatch.setattr(Mistral3Text, "_graphs_enabled", lambda self: True)
+    eng = LocalEngine(TINY, device="cpu", context_length=300)
+    try:
+        assert len(eng.warnings) == 2 and eng.placement["warnings"] == eng.warnings
+        assert "bucket 256" in eng.warnings[0] and "bucket 300" in eng.warnings[1]
+        assert all("out of memory" in w for w in eng.warnings)
+        out = eng.chat([ChatMessage.text("user", "hello")], GREEDY)  # every bucket eager: still replies
+        assert len(out.token_ids) == 5
+    finally:
+        eng.close()
+
+
+def test_decode_builds_no_host_tensor_per_token(monkeypatch):
+    """The token id goes into a device tensor and its embedding row is gathered there: a step
+    through the graphs makes no torch.tensor from Python values (a host-to-device copy on a GPU)."""
+    m, captured, state = _graph_model(monkeypatch, fail_bucket=None)
+    cache = m.new_cache(512)
+    ids = _ids(20, m.cfg.vocab_size, seed=5)
+    m.logits(ids[:10], 0, cache)
+
+    def no_host_tensors(*a, **k):
+        raise AssertionError("decode built a tensor from host values")
+
+    monkeypatch.setattr(torch, "tensor", no_host_tensors)
+    rows = [m.decode(int(t), cache) for t in ids[10:]]
+    monkeypatch.undo()
+    want = Mistral3Text.load(TINY, device="cpu").logits(ids, all_logits=True)
+    assert (torch.stack(rows[:-1]) - want[10:19]).abs().max().item() < 1e-4
+
+
+# ----------------------------------------------------------------------------- parked KV
+
+def test_host_buffers_are_reused_across_switches():
+    pool = HostBufferPool(64 << 20)
+    a = pool.take(3 << 20, pinned=False)
+    assert a.numel() == 4 << 20 and pool.allocations == 1  # rounded to a power of two
+    pool.give(a, False)
+    b = pool.take(3_500_000, pinned=False)  # a chat that grew a little: the same buffer
+    assert b.data_ptr() == a.data_ptr() and pool.allocations == 1
+    c = pool.take(100 << 20, pinned=False)
+    assert c.numel() == 128 << 20 and pool.allocations == 2
+    pool.give(b, False)
+    pool.give(c, False)  # more than the pool keeps: the largest goes
+    assert pool.free_bytes == 4 << 20
+
+
+def test_switching_chats_parks_kv_in_pooled_buffers_and_restores_it_exactly():
+    from tramontane.engine.runtime.local import LocalEngine
+
+    eng = LocalEngine(TINY, device="cpu", context_length=256)
+    try:
+        pool = eng.host_kv.pool
+        talk = {k: [ChatMessage.text("user", f"chat {k} says hello number {k}")] for k in "abc"}
+        first = {k: eng.chat(talk[k], GREEDY, session_key=k) for k in "abc"}
+        buffers = {id(item[1].buffer) for item in eng.host_kv._items.values()}
+        assert len(eng.host_kv) == 2 and pool.allocations == 2  # a and b parked, c resident
+        for _ in range(3):  # round and round: every switch reuses a buffer
+            for k in "abc":
+                again = eng.chat(talk[k] + [ChatMessage.text("assistant", first[k].text),
+                                            ChatMessage.text("user", "and?")], GREEDY, session_key=k)
+                assert again.stats.reused_tokens >= first[k].stats.prompt_tokens
+        assert pool.allocations <= 3
+        k_cold = LocalEngine(TINY, device="cpu", context_length=256)
+        try:  # what was restored decodes as a cold run does
+            cold = k_cold.chat(talk["a"], GREEDY)
+            assert cold.token_ids == first["a"].token_ids
+        finally:
+            k_cold.close()
+        assert buffers  # parked snapshots lived in pool buffers
+    finally:
+        eng.close()
+
+
+def test_eviction_and_drop_give_buffers_back():
+    store = HostKVStore(10 << 20)
+
+    class Snap:
+        def __init__(self, n):
+            self.buffer, self.pinned = store.pool.take(n, False), False
+
+    store.put("a", [1], Snap(4 << 20), 4 << 20)
+    store.put("b", [2], Snap(4 << 20), 4 << 20)
+    store.put("c", [3], Snap(4 << 20), 4 << 20)  # evicts a
+    assert "a" not in store and store.pool.free_bytes == 4 << 20
+    store.drop("b")
+    assert store.pool.free_bytes == 8 << 20 and store.pool.allocations == 3
+
+
+# ----------------------------------------------------------------------------- GPU memory
+
+class _Props:
+    def __init__(self, name, uuid, total):
+        self.name, self.uuid, self.total_memory, self.is_integrated = name, uuid, total, False
+
+
+def _fake_gpus(monkeypatch, nvml_devices):
+    """Two torch devices; a fake NVML listing `nvml_devices` (uuid, free) in its own order."""
+    props = [_Props("A", "GPU-aaaa", 24 * GiB), _Props("B", "GPU-bbbb", 16 * GiB)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    contexts = []
+
+    def mem_get_info(i=None):
+        contexts.append(i)
+        return (5 * GiB, 16 * GiB)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    if nvml_devices is None:
+        monkeypatch.setitem(sys.modules, "pynvml", None)
+        return contexts
+    nvml = types.ModuleType("pynvml")
+    nvml.NVMLError = RuntimeError
+    nvml.nvmlInit = nvml.nvmlShutdown = lambda: None
+    nvml.nvmlDeviceGetCount = lambda: len(nvml_devices)
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: nvml_devices[i]
+    nvml.nvmlDeviceGetUUID = lambda h: h[0].encode()
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(free=h[1], total=0, used=0)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    return contexts
+
+
+def test_gpu_memory_comes_from_nvml_matched_by_uuid_without_a_context(monkeypatch):
+    contexts = _fake_gpus(monkeypatch, [("GPU-bbbb", 7 * GiB), ("GPU-aaaa", 20 * GiB)])  # NVML's own order
+    out = memory.gpu_free_memory()
+    assert [(free, name, how) for free, _total, name, _i, how in out] == [(20 * GiB, "A", "nvml"), (7 * GiB, "B", "nvml")]
+    assert contexts == []  # torch.cuda.mem_get_info (a context on that GPU) never called
+    from tramontane.engine.runtime.device_map import detect_machine
+
+    m = detect_machine()
+    assert [(d.name, d.free_bytes) for d in m.gpus] == [("cuda:0", 20 * GiB), ("cuda:1", 7 * GiB)]
+
+
+def test_without_nvml_only_gpus_in_use_are_asked(monkeypatch):
+    contexts = _fake_gpus(monkeypatch, None)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i=None: (1 << 20) if i == 1 else 0)
+    out = memory.gpu_free_memory()
+    assert [(free, how) for free, _t, _n, _i, how in out] == [(24 * GiB, "total (free unknown)"), (5 * GiB, "torch")]
+    assert contexts == [1]  # only the GPU this process already uses
