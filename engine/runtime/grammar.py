@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import torch
 
 from ..api import EngineError, ToolSpec
@@ -25,7 +26,6 @@ except ImportError:  # pragma: no cover - reported when a grammar is asked for
     llg = None
 
 JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
-_BIT = torch.arange(32, dtype=torch.int32)
 
 
 class GrammarError(EngineError):
@@ -177,9 +177,12 @@ class GrammarConstraint:
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(ceil(V/32),) int32 words, bit j of word w = token 32w + j -> bool (V,)."""
-    bits = (bitmask.unsqueeze(-1) >> _BIT.to(bitmask.device)) & 1
-    return bits.reshape(-1)[:vocab_size].bool()
+    """(ceil(V/32),) int32 words on the CPU, bit j of word w = token 32w + j -> bool (V,).
+    numpy's unpackbits: one pass on one thread (~20 us for 131k tokens), where torch's shifts
+    spread a tiny op over the intra-op pool."""
+    words = bitmask.numpy().view(np.uint8)  # little-endian words: byte order = token order
+    bits = np.unpackbits(words, bitorder="little")[:vocab_size]
+    return torch.from_numpy(bits.view(np.bool_))
 
 
 __all__ = ["GrammarConstraint", "GrammarError", "json_schema_grammar", "json_object_grammar",
