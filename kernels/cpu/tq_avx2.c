@@ -8,6 +8,7 @@
 #if defined(__GNUC__) || defined(__clang__) /* MSVC: not selected at run time (generic) */
 #define TQ_TARGET_AVX2 1
 #endif
+#define TQ_TARGET_FEATURES "avx2,fma,f16c,bmi2" /* = the pragma's list (tests/kernels/test_cpu_probe.py) */
 #define TQ_SUFFIX avx2
 #define TQ_VARIANT_NAME "avx2"
 #include "tq_kernels.inc"

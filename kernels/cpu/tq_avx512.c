@@ -10,6 +10,7 @@
 #define TQ_TARGET_AVX2 1
 #define TQ_TARGET_VNNI 1
 #endif
+#define TQ_TARGET_FEATURES "avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni" /* = the pragma's */
 #define TQ_SUFFIX avx512
 #define TQ_VARIANT_NAME "avx512vnni"
 #include "tq_kernels.inc"

@@ -59,6 +59,9 @@ typedef void (*tq_attn_fn)(const float *q, int n_rep, int d, const float *k, siz
 
 typedef struct {
     const char *name;
+    /* x86: the features this variant is compiled for, exactly its `#pragma GCC target` list;
+     * it runs only where the probe (tq_x86_features.h) answers yes to each. NULL: no check. */
+    const char *target;
     tq_attn_fn attn_group;
     tq_quant_fn quant_q8k;
     tq_quant_fn quant_q8b;

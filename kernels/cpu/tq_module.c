@@ -23,6 +23,7 @@
 #ifdef TQ_HAVE_NEON_VARIANTS
 #include "tq_arm_features.h"
 #endif
+#include "tq_x86_features.h"
 
 #ifndef _WIN32
 #define TQ_THREADS 1
@@ -46,12 +47,8 @@ static const tq_kernels *K = &tq_kernels_generic;
 static int variant_supported(const tq_kernels *k) {
     if (k == &tq_kernels_generic) return 1;
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (k == &tq_kernels_avx2) return avx2;
-    if (k == &tq_kernels_avx512)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    /* the one x86 probe: every feature the variant is compiled for, and the OS's state for it */
+    if (k->target) return tq_x86_has_all(k->target);
 #endif
 #ifdef TQ_HAVE_NEON_VARIANTS
     if (k == &tq_kernels_neon) return 1; /* Advanced SIMD is part of every aarch64 CPU */
@@ -1695,6 +1692,32 @@ static PyObject *py_repacking_variants(PyObject *self, PyObject *unused) {
     return variant_names(1);
 }
 
+/* {variant: its compile-target feature list or None} for every variant built in (run or not) */
+static PyObject *py_variant_targets(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *d = PyDict_New();
+    for (int i = 0; d && all_variants[i]; ++i) {
+        PyObject *t = all_variants[i]->target ? PyUnicode_FromString(all_variants[i]->target) : Py_NewRef(Py_None);
+        if (!t || PyDict_SetItemString(d, all_variants[i]->name, t) < 0) Py_CLEAR(d);
+        Py_XDECREF(t);
+    }
+    return d;
+}
+
+/* the probe's answer for one feature name (x86: cpuid + the OS's saved state; elsewhere False) */
+static PyObject *py_cpu_has(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_ssize_t len;
+    const char *name = PyUnicode_AsUTF8AndSize(arg, &len);
+    if (!name) return NULL;
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+    return PyBool_FromLong(tq_x86_has(name, (size_t)len));
+#else
+    return PyBool_FromLong(0);
+#endif
+}
+
 static int select_variant(const char *name) {
     for (int i = 0; all_variants[i]; ++i) {
         if (strcmp(all_variants[i]->name, name) == 0 && variant_supported(all_variants[i])) {
@@ -1828,6 +1851,9 @@ static PyMethodDef methods[] = {
     {"repacking_variants", py_repacking_variants, METH_NOARGS,
      "repacking_variants(): those of variants() that run repacked Q4_K (repack_q4k)."},
     {"use_variant", py_use_variant, METH_O, "use_variant(name): switch variant (tests, benchmarks)."},
+    {"variant_targets", py_variant_targets, METH_NOARGS,
+     "variant_targets(): {variant: the features it is compiled for (x86), or None}, every variant built in."},
+    {"cpu_has", py_cpu_has, METH_O, "cpu_has(feature): the x86 probe's answer (cpuid + xgetbv) for one target feature."},
     {NULL, NULL, 0, NULL},
 };
 
