@@ -17,7 +17,7 @@ from setuptools.command.build_ext import build_ext
 # the x86 variant files compile to nothing on ARM and the NEON ones to nothing on x86
 SOURCES = ["kernels/cpu/tq_module.c", "kernels/cpu/tq_generic.c", "kernels/cpu/tq_avx2.c",
            "kernels/cpu/tq_avx512.c", "kernels/cpu/tq_neon.c", "kernels/cpu/tq_neon_dot.c"]
-DEPENDS = ["kernels/cpu/tq_common.h", "kernels/cpu/tq_kernels.inc", "kernels/cpu/tq_neon.inc",
+DEPENDS = ["kernels/cpu/tq_common.h", "kernels/cpu/tq_x86_features.h", "kernels/cpu/tq_kernels.inc", "kernels/cpu/tq_neon.inc",
            "kernels/cpu/tq_arm_features.h"]
 
 
