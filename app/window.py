@@ -34,7 +34,7 @@ from .widgets.icons import icon
 from .widgets.model_bar import NO_VISION_HINT, ModelBar, escape
 from .widgets.theme import is_dark, style_sheet
 from .serving import ServerStatusLabel, WindowServer
-from .worker import EngineInfo, EngineWorker, warm_up_imports
+from .worker import EngineInfo, EngineWorker, can_grow_context, warm_up_imports
 
 log = logging.getLogger(__name__)
 
@@ -643,11 +643,11 @@ class MainWindow(QMainWindow):
         """The model bar's meter: the tokens the open chat's last reply left in the context."""
         info = self.engine_info
         last = next((m for m in reversed(self.session.messages) if m.prompt_tokens), None)
-        used = 0
+        used, size = 0, info.context_size if info else 0
         if last is not None:
             live = self.session.live_stats.get(last.id)
-            used = context_used(live if live is not None else last)
-        self.model_bar.show_context(used, info.context_size if info else 0)
+            used = context_used(live if live is not None else last, size)
+        self.model_bar.show_context(used, size)
 
     def _show_empty_state(self) -> None:
         local = []
@@ -867,6 +867,10 @@ class MainWindow(QMainWindow):
         vision = info is not None and info.has_vision
         self.unload_action.setEnabled(info is not None and not info.remote)
         self.view.set_can_reply(self.session.can_reply())
+        if info is None or info.remote:  # a server's context is not ours to raise
+            self.view.set_context(0, info is None)
+        else:
+            self.view.set_context(info.context_size, can_grow_context(info.context_size, info.context_limit))
         self._update_busy()
         if info is None and self.loading:
             self.composer.set_vision(False, "The model is still loading")

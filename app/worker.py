@@ -153,6 +153,40 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
     )
 
 
+def can_grow_context(context_size: int, context_limit: int) -> bool:
+    """Whether raising Settings' context length would give more room (not at the file's limit)."""
+    return context_size > 0 and (context_limit == 0 or context_size < context_limit)
+
+
+def too_long_words(engine, messages) -> str:
+    """When the prompt does not fit the context: advice that can work, in words ('' when it
+    fits or cannot be counted). One message longer than the context cannot be helped by a new
+    chat; a conversation can; raising the context only below the file's own limit."""
+    encode = getattr(engine, "encode", None)
+    size = int(getattr(engine, "context_size", 0) or 0)
+    if encode is None or not size or not messages:
+        return ""
+    try:
+        total = len(encode(messages).ids)
+        if total < size:
+            return ""
+        last = len(encode([m for m in messages if m.role == "system"] + [messages[-1]]).ids)
+    except Exception:  # noqa: BLE001 - the engine's own message stands then
+        return ""
+    limit = int(getattr(getattr(getattr(engine, "model", None), "cfg", None), "context_length", 0) or 0)
+    raise_it = (f"raise the context length in Settings (this model allows up to {limit} tokens)"
+                if can_grow_context(size, limit) and limit else
+                "raise the context length in Settings" if can_grow_context(size, limit) else "")
+    if last >= size:
+        advice = "shorten it or send it in parts" + (f", or {raise_it}" if raise_it else "")
+        return (f"This message is {last} tokens: with its reply it does not fit the model's "
+                f"context of {size} tokens. {advice[0].upper()}{advice[1:]}.")
+    advice = ("branch from an earlier message or start a new chat"
+              + (f", or {raise_it}" if raise_it else ""))
+    return (f"The conversation is {total} tokens, more than the model's context of {size} "
+            f"tokens. {advice[0].upper()}{advice[1:]}.")
+
+
 class EngineWorker(QObject):
     """Lives in its own QThread (see `start()`); owns at most one engine at a time."""
 
@@ -324,7 +358,8 @@ class EngineWorker(QObject):
             result = self.engine.chat(req.messages, req.params, on_piece=on_piece,
                                       cancel=req.cancel, session_key=req.session_key)
         except EngineError as exc:
-            self._fail(req, message_id, "".join(so_far), str(exc) or type(exc).__name__)
+            words = too_long_words(self.engine, req.messages) or str(exc) or type(exc).__name__
+            self._fail(req, message_id, "".join(so_far), words)
             return
         except MemoryError:
             self._fail(req, message_id, "".join(so_far), "Out of memory while generating: shorten "

@@ -36,19 +36,22 @@ BACKLOG_SLICE_S = 0.012
 ACTION_ICON = QSize(18, 18)
 
 
-CONTEXT_FULL_ADVICE = ("context full: branch from an earlier message or start a new chat to go on, "
-                       "or raise the context length in Settings")
+CONTEXT_FULL_ADVICE = "context full: branch from an earlier message or start a new chat to go on"
+RAISE_CONTEXT = ", or raise the context length in Settings"
 
 
-def context_used(stats) -> int:
-    """The tokens a conversation holds after a reply: its prompt and the reply. The same number
-    whether read from live stats or from the stored message, so a reopened chat says what the
-    live one said."""
-    return (stats.prompt_tokens or 0) + (stats.generated_tokens or 0)
+def context_used(stats, size: int = 0) -> int:
+    """The tokens a conversation holds after a reply: its prompt and the reply (at most the
+    context `size` when known: the last token of a reply that filled it is not kept). The
+    same number whether read from live stats or from the stored message, so a reopened chat
+    says what the live one said."""
+    used = (stats.prompt_tokens or 0) + (stats.generated_tokens or 0)
+    return min(used, size) if size > 0 else used
 
 
-def status_text(message, live: GenerationStats | None = None) -> str:
-    """'12.3 tok/s · TTFT 0.21 s · context 345 / 4096 · 120 reused' for a finished reply."""
+def status_text(message, live: GenerationStats | None = None, context: tuple[int, bool] = (0, True)) -> str:
+    """'12.3 tok/s · TTFT 0.21 s · context 345 / 4096 · 120 reused' for a finished reply.
+    `context`: the loaded model's context size (0 unknown) and whether Settings can raise it."""
     parts = []
     reason = getattr(message, "finish_reason", None)
     state = getattr(message, "state", "complete")
@@ -57,7 +60,7 @@ def status_text(message, live: GenerationStats | None = None) -> str:
     elif reason == "cancelled":
         parts.append("stopped")
     elif reason == "context_full":
-        parts.append(CONTEXT_FULL_ADVICE)
+        parts.append(CONTEXT_FULL_ADVICE + (RAISE_CONTEXT if context[1] else ""))
     elif reason == "length":
         parts.append("max tokens reached")
     elif reason == "error":
@@ -69,9 +72,9 @@ def status_text(message, live: GenerationStats | None = None) -> str:
     if ttft:
         parts.append(f"TTFT {ttft:.2f} s")
     if live and live.context_size:
-        parts.append(f"context {context_used(live)} / {live.context_size}")
+        parts.append(f"context {context_used(live, live.context_size)} / {live.context_size}")
     elif message.prompt_tokens:
-        parts.append(f"context {context_used(message)}")
+        parts.append(f"context {context_used(message, context[0])}")
     reused = live.reused_tokens if live else message.reused_tokens
     if message.prompt_tokens or (live and live.prompt_tokens):
         parts.append(f"{reused} reused from cache")
@@ -186,9 +189,11 @@ class MessageWidget(QFrame):
     imageOpened = Signal(str, str)  # path, name
 
     def __init__(self, message, *, dark: bool, can_regenerate: bool, busy: bool, can_reply: bool = True,
-                 live: GenerationStats | None = None, error: str = "", parent: QWidget | None = None):
+                 context: tuple[int, bool] = (0, True), live: GenerationStats | None = None, error: str = "",
+                 parent: QWidget | None = None):
         super().__init__(parent)
         self.message = message
+        self.context = context
         self.dark = dark
         self.error = error
         self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
@@ -261,6 +266,7 @@ class MessageWidget(QFrame):
         layout.addWidget(self.error_label)
         layout.addWidget(self.status)
         self.has_live = live is not None
+        self.live = live
         self.set_text(message.text)
         self.set_stats(live)
         self.set_error(error)
@@ -365,10 +371,11 @@ class MessageWidget(QFrame):
             self.body.set_markdown(text, self.dark)
 
     def set_stats(self, live: GenerationStats | None) -> None:
+        self.live = live
         if self.message.role != "assistant" or self.message.state == "streaming":
             self.status.setText("writing…" if self.message.state == "streaming" else "")
         else:
-            self.status.setText(status_text(self.message, live))
+            self.status.setText(status_text(self.message, live, self.context))
         self.status.setVisible(bool(self.status.text()))
 
     def set_error(self, text: str) -> None:
@@ -470,6 +477,7 @@ class ChatView(QScrollArea):
         QApplication.instance().focusChanged.connect(self._focus_moved)
         self.dark = False
         self.can_reply = True  # a model is there to write replies (else Edit/Regenerate are off)
+        self.context = (0, True)  # the loaded model's context size, and whether Settings can raise it
         self.widgets: list[MessageWidget] = []
         self.notice = QLabel()
         self.notice.setObjectName("errorLine")
@@ -557,7 +565,8 @@ class ChatView(QScrollArea):
             w.set_busy(busy, w.message.id == last_assistant, self.can_reply)
         if not keep and len(messages) > SYNC_ALL:
             first = len(messages) - SYNC_TAIL  # a long chat: its end now, the rest in turns
-        args = dict(live=live, errors=errors, busy=busy, last_assistant=last_assistant, can_reply=self.can_reply)
+        args = dict(live=live, errors=errors, busy=busy, last_assistant=last_assistant, can_reply=self.can_reply,
+                    context=self.context)
         for m in messages[first + keep:]:
             w = self._add(m, **self._message_args(m, args))
             if m.id == streaming_id:
@@ -570,7 +579,18 @@ class ChatView(QScrollArea):
     @staticmethod
     def _message_args(m, args: dict) -> dict:
         return dict(can_regenerate=m.id == args["last_assistant"], busy=args["busy"], can_reply=args["can_reply"],
+                    context=args["context"],
                     live=args["live"].get(m.id), error=args["errors"].get(m.id, ""))
+
+    def set_context(self, size: int, can_grow: bool) -> None:
+        """The loaded model's context (for the replies' numbers and advice)."""
+        if (size, can_grow) == self.context:
+            return
+        self.context = (size, can_grow)
+        self._backlog_args["context"] = self.context
+        for w in self.widgets:
+            w.context = self.context
+            w.set_stats(w.live)
 
     def set_can_reply(self, can_reply: bool) -> None:
         """Whether a model is there to write replies (Edit and Regenerate need one)."""

@@ -142,3 +142,29 @@ def test_stop_belongs_to_the_chat_that_is_writing(qtbot, window):
     reply = window.store.get_message(blocker.args[0])
     assert reply.chat_id == writing and reply.finish_reason != "cancelled"
     assert "writing" not in model.index(model.row_of(writing)).data(Qt.ItemDataRole.DisplayRole)
+
+
+def test_context_advice_that_can_work(qtbot, idle_window):
+    """Item 3: on a file whose context limit (512) is reached, a full context does not say
+    "raise the context length" nor count "513 of 512"; one message longer than the context is
+    told to be shortened, not to start a new chat."""
+
+    window = idle_window
+    window.settings.context_length = 0  # the default: the file's 512
+    window.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    assert window.engine_info.context_size == window.engine_info.context_limit == 512
+    window.param_overrides = dict(window.param_overrides, max_tokens=1024)  # ignore_eos: fills it
+    send(qtbot, window, "Hi")
+    status = window.view.widgets[-1].status.text()
+    assert "context full" in status and "raise the context" not in status, status
+    assert "context 512 / 512" in status, status
+    assert "512 of 512" in window.model_bar.context_meter.toolTip()
+
+    window.new_chat()
+    window.composer.edit.setPlainText("word " * 700)
+    with qtbot.waitSignal(window.replyFailed, timeout=30000) as blocker:
+        window.composer.submit()
+    said = blocker.args[0]
+    assert "This message is" in said and "shorten it" in said.lower(), said
+    assert "new chat" not in said and "raise the context" not in said, said

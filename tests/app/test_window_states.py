@@ -138,8 +138,9 @@ def test_context_count_and_context_full_are_the_same_live_and_reopened(qtbot, tm
         chats = [c.id for c in window.store.list_chats()]
     finally:
         close_window(window)
-    window = make_window(qtbot, data, load=False)  # a restart: no live numbers
+    window = make_window(qtbot, data)  # a restart: no live numbers; the same model and context
     try:
+        assert window.engine_info.context_size == 48
         reopened = {}
         for chat_id in chats:
             window.open_chat(chat_id)
