@@ -336,3 +336,31 @@ def test_moving_only_the_embedding_keeps_every_layer_on_the_gpu(files):
     assert whole - EMBED <= gpu.device.usable < whole
     assert gpu.layers == range(0, 40) and gpu.total == whole - EMBED and cpu.parts == {"token embedding": EMBED}
     assert plan.fit == "gpu" and plan.summary() == "all 40 layers on cuda:0"
+
+
+@pytest.mark.parametrize("gib", [8, 12, 16, 24])
+def test_24b_with_projector_stays_under_each_devices_memory_at_every_stage(files, gib):
+    """Every stage (load, an image through the tower, a 2048-row prefill chunk, decode) of every
+    device, summed here from the hand terms, is under that device's memory less its headroom."""
+    s = _sizes(files["small-24b"], vision=True)
+    plan = plan_devices(s, Machine((_gpu(gib),), CPU64))
+    assert plan.context_length == 4096 and plan.vision_device == "cuda:0"
+    for p in plan.placements:
+        n = len(p.layers)
+        weights = sum(_layer(i) for i in p.layers)
+        tables = sum(v for k, v in p.parts.items() if k not in RUNTIME_GPU)
+        if p.device.kind == "cuda":
+            assert p.parts.keys() >= {"output head + norm", "vision tower", *RUNTIME_GPU}
+            resident = weights + n * KV_GPU + tables + RUNTIME
+            want = {"load": weights + tables + max(map(_layer, p.layers)),
+                    "vision encode": resident + VISION_ACT,
+                    "prefill chunk": resident + PREFILL_GPU + LOGITS,
+                    "decode": resident}  # a decode step lives in the graph pool
+        else:
+            resident = weights + n * KV_CPU + tables
+            decode = (4 * 5120 + 4096 + 2 * 1024 + 3 * 32768) * 4 + 32 * 4096 * 4  # one f32 row, the scores
+            want = {"load": weights + tables, "prefill chunk": resident + ACT_CPU + ATT_CPU,
+                    "decode": resident + decode}
+        assert p.stages() == want
+        assert max(want.values()) == p.total <= p.device.usable < p.device.free_bytes
+    assert plan.fit == ("gpu" if gib == 24 else "partial")
