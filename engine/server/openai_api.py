@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import math
 import time
 import uuid
@@ -17,8 +18,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import ChatMessage, EngineError, GenerationResult, ImagePart, SamplingParams
+from ..api import ChatMessage, EngineError, GenerationResult, ImagePart, SamplingParams, ToolSpec
 from ..remote.client import image_mime
+from .tools_api import (ToolRequest, logprobs_json, parse_tool_calls_field, parse_tool_message,
+                        parse_tool_request, tool_calls_json)
 
 # OpenAI's sampling defaults where the window has none of its own; temperature stays Mistral's
 # recommended 0.15 (the window's), a client that wants another sends it.
@@ -101,6 +104,12 @@ class ChatJob:
     n: int = 1  # choices per prompt
     prompts: list[str | list[int]] = field(default_factory=list)  # /v1/completions: every prompt
     continue_final: bool = False  # chat: the last message is an assistant prefix to continue
+    tool_request: ToolRequest | None = None  # chat: tools, tool_choice, response_format, logprobs
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        """The tools the prompt shows (none when tool_choice is "none")."""
+        return self.tool_request.tools if self.tool_request is not None else []
 
 
 # ------------------------------------------------------------------------------- primitives
@@ -140,14 +149,13 @@ def _refuse_unsupported(body: dict, supported_defaults: dict[str, Any]) -> None:
 
 
 _COMMON_UNSUPPORTED = {
-    "presence_penalty": 0, "frequency_penalty": 0, "logprobs": (False, 0),
-    "top_logprobs": 0, "logit_bias": ({},), "best_of": 1,
+    "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": ({},), "best_of": 1,
 }
-_CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "tools": ([],), "tool_choice": ("none", "auto"),
-                     "functions": ([],), "function_call": ("none", "auto"), "audio": None,
-                     "modalities": (["text"],), "prediction": None,
-                     "response_format": ({"type": "text"},)}
-_COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "echo": False, "suffix": ("",)}
+# chat: tools, tool_choice, response_format, logprobs and top_logprobs are tools_api's
+_CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "functions": ([],), "function_call": ("none", "auto"),
+                     "audio": None, "modalities": (["text"],), "prediction": None}
+_COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "echo": False, "suffix": ("",),
+                           "logprobs": (False, 0), "top_logprobs": 0}
 
 
 def _sampling(body: dict, context_size: int) -> SamplingParams:
@@ -247,13 +255,20 @@ def context_exceeded(param: str, tokens: int, model: ServedModel, at_least: bool
                     param, "context_length_exceeded")
 
 
-def check_text_fits(param: str, text_bytes: int, model: ServedModel, other_tokens: int = 1) -> None:
+def check_text_fits(param: str, text_bytes, model: ServedModel, other_tokens: int = 1) -> None:
     """Refuse, before any tokenizing, a text too long for the context whatever its tokens: no
     token is longer than `max_token_bytes`, so B bytes are at least B / max_token_bytes tokens.
-    What passes costs at most a context's worth of bytes to tokenize. `other_tokens`: what the
-    prompt holds besides the text, at least (BOS)."""
+    What passes costs at most a context's worth of bytes to tokenize. `text_bytes`: the count,
+    or `size(in_bytes)` giving characters (False; cheap, and never more than the bytes) or bytes
+    (True), so a huge text is refused without encoding it. `other_tokens`: what the prompt holds
+    besides the text, at least (BOS)."""
     if model.max_token_bytes <= 0:
         return
+    if callable(text_bytes):  # counted only when needed: a character is at least one byte
+        chars_bound = -(-text_bytes(False) // model.max_token_bytes) + other_tokens
+        if chars_bound + 1 > model.context_size:
+            raise context_exceeded(param, chars_bound, model, at_least=True)
+        text_bytes = text_bytes(True)
     at_least = -(-text_bytes // model.max_token_bytes) + other_tokens  # ceil
     if at_least + 1 > model.context_size:
         raise context_exceeded(param, at_least, model, at_least=True)
@@ -263,14 +278,15 @@ def _utf8_len(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def message_text_bytes(messages: list[ChatMessage]) -> int:
+def message_text_bytes(messages: list[ChatMessage], in_bytes: bool = True) -> int:
     """A lower bound of the UTF-8 bytes the chat encoding tokenizes (assistant text loses its
-    trailing spaces there)."""
+    trailing spaces there); in characters (cheaper, fewer) unless `in_bytes`."""
+    size = _utf8_len if in_bytes else len
     total = 0
     for m in messages:
         for part in m.parts:
             if isinstance(part, str):
-                total += _utf8_len(part.rstrip(" ") if m.role == "assistant" else part)
+                total += size(part.rstrip(" ") if m.role == "assistant" else part)
     return total
 
 
@@ -346,13 +362,14 @@ def parse_messages(raw, limits: RequestLimits) -> list[ChatMessage]:
         if not isinstance(m, dict):
             raise bad(where, "must be an object with role and content")
         role = m.get("role")
-        if role in ("tool", "function") or m.get("tool_calls"):
-            raise bad(f"{where}.role", "tool calls are not supported by this server",
-                      code="unsupported_parameter")
+        if role == "tool":
+            messages.append(parse_tool_message(m, where))
+            continue
         if role not in _ROLES:
-            raise bad(f"{where}.role", f"must be system, user or assistant, got {role!r}")
+            raise bad(f"{where}.role", f"must be system, user, assistant or tool, got {role!r}")
         parts = _content_parts(m.get("content"), f"{where}.content", role, images, limits)
-        messages.append(ChatMessage(_ROLES[role], parts))
+        calls = parse_tool_calls_field(m.get("tool_calls"), where) if role == "assistant" else []
+        messages.append(ChatMessage(_ROLES[role], parts, calls))
     return messages  # a last assistant message is a prefix to continue (mistral-common's prefix=True)
 
 
@@ -367,10 +384,12 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
         raise ApiError(400, f"messages: {model.id} has no vision projector, so it cannot read "
                             "images (start the server with its mmproj file)", "messages",
                        "model_has_no_vision")
-    check_text_fits("messages", message_text_bytes(messages), model)
+    check_text_fits("messages", lambda in_bytes: message_text_bytes(messages, in_bytes), model)
     stream, include_usage = _stream_flags(body)
+    tool_request = parse_tool_request(body)
     return ChatJob(_sampling(body, model.context_size), stream, include_usage, messages=messages,
-                   n=_choice_count(body), continue_final=messages[-1].role == "assistant")
+                   n=_choice_count(body), continue_final=messages[-1].role == "assistant",
+                   tool_request=tool_request)
 
 
 def _is_token_list(value) -> bool:
@@ -398,7 +417,7 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
     for i, p in enumerate(prompts):
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if isinstance(p, str):
-            check_text_fits(where, _utf8_len(p), model)
+            check_text_fits(where, lambda in_bytes, p=p: _utf8_len(p) if in_bytes else len(p), model)
         elif len(p) + 1 > model.context_size:
             raise context_exceeded(where, len(p), model)
     stream, include_usage = _stream_flags(body)
@@ -416,6 +435,10 @@ def _message_digest(message: ChatMessage) -> bytes:
         else:
             data = part.encode("utf-8", "surrogatepass")
             h.update(b"\x00t" + len(data).to_bytes(8, "little") + data)
+    for call in message.tool_calls:
+        h.update(b"\x00c" + json.dumps([call.id, call.name, call.arguments]).encode())
+    if message.tool_call_id is not None:
+        h.update(b"\x00r" + message.tool_call_id.encode("utf-8", "surrogatepass"))
     return h.digest()
 
 
@@ -465,6 +488,8 @@ class ConversationKeys:
 # ------------------------------------------------------------------------------- replies
 
 def finish_reason(result: GenerationResult) -> str:
+    if result.tool_calls:
+        return "tool_calls"
     return "length" if result.finish_reason == "length" else "stop"
 
 
@@ -529,7 +554,12 @@ class Reply:
         return body
 
     def whole(self, result: GenerationResult, reason: str | None) -> dict:
-        body = self._body(False, [self._choice(False, result.text, finish_reason(result), reason)])
+        choice = self._choice(False, result.text, finish_reason(result), reason)
+        if self.chat and result.tool_calls:
+            choice["message"]["content"] = result.text or None
+            choice["message"]["tool_calls"] = tool_calls_json(result.tool_calls)
+        choice["logprobs"] = logprobs_json(result.logprobs) if self.chat else None
+        body = self._body(False, [choice])
         body["usage"] = usage(result)
         return body
 
@@ -546,6 +576,8 @@ class Reply:
     def closing(self, result: GenerationResult, reason: str | None) -> list[dict]:
         """The chunk with the finish reason, then the usage chunk when it was asked for."""
         chunks = [self._chunk(self._choice(True, "", finish_reason(result), reason))]
+        if self.chat and result.logprobs is not None:  # every token's, with the last chunk
+            chunks[0]["choices"][0]["logprobs"] = logprobs_json(result.logprobs)
         if self.include_usage:
             body = self._body(True, [])
             body["usage"] = usage(result)
