@@ -530,3 +530,37 @@ def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
     if launcher is None:
         raise AotError("no ahead-of-time kernels for this GPU (callers check triton_usable first)")
     launcher.launch_call(kernel, grid, args, kwargs)
+
+
+def check_folder(folder: Path, targets=TARGETS) -> str:
+    """A built folder is complete and loadable: manifest parses, every cubin is there and is
+    an ELF image, every launch layout fits its entry, every target has kernels. Returns a
+    one-line summary; raises AotError naming the first problem. (scripts/package_smoke.sh
+    runs it on the bundle's copy.)"""
+    artifacts = parse_manifest(folder)
+    for art in artifacts:
+        if not art.path.is_file():
+            raise AotError(f"{art.path}: listed in the manifest but missing")
+        if art.path.read_bytes()[:4] != b"\x7fELF":
+            raise AotError(f"{art.path}: not a cubin (ELF) image")
+        check_layout(art)
+    missing = sorted(set(targets) - {a.cc for a in artifacts})
+    if missing:
+        raise AotError(f"{folder}: no kernels for {', '.join(f'sm_{t}' for t in missing)}")
+    kernels = sorted({a.kernel for a in artifacts})
+    return (f"{len(artifacts)} cubins, {len(kernels)} kernels ({', '.join(kernels)}), targets "
+            + ", ".join(f"sm_{t}" for t in sorted({a.cc for a in artifacts})))
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description="check a folder of ahead-of-time Triton kernels")
+    p.add_argument("folder", type=Path)
+    p.add_argument("--targets", default=",".join(map(str, TARGETS)))
+    a = p.parse_args()
+    try:
+        print(check_folder(a.folder, [int(t) for t in a.targets.split(",") if t]))
+    except AotError as exc:
+        print(f"aot check failed: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -229,6 +229,9 @@ def build(out: Path, targets, jobs: int, use_subset: bool = False, modules=KERNE
     from .aot import FORMAT, MANIFEST, kernel_id
 
     os.environ.pop("TRITON_INTERPRET", None)
+    # Triton 3.9's default (fusion on) made explicit: it warns on every compile otherwise; a
+    # spec that wants otherwise says enable_fp_fusion in its options, as its launch does
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     specs = specs if specs is not None else collect_specs(modules)
     work = []
     for module_specs in specs.values():

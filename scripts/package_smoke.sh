@@ -24,7 +24,11 @@
 #      with venv, for a fresh venv), WORK (folder to use; default a new /tmp dir), KEEP=1 (keep
 #      WORK), PYINSTALLER (pip requirement, default pyinstaller==6.22.3), X11_DEPS=1 (as root
 #      on Debian/Ubuntu: apt-get install Xvfb and the libraries Qt's xcb plugin links, so they
-#      are bundled and a real X11 window is checked; CI sets it; best effort).
+#      are bundled and a real X11 window is checked; CI sets it; best effort),
+#      TRAMONTANE_TRITON_AOT_BUILD (full | subset | 0: the ahead-of-time Triton kernels, see
+#      packaging/tramontane.spec; default: the spec's auto (full) with CUDA torch, else subset
+#      when the venv has Triton's NVIDIA backend - a CPU bundle then still proves the cubins
+#      and their manifest get in: ~100 compiles, ~2-4 min on 2 cores, less from Triton's cache).
 # Prints SMOKE OK on success; exits non-zero at the first failing step.
 set -euo pipefail
 
@@ -73,6 +77,15 @@ fi
 "$V/python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 echo "pyinstaller $("$V/python" -m PyInstaller --version)"
 t_pip=$(date +%s)
+
+if [ -z "${TRAMONTANE_TRITON_AOT_BUILD:-}" ]; then
+    TRAMONTANE_TRITON_AOT_BUILD=$("$V/python" -c 'import importlib.util as u, os, torch
+s = u.find_spec("triton")
+ptxas = s is not None and os.path.exists(os.path.join(os.path.dirname(s.origin), "backends/nvidia/bin/ptxas"))
+print("auto" if torch.version.cuda else "subset" if ptxas else "0")')
+fi
+export TRAMONTANE_TRITON_AOT_BUILD
+echo "ahead-of-time Triton kernels: $TRAMONTANE_TRITON_AOT_BUILD"
 
 step "build"
 cd "$WORK/src"
@@ -126,6 +139,13 @@ for plugin in platforms/libqxcb.so platforms/libqoffscreen.so platforms/libqwayl
 done
 [ -z "${missing:-}" ] || { echo "Qt plugins missing" >&2; exit 1; }
 [ -n "$(find "$B" -path '*tramontane/kernels/qmatmul.py' -print -quit)" ] || { echo "kernel sources missing" >&2; exit 1; }
+if [ "$TRAMONTANE_TRITON_AOT_BUILD" != 0 ]; then
+    # the cubins the bundle launches without a compiler: manifest, every file, every target
+    AOT_DIR=$(dirname "$(find "$B" -path '*tramontane/kernels/aot_cubins/manifest.json' -print -quit)")
+    [ "$AOT_DIR" != . ] || { echo "ahead-of-time Triton kernels missing from the bundle" >&2; exit 1; }
+    aot_summary=$("$V/python" -m tramontane.kernels.aot "$AOT_DIR")  # fails the step if incomplete
+    echo "  have kernels/aot_cubins: $aot_summary"
+fi
 echo "bundle: $(du -sh "$B" | cut -f1); archive: $(du -sh dist/*.tar.gz | cut -f1)"
 echo "largest parts:"
 # (awk NR<= rather than head: head closing the pipe early is a SIGPIPE failure under pipefail)
