@@ -45,6 +45,7 @@ class PendingReply:
     text: str = ""
     pieces: int = 0
     stats: GenerationStats | None = field(default=None)
+    sent: tuple[str, int] | None = None  # a new message's text and image count, shown until saved
 
 
 def finish_reason(stats: GenerationStats) -> str:
@@ -169,6 +170,8 @@ class ChatSession(QObject):
         self._unsent = (text, images)  # back to the composer if saving fails
         self.notices.pop(chat_id, None)
         self._start_reply(write)
+        self.pending.sent = (text, len(images))
+        self.changed.emit(chat_id)  # shown at once, also while it waits for a model to load
         return ""
 
     def images_refused(self, new_images: list, history: list) -> str:

@@ -631,13 +631,29 @@ class MainWindow(QMainWindow):
             self.view.stream_text(session.pending.text)
         notice = session.notices.get(self.current_chat_id, "")
         self.view.show_notice(notice)
-        if messages or notice:
+        queued = self._show_queued()
+        if messages or notice or queued:
             self.stack.setCurrentWidget(self.view)
         else:
             self._show_empty_state()
         self._update_header(chat.title if chat else "New chat")
         self._update_busy()
         self._update_context_meter()
+
+    def _show_queued(self, progress: float | None = None) -> bool:
+        """A message sent here that the worker has not saved yet (it waits for the model to
+        load): shown at once, with the load's progress."""
+        p = self.pending
+        if p is None or p.message_id is not None or p.sent is None or not self.session.writing_here():
+            self.view.drop_queued()
+            return False
+        if self.loading:
+            pct = f" ({int(progress * 100)} %)" if progress is not None else ""
+            note = f"Queued: sent when {Path(self.loading).name} has loaded{pct}"
+        else:
+            note = "Sending…"
+        self.view.show_queued(*p.sent, note)
+        return True
 
     def _update_context_meter(self) -> None:
         """The model bar's meter: the tokens the open chat's last reply left in the context."""
@@ -684,7 +700,8 @@ class MainWindow(QMainWindow):
             self.regenerate_action.setEnabled(can_regenerate)
         pending = self.pending
         self.chat_model.set_writing(pending.chat_id if pending is not None else None)
-        self.status_label.setText("Writing…" if here else "Writing in another chat…" if pending else "")
+        self.status_label.setText("Waiting for the model to load…" if here and self.loading else "Writing…" if here
+                                  else "Writing in another chat…" if pending else "")
 
     def _show_status(self, text: str) -> None:
         self.status_label.setText(text)
@@ -821,6 +838,8 @@ class MainWindow(QMainWindow):
     def _on_load_progress(self, frac: float, what: str) -> None:
         if self.loading:
             self.model_bar.show_progress(frac, what)
+            if self.view.queued is not None:
+                self._show_queued(frac)
 
     @Slot(object)
     def _on_loaded(self, info: EngineInfo) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import shiboken6
 
@@ -485,6 +486,7 @@ class ChatView(QScrollArea):
         self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.notice.hide()
         self.column.addWidget(self.notice)
+        self.queued: MessageWidget | None = None  # a message sent while the model loads
         self.streaming: MessageWidget | None = None
         self._pending_text: str | None = None
         self._render_timer = QTimer(self)
@@ -515,6 +517,7 @@ class ChatView(QScrollArea):
         for w in self.widgets:
             self._discard(w)
         self.widgets = []
+        self.drop_queued()
         self.show_notice("")
 
     def _discard(self, w: MessageWidget) -> None:
@@ -544,6 +547,7 @@ class ChatView(QScrollArea):
         self._backlog_timer.stop()
         self._pending_text = None
         self.streaming = None
+        self.drop_queued()
         last_assistant = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
         # widgets[k] shows messages[first + k]; older ones may still be in the backlog.
         first = self._first
@@ -666,6 +670,28 @@ class ChatView(QScrollArea):
     def show_notice(self, text: str) -> None:
         self.notice.setText(text)
         self.notice.setVisible(bool(text))
+
+    def show_queued(self, text: str, images: int, note: str) -> None:
+        """A message sent before the model is ready: shown at once, with what it waits for
+        (`note`); the saved message takes its place when the reply starts."""
+        if self.queued is None:
+            shown = text + (f"\n\n({images} image{'s' * (images != 1)} attached)" if images else "")
+            message = SimpleNamespace(id=-1, role="user", text=shown, state="complete", finish_reason=None,
+                                      images=[], versions=1, version=0, prompt_tokens=0)
+            self.queued = MessageWidget(message, dark=self.dark, can_regenerate=False, busy=True)
+            share_font(self.queued, self.font())
+            self.column.insertWidget(self.column.count() - 2, self.queued)
+        self.queued.status.setText(note)
+        self.queued.status.setVisible(bool(note))
+
+    def drop_queued(self) -> None:
+        if self.queued is not None:
+            self.column.removeWidget(self.queued)
+            self.queued.hide()
+            self._trash.append(self.queued)
+            self.queued = None
+            if not self._backlog_timer.isActive():
+                self._backlog_timer.start()
 
     def _open_image(self, path: str, name: str) -> None:
         viewer = ImageViewer(path, name, self)

@@ -121,8 +121,8 @@ def test_stop_belongs_to_the_chat_that_is_writing(qtbot, window):
 
     window.param_overrides["max_tokens"] = 400
     window.composer.edit.setPlainText("A long answer, please")
-    with qtbot.waitSignal(window.session.changed, timeout=30000):  # the chat exists
-        window.composer.send_button.click()
+    window.composer.send_button.click()
+    qtbot.waitUntil(lambda: window.pending.message_id is not None, timeout=30000)  # the chat exists
     writing = window.current_chat_id
     assert window.composer.stop_button.isVisible() and window.stop_action.isEnabled()
 
@@ -168,3 +168,37 @@ def test_context_advice_that_can_work(qtbot, idle_window):
     said = blocker.args[0]
     assert "This message is" in said and "shorten it" in said.lower(), said
     assert "new chat" not in said and "raise the context" not in said, said
+
+
+def test_a_message_sent_while_the_model_loads_shows_at_once(qtbot, idle_window, monkeypatch):
+    """Item 13: the message appears at once, marked as queued with the load's progress, and
+    is answered when the load ends."""
+    import threading
+
+    from tramontane.engine.runtime import local
+
+    release = threading.Event()
+    real_init = local.LocalEngine.__init__
+
+    def slow_init(self, *args, progress=None, **kwargs):
+        if progress is not None:
+            progress(0.4, "weights")
+        release.wait(10)  # the load is held here (on the worker) until the test has looked
+        real_init(self, *args, progress=progress, **kwargs)
+
+    monkeypatch.setattr(local.LocalEngine, "__init__", slow_init)
+    window = idle_window
+    window.load_model(str(MODEL), str(MMPROJ))
+    window.composer.edit.setPlainText("Are you there?")
+    window.composer.send_button.click()
+    qtbot.waitUntil(lambda: window.view.queued is not None and "40 %" in window.view.queued.status.text())
+    assert window.stack.currentWidget() is window.view
+    assert window.view.queued.text == "Are you there?" and window.view.queued.isVisible()
+    assert "Queued" in window.view.queued.status.text() and MODEL.name in window.view.queued.status.text()
+    assert "load" in window.status_label.text()
+    release.set()
+    with qtbot.waitSignal(window.replyFinished, timeout=30000):
+        pass
+    assert window.view.queued is None
+    assert [w.message.role for w in window.view.widgets] == ["user", "assistant"]
+    assert window.view.widgets[0].text == "Are you there?"
