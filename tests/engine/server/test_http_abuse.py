@@ -122,7 +122,9 @@ def test_a_50_mb_prompt_is_refused_at_once_without_stalling_others(serve):
         stop.set()
         poller.join()
         assert resp.status == 400 and reply["error"]["code"] == "context_length_exceeded", reply
-        assert took < 1.0, f"{path}: refused after {took:.2f} s"
+        # Under 1 s on an idle machine (0.9 s measured here with the two CPUs shared by ~8 test
+        # runs, most of it reading and parsing 50 MB of JSON); tokenizing it first took 49 s.
+        assert took < 2.0, f"{path}: refused after {took:.2f} s"
         assert waits and max(waits) < 0.5, f"/v1/models waited up to {max(waits):.2f} s meanwhile"
     del bodies, body
     # Only the body's own copies were held, and they are gone (tokenizing it took GBs before).
