@@ -37,6 +37,16 @@ from ..gguf import GGUFError, GGUFFile, open_gguf
 from .config import LAYOUTS, VisionConfig, _fail, read_config
 from .image import image_grid, image_size_of, preprocess
 
+def tower_dtype(device) -> torch.dtype:
+    """The tower's matmul dtype on a device: float32 on the CPU; bf16 on GPUs that have it
+    (Ampere and newer); float32 on older GPUs, never fp16: Pixtral's MLP activations and
+    outputs pass 65504 on real images (fp16's largest), which would make them inf."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+        return torch.bfloat16
+    return torch.float32
+
+
 def unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     """Row order that undoes llama.cpp's Q/K permutation (interleaved pairs → rotate-half).
 
@@ -82,7 +92,7 @@ class VisionTower:
     def load(cls, gf_or_path, device="cpu", dtype: torch.dtype | None = None,
              cache_bytes: int = 512 << 20) -> "VisionTower":
         """Load from an mmproj GGUF (path or open GGUFFile). `dtype` is the matmul dtype:
-        default float32 on CPU, on CUDA the weights' half type (bf16/f16; bf16 for others)."""
+        default `tower_dtype(device)` (float32 on CPU and on GPUs without bf16, else bf16)."""
         if isinstance(gf_or_path, GGUFFile):
             return cls._load(gf_or_path, device, dtype, cache_bytes)
         try:
@@ -160,11 +170,7 @@ class VisionTower:
         mm2 = matrix("mm2", text_hidden, text_hidden)
 
         if dtype is None:
-            if device.type == "cpu":
-                dtype = torch.float32
-            else:
-                wdtype = blocks[0].q.data.dtype
-                dtype = wdtype if wdtype in (torch.float16, torch.bfloat16, torch.float32) else torch.bfloat16
+            dtype = tower_dtype(device)
         return cls(cfg, gf.path, patch, patch_bias, pre_norm, blocks, mm_norm, merger, mm1, mm2,
                    device, dtype, cache_bytes)
 
@@ -205,7 +211,12 @@ class VisionTower:
 
     # -- forward ------------------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
-        return linear(x.to(self.dtype), w)
+        x = x.to(self.dtype)
+        if not w.is_quantized and w.data.dtype != self.dtype and not w.data.is_cpu:
+            # f16 weights (mmproj-f16) under bf16 / float32 math: the weight is cast for the call,
+            # not the activations to f16, whose range they can overflow
+            return F.linear(x, w.data.to(self.dtype))
+        return linear(x, w)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x32 = x.float()

@@ -19,7 +19,7 @@ from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .generate import InvalidLogitsError, check_params, generate
 from ..library.projector import check_pair
 from ..gguf import GGUFError, open_gguf
-from ..mistral3.text import Mistral3Text, default_dtype, torch_device
+from ..mistral3.text import Mistral3Text, torch_device
 from ..mistral3.config import text_config
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
@@ -90,7 +90,7 @@ class LocalEngine:
 
         where = torch_device(self.plan.vision_device) if self.plan.vision_device else self.model.device
         # its width was checked against the model from the headers (check_pair) before loading
-        return VisionTower.load(path, device=where, dtype=default_dtype(where) if where.type == "cuda" else None)
+        return VisionTower.load(path, device=where)  # its dtype: tower_dtype (never fp16)
 
     # -- Engine protocol ---------------------------------------------------------------------
     @property
