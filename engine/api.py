@@ -124,7 +124,9 @@ class TokenLogprob:
 
     token_id: int
     logprob: float
-    top: tuple = ()
+    top: tuple = ()  # TokenLogprob entries (their own `top` empty)
+    token: str = ""  # its text (a control token by name)
+    token_bytes: bytes = b""  # the bytes it adds to the text (part of a character, maybe)
 
 
 @dataclass
@@ -134,6 +136,7 @@ class GenerationResult:
     prompt_token_ids: list[int]
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None  # one per generated token when asked for
+    tool_calls: list[ToolCall] = field(default_factory=list)  # the reply is these calls (then text)
 
     @property
     def finish_reason(self) -> FinishReason:

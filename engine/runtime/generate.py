@@ -231,16 +231,22 @@ def apply_processors(params: SamplingParams, generated: list[int], logits: torch
     return logits
 
 
-def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+def token_logprob(logits: torch.Tensor, token: int, top: int, tokenizer=None) -> TokenLogprob:
     """The token's log-probability under the model's own distribution (raw logits, before the
     sampling settings and any grammar), and the `top` most likely tokens."""
     logp = torch.log_softmax(logits.float(), dim=-1)
+
+    def entry(token_id: int, value: float, alternatives=()) -> TokenLogprob:
+        if tokenizer is None or not hasattr(tokenizer, "piece"):
+            return TokenLogprob(token_id, value, alternatives)
+        return TokenLogprob(token_id, value, alternatives, tokenizer.piece(token_id),
+                            tokenizer.token_bytes(token_id))
+
+    alternatives = ()
     if top > 0:
         values, ids = torch.topk(logp, min(top, logp.shape[-1]))
-        pairs = tuple(zip(ids.tolist(), values.tolist()))
-    else:
-        pairs = ()
-    return TokenLogprob(token, float(logp[token]), pairs)
+        alternatives = tuple(entry(i, v) for i, v in zip(ids.tolist(), values.tolist()))
+    return entry(token, float(logp[token]), alternatives)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -343,7 +349,7 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
         if token == eos_id and not params.ignore_eos:
             return finish("stop", generated, cached, t_first, t_last, n_sampled)
         if logprobs is not None:
-            logprobs.append(token_logprob(raw, token, params.logprobs))
+            logprobs.append(token_logprob(raw, token, params.logprobs, tokenizer))
         generated.append(token)
         if seen is not None:
             seen[token] = True

@@ -135,6 +135,12 @@ def tool_call_grammar(tok, version: int, tools: list[ToolSpec], *, parallel: boo
     return "\n".join(head + rules)
 
 
+def check_grammar(text: str) -> str:
+    """Empty when the library accepts the grammar (schemas included), else its message."""
+    _require()
+    return llg.LLMatcher.validate_grammar(text)
+
+
 # ----------------------------------------------------------------------------- the mask
 
 class GrammarConstraint:
@@ -186,4 +192,4 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 __all__ = ["GrammarConstraint", "GrammarError", "json_schema_grammar", "json_object_grammar",
-           "tool_call_grammar", "closed_objects", "ll_tokenizer", "unpack_bitmask", "JSON_OPTIONS"]
+           "tool_call_grammar", "closed_objects", "check_grammar", "ll_tokenizer", "unpack_bitmask", "JSON_OPTIONS"]

@@ -56,6 +56,7 @@ from .openai_api import (
     stop_reason,
     usage_of,
 )
+from .tools_api import ToolStream, engine_params, read_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -583,6 +584,13 @@ class OpenAIServer:
             return [prompt]
 
         def run(engine, prompt, params, on_piece, cancel):
+            if job.tool_request is not None:  # a grammar, tool calls read back, logprobs
+                params = engine_params(engine.tokenizer, job.tool_request, params)
+                result = reply(engine, prompt, params, on_piece, cancel)
+                return read_tool_calls(engine.tokenizer, job.tool_request, result)
+            return reply(engine, prompt, params, on_piece, cancel)
+
+        def reply(engine, prompt, params, on_piece, cancel):
             generate_from = getattr(engine, "generate_from", None)
             if prompt is not None and generate_from is not None:  # as encoded above: not twice
                 return generate_from(prompt, params, on_piece, cancel, session_key=key)
@@ -717,15 +725,23 @@ class OpenAIServer:
                                           for i in range(len(job.prompts or [None]) * job.n)))
         results: list[GenerationResult] = []
         usage_chunks: list[dict] = []
+        tool_mode = job.tool_request is not None and job.tool_request.calls_tools
+        tool_streams: dict[int, ToolStream] = {}  # per choice: content live, calls once whole
         item = first
         while item is not _END:
             out = []
             while item is not None and item is not _END:  # what arrived meanwhile: one write
-                if item[0] == "text":
+                if item[0] == "text" and tool_mode:
+                    stream = tool_streams.setdefault(item[1], ToolStream())
+                    out += [_indexed(_delta(reply.piece(""), d), item[1]) for d in stream.feed(item[2])]
+                elif item[0] == "text":
                     out.append(_indexed(reply.piece(item[2]), item[1]))
                 else:
                     result, reason = item[2]
                     results.append(result)
+                    if tool_mode:
+                        stream = tool_streams.setdefault(item[1], ToolStream())
+                        out += [_indexed(_delta(reply.piece(""), d), item[1]) for d in stream.finish(result)]
                     finish, *usage_chunks = reply.closing(result, reason)
                     out.append(_indexed(finish, item[1]))
                 item = events.get_nowait() if not events.empty() else None
@@ -744,6 +760,11 @@ class OpenAIServer:
         await response.write(_sse("[DONE]"))
         await response.write_eof()
         return response
+
+
+def _delta(chunk: dict, delta: dict) -> dict:
+    chunk["choices"][0]["delta"] = delta
+    return chunk
 
 
 def _indexed(chunk: dict, index: int) -> dict:

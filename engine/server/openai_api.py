@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import math
 import time
 import uuid
@@ -17,8 +18,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import ChatMessage, EngineError, GenerationResult, ImagePart, SamplingParams
+from ..api import ChatMessage, EngineError, GenerationResult, ImagePart, SamplingParams, ToolSpec
 from ..remote.client import image_mime
+from .tools_api import (ToolRequest, logprobs_json, parse_tool_calls_field, parse_tool_message,
+                        parse_tool_request, tool_calls_json)
 
 # OpenAI's sampling defaults where the window has none of its own; temperature stays Mistral's
 # recommended 0.15 (the window's), a client that wants another sends it.
@@ -101,6 +104,12 @@ class ChatJob:
     n: int = 1  # choices per prompt
     prompts: list[str | list[int]] = field(default_factory=list)  # /v1/completions: every prompt
     continue_final: bool = False  # chat: the last message is an assistant prefix to continue
+    tool_request: ToolRequest | None = None  # chat: tools, tool_choice, response_format, logprobs
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        """The tools the prompt shows (none when tool_choice is "none")."""
+        return self.tool_request.tools if self.tool_request is not None else []
 
 
 # ------------------------------------------------------------------------------- primitives
@@ -140,14 +149,13 @@ def _refuse_unsupported(body: dict, supported_defaults: dict[str, Any]) -> None:
 
 
 _COMMON_UNSUPPORTED = {
-    "presence_penalty": 0, "frequency_penalty": 0, "logprobs": (False, 0),
-    "top_logprobs": 0, "logit_bias": ({},), "best_of": 1,
+    "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": ({},), "best_of": 1,
 }
-_CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "tools": ([],), "tool_choice": ("none", "auto"),
-                     "functions": ([],), "function_call": ("none", "auto"), "audio": None,
-                     "modalities": (["text"],), "prediction": None,
-                     "response_format": ({"type": "text"},)}
-_COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "echo": False, "suffix": ("",)}
+# chat: tools, tool_choice, response_format, logprobs and top_logprobs are tools_api's
+_CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "functions": ([],), "function_call": ("none", "auto"),
+                     "audio": None, "modalities": (["text"],), "prediction": None}
+_COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "echo": False, "suffix": ("",),
+                           "logprobs": (False, 0), "top_logprobs": 0}
 
 
 def _sampling(body: dict, context_size: int) -> SamplingParams:
@@ -354,13 +362,14 @@ def parse_messages(raw, limits: RequestLimits) -> list[ChatMessage]:
         if not isinstance(m, dict):
             raise bad(where, "must be an object with role and content")
         role = m.get("role")
-        if role in ("tool", "function") or m.get("tool_calls"):
-            raise bad(f"{where}.role", "tool calls are not supported by this server",
-                      code="unsupported_parameter")
+        if role == "tool":
+            messages.append(parse_tool_message(m, where))
+            continue
         if role not in _ROLES:
-            raise bad(f"{where}.role", f"must be system, user or assistant, got {role!r}")
+            raise bad(f"{where}.role", f"must be system, user, assistant or tool, got {role!r}")
         parts = _content_parts(m.get("content"), f"{where}.content", role, images, limits)
-        messages.append(ChatMessage(_ROLES[role], parts))
+        calls = parse_tool_calls_field(m.get("tool_calls"), where) if role == "assistant" else []
+        messages.append(ChatMessage(_ROLES[role], parts, calls))
     return messages  # a last assistant message is a prefix to continue (mistral-common's prefix=True)
 
 
@@ -377,8 +386,10 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
                        "model_has_no_vision")
     check_text_fits("messages", lambda in_bytes: message_text_bytes(messages, in_bytes), model)
     stream, include_usage = _stream_flags(body)
+    tool_request = parse_tool_request(body)
     return ChatJob(_sampling(body, model.context_size), stream, include_usage, messages=messages,
-                   n=_choice_count(body), continue_final=messages[-1].role == "assistant")
+                   n=_choice_count(body), continue_final=messages[-1].role == "assistant",
+                   tool_request=tool_request)
 
 
 def _is_token_list(value) -> bool:
@@ -424,6 +435,10 @@ def _message_digest(message: ChatMessage) -> bytes:
         else:
             data = part.encode("utf-8", "surrogatepass")
             h.update(b"\x00t" + len(data).to_bytes(8, "little") + data)
+    for call in message.tool_calls:
+        h.update(b"\x00c" + json.dumps([call.id, call.name, call.arguments]).encode())
+    if message.tool_call_id is not None:
+        h.update(b"\x00r" + message.tool_call_id.encode("utf-8", "surrogatepass"))
     return h.digest()
 
 
@@ -473,6 +488,8 @@ class ConversationKeys:
 # ------------------------------------------------------------------------------- replies
 
 def finish_reason(result: GenerationResult) -> str:
+    if result.tool_calls:
+        return "tool_calls"
     return "length" if result.finish_reason == "length" else "stop"
 
 
@@ -537,7 +554,12 @@ class Reply:
         return body
 
     def whole(self, result: GenerationResult, reason: str | None) -> dict:
-        body = self._body(False, [self._choice(False, result.text, finish_reason(result), reason)])
+        choice = self._choice(False, result.text, finish_reason(result), reason)
+        if self.chat and result.tool_calls:
+            choice["message"]["content"] = result.text or None
+            choice["message"]["tool_calls"] = tool_calls_json(result.tool_calls)
+        choice["logprobs"] = logprobs_json(result.logprobs) if self.chat else None
+        body = self._body(False, [choice])
         body["usage"] = usage(result)
         return body
 
@@ -554,6 +576,8 @@ class Reply:
     def closing(self, result: GenerationResult, reason: str | None) -> list[dict]:
         """The chunk with the finish reason, then the usage chunk when it was asked for."""
         chunks = [self._chunk(self._choice(True, "", finish_reason(result), reason))]
+        if self.chat and result.logprobs is not None:  # every token's, with the last chunk
+            chunks[0]["choices"][0]["logprobs"] = logprobs_json(result.logprobs)
         if self.include_usage:
             body = self._body(True, [])
             body["usage"] = usage(result)

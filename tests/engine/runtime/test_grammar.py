@@ -178,10 +178,12 @@ def test_logprobs_are_the_models_log_softmax(engine):
         row = ref[n - 1 + k]
         assert entry.token_id == result.token_ids[k]
         assert entry.logprob == pytest.approx(float(row[entry.token_id]), abs=1e-4)
-        top_ids = [t for t, _ in entry.top]
+        top_ids = [t.token_id for t in entry.top]
         assert top_ids == torch.topk(row, 5).indices.tolist()
-        assert [lp for _, lp in entry.top] == pytest.approx(torch.topk(row, 5).values.tolist(), abs=1e-4)
-        assert entry.top[0][0] == entry.token_id  # greedy: the chosen token is the top one
+        assert [t.logprob for t in entry.top] == pytest.approx(torch.topk(row, 5).values.tolist(), abs=1e-4)
+        assert entry.top[0].token_id == entry.token_id  # greedy: the chosen token is the top one
+        assert entry.token == engine.tokenizer.piece(entry.token_id)
+        assert entry.token_bytes == engine.tokenizer.token_bytes(entry.token_id)
 
 
 def test_logprobs_range_is_checked(engine):

@@ -63,9 +63,9 @@ def test_sampling_fields_map_to_the_engine_params():
     ("seed", 1 << 70, "seed: must be a 64-bit integer"),
     ("presence_penalty", 0.5, "presence_penalty: not supported"),
     ("frequency_penalty", -0.2, "frequency_penalty: not supported"),
-    ("logprobs", True, "logprobs: not supported"),
-    ("tools", [{"type": "function"}], "tools: not supported"),
-    ("response_format", {"type": "json_object"}, "response_format: not supported"),
+    ("logprobs", "yes", "logprobs: must be true or false"),
+    ("tools", {"type": "function"}, "tools: must be a list"),
+    ("response_format", "json", "response_format: must be an object"),
 ])
 def test_bad_or_unsupported_fields_are_refused_by_name(field, value, words):
     err = refused({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], field: value})
@@ -95,8 +95,8 @@ def test_messages_become_chat_messages_with_images_in_order():
 
 @pytest.mark.parametrize("messages, status, words", [
     ([], 400, "messages: must be a non-empty list"),
-    ([{"role": "wizard", "content": "x"}], 400, "messages[0].role: must be system, user or assistant"),
-    ([{"role": "tool", "content": "x", "tool_call_id": "1"}], 400, "messages[0].role: tool calls are not supported"),
+    ([{"role": "wizard", "content": "x"}], 400, "messages[0].role: must be system, user, assistant or tool"),
+    ([{"role": "tool", "content": "x"}], 400, "messages[0].tool_call_id: a tool message must name"),
     ([{"role": "user", "content": [{"type": "input_audio"}]}], 400, "messages[0].content[0].type: 'input_audio'"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}}]}],
      400, "only data: URLs are accepted, not https URLs"),

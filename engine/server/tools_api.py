@@ -1,0 +1,329 @@
+"""OpenAI's tools, tool_choice, response_format and logprobs: parsed from a chat request, turned
+into what the engine does (the tools in the prompt, a grammar, control tokens shown), and the
+reply's shapes (`tool_calls`, streamed tool-call deltas, `logprobs.content`).
+
+Pure functions and one small stream filter; no HTTP. The request side raises `ApiError` naming
+the field; a schema the grammar library refuses is refused here, before any work.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+
+from ..api import GenerationResult, SamplingParams, TokenLogprob, ToolCall, ToolSpec
+
+MAX_TOOLS = 128
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
+ARGUMENT_PIECE = 24  # characters of arguments per streamed delta
+MARKER = "[TOOL_CALLS]"
+
+
+def _bad(param: str, message: str, code: str | None = None):
+    from .openai_api import bad  # the one error shape
+
+    return bad(param, message, code=code)
+
+
+@dataclass
+class ToolRequest:
+    """What a chat request asks of tools and output format."""
+
+    tools: list[ToolSpec] = field(default_factory=list)  # shown in the prompt (empty: none)
+    choice: str = "auto"  # auto / required / none / named
+    named: str | None = None  # the function tool_choice names
+    parallel: bool = True
+    grammar: str | None = None  # response_format's grammar (Lark text for llguidance)
+    top_logprobs: int | None = None  # None: no logprobs
+
+    @property
+    def calls_tools(self) -> bool:
+        """Tool calls are possible: the reply is read for [TOOL_CALLS]."""
+        return bool(self.tools) and self.choice != "none"
+
+
+# ----------------------------------------------------------------------------- request
+
+def parse_tools(raw) -> list[ToolSpec]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}} objects")
+    if len(raw) > MAX_TOOLS:
+        raise _bad("tools", f"at most {MAX_TOOLS} tools, got {len(raw)}")
+    specs, names = [], set()
+    for i, tool in enumerate(raw):
+        at = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise _bad(f"{at}.type", "only function tools are supported")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise _bad(f"{at}.function", "must be an object with name, description and parameters")
+        name = fn.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise _bad(f"{at}.function.name", f"must be 1-64 letters, digits, _ or -, got {name!r}")
+        if name in names:
+            raise _bad(f"{at}.function.name", f"{name!r} is given twice")
+        names.add(name)
+        description = fn.get("description", "")
+        if not isinstance(description, str):
+            raise _bad(f"{at}.function.description", "must be a string")
+        parameters = fn.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise _bad(f"{at}.function.parameters", "must be a JSON Schema object")
+        specs.append(ToolSpec(name, description or "", parameters))
+    return specs
+
+
+def parse_tool_choice(raw, tools: list[ToolSpec]) -> tuple[str, str | None]:
+    if raw is None:
+        return "auto", None
+    if raw in ("auto", "none", "required"):
+        if raw == "required" and not tools:
+            raise _bad("tool_choice", "'required' needs tools")
+        return raw, None
+    fn = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise _bad("tool_choice", "must be 'auto', 'none', 'required' or "
+                                  "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+    if name not in {t.name for t in tools}:
+        raise _bad("tool_choice", f"names {name!r}, which is not among the tools")
+    return "named", name
+
+
+def parse_response_format(raw) -> str | None:
+    """The grammar for `response_format` (None for text)."""
+    from ..runtime import grammar
+
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _bad("response_format", "must be an object with a type (text, json_object, json_schema)")
+    kind = raw.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        text = grammar.json_object_grammar()
+    elif kind == "json_schema":
+        spec = raw.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise _bad("response_format.json_schema.schema", "must be a JSON Schema object")
+        strict = spec.get("strict", False)
+        if not isinstance(strict, bool) and strict is not None:
+            raise _bad("response_format.json_schema.strict", "must be true or false")
+        text = grammar.json_schema_grammar(schema, strict=bool(strict))
+    else:
+        raise _bad("response_format.type", f"must be text, json_object or json_schema, got {kind!r}")
+    problem = grammar.check_grammar(text)
+    if problem:
+        raise _bad("response_format", f"the schema cannot be used: {problem}", code="invalid_schema")
+    return text
+
+
+def parse_logprobs(body: dict) -> int | None:
+    from ..runtime.generate import MAX_TOP_LOGPROBS
+
+    wanted = body.get("logprobs")
+    top = body.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise _bad("logprobs", f"must be true or false, got {wanted!r}")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise _bad("top_logprobs", f"must be an integer 0..{MAX_TOP_LOGPROBS}, got {top!r}")
+        if not wanted:
+            raise _bad("top_logprobs", "needs logprobs: true")
+    return (top or 0) if wanted else None
+
+
+def parse_tool_request(body: dict) -> ToolRequest:
+    tools = parse_tools(body.get("tools"))
+    choice, named = parse_tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise _bad("parallel_tool_calls", f"must be true or false, got {parallel!r}")
+    if choice in ("required", "named"):  # their grammar is built per model (its wire format)
+        from ..runtime import grammar
+
+        for t in tools if choice == "required" else [t for t in tools if t.name == named]:
+            problem = grammar.check_grammar(grammar.json_schema_grammar(t.parameters or {"type": "object"}))
+            if problem:
+                raise _bad("tools", f"{t.name}'s parameters cannot be used: {problem}", code="invalid_schema")
+    return ToolRequest(tools=tools if choice != "none" else [], choice=choice, named=named,
+                       parallel=parallel, grammar=parse_response_format(body.get("response_format")),
+                       top_logprobs=parse_logprobs(body))
+
+
+def _content_text(content, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise _bad(where, "must be a string or a list of text parts")
+
+
+def parse_tool_message(m: dict, where: str):
+    """A role "tool" message: its text and the call it answers."""
+    from ..api import ChatMessage
+
+    call_id = m.get("tool_call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise _bad(f"{where}.tool_call_id", "a tool message must name the call it answers")
+    return ChatMessage("tool", [_content_text(m.get("content"), f"{where}.content")], tool_call_id=call_id)
+
+
+def parse_tool_calls_field(raw, where: str) -> list[ToolCall]:
+    """An assistant message's `tool_calls` as sent back by a client."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _bad(f"{where}.tool_calls", "must be a list")
+    calls = []
+    for i, call in enumerate(raw):
+        at = f"{where}.tool_calls[{i}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(at, "must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}")
+        arguments = fn.get("arguments", "{}")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        if not isinstance(arguments, str):
+            raise _bad(f"{at}.function.arguments", "must be a JSON string")
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            raise _bad(f"{at}.id", "must be the call's id (a string)")
+        calls.append(ToolCall(call_id, fn["name"], arguments))
+    return calls
+
+
+# ----------------------------------------------------------------------------- engine side
+
+def engine_params(tokenizer, request: ToolRequest, params: SamplingParams) -> SamplingParams:
+    """The sampling settings for one reply: a fresh grammar (its state is per reply), control
+    tokens shown when calls are read back, logprobs when asked. Runs on the engine's thread."""
+    from ..mistral3.chat_format import instruct_version
+    from ..runtime import grammar
+
+    processors = list(params.logits_processors)
+    text = request.grammar
+    if request.choice in ("required", "named"):
+        tools = request.tools if request.choice == "required" else [
+            t for t in request.tools if t.name == request.named]
+        text = grammar.tool_call_grammar(tokenizer, instruct_version(tokenizer), tools,
+                                         parallel=request.parallel and request.choice == "required")
+    elif request.calls_tools:
+        text = None  # auto: the model chooses; response_format applies to text replies only
+    if text is not None:
+        processors.append(grammar.GrammarConstraint(tokenizer, text))
+    return replace(params, logits_processors=tuple(processors), control_text=request.calls_tools,
+                   logprobs=request.top_logprobs)
+
+
+def read_tool_calls(tokenizer, request: ToolRequest, result: GenerationResult) -> GenerationResult:
+    """A reply in tool mode: its calls parsed into `tool_calls` and `text` left with the content
+    before them; a malformed call list stays text (without control-token names)."""
+    from ..mistral3.chat_format import instruct_version, parse_tool_calls
+
+    if not request.calls_tools:
+        return result
+    parsed = parse_tool_calls(result.text, instruct_version(tokenizer))
+    if parsed is None or result.finish_reason not in ("stop", "stop_string"):
+        result.text = tokenizer.decode(result.token_ids)[:_plain_length(tokenizer, result)]
+        return result
+    calls = parsed.tool_calls if request.parallel else parsed.tool_calls[:1]
+    allowed = {t.name for t in request.tools}
+    if any(c.name not in allowed for c in calls):  # a call to nothing offered: text, not a call
+        result.text = tokenizer.decode(result.token_ids)[:_plain_length(tokenizer, result)]
+        return result
+    result.text = parsed.content
+    result.tool_calls = calls
+    return result
+
+
+def _plain_length(tokenizer, result: GenerationResult) -> int:
+    """The reply as plain text stops where the control-text reply was cut (stop string)."""
+    plain_full = tokenizer.decode(result.token_ids)
+    if result.finish_reason != "stop_string":
+        return len(plain_full)
+    shown = result.text
+    for name in ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"):
+        shown = shown.replace(name, "")
+    return len(shown)
+
+
+# ----------------------------------------------------------------------------- reply shapes
+
+def tool_calls_json(calls: list[ToolCall]) -> list[dict]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]
+
+
+def logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
+    if entries is None:
+        return None
+
+    def one(e: TokenLogprob) -> dict:
+        return {"token": e.token, "logprob": e.logprob, "bytes": list(e.token_bytes)}
+
+    return {"content": [dict(one(e), top_logprobs=[one(t) for t in e.top]) for e in entries],
+            "refusal": None}
+
+
+def tool_call_deltas(calls: list[ToolCall]) -> list[dict]:
+    """OpenAI's streamed form of calls: per call, a delta with index, id, type and name (empty
+    arguments), then the arguments in pieces (index only)."""
+    deltas = []
+    for index, call in enumerate(calls):
+        deltas.append({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                       "function": {"name": call.name, "arguments": ""}}]})
+        for at in range(0, len(call.arguments), ARGUMENT_PIECE):
+            deltas.append({"tool_calls": [{"index": index, "function": {
+                "arguments": call.arguments[at:at + ARGUMENT_PIECE]}}]})
+    return deltas
+
+
+class ToolStream:
+    """A tool-mode reply's streamed text: what comes before [TOOL_CALLS] streams as content;
+    from the marker on it is held, and at the end becomes tool-call deltas when it parsed as
+    calls, else content (so a malformed call never reaches the client as half a call)."""
+
+    def __init__(self):
+        self.shown = 0
+        self.text = ""
+        self.held = False
+
+    def feed(self, piece: str) -> list[dict]:
+        self.text += piece
+        if self.held:
+            return []
+        at = self.text.find(MARKER)
+        if at >= 0:
+            self.held = True
+            end = at
+        else:
+            end = len(self.text) - _partial_marker(self.text)
+        return self._content(end)
+
+    def _content(self, end: int) -> list[dict]:
+        out = self.text[self.shown:end]
+        self.shown = max(self.shown, end)
+        return [{"content": out}] if out else []
+
+    def finish(self, result: GenerationResult) -> list[dict]:
+        if result.tool_calls:
+            return self._content(len(result.text)) + tool_call_deltas(result.tool_calls)
+        # text (or a malformed call, shown as its plain text): whatever was held back
+        shown_plain = self.text[:self.shown]
+        return [{"content": result.text[len(shown_plain):]}] if len(result.text) > len(shown_plain) else []
+
+
+def _partial_marker(text: str) -> int:
+    """Length of the longest end of `text` that could begin the marker."""
+    for k in range(min(len(MARKER) - 1, len(text)), 0, -1):
+        if text.endswith(MARKER[:k]):
+            return k
+    return 0
