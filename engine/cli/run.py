@@ -29,7 +29,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--mmproj", help="vision projector GGUF (default: the one beside the model that fits it)")
     p.add_argument("--image", action="append", default=[], metavar="IMG")
     p.add_argument("--system", help="system prompt")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", help="the user's message (after --messages when both are given)")
+    p.add_argument("--messages", metavar="M.json",
+                   help="an OpenAI messages list: a whole conversation, with tool calls and results")
+    p.add_argument("--tools", metavar="T.json", help="an OpenAI tools list: functions the model may call")
+    p.add_argument("--tool-choice", default="auto", metavar="CHOICE",
+                   help="auto (default), none, required, or a tool's name")
+    p.add_argument("--response-format", metavar="S.json",
+                   help="constrain the reply: a JSON Schema, or an OpenAI response_format object")
     p.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     p.add_argument("--temperature", type=float, default=defaults.temperature)
     p.add_argument("--top-k", type=int, default=defaults.top_k)
@@ -137,18 +144,97 @@ def connect_remote(args):
                         read_timeout=args.timeout)
 
 
-def run_main(args) -> int:
-    images = [ImagePart.from_path(p) for p in args.image]
+def _json_file(path: str, what: str):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise EngineError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EngineError(f"{path}: {what} is not valid JSON: {exc}") from None
+
+
+def _from_file(path: str, parse):
+    """A request field from a file, checked by the server's own parser; its complaint names the file."""
+    from ..server.openai_api import ApiError
+
+    try:
+        return parse()
+    except ApiError as exc:
+        raise EngineError(f"{path}: {exc.message}") from None
+
+
+def conversation(args) -> tuple[list[ChatMessage], bool]:
+    """--system, --messages, then --image/--prompt as one user message; and whether an image is in it."""
+    from ..server.openai_api import RequestLimits, parse_messages
+
+    if args.prompt is None and not args.messages:
+        raise EngineError("run: give --prompt or --messages")
     messages = []
     if args.system:
         messages.append(ChatMessage.text("system", args.system))
-    # images first, then the prompt: what the window sends for a message with attachments
-    messages.append(ChatMessage("user", [*images, args.prompt]))
+    if args.messages:
+        raw = _json_file(args.messages, "the messages")
+        messages += _from_file(args.messages, lambda: parse_messages(raw, RequestLimits()))
+    images = [ImagePart.from_path(p) for p in args.image]
+    if args.prompt is not None or images:
+        # images first, then the prompt: what the window sends for a message with attachments
+        messages.append(ChatMessage("user", [*images, *([args.prompt] if args.prompt is not None else [])]))
+    if messages[-1].role == "assistant":
+        raise EngineError(f"{args.messages}: the last message is the assistant's: end with a user or "
+                          "tool message (the model writes the reply)")
+    return messages, any(m.images for m in messages)
+
+
+def tool_request(args):
+    """--tools, --tool-choice and --response-format as the server reads them (None: none given)."""
+    from ..server.tools_api import parse_tool_request
+
+    if not (args.tools or args.response_format or args.tool_choice != "auto"):
+        return None
+    body = {}
+    if args.tools:
+        body["tools"] = _json_file(args.tools, "the tools")
+    choice = args.tool_choice
+    body["tool_choice"] = choice if choice in ("auto", "none", "required") else {
+        "type": "function", "function": {"name": choice}}
+    if args.response_format:
+        spec = _json_file(args.response_format, "the response format")
+        if not (isinstance(spec, dict) and spec.get("type") in ("text", "json_object", "json_schema")
+                and ("json_schema" in spec or spec["type"] != "json_schema")):
+            spec = {"type": "json_schema", "json_schema": {"name": "reply", "schema": spec, "strict": True}}
+        body["response_format"] = spec
+    from ..server.openai_api import ApiError
+
+    try:
+        return parse_tool_request(body)
+    except ApiError as exc:
+        field = exc.param or ""
+        where = (args.response_format if field.startswith("response_format") else
+                 "--tool-choice" if field.startswith("tool_choice") else args.tools or "--tools")
+        raise EngineError(f"{where}: {exc.message}") from None
+
+
+def run_main(args) -> int:
+    messages, has_images = conversation(args)
+    request = tool_request(args)
+    if args.server and (request is not None or any(m.tool_calls or m.role == "tool" for m in messages)):
+        raise EngineError("--tools, --tool-choice, --response-format and tool messages work with a local "
+                          "model (not --server)")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
                             stop=list(args.stop), ignore_eos=args.ignore_eos)
-    engine = connect_remote(args) if args.server else load_local(args, images=bool(images))
+    engine = connect_remote(args) if args.server else load_local(args, images=has_images)
+    extra = {}
+    if request is not None:
+        from ..server.tools_api import engine_params
+
+        try:
+            params = engine_params(engine.tokenizer, request, params)
+        except BaseException:
+            engine.close()
+            raise
+        extra = {"tools": request.tools} if request.tools else {}
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
@@ -158,7 +244,11 @@ def run_main(args) -> int:
     cancel = threading.Event()
     try:
         try:
-            result = engine.chat(messages, params, on_piece=None if args.json else show, cancel=cancel)
+            result = engine.chat(messages, params, on_piece=None if args.json else show, cancel=cancel, **extra)
+            if request is not None:
+                from ..server.tools_api import read_tool_calls
+
+                result = read_tool_calls(engine.tokenizer, request, result)
         except KeyboardInterrupt:
             cancel.set()
             raise
@@ -186,9 +276,16 @@ def run_main(args) -> int:
         }
         if args.server:
             out.update(usage=getattr(result, "usage", None), error=error)
+        if getattr(result, "tool_calls", None):
+            from ..server.tools_api import tool_calls_json
+
+            out["finish_reason"] = "tool_calls"
+            out["tool_calls"] = tool_calls_json(result.tool_calls)
         print(json.dumps(out, ensure_ascii=False))
     else:
         print()
+        for call in getattr(result, "tool_calls", None) or []:
+            print(f"[tool call {call.id}: {call.name}({call.arguments})]", file=sys.stderr)
         print(f"[{s.prompt_tokens} prompt tokens, {s.generated_tokens} generated, TTFT {s.ttft_s:.3f}s, "
               f"prefill {s.prefill_tok_s:.1f} tok/s, decode {s.decode_tok_s:.1f} tok/s, "
               f"{s.finish_reason}, {description}]", file=sys.stderr)
