@@ -945,6 +945,8 @@ class Mistral3Text:
                 x = self._segment_batch(seg, x, groups)
         for cache, start, n in groups:
             cache.length = start + n
+        if not logits_of:  # only prompt chunks that do not end their prompt
+            return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=self.device)
         return self._logits(x[list(logits_of)])
 
     def _segment_batch(self, seg: Segment, x: torch.Tensor, groups) -> torch.Tensor:
@@ -970,19 +972,8 @@ class Mistral3Text:
         causal attention over [0, start + t] for row t; (T, heads * dv) before W_o."""
         if _native_f32(q, cache_k):
             return _linear_mod.cpu_native.rope_kv_attend(q, k, v, *tables, cache_k, cache_v, start)
-        cfg = self.cfg
-        T = q.shape[0]
         q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
-        end = start + T
-        keys, values = cache_k[:, :end].unsqueeze(0), cache_v[:, :end].unsqueeze(0)
-        n_rep = cfg.n_heads // cfg.n_kv_heads
-        if T == 1:  # the query heads of a KV group are its rows: no key/value expansion
-            o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim), keys, values)
-            return o.reshape(1, cfg.n_heads * cfg.v_head_dim)
-        mask = causal_mask_lower_right(T, end, q.device)
-        o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask,
-                                           enable_gqa=n_rep > 1)
-        return o[0].transpose(0, 1).reshape(T, cfg.n_heads * cfg.v_head_dim)
+        return prefill_attention(q, cache_k, cache_v, start, flash_attention_on(q.device))
 
 
 def on_device(device: torch.device):

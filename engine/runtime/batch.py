@@ -246,9 +246,10 @@ class BatchScheduler:
         for s in decoding:
             s.cached.append(s.pending)
             s.pending = None
+        for s in stepped:
+            if s.n_sampled == 0:  # the blocks of the prompt read so far: later arrivals copy them
+                self.prefix.store(s.hashes, s.slot.cache)
         for i, s in enumerate(sampled):
-            if s.n_sampled == 0:
-                self._remember_blocks(s)  # the prompt is in: later arrivals can copy it already
             try:
                 self._take(s, logits[i])
             except BaseException as exc:  # noqa: BLE001 - a callback or NaN fails its own sequence
