@@ -31,7 +31,7 @@ from .widgets.composer import Composer
 from .widgets.elided_label import ElidedLabel
 from .widgets.empty_state import EmptyState
 from .widgets.icons import icon
-from .widgets.model_bar import NO_VISION_HINT, ModelBar, escape
+from .widgets.model_bar import NO_VISION_HINT, ModelBar, device_line, escape
 from .widgets.theme import is_dark, style_sheet
 from .serving import ServerStatusLabel, WindowServer
 from .worker import EngineInfo, EngineWorker, can_grow_context, warm_up_imports
@@ -39,6 +39,16 @@ from .worker import EngineInfo, EngineWorker, can_grow_context, warm_up_imports
 log = logging.getLogger(__name__)
 
 GGUF_FILTER = "GGUF models (*.gguf)"
+
+
+def running_fit(info: EngineInfo | None):
+    """Where the loaded model runs, said like the Models dialog's plans (None: no local model)."""
+    if info is None:
+        return None
+    from ..engine.library.fit import Fit
+
+    kind = "partial" if info.split else "cpu" if info.device == "cpu" else "gpu"
+    return Fit(kind, f"Loaded now: {device_line(info)}")
 
 
 class MainWindow(QMainWindow):
@@ -906,8 +916,12 @@ class MainWindow(QMainWindow):
             # The window owns the downloads: closing the dialog leaves them running.
             self.downloads = downloads_in(self.downloads, self.settings.models_dir or None, self)
             info = self.engine_info
-            dialog = ModelManagerDialog(downloads=self.downloads, parent=self, settings=self.settings,
-                                        loaded_model=info.model_path if info and not info.remote else None)
+            local = info if info is not None and not info.remote else None
+            dialog = ModelManagerDialog(
+                downloads=self.downloads, parent=self, settings=self.settings,
+                loaded_model=local.model_path if local else None, loaded_fit=running_fit(local),
+                freed_bytes=local.resident_bytes if local else 0,
+                context_length=local.context_size if local else self.settings.context_length or 0)
         except Exception as exc:  # noqa: BLE001
             self.model_bar.show_error(f"Cannot open the model manager: {exc}")
             return

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +46,7 @@ class EngineInfo:
     memory: str = ""  # words, e.g. "1.2 GB GPU" ('' when unknown)
     context_size: int = 0  # the context the engine uses
     context_limit: int = 0  # the model file's own limit (0 unknown)
+    resident_bytes: int = 0  # the RAM the load added to this process (freed by an unload)
     context_asked: int = 0  # the context length Settings asked for (0: the default)
     remote: bool = False
     placement: str = ""  # where the layers run, e.g. "34 of 40 layers on GPU, 6 on CPU"
@@ -278,6 +279,7 @@ class EngineWorker(QObject):
 
         self._close_engine()
         _leave_a_core_for_the_ui(device)
+        before = _process_rss()
         try:
             engine = LocalEngine(model_path, mmproj_path or None, device=device,
                                  context_length=context_length or None,
@@ -294,7 +296,8 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"{Path(model_path).name}: cannot load: {type(exc).__name__}: {exc}")
             return
         self.engine = engine
-        self.loaded.emit(describe_engine(engine, model_path, mmproj_path, context_length))
+        info = describe_engine(engine, model_path, mmproj_path, context_length)
+        self.loaded.emit(replace(info, resident_bytes=max(0, _process_rss() - before) if before else 0))
 
     @Slot(object)
     def _use_engine(self, engine) -> None:

@@ -32,7 +32,7 @@ from ...engine.library.fit import (Fit, catalog_bytes, catalog_size_text, fit_of
 from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.local import (LocalModel, catalog_files, delete_model, describe_model,
                                      import_model, scan_models)
-from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
+from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, DeviceInfo, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
 from .settings import AppSettings
@@ -181,13 +181,27 @@ def _table(headers: list[str]) -> QTableWidget:
     return t
 
 
-def describe_machine(machine: Machine) -> str:
-    """What the "On this machine" column is planned for, in one line."""
+def describe_machine(machine: Machine, context: int = 0, in_use: bool = False) -> str:
+    """What the "On this machine" column is planned for, in one line: the memory free once
+    the loaded model is unloaded, and the context planned for (the one in use when a model
+    is loaded, else Settings', else the loader's default)."""
     parts = []
     for d in machine.devices:
         name = f"{d.name} {d.description}" if d.kind == "cuda" else d.description or d.name
         parts.append(name if d.free_bytes >= UNKNOWN_RAM else f"{name}: {d.free_bytes / (1 << 30):.1f} GB free")
-    return f"This machine: {' · '.join(parts)}. Planned for a {Budget().max_seq_len}-token context."
+    which = " (the one in use)" if in_use else ""
+    return (f"This machine: {' · '.join(parts)}. Planned for a {context or Budget().max_seq_len}-token "
+            f"context{which}.")
+
+
+def without_the_loaded_model(machine: Machine, freed_bytes: int) -> Machine:
+    """The machine as a switch finds it: loading a model unloads the current one first, so the
+    RAM it holds counts as free (the GPU's is counted by machine_for_a_switch)."""
+    cpu = machine.cpu
+    if cpu is None or freed_bytes <= 0 or cpu.free_bytes >= UNKNOWN_RAM:
+        return machine
+    return Machine(machine.gpus, DeviceInfo(cpu.name, cpu.free_bytes + freed_bytes, cpu.description),
+                   machine.unified)
 
 
 class ModelManagerDialog(QDialog):
@@ -197,12 +211,15 @@ class ModelManagerDialog(QDialog):
                  downloads: Downloads | None = None,
                  catalog: list[CatalogEntry] | None = None, parent=None, *,
                  settings: AppSettings | None = None, loaded_model: str | None = None,
-                 machine: Machine | None = None):
+                 machine: Machine | None = None, loaded_fit: Fit | None = None, freed_bytes: int = 0,
+                 context_length: int = 0):
         """`downloads`: the app's (keeps running after the dialog closes); without one the
         dialog makes its own in `models_dir` with `hub`, paused when the dialog closes.
         `settings`: the app's (tab, copy choice, models loaded lately, device); `loaded_model`:
-        the path of the model loaded now, marked in the lists; `machine`: what to plan for
-        (default: this machine, detected off the UI thread)."""
+        the path of the model loaded now, marked in the lists, `loaded_fit` where it runs
+        now and `freed_bytes` the RAM it holds (free once another model replaces it);
+        `context_length`: the context to plan for (the one in use); `machine`: what to plan
+        for (default: this machine, detected off the UI thread)."""
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(980, 680)
@@ -216,6 +233,9 @@ class ModelManagerDialog(QDialog):
         self._rows: dict[str, DownloadRow] = {}
         self.settings = settings
         self.loaded_model = _resolved(loaded_model)
+        self.loaded_fit = loaded_fit
+        self.freed_bytes = freed_bytes
+        self.context_length = context_length
         self.machine = machine
         self.listed = self.downloads.catalog_sizes  # the hub's sizes, kept by the app's downloads
         self._recent: set[Path] = set()  # rows from settings.recent_models
@@ -645,15 +665,25 @@ class ModelManagerDialog(QDialog):
         known = self.machine
         self._plans += 1
         generation = self._plans
+        loaded, loaded_fit, freed = self.loaded_model, self.loaded_fit, self.freed_bytes
+        budget = Budget(max_seq_len=self.context_length) if self.context_length > 0 else None
+
+        def fit_or_running(path, fit_of):
+            # The model running now is judged by where it runs, not planned against the memory
+            # it takes itself.
+            if loaded_fit is not None and path is not None and _resolved(path) == loaded:
+                return loaded_fit
+            return fit_of()
 
         def plan() -> tuple[int, Machine, dict]:
-            detected = known or machine_for_a_switch()
+            detected = without_the_loaded_model(known or machine_for_a_switch(), freed)
             machine = machine_for(detected, device)
             fits: dict[tuple, Fit | None] = {}  # ("catalog", id, quant) / ("local", path) -> fit
             for entry, quant, sizes, files in catalog:
-                fits["catalog", entry.id, quant] = fit_of_catalog_entry(entry, sizes, files, machine, device)
+                fits["catalog", entry.id, quant] = fit_or_running(files[0], lambda: fit_of_catalog_entry(
+                    entry, sizes, files, machine, device, budget))
             for path, proj in local:
-                fits[("local", path)] = fit_of_file(path, proj, machine, device)
+                fits[("local", path)] = fit_or_running(path, lambda: fit_of_file(path, proj, machine, device, budget))
             return generation, detected, fits
 
         self.jobs.run(plan, self._show_fits, lambda text: self.show_message(
@@ -664,7 +694,9 @@ class ModelManagerDialog(QDialog):
         if generation != self._plans:  # a later plan (more sizes known) is on its way
             return
         device = self.settings.device if self.settings else "auto"
-        self.machine_label.setText(describe_machine(machine_for(self.machine, device)))
+        self.machine_label.setText(describe_machine(
+            machine_for(without_the_loaded_model(self.machine, self.freed_bytes), device),
+            self.context_length, in_use=self.loaded_fit is not None))
         for r in range(self.catalog_table.rowCount()):
             entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
             if ("catalog", entry.id, quant) in fits:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from ..api import EngineError
 from ..mistral3.config import TextConfig, VisionConfig
-from ..runtime.device_map import (Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
+from ..runtime.device_map import (Budget, Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
                                   plan_devices, plan_for_files)
 from .catalog import CatalogEntry
 from .downloads import size_text
@@ -68,24 +68,25 @@ def machine_for(machine: Machine, device: str) -> Machine:
     return Machine((), machine.cpu) if device == "cpu" else machine
 
 
-def fit_of_sizes(sizes: ModelSizes, machine: Machine) -> Fit:
+def fit_of_sizes(sizes: ModelSizes, machine: Machine, budget: Budget | None = None) -> Fit:
     try:
-        plan = plan_devices(sizes, machine)
+        plan = plan_devices(sizes, machine, budget or Budget())
     except PlanError as exc:
         return Fit("too_big", str(exc))
     return Fit(plan.fit, plan.explain())
 
 
 def fit_of_file(model_path: str | os.PathLike, mmproj_path: str | os.PathLike | None,
-                machine: Machine, device: str = "auto") -> Fit | None:
+                machine: Machine, device: str = "auto", budget: Budget | None = None) -> Fit | None:
     """The plan of a model file (and its projector) read from their headers; None when the
-    file is not a model the engine runs (loading it says why)."""
+    file is not a model the engine runs (loading it says why). `budget`: the context planned
+    for (default: the loader's default)."""
     from ..gguf import open_gguf
 
     try:
         with open_gguf(model_path) as gf:
             plan = plan_for_files(gf, mmproj_path, "cpu" if device == "cpu" else "auto",
-                                  machine=machine)
+                                  machine=machine, budget=budget or Budget())
     except PlanError as exc:
         return Fit("too_big", str(exc))
     except (EngineError, OSError):
@@ -117,16 +118,16 @@ def _gb_bytes(gb: float | None) -> int | None:
 
 def fit_of_catalog_entry(entry: CatalogEntry, sizes: tuple[int | None, int | None],
                          files: tuple[Path | None, Path | None], machine: Machine,
-                         device: str = "auto") -> Fit | None:
+                         device: str = "auto", budget: Budget | None = None) -> Fit | None:
     """Where a catalogue entry would run: its files' own plan once the model is on disk
     (`files` as catalog_files gives them), else the estimate from its (model, projector)
     `sizes`; None while the model's size is not known."""
     model_bytes, mmproj_bytes = sizes
     path, proj = files
     if path is not None:
-        return fit_of_file(path, proj, machine, device)
+        return fit_of_file(path, proj, machine, device, budget)
     if model_bytes and entry.shape is not None:
-        return fit_of_sizes(catalog_sizes(entry, model_bytes, mmproj_bytes), machine)
+        return fit_of_sizes(catalog_sizes(entry, model_bytes, mmproj_bytes), machine, budget)
     return None
 
 

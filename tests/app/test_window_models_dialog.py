@@ -72,3 +72,41 @@ def test_gpu_layers_setting_reaches_the_engine(qtbot, window):
     window.load_model(str(MODEL))
     qtbot.waitUntil(lambda: window.engine_info is not None and not window.worker.engine.placement["manual"],
                     timeout=TIMEOUT)
+
+
+def test_the_running_model_is_not_called_too_big(qtbot, window, tmp_path, monkeypatch):
+    """Issue 26, item 11: on a machine whose free memory the loaded model itself takes, the
+    dialog judges that model by where it runs (not "too big"), plans the others as if it were
+    unloaded, and says the context in use."""
+    from tramontane.app.dialogs import models as dialog_module
+    from tramontane.engine.library.fit import fit_of_file
+    from tramontane.engine.runtime.device_map import Budget, DeviceInfo, Machine
+
+    other = tmp_path / "models" / "other.gguf"
+    other.parent.mkdir()
+    shutil.copyfile(MODEL, other)
+    window.settings.context_length = 256
+    window.load_model(str(MODEL))
+    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=TIMEOUT)
+    freed = 64 << 20
+    import dataclasses
+
+    assert window.engine_info.resident_bytes >= 0  # measured by the load (a tiny model: little)
+    window.session.engine_info = dataclasses.replace(window.engine_info, resident_bytes=freed)
+    # Free memory: the planner's 2 GiB headroom and nothing more (the tiny model needs 2.6 MiB
+    # beyond it), until the loaded model's RAM counts as free.
+    tight = Machine((), DeviceInfo("cpu", 2 << 30, "simulated"))
+    assert fit_of_file(MODEL, None, tight, "cpu", Budget(max_seq_len=256)).kind == "too_big"
+    roomy = Machine((), DeviceInfo("cpu", (2 << 30) + freed, "simulated"))
+    assert fit_of_file(MODEL, None, roomy, "cpu", Budget(max_seq_len=256)).kind == "cpu"
+    monkeypatch.setattr(dialog_module, "machine_for_a_switch", lambda: tight)
+    window.settings.device = "cpu"
+
+    window.open_model_manager(tab=2)
+    table = window.model_manager.local_table
+    loaded, spare = _row_of(table, MODEL.name), _row_of(table, "other.gguf")
+    qtbot.waitUntil(lambda: table.item(loaded, 5).text() != "" and table.item(spare, 5).text() != "",
+                    timeout=TIMEOUT)
+    assert table.item(loaded, 5).text() == "on the CPU" and "Loaded now" in table.item(loaded, 5).toolTip()
+    assert table.item(spare, 5).text() == "on the CPU"  # planned with the loaded model's RAM free
+    assert "256-token context (the one in use)" in window.model_manager.machine_label.text()
