@@ -112,7 +112,7 @@ class BatchScheduler:
         self.vision = vision
         on_gpu = any(seg.device.type == "cuda" for seg in model.segments)
         self.step_rows = step_rows or (STEP_ROWS_GPU if on_gpu else STEP_ROWS_CPU)
-        self.slots = [_Slot(model.new_cache(context_length), reserved=i >= slots)
+        self.slots = [_Slot(model.new_cache(context_length, capture_graphs=False), reserved=i >= slots)
                       for i in range(slots + priority_slots)]
         self.prefix = PrefixCache(prefix_cache_bytes)
         self.replies = ReplyMemory()
