@@ -134,12 +134,14 @@ def instruct_version(tok: Tokenizer) -> int:
 
     mistral-common's versions differ here only in the tool-call wire format. A vocabulary
     without an [ARGS] control token is v7 (Mistral Small 3.1 2503: llama.cpp writes its template
-    as the name "mistral-v7-tekken"). With [ARGS], the file's template text says whether calls
-    carry [CALL_ID] (v11, e.g. Mistral Small 3.2 2506) or not (v13: Ministral 3 2512, Magistral,
-    Devstral; llama.cpp's converter writes a v13 template for these)."""
+    as the name "mistral-v7-tekken"). With [ARGS], the file's template text tells v11 (e.g.
+    Mistral Small 3.2 2506), whose calls carry [CALL_ID] and whose results [TOOL_CONTENT], from
+    v13 (Ministral 3 2512, Magistral, Devstral: `[TOOL_CALLS]name[ARGS]{...}`, results without
+    ids), which writes neither; a file without a template is taken as the newer format."""
     if not _has_control(tok, "[ARGS]"):
         return 7
-    if "[CALL_ID]" in (tok.chat_template or "") and _has_control(tok, "[CALL_ID]"):
+    template = tok.chat_template or ""
+    if "[CALL_ID]" in template and "[TOOL_CONTENT]" in template and _has_control(tok, "[CALL_ID]"):
         return 11
     return 13
 

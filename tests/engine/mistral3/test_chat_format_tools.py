@@ -38,8 +38,10 @@ LATER_CONTROLS = {32: "[ARGS]", 33: "[CALL_ID]", 34: "[THINK]", 35: "[/THINK]"}
 # what llama.cpp's converter writes as tokenizer.chat_template per version (v11/v13: Jinja text;
 # only its markers matter here)
 TEMPLATES = {7: "mistral-v7-tekken",
-             11: "{{- '[TOOL_CALLS]' + name + '[CALL_ID]' + id + '[ARGS]' + arguments }}",
-             13: "{{- '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}"}
+             11: "{{- '[TOOL_CALLS]' + name + '[CALL_ID]' + id + '[ARGS]' + arguments }}"
+                 "{{- '[TOOL_RESULTS]' + id + '[TOOL_CONTENT]' + content + '[/TOOL_RESULTS]' }}",
+             13: "{{- '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}"
+                 "{{- '[TOOL_RESULTS]' + content + '[/TOOL_RESULTS]' }}"}
 
 
 def _our_tokenizer(version: int) -> Tokenizer:
@@ -155,6 +157,14 @@ def test_prompt_ids_match_mistral_common(pair, name):
 def test_version_is_read_from_the_file(pair):
     version, tok, _ = pair
     assert instruct_version(tok) == version
+
+
+def test_a_v13_template_that_only_mentions_call_ids_is_still_v13():
+    tok = _our_tokenizer(13)
+    tok.chat_template = "{#- older clients may send [CALL_ID]; it is not written #}" + TEMPLATES[13]
+    assert instruct_version(tok) == 13
+    tok.chat_template = None  # no template: the newer format
+    assert instruct_version(tok) == 13
 
 
 def test_v13_puts_tools_before_the_first_user_message_and_v7_before_the_last(pair):

@@ -58,7 +58,7 @@ def _renamed(version: int) -> Tokenizer:
     tokens = list(kv["tokenizer.ggml.tokens"])
     tokens[32], tokens[33] = "[ARGS]", "[CALL_ID]"
     kv["tokenizer.ggml.tokens"] = tokens
-    kv["tokenizer.chat_template"] = "[CALL_ID]" if version == 11 else "[ARGS]"
+    kv["tokenizer.chat_template"] = "[CALL_ID] [TOOL_CONTENT]" if version == 11 else "[ARGS]"
     tok = Tokenizer.from_kv(kv, f"tiny-v{version}.gguf")
     assert instruct_version(tok) == version
     return tok
