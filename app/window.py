@@ -10,10 +10,10 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, Signal, Slot
-from PySide6.QtGui import QAction, QFont, QKeySequence, QShortcut, QTextCursor
+from PySide6.QtGui import QAction, QActionGroup, QFont, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout,
                                QInputDialog, QLabel, QLineEdit, QListView, QMainWindow, QMenu, QMessageBox,
-                               QPlainTextEdit, QSizePolicy, QSplitter, QStackedWidget, QToolButton,
+                               QPlainTextEdit, QPushButton, QSizePolicy, QSplitter, QStackedWidget, QToolButton,
                                QVBoxLayout, QWidget)
 
 from .chat_session import ChatSession
@@ -244,6 +244,12 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(split)
         self.status_label = QLabel()
         self.statusBar().addWidget(self.status_label, 1)
+        self.reload_button = QPushButton("Reload to apply")
+        self.reload_button.setToolTip("Load the model again with the new context length, device "
+                                      "or GPU layers from Settings")
+        self.reload_button.clicked.connect(self.reload_model)
+        self.reload_button.hide()
+        self.statusBar().addPermanentWidget(self.reload_button)
         self.composer.edit.setFocus()
 
     def _tool(self, text: str, tip: str, slot) -> QToolButton:
@@ -312,9 +318,12 @@ class MainWindow(QMainWindow):
 
         theme = view.addMenu("&Theme")
         self.theme_actions = {}
+        themes = QActionGroup(self)  # one of them: radio items
+        themes.setExclusive(True)
         for key, text in (("system", "&System"), ("light", "&Light"), ("dark", "&Dark")):
             a = action(theme, text, lambda _=False, k=key: self.set_theme(k))
             a.setCheckable(True)
+            themes.addAction(a)
             self.theme_actions[key] = a
         self.theme_actions[self.theme].setChecked(True)
 
@@ -801,6 +810,7 @@ class MainWindow(QMainWindow):
             self.pending.cancel.set()
         self.session.loading = str(model_path)
         self.session.engine_info = None
+        self.reload_button.hide()
         if self.model_bar.model_combo is not None:
             combo = self.model_bar.model_combo
             combo.blockSignals(True)
@@ -933,10 +943,21 @@ class MainWindow(QMainWindow):
         self.model_manager = dialog
 
     def open_settings(self) -> None:
-        dialog = SettingsDialog(self.settings, self, servers_dialog=self.open_servers)
+        dialog = SettingsDialog(self.settings, self, servers_dialog=self.open_servers, theme=self.theme)
         if dialog.exec():
             self.api_server.apply(self.settings.serve, self.settings.serve_port)
             apply_threads(self.settings.cpu_threads)
+            if dialog.theme_choice and dialog.theme_choice != self.theme:
+                self.set_theme(dialog.theme_choice)
+            info = self.engine_info
+            if dialog.reload_needed and info is not None and not info.remote:
+                self.reload_button.show()  # context, device, GPU layers: at the next load
+
+    def reload_model(self) -> None:
+        """Load the model again, with the settings that apply at a load."""
+        info = self.engine_info
+        if info is not None and not info.remote:
+            self.load_model(info.model_path, info.mmproj_path)
 
     def open_servers(self) -> None:
         dialog = ServersDialog(self.store, self)

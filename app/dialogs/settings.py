@@ -241,13 +241,22 @@ class AppSettings:
         self._set("geometry", value)
 
 
+THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
+
+
 class SettingsDialog(QDialog):
     """Default system prompt, sampling, context length, device, GPU layers, models folder, API server."""
 
-    def __init__(self, settings: AppSettings, parent: QWidget | None = None, *, servers_dialog=None):
+    def __init__(self, settings: AppSettings, parent: QWidget | None = None, *, servers_dialog=None,
+                 theme: str | None = None):
+        """`theme`: the window's ('system', 'light', 'dark'): shown as a choice when given;
+        after OK `theme_choice` holds the one picked and `reload_needed` says whether a
+        setting that applies at the next load changed."""
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.settings = settings
+        self.theme_choice = theme
+        self.reload_needed = False
         s = settings.sampling
 
         self.system_prompt = QPlainTextEdit(settings.default_system_prompt)
@@ -323,6 +332,14 @@ class SettingsDialog(QDialog):
         form.labelForField(folder).setBuddy(self.models_dir)
         form.addRow("&API server:", serving)
         form.labelForField(serving).setBuddy(self.serve)
+        self.theme = None
+        if theme is not None:
+            self.theme = QComboBox()
+            for key, text in THEMES:
+                self.theme.addItem(text, key)
+            self.theme.setCurrentIndex(max(0, self.theme.findData(theme)))
+            self.theme.setToolTip("Light or dark colours, or the desktop's (also in View → Theme)")
+            form.addRow("T&heme:", self.theme)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         if servers_dialog is not None:
             servers = buttons.addButton("Servers…", QDialogButtonBox.ButtonRole.ActionRole)
@@ -372,6 +389,11 @@ class SettingsDialog(QDialog):
             repetition_penalty=self.repetition_penalty.value(), max_tokens=self.max_tokens.value(),
             seed=int(seed_text) if seed_text else None)
         self.settings.default_system_prompt = self.system_prompt.toPlainText()
+        gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None
+        self.reload_needed = ((self.context_length.value(), self.device.currentText(), gpu_layers)
+                              != (self.settings.context_length, self.settings.device, self.settings.gpu_layers))
+        if self.theme is not None:
+            self.theme_choice = self.theme.currentData()
         self.settings.context_length = self.context_length.value()
         self.settings.device = self.device.currentText()
         self.settings.gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None

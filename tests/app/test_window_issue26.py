@@ -202,3 +202,27 @@ def test_a_message_sent_while_the_model_loads_shows_at_once(qtbot, idle_window, 
     assert window.view.queued is None
     assert [w.message.role for w in window.view.widgets] == ["user", "assistant"]
     assert window.view.widgets[0].text == "Are you there?"
+
+
+def test_settings_offer_a_reload_and_the_theme(qtbot, window, monkeypatch):
+    """Item 8: a changed context length offers "Reload to apply", which reloads with it; the
+    theme is in Settings too, and View → Theme's items are radio buttons."""
+    from tramontane.app.dialogs.settings import SettingsDialog
+
+    def user_sets(dialog) -> int:
+        dialog.context_length.setValue(128)
+        dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
+        dialog.accept()
+        return 1
+
+    monkeypatch.setattr(SettingsDialog, "exec", user_sets)
+    assert window.engine_info.context_size == 512 and not window.reload_button.isVisible()
+    window.open_settings()
+    assert window.reload_button.isVisible()
+    assert window.theme == "dark" and window.theme_actions["dark"].isChecked()
+    group = window.theme_actions["dark"].actionGroup()
+    assert group is not None and group.isExclusive()
+    assert not window.theme_actions["light"].isChecked()
+    with qtbot.waitSignal(window.modelLoaded, timeout=30000):
+        window.reload_button.click()
+    assert window.engine_info.context_size == 128 and not window.reload_button.isVisible()
