@@ -33,6 +33,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-image-mb", type=int, default=limits.max_image_bytes >> 20)
     p.add_argument("--max-queue", type=int, default=limits.max_queue,
                    help="requests waiting or running before the next one gets 503")
+    p.add_argument("--parallel", "-np", type=int, default=8, metavar="N",
+                   help="replies generated at once (continuous batching); more wait for a slot")
     p.add_argument("--alias", action="append", default=[], metavar="NAME",
                    help="another model id for /v1/models (repeatable); any name gets the loaded model")
     p.add_argument("--strict-model", action="store_true",
@@ -51,7 +53,7 @@ def add_parsers(sub) -> None:
 def serve_main(args, stop: threading.Event | None = None) -> int:
     """Serve until Ctrl-C (or `stop` is set, for tests)."""
     from ..runtime.local import LocalEngine
-    from ..server.executor import ThreadExecutor
+    from ..server.executor import BatchExecutor
     from ..server.http import OpenAIServer, check_bind
     from ..server.openai_api import ConnectionLimits, RequestLimits
     from .run import api_key_of, check_context_length, projector_for
@@ -60,7 +62,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     check_bind(args.host, args.allow_network, api_key)  # before the minutes of loading
     if not 0 <= args.port <= 65535:
         raise EngineError(f"--port must be 0-65535, got {args.port}")
-    for name in ("max_body_mb", "max_image_mb", "max_queue", "max_connections"):
+    for name in ("max_body_mb", "max_image_mb", "max_queue", "max_connections", "parallel"):
         if getattr(args, name) < 1:
             raise EngineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     for name in ("header_timeout", "body_timeout", "idle_timeout"):
@@ -72,7 +74,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     check_context_length(args, 1)
     engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
                          context_length=args.context_length, device_map=args.device_map)
-    executor = ThreadExecutor(engine)
+    executor = BatchExecutor(engine, slots=args.parallel)
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,
                            max_queue=args.max_queue)
     connection_limits = ConnectionLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
