@@ -138,9 +138,9 @@ def instruct_version(tok: Tokenizer) -> int:
     Mistral Small 3.2 2506), whose calls carry [CALL_ID] and whose results [TOOL_CONTENT], from
     v13 (Ministral 3 2512, Magistral, Devstral: `[TOOL_CALLS]name[ARGS]{...}`, results without
     ids), which writes neither; a file without a template is taken as the newer format."""
-    if not _has_control(tok, "[ARGS]"):
-        return 7
     template = tok.chat_template or ""
+    if not _has_control(tok, "[ARGS]") or template.strip() in ("mistral-v7-tekken", "mistral-v7"):
+        return 7  # (llama.cpp's converter writes that name for a v7 tokenizer only)
     if "[CALL_ID]" in template and "[TOOL_CONTENT]" in template and _has_control(tok, "[CALL_ID]"):
         return 11
     return 13

@@ -159,6 +159,12 @@ def test_version_is_read_from_the_file(pair):
     assert instruct_version(tok) == version
 
 
+def test_a_v7_template_name_is_v7_whatever_the_vocabulary():
+    tok = _our_tokenizer(13)
+    tok.chat_template = "mistral-v7-tekken"
+    assert instruct_version(tok) == 7
+
+
 def test_a_v13_template_that_only_mentions_call_ids_is_still_v13():
     tok = _our_tokenizer(13)
     tok.chat_template = "{#- older clients may send [CALL_ID]; it is not written #}" + TEMPLATES[13]
