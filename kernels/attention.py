@@ -44,10 +44,11 @@ COMBINE_BLOCK_R = 16  # rows a combine program merges
 
 @triton.jit
 def _dot(a, b, DOT_F32: tl.constexpr):
-    # The interpreter multiplies bf16 tiles wrongly (Triton 3.9: garbage); on float32 copies the
-    # products are exact, as on a tensor core, and the sum is float32 either way.
+    # Float32 products: for float32 inputs on a GPU (not TF32's 10-bit mantissas), and under the
+    # interpreter for bf16 (Triton 3.9 multiplies bf16 tiles wrongly there; the products of bf16
+    # values are exact in float32, as on a tensor core, and the sum is float32 either way).
     if DOT_F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b)
 
 
@@ -205,7 +206,7 @@ def _launch(q, cache_k, cache_v, T: int, n_keys: int, pos, block_m: int, n_split
         out.stride(0), out.stride(1), qk_scale,
         HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
         BLOCK_N=BLOCK_N, POS_FROM_PTR=pos is not None, SPLIT=split,
-        DOT_F32=q.dtype == torch.bfloat16 and interpreting(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        DOT_F32=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and interpreting()), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if split:
         _combine_kernel[(triton.cdiv(n_rows, COMBINE_BLOCK_R), n_kv)](
             part, stat, out, n_rep, n_rows, n_splits, out.stride(0), out.stride(1),
@@ -222,7 +223,9 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, sta
     T = q.shape[0]
     if start < 0 or start + T > cache_k.shape[1]:
         raise ValueError(f"rows [{start}, {start + T}) outside a cache of {cache_k.shape[1]} positions")
-    return _launch(q, cache_k, cache_v, T, start + T, None, PREFILL_BLOCK_M, n_splits)
+    n_rows = T * (q.shape[1] // cache_k.shape[0])
+    block_m = DECODE_BLOCK_M if n_rows <= DECODE_BLOCK_M else PREFILL_BLOCK_M  # T = 1: one small tile
+    return _launch(q, cache_k, cache_v, T, start + T, None, block_m, n_splits)
 
 
 def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, pos: torch.Tensor,
@@ -257,10 +260,8 @@ def _compile_specs() -> list[dict]:
     `aligned`: arguments a real launch passes 16-byte aligned / divisible by 16."""
     specs = []
     for dtype in ("bf16", "fp16"):
-        for decode in (False, True):
+        for block_m, decode in ((PREFILL_BLOCK_M, False), (DECODE_BLOCK_M, False), (DECODE_BLOCK_M, True)):
             for split in (False, True):
-                if decode and not split:
-                    continue  # decode plans always split over a bucket >= 256 keys on a real GPU
                 sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "o_ptr": f"*{dtype}",
                        "part_ptr": "*fp32" if split else f"*{dtype}", "stat_ptr": "*fp32" if split else f"*{dtype}",
                        "pos_ptr": "*i64" if decode else f"*{dtype}",
@@ -272,10 +273,10 @@ def _compile_specs() -> list[dict]:
                        "BLOCK_DV": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                        "POS_FROM_PTR": "constexpr", "SPLIT": "constexpr", "DOT_F32": "constexpr"}
                 specs.append({
-                    "name": f"attention_{'decode' if decode else 'prefill'}{'_split' if split else ''}_{dtype}",
+                    "name": f"attention_{'decode' if decode else 'prefill'}_m{block_m}{'_split' if split else ''}_{dtype}",
                     "kernel": _attention_kernel, "signature": sig,
                     "constexprs": {"HEAD_DIM": 128, "V_HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_DV": 128,
-                                   "BLOCK_M": DECODE_BLOCK_M if decode else PREFILL_BLOCK_M, "BLOCK_N": BLOCK_N,
+                                   "BLOCK_M": block_m, "BLOCK_N": BLOCK_N,
                                    "POS_FROM_PTR": decode, "SPLIT": split, "DOT_F32": False},
                     "num_warps": NUM_WARPS, "num_stages": NUM_STAGES,
                     "aligned": [n for n in sig if sig[n].startswith("*")]
