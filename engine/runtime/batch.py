@@ -29,7 +29,8 @@ import torch
 
 from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
-from .generate import StopStringFilter, check_params, make_generator, sample
+from . import generate as _generate
+from .generate import StopStringFilter, apply_processors, check_params, make_generator, sample, token_logprob
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
 from .session import Key, position_keys, reusable_prefix
 
@@ -76,7 +77,8 @@ class _Sequence:
         self.pending: int | None = None  # the sampled token the next step feeds
         self.generated: list[int] = []
         self.cached: list[int] = []  # generated ids whose K/V are in the cache
-        self.decoder = tokenizer.stream()
+        self.decoder = tokenizer.stream(skip_special=False) if req.params.control_text else tokenizer.stream()
+        self.logprobs = [] if req.params.logprobs is not None else None
         self.stop = StopStringFilter(req.params.stop)
         self.generator = None
         self.seen = None
@@ -349,6 +351,9 @@ class BatchScheduler:
                 s.seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
                 ids = torch.tensor(s.req.prompt.ids, dtype=torch.long, device=logits.device)
                 s.seen[ids.clamp_(0, logits.shape[-1] - 1)] = True
+        raw = logits
+        if params.logits_processors or _generate.TEST_LOGITS_HOOK is not None:
+            logits = apply_processors(params, s.generated, logits)
         token = sample(logits, params, s.generator, s.seen)
         s.n_sampled += 1
         s.t_last = time.perf_counter()
@@ -356,6 +361,8 @@ class BatchScheduler:
             s.t_first = s.t_last
         if token == self.tokenizer.eos_id and not params.ignore_eos:
             return self._finish(s, "stop")
+        if s.logprobs is not None:
+            s.logprobs.append(token_logprob(raw, token, params.logprobs, self.tokenizer))
         s.generated.append(token)
         if s.seen is not None:
             s.seen[token] = True
@@ -396,8 +403,10 @@ class BatchScheduler:
         if reason in ("stop", "length") and s.generated and self.tokenizer.decode(s.generated) == s.stop.text:
             self.replies.remember(s.stop.text, s.generated)
         self._release(s)
-        s.req.future.set_result(self._result(s.req, s.generated, s.stop.text, s.reused, cache, reason,
-                                             s.t_first, s.t_last, s.n_sampled))
+        result = self._result(s.req, s.generated, s.stop.text, s.reused, cache, reason, s.t_first, s.t_last,
+                              s.n_sampled)
+        result.logprobs = s.logprobs
+        s.req.future.set_result(result)
 
     def _fail(self, s: _Sequence, exc: BaseException) -> None:
         # The cache's length counts only rows whose forward pass completed: a prefix of the
@@ -448,6 +457,12 @@ class BatchedEngine:
         if tools:
             return encode_chat(self.tokenizer, messages, grid, tools)
         return encode_reusing_replies(self.tokenizer, messages, grid, self.scheduler.replies)
+
+    def generate_from(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
+                      cancel: threading.Event | None = None, session_key: str | None = None,
+                      priority: bool = False) -> GenerationResult:
+        """Reply to an encoded prompt (from `encode`)."""
+        return self.scheduler.generate(prompt, params, on_piece, cancel, priority)
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None, tools=None,

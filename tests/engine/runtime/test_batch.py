@@ -18,6 +18,7 @@ from PIL import Image
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams
 from tramontane.engine.mistral3.chat_format import EncodedPrompt, encode_chat
 from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler
+from tramontane.engine.runtime.generate import ScriptedLogits
 from tramontane.engine.runtime.local import LocalEngine
 from tramontane.engine.runtime.prefix_cache import BLOCK_TOKENS
 
@@ -118,6 +119,12 @@ def test_eos_stop_strings_and_sampling_settings_per_sequence(engine):
     if stop:
         settings[2].stop = [stop]
         expected[2] = alone(engine, prompts[2], settings[2])
+    # log-probabilities, and a logits processor (a scripted reply, as a grammar's mask would steer it)
+    prompts += random_prompts(engine, [17, 8], seed=10)
+    script = ScriptedLogits([900, 901, 1500, 77], engine.tokenizer.eos_id)
+    settings += [SamplingParams(max_tokens=10, temperature=0.0, logprobs=3, ignore_eos=True),
+                 SamplingParams(max_tokens=10, temperature=0.0, logits_processors=(script,))]
+    expected += [alone(engine, p, s) for p, s in zip(prompts[3:], settings[3:])]
     sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=16)
     pieces = [[] for _ in prompts]
     futures = [sched.submit(p, s, on_piece=pieces[i].append) for i, (p, s) in enumerate(zip(prompts, settings))]
@@ -127,6 +134,10 @@ def test_eos_stop_strings_and_sampling_settings_per_sequence(engine):
         got = f.result(timeout=0)
         assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason), i
         assert "".join(pieces[i]) == want.text
+    assert expected[4].token_ids == [900, 901, 1500, 77] and expected[4].finish_reason == "stop"
+    got, want = futures[3].result().logprobs, expected[3].logprobs
+    assert [(x.token_id, [a.token_id for a in x.top]) for x in got] == [(x.token_id, [a.token_id for a in x.top]) for x in want]
+    assert max(abs(x.logprob - y.logprob) for x, y in zip(got, want)) < 1e-4
 
 
 def test_images_are_encoded_outside_the_step_and_replies_match_alone(engine):
