@@ -17,12 +17,14 @@ The kernel (FlashAttention-2's loop):
   * Optional split over keys (flash-decoding): when rows x KV heads give too few programs to
     fill the GPU (decode, short turns over a long cache) each program takes one key range and
     writes float32 (acc, max, sum) partials; `_combine_kernel` merges them per row.
-Scratch: the output (T, heads, d) and at most MAX_SPLITS partial rows per row: O(T x head_dim),
-never O(T x S).
+Scratch: the output (T, heads, d) and, when split, float32 partials bounded by the SM count
+(scratch_bytes): O(T x head_dim), never O(T x S).
 
-Tiles: BLOCK_M = 64 rows (prefill) / 16 (decode: tl.dot's smallest M; n_rep <= 16 fill it),
-BLOCK_N = 64 keys, 4 warps (sm_80+: a 64 x 128 float32 accumulator is 64 registers a thread),
-2 stages. No GPU was lent while writing this: tile sizes to be confirmed on one.
+Tiles: BLOCK_M = 64 rows (prefill) / 16 (T * n_rep <= 16: decode; tl.dot's smallest M),
+BLOCK_N = 64 keys, 4 warps, 2 stages. Offline compile at head_dim 128, bf16 (ptxas, sm_90):
+64-row tile 223 registers (168 split), 16-row 102 (96 split), combine 48, no spills; shared
+memory 80 KiB (sm_90/100) / 56 KiB (sm_80-89, 120) / 64 KiB (sm_75, fp16). No GPU was lent
+while writing this: tile sizes and warps to be confirmed on one.
 """
 from __future__ import annotations
 
@@ -166,6 +168,27 @@ def split_plan(n_programs: int, n_keys: int, device: torch.device) -> tuple[int,
     return triton.cdiv(n_keys, keys_per_split), keys_per_split
 
 
+def launch_plan(T: int, n_rep: int, n_kv: int, n_keys: int, device: torch.device,
+                n_splits: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_M, n_splits, keys_per_split) of one call: T * n_rep rows of each of n_kv heads
+    over n_keys keys (the bucket for decode). Up to 16 rows (decode, T = 1) take the small tile."""
+    n_rows = T * n_rep
+    block_m = DECODE_BLOCK_M if n_rows <= DECODE_BLOCK_M else PREFILL_BLOCK_M
+    if n_splits is None:
+        return (block_m, *split_plan(triton.cdiv(n_rows, block_m) * n_kv, n_keys, device))
+    keys_per_split = triton.cdiv(triton.cdiv(n_keys, BLOCK_N), n_splits) * BLOCK_N
+    return block_m, triton.cdiv(n_keys, keys_per_split), keys_per_split
+
+
+def scratch_bytes(T: int, n_heads: int, n_kv: int, v_head_dim: int, elem_size: int, sm_count: int) -> int:
+    """Most memory one call allocates, for the memory plan: the output (T, heads, d_v) and, when
+    the keys are split, float32 partials (d_v + max + sum) for splits x rows x KV heads, which
+    is under 4 * BLOCK_M * SMs (splits only while row blocks x KV heads < 2 x SMs) and under
+    MAX_SPLITS x T x heads; independent of the key count."""
+    partial_rows = min(4 * PREFILL_BLOCK_M * sm_count, MAX_SPLITS * T * n_heads)
+    return T * n_heads * v_head_dim * elem_size + partial_rows * (v_head_dim + 2) * 4
+
+
 def _check(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
     if q.dim() != 3 or cache_k.dim() != 3 or cache_v.dim() != 3:
         raise ValueError(f"attention wants q (T, heads, d) and one layer's cache (kv_heads, capacity, d), "
@@ -177,7 +200,7 @@ def _check(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> Non
         raise ValueError("attention wants rows contiguous in head_dim")
 
 
-def _launch(q, cache_k, cache_v, T: int, n_keys: int, pos, block_m: int, n_splits: int | None) -> torch.Tensor:
+def _launch(q, cache_k, cache_v, T: int, n_keys: int, pos, n_splits: int | None) -> torch.Tensor:
     """Shared by both entry points: n_keys is the key count (prefill) or the bucket (decode,
     keys > pos masked in the kernel); pos None or the device position tensor."""
     n_kv, _, head_dim = cache_k.shape
@@ -185,12 +208,8 @@ def _launch(q, cache_k, cache_v, T: int, n_keys: int, pos, block_m: int, n_split
     n_rep = n_heads // n_kv
     n_rows = T * n_rep
     out = torch.empty(T, n_heads, v_head_dim, dtype=q.dtype, device=q.device)
+    block_m, n_splits, keys_per_split = launch_plan(T, n_rep, n_kv, n_keys, q.device, n_splits)
     row_blocks = triton.cdiv(n_rows, block_m)
-    if n_splits is None:
-        n_splits, keys_per_split = split_plan(row_blocks * n_kv, n_keys, q.device)
-    else:
-        keys_per_split = triton.cdiv(triton.cdiv(n_keys, BLOCK_N), n_splits) * BLOCK_N
-        n_splits = triton.cdiv(n_keys, keys_per_split)
     split = n_splits > 1
     if split:
         part = torch.empty(n_splits, n_kv, n_rows, v_head_dim, dtype=torch.float32, device=q.device)
@@ -223,9 +242,7 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, sta
     T = q.shape[0]
     if start < 0 or start + T > cache_k.shape[1]:
         raise ValueError(f"rows [{start}, {start + T}) outside a cache of {cache_k.shape[1]} positions")
-    n_rows = T * (q.shape[1] // cache_k.shape[0])
-    block_m = DECODE_BLOCK_M if n_rows <= DECODE_BLOCK_M else PREFILL_BLOCK_M  # T = 1: one small tile
-    return _launch(q, cache_k, cache_v, T, start + T, None, block_m, n_splits)
+    return _launch(q, cache_k, cache_v, T, start + T, None, n_splits)
 
 
 def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, pos: torch.Tensor,
@@ -237,7 +254,7 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     if q.shape[0] != 1 or bucket > cache_k.shape[1]:
         raise ValueError(f"decode attention takes one row over at most the cache's {cache_k.shape[1]} "
                          f"positions, got {q.shape[0]} rows over {bucket}")
-    return _launch(q, cache_k, cache_v, 1, bucket, pos, DECODE_BLOCK_M, n_splits)
+    return _launch(q, cache_k, cache_v, 1, bucket, pos, n_splits)
 
 
 def attention_reference(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int) -> torch.Tensor:

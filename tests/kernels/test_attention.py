@@ -141,6 +141,25 @@ def test_split_plan_fills_the_gpu_and_bounds_scratch(monkeypatch):
     assert attn.split_plan(1, 10 ** 6, cuda)[0] <= attn.MAX_SPLITS
 
 
+def test_scratch_is_bounded_by_rows_not_keys(monkeypatch):
+    """What a call allocates (output + split partials, from the launch plan) stays under
+    scratch_bytes, which the memory plan counts, at any key count up to 128k."""
+    monkeypatch.setattr(attn, "_sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    dv, elem = 128, 2
+    for n_kv in (1, 2, 8):
+        for n_rep in (1, 4, 5):
+            for T in (1, 2, 7, 16, 33, 100, 129, 600, 2048):
+                bound = attn.scratch_bytes(T, n_kv * n_rep, n_kv, dv, elem, 132)
+                assert bound <= T * n_kv * n_rep * dv * elem + 4 * 64 * 132 * (dv + 2) * 4
+                for n_keys in (T, T + 255, 4100, 32768, 131072):
+                    _, n_splits, _ = attn.launch_plan(T, n_rep, n_kv, n_keys, cuda)
+                    used = T * n_kv * n_rep * dv * elem
+                    if n_splits > 1:
+                        used += n_splits * n_kv * T * n_rep * (dv + 2) * 4
+                    assert used <= bound, (n_kv, n_rep, T, n_keys)
+
+
 def _mutant(tmp_path, old: str, new: str):
     """kernels/attention.py with one line of the kernel changed, imported as its own module."""
     src = open(attn.__file__).read()
