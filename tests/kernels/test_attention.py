@@ -264,13 +264,15 @@ def forced_flash(monkeypatch):
 
 
 def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_flash, float32_cpu_path):
-    """Tiny fixture model (f32, GQA 4 heads over 2): a 30-token prefill, 10 more rows over the
-    cached keys, then the CUDA-graph decode body at position 40 in a 64-key bucket. Triton
-    branch vs sdpa branch: float32 logits within 1e-4 (observed ~1e-6)."""
+    """Tiny fixture model (f32, GQA 4 heads over 2): a 30-token prefill in chunks of 16 (the
+    second over cached keys), 10 more rows over the cache (a reused-KV turn), then the CUDA-graph
+    decode body at position 40 in a 64-key bucket. Triton branch vs sdpa branch: float32 logits
+    within 1e-4 (observed ~1e-6)."""
     from tramontane.engine.mistral3.text import Mistral3Text
 
     use, calls = forced_flash
     model = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_tiny-f32.gguf"), device="cpu")
+    model.prefill_chunk = 16
     ids = torch.randint(0, model.cfg.vocab_size, (41,), generator=torch.Generator().manual_seed(3))
     results = {}
     for on in (False, True):
@@ -282,6 +284,8 @@ def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_f
         step = model.decode_static(model.embed(ids[40:41]), torch.tensor([40]), cache, 64)
         results[on] = (first, reused, step)
     n_layers = model.cfg.n_layers
-    assert calls == {"attention": 2 * n_layers, "decode_attention": n_layers}
+    assert calls == {"attention": 3 * n_layers, "decode_attention": n_layers}
     for sdpa, flash in zip(results[False], results[True]):
-        assert (sdpa - flash).abs().max().item() <= 1e-4
+        err = (sdpa - flash).abs().max().item()
+        print(f"Triton vs sdpa logits: max abs diff {err:.1e} (max |logit| {sdpa.abs().max().item():.2f})")
+        assert err <= 1e-4
