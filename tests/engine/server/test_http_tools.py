@@ -263,3 +263,88 @@ def test_a_tool_message_must_name_its_call(served):
     with pytest.raises(openai.BadRequestError) as err:
         served.client.chat.completions.create(model="m", messages=ASK + [{"role": "tool", "content": "x"}])
     assert err.value.body["param"] == "messages[1].tool_call_id"
+
+
+# ----------------------------------------------------------------------------- the v13 format
+
+@pytest.fixture
+def v13(served):
+    """The served model speaking v13 (Ministral 3's format): its vocabulary with slots 32/33
+    named [ARGS]/[CALL_ID] and a v13 template marker (the weights are random anyway)."""
+    from tramontane.engine.gguf import open_gguf
+    from tramontane.engine.mistral3.chat_format import instruct_version
+    from tramontane.engine.mistral3.tokenizer import Tokenizer
+
+    with open_gguf(MODEL) as gf:
+        kv = dict(gf.kv)
+    tokens = list(kv["tokenizer.ggml.tokens"])
+    tokens[32], tokens[33] = "[ARGS]", "[CALL_ID]"
+    kv["tokenizer.ggml.tokens"] = tokens
+    kv["tokenizer.chat_template"] = "{{- '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}"
+    tok = Tokenizer.from_kv(kv, "tiny-v13.gguf")
+    assert instruct_version(tok) == 13
+    original = served.engine.tokenizer
+    served.executor.submit(lambda engine: setattr(engine, "tokenizer", tok)).result()
+    yield tok
+    served.executor.submit(lambda engine: setattr(engine, "tokenizer", original)).result()
+
+
+def _reference_prompt_v13(messages, tools):
+    import pathlib
+    import tempfile
+
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    data = json.loads(TINY_JSON.read_text(encoding="utf-8"))
+    data["config"]["version"] = "v13"
+    for entry in data["special_tokens"]:
+        entry["token_str"] = {32: "[ARGS]", 33: "[CALL_ID]"}.get(entry["rank"], entry["token_str"])
+    path = pathlib.Path(tempfile.mkdtemp()) / "tekken_tiny_v13.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    request = ChatCompletionRequest.from_openai(messages=messages, tools=tools)
+    return MistralTokenizer.from_file(str(path)).encode_chat_completion(request).tokens
+
+
+def test_v13_tool_loop_streamed(served, v13, monkeypatch):
+    ids = [v13.token_id("[TOOL_CALLS]"), *v13.encode("get_weather"), v13.token_id("[ARGS]"),
+           *v13.encode('{"city": "Rome", "unit": "c"}'),
+           v13.token_id("[TOOL_CALLS]"), *v13.encode("local_time"), v13.token_id("[ARGS]"),
+           *v13.encode('{"tz": "CET"}')]
+    monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", gen.ScriptedLogits(ids, v13.eos_id))
+    _, deltas, finish = _collect(served.client.chat.completions.create(
+        model="m", messages=ASK, tools=[WEATHER, TIME], stream=True))
+    assert finish == ["tool_calls"]
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for tc in d.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"arguments": ""})
+            if tc.id:
+                entry.update(id=tc.id, name=tc.function.name)
+            entry["arguments"] += tc.function.arguments or ""
+    assert [calls[i]["name"] for i in (0, 1)] == ["get_weather", "local_time"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "Rome", "unit": "c"}
+    assert json.loads(calls[1]["arguments"]) == {"tz": "CET"}
+    assert all(len(c["id"]) == 9 for c in calls.values())
+    assert served.finished[-1].result.prompt_token_ids == _reference_prompt_v13(ASK, [WEATHER, TIME])
+
+    monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", gen.ScriptedLogits(v13.encode("Sunny, 14:05."), v13.eos_id))
+    assistant = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": calls[i]["id"], "type": "function",
+         "function": {"name": calls[i]["name"], "arguments": calls[i]["arguments"]}} for i in (0, 1)]}
+    messages = ASK + [assistant, {"role": "tool", "tool_call_id": calls[1]["id"], "content": "14:05"},
+                      {"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny"}]
+    reply = served.client.chat.completions.create(model="m", messages=messages, tools=[WEATHER, TIME])
+    assert reply.choices[0].message.content == "Sunny, 14:05." and reply.choices[0].finish_reason == "stop"
+    # results given out of call order: v13 puts them back in call order, as mistral-common does
+    assert served.finished[-1].result.prompt_token_ids == _reference_prompt_v13(messages, [WEATHER, TIME])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_v13_required_call_validates(served, v13, seed):
+    reply = served.client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], seed=seed,
+                                                  tool_choice="required", temperature=1.0, max_tokens=200)
+    for call in reply.choices[0].message.tool_calls:
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments),
+                            {**WEATHER["function"]["parameters"], "additionalProperties": False})
