@@ -56,16 +56,15 @@ _TORCH_TO_TRITON = {
     torch.int64: "i64", torch.bool: "i1",
 }
 # scalar argument types -> (ctypes type, PTX parameter type)
+# (only the widths whose fit _arg_class below decides: launches are cached by it)
 _SCALARS = {
-    "i1": (ctypes.c_int8, "u8"), "i8": (ctypes.c_int8, "u8"), "u8": (ctypes.c_uint8, "u8"),
-    "i16": (ctypes.c_int16, "u16"), "u16": (ctypes.c_uint16, "u16"),
+    "i1": (ctypes.c_int8, "u8"),
     "i32": (ctypes.c_int32, "u32"), "u32": (ctypes.c_uint32, "u32"),
     "i64": (ctypes.c_int64, "u64"), "u64": (ctypes.c_uint64, "u64"),
     "fp32": (ctypes.c_float, "f32"), "f32": (ctypes.c_float, "f32"), "fp64": (ctypes.c_double, "f64"),
 }
 _INT_RANGES = {"i32": (-(1 << 31), 1 << 31), "u32": (0, 1 << 32), "i64": (-(1 << 63), 1 << 63),
-               "u64": (0, 1 << 64), "i16": (-(1 << 15), 1 << 15), "u16": (0, 1 << 16),
-               "i8": (-128, 128), "u8": (0, 256), "i1": (0, 2)}
+               "u64": (0, 1 << 64), "i1": (0, 2)}
 
 
 class AotError(RuntimeError):
@@ -206,7 +205,9 @@ def parse_manifest(folder: Path) -> list[Artifact]:
         missing = [k for k in _REQUIRED if not isinstance(e, dict) or k not in e]
         if missing:
             raise AotError(f"{path}: artifact {i} lacks {missing}")
-        for t in e["types"].values():
+        if not isinstance(e["types"], list):  # [name, type] pairs: the kernel's parameter order
+            raise AotError(f"{path}: artifact {i} ({e['kernel']}): types must be a list of [name, type]")
+        for _, t in e["types"]:
             if not (t.startswith("*") or t in _SCALARS):
                 raise AotError(f"{path}: artifact {i} ({e['kernel']}) has an argument of type {t!r}, "
                                "which this launcher cannot pass")
@@ -280,6 +281,18 @@ def matches(art: Artifact, args: dict, constexprs: dict, num_warps: int, options
         return False
     return (all(_fits(t, args[n]) for n, t in art.types.items())
             and all(_divisible(args[n]) for n in art.divisible))
+
+
+def _arg_class(v) -> tuple:
+    """Everything `matches` asks of an argument (type, which int widths it fits, multiple of
+    16): launches with equal classes pick the same artifact, so the pick is cached by them."""
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, bool):
+        return ("b",)
+    if isinstance(v, int):
+        return ("i", -(1 << 31) <= v < (1 << 31), v >= 0, v < (1 << 32), v < (1 << 63), v % 16 == 0)
+    return (type(v),)
 
 
 def ctypes_of(t: str):
@@ -416,6 +429,14 @@ class Launcher:
     def pick(self, kernel, args: dict, constexprs: dict, num_warps: int, options: dict,
              num_stages: int = 3) -> Artifact:
         kid = kernel_id(kernel)
+        key = (kid, tuple((n, _arg_class(v)) for n, v in args.items()), tuple(constexprs.items()),
+               num_warps, num_stages, tuple(sorted(options.items())))
+        art = self._picked.get(key)
+        if art is None:
+            art = self._picked[key] = self._pick(kid, args, constexprs, num_warps, options, num_stages)
+        return art
+
+    def _pick(self, kid, args: dict, constexprs: dict, num_warps: int, options: dict, num_stages: int) -> Artifact:
         candidates = [a for a in self.by_kernel.get(kid, ())
                       if matches(a, args, constexprs, num_warps, options, num_stages)]
         if not candidates:
@@ -444,6 +465,8 @@ class Launcher:
         if fn is None:
             fn = self._functions[(id(art), device)] = _driver().load(art, device)
         grid = tuple(grid) + (1,) * (3 - len(grid))
+        if grid[0] * grid[1] * grid[2] == 0:
+            return  # nothing to do (as Triton's launcher: the driver rejects an empty grid)
         keep, scratch = [], []
         for size, align in ((art.global_scratch_size, art.global_scratch_align),
                             (art.profile_scratch_size, art.profile_scratch_align)):

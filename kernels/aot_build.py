@@ -190,7 +190,8 @@ def compile_spec(spec, cc: int) -> dict:
                            f"{len(spec.types)} arguments + {len(HIDDEN_POINTER_PARAMS)} scratch pointers")
     cubin = k.asm["cubin"]
     k.module = None  # never loaded: keeps CompiledKernel.__del__ (Triton 3.9) from failing noisily
-    return {**spec_key(spec), "types": {n: sig[n] for n in names if sig[n] != "constexpr"}, "cc": cc,
+    # the runtime arguments as [name, type] pairs: their order is the kernel's parameter order
+    return {**spec_key(spec), "types": [[n, sig[n]] for n in names if sig[n] != "constexpr"], "cc": cc,
             "name": md.name, "hash": md.hash, "shared": md.shared,
             "global_scratch_size": md.global_scratch_size, "global_scratch_align": md.global_scratch_align,
             "profile_scratch_size": md.profile_scratch_size, "profile_scratch_align": md.profile_scratch_align,
@@ -263,7 +264,7 @@ def build(out: Path, targets, jobs: int, use_subset: bool = False, modules=KERNE
     import triton
     manifest = {"format": FORMAT, "triton": triton.__version__, "targets": list(targets),
                 "subset": use_subset, "artifacts": entries}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     (out / "resources.md").write_text(resource_table(entries), encoding="utf-8")
     return {"compiles": len(results), "errors": errors, "wall_s": wall, "jobs": jobs,
             "cpu_s": sum(r.get("seconds", 0) for r in results), "not_applicable": skipped}
@@ -272,8 +273,8 @@ def build(out: Path, targets, jobs: int, use_subset: bool = False, modules=KERNE
 def _label(e: dict) -> str:
     c = e["constexprs"]
     parts = [f"{k}={v}" for k, v in c.items() if k != "QTYPE"]
-    dts = [f"{n.removesuffix('_ptr')}:{t[1:]}" for n, t in e["types"].items() if t.startswith("*") and t != "*u8"]
-    unaligned = "" if "w_ptr" in e["divisible"] or "w_ptr" not in e["types"] else " w unaligned"
+    dts = [f"{n.removesuffix('_ptr')}:{t[1:]}" for n, t in dict(e["types"]).items() if t.startswith("*") and t != "*u8"]
+    unaligned = "" if "w_ptr" in e["divisible"] or "w_ptr" not in dict(e["types"]) else " w unaligned"
     return " ".join(parts + dts) + f" {e['num_warps']}w{unaligned}"
 
 

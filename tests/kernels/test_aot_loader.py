@@ -31,11 +31,15 @@ BUILD = r'''
 import sys
 from pathlib import Path
 from tramontane.kernels import aot, aot_build, ggml_types as gt
+# Q6_K, bf16: dequant and the one-row decode (float32 partials), each with aligned and
+# unaligned weight rows (the model shapes have both)
 specs = [s for s in aot_build.collect_specs(("qmatmul",))["qmatmul"]
          if s.constexprs.get("QTYPE") == gt.Q6_K and s.applies_to(90)
-         and aot.kernel_id(s.kernel) in ("qmatmul._dequant_kernel", "qmatmul._decode_dot_kernel")
-         and s.types.get("part_ptr", "*fp32") == "*fp32"]
-assert len(specs) == 4, specs  # dequant and one-row decode, each with aligned and unaligned weight rows
+         and ((aot.kernel_id(s.kernel) == "qmatmul._dequant_kernel" and s.types["out_ptr"] == "*bf16")
+              or (aot.kernel_id(s.kernel) == "qmatmul._decode_dot_kernel" and s.types["x_ptr"] == "*bf16"
+                  and s.types["part_ptr"] == "*fp32"))]
+kinds = {(aot.kernel_id(s.kernel), "w_ptr" in s.divisible) for s in specs}
+assert len(kinds) == 4, specs
 res = aot_build.build(Path(sys.argv[1]), [80, 90], jobs=2, specs={"qmatmul": specs})
 assert not res["errors"], res["errors"]
 '''
@@ -175,7 +179,7 @@ def test_no_compiler_means_aot(monkeypatch, tmp_path):
 def test_manifest_of_a_build(built):
     arts = aot.parse_manifest(built)
     assert {a.cc for a in arts} == {80, 90}
-    assert len(arts) == 8
+    assert len(arts) >= 8 and len(arts) % 2 == 0
     for a in arts:
         aot.check_layout(a)  # our packing == the compiled entry's PTX parameters
         assert a.path.is_file() and a.name == a.kernel.split(".")[1]
@@ -194,7 +198,7 @@ def test_dequant_launch_without_compiler(no_compiler, monkeypatch):
     _cc(monkeypatch, 90)
     assert triton_compat.aot_mode() and triton_compat.triton_usable(torch.device("cuda"))
     for k, aligned in ((5120, False), (32768, True)):
-        w = _q6k(24, k)
+        w = _q6k(32, k)
         qmatmul.dequantize_triton(w, torch.bfloat16)
         rec = no_compiler.launches[-1]
         art = rec["art"]
@@ -204,9 +208,9 @@ def test_dequant_launch_without_compiler(no_compiler, monkeypatch):
         assert row_bytes == {5120: 4200, 32768: 26880}[k]
         vals = rec["values"]
         assert vals[0] == w.data.data_ptr()
-        assert vals[3:7] == [24, k, row_bytes, k // 256]  # N, K, row_bytes, n_blocks
+        assert vals[3:7] == [32, k, row_bytes, k // 256]  # N, K, row_bytes, n_blocks
         assert vals[7:] == [None, None]  # Triton's scratch pointers: none needed
-        assert rec["grid"] == (3, k // 256, 1) and rec["num_warps"] == 4
+        assert rec["grid"] == (4, k // 256, 1) and rec["num_warps"] == 4
         assert rec["shared"] == art.shared and rec["stream"] == 0x5157
 
 
@@ -233,9 +237,9 @@ def test_decode_launch_without_compiler(no_compiler, monkeypatch):
 @needs_compiler
 def test_no_build_for_a_launch_is_one_clear_error(no_compiler, monkeypatch):
     _cc(monkeypatch, 90)
-    w = _q6k(8, 5120)
+    w = _q6k(32, 5120)
     with pytest.raises(aot.AotError, match=r"no ahead-of-time build of qmatmul._dequant_kernel for sm_90 .*COMPILE_SPECS"):
-        qmatmul.dequantize_triton(w, torch.float16)  # only bf16 is built for sm_90
+        qmatmul.dequantize_triton(w, torch.float16)  # only bf16 was built here
 
 
 @needs_compiler
