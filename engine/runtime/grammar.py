@@ -177,10 +177,6 @@ class GrammarConstraint:
         allowed = self.allowed(generated).to(logits.device, non_blocking=True)
         return logits.masked_fill(~allowed, float("-inf"))
 
-    @property
-    def done(self) -> bool:
-        return self.matcher.is_stopped() or self.matcher.is_accepting()
-
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(ceil(V/32),) int32 words on the CPU, bit j of word w = token 32w + j -> bool (V,).

@@ -225,34 +225,31 @@ def engine_params(tokenizer, request: ToolRequest, params: SamplingParams) -> Sa
 
 def read_tool_calls(tokenizer, request: ToolRequest, result: GenerationResult) -> GenerationResult:
     """A reply in tool mode: its calls parsed into `tool_calls` and `text` left with the content
-    before them; a malformed call list stays text (without control-token names)."""
+    before them; a malformed call list (or a call to a tool not offered, or one cut off) stays
+    text, without the control-token names."""
     from ..mistral3.chat_format import instruct_version, parse_tool_calls
 
     if not request.calls_tools:
         return result
-    parsed = parse_tool_calls(result.text, instruct_version(tokenizer))
-    if parsed is None or result.finish_reason not in ("stop", "stop_string"):
-        result.text = tokenizer.decode(result.token_ids)[:_plain_length(tokenizer, result)]
-        return result
-    calls = parsed.tool_calls if request.parallel else parsed.tool_calls[:1]
-    allowed = {t.name for t in request.tools}
-    if any(c.name not in allowed for c in calls):  # a call to nothing offered: text, not a call
-        result.text = tokenizer.decode(result.token_ids)[:_plain_length(tokenizer, result)]
+    parsed = None
+    if result.finish_reason in ("stop", "stop_string"):
+        parsed = parse_tool_calls(result.text, instruct_version(tokenizer))
+    offered = {t.name for t in request.tools}
+    if parsed is None or any(c.name not in offered for c in parsed.tool_calls):
+        result.text = _without_control_names(tokenizer, result)
         return result
     result.text = parsed.content
-    result.tool_calls = calls
+    result.tool_calls = parsed.tool_calls if request.parallel else parsed.tool_calls[:1]
     return result
 
 
-def _plain_length(tokenizer, result: GenerationResult) -> int:
-    """The reply as plain text stops where the control-text reply was cut (stop string)."""
-    plain_full = tokenizer.decode(result.token_ids)
-    if result.finish_reason != "stop_string":
-        return len(plain_full)
-    shown = result.text
-    for name in ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"):
-        shown = shown.replace(name, "")
-    return len(shown)
+def _without_control_names(tokenizer, result: GenerationResult) -> str:
+    """The reply as plain text: the names of the control tokens it wrote taken out (the text is
+    kept as generated otherwise, stop string cut included)."""
+    text = result.text
+    for name in {tokenizer.piece(t) for t in result.token_ids if tokenizer.is_control(t)}:
+        text = text.replace(name, "")
+    return text
 
 
 # ----------------------------------------------------------------------------- reply shapes
