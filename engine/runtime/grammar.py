@@ -166,12 +166,19 @@ class GrammarConstraint:
         """Bool mask (vocab,) of the tokens allowed after `generated` (every token of the reply
         so far; those not yet seen are fed to the matcher first)."""
         new = generated[self._fed:]
+        self._fed = len(generated)
+        if self.matcher.is_stopped():  # complete (a reply that ignores EOS goes on): EOS only
+            return self._eos_only()
         if new and not self.matcher.consume_tokens(list(new)):
             self._fail_if_error()
-        self._fed = len(generated)
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
         self._fail_if_error()
         return unpack_bitmask(self._bitmask, self.vocab_size)
+
+    def _eos_only(self) -> torch.Tensor:
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[self.tokenizer.eos_token] = True
+        return mask
 
     def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
         allowed = self.allowed(generated).to(logits.device, non_blocking=True)

@@ -89,6 +89,17 @@ def test_json_schema_output_validates_on_every_seed(engine, seed):
     assert ", " in result.text or result.text.count(":") == 1  # Mistral's separators
 
 
+def test_ignore_eos_after_a_complete_grammar_keeps_to_eos(engine):
+    """A reply told to ignore EOS goes on after the JSON is complete: only EOS stays allowed
+    (the matcher is not fed past its end), so the JSON text is still whole."""
+    constraint = grammar.GrammarConstraint(engine.tokenizer, grammar.json_schema_grammar(PERSON))
+    params = SamplingParams(max_tokens=80, temperature=1.0, seed=0, ignore_eos=True,
+                            logits_processors=(constraint,))
+    result = engine.chat(HI, params)
+    assert result.finish_reason == "length"
+    jsonschema.validate(json.loads(result.text), PERSON)  # EOS decodes to no text
+
+
 def test_without_the_grammar_the_same_seeds_write_no_json(engine):
     texts = [engine.chat(HI, SamplingParams(max_tokens=40, temperature=1.0, seed=s)).text for s in SEEDS]
     for text in texts:
