@@ -1,7 +1,7 @@
 """Markdown for chat messages: Qt's own CommonMark/GFM reader (QTextDocument.setMarkdown),
 a "Copy code" link above every fenced code block, a tinted background on code, and syntax
-highlighting by pygments when it is installed (a small keyword/string/comment highlighter
-otherwise).
+highlighting by pygments (a dependency; a small keyword/string/comment highlighter
+if a build lacks it).
 
 Model output is never trusted as HTML: setMarkdown does not run scripts or load remote
 resources, and links only open through the message view's own handler.
