@@ -11,12 +11,37 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Callable
 
 from .. import __version__
 from ..engine.private_files import restrict_umask
 
 APP_NAME = "Tramontane"
+# TRAMONTANE_STARTUP_PROBE=1: print how long after the process started the window was on
+# screen, and which heavy modules were imported by then; "exit" also quits there (tests).
+STARTUP_PROBE_ENV = "TRAMONTANE_STARTUP_PROBE"
+HEAVY_MODULES = ("torch", "numpy", "tramontane.engine.runtime.local", "aiohttp")
+_IMPORTED_AT = time.perf_counter()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: from /proc, so the interpreter's own start
+    and every import count; elsewhere: since this module was imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.perf_counter() - _IMPORTED_AT
+
+
+def startup_report() -> str:
+    heavy = [m for m in HEAVY_MODULES if m in sys.modules]
+    return (f"startup: window shown {process_age_s():.2f} s after the process started; "
+            f"imported by then: {', '.join(heavy) or 'none of ' + ', '.join(HEAVY_MODULES)}")
 
 
 def _print_version(_args) -> int:
@@ -130,6 +155,14 @@ def run_app(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     try:
         window = MainWindow(store, autoload=not args.no_autoload)
+        probe = os.environ.get(STARTUP_PROBE_ENV, "")
+        if probe:
+            def report() -> None:  # the first turn of the event loop after show: drawn
+                print(startup_report(), file=sys.stderr, flush=True)
+                if probe == "exit":
+                    window.close()
+
+            window.firstShown.connect(report)
         window.show()
         return app.exec()
     finally:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QLabel
 
 from ..engine.api import EngineError
-from ..engine.server.executor import ModelUnavailable, served_model_of
-from ..engine.server.http import OpenAIServer
-from ..engine.server.openai_api import RequestLimits, ServedModel
 from .worker import EngineInfo, EngineWorker
+
+if TYPE_CHECKING:  # the server (aiohttp, the engine) is imported when it first starts, not with the window
+    from ..engine.server.http import OpenAIServer
+    from ..engine.server.openai_api import RequestLimits, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ class WorkerExecutor(QObject):
         if not future.set_running_or_notify_cancel():
             return  # the client left while it waited
         try:
+            from ..engine.server.executor import ModelUnavailable
+
             engine = self._worker.engine
             if self._model is None:
                 raise ModelUnavailable("no local model is loaded in the window: load one, then try again")
@@ -66,7 +70,13 @@ class WorkerExecutor(QObject):
     @Slot()
     @Slot(object)
     def _refresh(self, _info: EngineInfo | None = None) -> None:
-        self._model = served_model_of(self._worker.engine)
+        engine = self._worker.engine
+        if engine is None:
+            self._model = None
+            return
+        from ..engine.server.executor import served_model_of
+
+        self._model = served_model_of(engine)
 
 
 class WindowServer(QObject):
@@ -110,6 +120,8 @@ class WindowServer(QObject):
             return
         self.stop()
         if on:
+            from ..engine.server.http import OpenAIServer
+
             try:
                 self.server = OpenAIServer(self.executor, host="127.0.0.1", port=port, limits=self.limits,
                                            on_finished=lambda finished: self._served.emit()).start()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, Signal, Slot
+from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QActionGroup, QFont, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout,
                                QInputDialog, QLabel, QLineEdit, QListView, QMainWindow, QMenu, QMessageBox,
@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDialogButtonBox, QFileDia
                                QVBoxLayout, QWidget)
 
 from .chat_session import ChatSession
+from .jobs import Jobs
 from .model_files import why_not_a_model
 from .single_instance import InstanceServer
 from .dialogs.servers import EngineChoiceCombo, ServersDialog
@@ -34,7 +35,7 @@ from .widgets.icons import icon
 from .widgets.model_bar import NO_VISION_HINT, ModelBar, device_line, escape
 from .widgets.theme import is_dark, style_sheet
 from .serving import ServerStatusLabel, WindowServer
-from .worker import EngineInfo, EngineWorker, can_grow_context, warm_up_imports
+from .worker import EngineInfo, EngineWorker, can_grow_context
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,14 @@ def running_fit(info: EngineInfo | None):
 
     kind = "partial" if info.split else "cpu" if info.device == "cpu" else "gpu"
     return Fit(kind, f"Loaded now: {device_line(info)}")
+
+
+def local_models(models_dir: str | None) -> list[tuple[str, str]]:
+    """(model, projector) of the loadable models in the models folder (runs as a job)."""
+    from ..engine.library.local import scan_models
+
+    return [(str(m.path), str(m.mmproj or "")) for m in scan_models(models_dir)
+            if not m.is_projector and m.error is None]
 
 
 class MainWindow(QMainWindow):
@@ -70,11 +79,13 @@ class MainWindow(QMainWindow):
         self.dark = is_dark()
         self._load_errors: set[str] = set()  # load failures shown as chat notices
         self._draft_shown = False  # the composer holds the current chat's draft
+        self.jobs = Jobs(self)
+        self._local_found: list[tuple[str, str]] | None = None  # models found on this computer
+        self._scanning = False
 
-        warm_up_imports()
-        markdown.warm_up()
         self.worker = EngineWorker()
         self.worker.loadProgress.connect(self._on_load_progress)
+        self.worker.warmedUp.connect(self._on_warmed_up)
         self.worker.loaded.connect(self._on_loaded)
         self.worker.loadFailed.connect(self._on_load_failed)
         self.worker.unloaded.connect(self._on_unloaded)
@@ -88,6 +99,8 @@ class MainWindow(QMainWindow):
         self.session.replyFinished.connect(self.replyFinished)
         self.session.replyFailed.connect(self.replyFailed)
         self.worker.start()
+        self._shown_once = False
+        self._autoload = autoload
         # A second launch on this data dir asks us to come to the front (see main.run_app).
         self.instance_server = InstanceServer(self.store.data_dir, self)
         self.instance_server.raiseRequested.connect(self.bring_to_front)
@@ -114,11 +127,39 @@ class MainWindow(QMainWindow):
         self.chat_model.refresh()
         last = self.settings.last_chat_id
         self.open_chat(last if self.chat_model.row_of(last) >= 0 else None)
+        self._update_model_state()
+
+    firstShown = Signal()  # the window is on screen (the first turn of the event loop after show)
+
+    def showEvent(self, event) -> None:  # noqa: N802
+        super().showEvent(event)
+        if not self._shown_once:
+            self._shown_once = True
+            QTimer.singleShot(0, self._first_turn)
+
+    def _first_turn(self) -> None:
+        """Once the window is on screen: the engine (torch...) is imported on the worker and
+        the last model loads behind it, so the window never waits for them."""
+        self.firstShown.emit()
+        self.worker.warm_up()
         # A chat bound to a server has asked for it already (open_chat): the last local model
         # would take its place and answer its next message.
-        if autoload and self._chosen().is_local:
+        if self._autoload and self._chosen().is_local and self.engine_info is None and not self.loading:
             self.load_last_model()
-        self._update_model_state()
+        markdown.warm_up()
+
+    @Slot(float)
+    def _on_warmed_up(self, seconds: float) -> None:
+        """The engine is imported: say it when the native CPU kernels are missing (replies on
+        the CPU then run on torch's much slower path), not silently."""
+        log.info("engine imported on the worker in %.2f s", seconds)
+        from ..kernels import cpu_native
+        from .selftest import NO_KERNELS_FIX
+
+        if not cpu_native.AVAILABLE:
+            text = f"The native CPU kernels are not built, so CPU replies are slow: {NO_KERNELS_FIX}."
+            log.warning("%s (%s)", text, cpu_native.IMPORT_ERROR)
+            self.status_label.setText(text)
 
     # The chat state lives in the session; these read it where the window is asked.
     @property
@@ -685,22 +726,22 @@ class MainWindow(QMainWindow):
         self.model_bar.show_context(used, size)
 
     def _show_empty_state(self) -> None:
-        local = []
-        if self.engine_info is None and not self.loading:
-            local = self._local_models()
+        no_model = self.engine_info is None and not self.loading
         self.empty.show_state(loaded=self.engine_info, loading=bool(self.loading),
-                              local_models=local, on_load=self.load_model)
+                              local_models=self._local_found or [] if no_model else [], on_load=self.load_model)
         self.stack.setCurrentWidget(self.empty)
+        if no_model and not self._scanning:
+            # The models on this computer are looked for off the UI thread (reading their
+            # headers imports the GGUF reader); the buttons come when they are found.
+            self._scanning = True
+            folder = self.settings.models_dir or None
+            self.jobs.run(lambda: local_models(folder), self._local_scanned, lambda _error: self._local_scanned([]))
 
-    def _local_models(self) -> list[tuple[str, str]]:
-        try:
-            from ..engine.library.local import scan_models
-
-            found = scan_models(self.settings.models_dir or None)
-        except Exception:  # noqa: BLE001 - an unreadable folder just lists nothing
-            return []
-        return [(str(m.path), str(m.mmproj or "")) for m in found
-                if not m.is_projector and m.error is None]
+    def _local_scanned(self, found: list[tuple[str, str]]) -> None:
+        self._scanning = False
+        changed, self._local_found = found != self._local_found, found
+        if changed and self.stack.currentWidget() is self.empty and self.engine_info is None and not self.loading:
+            self.empty.show_state(loaded=None, loading=False, local_models=found, on_load=self.load_model)
 
     def _update_header(self, title: str | None = None) -> None:
         if title is None:
@@ -793,13 +834,15 @@ class MainWindow(QMainWindow):
     def load_last_model(self) -> bool:
         model, mmproj = self.settings.last_model
         if model and Path(model).is_file():
-            return self.load_model(model, mmproj if mmproj and Path(mmproj).is_file() else "")
+            # Loaded before: not read again here (at start that would import the GGUF reader
+            # before the window shows); the worker says it in words if the file changed.
+            return self.load_model(model, mmproj if mmproj and Path(mmproj).is_file() else "", check=False)
         return False
 
-    def load_model(self, model_path: str, mmproj_path: str = "") -> bool:
+    def load_model(self, model_path: str, mmproj_path: str = "", check: bool = True) -> bool:
         """Load a local GGUF (and its projector) on the worker; the bar shows progress. A
         file that is not a model is refused first, in words, and the loaded model stays."""
-        why_not = why_not_a_model(model_path)
+        why_not = why_not_a_model(model_path) if check else ""
         if why_not:
             info = self.engine_info
             if info is not None:

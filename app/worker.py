@@ -79,9 +79,10 @@ class ChatRequest:
 def warm_up_imports() -> None:
     """Import the engine (torch, gguf, tokenizers, Pillow plugins...) on the calling thread.
 
-    Call it on the UI thread before the window shows: imports hold the GIL for long
-    stretches (module bodies, C-extension init), so doing them lazily in the worker on the
-    first load or first image would freeze the UI for a moment."""
+    The window asks the worker to do it once it is on screen (`EngineWorker.warm_up`): the
+    window shows in a fraction of a second instead of after the engine's imports, which hold
+    the GIL in long stretches (the first moments after the window shows may stutter instead;
+    a model load queued behind it waits for it)."""
     from PIL import Image
 
     from ..engine.mistral3 import chat_format, image, tokenizer, vision  # noqa: F401
@@ -207,6 +208,8 @@ class EngineWorker(QObject):
     _chatRequested = Signal(object)  # ChatRequest
     _unloadRequested = Signal()
     _forgetRequested = Signal(str)
+    _warmUpRequested = Signal()
+    warmedUp = Signal(float)  # seconds the engine's imports took (on the worker)
 
     def __init__(self):
         super().__init__()
@@ -217,6 +220,7 @@ class EngineWorker(QObject):
         self._chatRequested.connect(self._chat)
         self._unloadRequested.connect(self._unload)
         self._forgetRequested.connect(self._forget)
+        self._warmUpRequested.connect(self._warm_up)
 
     # -- lifetime (UI thread) ----------------------------------------------------------------
     def start(self) -> QThread:
@@ -258,6 +262,19 @@ class EngineWorker(QObject):
 
     def unload(self) -> None:
         self._unloadRequested.emit()
+
+    def warm_up(self) -> None:
+        """Import the engine on the worker thread (the window calls this once it shows)."""
+        self._warmUpRequested.emit()
+
+    @Slot()
+    def _warm_up(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            warm_up_imports()
+        except Exception:  # noqa: BLE001 - a load reports what is missing, in words
+            log.exception("importing the engine failed")
+        self.warmedUp.emit(time.perf_counter() - t0)
 
     def forget_session(self, key: str) -> None:
         self._forgetRequested.emit(key)

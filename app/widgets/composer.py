@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainT
                                QToolButton, QVBoxLayout, QWidget)
 
 from ...engine.api import EngineError, ImagePart
-from ...engine.mistral3.image import MAX_IMAGE_PIXELS, decode_image
 from ..jobs import Jobs
 from .icons import icon
 
@@ -63,6 +62,10 @@ def image_size(data: bytes) -> tuple[int, int] | None:
 def check_image(data: bytes, name: str) -> tuple[int, int]:
     """(width, height) of image bytes, or AttachmentError. Reads the header only, so a
     decompression bomb costs nothing."""
+    # The engine (torch) is imported after the window shows; by the first attachment the
+    # worker has it, so this costs a lookup.
+    from ...engine.mistral3.image import MAX_IMAGE_PIXELS
+
     if not data:
         raise AttachmentError(f"{name}: the file is empty")
     if len(data) > MAX_IMAGE_BYTES:
@@ -310,6 +313,8 @@ class Composer(QFrame):
             self.show_message(f"{image.name}: already attached", error=False)
             return False
         if size[0] * size[1] <= DECODE_NOW_PIXELS:
+            from ...engine.mistral3.image import decode_image
+
             try:
                 decode_image(image.data, image.name)
             except EngineError as exc:
@@ -326,6 +331,8 @@ class Composer(QFrame):
         return True
 
     def _decode_in_background(self, image: ImagePart) -> None:
+        from ...engine.mistral3.image import decode_image
+
         key = image.sha256
         self.checking.add(key)
         self.jobs.run(lambda: decode_image(image.data, image.name) and None,

@@ -413,6 +413,8 @@ def test_first_run_empty_state_leads_to_models(qtbot, tmp_path, monkeypatch):
         os.symlink(src, models / src.name)
     window = make_window(qtbot, tmp_path / "data2", load=False)
     try:
+        # found off the UI thread after the window shows
+        qtbot.waitUntil(lambda: window.empty.local_buttons, timeout=30000)
         buttons = window.empty.local_buttons
         assert [b.text() for b in buttons] == [f"Load {MODEL.name} + projector"]
         buttons[0].click()
