@@ -10,6 +10,10 @@ greedy, ignore_eos, so every reply is exactly --tokens long). Rounds are paired:
 round r runs ours then theirs (the order flips every round), so slow spells of a shared machine
 fall on both; medians over rounds are reported, TTFT p50/p95 over every request at that N, and
 the load average before and after.
+
+--priority-prompt P (in this process, after the servers stop): the time to first token of a
+priority request (the window's reply) with a P-token prompt, idle and while --parallel API
+streams decode, alternated over --rounds (goal: at most 1.3x idle).
 """
 from __future__ import annotations
 
@@ -99,6 +103,43 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+def priority_ttft(args) -> None:
+    """The window's lane: a priority request's TTFT idle and beside --parallel running streams."""
+    from tramontane.engine.api import SamplingParams
+    from tramontane.engine.mistral3.chat_format import EncodedPrompt
+    from tramontane.engine.runtime.batch import BatchScheduler
+    from tramontane.engine.runtime.local import LocalEngine
+
+    engine = LocalEngine(args.model, None, device="cpu", context_length=args.context)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=args.parallel, context_length=args.context).start()
+    vocab = engine.tokenizer.vocab_size
+    stream = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
+    window = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+
+    def prompt(seed: int, n: int) -> EncodedPrompt:
+        return EncodedPrompt([engine.tokenizer.bos_id] + [1000 + (seed * 7919 + i * 104729) % (vocab - 1000)
+                                                          for i in range(n - 1)])
+
+    idle, busy = [], []
+    for r in range(args.rounds):
+        idle.append(sched.generate(prompt(2 * r, args.priority_prompt), window, priority=True).stats.ttft_s)
+        cancel = threading.Event()
+        streams = [sched.submit(prompt(100 + 10 * r + i, 20), stream, cancel=cancel) for i in range(args.parallel)]
+        while sched.active < args.parallel:
+            time.sleep(0.01)
+        time.sleep(0.5)  # they decode
+        busy.append(sched.generate(prompt(2 * r + 1, args.priority_prompt), window, priority=True).stats.ttft_s)
+        cancel.set()
+        for f in streams:
+            f.result()
+    sched.close()
+    engine.close()
+    a, b = statistics.median(idle), statistics.median(busy)
+    print(f"priority reply, {args.priority_prompt}-token prompt: TTFT idle {a:.2f} s, beside {args.parallel} "
+          f"streams {b:.2f} s ({b / a:.2f}x; rounds idle {[round(x, 2) for x in idle]}, "
+          f"busy {[round(x, 2) for x in busy]})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -110,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", type=int, default=8, help="sequences at once on both servers")
     ap.add_argument("--context", type=int, default=1024, help="tokens per slot")
     ap.add_argument("--ports", type=int, nargs=2, default=[18431, 18432])
+    ap.add_argument("--priority-prompt", type=int, default=0, metavar="P",
+                    help="then measure the priority lane's TTFT with a P-token prompt (0: skip)")
     args = ap.parse_args(argv)
 
     ours_port, theirs_port = args.ports
@@ -154,6 +197,9 @@ def main(argv=None) -> int:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    if args.priority_prompt:
+        os.environ["TRAMONTANE_THREADS"] = str(args.threads)
+        priority_ttft(args)
     return 0
 
 
