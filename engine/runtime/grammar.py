@@ -135,6 +135,14 @@ def tool_call_grammar(tok, version: int, tools: list[ToolSpec], *, parallel: boo
     return "\n".join(head + rules)
 
 
+def either_grammar(first: str, second: str) -> str:
+    """A reply that is either grammar (each as built here: its first rule is `start`)."""
+    if not (first.startswith("start:") and second.startswith("start:")):
+        raise GrammarError("either_grammar: both grammars must begin with their start rule")
+    return "\n".join(["start: first_ | second_", "first_:" + first[len("start:"):],
+                      "second_:" + second[len("start:"):]])
+
+
 def check_grammar(text: str) -> str:
     """Empty when the library accepts the grammar (schemas included), else its message."""
     _require()
@@ -195,4 +203,4 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 __all__ = ["GrammarConstraint", "GrammarError", "json_schema_grammar", "json_object_grammar",
-           "tool_call_grammar", "closed_objects", "check_grammar", "ll_tokenizer", "unpack_bitmask", "JSON_OPTIONS"]
+           "tool_call_grammar", "closed_objects", "check_grammar", "either_grammar", "ll_tokenizer", "unpack_bitmask", "JSON_OPTIONS"]

@@ -215,8 +215,10 @@ def engine_params(tokenizer, request: ToolRequest, params: SamplingParams) -> Sa
             t for t in request.tools if t.name == request.named]
         text = grammar.tool_call_grammar(tokenizer, instruct_version(tokenizer), tools,
                                          parallel=request.parallel and request.choice == "required")
-    elif request.calls_tools:
-        text = None  # auto: the model chooses; response_format applies to text replies only
+    elif request.calls_tools and text is not None:  # auto + response_format: calls, or that reply
+        calls = grammar.tool_call_grammar(tokenizer, instruct_version(tokenizer), request.tools,
+                                          parallel=request.parallel)
+        text = grammar.either_grammar(calls, text)
     if text is not None:
         processors.append(grammar.GrammarConstraint(tokenizer, text))
     return replace(params, logits_processors=tuple(processors), control_text=request.calls_tools,

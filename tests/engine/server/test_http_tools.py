@@ -348,3 +348,28 @@ def test_v13_required_call_validates(served, v13, seed):
         assert call.function.name == "get_weather"
         jsonschema.validate(json.loads(call.function.arguments),
                             {**WEATHER["function"]["parameters"], "additionalProperties": False})
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_auto_with_a_response_format_is_a_valid_call_or_a_valid_reply(served, seed):
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA, "strict": True}}
+    reply = served.client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], seed=seed,
+                                                  response_format=fmt, temperature=1.0, max_tokens=200)
+    message = reply.choices[0].message
+    if message.tool_calls:
+        assert reply.choices[0].finish_reason == "tool_calls"
+        for call in message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments),
+                                {**WEATHER["function"]["parameters"], "additionalProperties": False})
+    else:
+        jsonschema.validate(json.loads(message.content), {**SCHEMA, "additionalProperties": False})
+
+
+def test_auto_with_a_response_format_still_lets_the_model_call(served, script):
+    """The random model above always takes the JSON branch; scripted, it takes the call branch
+    through the same grammar (a scripted token the grammar refused would end in an error)."""
+    script("[TOOL_CALLS]", CALL_TEXT)
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA, "strict": True}}
+    reply = served.client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], response_format=fmt)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert json.loads(reply.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris", "unit": "c"}
