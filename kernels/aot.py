@@ -524,9 +524,18 @@ def device_cc(device: torch.device) -> int:
     return 10 * major + minor
 
 
+_available: dict[int, bool] = {}
+
+
 def available(device: torch.device) -> bool:
-    """Can kernels run ahead-of-time compiled on this CUDA device?"""
-    return device.type == "cuda" and launcher_for(device_cc(device)) is not None
+    """Can kernels run ahead-of-time compiled on this CUDA device? (asked per matmul: cached)"""
+    if device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else current_device_and_stream()[0]
+    ok = _available.get(index)
+    if ok is None:
+        ok = _available[index] = launcher_for(device_cc(torch.device("cuda", index))) is not None
+    return ok
 
 
 def split_launch_args(kernel, args: tuple, kwargs: dict, constexpr_names) -> tuple[dict, dict, dict]:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from . import cpu_native, quant_iq4, quant_k, quant_legacy
 from .ggml_types import F32, Q4_K, QuantFormatError, row_bytes, type_info, type_name
 from .quant_float import FLOAT_DTYPES
-from .triton_compat import HAVE_TRITON
+from .triton_compat import triton_usable
 
 REFERENCES = {**quant_legacy.REFERENCES, **quant_k.REFERENCES, **quant_iq4.REFERENCES}
 
@@ -248,7 +248,7 @@ class QWeight:
         """(out, in) dense weight; Triton on CUDA, torch reference elsewhere."""
         if not self.is_quantized:
             return self.data.to(dtype)
-        if self.data.device.type == "cuda" and HAVE_TRITON:
+        if self.data.device.type == "cuda" and triton_usable(self.data.device):
             from .qmatmul import dequantize_triton
 
             return dequantize_triton(self, dtype)
@@ -403,7 +403,7 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         raise ValueError(f"linear: x is on {x.device}, weight on {w.data.device}")
     if not w.is_quantized:
         return _linear_float(x, w)
-    if x.device.type == "cuda" and HAVE_TRITON:
+    if x.device.type == "cuda" and triton_usable(x.device):  # AOT build missing: torch path
         from .qmatmul import linear_decode, linear_prefill, linear_rows
 
         kernel = cuda_kernel_for(x.numel() // x.shape[-1], x.dtype)

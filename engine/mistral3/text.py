@@ -33,6 +33,7 @@ from ...kernels import ggml_types
 from ...kernels import attention as _attention_mod
 from ...kernels import linear as _linear_mod
 from ...kernels.linear import QWeight, dequantize, linear, linear_add, linears, prepare
+from ...kernels.triton_compat import triton_usable
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from ..runtime.cuda_graphs import DecodeGraphs
@@ -187,7 +188,7 @@ def flash_attention_on(device: torch.device) -> bool:
     """Attention through the Triton kernels (kernels/attention.py): on CUDA when Triton is there.
     sdpa on CUDA would need a float mask for cached-KV rows, and its only backend for that with
     GQA keeps (heads, T, S) float32 scores."""
-    return device.type == "cuda" and _attention_mod.HAVE_TRITON
+    return device.type == "cuda" and triton_usable(device)  # False: no AOT build fits this GPU
 
 
 def prefill_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int,

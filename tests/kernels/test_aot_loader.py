@@ -102,6 +102,7 @@ def no_compiler(monkeypatch, tmp_path, built):
     monkeypatch.setenv("TRAMONTANE_TRITON_AOT_DIR", str(built))
     monkeypatch.setattr(aot, "_launchers", {})
     monkeypatch.setattr(aot, "_reported", set())
+    monkeypatch.setattr(aot, "_available", {})
     driver = FakeDriver()
     monkeypatch.setattr(aot, "_driver", lambda: driver)
     monkeypatch.setattr(aot, "current_device_and_stream", lambda: (0, 0x5157))
@@ -247,7 +248,11 @@ def test_nothing_fits_one_line_then_torch(no_compiler, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="tramontane.kernels")
     for cc in (103, 103, 70):
         _cc(monkeypatch, cc)
+        aot._available.clear()  # as another GPU of that capability
         assert not triton_compat.triton_usable(torch.device("cuda"))
+    from tramontane.engine.mistral3 import text
+
+    assert not text.flash_attention_on(torch.device("cuda"))  # attention: the torch path too
     lines = [r for r in caplog.records if r.name == "tramontane.kernels"]
     assert len(lines) == 2, [r.getMessage() for r in lines]  # one per capability, not per call
     assert "compute capability 10.3 (built: sm_80, sm_90)" in lines[0].getMessage()
