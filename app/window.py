@@ -79,6 +79,7 @@ class MainWindow(QMainWindow):
         self.dark = is_dark()
         self._load_errors: set[str] = set()  # load failures shown as chat notices
         self._draft_shown = False  # the composer holds the current chat's draft
+        self._wait_note = ""  # the composer's "another chat is writing" line, while true
         self.jobs = Jobs(self)
         self._local_found: list[tuple[str, str]] | None = None  # models found on this computer
         self._scanning = False
@@ -773,6 +774,7 @@ class MainWindow(QMainWindow):
         why_not = self.session.send(text, images, self._chat_binding())
         if why_not:
             self.composer.show_message(why_not)
+            self._wait_note = why_not if self.pending is not None else ""
             return False
         self.composer.accepted()
         self.session.save_draft(self.current_chat_id, "")  # sent: no draft left
@@ -809,6 +811,9 @@ class MainWindow(QMainWindow):
             self._update_busy()
         else:
             self.view.flush()
+            if self._wait_note and self.composer.message.text() == self._wait_note:
+                self.composer.show_message("")  # "another chat is writing": no longer true
+            self._wait_note = ""
 
     @Slot(object)
     def _on_chat_changed(self, chat_id) -> None:

@@ -339,7 +339,7 @@ class SettingsDialog(QDialog):
                 self.theme.addItem(text, key)
             self.theme.setCurrentIndex(max(0, self.theme.findData(theme)))
             self.theme.setToolTip("Light or dark colours, or the desktop's (also in View → Theme)")
-            form.addRow("T&heme:", self.theme)
+            form.addRow("Theme:", self.theme)  # its letters are all other rows' shortcuts
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         if servers_dialog is not None:
             servers = buttons.addButton("Servers…", QDialogButtonBox.ButtonRole.ActionRole)

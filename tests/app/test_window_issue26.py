@@ -141,6 +141,7 @@ def test_stop_belongs_to_the_chat_that_is_writing(qtbot, window):
         pass
     reply = window.store.get_message(blocker.args[0])
     assert reply.chat_id == writing and reply.finish_reason != "cancelled"
+    assert window.composer.message.text() == ""  # no longer true: gone
     assert "writing" not in model.index(model.row_of(writing)).data(Qt.ItemDataRole.DisplayRole)
 
 
