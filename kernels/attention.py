@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from .triton_compat import HAVE_TRITON, interpreting, tl, triton
+from .triton_compat import HAVE_TRITON, interpreting, launch, tl, triton
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64
@@ -168,6 +168,11 @@ def split_plan(n_programs: int, n_keys: int, device: torch.device) -> tuple[int,
     return triton.cdiv(n_keys, keys_per_split), keys_per_split
 
 
+def _tile_width(d: int) -> int:
+    """Head size rounded up to a power of two (tile shapes), at least 16 (tl.dot's K)."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
 def launch_plan(T: int, n_rep: int, n_kv: int, n_keys: int, device: torch.device,
                 n_splits: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, n_splits, keys_per_split) of one call: T * n_rep rows of each of n_kv heads
@@ -216,20 +221,21 @@ def _launch(q, cache_k, cache_v, T: int, n_keys: int, pos, n_splits: int | None)
         stat = torch.empty(n_splits, n_kv, n_rows, 2, dtype=torch.float32, device=q.device)
     else:
         part = stat = out  # unused
-    block_d, block_dv = max(16, triton.next_power_of_2(head_dim)), max(16, triton.next_power_of_2(v_head_dim))
+    block_d, block_dv = _tile_width(head_dim), _tile_width(v_head_dim)
     qk_scale = LOG2E / head_dim ** 0.5
-    _attention_kernel[(row_blocks, n_kv, n_splits)](
-        q, cache_k, cache_v, out, part, stat, pos if pos is not None else out,
-        T, n_keys, n_rep, n_rows, keys_per_split,
+    launch(
+        _attention_kernel, (row_blocks, n_kv, n_splits),
+        q, cache_k, cache_v, out, part, stat, pos if pos is not None else out, T, n_keys, n_rep, n_rows, keys_per_split,
         q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1), cache_v.stride(0), cache_v.stride(1),
         out.stride(0), out.stride(1), qk_scale,
         HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
         BLOCK_N=BLOCK_N, POS_FROM_PTR=pos is not None, SPLIT=split,
-        DOT_F32=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and interpreting()), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        DOT_F32=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and interpreting()),
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if split:
-        _combine_kernel[(triton.cdiv(n_rows, COMBINE_BLOCK_R), n_kv)](
-            part, stat, out, n_rep, n_rows, n_splits, out.stride(0), out.stride(1),
-            V_HEAD_DIM=v_head_dim, BLOCK_DV=block_dv, BLOCK_R=COMBINE_BLOCK_R, num_warps=NUM_WARPS)
+        launch(_combine_kernel, (triton.cdiv(n_rows, COMBINE_BLOCK_R), n_kv),
+               part, stat, out, n_rep, n_rows, n_splits, out.stride(0), out.stride(1),
+               V_HEAD_DIM=v_head_dim, BLOCK_DV=block_dv, BLOCK_R=COMBINE_BLOCK_R, num_warps=NUM_WARPS, num_stages=1)
     return out
 
 

@@ -289,3 +289,51 @@ def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_f
         err = (sdpa - flash).abs().max().item()
         print(f"Triton vs sdpa logits: max abs diff {err:.1e} (max |logit| {sdpa.abs().max().item():.2f})")
         assert err <= 1e-4
+
+
+_TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64"}
+
+
+def _launch_matches(spec: dict, args: tuple, kwargs: dict) -> bool:
+    """Would an ahead-of-time build of this spec serve this launch? Every argument's type,
+    every constexpr and launch option equal, every alignment claim true."""
+    names = list(spec["signature"])
+    bound = {**dict(zip(names, args)), **{k: v for k, v in kwargs.items() if k in names}}
+    for name, t in spec["signature"].items():
+        value = bound[name]
+        if t == "constexpr":
+            ok = value == spec["constexprs"][name]
+        elif t.startswith("*"):
+            ok = isinstance(value, torch.Tensor) and _TRITON_TYPES.get(value.dtype) == t
+        else:
+            ok = isinstance(value, float) if t == "fp32" else isinstance(value, int) and -2 ** 31 <= value < 2 ** 31
+        if not ok:
+            return False
+    aligned = all(bound[n].data_ptr() % 16 == 0 if isinstance(bound[n], torch.Tensor) else bound[n] % 16 == 0
+                  for n in spec["aligned"])
+    return (aligned and kwargs.get("num_warps") == spec["num_warps"]
+            and kwargs.get("num_stages") == spec["num_stages"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_real_launch_has_a_compile_spec(monkeypatch, dtype):
+    """The launches of a Mistral-Small-shaped layer (32 heads over 8, head_dim 128) on a
+    132-SM GPU - a 2048-row chunk, a 600-row reused-KV turn, a 7-row turn, eager decode (T = 1)
+    and the graph step - recorded, not run: each is served by a COMPILE_SPECS entry (the
+    ahead-of-time build compiles exactly these)."""
+    from tramontane.kernels import triton_compat
+
+    launches = []
+    monkeypatch.setattr(triton_compat, "_launch_hook", lambda *call: launches.append(call) or True)
+    monkeypatch.setattr(attn, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(attn, "interpreting", lambda: False)  # as on the GPU
+    layers = torch.zeros(2, 8, 8192, 128, dtype=dtype)
+    cache_k, cache_v = layers[1], layers[0]
+    for T, start in ((2048, 0), (600, 3000), (7, 4000), (1, 5000)):
+        attn.attention(torch.zeros(T, 32, 128, dtype=dtype), cache_k, cache_v, start)
+    attn.decode_attention(torch.zeros(1, 32, 128, dtype=dtype), cache_k, cache_v, torch.zeros(1, dtype=torch.long), 4096)
+    kernels = [kernel for kernel, _, _, _ in launches]
+    assert kernels.count(attn._attention_kernel) == 5 and attn._combine_kernel in kernels
+    for kernel, grid, args, kwargs in launches:
+        served = [s["name"] for s in attn.COMPILE_SPECS if s["kernel"] is kernel and _launch_matches(s, args, kwargs)]
+        assert served, f"no COMPILE_SPECS entry serves {kernel.fn.__name__} grid {grid} {kwargs}"
