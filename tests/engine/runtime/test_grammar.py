@@ -166,6 +166,7 @@ def test_mask_matches_the_matcher_token_by_token(engine):
     assert allowed.sum() > 0 and not allowed.all()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_mask_applies_on_cuda_logits(engine):
     constraint = grammar.GrammarConstraint(engine.tokenizer, grammar.json_schema_grammar(PERSON))
@@ -173,6 +174,18 @@ def test_mask_applies_on_cuda_logits(engine):
     out = constraint([], logits)
     assert out.device.type == "cuda"
     assert torch.equal(torch.isfinite(out).cpu(), constraint.allowed([]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_constrained_output_validates_on_a_cuda_model(seed):
+    eng = LocalEngine(MODEL, device="cuda", context_length=512)
+    try:
+        result = _run(eng, grammar.json_schema_grammar(PERSON), seed)
+        jsonschema.validate(json.loads(result.text), PERSON)
+    finally:
+        eng.close()
 
 
 # ----------------------------------------------------------------------------- logprobs, hook
