@@ -13,7 +13,8 @@ The kernel (FlashAttention-2's loop):
     decode row is n_rep rows of a tile, not n_rep programs.
   * K/V read in place from the cache layout (kv_heads, capacity, head_dim) through its strides.
   * Online softmax in base 2 with float32 running max / sum and a float32 accumulator; QK^T and
-    PV on tensor cores (tl.dot) in the input dtype (bf16 / fp16; fp32 under the interpreter).
+    PV on tensor cores (tl.dot) in the input dtype, bf16 or fp16 (float32 inputs: IEEE float32
+    products, not TF32). The decode step's loop stops at pos: the bucket's tail is never read.
   * Optional split over keys (flash-decoding): when rows x KV heads give too few programs to
     fill the GPU (decode, short turns over a long cache) each program takes one key range and
     writes float32 (acc, max, sum) partials; `_combine_kernel` merges them per row.
