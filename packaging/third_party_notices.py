@@ -6,7 +6,8 @@ Run with the Python the bundle is built from (the app installed, and pip-license
 distributions is `tramontane.app.licences.shipped_distributions()` (the app's runtime
 requirements, closed over); pip-licenses reads each one's licence, URL, licence and notice
 files; every other file a distribution lists under its `licenses/` folder (PEP 639: torch ships
-its third-party licences there) is appended. A distribution that declares a licence but ships
+its third-party licences there) is appended. One that ships no licence file but states its
+licence in its modules' header (nvidia-ml-py) gets that header. A distribution that declares a licence but ships
 no text (Qt's PySide6 and shiboken6 wheels: LGPL-3.0; tokenizers: Apache-2.0) gets the standard
 text (packaging/licenses/, or the project's own LICENSE for Apache-2.0). Also copies the project's LICENSE next to it. Exits 1, naming the
 distribution, when one has neither a text nor a standard text to stand in.
@@ -14,6 +15,7 @@ distribution, when one has neither a text nor a standard text to stand in.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +51,27 @@ def extra_licence_files(dist, already: str) -> list[tuple[str, str]]:
     return found
 
 
+def source_header(dist) -> str:
+    """The licence a distribution without licence files states at the top of its own modules
+    (nvidia-ml-py: pynvml.py's BSD header): each distinct leading comment block of its top-level
+    .py files that names a copyright and grants permission."""
+    found: dict[str, str] = {}
+    for f in sorted(dist.files or (), key=str):
+        parts = Path(str(f)).parts
+        path = Path(f.locate())
+        if len(parts) != 1 or not parts[0].endswith(".py") or not path.is_file():
+            continue
+        lines = []
+        for line in path.read_text("utf-8", errors="replace").splitlines():
+            if not line.startswith("#"):
+                break
+            lines.append(line.strip("#").strip())
+        text = "\n".join(lines).strip()
+        if "Copyright" in text and re.search(r"Redistribution|Permission is hereby granted", text):
+            found.setdefault(text, parts[0])
+    return "\n\n".join(f"--- {name} (its header) ---\n{text}" for text, name in found.items())
+
+
 def notices(dists) -> tuple[str, list[str]]:
     from tramontane.app.licences import licence_of
 
@@ -65,6 +88,8 @@ def notices(dists) -> tuple[str, list[str]]:
         body = "\n\n".join(t for t in texts if t and t != "UNKNOWN")
         extra = extra_licence_files(dist, body)
         body += "".join(f"\n\n--- {path} ---\n{text}" for path, text in extra)
+        if not body.strip():
+            body = source_header(dist)
         if not body.strip():
             standard = next((files for spdx, files in STANDARD_TEXTS.items() if spdx in licence), None)
             if standard is None:
