@@ -242,8 +242,8 @@ def test_prefill_attention_flash_matches_sdpa():
 
 @pytest.fixture
 def forced_flash(monkeypatch):
-    """The engine's CUDA attention branch on the CPU model (the interpreter runs the kernels),
-    the rest on the float32 torch path; counts the kernel calls."""
+    """The engine's CUDA attention branch chosen or not, whatever the device (on the CPU the
+    interpreter runs the kernels), the rest on the float32 torch path; counts the kernel calls."""
     from tramontane.engine.mistral3 import text
 
     calls = {"attention": 0, "decode_attention": 0}
@@ -271,7 +271,8 @@ def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_f
     from tramontane.engine.mistral3.text import Mistral3Text
 
     use, calls = forced_flash
-    model = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_tiny-f32.gguf"), device="cpu")
+    # the interpreter runs the kernels on CPU tensors; with a GPU the model sits there
+    model = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_tiny-f32.gguf"), device=DEV, dtype=torch.float32)
     model.prefill_chunk = 16
     ids = torch.randint(0, model.cfg.vocab_size, (41,), generator=torch.Generator().manual_seed(3))
     results = {}
@@ -281,7 +282,7 @@ def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_f
         first = model.logits(ids[:30], 0, cache, all_logits=True)
         reused = model.logits(ids[30:40], 30, cache, all_logits=True)
         cache.k[:, :, 41:] = JUNK  # stale rows the decode mask must hide
-        step = model.decode_static(model.embed(ids[40:41]), torch.tensor([40]), cache, 64)
+        step = model.decode_static(model.embed(ids[40:41]), torch.tensor([40], device=DEV), cache, 64)
         results[on] = (first, reused, step)
     n_layers = model.cfg.n_layers
     assert calls == {"attention": 3 * n_layers, "decode_attention": n_layers}
