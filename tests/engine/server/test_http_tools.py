@@ -19,7 +19,7 @@ pytest.importorskip("llguidance")
 
 from tramontane.engine.runtime import generate as gen  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
-from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
+from tramontane.engine.server.executor import BatchExecutor, ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
@@ -38,10 +38,11 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 class Served:
-    def __init__(self):
+    def __init__(self, owner: str):
         self.engine = LocalEngine(MODEL, device="cpu", context_length=2048)
         self.finished = []
-        self.executor = ThreadExecutor(self.engine)
+        self.owner = owner  # the window's one-at-a-time owner, or the CLI server's batching one
+        self.executor = ThreadExecutor(self.engine) if owner == "thread" else BatchExecutor(self.engine, slots=2)
         self.server = OpenAIServer(self.executor, port=0, on_finished=self.finished.append).start()
         self.client = openai.OpenAI(base_url=self.server.url, api_key="x", max_retries=0, timeout=120)
 
@@ -51,9 +52,9 @@ class Served:
         self.engine.close()
 
 
-@pytest.fixture(scope="module")
-def served():
-    s = Served()
+@pytest.fixture(scope="module", params=["thread", "batch"])
+def served(request):
+    s = Served(request.param)
     yield s
     s.close()
 
@@ -283,6 +284,8 @@ def v13(served):
     kv["tokenizer.chat_template"] = "{{- '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}"
     tok = Tokenizer.from_kv(kv, "tiny-v13.gguf")
     assert instruct_version(tok) == 13
+    if served.owner != "thread":
+        pytest.skip("the batching scheduler keeps the tokenizer it started with")
     original = served.engine.tokenizer
     served.executor.submit(lambda engine: setattr(engine, "tokenizer", tok)).result()
     yield tok
