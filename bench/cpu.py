@@ -174,13 +174,21 @@ def micro(threads: int | None) -> None:
           f"(read + write)")
     rng = np.random.default_rng(0)
     shapes = [(4096, 2048), (8192, 2048), (2048, 8192)]
-    for t in (gt.Q4_K, gt.Q6_K, gt.Q8_0, gt.Q5_K, gt.Q4_0, gt.IQ4_XS, gt.F16):
-        info = gt.type_info(t)
+    repacked = {gt.Q4_K: cpu_native.Q4_K_REPACKED, gt.Q6_K: cpu_native.Q6_K_REPACKED}
+    kinds = [(gt.Q4_K, False), (gt.Q6_K, False), (gt.Q8_0, False), (gt.Q5_K, False), (gt.Q4_0, False),
+             (gt.IQ4_XS, False), (gt.F16, False)]
+    if cpu_native.repacked_type(gt.Q4_K) is not None:  # what the engine runs on this variant
+        kinds[2:2] = [(gt.Q4_K, True), (gt.Q6_K, True)]
+    for file_type, repack in kinds:
+        info = gt.type_info(file_type)
+        t = repacked[file_type] if repack else file_type
         for rows, cols in shapes:
             rb = cols // info.block_size * info.type_size
             ws = [torch.from_numpy(rng.integers(0, 256, (rows, rb), dtype=np.uint8)) for _ in range(4)]
-            if t == gt.F16:  # finite values
+            if file_type == gt.F16:  # finite values
                 ws = [torch.randn(rows, cols).half().view(torch.uint8).reshape(rows, rb) for _ in range(4)]
+            if repack:
+                ws = [cpu_native.repack(file_type, w) for w in ws]
             nbytes = rows * rb
             for n in (1, 128):
                 x = torch.randn(n, cols)
@@ -195,7 +203,8 @@ def micro(threads: int | None) -> None:
                             cpu_native.matmul(x, t, w, rows, cols)
                     best = min(best, (time.perf_counter() - t0) / (reps * len(ws)))
                 gmac = rows * cols * n / best / 1e9
-                print(f"{info.name:6} {rows:5}x{cols:<5} rows {n:3}: {best * 1e3:7.3f} ms  "
+                name = info.name + ("_R" if repack else "")
+                print(f"{name:6} {rows:5}x{cols:<5} rows {n:3}: {best * 1e3:7.3f} ms  "
                       f"{nbytes / best / 1e9:6.1f} GB/s of weights ({nbytes / best / 1e9 / (copy / 2):4.2f} of copy read)  "
                       f"{gmac:6.1f} GMAC/s")
 

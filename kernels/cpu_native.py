@@ -16,7 +16,7 @@ import os
 import torch
 
 from .ggml_types import (BF16, F16, F32, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0,
-                         Q5_1, Q5_K, Q6_K, Q8_0)
+                         Q5_1, Q5_K, Q6_K, Q8_0, type_info)
 
 try:
     from . import _cpu
@@ -97,28 +97,35 @@ def use_variant(name: str) -> None:
     VARIANT_EPOCH += 1
 
 
-# Not a ggml type: Q4_K rows repacked (repack_q4k) for the VNNI kernels; the same bytes a row.
+# Not ggml types: Q4_K and Q6_K rows repacked (repack) for the VNNI kernels; the same bytes a row.
 Q4_K_REPACKED = 31
+Q6_K_REPACKED = 32
+_REPACKED = {Q4_K: Q4_K_REPACKED, Q6_K: Q6_K_REPACKED}
 
 
 def repacking_variants() -> list[str]:
-    """The variants this CPU can run that have kernels for Q4_K_REPACKED."""
+    """The variants this CPU can run that have kernels for Q4_K_REPACKED and Q6_K_REPACKED."""
     return list(_cpu.repacking_variants()) if _cpu is not None else []
 
 
-def repacks_q4k() -> bool:
-    """Whether Q4_K weights run faster repacked on the variant in use (its kernels then read
-    their vectors straight from memory instead of shuffling every block into place)."""
-    return _cpu is not None and variant() in repacking_variants()
+def repacked_type(ggml_type: int) -> int | None:
+    """The repacked type that weights of `ggml_type` run faster as on the variant in use (its
+    kernels then read their vectors straight from memory instead of shuffling every block into
+    place), or None."""
+    t = _REPACKED.get(int(ggml_type))
+    return t if t is not None and variant() in repacking_variants() else None
 
 
-def repack_q4k(data: torch.Tensor) -> torch.Tensor:
-    """A Q4_K weight's rows (uint8 (rows, row bytes)) in the Q4_K_REPACKED order: a new tensor,
-    multithreaded, once per weight."""
-    rows, cols = data.shape[0], data.shape[1] // 144 * 256
+def repack(ggml_type: int, data: torch.Tensor) -> torch.Tensor:
+    """A Q4_K or Q6_K weight's rows (uint8 (rows, row bytes)) in its repacked order (Q4_K_REPACKED,
+    Q6_K_REPACKED) for the variant in use: a new tensor, multithreaded, once per weight."""
+    t = _REPACKED.get(int(ggml_type))
+    if t is None:
+        raise ValueError(f"ggml type {ggml_type} has no repacked order (Q4_K and Q6_K do)")
+    rows, cols = data.shape[0], data.shape[1] // type_info(ggml_type).type_size * 256
     src, stride = _weight_rows(data)
     out = torch.empty(rows, data.shape[1], dtype=torch.uint8)
-    _cpu.repack_q4k(src, stride, rows, cols, out.data_ptr(), out.stride(0))
+    _cpu.repack(t, src, stride, rows, cols, out.data_ptr(), out.stride(0))
     return out
 
 

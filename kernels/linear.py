@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_native, quant_iq4, quant_k, quant_legacy
-from .ggml_types import F32, Q4_K, QuantFormatError, row_bytes, type_info, type_name
+from .ggml_types import F32, QuantFormatError, row_bytes, type_info, type_name
 from .quant_float import FLOAT_DTYPES
-from .triton_compat import triton_usable
+from .triton_compat import HAVE_TRITON
 
 REFERENCES = {**quant_legacy.REFERENCES, **quant_k.REFERENCES, **quant_iq4.REFERENCES}
 
@@ -158,7 +158,7 @@ class QWeight:
     # if not native; made for the kernel variant of _native_epoch (cpu_native.VARIANT_EPOCH)
     _native: tuple | bool | None = field(default=None, repr=False, compare=False)
     _native_epoch: int = field(default=-1, repr=False, compare=False)
-    # CPU, Q4_K on a repacking variant: the rows the plan points at (cpu_native.repack_q4k)
+    # CPU, Q4_K or Q6_K on a repacking variant: the rows the plan points at (cpu_native.repack)
     _repacked: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -248,7 +248,7 @@ class QWeight:
         """(out, in) dense weight; Triton on CUDA, torch reference elsewhere."""
         if not self.is_quantized:
             return self.data.to(dtype)
-        if self.data.device.type == "cuda" and triton_usable(self.data.device):
+        if self.data.device.type == "cuda" and HAVE_TRITON:
             from .qmatmul import dequantize_triton
 
             return dequantize_triton(self, dtype)
@@ -337,19 +337,21 @@ def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 def _native_plan(w: QWeight) -> tuple | bool:
     """(ggml_type, data pointer, row bytes, out_features), cached per weight (CPU_EXACT is
-    checked on every call, not here). A Q4_K weight on a repacking variant is repacked here,
-    once (decode is compute-bound on Q4_K there: ~1.2x the GB/s repacked), and the file's pages
-    it was read from are given back, so resident memory stays about the file's size."""
+    checked on every call, not here). A Q4_K or Q6_K weight on a repacking variant is repacked
+    here, once (decode is compute-bound on Q4_K there: ~1.2x the GB/s repacked; Q6_K prefill
+    loses its in-register transposes), and the file's pages it was read from are given back, so
+    resident memory stays about the file's size."""
     w._native_epoch = cpu_native.VARIANT_EPOCH
     if (w.data.device.type != "cpu" or w.ggml_type == F32 or not cpu_native.supports(w.ggml_type)
             or w.data.dim() != 2 or w.data.stride(1) != 1):
         return False
-    if w.ggml_type == Q4_K and cpu_native.repacks_q4k() and w.shape[1] % 256 == 0:
+    repacked = cpu_native.repacked_type(w.ggml_type)
+    if repacked is not None and w.shape[1] % 256 == 0:
         if w._repacked is None:
-            w._repacked = cpu_native.repack_q4k(w.data)
+            w._repacked = cpu_native.repack(w.ggml_type, w.data)
             if w.mapped and w.data.is_contiguous():
                 cpu_native.drop_pages(w.data)
-        return (cpu_native.Q4_K_REPACKED, w._repacked.data_ptr(), w._repacked.stride(0), w.shape[0])
+        return (repacked, w._repacked.data_ptr(), w._repacked.stride(0), w.shape[0])
     return (w.ggml_type, w.data.data_ptr(), w.data.stride(0) * w.data.element_size(), w.shape[0])
 
 
@@ -403,7 +405,7 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         raise ValueError(f"linear: x is on {x.device}, weight on {w.data.device}")
     if not w.is_quantized:
         return _linear_float(x, w)
-    if x.device.type == "cuda" and triton_usable(x.device):  # AOT build missing: torch path
+    if x.device.type == "cuda" and HAVE_TRITON:
         from .qmatmul import linear_decode, linear_prefill, linear_rows
 
         kernel = cuda_kernel_for(x.numel() // x.shape[-1], x.dtype)

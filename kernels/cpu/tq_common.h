@@ -17,9 +17,12 @@ enum {
     TQ_Q2_K = 10, TQ_Q3_K = 11, TQ_Q4_K = 12, TQ_Q5_K = 13, TQ_Q6_K = 14,
     TQ_IQ4_NL = 20, TQ_IQ4_XS = 23, TQ_BF16 = 30,
     /* not a ggml type: Q4_K blocks with their quants in the order the VNNI tiles read (made
-     * once by repack_q4k; same 144 bytes a block). Only variants with gemm_wide for it run it. */
+     * once by the variant's repack[TQ_Q4_K_R]; same 144 bytes a block). Only variants with gemm_wide for it run it. */
     TQ_Q4_K_R = 31,
-    TQ_NTYPES = 32
+    /* not a ggml type either: Q6_K blocks whose 6-bit quants are stored so that the VNNI tile's
+     * int32 lane l holds sub-block l (made once by the variant's repack[TQ_Q6_K_R]; 210 bytes) */
+    TQ_Q6_K_R = 32,
+    TQ_NTYPES = 33
 };
 
 #define TQ_QK 256 /* elements per K-quant super-block */
@@ -51,6 +54,9 @@ typedef void (*tq_gemm_fn)(const uint8_t *w, size_t w_stride, int n_w, const voi
 typedef void (*tq_dequant_fn)(const uint8_t *w, size_t w_stride, int n_rows, int64_t k, float *out);
 /* quantize one float row of k elements into activation blocks */
 typedef void (*tq_quant_fn)(const float *x, void *out, int64_t k);
+/* rewrite n_rows weight rows of nb blocks each into a variant's repacked order (same bytes) */
+typedef void (*tq_repack_fn)(const uint8_t *src, size_t src_stride, int n_rows, int nb, uint8_t *dst,
+                             size_t dst_stride);
 
 /* decode attention for one KV head group: q (n_rep, d) rows, keys k + s * ks (d floats each),
  * values v + s * vs (dv floats each), s < n_keys; out (n_rep, dv); scores: n_keys floats */
@@ -71,8 +77,13 @@ typedef struct {
      * quant_wide[t] into a lane-transposed order that gemm_wide[t] expects (NULL: use gemm) */
     tq_gemm_fn gemm_wide[TQ_NTYPES];
     tq_quant_fn quant_wide[TQ_NTYPES];
-    /* Q4_K rows -> TQ_Q4_K_R rows (n_rows, k / 256 blocks each), where the variant runs them */
-    void (*repack_q4k)(const uint8_t *src, size_t src_stride, int n_rows, int nb, uint8_t *dst, size_t dst_stride);
+    /* decode (fewer than TQ_WIDE_MIN_ROWS rows) of a repacked type that has its own narrow tile
+     * (NULL: the wide tile runs every row count), with its activation quantizer */
+    tq_gemm_fn gemm_narrow[TQ_NTYPES];
+    tq_quant_fn quant_narrow[TQ_NTYPES];
+    /* [repacked type]: file rows -> that type's rows (n_rows, nb blocks each), where the variant
+     * runs them (TQ_Q4_K_R from Q4_K, TQ_Q6_K_R from Q6_K; NULL: not repacked here) */
+    tq_repack_fn repack[TQ_NTYPES];
 } tq_kernels;
 
 extern const tq_kernels tq_kernels_generic;
@@ -93,6 +104,7 @@ static inline int tq_block_elems(int t) {
     case TQ_F32: case TQ_F16: case TQ_BF16: return 1;
     case TQ_Q4_0: case TQ_Q4_1: case TQ_Q5_0: case TQ_Q5_1: case TQ_Q8_0: case TQ_IQ4_NL: return 32;
     case TQ_Q2_K: case TQ_Q3_K: case TQ_Q4_K: case TQ_Q5_K: case TQ_Q6_K: case TQ_IQ4_XS: case TQ_Q4_K_R:
+    case TQ_Q6_K_R:
         return 256;
     default: return 0;
     }
@@ -104,7 +116,7 @@ static inline int tq_block_bytes(int t) {
     case TQ_Q4_0: return 18; case TQ_Q4_1: return 20; case TQ_Q5_0: return 22;
     case TQ_Q5_1: return 24; case TQ_Q8_0: return 34; case TQ_IQ4_NL: return 18;
     case TQ_Q2_K: return 84; case TQ_Q3_K: return 110; case TQ_Q4_K: case TQ_Q4_K_R: return 144;
-    case TQ_Q5_K: return 176; case TQ_Q6_K: return 210; case TQ_IQ4_XS: return 136;
+    case TQ_Q5_K: return 176; case TQ_Q6_K: case TQ_Q6_K_R: return 210; case TQ_IQ4_XS: return 136;
     default: return 0;
     }
 }
@@ -115,6 +127,9 @@ static inline int tq_act_kind(int t) {
     default: return TQ_ACT_Q8K;
     }
 }
+
+/* the repacked type a file type is rewritten to (-1: none) */
+static inline int tq_repacked_of(int t) { return t == TQ_Q4_K ? TQ_Q4_K_R : t == TQ_Q6_K ? TQ_Q6_K_R : -1; }
 
 /* portable IEEE half -> float */
 static inline float tq_fp16_to_fp32_soft(uint16_t h) {

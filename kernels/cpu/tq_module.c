@@ -277,7 +277,11 @@ static int run_matmul(mm_job *J) {
         J->xq = (uint8_t *)get_scratch(J->xq_stride * (size_t)J->n_x);
         if (!J->xq) return -1;
         J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
-        if ((J->n_x >= TQ_WIDE_MIN_ROWS || J->type == TQ_Q4_K_R) && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
+        /* repacked rows: the wide tile for any row count, unless the type has a narrow one */
+        if (J->n_x < TQ_WIDE_MIN_ROWS && K->gemm_narrow[J->type]) {
+            J->quant = K->quant_narrow[J->type];
+            J->gemm = K->gemm_narrow[J->type];
+        } else if ((J->n_x >= TQ_WIDE_MIN_ROWS || K->repack[J->type]) && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
             J->quant = K->quant_wide[J->type];
             J->gemm = K->gemm_wide[J->type];
         }
@@ -324,9 +328,9 @@ static int check_type(int t, int64_t k) {
         PyErr_Format(PyExc_ValueError, "ggml type %d is not supported by the native CPU kernels", t);
         return -1;
     }
-    if (t == TQ_Q4_K_R && !K->gemm_wide[t]) {
-        PyErr_Format(PyExc_ValueError, "repacked Q4_K weights do not run on the %s kernels (repacking_variants())",
-                     K->name);
+    if ((t == TQ_Q4_K_R || t == TQ_Q6_K_R) && !K->repack[t]) {
+        PyErr_Format(PyExc_ValueError, "repacked %s weights do not run on the %s kernels (repacking_variants())",
+                     t == TQ_Q4_K_R ? "Q4_K" : "Q6_K", K->name);
         return -1;
     }
     if (k <= 0 || k % tq_block_elems(t)) {
@@ -335,6 +339,13 @@ static int check_type(int t, int64_t k) {
         return -1;
     }
     return 0;
+}
+
+/* repacked rows have tiles, no dequantizer: refused rather than called through NULL */
+static int check_dequant(int t) {
+    if (K->dequant[t]) return 0;
+    PyErr_Format(PyExc_ValueError, "type %d cannot be dequantized (a repacked type: dequantize the file's rows)", t);
+    return -1;
 }
 
 static int get_ptr(PyObject *o, void **p) {
@@ -408,7 +419,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *const *args, Py_ssize_t
     if (get_ssize(args[0], &type) || get_ptr(args[1], &w) || get_ssize(args[2], &w_stride) ||
         get_ssize(args[3], &n_rows) || get_ssize(args[4], &k) || get_ptr(args[5], &out))
         return NULL;
-    if (check_type((int)type, k)) return NULL;
+    if (check_type((int)type, k) || check_dequant((int)type)) return NULL;
     if (n_rows < 0 || n_rows > INT32_MAX || !w || !out ||
         w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type))) {
         PyErr_SetString(PyExc_ValueError, "dequantize: inconsistent sizes or null pointers");
@@ -1257,7 +1268,7 @@ static PyObject *py_dequantize_rows(PyObject *self, PyObject *const *args, Py_ss
         get_ssize(args[3], &w_rows) || get_ssize(args[4], &k) || get_ptr(args[5], &ids) ||
         get_ssize(args[6], &n_ids) || get_ptr(args[7], &out))
         return NULL;
-    if (check_type((int)type, k)) return NULL;
+    if (check_type((int)type, k) || check_dequant((int)type)) return NULL;
     if (!w || !ids || !out || n_ids < 0 || n_ids > INT32_MAX || w_rows < 0 ||
         w_stride < (Py_ssize_t)(k / tq_block_elems((int)type) * tq_block_bytes((int)type))) {
         PyErr_SetString(PyExc_ValueError, "dequantize_rows: inconsistent sizes or null pointers");
@@ -1663,12 +1674,12 @@ static PyObject *py_variant(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(K->name);
 }
 
-/* the names of the variants this CPU runs (those with repacked Q4_K kernels only, or all) */
+/* the names of the variants this CPU runs (those with repacked Q4_K and Q6_K kernels only, or all) */
 static PyObject *variant_names(int repacking_only) {
     PyObject *l = PyList_New(0);
     if (!l) return NULL;
     for (int i = 0; all_variants[i]; ++i) {
-        if (!variant_supported(all_variants[i]) || (repacking_only && !all_variants[i]->repack_q4k)) continue;
+        if (!variant_supported(all_variants[i]) || (repacking_only && !all_variants[i]->repack[TQ_Q4_K_R])) continue;
         PyObject *s = PyUnicode_FromString(all_variants[i]->name);
         if (!s || PyList_Append(l, s)) {
             Py_XDECREF(s);
@@ -1746,9 +1757,10 @@ static PyObject *py_use_variant(PyObject *self, PyObject *arg) {
 }
 
 /* ------------------------------------------------------------------------------ repacking
- * Q4_K -> TQ_Q4_K_R (the variant's repack_q4k: the order its tiles read, see tq_kernels.inc),
- * rows on the pool; done once per weight. */
+ * Q4_K -> TQ_Q4_K_R, Q6_K -> TQ_Q6_K_R (the variant's repack[]: the order its tiles read, see
+ * tq_kernels.inc), rows on the pool; done once per weight. */
 typedef struct {
+    tq_repack_fn fn;
     const uint8_t *src;
     size_t src_stride;
     uint8_t *dst;
@@ -1761,34 +1773,40 @@ static void unit_repack(void *arg, int u) {
     repack_job *J = (repack_job *)arg;
     const int r1 = (u + 1) * REPACK_ROWS < J->n_rows ? (u + 1) * REPACK_ROWS : J->n_rows;
     const int r0 = u * REPACK_ROWS;
-    K->repack_q4k(J->src + (size_t)r0 * J->src_stride, J->src_stride, r1 - r0, J->nb,
-                  J->dst + (size_t)r0 * J->dst_stride, J->dst_stride);
+    J->fn(J->src + (size_t)r0 * J->src_stride, J->src_stride, r1 - r0, J->nb, J->dst + (size_t)r0 * J->dst_stride,
+          J->dst_stride);
 }
 
-PyDoc_STRVAR(repack_doc, "repack_q4k(src_ptr, src_stride, n_rows, k, dst_ptr, dst_stride)\n"
-                         "Q4_K rows -> the internal TQ_Q4_K_R order (same bytes a row), for the VNNI kernels.");
-static PyObject *py_repack_q4k(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+PyDoc_STRVAR(repack_doc, "repack(repacked_type, src_ptr, src_stride, n_rows, k, dst_ptr, dst_stride)\n"
+                         "Q4_K rows -> TQ_Q4_K_R (31), Q6_K rows -> TQ_Q6_K_R (32): the internal orders of the "
+                         "VNNI kernels (same bytes a row).");
+static PyObject *py_repack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "repack_q4k takes 6 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "repack takes 7 arguments");
         return NULL;
     }
     void *src, *dst;
-    Py_ssize_t src_stride, n_rows, k, dst_stride;
-    if (get_ptr(args[0], &src) || get_ssize(args[1], &src_stride) || get_ssize(args[2], &n_rows) ||
-        get_ssize(args[3], &k) || get_ptr(args[4], &dst) || get_ssize(args[5], &dst_stride))
+    Py_ssize_t type, src_stride, n_rows, k, dst_stride;
+    if (get_ssize(args[0], &type) || get_ptr(args[1], &src) || get_ssize(args[2], &src_stride) ||
+        get_ssize(args[3], &n_rows) || get_ssize(args[4], &k) || get_ptr(args[5], &dst) || get_ssize(args[6], &dst_stride))
         return NULL;
-    if (n_rows < 0 || k <= 0 || k % 256 || src_stride < k / 256 * 144 || dst_stride < k / 256 * 144 || !src ||
-        !dst) {
-        PyErr_SetString(PyExc_ValueError, "repack_q4k: bad shape, stride or pointer");
-        return NULL;
-    }
-    if (!K->repack_q4k) {
-        PyErr_Format(PyExc_ValueError, "the %s kernels do not run repacked Q4_K", K->name);
+    if (type != TQ_Q4_K_R && type != TQ_Q6_K_R) {
+        PyErr_Format(PyExc_ValueError, "repack: type %zd is not a repacked type (31: Q4_K, 32: Q6_K)", type);
         return NULL;
     }
-    repack_job J = {(const uint8_t *)src, (size_t)src_stride, (uint8_t *)dst, (size_t)dst_stride, (int)n_rows,
-                    (int)(k / 256)};
+    const Py_ssize_t row_bytes = k / 256 * tq_block_bytes((int)type);
+    if (n_rows < 0 || k <= 0 || k % 256 || src_stride < row_bytes || dst_stride < row_bytes || !src || !dst) {
+        PyErr_SetString(PyExc_ValueError, "repack: bad shape, stride or pointer");
+        return NULL;
+    }
+    if (!K->repack[type]) {
+        PyErr_Format(PyExc_ValueError, "the %s kernels do not run repacked %s", K->name,
+                     type == TQ_Q4_K_R ? "Q4_K" : "Q6_K");
+        return NULL;
+    }
+    repack_job J = {K->repack[type], (const uint8_t *)src, (size_t)src_stride, (uint8_t *)dst, (size_t)dst_stride,
+                    (int)n_rows, (int)(k / 256)};
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     {
         /* decode streams these rows once a token: 2 MiB pages spare the TLB a miss every 4 KiB
@@ -1827,7 +1845,7 @@ static PyObject *py_drop_pages(PyObject *self, PyObject *const *args, Py_ssize_t
 
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL, matmul_doc},
-    {"repack_q4k", (PyCFunction)(void (*)(void))py_repack_q4k, METH_FASTCALL, repack_doc},
+    {"repack", (PyCFunction)(void (*)(void))py_repack, METH_FASTCALL, repack_doc},
     {"drop_pages", (PyCFunction)(void (*)(void))py_drop_pages, METH_FASTCALL, drop_pages_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_FASTCALL, dequantize_doc},
     {"attend_decode", (PyCFunction)(void (*)(void))py_attend_decode, METH_FASTCALL, attend_doc},
@@ -1849,7 +1867,7 @@ static PyMethodDef methods[] = {
     {"variant", py_variant, METH_NOARGS, "variant(): the kernel variant in use."},
     {"variants", py_variants, METH_NOARGS, "variants(): the variants this CPU can run, best first."},
     {"repacking_variants", py_repacking_variants, METH_NOARGS,
-     "repacking_variants(): those of variants() that run repacked Q4_K (repack_q4k)."},
+     "repacking_variants(): those of variants() that run repacked Q4_K and Q6_K (repack)."},
     {"use_variant", py_use_variant, METH_O, "use_variant(name): switch variant (tests, benchmarks)."},
     {"variant_targets", py_variant_targets, METH_NOARGS,
      "variant_targets(): {variant: the features it is compiled for (x86), or None}, every variant built in."},

@@ -221,60 +221,76 @@ def test_rope_pairs_is_bit_exact():
 
 
 REPACKING = cpu_native.repacking_variants()
+REPACKED = {gt.Q4_K: cpu_native.Q4_K_REPACKED, gt.Q6_K: cpu_native.Q6_K_REPACKED}
+NEEDS_REPACKING = pytest.mark.skipif(not REPACKING, reason="no kernel variant here runs repacked weights (needs AVX-512 VNNI)")
 
 
-@pytest.mark.skipif(not REPACKING, reason="no kernel variant here runs repacked Q4_K (needs AVX-512 VNNI)")
+@NEEDS_REPACKING
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
 @pytest.mark.parametrize("k", [2048, 23 * 256])
-def test_repacked_q4k_weights_give_the_file_layouts_products(k):
-    """A Q4_K weight planned on a repacking variant runs on its repacked copy: the products
-    hold the same bounds against gguf.quants, and from 3 rows on they are bit for bit the
-    file layout's (the same tile, minus the in-register shuffles)."""
+def test_repacked_weights_give_the_file_layouts_products(ggml_type, k):
+    """A Q4_K or Q6_K weight planned on a repacking variant runs on its repacked copy (one row or
+    many): the products hold the same bounds against gguf.quants. Q4_K's repacked tile is the file
+    layout's minus the in-register shuffles, so from 3 rows on it is bit for bit the same; Q6_K's
+    sums each sub-block in its own lane (another float order, the same bounds)."""
     cpu_native.use_variant(REPACKING[0])
-    rng = np.random.default_rng(k)
-    raw, deq = make_weight(gt.Q4_K, 37, k, rng)
-    w = QWeight.from_raw(raw, gt.Q4_K, (37, k))
+    rng = np.random.default_rng(k + ggml_type)
+    raw, deq = make_weight(ggml_type, 37, k, rng)
+    w = QWeight.from_raw(raw, ggml_type, (37, k))
     for threads in (1, 3):
         cpu_native.set_threads(threads)
         for n in (1, 2, 3, 8, 19):
-            x = rng.standard_normal((n, k)).astype(np.float32)
+            x = rng.standard_normal((n, k)).astype(np.float32) * np.float32(rng.uniform(0.01, 10))
             y = linear(torch.from_numpy(x), w)
-            assert w._native[0] == cpu_native.Q4_K_REPACKED and w._repacked is not None
-            _check(gt.Q4_K, raw, deq, x, y.numpy())
-            if n >= 3:
+            assert w._native[0] == REPACKED[ggml_type] and w._repacked is not None
+            assert not np.array_equal(w._repacked.numpy(), raw)  # really another order
+            _check(ggml_type, raw, deq, x, y.numpy())
+            if n >= 3 and ggml_type == gt.Q4_K:
                 assert torch.equal(y, cpu_native.matmul(torch.from_numpy(x), gt.Q4_K, torch.from_numpy(raw), 37, k))
 
 
-@pytest.mark.skipif(not REPACKING, reason="no kernel variant here runs repacked Q4_K (needs AVX-512 VNNI)")
-def test_a_wrong_weight_is_caught_after_repacking():
+@NEEDS_REPACKING
+@pytest.mark.parametrize("ggml_type,byte", [(gt.Q4_K, 16 + 40), (gt.Q6_K, 100), (gt.Q6_K, 128 + 33)],
+                         ids=["Q4_K-quants", "Q6_K-low-bits", "Q6_K-high-bits"])
+def test_a_wrong_weight_is_caught_after_repacking(ggml_type, byte):
     cpu_native.use_variant(REPACKING[0])
     rng = np.random.default_rng(5)
-    raw, deq = make_weight(gt.Q4_K, 8, 2048, rng)
+    raw, deq = make_weight(ggml_type, 8, 2048, rng)
     bad = raw.copy()
-    bad[5, 16 + 40] ^= 0x0F
-    x = rng.standard_normal((1, 2048)).astype(np.float32)
-    y = linear(torch.from_numpy(x), QWeight.from_raw(bad, gt.Q4_K, (8, 2048)))
-    with pytest.raises(AssertionError):
-        _check(gt.Q4_K, raw, deq, x, y.numpy())
+    bad[5, byte] ^= 0x0F if ggml_type == gt.Q4_K or byte < 128 else 0x30
+    for n in (1, 8):
+        x = rng.standard_normal((n, 2048)).astype(np.float32)
+        w = QWeight.from_raw(bad, ggml_type, (8, 2048))
+        y = linear(torch.from_numpy(x), w)
+        assert w._native[0] == REPACKED[ggml_type]
+        with pytest.raises(AssertionError):
+            _check(ggml_type, raw, deq, x, y.numpy())
 
 
 @pytest.mark.skipif(not REPACKING or "avx2" not in cpu_native.variants(), reason="needs a repacking variant and avx2")
-def test_a_variant_change_replans_a_repacked_weight():
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
+def test_a_variant_change_replans_a_repacked_weight(ggml_type):
     """Repacked rows run on their variant only: after use_variant the weight is planned again
-    (on the file's bytes), and the kernels refuse repacked rows on a variant without them."""
+    (on the file's bytes), and the kernels refuse repacked rows on a variant without them (and
+    refuse to dequantize them anywhere)."""
     cpu_native.use_variant(REPACKING[0])
     rng = np.random.default_rng(6)
-    raw, deq = make_weight(gt.Q4_K, 16, 512, rng)
-    w = QWeight.from_raw(raw, gt.Q4_K, (16, 512))
+    raw, deq = make_weight(ggml_type, 16, 512, rng)
+    w = QWeight.from_raw(raw, ggml_type, (16, 512))
     x = rng.standard_normal((2, 512)).astype(np.float32)
     linear(torch.from_numpy(x), w)
-    assert w._native[0] == cpu_native.Q4_K_REPACKED
+    assert w._native[0] == REPACKED[ggml_type]
+    with pytest.raises(ValueError, match="repacked"):
+        cpu_native.dequantize(REPACKED[ggml_type], w._repacked, 16, 512)
     cpu_native.use_variant("avx2")
-    _check(gt.Q4_K, raw, deq, x, linear(torch.from_numpy(x), w).numpy())
-    assert w._native[0] == gt.Q4_K
+    _check(ggml_type, raw, deq, x, linear(torch.from_numpy(x), w).numpy())
+    assert w._native[0] == ggml_type
     y = torch.empty(2, 16)
     with pytest.raises(ValueError, match="repacked"):
-        cpu_native._cpu.matmul(cpu_native.Q4_K_REPACKED, w._repacked.data_ptr(), w._repacked.stride(0), 16, 512,
+        cpu_native._cpu.matmul(REPACKED[ggml_type], w._repacked.data_ptr(), w._repacked.stride(0), 16, 512,
                                torch.from_numpy(x).data_ptr(), 512 * 4, 2, y.data_ptr(), 16)
+    with pytest.raises(ValueError, match="repacked"):
+        cpu_native.repack(ggml_type, torch.from_numpy(raw))
 
 
 def test_drop_pages_gives_back_a_file_mappings_pages_and_keeps_its_bytes(tmp_path):
