@@ -101,6 +101,7 @@ class MainWindow(QMainWindow):
         self.session.replyFailed.connect(self.replyFailed)
         self.worker.start()
         self._shown_once = False
+        self._warming = 2  # the engine's imports and the lexers', after the window shows
         self._autoload = autoload
         # A second launch on this data dir asks us to come to the front (see main.run_app).
         self.instance_server = InstanceServer(self.store.data_dir, self)
@@ -147,12 +148,22 @@ class MainWindow(QMainWindow):
         # would take its place and answer its next message.
         if self._autoload and self._chosen().is_local and self.engine_info is None and not self.loading:
             self.load_last_model()
-        markdown.warm_up()
+        # the first code block's lexer, off the UI thread
+        self.jobs.run(markdown.warm_up, self._warmed, lambda _error: self._warmed())
+
+    @property
+    def warmed_up(self) -> bool:
+        """The start-up imports (the engine on the worker, the lexers) are done."""
+        return self._warming == 0
+
+    def _warmed(self, _result=None) -> None:
+        self._warming -= 1
 
     @Slot(float)
     def _on_warmed_up(self, seconds: float) -> None:
         """The engine is imported: say it when the native CPU kernels are missing (replies on
         the CPU then run on torch's much slower path), not silently."""
+        self._warmed()
         log.info("engine imported on the worker in %.2f s", seconds)
         from ..kernels import cpu_native
         from .selftest import NO_KERNELS_FIX

@@ -265,6 +265,7 @@ def test_several_images_by_paste_and_drop(qtbot, window, tmp_path):
 def test_ui_stays_responsive_while_loading_and_generating(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path / "data", load=False)
     try:
+        qtbot.waitUntil(lambda: window.warmed_up, timeout=30000)  # the imports after the window shows
         ui = UiGaps()
         ui.timer.start()
         window.load_model(str(MODEL), str(MMPROJ))
@@ -301,6 +302,7 @@ def test_a_long_chat_with_code_scrolls_and_rerenders_without_a_gap(qtbot, tmp_pa
     from PySide6.QtWidgets import QApplication
 
     window = make_window(qtbot, tmp_path / "data", load=False)
+    qtbot.waitUntil(lambda: window.warmed_up, timeout=30000)  # the imports after the window shows
     app = QApplication.instance()
     old_palette = app.palette()
     store = window.store
@@ -414,7 +416,7 @@ def test_first_run_empty_state_leads_to_models(qtbot, tmp_path, monkeypatch):
     window = make_window(qtbot, tmp_path / "data2", load=False)
     try:
         # found off the UI thread after the window shows
-        qtbot.waitUntil(lambda: window.empty.local_buttons, timeout=30000)
+        qtbot.waitUntil(lambda: bool(window.empty.local_buttons), timeout=30000)
         buttons = window.empty.local_buttons
         assert [b.text() for b in buttons] == [f"Load {MODEL.name} + projector"]
         buttons[0].click()
