@@ -11,7 +11,7 @@
 #     bash scripts/device_check.sh engine-bench    # setup + only the named section(s)
 # HERE first, with network: wheels of every runtime dependency but PySide6 (the window: 95 MB, not
 # needed to test the engine) and torch/triton/numpy (on the machine), pytest, setuptools, and a
-# slimmed llama.cpp source (~4 MB), into .device_wheels/ (carry it: ~25 MB):
+# slimmed llama.cpp source (~4 MB), into .device_wheels/ (carry it: ~37 MB for two Pythons):
 #     bash scripts/device_check.sh --fetch-wheels
 # The repo is INSTALLED (pip install --no-deps ., a real install with package metadata; the C
 # kernels built), and everything runs against that install (PYTHONSAFEPATH: not the checkout).
@@ -40,7 +40,9 @@ TESTING="pytest iniconfig pluggy pygments setuptools wheel"
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
     mkdir -p "$WHEELS"
-    for pyv in 3.10 3.11 3.12 3.13; do
+    # the device's Python (DEVICE_PYTHONS, default this one's and 3.12): each adds ~11 MB, and the
+    # carry to the device holds 64 MiB in all
+    for pyv in ${DEVICE_PYTHONS:-$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])') 3.12}; do
         # shellcheck disable=SC2086
         "$PY" -m pip download -q --no-deps -d "$WHEELS" --only-binary=:all: --python-version "$pyv" \
             --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
