@@ -136,3 +136,17 @@ def test_bad_groups_are_refused_in_words():
         model.forward_batch(model.embed([5, 6, 7]), [(cache, 0, 2)], [1])
     with pytest.raises(Exception, match="context full"):
         model.forward_batch(model.embed(list(range(3, 20))), [(cache, 0, 17)], [16])
+
+
+def test_the_torch_path_in_float64_equals_each_sequence_alone():
+    """A float64 model runs the torch path a GPU runs (RoPE into the cache, sdpa per sequence,
+    no native kernel): there the batch is exact to float64 rounding."""
+    model = Mistral3Text.load(FIXTURES / "mistral3_tiny-f32.gguf", device="cpu", dtype=torch.float64)
+    seqs = _sequences(model.cfg.vocab_size, LENGTHS, seed=2)
+    batched, fed = _run_batched(model, seqs, SCHEDULE)
+    for s, seq in enumerate(seqs):
+        prompt = _first_chunk(s, fed[s])
+        one_pass, stepwise = _alone(model, seq, fed[s], prompt)
+        scale = one_pass.abs().max().item()  # logits come out as float32: a few of its ulps
+        assert (batched[s] - one_pass).abs().max().item() <= 1e-6 * scale
+        assert (batched[s][prompt - 1:] - stepwise).abs().max().item() <= 1e-6 * scale
