@@ -22,17 +22,19 @@ def gpu12(monkeypatch):
 
 
 def test_info_plan_prints_the_arithmetic(tmp_path, gpu12, capsys):
-    """Mistral-Small-3.1-24B Q4_K_M (text only, an empty sparse GGUF) on 12 GB: usable 10.5 GiB
-    - head 550,522,880 - activations 511,705,088 leaves 10,212,061,184 for layers 11..39 with
-    16 MiB KV each (10,133,192,704); layer 10 (Q6_K parts) would need 374,030,336 more."""
+    """Mistral-Small-3.1-24B Q4_K_M (text only, an empty sparse GGUF) on 12 GB: usable 11 GiB
+    - head 550,522,880 - cuBLAS workspace and graph pool 167,772,160 - a prefill chunk's rows and
+    scratch 580,386,816 leaves 10,512,478,208 for layers 10..39 with 16 MiB KV each
+    (10,507,223,040); layer 9 would need 329,424,896 more."""
     path = write_empty_gguf(tmp_path / "small.gguf", 40, 5120, 32768)
     assert cli_main(["info", "--plan", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "cuda:0 (simulated): 12.00 GiB free - 1.50 GiB headroom = 10.50 GiB usable" in out
-    assert "layers 11-39 (29)" in out and out.rstrip().endswith("=> 29 of 40 layers on GPU, 11 on CPU")
+    assert "cuda:0 (simulated): 12.00 GiB free - 1.00 GiB headroom = 11.00 GiB usable" in out
+    assert "layers 10-39 (30)" in out and out.rstrip().endswith("=> 30 of 40 layers on GPU, 10 on CPU")
     assert cli_main(["info", "--plan", "--max-seq-len", "1024", "--json", str(path)]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert plan["gpu_layers"] > 29 and plan["fit"] == "partial" and plan["embedding"] == "cpu"
+    assert plan["gpu_layers"] > 30 and plan["fit"] == "partial" and plan["embedding"] == "cpu"
+    assert plan["context_length"] == 1024 and set(plan["devices"][0]["stages"]) == {"load", "prefill chunk", "decode"}
 
 
 def test_info_plan_errors_are_one_line(tmp_path, gpu12, capsys):
