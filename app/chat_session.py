@@ -19,6 +19,7 @@ from __future__ import annotations
 
 
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class PendingReply:
     cancel: threading.Event
     text: str = ""
     pieces: int = 0
+    first_piece_at: float = 0.0  # time.monotonic() of the first piece (for the live tok/s)
     stats: GenerationStats | None = field(default=None)
     sent: tuple[str, int] | None = None  # a new message's text and image count, shown until saved
 
@@ -139,6 +141,14 @@ class ChatSession(QObject):
                 pass
         return (f"{title} is still writing its reply: send this when it is done, or open "
                 "that chat to stop it.")
+
+    def live_rate(self) -> float:
+        """Pieces (about tokens) a second of the reply being written, 0 until there are two."""
+        p = self.pending
+        if p is None or p.pieces < 2:
+            return 0.0
+        elapsed = time.monotonic() - p.first_piece_at
+        return (p.pieces - 1) / elapsed if elapsed > 0 else 0.0
 
     def streaming_id(self, chat_id: int | None) -> int | None:
         p = self.pending
@@ -311,6 +321,8 @@ class ChatSession(QObject):
             return
         p.text += text  # the worker checkpoints it to the store (about once a second)
         p.pieces += 1
+        if p.pieces == 1:
+            p.first_piece_at = time.monotonic()
         if self.current_chat_id == p.chat_id:
             self.streamed.emit(p.text)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, QTimer, Signal, Slot
@@ -32,14 +33,15 @@ from .widgets.composer import Composer
 from .widgets.elided_label import ElidedLabel
 from .widgets.empty_state import EmptyState
 from .widgets.icons import icon
-from .widgets.model_bar import NO_VISION_HINT, ModelBar, device_line, escape
+from .widgets.model_bar import NO_VISION_HINT, ModelBar, device_line, device_tip, escape
 from .widgets.theme import is_dark, style_sheet
 from .serving import ServerStatusLabel, WindowServer
-from .worker import EngineInfo, EngineWorker, can_grow_context
+from .worker import EngineInfo, EngineWorker, can_grow_context, memory_words
 
 log = logging.getLogger(__name__)
 
 GGUF_FILTER = "GGUF models (*.gguf)"
+MEMORY_REFRESH_MS = 2000
 
 
 def running_fit(info: EngineInfo | None):
@@ -150,6 +152,16 @@ class MainWindow(QMainWindow):
             self.load_last_model()
         # the first code block's lexer, off the UI thread
         self.jobs.run(markdown.warm_up, self._warmed, lambda _error: self._warmed())
+
+    def _refresh_memory(self) -> None:
+        info = self.engine_info
+        if info is None or info.remote:
+            return
+        memory = memory_words(info.device)
+        if memory and memory != info.memory:
+            self.session.engine_info = info = replace(info, memory=memory)
+            self.model_bar.device_label.setText(device_line(info))
+            self.model_bar.device_label.setToolTip(device_tip(info))
 
     @property
     def warmed_up(self) -> bool:
@@ -303,6 +315,11 @@ class MainWindow(QMainWindow):
         self.reload_button.clicked.connect(self.reload_model)
         self.reload_button.hide()
         self.statusBar().addPermanentWidget(self.reload_button)
+        # The model bar's memory figure follows the process (it grows as pages are touched).
+        self.memory_timer = QTimer(self)
+        self.memory_timer.setInterval(MEMORY_REFRESH_MS)
+        self.memory_timer.timeout.connect(self._refresh_memory)
+        self.memory_timer.start()
         self.composer.edit.setFocus()
 
     def _tool(self, text: str, tip: str, slot) -> QToolButton:
@@ -337,7 +354,7 @@ class MainWindow(QMainWindow):
         self.rename_action = action(chat, "&Rename…", self.rename_selected, "F2")
         self.branch_action = action(chat, "&Branch", self.branch_selected)
         self.delete_action = action(chat, "&Delete…", self.delete_selected)
-        self.pin_action = action(chat, "&Pin / unpin", self.toggle_pin_selected)
+        self.pin_action = action(chat, "&Pin", self.toggle_pin_selected)
         chat.addSeparator()
         self.export_action = action(chat, "&Export…", self.export_selected, tip="Save the chat as JSON (re-importable) "
                "or Markdown")
@@ -350,7 +367,8 @@ class MainWindow(QMainWindow):
         self.stop_action.setEnabled(False)
         chat.addSeparator()
         action(chat, "&Quit", self.close, QKeySequence.StandardKey.Quit)
-        for a in (self.rename_action, self.pin_action, self.delete_action):
+        for a in (self.rename_action, self.pin_action, self.branch_action, self.export_action,
+                  self.delete_action):
             self.chat_list.addAction(a)
         # Del deletes in the list only (in the message box it deletes text). A QShortcut, not
         # an action: the list's context menu shows its actions, and this one has no label.
@@ -509,6 +527,10 @@ class MainWindow(QMainWindow):
         widgets += [getattr(self, name) for name in actions if hasattr(self, name)]
         for widget in widgets:
             widget.setEnabled(has_chat)
+        if hasattr(self, "pin_action"):  # says what it will do to the highlighted chat
+            row = self.chat_model.row_of(self.selected_chat_id())
+            pinned = row >= 0 and self.chat_model.chats[row].pinned
+            self.pin_action.setText("Un&pin" if pinned else "&Pin")
 
     def _chat_selected(self, current, _previous) -> None:
         chat_id = self.chat_model.chat_id(current.row()) if current.isValid() else None
@@ -592,9 +614,14 @@ class MainWindow(QMainWindow):
         if chat_id is None:
             return
         old = self.store.get_chat_info(chat_id).title
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=old)
-        if ok:
-            self.rename_chat(chat_id, title)
+        dialog = QInputDialog(self)
+        dialog.setWindowTitle("Rename chat")
+        dialog.setLabelText("Title:")
+        dialog.setTextValue(old)
+        dialog.setMinimumWidth(460)  # a title of a few words fits without scrolling
+        self.rename_dialog = dialog
+        if dialog.exec():
+            self.rename_chat(chat_id, dialog.textValue())
 
     def delete_chat(self, chat_id: int) -> None:
         if self.session.delete_chat(chat_id):
@@ -837,6 +864,9 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def _on_streamed(self, text: str) -> None:
         self.view.stream_text(text)
+        rate = self.session.live_rate()
+        if rate and self.pending is not None and self.pending.pieces % 4 == 0:  # not every token
+            self.view.set_streaming_note(f"writing… {rate:.1f} tok/s")
 
     @Slot(str, list)
     def _on_unsent(self, text: str, images: list) -> None:
@@ -1046,6 +1076,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ closing
     def closeEvent(self, event) -> None:  # noqa: N802
+        self.memory_timer.stop()
         self.instance_server.close()
         # Stop the reply; the worker saves what it has (finish reason 'cancelled') before
         # its thread ends, so nothing written is lost.
@@ -1057,6 +1088,8 @@ class MainWindow(QMainWindow):
                 self.settings.last_chat_id = self.current_chat_id
         except StoreError:
             pass
+        self.hide()  # gone at once; the worker may take a moment to let go of the model
+        QApplication.processEvents()
         self.api_server.stop()  # before the worker: no server job may wait on it
         self.worker.stop()
         if self.downloads is not None:  # paused: the parts resume next time

@@ -108,7 +108,8 @@ def _process_rss() -> int:
         return 0
 
 
-def _memory_words(device: str) -> str:
+def memory_words(device: str) -> str:
+    """The memory the process holds, in words ('551.9 MB RAM (process)', or the GPU's)."""
     if device == "cuda":
         import torch
 
@@ -145,7 +146,7 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
         model_path=model_path,
         mmproj_path=mmproj_path,
         device=device,
-        memory=_memory_words(device) if device != "remote" else "",
+        memory=memory_words(device) if device != "remote" else "",
         context_size=int(getattr(engine, "context_size", 0) or 0),
         context_limit=int(getattr(getattr(getattr(engine, "model", None), "cfg", None), "context_length", 0) or 0),
         context_asked=context_asked,

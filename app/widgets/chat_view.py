@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import shiboken6
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import (QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap,
+from PySide6.QtGui import (QCursor, QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap,
                            QTextDocument)
 from PySide6.QtWidgets import (QApplication, QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
-                               QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout,
+                               QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QToolTip, QVBoxLayout,
                                QWidget)
 
 from ...engine.api import GenerationStats
@@ -75,7 +75,8 @@ def status_text(message, live: GenerationStats | None = None, context: tuple[int
     if live and live.context_size:
         parts.append(f"context {context_used(live, live.context_size)} / {live.context_size}")
     elif message.prompt_tokens:
-        parts.append(f"context {context_used(message, context[0])}")
+        size = f" / {context[0]}" if context[0] else ""  # the loaded model's context
+        parts.append(f"context {context_used(message, context[0])}{size}")
     reused = live.reused_tokens if live else message.reused_tokens
     if message.prompt_tokens or (live and live.prompt_tokens):
         parts.append(f"{reused} reused from cache")
@@ -154,6 +155,7 @@ class MarkdownView(QTextBrowser):
         self.anchorClicked.connect(self._open_link)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
         self.markdown = ""
+        self.copied_block = -1  # the last code block copied (tests)
 
     def set_markdown(self, text: str, dark: bool) -> None:
         self.markdown = text
@@ -166,6 +168,8 @@ class MarkdownView(QTextBrowser):
             index = int(url.path() or -1) if url.path().isdigit() else -1
             if 0 <= index < len(blocks):
                 QGuiApplication.clipboard().setText(blocks[index].code)
+                QToolTip.showText(QCursor.pos(), "Copied", self)  # it worked, where the click was
+                self.copied_block = index
         elif url.scheme() in ("http", "https"):
             QDesktopServices.openUrl(url)  # the user clicked it; nothing opens by itself
 
@@ -651,6 +655,12 @@ class ChatView(QScrollArea):
             self.column.insertWidget(self.column.count() - 2, w)  # before the notice and stretch
             self.widgets.append(w)
         return w
+
+    def set_streaming_note(self, text: str) -> None:
+        """The status line of the reply being written ('writing… 12.3 tok/s')."""
+        if self.streaming is not None:
+            self.streaming.status.setText(text)
+            self.streaming.status.setVisible(bool(text))
 
     def stream_text(self, text: str) -> None:
         """The streaming reply's whole text so far (rendered at most every 50 ms)."""

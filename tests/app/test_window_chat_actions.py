@@ -29,7 +29,7 @@ def test_new_chat_leaves_no_hidden_target_for_chat_actions(qtbot, window, monkey
 
     # Even when triggered (shortcut, menu), nothing happens to a chat the user cannot see.
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
-    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed", True))
+    monkeypatch.setattr(QInputDialog, "exec", lambda self: (self.setTextValue("Renamed"), 1)[1])
     window.delete_selected()
     window.rename_selected()
     window.branch_selected()

@@ -238,3 +238,58 @@ def test_missing_cpu_kernels_are_said_at_start(qtbot, idle_window, monkeypatch):
     idle_window.worker.warmedUp.emit(0.5)
     text = idle_window.status_label.text()
     assert "CPU kernels are not built" in text and "C compiler" in text and "TRAMONTANE_REINSTALL=1" in text
+
+
+def test_rough_edges_of_the_sidebar_and_the_bar(qtbot, window, monkeypatch):
+    """Items 10 and 15 (part): the rename dialog is wide enough for a title; Pin says Unpin on a
+    pinned chat; Branch and Export are in the list's context menu; a code block's Copy says
+    Copied; the memory figure follows the process; a reply shows tok/s while it is written;
+    a reopened reply's context count says of how much."""
+    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtWidgets import QInputDialog
+
+    from tramontane.app import window as window_module
+
+    send(qtbot, window, "Hi")
+    chat = window.current_chat_id
+    seen = {}
+
+    def rename(dialog):
+        seen["width"] = dialog.minimumWidth()
+        dialog.setTextValue("A title of several words, as people write them")
+        return 1
+
+    monkeypatch.setattr(QInputDialog, "exec", rename)
+    window.rename_selected()
+    assert seen["width"] >= 400
+    assert window.store.get_chat_info(chat).title.startswith("A title of several")
+
+    assert window.pin_action.text().replace("&", "") == "Pin"
+    window.toggle_pin_selected()
+    window.refresh_chat_list()
+    assert window.pin_action.text().replace("&", "") == "Unpin"
+    assert {window.branch_action, window.export_action, window.pin_action} <= set(window.chat_list.actions())
+
+    window.store.add_message(chat, "user", "code?")
+    window.store.add_message(chat, "assistant", "```python\nprint(1)\n```")
+    window.refresh_view()
+    body = window.view.widgets[-1].body
+    body.anchorClicked.emit(__import__("PySide6.QtCore", fromlist=["QUrl"]).QUrl("copy-code:0"))
+    assert QGuiApplication.clipboard().text() == "print(1)" and body.copied_block == 0
+
+    monkeypatch.setattr(window_module, "memory_words", lambda device: "9.9 GB RAM (process)")
+    window._refresh_memory()
+    assert "9.9 GB RAM" in window.model_bar.device_label.text()
+
+    window.param_overrides["max_tokens"] = 200
+    notes = []
+    window.session.streamed.connect(lambda _text: notes.append(window.view.streaming.status.text()
+                                                             if window.view.streaming else ""))
+    with qtbot.waitSignal(window.replyFinished, timeout=60000):
+        window.composer.edit.setPlainText("Go on")
+        window.composer.submit()
+    assert any("tok/s" in n for n in notes), notes[-3:]
+
+    window.session.live_stats.clear()  # as after a restart: the stored numbers only
+    window.refresh_view()
+    assert "/ 512" in window.view.widgets[-1].status.text()

@@ -79,7 +79,7 @@ def test_the_composer_hint_does_not_outlive_a_chat_action(qtbot, tmp_path, monke
             window.composer.add_files([str(image)])  # no projector: refused with a hint
             return "projector" in window.composer.message.text()
 
-        monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed", True))
+        monkeypatch.setattr(QInputDialog, "exec", lambda self: (self.setTextValue("Renamed"), 1)[1])
         actions = {
             "switch chat": lambda: window.open_chat(first),
             "new chat": window.new_chat,
