@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..engine.api import EngineError
-from ..engine.remote.client import RemoteEngine, RemoteError, parse_base_url
+from ..engine.remote.client import RemoteEngine
+from ..engine.remote.http import RemoteError, parse_base_url
 
 SETTINGS_KEY = "remote_servers"
 

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QListWidget, QPushButton, QVBoxLayout, QWidget)
 
 from ...engine.api import EngineError
-from ...engine.remote.client import fetch_models, parse_base_url
+from ...engine.remote.http import fetch_models, parse_base_url
 from ..jobs import Jobs
 from ..servers import EngineChoice, ServerConfig, ServerList, url_ok
 
@@ -258,6 +258,10 @@ class EngineChoiceCombo(QComboBox):
         self.jobs = Jobs(self)
         self._pending = 0
         self.errors: dict[str, str] = {}  # server name -> last refresh error
+        # As wide as a short model name, not the longest "model — server" item (the model
+        # bar's other lines need the room); the open list is as wide as its items.
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.setMinimumContentsLength(16)
         self.currentIndexChanged.connect(self._emit_choice)
         self.reload()
 
@@ -296,6 +300,7 @@ class EngineChoiceCombo(QComboBox):
                 self.setItemData(self.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
         if not self.set_choice(keep):
             self.setCurrentIndex(0)
+        self.view().setMinimumWidth(self.view().sizeHintForColumn(0) + 24)
         self.blockSignals(False)
         if self.current_choice() != keep:  # the chosen server or model went away
             self._emit_choice()

@@ -41,7 +41,7 @@ from ..api import (
     PieceCallback,
     SamplingParams,
 )
-from .http import (  # noqa: F401 - transport names callers also import from here
+from .http import (
     CancelWatch, check_api_key, connect, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S,
     fetch_models, loads_json, parse_base_url, read_body, RemoteError, RemoteModel, request_headers, Secret,
     server_message, sse_data, status_error, StreamBroken,

@@ -19,7 +19,8 @@ import urllib.request
 import pytest
 
 from tramontane.engine.api import ChatMessage, SamplingParams
-from tramontane.engine.remote.client import RemoteEngine, RemoteError, fetch_models
+from tramontane.engine.remote.client import RemoteEngine
+from tramontane.engine.remote.http import RemoteError, fetch_models
 
 from support import FIXTURES  # noqa: E402
 

@@ -17,7 +17,8 @@ from PIL import Image
 openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
 
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams  # noqa: E402
-from tramontane.engine.remote.client import RemoteEngine, RemoteError  # noqa: E402
+from tramontane.engine.remote.client import RemoteEngine  # noqa: E402
+from tramontane.engine.remote.http import RemoteError  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer, check_bind  # noqa: E402
