@@ -197,16 +197,6 @@ class TensorInfo:
         return GGML_TYPES[self.ggml_type].name
 
 
-def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
-    """Bytes of a tensor of `shape` (row-major) stored as `ggml_type`."""
-    t = GGML_TYPES[int(ggml_type)]
-    block, type_size = t.block_size, t.type_size
-    count = 1
-    for d in shape:
-        count *= d
-    return count // block * type_size
-
-
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer."""
 
