@@ -910,7 +910,9 @@ class Mistral3Text:
             logits = graphs.run(cache, token_id, pos)
             cache.length = pos + 1
             return logits
-        return self.forward(self.embed([token_id]), pos, cache)
+        # the id written on the table's device (a fill, not a host tensor copied over)
+        token = torch.full((1,), int(token_id), dtype=torch.long, device=self.embedding_device)
+        return self.forward(self.embed(token), pos, cache)
 
     def _graphs_enabled(self) -> bool:
         return self.use_cuda_graphs and any(seg.device.type == "cuda" for seg in self.segments)
