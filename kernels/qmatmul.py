@@ -61,7 +61,8 @@ from . import ggml_types as gt
 from .quant_iq4 import kvalues_table, tile_iq4_nl, tile_iq4_xs
 from .quant_k import dot_q4_k, dot_q6_k, tile_q2_k, tile_q3_k, tile_q4_k, tile_q5_k, tile_q6_k
 from .quant_legacy import tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
-from .triton_compat import interpreting, tl, triton
+from . import triton_compat
+from .triton_compat import interpreting, launch, tl, triton
 
 UNIT = 256  # elements per row handled by one tile call
 F32_BITS_2P23 = 0x4B000000  # bit pattern of float32 2**23, see quant_k._nibble_f32
@@ -278,8 +279,8 @@ def dequantize_triton(w, dtype=torch.float32, out: torch.Tensor | None = None) -
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, UNIT))
     n_blocks = k // gt.type_info(w.ggml_type).block_size
     with _on_device(data.device):
-        _dequant_kernel[grid](data, out, _table(data.device), n, k, data.shape[1], n_blocks,
-                              QTYPE=w.ggml_type, BLOCK_N=block_n, num_warps=4, **_launch_opts(data.device, False))
+        launch(_dequant_kernel, grid, data, out, _table(data.device), n, k, data.shape[1], n_blocks,
+               QTYPE=w.ggml_type, BLOCK_N=block_n, num_warps=4, **_launch_opts(data.device, False))
     return out
 
 
@@ -359,31 +360,43 @@ def _decode_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.T
     n_blocks = k // gt.type_info(w.ggml_type).block_size
     with _on_device(x.device):
         if block_m == 1 and dot:
-            _decode_dot_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks,
+            launch(_decode_dot_kernel, grid, x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks,
                                      n_units, units_per_split, x2.stride(0), F32_BITS_2P23, QTYPE=w.ggml_type,
                                      BLOCK_N=block_n, BLOCK_M=1, X_BF16=_packed_bf16(x2), num_warps=num_warps,
                                      **_launch_opts(x.device, True))
         else:
-            _decode_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
+            launch(_decode_kernel, grid, x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
                                  units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_N=block_n,
                                  BLOCK_M=block_m, num_warps=num_warps, **_launch_opts(x.device, True))
     return part
 
 
-# Multi-row launch configs (BLOCK_M, BLOCK_N, num_warps), by activation rows. Register budget
-# per thread (ptxas, sm_90; see COMPILE_SPECS and the module docstring's table): the float32
-# [BLOCK_N, 256] dequantized unit takes BLOCK_N * 256 / (32 * warps) registers and the float32
-# accumulator BLOCK_M * BLOCK_N / (32 * warps); both kept near 64 so no type spills.
-_ROWS_TILES = ((16, (16, 64, 4)), (32, (32, 64, 4)), (64, (64, 64, 8)), (None, (128, 64, 8)))
+# Multi-row tiles (BLOCK_M, BLOCK_N, num_warps) by activation rows (up to the key's rows; None:
+# any more). Checked offline (sm_75 .. sm_120 ptxas, COMPILE_SPECS; table in the module
+# docstring): no spills; shared memory (BLOCK_M + BLOCK_N) x 512 bytes with one stage - the x
+# unit [BLOCK_M, 256] and the weight unit staged for the MMA - so 96 KiB for the 128-row tile,
+# within the 99 KiB a block may have on sm_86/89/120. One stage: Triton's default 3 would
+# triple the x buffers (229 KiB at 128 rows, past every GPU); the weight loads feed integer
+# work, not the dot, so there is nothing else for the pipeliner to overlap. Small tiles use
+# 32 weight rows (twice the programs of a short turn; the float32 unit is 64 registers a
+# thread at 4 warps); 128 rows halve how often each weight unit is dequantized (FUSED_MAX_ROWS).
+# fp16 is the engine's dtype below sm_80 (no bf16 units), where a block has 64 KiB: its largest
+# tile is 64 x 32 (sm_75 ptxas: 64 KiB).
+_ROWS_TILES = {
+    torch.bfloat16: ((16, (16, 32, 4)), (32, (32, 32, 4)), (64, (64, 64, 8)), (None, (128, 64, 8))),
+    torch.float16: ((16, (16, 32, 4)), (32, (32, 32, 4)), (None, (64, 32, 4))),
+}
+ROWS_NUM_STAGES = 1
 ROWS_MIN_UNITS_PER_SPLIT = 4  # K units (of 256) per split: each program's loop amortizes its setup
 
 
-def rows_config(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int]:
+def rows_config(m: int, n: int, k: int, device: torch.device,
+                dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, SPLIT_K, num_warps) of the multi-row kernel for m activation rows of an
     (n, k) weight: the smallest row tile holding m (a 2-row turn pads to 16, the tensor cores'
     least M), and a K split when the tiles alone give fewer than ~2 programs per SM (short
-    turns: N / 64 tiles are 80 programs for a 5120-row weight on a 132-SM GPU)."""
-    block_m, block_n, warps = next(cfg for limit, cfg in _ROWS_TILES if limit is None or m <= limit)
+    turns: 5120 / 32 = 160 programs for a 5120-row weight, 1.2 per SM of an H200)."""
+    block_m, block_n, warps = next(cfg for limit, cfg in _ROWS_TILES[dtype] if limit is None or m <= limit)
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     n_units = triton.cdiv(k, UNIT)
     most = max(1, n_units // ROWS_MIN_UNITS_PER_SPLIT)
@@ -411,7 +424,7 @@ def _rows_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.Ten
         x2 = x2.contiguous()
     m = x2.shape[0]
     data = w.data if w.data.is_contiguous() else w.data.contiguous()
-    block_m, block_n, split_k, warps = config or rows_config(m, n, k, x.device)
+    block_m, block_n, split_k, warps = config or rows_config(m, n, k, x.device, x.dtype)
     n_units = triton.cdiv(k, UNIT)
     units_per_split = triton.cdiv(n_units, split_k)
     split_k = triton.cdiv(n_units, units_per_split)
@@ -419,10 +432,10 @@ def _rows_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.Ten
     grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
     n_blocks = k // gt.type_info(w.ggml_type).block_size
     with _on_device(x.device):
-        _rows_kernel[grid](x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
-                           units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_M=block_m, BLOCK_N=block_n,
-                           BF16_AS_F32=x.dtype == torch.bfloat16 and interpreting(), num_warps=warps,
-                           **_launch_opts(x.device, True))
+        launch(_rows_kernel, grid, x2, data, part, _table(x.device), m, n, k, data.shape[1], n_blocks, n_units,
+               units_per_split, x2.stride(0), QTYPE=w.ggml_type, BLOCK_M=block_m, BLOCK_N=block_n,
+               BF16_AS_F32=x.dtype == torch.bfloat16 and interpreting(), num_warps=warps,
+               num_stages=ROWS_NUM_STAGES, **_launch_opts(x.device, True))
     return part
 
 
@@ -441,9 +454,119 @@ def linear_prefill(x: torch.Tensor, w, chunk_bytes: int | None = None) -> torch.
     dtype = x.dtype
     out = torch.empty(x2.shape[0], n, dtype=dtype, device=x.device)
     step = max(1, (chunk_bytes or PREFILL_CHUNK_BYTES) // (k * x.element_size()))
+    # chunks of 16 rows: every chunk's first row is then 16-byte aligned whatever the row size
+    # (Q6_K at K=5120: 4200 bytes), as the dequant kernel's compiled specializations assume
+    step = max(16, step // 16 * 16)
     scratch = torch.empty(min(step, n), k, dtype=dtype, device=x.device)
     for start in range(0, n, step):
         part = w.rows(start, min(start + step, n))
         wd = dequantize_triton(part, dtype, out=scratch[: part.shape[0]])
         torch.matmul(x2, wd.t(), out=out[:, start : start + part.shape[0]])
     return out.reshape(*x.shape[:-1], n)
+
+
+# ----------------------------------------------------------------------------- compile specs
+# (out, in) of every quantized matmul the engine runs on CUDA: Mistral-Small-3.1-24B (hidden
+# 5120, ffn 32768) and Ministral-3 3B / 8B / 14B (hidden 3072 / 4096 / 5120, ffn 9216 / 14336 /
+# 16384), all with 32 x 128 query heads, 8 x 128 KV heads and a 131072 vocabulary, fused QKV
+# and gate|up (QWeight.cat) too; and the Pixtral tower + projector (1024 wide, ffn 4096).
+MODEL_HIDDEN_FFN = ((5120, 32768), (3072, 9216), (4096, 14336), (5120, 16384))
+VISION_SHAPES = ((1024, 1024), (4096, 1024), (1024, 4096), (5120, 1024), (5120, 5120))
+
+
+def model_shapes() -> list[tuple[int, int]]:
+    q, kv, vocab = 32 * 128, 8 * 128, 131072
+    shapes = set(VISION_SHAPES)
+    for hidden, ffn in MODEL_HIDDEN_FFN:
+        shapes |= {(q, hidden), (kv, hidden), (q + 2 * kv, hidden), (hidden, q), (ffn, hidden),
+                   (2 * ffn, hidden), (hidden, ffn), (vocab, hidden)}
+    return sorted(shapes)
+
+
+# Activation dtypes by compute capability, as the engine picks them (mistral3.text.default_dtype,
+# vision.tower_dtype): bf16 from sm_80, fp16 below it, float32 (the tower below sm_80, 1-8 rows)
+# anywhere.
+_DTYPE_CC = {"bf16": (80, 10_000), "fp16": (0, 79), "fp32": (0, 10_000)}
+# ints claimed when their real value is a multiple of 16. Not N: chunks, views and embedding
+# rows have any count, and it only feeds masks.
+_INT_ARGS = ("K", "row_bytes", "stride_xm", "f2p23")
+
+
+def _spec(name, kernel, types: dict, constexprs: dict, values: dict, warps: int, stages: int,
+          fp_fusion: bool, dtype: str) -> dict:
+    """One COMPILE_SPECS entry (the format kernels/aot.KernelSpec.of reads). Pointers are
+    claimed 16-byte aligned (torch allocations, 16-row chunks), except the weight's when its
+    rows are not a multiple of 16 bytes (then no row pointer is, and views of it need not be);
+    _INT_ARGS are claimed where the real value is a multiple of 16 (Triton's own rule)."""
+    div = [a for a, t in types.items() if t.startswith("*") and a != "w_ptr"]
+    div += [a for a in _INT_ARGS if a in types and values[a] % 16 == 0]
+    if values["row_bytes"] % 16 == 0:
+        div.append("w_ptr")
+    sig = {**types, **{c: "constexpr" for c in constexprs}}
+    lo, hi = _DTYPE_CC[dtype]
+    return {"name": name, "kernel": kernel, "signature": sig, "constexprs": constexprs, "divisible": sorted(div),
+            "num_warps": warps, "num_stages": stages, "options": {"enable_fp_fusion": fp_fusion},
+            "min_cc": lo, "max_cc": hi}
+
+
+def compile_specs() -> list[dict]:
+    """The specializations real launches use, for the model shapes above: every type, activation
+    dtype and tile config the host code picks (dequantize_triton, linear_decode, linear_rows),
+    float32 partials or direct output, aligned or unaligned weight rows where a real shape has
+    them. Read by kernels/aot_build.py (COMPILE_SPECS)."""
+    specs, seen = [], set()
+
+    def add(spec):
+        key = repr({k: v for k, v in spec.items() if k != "name"})
+        if key not in seen:
+            seen.add(key)
+            specs.append(spec)
+
+    rows_types = {"x_ptr": "", "w_ptr": "*u8", "out_ptr": "", "table_ptr": "*fp32", "M": "i32", "N": "i32",
+                  "K": "i32", "row_bytes": "i32", "n_blocks": "i32", "n_units": "i32",
+                  "units_per_split": "i32", "stride_xm": "i32"}
+    dec_types = {**rows_types, "part_ptr": ""}
+    del dec_types["out_ptr"]
+    dec_types = {k: dec_types[k] for k in ("x_ptr", "w_ptr", "part_ptr", "table_ptr", "M", "N", "K", "row_bytes",
+                                            "n_blocks", "n_units", "units_per_split", "stride_xm")}
+    deq_types = {"w_ptr": "*u8", "out_ptr": "", "table_ptr": "*fp32", "N": "i32", "K": "i32", "row_bytes": "i32",
+                 "n_blocks": "i32"}
+    for t in TRITON_TYPES:
+        tn = gt.type_name(t)
+        for n, k in model_shapes():
+            values = {"N": n, "K": k, "row_bytes": gt.row_bytes(t, k), "stride_xm": k, "f2p23": F32_BITS_2P23}
+            for dt in ("bf16", "fp16", "fp32"):
+                add(_spec(f"dequant {tn} {dt}", _dequant_kernel, {**deq_types, "out_ptr": f"*{dt}"},
+                          {"QTYPE": t, "BLOCK_N": 8}, values, 4, 3, False, dt))
+                for part in sorted({dt, "fp32"}):  # x.dtype output, or float32 partials of a K split
+                    types = {**dec_types, "x_ptr": f"*{dt}", "part_ptr": f"*{part}"}
+                    if t in DOT_TYPES:  # one row: the scale-after-dot kernel
+                        bn, warps = DOT_TYPES[t]
+                        add(_spec(f"decode_dot {tn} {dt}->{part}", _decode_dot_kernel, {**types, "f2p23": "i32"},
+                                  {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": 1, "X_BF16": dt == "bf16"},
+                                  values, warps, 3, True, dt))
+                    # the generic decode kernel: one row (types without a dot unit), and 2-8
+                    # float32 rows (bf16/fp16 rows from 2 on take the tensor-core kernel)
+                    for m in ((1, 2, 4, 8) if dt == "fp32" else (1,)):
+                        if m == 1 and t in DOT_TYPES:
+                            continue
+                        bn, bm, _, warps = decode_config(n, k, m, torch.device("cpu"), t, dot=False)
+                        add(_spec(f"decode {tn} {dt}->{part} m{bm}", _decode_kernel, types,
+                                  {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": bm}, values, warps, 3, True, dt))
+                    if dt == "fp32":
+                        continue
+                    for _, (bm, bn, warps) in _ROWS_TILES[torch.bfloat16 if dt == "bf16" else torch.float16]:
+                        add(_spec(f"rows {tn} {dt}->{part} {bm}x{bn}", _rows_kernel,
+                                  {**rows_types, "x_ptr": f"*{dt}", "out_ptr": f"*{part}"},
+                                  {"QTYPE": t, "BLOCK_M": bm, "BLOCK_N": bn, "BF16_AS_F32": False},
+                                  values, warps, ROWS_NUM_STAGES, True, dt))
+    return specs
+
+
+def __getattr__(name: str):
+    """COMPILE_SPECS, made on first use (kernels/aot_build.py and the compile tests read it;
+    importing this module for inference does not pay for it)."""
+    if name == "COMPILE_SPECS":
+        globals()["COMPILE_SPECS"] = specs = compile_specs() if triton_compat.HAVE_TRITON else []
+        return specs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

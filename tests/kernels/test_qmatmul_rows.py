@@ -150,23 +150,25 @@ def test_cuda_path_by_rows_and_dtype():
     assert [cuda_kernel_for(r, torch.float32) for r in (1, 8, 9, 600)] == ["decode", "decode", "dense", "dense"]
 
 
-def test_rows_config_fills_the_gpu_and_bounds_the_split():
+@pytest.mark.parametrize("dtype, most_rows, shared_limit", [(torch.bfloat16, 128, 99 << 10),
+                                                          (torch.float16, 64, 64 << 10)], ids=str)
+def test_rows_config_fills_the_gpu_and_bounds_the_split(monkeypatch, dtype, most_rows, shared_limit):
+    """Shapes of Mistral-Small-3.1-24B on a 132-SM GPU: the row tile holds the rows (up to the
+    dtype's largest tile), its one-stage shared memory fits the smallest GPU of that dtype
+    (bf16: sm_86/89/120 99 KiB; fp16: sm_75 64 KiB), and a K split only fills the GPU."""
     from tramontane.kernels import qmatmul
 
-    class H200:
+    class Gpu:
         type = "cuda"
 
     sms = 132
-    orig = qmatmul._sm_count
-    qmatmul._sm_count = lambda device: sms
-    try:
-        for m in (2, 3, 17, 64, 100, 512):
-            for n, k in ((5120, 5120), (1024, 5120), (32768, 5120), (5120, 32768), (131072, 5120)):
-                bm, bn, split, warps = qmatmul.rows_config(m, n, k, H200())
-                assert bm >= min(m, 128) and bm in (16, 32, 64, 128) and bn >= 16
-                units = k // 256
-                assert 1 <= split <= max(1, units // qmatmul.ROWS_MIN_UNITS_PER_SPLIT)
-                programs = -(-n // bn) * -(-m // bm) * split
-                assert programs >= 2 * sms or split == max(1, units // qmatmul.ROWS_MIN_UNITS_PER_SPLIT)
-    finally:
-        qmatmul._sm_count = orig
+    monkeypatch.setattr(qmatmul, "_sm_count", lambda device: sms)
+    for m in (2, 3, 17, 64, 100, 512):
+        for n, k in ((5120, 5120), (1024, 5120), (32768, 5120), (5120, 32768), (131072, 5120)):
+            bm, bn, split, warps = qmatmul.rows_config(m, n, k, Gpu(), dtype)
+            assert bm >= min(m, most_rows) and bm in (16, 32, 64, 128) and bn >= 16
+            assert (bm + bn) * 512 <= shared_limit
+            most_split = max(1, k // 256 // qmatmul.ROWS_MIN_UNITS_PER_SPLIT)
+            assert 1 <= split <= most_split
+            programs = -(-n // bn) * -(-m // bm) * split
+            assert programs >= 2 * sms or split == most_split
