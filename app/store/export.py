@@ -64,6 +64,7 @@ def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
                 ],
                 **({"versions": [_version_json(v) for v in store.reply_versions(m.id)]}
                    if m.versions > 1 else {}),
+                **({"tool": m.tool} if m.tool else {}),  # tool calls, or a tool call's card
             }
             for m in chat.messages
         ],
@@ -189,6 +190,7 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
             "created_at": doc.number(raw, f"{at}.created_at", default=fields["created_at"]),
             "stats": stats,
             "images": images,
+            "tool": None if raw.get("tool") is None else doc.object(raw, f"{at}.tool"),
         })
     return store.restore_chat(fields, messages)
 
@@ -286,6 +288,9 @@ def chat_to_markdown(chat: Chat, image_folder: str) -> str:
         lines += [f"> {line}" if line else ">" for line in chat.system_prompt.splitlines()]
         lines.append("")
     for m in chat.messages:
+        if m.role == "tool" and m.tool:
+            lines += _tool_card_markdown(m.tool, m.text)
+            continue
         lines += [f"## {m.role.capitalize()}", ""]
         pos = 0
         for img in m.images:  # images at their place in the text, as the model saw them
@@ -298,10 +303,28 @@ def chat_to_markdown(chat: Chat, image_folder: str) -> str:
         if m.text[pos:].strip():  # whole texts keep their indentation (code blocks)
             tail = m.text[pos:]
             lines += [tail.strip() if m.images else tail.strip("\n"), ""]
+        for call in (m.tool or {}).get("calls", ()) if m.role == "assistant" else ():
+            lines += [f"*Called `{call.get('name', '?')}`*", ""]
         note = _reply_note(m)
         if note:
             lines += [f"*{note}*", ""]
     return "\n".join(lines)
+
+
+def _tool_card_markdown(card: dict, result: str) -> list[str]:
+    """A tool call's card: the tool, its arguments, the user's answer, the result and time."""
+    fence = "````"
+    lines = [f"## Tool: {card.get('name', '?')}", "", "Arguments:", "", fence + "json",
+             str(card.get("arguments", "{}")), fence, ""]
+    status = str(card.get("status", ""))
+    elapsed = card.get("elapsed_s")
+    lines += [f"*{status}" + (f" · {elapsed:.2f} s" if isinstance(elapsed, (int, float)) else "") + "*", ""]
+    if card.get("error"):
+        lines += [f"Error: {card['error']}", ""]
+    lines += ["Result:", "", fence, result, fence, ""]
+    if card.get("note"):
+        lines += [f"*{card['note']}*", ""]
+    return lines
 
 
 def _reply_note(m: Any) -> str:

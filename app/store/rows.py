@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ...engine.api import ChatMessage, GenerationStats, ImagePart
+from ...engine.api import ChatMessage, GenerationStats, ImagePart, ToolCall
 from .errors import StoreError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -49,6 +49,9 @@ class Message:
     images: list[StoredImage] = field(default_factory=list)
     versions: int = 1  # how many versions the reply has (regenerate keeps the older ones)
     version: int = 0  # which of them is shown (0-based)
+    # Tool use (schema v5): an assistant message's {"calls": [{id, name, arguments}]}, or a tool
+    # message's card {call_id, name, arguments, status, error, elapsed_s, note}; None otherwise.
+    tool: dict | None = None
 
 
 @dataclass
@@ -101,11 +104,30 @@ def message(row: sqlite3.Row, images: list[StoredImage]) -> Message:
         prompt_tokens=row["prompt_tokens"], generated_tokens=row["generated_tokens"],
         reused_tokens=row["reused_tokens"], ttft_s=row["ttft_s"], prefill_tok_s=row["prefill_tok_s"],
         decode_tok_s=row["decode_tok_s"], created_at=row["created_at"], images=images,
+        tool=tool_data(row["tool_json"]),
     )
+
+
+def tool_data(raw: str | None) -> dict | None:
+    """A message's tool JSON; None when absent or unreadable (the message still shows)."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def to_chat_message(message: Message, read_image: Callable[[str, str], bytes]) -> ChatMessage:
     """A stored message as engine input; `read_image(sha256, ext)` gives an image's bytes."""
+    tool = message.tool or {}
+    if message.role == "assistant" and tool.get("calls"):
+        calls = [ToolCall(str(c.get("id", "")), str(c.get("name", "")), str(c.get("arguments", "{}")))
+                 for c in tool["calls"] if isinstance(c, dict)]
+        return ChatMessage("assistant", [message.text] if message.text else [], tool_calls=calls)
+    if message.role == "tool":
+        return ChatMessage("tool", [message.text], tool_call_id=tool.get("call_id") or None)
     if not message.images:
         return ChatMessage(message.role, [message.text])  # type: ignore[arg-type]
     parts: list[Any] = []

@@ -114,8 +114,16 @@ CREATE TABLE message_versions (
 );
 """
 
+# v4 -> v5: tool use. An assistant message that called tools holds its calls, and a `tool`
+# message the card of one call (tool, arguments, the user's answer, result, time, error), as
+# JSON; the text of a tool message is the result the model was given.
+MIGRATE_V4_TO_V5 = """
+ALTER TABLE messages ADD COLUMN tool_json TEXT;
+"""
+
 # MIGRATIONS[n] brings a version-n database to version n + 1.
-MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2, 2: MIGRATE_V2_TO_V3, 3: MIGRATE_V3_TO_V4}
+MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2, 2: MIGRATE_V2_TO_V3, 3: MIGRATE_V3_TO_V4,
+                              4: MIGRATE_V4_TO_V5}
 SCHEMA_VERSION = 1 + len(MIGRATIONS)
 
 # The search index is derived data, not part of the versioned schema: it is (re)built on

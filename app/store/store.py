@@ -263,12 +263,12 @@ class Store:
                 copy_id = conn.execute(
                     "INSERT INTO messages (chat_id, position, role, text, state, finish_reason,"
                     " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
-                    " decode_tok_s, created_at)"
+                    " decode_tok_s, created_at, tool_json)"
                     " SELECT ?, position, role, text,"
                     " CASE state WHEN 'streaming' THEN 'interrupted' ELSE state END,"
                     " CASE state WHEN 'streaming' THEN 'interrupted' ELSE finish_reason END,"
                     " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
-                    " decode_tok_s, created_at FROM messages WHERE id = ?",
+                    " decode_tok_s, created_at, tool_json FROM messages WHERE id = ?",
                     (new_id, src["id"]),
                 ).lastrowid
                 conn.execute(
@@ -407,6 +407,9 @@ class Store:
                         "interrupted" if state == "streaming" else state,
                         msg.get("finish_reason"), msg.get("stats"), float(msg.get("created_at", now)),
                     )
+                    if msg.get("tool"):  # tool calls and cards (schema v5)
+                        conn.execute("UPDATE messages SET tool_json = ? WHERE id = ?",
+                                     (json.dumps(msg["tool"]), message_id))
                     for version in msg.get("versions", ()):  # the replies a regenerate kept
                         self._insert_version(conn, message_id, version)
                 return chat_id
@@ -605,6 +608,32 @@ class Store:
     def begin_reply(self, chat_id: int, role: str = "assistant") -> int:
         """Create the (empty) reply row in state `streaming`; returns its message id."""
         return self._insert_message(chat_id, role, "", [], "streaming", None, None, None)
+
+    # ---- tool use (schema v5)
+
+    def set_tool(self, message_id: int, data: dict | None) -> None:
+        """Set a message's tool calls (assistant) or card (tool message); None clears it."""
+        try:
+            encoded = None if data is None else json.dumps(data)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"message {message_id} tool data: not JSON-serialisable: {exc}") from exc
+        with self._tx() as conn:
+            conn.execute("UPDATE messages SET tool_json = ? WHERE id = ?", (encoded, message_id))
+
+    def add_tool_message(self, chat_id: int, text: str, card: dict) -> int:
+        """Append a tool message: `text` is the result the model is given, `card` what is shown."""
+        with self._tx() as conn:
+            self._require_chat(chat_id)
+            now = self._now()
+            message_id = self._insert_message_row(chat_id, "tool", text, [], "complete", None, None, now)
+            conn.execute("UPDATE messages SET tool_json = ? WHERE id = ?", (json.dumps(card), message_id))
+            self._touch(chat_id, now)
+            return message_id
+
+    def update_tool_message(self, message_id: int, text: str, card: dict) -> None:
+        with self._tx() as conn:
+            conn.execute("UPDATE messages SET text = ?, tool_json = ? WHERE id = ? AND role = 'tool'",
+                         (text, json.dumps(card), message_id))
 
     def checkpoint_reply(self, message_id: int, text: str, *, force: bool = False) -> bool:
         """Save the partial text of a streaming reply, in its own transaction. Skipped
