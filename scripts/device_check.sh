@@ -192,7 +192,7 @@ engine_bench() {
 llama_bench() {
     local bin=$WORK/llama.cpp/build/bin/llama-bench
     [ -s "$RESULTS/llama.txt" ] && { cat "$RESULTS/llama.txt"; return 0; }  # why it was not built
-    [ -x "$bin" ] || { echo "llama.cpp: the CUDA build did not finish in the time ($(tail -1 "$WORK/llama-build.log" 2>/dev/null))" \
+    [ -x "$bin" ] || { echo "llama.cpp: no CUDA build (not finished in the time, or failed): $(tail -1 "$WORK/llama-build.log" 2>/dev/null)" \
         | tee "$RESULTS/llama.txt"; return 0; }
     "$bin" -m "$WORK/model.gguf" -ngl 99 -p 2048 -n 64 -r 2 -o json > "$RESULTS/llama.json" || return 1
     cat "$RESULTS/llama.json"
