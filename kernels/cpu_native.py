@@ -382,3 +382,70 @@ def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_pla
     out = torch.empty(n, gate_plan[3], dtype=torch.float32)
     _cpu.norm_swiglu(x.data_ptr(), n, k, norm_weight.data_ptr(), float(eps), out.data_ptr(), *gate_plan, *up_plan)
     return out
+
+
+class DecodeLayers:
+    """A run of pre-norm decoder layers for one token at a time, one native call per step
+    (`_cpu.decode_layers`): per layer rms_norm -> q, k, v; RoPE, the KV write and attention;
+    + W_o; rms_norm -> silu(gate) * up; + W_down - the same kernels in the same order as the
+    one-call-per-op path (norm_matmuls, rope_kv_attend, matmul_add, norm_swiglu, matmul_add), so
+    the same hidden row bit for bit, without ~5 Python round trips a layer.
+
+    Every pointer and size is checked here, once, and kept in an int64 table that the kernel
+    trusts; the tensors are held so that the pointers stay valid. `layers`: per layer
+    (attn_norm, ffn_norm, plans, k_cache, v_cache) with `plans` the 7 (ggml_type, pointer, row
+    bytes, out_features, in_features) of q, k, v, o, gate, up, down, caches (n_kv_heads,
+    capacity, d / dv) float32 with contiguous rows."""
+
+    def __init__(self, layers, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
+                 eps: float, scale: float | None = None, keep=()):
+        if not layers or n_heads % n_kv_heads or head_dim % 2:
+            raise ValueError("DecodeLayers: no layers, or heads not a multiple of the KV heads, or odd head_dim")
+        ffn = layers[0][2][4][3]
+        want = [(n_heads * head_dim, hidden), (n_kv_heads * head_dim, hidden), (n_kv_heads * v_head_dim, hidden),
+                (hidden, n_heads * v_head_dim), (ffn, hidden), (ffn, hidden), (hidden, ffn)]
+        fields = _cpu.decode_layer_fields()
+        table = torch.zeros(len(layers), fields, dtype=torch.int64)
+        capacity = None
+        for i, (attn_norm, ffn_norm, plans, k_cache, v_cache) in enumerate(layers):
+            for norm in (attn_norm, ffn_norm):
+                if norm.dtype != torch.float32 or norm.shape != (hidden,) or not norm.is_contiguous():
+                    raise ValueError(f"DecodeLayers: layer {i}'s norm weights must be contiguous float32 ({hidden},)")
+            if len(plans) != 7 or [(p[3], p[4]) for p in plans] != want:
+                raise ValueError(f"DecodeLayers: layer {i}'s weights are {[(p[3], p[4]) for p in plans]}, "
+                                 f"expected (out, in) {want}")
+            for cache, dd in ((k_cache, head_dim), (v_cache, v_head_dim)):
+                if (cache.dtype != torch.float32 or cache.dim() != 3 or cache.shape[0] != n_kv_heads
+                        or cache.shape[2] != dd or cache.stride(2) != 1 or cache.device.type != "cpu"):
+                    raise ValueError(f"DecodeLayers: layer {i}'s KV cache must be float32 ({n_kv_heads}, capacity, "
+                                     f"{dd}) with contiguous rows")
+            cap = min(k_cache.shape[1], v_cache.shape[1])
+            capacity = cap if capacity is None else min(capacity, cap)
+            row = [attn_norm.data_ptr(), ffn_norm.data_ptr()]
+            for p in plans:
+                row += [p[0], p[1], p[2], p[3]]
+            row += [k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+                    v_cache.stride(0), v_cache.stride(1)]
+            table[i] = torch.tensor(row, dtype=torch.int64)
+        self.table, self.n_layers, self.capacity, self.hidden = table, len(layers), capacity, hidden
+        self._dims = (hidden, n_heads, n_kv_heads, head_dim, v_head_dim, ffn, float(eps),
+                      float(scale if scale is not None else head_dim ** -0.5))
+        self._keep = (layers, keep)  # the norms, caches and weights the table points into
+
+    def run(self, x: torch.Tensor, pos: int, cos_q: torch.Tensor, sin_q: torch.Tensor, cos_k: torch.Tensor,
+            sin_k: torch.Tensor) -> torch.Tensor:
+        """x (1, hidden) float32 at position pos (its K/V written there) -> the row after the layers
+        (a new tensor). RoPE tables (positions, head_dim) contiguous float32; row pos is used."""
+        d = self._dims[3]
+        if not 0 <= pos < self.capacity:
+            raise ValueError(f"DecodeLayers: position {pos} outside the KV cache's {self.capacity}")
+        for t in (cos_q, sin_q, cos_k, sin_k):
+            if t.dtype != torch.float32 or t.dim() != 2 or t.shape[1] != d or pos >= t.shape[0] or not t.is_contiguous():
+                raise ValueError(f"DecodeLayers: RoPE tables must be contiguous float32 (positions > {pos}, {d})")
+        if x.dtype != torch.float32 or x.shape != (1, self.hidden):
+            raise ValueError(f"DecodeLayers: x must be float32 (1, {self.hidden})")
+        x = x.contiguous().clone()
+        off = pos * d * 4
+        _cpu.decode_layers(self.table.data_ptr(), self.n_layers, x.data_ptr(), pos, cos_q.data_ptr() + off,
+                           sin_q.data_ptr() + off, cos_k.data_ptr() + off, sin_k.data_ptr() + off, *self._dims)
+        return x

@@ -463,3 +463,28 @@ def embedding(ids: torch.Tensor, w: QWeight, dtype=torch.float32) -> torch.Tenso
     if ids.numel() == 0:
         return torch.empty(*ids.shape, w.shape[1], dtype=dtype, device=w.data.device)
     return w.take_rows(ids).dequantize(dtype).reshape(*ids.shape, w.shape[1])
+
+
+def native_decode_layers(layers, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
+                         eps: float):
+    """One native call per decode step for a run of layers (cpu_native.DecodeLayers), or None
+    where it does not apply (torch path, CPU_EXACT, a weight the kernels do not run, a fused
+    QKV / gate-up, a KV cache that is not float32): then the per-op path runs, which gives the
+    same row bit for bit. `layers`: (attn_norm, ffn_norm, (wq, wk, wv, wo, w_gate, w_up,
+    w_down), k_cache, v_cache) each."""
+    if CPU_EXACT or not cpu_native.AVAILABLE:
+        return None
+    rows = []
+    for attn_norm, ffn_norm, weights, k_cache, v_cache in layers:
+        if k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or not k_cache.is_cpu:
+            return None
+        plans = []
+        for w in weights:
+            plan = _plan(w) if w is not None else False
+            if not plan:
+                return None
+            plans.append((*plan, w.shape[1]))
+        rows.append((attn_norm, ffn_norm, plans, k_cache, v_cache))
+    if not _torch_threads_claimed:
+        _claim_cpu_threads()
+    return cpu_native.DecodeLayers(rows, hidden, n_heads, n_kv_heads, head_dim, v_head_dim, eps)

@@ -800,6 +800,9 @@ class Mistral3Text:
     def run_segment(self, seg: Segment, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
         T = x.shape[0]
         rope = seg.rope
+        if T == 1 and x.dtype == torch.float32 and (step := self._native_decode(seg, cache)) is not None:
+            # CPU decode: the segment's layers in one native call (the per-op path below, bit for bit)
+            return step.run(x, start, rope.cos_q, rope.sin_q, rope.cos_k, rope.sin_k)
         sl = slice(start, start + T)
         tables = (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])
         for i in seg.layers:
@@ -808,6 +811,22 @@ class Mistral3Text:
             x = linear_add(self._attention(i, layer, x, start, tables, cache), layer.wo, x)
             x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
         return x
+
+    def _native_decode(self, seg: Segment, cache: KVCache):
+        """The segment's decode step as one native call (kernels.linear.native_decode_layers), made
+        once per cache, kernel variant and cache tensors; None where the per-op path runs."""
+        if seg.device.type != "cpu" or not _native_cpu():
+            return None
+        key = (_linear_mod.cpu_native.VARIANT_EPOCH, *(t.data_ptr() for i in seg.layers
+                                                       for t in (cache.layer_k[i], cache.layer_v[i])))
+        made = cache.__dict__.setdefault("_native_decode", {})  # id(seg) -> (key, step)
+        if made.get(id(seg), (None,))[0] != key:
+            cfg = self.cfg
+            made[id(seg)] = (key, _linear_mod.native_decode_layers(
+                [(ly.attn_norm, ly.ffn_norm, (ly.wq, ly.wk, ly.wv, ly.wo, ly.w_gate, ly.w_up, ly.w_down),
+                  cache.layer_k[i], cache.layer_v[i]) for i in seg.layers for ly in (self.layers[i],)],
+                cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, cfg.norm_eps))
+        return made[id(seg)][1]
 
     def _qkv(self, layer: LayerWeights, x: torch.Tensor):
         """q, k, v (T, heads, d) of attn_norm(x)."""

@@ -1628,6 +1628,126 @@ static PyObject *py_matmul_add(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------ a decode step's layers
+ * One token through a run of layers in one call: per layer the same kernels, in the same order,
+ * as norm_matmuls (q, k, v), rope_kv_attend, matmul_add (W_o), norm_swiglu and matmul_add (W_down)
+ * (so bit for bit the same hidden row), without a Python round trip between them. The layers'
+ * pointers and sizes come from a table of int64 rows that Python builds once per (weights, KV
+ * cache) and checks then (cpu_native.DecodeLayers); DL_FIELDS int64 per layer: */
+enum {
+    DL_ATTN_NORM, DL_FFN_NORM,
+    DL_W, /* 7 weights (q, k, v, o, gate, up, down) of 4: ggml type, pointer, row bytes, rows */
+    DL_KC = DL_W + 28, DL_VC, DL_KH, DL_KR, DL_VH, DL_VR, /* caches: pointers, head and row strides (floats) */
+    DL_FIELDS
+};
+enum { DL_Q, DL_K, DL_V, DL_O, DL_GATE, DL_UP, DL_DOWN };
+
+static float *dl_buf = NULL; /* the step's rows (kept: the same few KiB every token) */
+static size_t dl_size = 0;
+
+static void dl_job(mm_job *J, const int64_t *row, int w, const float *x, int64_t k, float *y) {
+    const int64_t *p = row + DL_W + 4 * w;
+    memset(J, 0, sizeof(*J));
+    J->type = (int)p[0];
+    J->w = (const uint8_t *)(uintptr_t)p[1];
+    J->w_stride = (size_t)p[2];
+    J->n_out = (int)p[3];
+    J->k = k;
+    J->x = (const uint8_t *)x;
+    J->x_stride = (size_t)k * 4;
+    J->n_x = 1;
+    J->y = y;
+    J->ldy = (size_t)p[3];
+}
+
+/* x (hidden floats) in place through n_layers; -1: no memory. The caller holds the call lock. */
+static int run_decode_layers(const int64_t *table, int n_layers, float *x, Py_ssize_t pos, const float *tab[4],
+                             int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale) {
+    const size_t need = (size_t)hq * d + (size_t)hkv * (d + dv) + (size_t)hq * dv + 3 * (size_t)ffn + (size_t)hidden;
+    if (need * sizeof(float) > dl_size) {
+        free(dl_buf);
+        dl_buf = (float *)malloc(need * sizeof(float));
+        dl_size = dl_buf ? need * sizeof(float) : 0;
+        if (!dl_buf) return -1;
+    }
+    float *q = dl_buf, *k = q + (size_t)hq * d, *v = k + (size_t)hkv * d, *o = v + (size_t)hkv * dv;
+    float *gate = o + (size_t)hq * dv, *up = gate + ffn, *act = up + ffn, *y = act + ffn;
+    for (int l = 0; l < n_layers; ++l) {
+        const int64_t *row = table + (size_t)l * DL_FIELDS;
+        mm_job J[3];
+        for (int w = 0; w < 3; ++w) dl_job(&J[w], row, DL_Q + w, x, hidden, w == 0 ? q : w == 1 ? k : v);
+        if (run_norm_matmuls(x, (const float *)(uintptr_t)row[DL_ATTN_NORM], eps, 1, hidden, J, 3, 0)) return -1;
+        rkv_job R = {q, k, v, tab[0], tab[1], tab[2], tab[3], (float *)(uintptr_t)row[DL_KC],
+                     (float *)(uintptr_t)row[DL_VC], 1, hq, hkv, d, dv, 1, (size_t)hq * d, (size_t)hkv * d,
+                     (size_t)hkv * dv, (size_t)row[DL_KH], (size_t)row[DL_KR], (size_t)row[DL_VH], (size_t)row[DL_VR], pos};
+        pool_for(unit_rope_kv, &R, 1);
+        ac_job A = {q, R.kc, R.vc, o, 1, hkv, hq / hkv, d, dv, (size_t)hq * d, (size_t)hq * dv,
+                    R.kh, R.kr, R.vh, R.vr, pos, scale, 0};
+        run_attend(&A);
+        if (A.failed) return -1;
+        dl_job(&J[0], row, DL_O, o, (int64_t)hq * dv, y);
+        if (run_matmul(&J[0])) return -1;
+        for (int e = 0; e < hidden; ++e) x[e] = y[e] + x[e]; /* matmul_add's sum */
+        dl_job(&J[0], row, DL_GATE, x, hidden, gate);
+        dl_job(&J[1], row, DL_UP, x, hidden, up);
+        if (run_norm_matmuls(x, (const float *)(uintptr_t)row[DL_FFN_NORM], eps, 1, hidden, J, 2, 0)) return -1;
+        sw_job S = {gate, up, act, 1, ffn, (size_t)ffn, (size_t)ffn, (size_t)ffn, 1, swiglu_row()};
+        pool_for(unit_swiglu, &S, 1);
+        dl_job(&J[0], row, DL_DOWN, act, ffn, y);
+        if (run_matmul(&J[0])) return -1;
+        for (int e = 0; e < hidden; ++e) x[e] = y[e] + x[e];
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(decode_layers_doc,
+             "decode_layers(table_ptr, n_layers, x_ptr, pos, cos_q, sin_q, cos_k, sin_k, hidden, n_heads, n_kv_heads, "
+             "d, dv, ffn, eps, scale)\n"
+             "One token's hidden row (float32, in place) through n_layers pre-norm layers whose pointers are the "
+             "int64 table's rows (cpu_native.DecodeLayers builds and checks it; the kernel trusts it). Tables: the "
+             "RoPE rows of position pos (d floats each).");
+
+static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "decode_layers takes 16 arguments");
+        return NULL;
+    }
+    void *p[7];
+    Py_ssize_t n_layers, pos, s[6];
+    if (get_ptr(args[0], &p[0]) || get_ssize(args[1], &n_layers) || get_ptr(args[2], &p[1]) || get_ssize(args[3], &pos))
+        return NULL;
+    for (int i = 0; i < 4; ++i)
+        if (get_ptr(args[4 + i], &p[2 + i])) return NULL;
+    for (int i = 0; i < 6; ++i)
+        if (get_ssize(args[8 + i], &s[i])) return NULL;
+    const double eps = PyFloat_AsDouble(args[14]), scale = PyFloat_AsDouble(args[15]);
+    if (PyErr_Occurred()) return NULL;
+    int ok = p[0] && p[1] && p[2] && p[3] && p[4] && p[5] && n_layers >= 0 && n_layers <= INT32_MAX && pos >= 0;
+    for (int i = 0; i < 6; ++i) ok = ok && s[i] > 0 && s[i] <= INT32_MAX;
+    if (!ok || s[1] % s[2] || s[3] % 2) {
+        PyErr_SetString(PyExc_ValueError, "decode_layers: inconsistent sizes or null pointers");
+        return NULL;
+    }
+    const float *tab[4] = {(const float *)p[2], (const float *)p[3], (const float *)p[4], (const float *)p[5]};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    rc = run_decode_layers((const int64_t *)p[0], (int)n_layers, (float *)p[1], pos, tab, (int)s[0], (int)s[1],
+                           (int)s[2], (int)s[3], (int)s[4], (int)s[5], (float)eps, (float)scale);
+    release_temp();
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_decode_layer_fields(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(DL_FIELDS);
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     (void)self;
     long n = PyLong_AsLong(arg);
@@ -1846,6 +1966,8 @@ static PyObject *py_drop_pages(PyObject *self, PyObject *const *args, Py_ssize_t
 static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL, matmul_doc},
     {"repack", (PyCFunction)(void (*)(void))py_repack, METH_FASTCALL, repack_doc},
+    {"decode_layers", (PyCFunction)(void (*)(void))py_decode_layers, METH_FASTCALL, decode_layers_doc},
+    {"decode_layer_fields", py_decode_layer_fields, METH_NOARGS, "decode_layer_fields(): int64 per decode_layers table row."},
     {"drop_pages", (PyCFunction)(void (*)(void))py_drop_pages, METH_FASTCALL, drop_pages_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_FASTCALL, dequantize_doc},
     {"attend_decode", (PyCFunction)(void (*)(void))py_attend_decode, METH_FASTCALL, attend_doc},

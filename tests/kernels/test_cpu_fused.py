@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from tramontane.kernels import cpu_native
 from tramontane.kernels import ggml_types as gt
-from tramontane.kernels.linear import dequantize
 
 from support.cpu_reference import make_weight
 
@@ -146,11 +145,11 @@ def test_swiglu_is_the_same_on_every_variant():
 @pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K, gt.Q8_0, gt.F16])
 def test_dequantize_rows_is_the_reference_row(ggml_type):
     rng = np.random.default_rng(ggml_type)
-    raw, _ = make_weight(ggml_type, 50, 512, rng)
+    raw, deq = make_weight(ggml_type, 50, 512, rng)  # deq: gguf.quants' dequantization
     data = torch.from_numpy(raw)
     if ggml_type == gt.F16:
         data = data.view(torch.float16).reshape(50, 512)
-    table = dequantize(torch.from_numpy(raw), ggml_type, (50, 512))
+    table = torch.from_numpy(deq)
     for ids in ([7], [0, 49, 7, 7], list(range(50)) * 3):
         got = cpu_native.dequantize_rows(ggml_type, data, torch.tensor(ids), 512)
         assert torch.equal(got, table[ids])
@@ -262,3 +261,86 @@ def test_prefill_sized_temporaries_are_released_and_right():
     for rows in (1100, 3, 1100):  # 4.5 MB, then small (kept), then large again
         x = torch.from_numpy(rng.standard_normal((rows, 1024)).astype(np.float32))
         assert torch.equal(norm_linears(x, norm, 1e-5, [w])[0], linears(rms_norm(x, norm, 1e-5), [w])[0])
+
+
+# ------------------------------------------------------------------ a decode step's layers in one call
+DECODE_FILES = ["mistral3_q256-Q4_K_M", "mistral3_q256-Q6_K", "mistral3_tiny-q8_0", "mistral3_tiny-f16"]
+
+
+@pytest.mark.cpu_variants
+@pytest.mark.parametrize("name", DECODE_FILES)
+def test_decode_layers_are_the_per_op_path_bit_for_bit(name):
+    """A decode step through the one-call DecodeLayers (what Mistral3Text.decode runs on the
+    kernels) gives the per-op path's hidden row and KV entries bit for bit, token after token
+    (the per-op path is what test_text_cpu_native holds against the float32 torch model)."""
+    import os
+
+    from support import FIXTURES
+    from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.kernels import linear as linear_mod
+
+    model = Mistral3Text.load(os.path.join(FIXTURES, f"{name}.gguf"), device="cpu")
+    ids = list(range(100, 131))
+    per_op, fused = model.new_cache(64), model.new_cache(64)
+    for cache in (per_op, fused):
+        model.forward(model.embed(ids), 0, cache)
+    seg, cfg = model.segments[0], model.cfg
+    step = model._native_decode(seg, fused)
+    assert isinstance(step, cpu_native.DecodeLayers) and step.n_layers == len(seg.layers)
+    rope = seg.rope
+    for token in (5, 900, 77):
+        x = model.embed([token]).float()
+        pos = per_op.length
+        with linear_mod.cpu_exact(False):  # the per-op native path
+            layers = [(model.layers[i], i) for i in seg.layers]
+            want = x
+            sl = slice(pos, pos + 1)
+            tables = (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])
+            for layer, i in layers:
+                want = linear_mod.linear_add(model._attention(i, layer, want, pos, tables, per_op), layer.wo, want)
+                want = linear_mod.linear_add(model._mlp_hidden(layer, want), layer.w_down, want)
+        got = step.run(x, pos, rope.cos_q, rope.sin_q, rope.cos_k, rope.sin_k)
+        assert torch.equal(got, want), float((got - want).abs().max())
+        for i in seg.layers:
+            assert torch.equal(fused.layer_k[i][:, :pos + 1], per_op.layer_k[i][:, :pos + 1])
+            assert torch.equal(fused.layer_v[i][:, :pos + 1], per_op.layer_v[i][:, :pos + 1])
+        per_op.length = fused.length = pos + 1
+    assert cfg.hidden == got.shape[1]
+
+
+def test_decode_layers_are_made_once_and_again_for_new_cache_tensors():
+    import os
+
+    from support import FIXTURES
+    from tramontane.engine.mistral3.text import Mistral3Text
+
+    model = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_tiny-q8_0.gguf"), device="cpu")
+    cache = model.new_cache(32)
+    model.forward(model.embed([1, 2, 3]), 0, cache)
+    model.decode(4, cache)
+    step = model._native_decode(model.segments[0], cache)
+    model.decode(5, cache)
+    assert model._native_decode(model.segments[0], cache) is step  # cached, not rebuilt per token
+    other = model.new_cache(32)
+    assert model._native_decode(model.segments[0], other) is not step
+
+
+def test_decode_layers_refuse_what_does_not_fit():
+    hidden, d = 64, 16
+    norm = torch.ones(hidden)
+    cache = torch.zeros(2, 8, d)
+    plans = [(gt.F32, 1, 4 * hidden, 4 * d, hidden), (gt.F32, 1, 1, 2 * d, hidden), (gt.F32, 1, 1, 2 * d, hidden),
+             (gt.F32, 1, 1, hidden, 4 * d), (gt.F32, 1, 1, 128, hidden), (gt.F32, 1, 1, 128, hidden),
+             (gt.F32, 1, 1, hidden, 128)]
+    layer = (norm, norm, plans, cache, cache)
+    step = cpu_native.DecodeLayers([layer], hidden, 4, 2, d, d, 1e-5)
+    with pytest.raises(ValueError, match="position"):
+        step.run(torch.zeros(1, hidden), 8, *(torch.zeros(16, d),) * 4)
+    with pytest.raises(ValueError, match="RoPE"):
+        step.run(torch.zeros(1, hidden), 3, *(torch.zeros(3, d),) * 4)
+    bad = list(plans)
+    bad[6] = (gt.F32, 1, 1, hidden, 100)  # down's input is not the gate's width
+    with pytest.raises(ValueError, match="expected"):
+        cpu_native.DecodeLayers([(norm, norm, bad, cache, cache)], hidden, 4, 2, d, d, 1e-5)
+    with pytest.raises(ValueError, match="KV cache"):
+        cpu_native.DecodeLayers([(norm, norm, plans, cache.half(), cache)], hidden, 4, 2, d, d, 1e-5)
