@@ -261,7 +261,7 @@ class EngineChoiceCombo(QComboBox):
         # As wide as a short model name, not the longest "model — server" item (the model
         # bar's other lines need the room); the open list is as wide as its items.
         self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.setMinimumContentsLength(16)
+        self.setMinimumContentsLength(10)
         self.currentIndexChanged.connect(self._emit_choice)
         self.reload()
 

@@ -25,7 +25,12 @@ class ModelBar(QFrame):
         self.model_label = ElidedLabel("No model loaded", mode=Qt.TextElideMode.ElideMiddle)
         self.model_label.setAccessibleName("Loaded model")
         self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.projector_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)
+        # A chip, "vision" or "text only", the projector's file in its
+        # tooltip: the file's ~50 characters have no room in the bar of a 1100 px window, and
+        # cut they said nothing ("Project…16.gguf").
+        self.projector_label = QLabel()
+        self.projector_label.setObjectName("quantChip")
+        self.projector_label.hide()
         self.device_label = ElidedLabel()
         self.quant_label = QLabel()  # Q4_K_M, F16...: how the weights are stored
         self.quant_label.setObjectName("quantChip")
@@ -63,12 +68,8 @@ class ModelBar(QFrame):
         text.addLayout(top)
         line = QHBoxLayout()
         line.setSpacing(16)
-        # When the line is short of room the projector's name is cut, not where the model
-        # runs: the layout ignores the projector's wish, so the device line gets its whole
-        # width first and the projector the rest.
-        self.projector_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        line.addWidget(self.projector_label, 1)
-        line.addWidget(self.device_label, 0)
+        line.addWidget(self.projector_label, 0)  # here, not beside the name: the name comes first
+        line.addWidget(self.device_label, 1)
         line.addWidget(self.context_meter, 0, Qt.AlignmentFlag.AlignVCenter)
         text.addLayout(line)
         layout.addLayout(text, 1)
@@ -100,6 +101,7 @@ class ModelBar(QFrame):
             self.model_label.setText("No model loaded")
             self.model_label.setToolTip("")
             self.projector_label.setText("")
+            self.projector_label.hide()
             self.device_label.setText("")
             self.device_label.setToolTip("")
             self.quant_label.hide()
@@ -111,7 +113,8 @@ class ModelBar(QFrame):
             self.model_label.setToolTip(info.description)
             self.quant_label.hide()  # the local file's, not the server's
             self.projector_label.setText("server")
-            self.projector_label.setToolTip("")
+            self.projector_label.setToolTip("The model runs on a server")
+            self.projector_label.show()
             self.device_label.setText("")
             self.device_label.setToolTip("")
             # Nothing of it is in this computer's memory; the model box switches back.
@@ -127,11 +130,14 @@ class ModelBar(QFrame):
             self.quant_label.setToolTip(f"Weights stored as {quant}" if quant else "")
             self.quant_label.setVisible(bool(quant))
             if info.mmproj_path:
-                self.projector_label.setText(f"Projector: {Path(info.mmproj_path).name}")
+                self.projector_label.setText("vision")
                 self.projector_label.setToolTip(info.mmproj_path)
+                self.projector_label.setAccessibleName(f"Projector {Path(info.mmproj_path).name}")
             else:
-                self.projector_label.setText("No projector (text only)")
-                self.projector_label.setToolTip(NO_VISION_HINT)
+                self.projector_label.setText("text only")
+                self.projector_label.setToolTip(f"No projector: {NO_VISION_HINT}")
+                self.projector_label.setAccessibleName("No projector (text only)")
+            self.projector_label.show()
             self.device_label.setText(device_line(info))
             self.device_label.setToolTip(device_tip(info))
         self.unload_button.setEnabled(True)
@@ -162,11 +168,12 @@ def quant_of(path: str) -> str:
 
 
 def context_words(info: EngineInfo) -> str:
-    """'context 256', and when Settings asked for more than the file allows, says so."""
+    """'context 256', and when Settings asked for more than the file allows, says so (what
+    was asked is in the tooltip: the bar has no room for it at 1100 px)."""
     if not info.context_size:
         return ""
-    if info.context_asked > info.context_size:
-        return f"context {info.context_size} (the file's limit; Settings asks {info.context_asked})"
+    if info.context_asked > info.context_size:  # the whole story is in the tooltip
+        return f"context {info.context_size} (file limit)"
     return f"context {info.context_size}"
 
 

@@ -377,7 +377,8 @@ def test_engine_errors_are_messages_in_the_chat(qtbot, tmp_path):
 def test_without_projector_images_are_disabled_with_a_hint(qtbot, tmp_path):
     window = make_window(qtbot, tmp_path / "data", mmproj=False)
     try:
-        assert "No projector" in window.model_bar.projector_label.text()
+        assert window.model_bar.projector_label.text() == "text only"
+        assert "No projector" in window.model_bar.projector_label.toolTip()
         assert not window.composer.attach_button.isEnabled()
         assert "projector" in window.composer.attach_button.toolTip()
         image = tmp_path / "a.png"

@@ -293,3 +293,26 @@ def test_rough_edges_of_the_sidebar_and_the_bar(qtbot, window, monkeypatch):
     window.session.live_stats.clear()  # as after a restart: the stored numbers only
     window.refresh_view()
     assert "/ 512" in window.view.widgets[-1].status.text()
+
+
+def test_model_bar_fits_1100_px_with_a_server_and_the_limit_note(qtbot, idle_window):
+    """Item 4: at 1100 px, with a server in the box and the file-limit note, the device line is
+    whole and the projector shows (a chip; its file in the tooltip)."""
+    from PySide6.QtWidgets import QLabel
+
+    window = idle_window
+    window.store.set_setting("remote_servers", [
+        {"name": "lab", "base_url": "http://127.0.0.1:9/v1", "api_key": "",
+         "default_model": "mistral-small-3.1-24b-instruct-2503", "models": ["mistral-small-3.1-24b-instruct-2503"]}])
+    window.model_bar.model_combo.reload()
+    window.settings.context_length = 4096  # above the file's 512: the bar says "file limit"
+    window.resize(1100, 760)
+    window.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    qtbot.wait(50)
+    bar = window.model_bar
+    assert "file limit" in bar.device_label.text()
+    assert QLabel.text(bar.device_label) == bar.device_label.text(), "the device line is cut"
+    assert bar.projector_label.isVisible() and bar.projector_label.text() == "vision"
+    assert bar.projector_label.toolTip() == str(MMPROJ)
+    assert window.width() == 1100
