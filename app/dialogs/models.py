@@ -35,6 +35,7 @@ from ...engine.library.local import (LocalModel, catalog_files, delete_model, de
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, DeviceInfo, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
+from ..widgets.model_bar import quant_of
 from .settings import AppSettings
 
 
@@ -306,6 +307,11 @@ class ModelManagerDialog(QDialog):
             for w in (self.search_button, self.search_edit, self.catalog_download,
                       self.repo_download, self.token_button):
                 w.setEnabled(False)
+        for button in self.findChildren(QPushButton):  # Enter in a table or field starts nothing
+            button.setAutoDefault(False)
+            button.setDefault(False)
+        # A message (a hub error...) belongs to the tab it came from.
+        self.tabs.currentChanged.connect(lambda _index: self.show_message(""))
         if settings is not None:  # connected last: the restore above is not a choice
             self.tabs.currentChanged.connect(lambda i: setattr(settings, "models_tab", i))
             self.local_copy.toggled.connect(lambda on: setattr(settings, "import_copy", on))
@@ -356,8 +362,8 @@ class ModelManagerDialog(QDialog):
         layout = QVBoxLayout(w)
         layout.addWidget(self.catalog_table)
         layout.addLayout(buttons)
-        if self.catalog_table.rowCount():
-            self.catalog_table.selectRow(0)
+        # Nothing chosen for the user: the first row is a 15 GB download, and Enter must not
+        # start it (no default button either, see __init__).
         return w
 
     def catalog_bytes(self, entry: CatalogEntry, quant: str) -> tuple[int | None, int | None]:
@@ -626,7 +632,8 @@ class ModelManagerDialog(QDialog):
             t.setItem(row, 0, _item(m.path.name + ("  (loaded)" if loaded else ""), m))
             t.setItem(row, 1, _item("projector" if m.is_projector else "model"))
             t.setItem(row, 2, _item(m.architecture or ("unreadable" if m.error else "?")))
-            t.setItem(row, 3, _item(m.quant or "?"))
+            # The file's own name says Q4_K_M; the header's commonest type only Q4_K.
+            t.setItem(row, 3, _item(quant_of(str(m.path)) or m.quant or "?"))
             t.setItem(row, 4, _item(size_text(m.size)))
             t.setItem(row, 5, _item(""))
             t.setItem(row, 6, _item(m.mmproj.name if m.mmproj else ""))

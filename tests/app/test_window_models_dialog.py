@@ -110,3 +110,26 @@ def test_the_running_model_is_not_called_too_big(qtbot, window, tmp_path, monkey
     assert table.item(loaded, 5).text() == "on the CPU" and "Loaded now" in table.item(loaded, 5).toolTip()
     assert table.item(spare, 5).text() == "on the CPU"  # planned with the loaded model's RAM free
     assert "256-token context (the one in use)" in window.model_manager.machine_label.text()
+
+
+def test_models_dialog_chooses_nothing_for_the_user(qtbot, window, tmp_path):
+    """Issue 26, item 9 (part): no catalogue row (the first is a 15 GB download) is preselected
+    and no button is the default (Enter starts nothing); a file's quant is its name's
+    (Q4_K_M, not the header's Q4_K); a message of one tab goes when another is shown."""
+    from PySide6.QtWidgets import QPushButton
+
+    from support import FIXTURES
+
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    shutil.copyfile(FIXTURES / "mistral3_q256-Q4_K_M.gguf", models / "mistral3_q256-Q4_K_M.gguf")
+    window.open_model_manager(tab=0)
+    dialog = window.model_manager
+    assert dialog.catalog_table.selectedItems() == [] and not dialog.catalog_download.isEnabled()
+    assert not [b.text() for b in dialog.findChildren(QPushButton) if b.isDefault() or b.autoDefault()]
+    table = dialog.local_table
+    row = _row_of(table, "mistral3_q256-Q4_K_M.gguf")
+    assert table.item(row, 3).text() == "Q4_K_M"
+    dialog.show_message("The hub could not be asked", error=True)
+    dialog.tabs.setCurrentIndex(2)
+    assert dialog.message.text() == ""
