@@ -63,8 +63,12 @@ typedef void (*tq_repack_fn)(const uint8_t *src, size_t src_stride, int n_rows, 
 typedef void (*tq_attn_fn)(const float *q, int n_rep, int d, const float *k, size_t ks, const float *v,
                            size_t vs, int dv, int n_keys, float scale, float *out, float *scores);
 
+/* which vector width the element-wise ops (attention, SwiGLU, argmax) run at on a variant */
+enum { TQ_SIMD_PORTABLE = 0, TQ_SIMD_AVX2 = 1, TQ_SIMD_AVX512 = 2 };
+
 typedef struct {
     const char *name;
+    int simd; /* TQ_SIMD_*: the element-wise ops' build for this variant */
     /* x86: the features this variant is compiled for, exactly its `#pragma GCC target` list;
      * it runs only where the probe (tq_x86_features.h) answers yes to each. NULL: no check. */
     const char *target;
@@ -89,6 +93,7 @@ typedef struct {
 extern const tq_kernels tq_kernels_generic;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const tq_kernels tq_kernels_avx2;
+extern const tq_kernels tq_kernels_avxvnni;
 extern const tq_kernels tq_kernels_avx512;
 #endif
 /* NEON variants: little-endian aarch64 with GCC or clang (elsewhere, MSVC included: generic) */

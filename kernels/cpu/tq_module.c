@@ -59,7 +59,7 @@ static int variant_supported(const tq_kernels *k) {
 
 static const tq_kernels *all_variants[] = {
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-    &tq_kernels_avx512, &tq_kernels_avx2,
+    &tq_kernels_avx512, &tq_kernels_avxvnni, &tq_kernels_avx2,
 #endif
 #ifdef TQ_HAVE_NEON_VARIANTS
     &tq_kernels_neondot, &tq_kernels_neon,
@@ -876,8 +876,8 @@ typedef void (*row_fn)(const float *, const float *, float *, int64_t);
 
 static row_fn swiglu_row(void) {
 #ifdef TQ_ELEMENTWISE_X86
-    if (K == &tq_kernels_avx512) return swiglu_row_avx512;
-    if (K == &tq_kernels_avx2) return swiglu_row_avx2;
+    if (K->simd == TQ_SIMD_AVX512) return swiglu_row_avx512;
+    if (K->simd == TQ_SIMD_AVX2) return swiglu_row_avx2;
 #endif
     return swiglu_row_generic;
 }
@@ -1036,8 +1036,8 @@ typedef void (*att_row_fn)(ATT_ROW_ARGS);
 
 static att_row_fn att_row(void) {
 #ifdef TQ_ELEMENTWISE_X86
-    if (K == &tq_kernels_avx512) return att_row_avx512;
-    if (K == &tq_kernels_avx2) return att_row_avx2;
+    if (K->simd == TQ_SIMD_AVX512) return att_row_avx512;
+    if (K->simd == TQ_SIMD_AVX2) return att_row_avx2;
 #endif
     return att_row_generic;
 }
@@ -1107,8 +1107,8 @@ typedef void (*att_dec_fn)(ATT_DEC_ARGS);
 
 static att_dec_fn att_dec(void) {
 #ifdef TQ_ELEMENTWISE_X86
-    if (K == &tq_kernels_avx512) return att_dec_avx512;
-    if (K == &tq_kernels_avx2) return att_dec_avx2;
+    if (K->simd == TQ_SIMD_AVX512) return att_dec_avx512;
+    if (K->simd == TQ_SIMD_AVX2) return att_dec_avx2;
 #endif
     return att_dec_generic;
 }
@@ -1379,8 +1379,8 @@ static PyObject *py_argmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int64_t idx;
     int nan = 0;
 #ifdef TQ_ELEMENTWISE_X86
-    if (K == &tq_kernels_avx512) idx = argmax_avx512((const float *)x, n, &nan);
-    else if (K == &tq_kernels_avx2) idx = argmax_avx2((const float *)x, n, &nan);
+    if (K->simd == TQ_SIMD_AVX512) idx = argmax_avx512((const float *)x, n, &nan);
+    else if (K->simd == TQ_SIMD_AVX2) idx = argmax_avx2((const float *)x, n, &nan);
     else
 #endif
         idx = argmax_generic((const float *)x, n, &nan);
