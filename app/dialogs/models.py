@@ -14,6 +14,7 @@ on the CPU", "too big"), planned off the UI thread by the engine's device planne
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,6 +36,7 @@ from ...engine.library.local import (LocalModel, catalog_files, delete_model, de
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, DeviceInfo, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
+from ..model_places import find_models, usual_places
 from ..widgets.model_bar import quant_of
 from .settings import AppSettings
 
@@ -240,6 +242,9 @@ class ModelManagerDialog(QDialog):
         self.machine = machine
         self.listed = self.downloads.catalog_sizes  # the hub's sizes, kept by the app's downloads
         self._recent: set[Path] = set()  # rows from settings.recent_models
+        self._found: list[tuple[str, LocalModel]] = []  # (where, model) found elsewhere (model_places)
+        self._found_in: dict[Path, str] = {}
+        self._looked_elsewhere = False
         self._plans = 0  # planning jobs started: only the latest one's results are shown
         self.downloads.status_changed.connect(self._on_status)
         self.downloads.pair_ready.connect(self._on_pair_ready)
@@ -623,6 +628,11 @@ class ModelManagerDialog(QDialog):
                 self.local_models.append(describe_model(resolved))
                 listed.add(resolved)
                 self._recent.add(resolved)
+        for what, m in self._found:  # elsewhere on this computer (looked for as a job)
+            if m.path not in listed and m.path.is_file():
+                self.local_models.append(m)
+                listed.add(m.path)
+                self._found_in[m.path] = what
         t = self.local_table
         t.setRowCount(0)
         for m in self.local_models:
@@ -638,6 +648,7 @@ class ModelManagerDialog(QDialog):
             t.setItem(row, 5, _item(""))
             t.setItem(row, 6, _item(m.mmproj.name if m.mmproj else ""))
             how = ("opened from: " if m.path in self._recent
+                   else f"found in {self._found_in[m.path]}: " if m.path in self._found_in
                    else "imported in place: " if m.imported_in_place else "")
             t.setItem(row, 7, _item(how + str(m.folder)))  # a long folder loses its middle
             t.item(row, 7).setToolTip(str(m.path))
@@ -649,6 +660,19 @@ class ModelManagerDialog(QDialog):
                 t.item(row, 0).setFont(bold)
         self._local_selection_changed()
         self._plan()
+        if not self._looked_elsewhere:
+            self._looked_elsewhere = True
+            skip = set(listed)
+            # Listed by the name people know: a cache's link, not the blob it points to.
+            self.jobs.run(lambda: [(what, replace(describe_model(path), path=path))
+                                   for what, path in find_models(usual_places(), skip)],
+                          self._on_found_elsewhere)
+
+    def _on_found_elsewhere(self, found: list) -> None:
+        """Models already on this computer (Downloads, other apps' folders): listed too."""
+        self._found = found
+        if found:
+            self.refresh_local()
 
     def set_loaded_model(self, path: str | None) -> None:
         """Mark another model as the loaded one (or none)."""

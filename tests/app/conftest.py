@@ -4,6 +4,13 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def no_usual_model_places(monkeypatch):
+    """The Models dialog looks for GGUF files in Downloads, other apps' folders...: not the
+    machine's own in tests (a test that wants some sets TRAMONTANE_MODEL_PLACES)."""
+    monkeypatch.setenv("TRAMONTANE_MODEL_PLACES", "")
+
+
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
     """No user data or models folder, no network (support.app_window.isolate); a module whose

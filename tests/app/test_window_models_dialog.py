@@ -133,3 +133,37 @@ def test_models_dialog_chooses_nothing_for_the_user(qtbot, window, tmp_path):
     dialog.show_message("The hub could not be asked", error=True)
     dialog.tabs.setCurrentIndex(2)
     assert dialog.message.text() == ""
+
+
+def test_models_already_on_this_computer_are_found(qtbot, window, tmp_path, monkeypatch):
+    """Issue 26, item 9: a GGUF in Downloads, one in the Hugging Face cache (a snapshot's link
+    to its blob) and an Ollama blob (no .gguf name, a GGUF inside) are listed without being
+    opened first, each once, with where it was found; a non-GGUF blob is not."""
+    import os
+
+    from tramontane.app.model_places import usual_places
+
+    home = tmp_path / "home"
+    downloads = home / "Downloads"
+    downloads.mkdir(parents=True)
+    shutil.copyfile(MODEL, downloads / "tiny-from-the-browser.gguf")
+    snapshot = home / ".cache" / "huggingface" / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    blobs = snapshot.parents[1] / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    shutil.copyfile(MODEL, blobs / "0123")
+    os.symlink(blobs / "0123", snapshot / "tiny-Q8_0.gguf")
+    ollama = home / ".ollama" / "models" / "blobs"
+    ollama.mkdir(parents=True)
+    shutil.copyfile(MODEL, ollama / "sha256-4f2a")
+    (ollama / "sha256-manifest").write_text('{"not": "a model"}')
+    places = [p for _what, p in usual_places(home=home, env={})]
+    monkeypatch.setenv("TRAMONTANE_MODEL_PLACES", os.pathsep.join(map(str, places)))
+
+    window.open_model_manager(tab=2)
+    table = window.model_manager.local_table
+    qtbot.waitUntil(lambda: table.rowCount() == 3, timeout=TIMEOUT)
+    names = sorted(table.item(r, 0).text() for r in range(table.rowCount()))
+    assert names == ["sha256-4f2a", "tiny-Q8_0.gguf", "tiny-from-the-browser.gguf"]
+    where = table.item(_row_of(table, "tiny-from-the-browser.gguf"), 7).text()
+    assert where.startswith("found in ") and str(downloads) in where
