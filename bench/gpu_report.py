@@ -72,7 +72,14 @@ def main(argv=None) -> dict:
 
     t = time.perf_counter()
     peaks.start()
-    eng = LocalEngine(a.model, a.mmproj, device="cuda" if device.type == "cuda" else "cpu")
+    try:
+        eng = LocalEngine(a.model, a.mmproj, device="cuda" if device.type == "cuda" else "cpu")
+    except Exception as exc:  # noqa: BLE001 - the table says why
+        out["errors"] = {"load": f"{type(exc).__name__}: {exc}"[:300]}
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=1)
+        raise
     _sync(device)
     peaks.end("load")
     out["load_s"] = time.perf_counter() - t
@@ -89,80 +96,91 @@ def main(argv=None) -> dict:
     bw = copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (256 << 20))
     out["copy_bandwidth_GBs"] = bw
     out["decode_bound_tok_s"] = bw * 1e9 / weights
+    print(f"placement: {out['placement']}; context {out['context']}; graphs for buckets {out['graphs']}")
+    print(f"load {out['load_s']:.1f} s; copy bandwidth {bw:.0f} GB/s; {weights / 1e9:.2f} GB read per token")
     vocab = model.cfg.vocab_size
     rng = np.random.default_rng(0)
     ids = lambda n: rng.integers(1000, vocab, n).tolist()  # noqa: E731
 
-    # warm-up: first launches (Triton compile / autotune) outside the measurements
-    eng.complete(ids(64), SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), session_key="warm")
+    errors = out.setdefault("errors", {})
 
-    # prefill (cold, one prompt) and decode
-    n_prompt = min(a.prompt, eng.context_size - a.decode - 1)
-    peaks.start()
-    r = eng.complete(ids(n_prompt), SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
-                     session_key="prefill")
-    peaks.end("prefill chunk")
-    out["prefill_tokens"] = n_prompt
-    out["prefill_tok_s"] = n_prompt / r.stats.ttft_s
-    peaks.start()
-    r = eng.complete(ids(32), SamplingParams(max_tokens=a.decode, temperature=0.0, ignore_eos=True),
-                     session_key="decode")
-    peaks.end("decode")
-    out["decode_tokens"] = len(r.token_ids)
-    out["decode_tok_s"] = r.stats.decode_tok_s
+    def step(name: str, fn) -> None:
+        """One measurement; a failure is recorded (the table shows it) and the others still run."""
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a first GPU run: report everything that fails
+            errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"{name}: FAILED: {errors[name]}")
 
-    # turn 2: the first turn's KV reused, against the same prompt cold
-    turn1 = ids(min(a.turn1, eng.context_size // 2))
-    first = eng.complete(turn1, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), session_key="chat")
-    turn2 = turn1 + first.token_ids + ids(24)
-    reuse = eng.complete(turn2, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), session_key="chat")
-    cold = eng.complete(turn2, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), session_key="cold")
-    out["turn2_prompt_tokens"] = len(turn2)
-    out["turn2_reused_tokens"] = reuse.stats.reused_tokens
-    out["turn2_ttft_reuse_s"] = reuse.stats.ttft_s
-    out["turn2_ttft_cold_s"] = cold.stats.ttft_s
+    def warm():  # first launches (Triton compile / autotune) outside the measurements
+        eng.complete(ids(64), SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), session_key="warm")
 
-    if eng.vision is not None:
-        image = ImagePart(_png(a.image, 1), f"noise-{a.image}.png")
+    def prefill_and_decode():
+        n_prompt = min(a.prompt, eng.context_size - a.decode - 1)
+        peaks.start()
+        r = eng.complete(ids(n_prompt), SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+                         session_key="prefill")
+        peaks.end("prefill chunk")
+        out["prefill_tokens"], out["prefill_tok_s"] = n_prompt, n_prompt / r.stats.ttft_s
+        peaks.start()
+        r = eng.complete(ids(32), SamplingParams(max_tokens=a.decode, temperature=0.0, ignore_eos=True),
+                         session_key="decode")
+        peaks.end("decode")
+        out["decode_tokens"], out["decode_tok_s"] = len(r.token_ids), r.stats.decode_tok_s
+        print(f"decode {out['decode_tok_s']:.1f} tok/s (bound {out['decode_bound_tok_s']:.1f}, "
+              f"{out['decode_tok_s'] / out['decode_bound_tok_s']:.0%}); prefill {n_prompt} tokens "
+              f"{out['prefill_tok_s']:.0f} tok/s")
+
+    def turn2():  # the first turn's KV reused, against the same prompt cold
+        turn1 = ids(min(a.turn1, eng.context_size // 2))
+        first = eng.complete(turn1, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), session_key="chat")
+        prompt = turn1 + first.token_ids + ids(24)
+        two = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        reuse = eng.complete(prompt, two, session_key="chat")
+        cold = eng.complete(prompt, two, session_key="cold")
+        out.update(turn2_prompt_tokens=len(prompt), turn2_reused_tokens=reuse.stats.reused_tokens,
+                   turn2_ttft_reuse_s=reuse.stats.ttft_s, turn2_ttft_cold_s=cold.stats.ttft_s)
+        print(f"turn 2 ({len(prompt)} tokens, {reuse.stats.reused_tokens} reused): TTFT "
+              f"{reuse.stats.ttft_s * 1000:.0f} ms, cold {cold.stats.ttft_s * 1000:.0f} ms")
+
+    def image():
+        pic = ImagePart(_png(a.image, 1), f"noise-{a.image}.png")
         eng.vision.encode_image_parts([ImagePart(_png(64, 2), "warm.png")])  # first launches
         eng.vision.clear_cache()
         peaks.start()
         t = time.perf_counter()
-        feats = eng.vision.encode_image_parts([image])[0]
+        feats = eng.vision.encode_image_parts([pic])[0]
         _sync(device)
         out["image_encode_s"] = time.perf_counter() - t
         peaks.end("vision encode")
-        out["image_tokens"] = int(feats.shape[0])
-        out["vision_dtype"] = str(eng.vision.dtype).removeprefix("torch.")
-
-    if device.type == "cuda":
-        planned = next((p for p in sizes.placements if p.name == "cuda:0"), None)
-        out["memory_planned_vs_reserved"] = {
-            stage: [planned.stages().get(stage) if planned else None, peaks.peaks.get(stage)]
-            for stage in ("load", "vision encode", "prefill chunk", "decode")}
-        out["gpu_free_after_s"] = torch.cuda.mem_get_info(device)[0]
-    eng.close()
-
-    print(f"placement: {out['placement']}; context {out['context']}; graphs for buckets {out['graphs']}")
-    print(f"load {out['load_s']:.1f} s; copy bandwidth {bw:.0f} GB/s; {weights / 1e9:.2f} GB read per token")
-    print(f"decode {out['decode_tok_s']:.1f} tok/s (bound {out['decode_bound_tok_s']:.1f}, "
-          f"{out['decode_tok_s'] / out['decode_bound_tok_s']:.0%}); prefill {n_prompt} tokens "
-          f"{out['prefill_tok_s']:.0f} tok/s")
-    print(f"turn 2 ({len(turn2)} tokens, {reuse.stats.reused_tokens} reused): TTFT "
-          f"{reuse.stats.ttft_s * 1000:.0f} ms, cold {cold.stats.ttft_s * 1000:.0f} ms")
-    if "image_encode_s" in out:
+        out["image_tokens"], out["vision_dtype"] = int(feats.shape[0]), str(eng.vision.dtype).removeprefix("torch.")
+        out["image_side"] = a.image
         print(f"image {a.image}x{a.image} ({out['image_tokens']} tokens, {out['vision_dtype']}): "
               f"{out['image_encode_s'] * 1000:.0f} ms")
-    for stage, (plan, seen) in out.get("memory_planned_vs_reserved", {}).items():
-        if plan or seen:
-            print(f"memory {stage}: planned {(plan or 0) / 2**30:.2f} GiB, reserved {(seen or 0) / 2**30:.2f} GiB")
-    for w in out["warnings"]:
-        print("warning:", w)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(out, fh, indent=1)
-    return out
 
+    try:
+        step("warm-up", warm)
+        step("prefill and decode", prefill_and_decode)
+        step("turn 2", turn2)
+        if eng.vision is not None:
+            step("image", image)
+        if device.type == "cuda":
+            planned = next((p for p in sizes.placements if p.name == "cuda:0"), None)
+            out["memory_planned_vs_reserved"] = {
+                stage: [planned.stages().get(stage) if planned else None, peaks.peaks.get(stage)]
+                for stage in ("load", "vision encode", "prefill chunk", "decode")}
+            for stage, (plan, seen) in out["memory_planned_vs_reserved"].items():
+                if plan or seen:
+                    print(f"memory {stage}: planned {(plan or 0) / 2**30:.2f} GiB, "
+                          f"reserved {(seen or 0) / 2**30:.2f} GiB")
+        for w in out["warnings"]:
+            print("warning:", w)
+    finally:
+        eng.close()
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(out, fh, indent=1)
+    return out if not errors else {}
 
 if __name__ == "__main__":
     sys.exit(0 if main() else 1)

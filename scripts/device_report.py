@@ -58,20 +58,24 @@ def table(results: Path) -> str:
     llama_note = (results / "llama.txt").read_text().strip() if (results / "llama.txt").exists() else ""
     if eng_path.exists():
         e = json.loads(eng_path.read_text())
-        bound = e.get("decode_bound_tok_s") or 0
-        add("placement", e.get("placement", ""), "", f"context {e.get('context')}, graphs {e.get('graphs')}")
-        add("decode tok/s", f"{e.get('decode_tok_s', 0):.1f}",
-            f"bound {bound:.1f} ({e.get('weights_read_per_token_bytes', 0) / 1e9:.2f} GB / "
-            f"{e.get('copy_bandwidth_GBs', 0):.0f} GB/s)"
-            + (f"; llama.cpp {llama['decode_tok_s']:.1f}" if llama.get("decode_tok_s") else ""),
-            f"{e.get('decode_tok_s', 0) / bound:.0%} of the bound" if bound else "")
-        add(f"prefill tok/s ({e.get('prefill_tokens')} tokens)", f"{e.get('prefill_tok_s', 0):.0f}",
-            f"llama.cpp {llama['prefill_tok_s']:.0f} ({llama.get('prefill_tokens')} tokens)"
-            if llama.get("prefill_tok_s") else "", "")
-        add(f"turn-2 TTFT ({e.get('turn2_prompt_tokens')} tokens, {e.get('turn2_reused_tokens')} reused)",
-            f"{e.get('turn2_ttft_reuse_s', 0) * 1000:.0f} ms", f"cold {e.get('turn2_ttft_cold_s', 0) * 1000:.0f} ms", "")
+        if "placement" in e:
+            add("placement", e["placement"], "", f"context {e.get('context')}, graphs {e.get('graphs')}")
+        if "decode_tok_s" in e:
+            bound = e.get("decode_bound_tok_s") or 0
+            add("decode tok/s", f"{e['decode_tok_s']:.1f}",
+                f"bound {bound:.1f} ({e.get('weights_read_per_token_bytes', 0) / 1e9:.2f} GB / "
+                f"{e.get('copy_bandwidth_GBs', 0):.0f} GB/s)"
+                + (f"; llama.cpp {llama['decode_tok_s']:.1f}" if llama.get("decode_tok_s") else ""),
+                f"{e['decode_tok_s'] / bound:.0%} of the bound" if bound else "")
+            add(f"prefill tok/s ({e.get('prefill_tokens')} tokens)", f"{e.get('prefill_tok_s', 0):.0f}",
+                f"llama.cpp {llama['prefill_tok_s']:.0f} ({llama.get('prefill_tokens')} tokens)"
+                if llama.get("prefill_tok_s") else "", "")
+        if "turn2_ttft_reuse_s" in e:
+            add(f"turn-2 TTFT ({e.get('turn2_prompt_tokens')} tokens, {e.get('turn2_reused_tokens')} reused)",
+                f"{e['turn2_ttft_reuse_s'] * 1000:.0f} ms", f"cold {e.get('turn2_ttft_cold_s', 0) * 1000:.0f} ms", "")
         if "image_encode_s" in e:
-            add("image 1024x1024 encode", f"{e['image_encode_s'] * 1000:.0f} ms", "",
+            side = e.get("image_side", 1024)
+            add(f"image {side}x{side} encode", f"{e['image_encode_s'] * 1000:.0f} ms", "",
                 f"{e.get('image_tokens')} tokens, {e.get('vision_dtype')}")
         for stage, (plan, seen) in e.get("memory_planned_vs_reserved", {}).items():
             if plan or seen:
@@ -79,6 +83,10 @@ def table(results: Path) -> str:
                     f"planned {(plan or 0) / 2**30:.2f} GiB", "over plan!" if plan and seen and seen > plan else "")
         for w in e.get("warnings", []):
             add("engine warning", "", "", w)
+        for what, why in e.get("errors", {}).items():
+            add(f"engine: {what}", "FAILED", "", why)
+        if llama and "decode_tok_s" not in e:
+            add("llama.cpp decode / prefill tok/s", "", f"{llama.get('decode_tok_s')} / {llama.get('prefill_tok_s')}", "")
     elif llama:
         add("llama.cpp decode tok/s", "", llama.get("decode_tok_s", ""), "")
     if llama_note:
