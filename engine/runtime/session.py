@@ -96,8 +96,12 @@ class HostBufferPool:
     def give(self, buf, pinned: bool) -> None:
         self._free.append((buf, pinned))
         self._free.sort(key=lambda item: item[0].numel())
-        while self._free and sum(b.numel() for b, _ in self._free) > self.keep:
-            self._free.pop()  # the largest
+        self.trim(self.keep)
+
+    def trim(self, keep: int) -> None:
+        """Free buffers down to `keep` bytes, the largest going first."""
+        while self._free and sum(b.numel() for b, _ in self._free) > keep:
+            self._free.pop()
 
     @property
     def free_bytes(self) -> int:
@@ -115,11 +119,14 @@ class HostKVStore:
         self.pool = HostBufferPool(self.budget)
 
     def recycle(self, snapshot: Any) -> None:
-        """The snapshot's buffer back to the pool (its contents are no longer needed)."""
+        """The snapshot's buffer back to the pool (its contents are no longer needed). Parked
+        snapshots and free buffers together stay within the budget: pinned memory is RAM the
+        OS cannot page out."""
         buf = getattr(snapshot, "buffer", None)
         if buf is not None:
             self.pool.give(buf, snapshot.pinned)
             snapshot.buffer = None
+        self.pool.trim(max(self.budget - self.used, 0))
 
     @property
     def used(self) -> int:

@@ -247,10 +247,11 @@ def test_eviction_and_drop_give_buffers_back():
 
     store.put("a", [1], Snap(4 << 20), 4 << 20)
     store.put("b", [2], Snap(4 << 20), 4 << 20)
-    store.put("c", [3], Snap(4 << 20), 4 << 20)  # evicts a
-    assert "a" not in store and store.pool.free_bytes == 4 << 20
-    store.drop("b")
-    assert store.pool.free_bytes == 8 << 20 and store.pool.allocations == 3
+    store.put("c", [3], Snap(4 << 20), 4 << 20)  # evicts a: b and c hold 8 of the 10 MiB
+    assert "a" not in store and store.pool.free_bytes == 0  # a's 4 MiB would pass the budget
+    store.drop("b")  # c holds 4: b's buffer stays free for the next switch
+    assert store.pool.free_bytes == 4 << 20 and store.pool.allocations == 3
+    assert store.used + store.pool.free_bytes <= store.budget
 
 
 # ----------------------------------------------------------------------------- GPU memory
