@@ -61,7 +61,7 @@ class LocalEngine:
         self.cache = self.model.new_cache(self.plan.context_length)  # the KV the plan counted
         self.session = Session()
         self.session_key: str | None = None
-        self.host_kv = HostKVStore(kv_host_budget_mb << 20)
+        self.host_kv = HostKVStore(self._host_kv_budget(kv_host_budget_mb << 20))
         release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
@@ -77,6 +77,12 @@ class LocalEngine:
             info["vision"] = None
         info["warnings"] = self.warnings
         return info
+
+    def _host_kv_budget(self, asked: int) -> int:
+        """Parked chats' KV in host memory: what was asked, but never more than the plan leaves
+        free on the CPU when the CPU holds part of the model (the plan's arithmetic adds up)."""
+        cpu = next((p for p in self.plan.placements if p.device.kind == "cpu"), None)
+        return asked if cpu is None else min(asked, max(cpu.device.usable - cpu.total, 0))
 
     @property
     def warnings(self) -> list[str]:

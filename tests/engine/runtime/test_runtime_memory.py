@@ -306,3 +306,21 @@ def test_without_nvml_only_gpus_in_use_are_asked(monkeypatch):
     out = memory.gpu_free_memory()
     assert [(free, how) for free, _t, _n, _i, how in out] == [(24 * GiB, "total (free unknown)"), (5 * GiB, "torch")]
     assert contexts == [1]  # only the GPU this process already uses
+
+
+def test_parked_chats_get_what_the_plan_leaves_on_the_cpu(monkeypatch):
+    from tramontane.engine.gguf import open_gguf
+    from tramontane.engine.runtime import device_map
+    from tramontane.engine.runtime.device_map import Budget, plan_devices, sizes_of_files
+    from tramontane.engine.runtime.local import LocalEngine
+
+    with open_gguf(TINY) as gf:
+        sizes = sizes_of_files(gf)
+    need = plan_devices(sizes, Machine((), DeviceInfo("cpu", 64 * GiB)), Budget(512)).placements[0].total
+    spare = 100 << 20
+    monkeypatch.setattr(device_map, "detect_machine", lambda: Machine((), DeviceInfo("cpu", 2 * GiB + need + spare)))
+    eng = LocalEngine(TINY, device="cpu", kv_host_budget_mb=2048)
+    try:
+        assert eng.host_kv.budget == spare  # not the 2 GiB asked: the model and its KV come first
+    finally:
+        eng.close()
