@@ -211,8 +211,11 @@ def prefill_scratch_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -
     """Besides the chunk's rows: flash attention's per-row state, and on a GPU the dequantized
     weight rows of a multi-row quantized matmul."""
     rows = mem.prefill_rows(context_of(sizes, budget) * budget.max_batch_size, device_kind)
-    scratch = mem.attention_scratch_bytes(rows, sizes.n_heads, sizes.head_dim)
-    return scratch + (mem.matmul_scratch_bytes() if device_kind == "cuda" else 0)
+    if device_kind != "cuda":
+        return mem.attention_scratch_bytes(rows, sizes.n_heads, sizes.head_dim)
+    n_kv = sizes.kv_width // (2 * sizes.head_dim)  # k and v of one size (Mistral 3)
+    return (mem.gpu_attention_scratch_bytes(rows, sizes.n_heads, n_kv, sizes.head_dim, compute_bytes(device_kind))
+            + mem.matmul_scratch_bytes())
 
 
 def image_patches(sizes: ModelSizes, budget: Budget) -> int:

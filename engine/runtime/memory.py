@@ -81,6 +81,20 @@ def attention_scratch_bytes(rows: int, n_heads: int, head_dim: int) -> int:
     return rows * n_heads * (head_dim + 2) * 4
 
 
+# Streaming multiprocessors assumed when a plan is made for a GPU not yet opened (the split
+# attention's partials grow with them): above the largest data-centre parts of today (132-148).
+GPU_SM_BOUND = 160
+
+
+def gpu_attention_scratch_bytes(rows: int, n_heads: int, n_kv_heads: int, v_head_dim: int, value_bytes: int) -> int:
+    """The CUDA flash attention's own bound for one prefill call (kernels.attention.scratch_bytes:
+    its output, and float32 split partials bounded by the SM count; never rows x keys). Plain
+    arithmetic: importable without Triton (triton_compat's stand-ins)."""
+    from ...kernels.attention import scratch_bytes
+
+    return scratch_bytes(rows, n_heads, n_kv_heads, v_head_dim, value_bytes, GPU_SM_BOUND)
+
+
 def decode_scratch_bytes(n_heads: int, bucket: int, vocab: int, row_width: int, value_bytes: int) -> int:
     """One decode step: a layer's row, the scores of one bucket, the logits (f32)."""
     return row_width * value_bytes + n_heads * bucket * 4 + 2 * vocab * 4

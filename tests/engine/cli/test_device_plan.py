@@ -24,8 +24,8 @@ def gpu12(monkeypatch):
 def test_info_plan_prints_the_arithmetic(tmp_path, gpu12, capsys):
     """Mistral-Small-3.1-24B Q4_K_M (text only, an empty sparse GGUF) on 12 GB: usable 11 GiB
     - head 550,522,880 - cuBLAS workspace and graph pool 167,772,160 - a prefill chunk's rows and
-    scratch 580,386,816 leaves 10,512,478,208 for layers 10..39 with 16 MiB KV each
-    (10,507,223,040); layer 9 would need 329,424,896 more."""
+    scratch 584,384,512 leaves 10,508,480,512 for layers 10..39 with 16 MiB KV each
+    (10,507,223,040); layer 9 would need 333,422,592 more."""
     path = write_empty_gguf(tmp_path / "small.gguf", 40, 5120, 32768)
     assert cli_main(["info", "--plan", str(path)]) == 0
     out = capsys.readouterr().out

@@ -87,9 +87,11 @@ KV_GPU = 4096 * 8 * (128 + 128) * 2  # bf16 K+V for 4096 positions: 16 MiB
 KV_CPU = 2 * KV_GPU  # f32
 ACT_GPU = 2048 * (4 * 5120 + 4096 + 2 * 1024 + 3 * 32768) * 2  # one 2048-row prefill chunk in bf16: 511,705,088
 ACT_CPU = 512 * (4 * 5120 + 4096 + 2 * 1024 + 3 * 32768) * 4  # 512-row chunk in f32
-# flash attention's float32 state (output + max + sum) per row and head of a chunk; the 32 MiB
-# of dequantized weight rows a multi-row matmul may hold; the head's logits and their f32 copy
-ATT_GPU, ATT_CPU = 2048 * 32 * (128 + 2) * 4, 512 * 32 * (128 + 2) * 4
+# CUDA flash attention (kernels/attention.py): its bf16 output, and float32 split partials (d_v +
+# max + sum) for at most 4 x 64-row blocks x 160 SMs; the CPU's float32 state per row and head;
+# the 32 MiB of dequantized weight rows a multi-row matmul may hold; the head's logits + f32 copy
+ATT_GPU = 2048 * 32 * 128 * 2 + 4 * 64 * 160 * (128 + 2) * 4
+ATT_CPU = 512 * 32 * (128 + 2) * 4
 MATMUL_SCRATCH, LOGITS = 32 << 20, 2 * 131072 * 4
 PREFILL_GPU = ACT_GPU + ATT_GPU + MATMUL_SCRATCH  # beyond resident, one 2048-row chunk
 # 1024² image -> 37x37 merged -> 74² patches, float32 rows + attention state (16 heads of 64)
@@ -139,9 +141,9 @@ def test_inventory_of_a_real_file_matches_gguf_py(tmp_path):
     # usable = gib - 1 headroom; the GPU first takes the head, the whole vision tower (it fits),
     # cuBLAS's workspace and the graph pool; its worst stage is a prefill chunk (580 MB beyond
     # resident, more than an image's 449 MB); then layers from the last one down, 16 MiB KV each.
-    (8, 26, 8, 6),     # 370,700,288 bytes to spare; layer 25 would need 3,330,048 more
-    (12, 13, 13, 14),  # 160,116,736 to spare; layer 12 would need 169,308,160 more
-    (16, 1, 19, 20),   # 234,352,640 to spare; layer 0 would need 139,677,696 more
+    (8, 26, 8, 6),     # 366,702,592 bytes to spare; layer 25 would need 7,327,744 more
+    (12, 13, 13, 14),  # 156,119,040 to spare; layer 12 would need 173,305,856 more
+    (16, 1, 19, 20),   # 230,354,944 to spare; layer 0 would need 143,675,392 more
 ])
 def test_24b_with_projector_on_one_gpu_spills_the_first_layers_to_the_cpu(files, gib, first, l6, l4):
     s = _sizes(files["small-24b"], vision=True)
@@ -174,7 +176,7 @@ def test_24b_with_projector_fits_a_24gb_gpu_whole(files):
     plan = plan_devices(s, Machine((_gpu(24),), CPU64))
     (gpu,) = plan.placements
     whole = 20 * L6 + 20 * L4 + 40 * KV_GPU + EMBED + HEAD + VISION + RUNTIME + PREFILL_GPU + LOGITS
-    assert gpu.total == whole == 16_623_292_416 <= 24 * GiB - HEADROOM_GPU
+    assert gpu.total == whole == 16_627_290_112 <= 24 * GiB - HEADROOM_GPU
     assert plan.fit == "gpu" and plan.summary() == "all 40 layers on cuda:0"
     assert (plan.embedding_device, plan.head_device, plan.vision_device) == ("cuda:0",) * 3
 
@@ -190,7 +192,7 @@ def test_two_24gb_gpus(files):
     assert s.layer_bytes[0] == layer and s.head_bytes == head
     plan = plan_devices(s, Machine((_gpu(24), _gpu(24, "cuda:1")), CPU64))
     g0, g1, cpu = plan.placements
-    room = 24 * GiB - HEADROOM_GPU - head - RUNTIME - PREFILL_GPU - 2 * 131072 * 4  # 23,234,850,816
+    room = 24 * GiB - HEADROOM_GPU - head - RUNTIME - PREFILL_GPU - 2 * 131072 * 4  # 23,230,853,120
     assert 38 * (layer + KV_GPU) <= room < 39 * (layer + KV_GPU)
     assert g0.layers == range(2, 40) and g1.layers == range(0, 2) and not cpu.layers
     assert cpu.parts == {"token embedding": 131072 * 5120 * 34 // 32}
@@ -213,10 +215,10 @@ def test_unified_memory_never_adds_the_cpu(files):
     s = _sizes(files["small-24b"], vision=True)
     plan = plan_devices(s, Machine((_gpu(64),), CPU64, unified=True))
     assert [p.name for p in plan.placements] == ["cuda:0"]
-    # 16 GB of shared memory: needs 16,623,292,416, has 16,106,127,360 -> an error, not a CPU spill
+    # 16 GB of shared memory: needs 16,627,290,112, has 16,106,127,360 -> an error, not a CPU spill
     with pytest.raises(PlanError, match=r"small|Small|24B") as err:
         plan_devices(s, Machine((_gpu(16),), CPU64, unified=True))
-    assert "0.48 GiB more" in str(err.value) and "4096-token context" in str(err.value)
+    assert "0.49 GiB more" in str(err.value) and "4096-token context" in str(err.value)
 
 
 def test_a_gpu_with_room_for_no_layer_is_a_warning_naming_the_parameters(files):
@@ -259,10 +261,10 @@ def test_ministral_3_8b_and_14b(files):
     used = sum(s14.layer_bytes[i] + kv for i in gpu.layers)
     assert gpu.layers.stop == 40 and used <= room < used + s14.layer_bytes[gpu.layers.start - 1] + kv
     assert plan.fit == "partial" and plan.summary() == f"{len(gpu.layers)} of 40 layers on GPU, {len(cpu.layers)} on CPU"
-    # by hand: room 7,516,192,768 - 550,522,880 - 167,772,160 - 310,378,496 - 34,078,720 - 33,554,432
-    # - 1,048,576 = 6,418,837,504; a layer is 171,089,920 (Q4_K) or 194,068,480 (Q6_K attn_v/ffn_down)
+    # by hand: room 7,516,192,768 - 550,522,880 - 167,772,160 - 310,378,496 - 38,076,416 - 33,554,432
+    # - 1,048,576 = 6,414,839,808; a layer is 171,089,920 (Q4_K) or 194,068,480 (Q6_K attn_v/ffn_down)
     # + 16 MiB KV; layers 8..39 hold 14 Q6_K-ish + 18 Q4_K: 5,796,577,280 + 32 x 16 MiB = 6,333,448,192;
-    # layer 7 (Q6_K-ish) would add 210,845,696 to the 85,389,312 left
+    # layer 7 (Q6_K-ish) would add 210,845,696 to the 81,391,616 left
     assert gpu.layers == range(8, 40) and gpu.weights == 14 * 194_068_480 + 18 * 171_089_920
 
 
@@ -325,12 +327,12 @@ def test_local_engine_refuses_before_loading_when_nothing_fits(monkeypatch):
 
 
 def test_moving_only_the_embedding_keeps_every_layer_on_the_gpu(files):
-    """24B text-only needs 15,745,273,856 bytes whole on one GPU, 15,367,786,496 without its
+    """24B text-only needs 15,749,271,552 bytes whole on one GPU, 15,371,784,192 without its
     embedding table. A GPU with 15.5 GiB free (14.5 usable = 15,569,256,448) misses the first
     by 0.16 GiB: the table (a row lookup) goes to CPU memory, and all 40 layers stay on the GPU."""
     s = _sizes(files["small-24b"])
     whole = 20 * L6 + 20 * L4 + 40 * KV_GPU + EMBED + HEAD + RUNTIME + PREFILL_GPU + LOGITS
-    assert (whole, whole - EMBED) == (15_745_273_856, 15_367_786_496)
+    assert (whole, whole - EMBED) == (15_749_271_552, 15_371_784_192)
     plan = plan_devices(s, Machine((_gpu(15.5),), CPU64))
     gpu, cpu = plan.placements
     assert whole - EMBED <= gpu.device.usable < whole
