@@ -28,6 +28,7 @@ from .markdown import COPY_SCHEME, code_blocks, render_markdown
 RENDER_INTERVAL_MS = 50
 THUMB_SIZE = 96
 COLUMN_WIDTH = 760  # the conversation's text column, centred (lines stay readable at 1600 px)
+MIN_THUMB_SIDE = 6  # px: a thumbnail thinner than this is shown as the image's name and size
 COPIED_MS = 1500  # how long "Copied" shows on the copy button
 # A long chat is shown newest first: the last SYNC_TAIL messages at once, the older ones a few
 # at a time between events (each turn at most BACKLOG_SLICE_S), so the UI never stalls.
@@ -84,29 +85,67 @@ def status_text(message, live: GenerationStats | None = None, context: tuple[int
 
 
 class ImageViewer(QDialog):
-    """An attached image at full size (scrollable), closed with Esc."""
+    """An attached image, fitted to the window (never enlarged); "Actual size" (or a
+    double-click) shows it at 100 %, scrollable, and back. Closed with Esc."""
 
     def __init__(self, path: str | Path, title: str = "", parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle(title or Path(path).name)
         self.label = QLabel()
         self.label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        pixmap = QPixmap(str(path))
-        if pixmap.isNull():
+        self.pixmap = QPixmap(str(path))
+        self.fit = True
+        if self.pixmap.isNull():
             self.label.setText(f"{Path(path).name}: cannot show this image")
-        else:
-            self.label.setPixmap(pixmap)
         self.label.setAccessibleName(f"Image {title}")
-        scroll = QScrollArea()
-        scroll.setWidget(self.label)
-        scroll.setWidgetResizable(True)
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(self.label)
+        self.scroll.setWidgetResizable(True)
+        self.size_button = QPushButton("Actual size")
+        self.size_button.setToolTip("Show the image at 100 % (double-click the image does the same)")
+        self.size_button.clicked.connect(self.toggle_fit)
+        self.size_button.setEnabled(not self.pixmap.isNull())
+        self.zoom_label = QLabel()
+        bar = QHBoxLayout()
+        bar.setContentsMargins(8, 4, 8, 4)
+        bar.addWidget(self.zoom_label)
+        bar.addStretch(1)
+        bar.addWidget(self.size_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(scroll)
+        layout.setSpacing(0)
+        layout.addLayout(bar)
+        layout.addWidget(self.scroll)
         screen = QGuiApplication.primaryScreen()
         limit = screen.availableSize() * 0.9 if screen else QSize(1200, 900)
-        size = pixmap.size() if not pixmap.isNull() else QSize(300, 100)
-        self.resize(min(size.width() + 24, limit.width()), min(size.height() + 24, limit.height()))
+        size = self.pixmap.size() if not self.pixmap.isNull() else QSize(300, 100)
+        self.resize(min(size.width() + 24, limit.width()), min(size.height() + 60, limit.height()))
+        self._show_pixmap()
+
+    def toggle_fit(self) -> None:
+        self.fit = not self.fit
+        self.size_button.setText("Actual size" if self.fit else "Fit to window")
+        self._show_pixmap()
+
+    def _show_pixmap(self) -> None:
+        if self.pixmap.isNull():
+            return
+        room = self.scroll.viewport().size()
+        shown = self.pixmap
+        if self.fit and (self.pixmap.width() > room.width() or self.pixmap.height() > room.height()):
+            shown = self.pixmap.scaled(room, Qt.AspectRatioMode.KeepAspectRatio,
+                                       Qt.TransformationMode.SmoothTransformation)
+        self.label.setPixmap(shown)
+        self.zoom_label.setText(f"{self.pixmap.width()}×{self.pixmap.height()} · "
+                                f"{round(100 * shown.width() / max(1, self.pixmap.width()))} %")
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        if self.fit:
+            self._show_pixmap()
+
+    def mouseDoubleClickEvent(self, event) -> None:  # noqa: N802
+        self.toggle_fit()
 
 
 def thumbnail(path: str | Path, size: int = THUMB_SIZE) -> QPixmap:
@@ -252,8 +291,16 @@ class MessageWidget(QFrame):
             for image in message.images:
                 button = QToolButton()
                 pixmap = thumbnail(image.path)
-                button.setIcon(QIcon(pixmap))
-                button.setIconSize(pixmap.size() if not pixmap.isNull() else QSize(THUMB_SIZE, THUMB_SIZE))
+                if pixmap.isNull() or min(pixmap.width(), pixmap.height()) < MIN_THUMB_SIDE:
+                    # A thin strip's thumbnail is a line: an invisible button. Say what it is.
+                    reader = QImageReader(str(image.path))
+                    full = reader.size()
+                    button.setText(f"{image.name} ({full.width()}×{full.height()})" if full.isValid()
+                                   else image.name)
+                    button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+                else:
+                    button.setIcon(QIcon(pixmap))
+                    button.setIconSize(pixmap.size())
                 button.setToolTip(f"{image.name} — click to open at full size")
                 button.setAccessibleName(f"Image {image.name}")
                 button.setAutoRaise(True)
@@ -457,9 +504,11 @@ class ChatView(QScrollArea):
     regenerateRequested = Signal(int)
     branchRequested = Signal(int)
     versionRequested = Signal(int, int)
+    toolDecided = Signal(int, str)  # a tool card's message id, the user's answer (app/tools.py)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        self.tool_waiting = lambda _message_id: False  # the window's ToolBroker.waiting
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
@@ -641,13 +690,22 @@ class ChatView(QScrollArea):
         super().changeEvent(event)
 
     def _add(self, message, at_top: bool = False, **kwargs) -> MessageWidget:
-        w = MessageWidget(message, dark=self.dark, **kwargs)
+        if message.role == "tool":  # a tool call's card (app/widgets/tool_card.py)
+            from .tool_card import ToolCard
+
+            w = ToolCard(message, waiting=self.tool_waiting, dark=self.dark)
+            w.decided.connect(self.toolDecided)
+        else:
+            w = MessageWidget(message, dark=self.dark, **kwargs)
+            w.editSubmitted.connect(self.editSubmitted)
+            w.regenerateRequested.connect(self.regenerateRequested)
+            w.branchRequested.connect(self.branchRequested)
+            w.versionRequested.connect(self.versionRequested)
+            w.imageOpened.connect(self._open_image)
+            # a reply that only called tools: its cards below say it all
+            if message.role == "assistant" and getattr(message, "tool", None) and not message.text.strip():
+                w.hide()
         share_font(w, self.font())
-        w.editSubmitted.connect(self.editSubmitted)
-        w.regenerateRequested.connect(self.regenerateRequested)
-        w.branchRequested.connect(self.branchRequested)
-        w.versionRequested.connect(self.versionRequested)
-        w.imageOpened.connect(self._open_image)
         if at_top:  # an older message of a long chat (see _build_backlog)
             self.column.insertWidget(0, w)
             self.widgets.insert(0, w)

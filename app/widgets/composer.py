@@ -26,6 +26,7 @@ from ...engine.api import EngineError, ImagePart
 from ..jobs import Jobs
 from .icons import icon
 
+MIN_THUMB_SIDE = 6  # px: a thumbnail thinner than this shows the size instead
 MAX_IMAGE_BYTES = 50 << 20
 DECODE_NOW_PIXELS = 1 << 20  # decoding this many pixels takes a few ms: done on attaching
 IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)"
@@ -160,13 +161,17 @@ class AttachmentChip(QFrame):
         self.setObjectName("attachment")
         self.setFrameShape(QFrame.Shape.StyledPanel)
         picture = QLabel()
+        picture.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        picture.setMinimumSize(THUMB // 2, THUMB // 2)  # a thin strip still makes a chip one can see
         pixmap = QPixmap()
-        if pixmap.loadFromData(image.data):
+        if min(size) * THUMB >= MIN_THUMB_SIDE * max(size) and pixmap.loadFromData(image.data):
             pixmap = pixmap.scaled(THUMB, THUMB, Qt.AspectRatioMode.KeepAspectRatio,
                                    Qt.TransformationMode.SmoothTransformation)
             picture.setPixmap(pixmap)
-        else:
-            picture.setText("image")
+        else:  # undecodable here, or so thin its thumbnail would be a line: its size in words
+            picture.setText(f"{size[0]}×{size[1]}")
+            picture.setObjectName("statusLine")
+        self.picture = picture
         picture.setToolTip(f"{image.name} ({size[0]}×{size[1]})")
         self.remove_button = QToolButton()
         self.remove_button.setIcon(icon("close"))

@@ -316,3 +316,33 @@ def test_model_bar_fits_1100_px_with_a_server_and_the_limit_note(qtbot, idle_win
     assert bar.projector_label.isVisible() and bar.projector_label.text() == "vision"
     assert bar.projector_label.toolTip() == str(MMPROJ)
     assert window.width() == 1100
+
+
+def test_a_strip_image_is_visible_and_the_viewer_fits(qtbot, window, tmp_path):
+    """Item 10 (part): a 1×5000 strip (accepted: the engine reads it within bounded memory) shows
+    as a chip one can see, with its size, and in the chat as its name and size, not as a blank
+    line; the image viewer opens fitted to its window, and "Actual size" shows 100 %."""
+    from support.app_window import png_bytes
+    from tramontane.app.widgets.chat_view import ImageViewer
+
+    strip = tmp_path / "strip.png"
+    strip.write_bytes(png_bytes(1, 5000))
+    window.composer.add_files([str(strip)])
+    chip = window.composer.chips[0]
+    assert chip.picture.text() == "1×5000" and chip.picture.width() >= 24
+    send(qtbot, window, "what is it?")
+    thumb = window.view.widgets[-2].thumbs[0]
+    assert thumb.text() == "strip.png (1×5000)" and thumb.width() >= 40
+
+    big = tmp_path / "big.png"
+    big.write_bytes(png_bytes(3000, 2000))
+    viewer = ImageViewer(big, "big.png", window)
+    viewer.resize(800, 600)
+    viewer.show()
+    qtbot.waitExposed(viewer)
+    shown = viewer.label.pixmap()
+    assert shown.width() <= 800 and shown.height() <= 600 and viewer.zoom_label.text().endswith("%")
+    assert abs(shown.width() / shown.height() - 1.5) < 0.02  # the aspect kept
+    viewer.size_button.click()
+    assert viewer.label.pixmap().width() == 3000 and viewer.zoom_label.text().endswith("100 %")
+    viewer.close()
