@@ -181,18 +181,21 @@ def attend_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_k
     """Attention of one query row over the first n_keys cached positions, float32:
     q (n_heads, d) -> (n_heads, dv). keys (n_kv_heads, capacity, d) and values
     (n_kv_heads, capacity, dv) as the KV cache holds them (rows contiguous; any head/row
-    strides); query head h reads KV head h // (n_heads // n_kv_heads). Heads run on the pool."""
+    strides); query head h reads KV head h // (n_heads // n_kv_heads). KV groups run on the pool:
+    the decode step of attend_causal (the one decode-attention kernel), as the query at
+    position n_keys - 1."""
     n_heads, d = q.shape
     n_kv, dv = keys.shape[0], values.shape[-1]
     if (q.dtype != torch.float32 or keys.dtype != torch.float32 or values.dtype != torch.float32
-            or keys.stride(-1) != 1 or values.stride(-1) != 1 or n_keys > keys.shape[1]
-            or n_keys > values.shape[1] or n_heads % n_kv):
-        raise ValueError("attend_decode needs float32 q (H, d), keys/values (Hkv, S, d) with contiguous rows")
+            or keys.stride(-1) != 1 or values.stride(-1) != 1 or not 0 < n_keys <= keys.shape[1]
+            or n_keys > values.shape[1] or n_heads % n_kv or keys.shape[-1] != d):
+        raise ValueError("attend_decode needs float32 q (H, d), keys/values (Hkv, S, d) with contiguous rows "
+                         "and 1..S keys")
     q = q.contiguous()
     out = torch.empty(n_heads, dv, dtype=torch.float32)
-    _cpu.attend_decode(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), n_heads, n_kv, d, dv,
-                       n_keys, keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-                       float(scale if scale is not None else d ** -0.5))
+    _cpu.attend_causal(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), 1, n_heads, n_kv, d, dv,
+                       n_keys - 1, n_heads * d, n_heads * dv, keys.stride(0), keys.stride(1), values.stride(0),
+                       values.stride(1), float(scale if scale is not None else d ** -0.5))
     return out
 
 

@@ -435,65 +435,6 @@ static PyObject *py_dequantize(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-typedef struct {
-    const float *q, *k, *v;
-    float *out;
-    int n_rep, d, dv, n_keys;
-    size_t k_head, k_row, v_head, v_row;
-    float scale;
-    int failed;
-} at_job;
-
-static void unit_attn(void *arg, int g) {
-    at_job *J = (at_job *)arg;
-    float *scores = (float *)malloc(sizeof(float) * (size_t)J->n_keys);
-    if (!scores) {
-        J->failed = 1;
-        return;
-    }
-    K->attn_group(J->q + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, J->k + (size_t)g * J->k_head, J->k_row,
-                  J->v + (size_t)g * J->v_head, J->v_row, J->dv, J->n_keys, J->scale,
-                  J->out + (size_t)g * J->n_rep * J->dv, scores);
-    free(scores);
-}
-
-PyDoc_STRVAR(attend_doc,
-             "attend_decode(q_ptr, k_ptr, v_ptr, out_ptr, n_heads, n_kv_heads, d, dv, n_keys, k_head_stride, "
-             "k_row_stride, v_head_stride, v_row_stride, scale)\n"
-             "One query row of n_heads heads (contiguous (n_heads, d) float32) over n_keys cached keys and values "
-             "(strides in floats); query head h uses KV head h // (n_heads / n_kv_heads). out: (n_heads, dv).");
-
-static PyObject *py_attend_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "attend_decode takes 14 arguments");
-        return NULL;
-    }
-    void *q, *k, *v, *out;
-    Py_ssize_t n_heads, n_kv, d, dv, n_keys, kh, kr, vh, vr;
-    if (get_ptr(args[0], &q) || get_ptr(args[1], &k) || get_ptr(args[2], &v) || get_ptr(args[3], &out) ||
-        get_ssize(args[4], &n_heads) || get_ssize(args[5], &n_kv) || get_ssize(args[6], &d) ||
-        get_ssize(args[7], &dv) || get_ssize(args[8], &n_keys) || get_ssize(args[9], &kh) ||
-        get_ssize(args[10], &kr) || get_ssize(args[11], &vh) || get_ssize(args[12], &vr))
-        return NULL;
-    double scale = PyFloat_AsDouble(args[13]);
-    if (scale == -1.0 && PyErr_Occurred()) return NULL;
-    if (n_kv <= 0 || n_heads <= 0 || n_heads % n_kv || d <= 0 || dv <= 0 || n_keys <= 0 || n_keys > INT32_MAX ||
-        !q || !k || !v || !out) {
-        PyErr_SetString(PyExc_ValueError, "attend_decode: inconsistent sizes or null pointers");
-        return NULL;
-    }
-    at_job J = {(const float *)q, (const float *)k, (const float *)v, (float *)out, (int)(n_heads / n_kv), (int)d,
-                (int)dv, (int)n_keys, (size_t)kh, (size_t)kr, (size_t)vh, (size_t)vr, (float)scale, 0};
-    Py_BEGIN_ALLOW_THREADS
-    LOCK_CALLS();
-    pool_for(unit_attn, &J, (int)n_kv);
-    UNLOCK_CALLS();
-    Py_END_ALLOW_THREADS
-    if (J.failed) return PyErr_NoMemory();
-    Py_RETURN_NONE;
-}
-
 /* RMSNorm of rows [r0, r1): the sum of squares in double, as HF's float32 formula rounds */
 static void rms_norm_rows(const float *x, const float *w, float *o, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
                           float eps) {
@@ -1970,7 +1911,6 @@ static PyMethodDef methods[] = {
     {"decode_layer_fields", py_decode_layer_fields, METH_NOARGS, "decode_layer_fields(): int64 per decode_layers table row."},
     {"drop_pages", (PyCFunction)(void (*)(void))py_drop_pages, METH_FASTCALL, drop_pages_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_FASTCALL, dequantize_doc},
-    {"attend_decode", (PyCFunction)(void (*)(void))py_attend_decode, METH_FASTCALL, attend_doc},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, rms_norm_doc},
     {"rope_pairs", (PyCFunction)(void (*)(void))py_rope_pairs, METH_FASTCALL, rope_doc},
     {"rope_kv", (PyCFunction)(void (*)(void))py_rope_kv, METH_FASTCALL, rope_kv_doc},
