@@ -21,6 +21,7 @@ from .chat_session import ChatSession
 from .jobs import Jobs
 from .model_files import why_not_a_model
 from .single_instance import InstanceServer
+from .tools import REMOTE_TIP, ToolBroker, chat_tools_on, set_chat_tools
 from .dialogs.servers import EngineChoiceCombo, ServersDialog
 from .dialogs.settings import AppSettings, SettingsDialog
 from ..engine.runtime.threads import apply_threads
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 GGUF_FILTER = "GGUF models (*.gguf)"
 MEMORY_REFRESH_MS = 2000
+UNDO_DELETE_MS = 10_000
 
 
 def running_fit(info: EngineInfo | None):
@@ -101,6 +103,11 @@ class MainWindow(QMainWindow):
         self.session.storeFailed.connect(self._show_status)
         self.session.replyFinished.connect(self.replyFinished)
         self.session.replyFailed.connect(self.replyFailed)
+        # MCP tool servers (Settings → Tools); a chat with tools on runs its tool loop on the worker
+        self.tools = ToolBroker(self.store, self)
+        self.session.tools = self.tools
+        self.tools.cardChanged.connect(self._on_chat_changed)
+        self._new_chat_tools = False  # the switch's state for the chat not saved yet
         self.worker.start()
         self._shown_once = False
         self._warming = 2  # the engine's imports and the lexers', after the window shows
@@ -268,7 +275,10 @@ class MainWindow(QMainWindow):
         self.system_button = self._tool("System prompt…", "This chat's system prompt", self.edit_system_prompt)
         header = QHBoxLayout()
         header.setContentsMargins(12, 2, 12, 2)
+        self.tools_button = self._tool("Tools", "", self._toggle_chat_tools)
+        self.tools_button.setCheckable(True)
         header.addWidget(self.chat_title, 1)
+        header.addWidget(self.tools_button)
         header.addWidget(self.system_button)
 
         self.view = ChatView()
@@ -276,6 +286,8 @@ class MainWindow(QMainWindow):
         self.view.regenerateRequested.connect(self.regenerate)
         self.view.branchRequested.connect(self.branch_at)
         self.view.versionRequested.connect(self.session.show_version)
+        self.view.tool_waiting = self.tools.waiting
+        self.view.toolDecided.connect(self.tools.answer)
         self.empty = EmptyState()
         self.empty.recommended_button.clicked.connect(lambda: self.open_model_manager(tab=0))
         self.empty.open_button.clicked.connect(self.open_model_file)
@@ -315,6 +327,16 @@ class MainWindow(QMainWindow):
         self.reload_button.clicked.connect(self.reload_model)
         self.reload_button.hide()
         self.statusBar().addPermanentWidget(self.reload_button)
+        self._doomed: int | None = None  # a deleted chat that Undo can still bring back
+        self.undo_button = QPushButton("Undo")
+        self.undo_button.setToolTip("Bring the deleted chat back")
+        self.undo_button.clicked.connect(self.undo_delete)
+        self.undo_button.hide()
+        self.statusBar().addPermanentWidget(self.undo_button)
+        self.undo_timer = QTimer(self)
+        self.undo_timer.setSingleShot(True)
+        self.undo_timer.setInterval(UNDO_DELETE_MS)
+        self.undo_timer.timeout.connect(self.commit_deletes)
         # The model bar's memory figure follows the process (it grows as pages are touched).
         self.memory_timer = QTimer(self)
         self.memory_timer.setInterval(MEMORY_REFRESH_MS)
@@ -401,6 +423,7 @@ class MainWindow(QMainWindow):
         settings = self.menuBar().addMenu("&Settings")
         action(settings, "&Settings…", self.open_settings, "Ctrl+,")
         action(settings, "S&ervers…", self.open_servers)
+        action(settings, "&Tools…", self.open_tools)
 
         help_menu = self.menuBar().addMenu("&Help")
         action(help_menu, "&Keyboard shortcuts", self.show_shortcuts, "F1")
@@ -624,7 +647,41 @@ class MainWindow(QMainWindow):
             self.rename_chat(chat_id, dialog.textValue())
 
     def delete_chat(self, chat_id: int) -> None:
-        if self.session.delete_chat(chat_id):
+        """Gone from the list at once; deleted from the store when the Undo offer ends (after
+        UNDO_DELETE_MS, at the next delete, or at quit)."""
+        self.commit_deletes()  # one undo at a time: the one before goes for good
+        try:
+            title = self.store.get_chat_info(chat_id).title
+        except StoreError as exc:
+            self._show_status(str(exc))
+            return
+        if self.pending is not None and self.pending.chat_id == chat_id:
+            self.pending.cancel.set()
+        self._doomed = chat_id
+        self.chat_model.hidden = {chat_id}
+        if self.current_chat_id == chat_id:
+            self.open_chat(None)
+        self.refresh_chat_list()
+        self.undo_button.setText(f"Undo: deleted “{title[:40]}”")
+        self.undo_button.show()
+        self.undo_timer.start()
+
+    def undo_delete(self) -> None:
+        """Bring the chat deleted last back, as it was."""
+        chat_id, self._doomed = self._doomed, None
+        self.undo_timer.stop()
+        self.undo_button.hide()
+        self.chat_model.hidden = set()
+        if chat_id is not None:
+            self.refresh_chat_list()
+            self.open_chat(chat_id)
+
+    def commit_deletes(self) -> None:
+        chat_id, self._doomed = self._doomed, None
+        self.undo_timer.stop()
+        self.undo_button.hide()
+        self.chat_model.hidden = set()
+        if chat_id is not None and self.session.delete_chat(chat_id):
             self.refresh_view()
 
     def delete_selected(self) -> None:
@@ -738,6 +795,7 @@ class MainWindow(QMainWindow):
         self._update_header(chat.title if chat else "New chat")
         self._update_busy()
         self._update_context_meter()
+        self._update_tools_button()
 
     def _show_queued(self, progress: float | None = None) -> bool:
         """A message sent here that the worker has not saved yet (it waits for the model to
@@ -809,7 +867,10 @@ class MainWindow(QMainWindow):
     def send(self, text: str, images: list) -> bool:
         """Start the reply to a new user message. False (and a message) when it cannot be
         sent now; the text and images then stay in the composer."""
-        why_not = self.session.send(text, images, self._chat_binding())
+        binding = self._chat_binding()
+        if self.current_chat_id is None and self._new_chat_tools and self.tools_button.isEnabled():
+            binding["settings"] = {"tools": True}
+        why_not = self.session.send(text, images, binding)
         if why_not:
             self.composer.show_message(why_not)
             self._wait_note = why_not if self.pending is not None else ""
@@ -1006,6 +1067,36 @@ class MainWindow(QMainWindow):
             self.composer.set_vision(vision, "" if vision else NO_VISION_HINT)
         if self.stack.currentWidget() is self.empty:
             self._show_empty_state()
+        self._update_tools_button()
+
+    # ------------------------------------------------------------------ tools (app/tools.py)
+    def _update_tools_button(self) -> None:
+        info = self.engine_info
+        remote = info is not None and info.remote
+        try:
+            on = (chat_tools_on(self.store, self.current_chat_id) if self.current_chat_id is not None
+                  else self._new_chat_tools)
+        except StoreError:
+            on = False
+        self.tools_button.setEnabled(not remote)
+        self.tools_button.setChecked(on and not remote)
+        self.tools_button.setToolTip(REMOTE_TIP if remote else
+                                     "This chat may call the tools of Settings → Tools (each call asks first)")
+
+    def _toggle_chat_tools(self, on: bool) -> None:
+        if self.current_chat_id is None:
+            self._new_chat_tools = on
+        else:
+            try:
+                set_chat_tools(self.store, self.current_chat_id, on)
+            except StoreError as exc:
+                self._show_status(str(exc))
+        self._update_tools_button()
+
+    def open_tools(self) -> None:
+        from .dialogs.tools_page import ToolsDialog
+
+        ToolsDialog(self.tools, self).exec()
 
     def open_model_manager(self, tab: int | None = None) -> None:
         from .dialogs.models import ModelManagerDialog
@@ -1077,6 +1168,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ closing
     def closeEvent(self, event) -> None:  # noqa: N802
         self.memory_timer.stop()
+        self.commit_deletes()
         self.instance_server.close()
         # Stop the reply; the worker saves what it has (finish reason 'cancelled') before
         # its thread ends, so nothing written is lost.
@@ -1092,6 +1184,7 @@ class MainWindow(QMainWindow):
         QApplication.processEvents()
         self.api_server.stop()  # before the worker: no server job may wait on it
         self.worker.stop()
+        self.tools.close()  # after the worker: a tool call it runs ends first
         if self.downloads is not None:  # paused: the parts resume next time
             self.downloads.shutdown()
         if self._own_store:

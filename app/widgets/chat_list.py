@@ -50,6 +50,7 @@ class ChatListModel(QAbstractListModel):
         self.query = ""
         self.chats = []
         self.writing_id: int | None = None  # the chat whose reply is being written
+        self.hidden: set[int] = set()  # deleted, still undoable (see MainWindow.delete_chat)
 
     def set_writing(self, chat_id: int | None) -> None:
         """Mark the chat that is writing a reply (its row says so), or none."""
@@ -66,7 +67,8 @@ class ChatListModel(QAbstractListModel):
             self.query = query
         self.beginResetModel()
         q = self.query.strip()
-        self.chats = self.store.search_chats(q) if q else self.store.list_chats()
+        chats = self.store.search_chats(q) if q else self.store.list_chats()
+        self.chats = [c for c in chats if c.id not in self.hidden]
         self.endResetModel()
 
     def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: N802

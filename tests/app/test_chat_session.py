@@ -98,7 +98,8 @@ def test_drafts_stay_with_their_chat_across_restarts(qtbot, tmp_path):
         assert window.composer.edit.toPlainText() == "half-typed for the first"
         window.open_chat(second)
         assert window.composer.edit.toPlainText() == "half-typed for the second"
-        window.delete_chat(second)  # a deleted chat's draft goes with it
+        window.delete_chat(second)  # a deleted chat's draft goes with it (once Undo is over)
+        window.commit_deletes()
         assert window.store.get_setting(f"draft.{second}") is None
     finally:
         close_window(window)

@@ -346,3 +346,29 @@ def test_a_strip_image_is_visible_and_the_viewer_fits(qtbot, window, tmp_path):
     viewer.size_button.click()
     assert viewer.label.pixmap().width() == 3000 and viewer.zoom_label.text().endswith("100 %")
     viewer.close()
+
+
+def test_a_deleted_chat_can_be_brought_back(qtbot, window, monkeypatch):
+    """Item 10 (part): Delete offers Undo, which brings the chat back whole (its versions too);
+    without it the chat is deleted when the offer ends or at quit."""
+    from PySide6.QtWidgets import QMessageBox
+
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    send(qtbot, window, "Keep me")
+    user = window.view.widgets[0].message.id
+    with qtbot.waitSignal(window.replyFinished, timeout=30000):
+        window.edit_and_resend(user, "Keep me, edited")
+    chat = window.current_chat_id
+    before = [(m.id, m.text, m.versions) for m in window.store.get_chat(chat).messages]
+    window.delete_selected()
+    assert window.chat_model.row_of(chat) == -1 and window.current_chat_id is None
+    assert window.undo_button.isVisible() and "Keep me" in window.undo_button.text()
+    window.undo_button.click()
+    assert window.current_chat_id == chat and window.chat_model.row_of(chat) >= 0
+    assert [(m.id, m.text, m.versions) for m in window.store.get_chat(chat).messages] == before
+
+    window.delete_chat(chat)
+    window.undo_timer.setInterval(10)
+    window.undo_timer.start()
+    qtbot.waitUntil(lambda: not window.undo_button.isVisible(), timeout=5000)
+    assert [c.id for c in window.store.list_chats()] == []
