@@ -76,6 +76,7 @@ class ChatSession(QObject):
         self.settings = settings
         self.worker = worker
         self.param_overrides: dict = {}  # extra SamplingParams fields (tests, power users)
+        self.tools = None  # app.tools.ToolBroker when the window has tool servers (the worker asks it)
         self.engine_info: EngineInfo | None = None  # set by whoever loads models
         self.loading: str | None = None  # model path being loaded
         self.current_chat_id: int | None = None
@@ -300,7 +301,7 @@ class ChatSession(QObject):
         self.worker.chat(ChatRequest(
             self.pending.request_id, [], params, None, self.pending.cancel, prepare=prepare,
             checkpoint=lambda message_id, text: store.checkpoint_reply(message_id, text),
-            finish=finish, fail=fail))
+            finish=finish, fail=fail, tools=self.tools))
 
     @Slot(int, int, int)
     def _on_started(self, request_id: int, chat_id: int, message_id: int) -> None:
@@ -308,6 +309,8 @@ class ChatSession(QObject):
         if p is None or p.request_id != request_id:
             return
         self._unsent = None
+        if p.message_id is not None and p.message_id != message_id:  # after a round of tool calls
+            p.text, p.pieces = "", 0
         new_chat = p.chat_id is None
         p.chat_id, p.message_id = chat_id, message_id
         if new_chat and self.current_chat_id is None:  # still on the new chat: show it

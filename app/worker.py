@@ -74,6 +74,7 @@ class ChatRequest:
     checkpoint: Callable[[int, str], object] | None = None
     finish: Callable[[int, GenerationResult, str], object] | None = None
     fail: Callable[[int, str], object] | None = None
+    tools: object | None = None  # app.tools.ToolBroker: the reply may call tools (see run_chat)
 
 
 def warm_up_imports() -> None:
@@ -345,7 +346,7 @@ class EngineWorker(QObject):
         if self.engine is None:
             self.failed.emit(rid, NO_MODEL_LOADED)
             return
-        message_id = None
+        message_id = chat_id = None
         if req.prepare is not None:
             try:
                 chat_id, req.messages, message_id = req.prepare()
@@ -375,9 +376,22 @@ class EngineWorker(QObject):
             except Exception:  # noqa: BLE001 - a failed save must not stop the reply
                 log.exception("checkpointing the reply failed")
 
+        def new_reply(reply_id: int) -> None:
+            """A round of tool calls is saved; the reply goes on in a new row."""
+            nonlocal message_id
+            message_id = reply_id
+            so_far.clear()
+            last_save[0] = float("-inf")
+            self.started.emit(rid, chat_id, reply_id)
+
         try:
-            result = self.engine.chat(req.messages, req.params, on_piece=on_piece,
-                                      cancel=req.cancel, session_key=req.session_key)
+            if req.tools is not None and chat_id is not None and message_id is not None:
+                result, message_id = req.tools.run_chat(
+                    self.engine, chat_id, req.messages, req.params, on_piece=on_piece, cancel=req.cancel,
+                    session_key=req.session_key, reply_id=message_id, new_reply=new_reply)
+            else:
+                result = self.engine.chat(req.messages, req.params, on_piece=on_piece,
+                                          cancel=req.cancel, session_key=req.session_key)
         except EngineError as exc:
             words = too_long_words(self.engine, req.messages) or str(exc) or type(exc).__name__
             self._fail(req, message_id, "".join(so_far), words)
