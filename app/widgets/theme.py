@@ -33,6 +33,14 @@ def style_sheet(dark: bool) -> str:
         QFrame#composerBox {{ background: {box}; border: 1px solid {border}; border-radius: 18px; }}
         QFrame#attachment {{ border: 1px solid {border}; border-radius: 8px; }}
         QPlainTextEdit#prompt {{ border: none; background: transparent; padding: 2px; }}
+        QPlainTextEdit#prompt QScrollBar:vertical {{ background: transparent; width: 8px; margin: 2px; }}
+        QPlainTextEdit#prompt QScrollBar::handle:vertical {{ background: {border}; border-radius: 3px;
+                                                             min-height: 24px; }}
+        QPlainTextEdit#prompt QScrollBar::add-line:vertical, QPlainTextEdit#prompt QScrollBar::sub-line:vertical,
+        QPlainTextEdit#prompt QScrollBar::add-page:vertical, QPlainTextEdit#prompt QScrollBar::sub-page:vertical
+            {{ background: none; height: 0px; }}
+        QLabel#dropOverlay {{ background: {selected}; border: 2px dashed {ACCENT};
+                              border-radius: 12px; font-size: 14pt; color: palette(text); }}
         QToolButton#sendButton {{ background: {ACCENT}; border: none; border-radius: 15px;
                                   min-width: 30px; min-height: 30px; }}
         QToolButton#sendButton:disabled {{ background: {muted}; }}

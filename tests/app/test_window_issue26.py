@@ -372,3 +372,27 @@ def test_a_deleted_chat_can_be_brought_back(qtbot, window, monkeypatch):
     window.undo_timer.start()
     qtbot.waitUntil(lambda: not window.undo_button.isVisible(), timeout=5000)
     assert [c.id for c in window.store.list_chats()] == []
+
+
+def test_dragging_images_over_the_window_shows_where_they_go(qtbot, window, tmp_path):
+    """Item 10 (part): an overlay over the conversation while images are dragged; gone at the
+    drop (the image is attached) or when the drag leaves."""
+    from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent, QDropEvent
+    from PySide6.QtWidgets import QApplication
+
+    from support.app_window import png_bytes
+
+    image = tmp_path / "cat.png"
+    image.write_bytes(png_bytes(16, 16))
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(image))])
+    args = (Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(window, QDragEnterEvent(QPoint(300, 300), *args))
+    assert window.drop_overlay.isVisible() and "Drop images" in window.drop_overlay.text()
+    window.grab().save(str(tmp_path / "drop.png"))
+    QApplication.sendEvent(window, QDragLeaveEvent())
+    assert not window.drop_overlay.isVisible()
+    QApplication.sendEvent(window, QDragEnterEvent(QPoint(300, 300), *args))
+    QApplication.sendEvent(window, QDropEvent(QPointF(300, 300), *args))
+    assert not window.drop_overlay.isVisible() and len(window.composer.images) == 1
