@@ -310,7 +310,7 @@ def token_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, i
 
     total, scored = 0.0, 0
     n = len(ids)
-    cache = model.new_cache(min(window, n))
+    cache = model.new_cache(min(window, n), capture_graphs=False)  # prefill only: no decode graphs
     begin = 0
     prev_end = 1  # ids[0] (BOS) is never scored
     while prev_end < n:
