@@ -1,5 +1,6 @@
 """Licences: the project's LICENSE, the third-party notices generated at package time from the
 shipped distributions' own metadata (pip-licenses), and Help → About → Licences showing them."""
+import os
 import re
 import subprocess
 import sys
@@ -28,8 +29,11 @@ def test_shipped_distributions_are_the_runtime_closure_without_test_extras():
 
 def test_notices_file_has_every_shipped_distribution_and_qt_gets_the_lgpl_text(tmp_path):
     pytest.importorskip("piplicenses")
+    # the same metadata this process reads (`python -m pytest` has the checkout on sys.path, where
+    # an editable install's fresh .egg-info sits beside the installed .dist-info)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and Path(p).is_dir())}
     run = subprocess.run([sys.executable, str(ROOT / "packaging" / "third_party_notices.py"), str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     text = (tmp_path / licences.NOTICES_NAME).read_text("utf-8")
     assert (tmp_path / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
