@@ -21,6 +21,7 @@ from .chat_session import ChatSession
 from .jobs import Jobs
 from .model_files import why_not_a_model
 from .single_instance import InstanceServer
+from .tools import REMOTE_TIP, ToolBroker, chat_tools_on, set_chat_tools
 from .dialogs.servers import EngineChoiceCombo, ServersDialog
 from .dialogs.settings import AppSettings, SettingsDialog
 from ..engine.runtime.threads import apply_threads
@@ -102,6 +103,11 @@ class MainWindow(QMainWindow):
         self.session.storeFailed.connect(self._show_status)
         self.session.replyFinished.connect(self.replyFinished)
         self.session.replyFailed.connect(self.replyFailed)
+        # MCP tool servers (Settings → Tools); a chat with tools on runs its tool loop on the worker
+        self.tools = ToolBroker(self.store, self)
+        self.session.tools = self.tools
+        self.tools.cardChanged.connect(self._on_chat_changed)
+        self._new_chat_tools = False  # the switch's state for the chat not saved yet
         self.worker.start()
         self._shown_once = False
         self._warming = 2  # the engine's imports and the lexers', after the window shows
@@ -269,7 +275,10 @@ class MainWindow(QMainWindow):
         self.system_button = self._tool("System prompt…", "This chat's system prompt", self.edit_system_prompt)
         header = QHBoxLayout()
         header.setContentsMargins(12, 2, 12, 2)
+        self.tools_button = self._tool("Tools", "", self._toggle_chat_tools)
+        self.tools_button.setCheckable(True)
         header.addWidget(self.chat_title, 1)
+        header.addWidget(self.tools_button)
         header.addWidget(self.system_button)
 
         self.view = ChatView()
@@ -277,6 +286,8 @@ class MainWindow(QMainWindow):
         self.view.regenerateRequested.connect(self.regenerate)
         self.view.branchRequested.connect(self.branch_at)
         self.view.versionRequested.connect(self.session.show_version)
+        self.view.tool_waiting = self.tools.waiting
+        self.view.toolDecided.connect(self.tools.answer)
         self.empty = EmptyState()
         self.empty.recommended_button.clicked.connect(lambda: self.open_model_manager(tab=0))
         self.empty.open_button.clicked.connect(self.open_model_file)
@@ -418,6 +429,7 @@ class MainWindow(QMainWindow):
         settings = self.menuBar().addMenu("&Settings")
         action(settings, "&Settings…", self.open_settings, "Ctrl+,")
         action(settings, "S&ervers…", self.open_servers)
+        action(settings, "&Tools…", self.open_tools)
 
         help_menu = self.menuBar().addMenu("&Help")
         action(help_menu, "&Keyboard shortcuts", self.show_shortcuts, "F1")
@@ -789,6 +801,7 @@ class MainWindow(QMainWindow):
         self._update_header(chat.title if chat else "New chat")
         self._update_busy()
         self._update_context_meter()
+        self._update_tools_button(chat.settings.get("tools") is True if chat else self._new_chat_tools)
 
     def _show_queued(self, progress: float | None = None) -> bool:
         """A message sent here that the worker has not saved yet (it waits for the model to
@@ -860,7 +873,10 @@ class MainWindow(QMainWindow):
     def send(self, text: str, images: list) -> bool:
         """Start the reply to a new user message. False (and a message) when it cannot be
         sent now; the text and images then stay in the composer."""
-        why_not = self.session.send(text, images, self._chat_binding())
+        binding = self._chat_binding()
+        if self.current_chat_id is None and self._new_chat_tools and self.tools_button.isEnabled():
+            binding["settings"] = {"tools": True}
+        why_not = self.session.send(text, images, binding)
         if why_not:
             self.composer.show_message(why_not)
             self._wait_note = why_not if self.pending is not None else ""
@@ -1057,6 +1073,36 @@ class MainWindow(QMainWindow):
             self.composer.set_vision(vision, "" if vision else NO_VISION_HINT)
         if self.stack.currentWidget() is self.empty:
             self._show_empty_state()
+        self._update_tools_button()
+
+    # ------------------------------------------------------------------ tools (app/tools.py)
+    def _update_tools_button(self, on: bool | None = None) -> None:
+        """`on`: the open chat's switch, when the caller has just read the chat (a store read
+        here could wait for the worker's write of a reply)."""
+        info = self.engine_info
+        remote = info is not None and info.remote
+        if on is None:
+            on = self.tools_button.isChecked()
+        self.tools_button.setEnabled(not remote)
+        self.tools_button.setChecked(on and not remote)
+        self.tools_button.setToolTip(REMOTE_TIP if remote else
+                                     "This chat may call the tools of Settings → Tools (each call asks first)")
+
+    def _toggle_chat_tools(self, on: bool) -> None:
+        if self.current_chat_id is None:
+            self._new_chat_tools = on
+        else:
+            try:
+                set_chat_tools(self.store, self.current_chat_id, on)
+            except StoreError as exc:
+                self._show_status(str(exc))
+                on = chat_tools_on(self.store, self.current_chat_id)
+        self._update_tools_button(on)
+
+    def open_tools(self) -> None:
+        from .dialogs.tools_page import ToolsDialog
+
+        ToolsDialog(self.tools, self).exec()
 
     def open_model_manager(self, tab: int | None = None) -> None:
         from .dialogs.models import ModelManagerDialog
@@ -1155,6 +1201,7 @@ class MainWindow(QMainWindow):
         QApplication.processEvents()
         self.api_server.stop()  # before the worker: no server job may wait on it
         self.worker.stop()
+        self.tools.close()  # after the worker: a tool call it runs ends first
         if self.downloads is not None:  # paused: the parts resume next time
             self.downloads.shutdown()
         if self._own_store:

@@ -76,7 +76,7 @@ class ToolCard(QFrame):
         layout.setContentsMargins(12, 8, 12, 8)
         layout.setSpacing(4)
         server = card.get("server")
-        self.title = QLabel(f"🔧 <b>{_html(card.get('name', '?'))}</b>"
+        self.title = QLabel(f"Tool <b>{_html(card.get('name', '?'))}</b>"
                             + (f" <span style='color: gray'>({_html(server)})</span>" if server else ""))
         self.title.setTextFormat(Qt.TextFormat.RichText)
         self.status = QLabel(status_line(card, waiting))
@@ -118,13 +118,18 @@ class ToolCard(QFrame):
         self.error.setVisible(bool(card.get("error")))
         layout.addWidget(self.error)
 
+        has_result = bool(message.text) and not card.get("error")
+        self.result_caption = QLabel("Result:")
+        self.result_caption.setStyleSheet("color: gray;")
+        self.result_caption.setVisible(has_result)
+        layout.addWidget(self.result_caption)
         shown = message.text if len(message.text) <= RESULT_CHARS else message.text[:RESULT_CHARS] + " …"
         self.result = QLabel(shown)
         self.result.setFont(mono)
         self.result.setWordWrap(True)
         self.result.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.result.setAccessibleName("Result")
-        self.result.setVisible(bool(message.text) and not card.get("error"))
+        self.result.setVisible(has_result)
         layout.addWidget(self.result)
 
         self.note = QLabel(str(card.get("note") or ""))

@@ -1,0 +1,256 @@
+"""The window's tool loop, end to end with real parts: the tiny fixture model (its replies scripted
+by the test-only logits hook) calls the tools of our own MCP test server (a real stdio process
+through the official SDK); each call is a card that asks first, its result goes back to the model,
+and the loop ends in a text reply. Cards are stored with the chat and shown again after a restart."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+pytest.importorskip("mcp")
+
+from tramontane.app.tools import DENIED, REMOTE_TIP, STOPPED, cap_note  # noqa: E402
+from tramontane.app.widgets.tool_card import ToolCard  # noqa: E402
+from tramontane.engine.api import ToolSpec  # noqa: E402
+from tramontane.engine.mcp_tools import McpServerConfig  # noqa: E402
+from tramontane.engine.runtime import generate as gen  # noqa: E402
+
+from support.app_window import GREEDY, close_window, make_window  # noqa: E402
+
+SERVER = Path(__file__).resolve().parents[1] / "support" / "mcp_test_server.py"
+OURS = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))}"
+WAIT_MS = 60000
+
+
+class Replies:
+    """The model's next replies in order (the last one repeats): each written exactly, then EOS."""
+
+    def __init__(self, tok, *replies):
+        self.tok = tok
+        self.scripts = [self._ids(r) for r in replies]
+        self.count = 0
+        self.current = None
+
+    def _ids(self, pieces) -> list[int]:
+        ids = []
+        for piece in pieces:
+            ids += [self.tok.token_id(piece)] if piece == "[TOOL_CALLS]" else self.tok.encode(piece)
+        return ids
+
+    def __call__(self, generated, logits):
+        if not generated:  # a new reply
+            self.current = gen.ScriptedLogits(self.scripts[min(self.count, len(self.scripts) - 1)], self.tok.eos_id)
+            self.count += 1
+        return self.current(generated, logits)
+
+
+def call(name: str, **arguments) -> tuple[str, str]:
+    return ("[TOOL_CALLS]", json.dumps([{"name": name, "arguments": arguments}]))
+
+
+@pytest.fixture
+def tool_window(qtbot, tmp_path, isolated, monkeypatch):
+    w = make_window(qtbot, tmp_path / "data")
+    w.param_overrides = dict(GREEDY, max_tokens=200)
+    offer(w, "add")
+    qtbot.mouseClick(w.tools_button, Qt.MouseButton.LeftButton)  # tools on for the new chat
+    assert w.tools_button.isChecked()
+
+    def script(*replies):
+        monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", Replies(w.worker.engine.tokenizer, *replies))
+
+    w.script = script
+    yield w
+    if not getattr(w, "closed_by_test", False):
+        close_window(w)
+
+
+def offer(window, *names: str) -> None:
+    """Our test server with only `names` switched on (the tiny model's context is 512 tokens)."""
+    off = tuple(sorted({"add", "fail", "crash", "hang"} - set(names)))
+    window.tools.apply_servers([McpServerConfig("ours", command=OURS, timeout_s=3, disabled_tools=off)])
+
+
+def cards(window) -> list[ToolCard]:
+    return [c for c in window.view.widgets if isinstance(c, ToolCard)]
+
+
+def type_and_send(qtbot, window, text: str) -> None:
+    qtbot.keyClicks(window.composer.edit, text)
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+
+
+def waiting_card(qtbot, window, n: int) -> ToolCard:
+    """The n-th card (1-based) once it asks for an answer."""
+    qtbot.waitUntil(lambda: len(cards(window)) >= n and bool(cards(window)[n - 1].buttons), timeout=WAIT_MS)
+    return cards(window)[n - 1]
+
+
+def stored(window):
+    return window.store.get_chat(window.current_chat_id).messages
+
+
+def test_allow_once_runs_the_call_and_the_model_answers_with_its_result(qtbot, tool_window):
+    w = tool_window
+    w.script(call("add", a=2, b=40), ("The sum is 42.",))
+    finished = []
+    w.worker.finished.connect(lambda _rid, result: finished.append(result))
+    type_and_send(qtbot, w, "What is 2 + 40?")
+    card = waiting_card(qtbot, w, 1)
+    assert card.status.text() == "Waiting for your answer"
+    assert "<b>add</b>" in card.title.text() and "(ours)" in card.title.text()
+    assert json.loads(card.arguments.text()) == {"a": 2, "b": 40}
+    assert set(card.buttons) == {"once", "always", "deny"}
+    card.grab().save("/tmp/tool_card_waiting.png")
+
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(card.buttons["once"], Qt.MouseButton.LeftButton)
+    (card,) = cards(w)
+    assert not card.buttons and card.result.text() == "42"
+    assert card.status.text().startswith("Done · allowed once · ")
+    card.grab().save("/tmp/tool_card_done.png")
+    final, calls_only = w.view.widgets[-1], w.view.widgets[1]
+    assert final.message.text == "The sum is 42."
+    qtbot.waitUntil(final.isVisible)  # a new widget shows at the next turn of the event loop
+    assert calls_only.message.tool and calls_only.isHidden()  # its card says it all
+
+    rows = stored(w)
+    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"]
+    (called,) = rows[1].tool["calls"]
+    assert called["name"] == "add" and json.loads(called["arguments"]) == {"a": 2, "b": 40}
+    assert len(called["id"]) == 9 and rows[1].finish_reason == "tool_calls"
+    assert rows[2].text == "42" and rows[2].tool["call_id"] == called["id"]
+    assert (rows[2].tool["status"], rows[2].tool["decision"], rows[2].tool["error"]) == ("done", "once", None)
+    assert rows[2].tool["elapsed_s"] > 0
+    assert rows[3].text == "The sum is 42." and rows[3].tool is None and rows[3].state == "complete"
+    # the second reply was given the call and its result, as the chat format writes them
+    engine = w.worker.engine
+    specs = w.tools.offered_tools()
+    expected = engine.encode(w.store.engine_messages(w.current_chat_id)[:-1],
+                             [ToolSpec(t.name, t.description, t.parameters) for t in specs]).ids
+    assert finished[-1].prompt_token_ids == expected
+
+    # a restart shows the same cards, not waiting
+    chat_id, data = w.current_chat_id, w.store.data_dir
+    close_window(w)
+    w.closed_by_test = True
+    w2 = make_window(qtbot, data, load=False)
+    try:
+        w2.open_chat(chat_id)
+        (again,) = cards(w2)
+        assert again.result.text() == "42" and not again.buttons
+        assert again.status.text() == card.status.text()
+        branch = w2.branch_at(None, chat_id)
+        assert [m.tool for m in w2.store.get_chat(branch).messages] == [m.tool for m in rows]
+    finally:
+        close_window(w2)
+
+
+def test_deny_sends_the_denial_and_the_chat_goes_on(qtbot, tool_window):
+    w = tool_window
+    w.script(call("add", a=1, b=1), ("I was not allowed to add.",))
+    type_and_send(qtbot, w, "add 1 and 1")
+    card = waiting_card(qtbot, w, 1)
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(card.buttons["deny"], Qt.MouseButton.LeftButton)
+    rows = stored(w)
+    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"]
+    assert rows[2].text == DENIED and rows[2].tool["status"] == "denied"
+    assert cards(w)[0].status.text() == "Denied" and cards(w)[0].result.text() == DENIED
+    assert rows[3].text == "I was not allowed to add."
+
+
+def test_a_crash_and_a_hang_give_error_cards_and_the_chat_goes_on(qtbot, tool_window):
+    w = tool_window
+    offer(w, "crash", "hang")
+    w.script(call("crash"), call("hang"), ("Both tools failed.",))
+    type_and_send(qtbot, w, "try the tools")
+    qtbot.mouseClick(waiting_card(qtbot, w, 1).buttons["once"], Qt.MouseButton.LeftButton)
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(waiting_card(qtbot, w, 2).buttons["once"], Qt.MouseButton.LeftButton)
+    crashed, hung = cards(w)
+    assert crashed.status.text().startswith("Failed") and crashed.error.isVisibleTo(crashed)
+    assert "ours" in crashed.error.text()
+    assert "did not answer within 3 s" in hung.error.text()
+    hung.grab().save("/tmp/tool_card_error.png")
+    rows = stored(w)
+    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert rows[-1].text == "Both tools failed."
+    assert rows[2].tool["status"] == rows[4].tool["status"] == "error"
+    assert rows[4].text.startswith("Error: ")  # what the model was given
+
+    offer(w, "add")
+    w.script(call("add", a=3, b=4), ("7.",))  # the server is back for the next call
+    type_and_send(qtbot, w, "and 3 + 4?")
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(waiting_card(qtbot, w, 3).buttons["once"], Qt.MouseButton.LeftButton)
+    assert stored(w)[-2].text == "7" and stored(w)[-1].text == "7."
+
+
+def test_the_step_cap_ends_the_loop_and_always_allows_later_calls(qtbot, tool_window):
+    w = tool_window
+    w.tools.max_steps = 2
+    w.script(call("add", a=1, b=2), call("add", a=3, b=4), ("Done adding.",))
+    type_and_send(qtbot, w, "keep adding")
+    card = waiting_card(qtbot, w, 1)
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(card.buttons["always"], Qt.MouseButton.LeftButton)
+    rows = stored(w)
+    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert [rows[2].text, rows[4].text] == ["3", "7"]
+    assert rows[4].tool["decision"] == "always"  # not asked again
+    assert rows[4].tool["note"] == cap_note(2) and cards(w)[-1].note.text() == cap_note(2)
+    assert rows[-1].text == "Done adding."
+    assert w.store.get_chat_info(w.current_chat_id).settings["tools_always"] == ["add"]
+
+
+def test_stop_while_a_card_waits_ends_the_reply(qtbot, tool_window):
+    w = tool_window
+    w.script(call("add", a=5, b=5), ("never written",))
+    type_and_send(qtbot, w, "add")
+    waiting_card(qtbot, w, 1)
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        w.stop()
+    rows = stored(w)
+    assert [m.role for m in rows] == ["user", "assistant", "tool"]
+    assert rows[2].text == STOPPED and rows[2].tool["status"] == "stopped"
+    assert not cards(w)[0].buttons and w.pending is None
+
+
+def test_a_remote_engine_turns_tools_off_with_the_reason(qtbot, tool_window):
+    from dataclasses import replace
+
+    w = tool_window
+    w.session.engine_info = replace(w.engine_info, remote=True)
+    w._update_tools_button()
+    assert not w.tools_button.isEnabled() and w.tools_button.toolTip() == REMOTE_TIP
+
+
+def test_settings_tools_lists_a_servers_tools_and_switches_one_off(qtbot, idle_window):
+    from tramontane.app.dialogs.tools_page import ToolsDialog
+    from tramontane.app.tools import load_servers
+
+    w = idle_window
+    dialog = ToolsDialog(w.tools, w)
+    qtbot.addWidget(dialog)
+    dialog.name.setText("ours")
+    dialog.command.setText(OURS)
+    qtbot.mouseClick(dialog.add_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: dialog.tools.count() == 4, timeout=WAIT_MS)
+    names = [dialog.tools.item(i).text() for i in range(4)]
+    assert sorted(names) == ["add", "crash", "fail", "hang"]
+    dialog.tools.item(names.index("hang")).setCheckState(Qt.CheckState.Unchecked)
+    qtbot.waitUntil(lambda: load_servers(w.store)[0].disabled_tools == ("hang",), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: sorted(t.name for t in w.tools.offered_tools()) == ["add", "crash", "fail"],
+                    timeout=WAIT_MS)
+    dialog.servers.item(0).setCheckState(Qt.CheckState.Unchecked)
+    qtbot.waitUntil(lambda: not load_servers(w.store)[0].enabled, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: w.tools.offered_tools() == [], timeout=WAIT_MS)
+    qtbot.mouseClick(dialog.remove_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: load_servers(w.store) == [], timeout=WAIT_MS)
+    assert dialog.servers.count() == 0
