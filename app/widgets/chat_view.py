@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import shiboken6
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import (QCursor, QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap,
+from PySide6.QtGui import (QCursor, QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap, QTextCursor,
                            QTextDocument)
 from PySide6.QtWidgets import (QApplication, QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QToolTip, QVBoxLayout,
@@ -29,6 +29,7 @@ RENDER_INTERVAL_MS = 50
 THUMB_SIZE = 96
 COLUMN_WIDTH = 760  # the conversation's text column, centred (lines stay readable at 1600 px)
 MIN_THUMB_SIDE = 6  # px: a thumbnail thinner than this is shown as the image's name and size
+EDITOR_MAX_LINES = 14  # the inline editor grows with its text up to this, then scrolls
 COPIED_MS = 1500  # how long "Copied" shows on the copy button
 # A long chat is shown newest first: the last SYNC_TAIL messages at once, the older ones a few
 # at a time between events (each turn at most BACKLOG_SLICE_S), so the UI never stalls.
@@ -458,8 +459,8 @@ class MessageWidget(QFrame):
         self.editor.setAccessibleName("Edit message")
         self.editor.setTabChangesFocus(True)
         send = QPushButton("Save && resend")
-        send.setToolTip("Replace this message, drop everything after it and get a new reply "
-                        "(Ctrl+Enter)")
+        send.setToolTip("Send this as a new version of the message and get a new reply; the old "
+                        "version and what followed it stay one click away (‹ 1/2 ›) (Ctrl+Enter)")
         send.setShortcut(QKeySequence("Ctrl+Return"))
         cancel = QPushButton("Cancel")
         cancel.setShortcut(QKeySequence("Escape"))
@@ -475,9 +476,25 @@ class MessageWidget(QFrame):
         box.addLayout(row)
         self.edit_send = send
         share_font(self.edit_box, self.font())
+        width = self.body.width()
         self.body.hide()
         self.edit_box.show()
+        self._fit_editor(width)
+        self.editor.moveCursor(QTextCursor.MoveOperation.End)
+        self.editor.verticalScrollBar().setValue(0)  # it opens at the message's start
         self.editor.setFocus()
+
+    def _fit_editor(self, width: int) -> None:
+        """As tall as the text (up to EDITOR_MAX_LINES lines): it opens unscrolled."""
+        editor = self.editor
+        doc = editor.document().clone()  # measured at the message's width, wrapped
+        doc.setDocumentMargin(editor.document().documentMargin())
+        doc.setDefaultFont(editor.font())
+        doc.setTextWidth(max(100, width - 2 * editor.frameWidth() - 4))
+        line = editor.fontMetrics().lineSpacing()
+        lines = max(2, doc.size().height() / line)
+        height = int(min(lines, EDITOR_MAX_LINES) * line + 2 * doc.documentMargin() + 2 * editor.frameWidth() + 4)
+        editor.setFixedHeight(height)
 
     def _submit_edit(self) -> None:
         if self.editor is None:

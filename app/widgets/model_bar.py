@@ -81,6 +81,7 @@ class ModelBar(QFrame):
         layout.addLayout(self.buttons)
 
     def show_loading(self, name: str) -> None:
+        self._loading_name = name
         self.model_label.setText(f"Loading {name}…")
         self.model_label.setToolTip("")
         self.model_label.setStyleSheet("")
@@ -92,7 +93,12 @@ class ModelBar(QFrame):
     def show_progress(self, frac: float, what: str) -> None:
         self.progress.setValue(int(1000 * max(0.0, min(1.0, frac))))
         self.progress.setToolTip(what)
-        self.progress.setFormat(f"{what} %p %" if what else "%p %")
+        # The stage goes beside the name, which has the room (elided); in the bar it wrapped
+        # and was cut.
+        self.progress.setFormat("%p %")
+        name = getattr(self, "_loading_name", "")
+        if name:
+            self.model_label.setText(f"Loading {name}… · {what}" if what else f"Loading {name}…")
 
     def show_info(self, info: EngineInfo | None) -> None:
         self.progress.hide()

@@ -396,3 +396,32 @@ def test_dragging_images_over_the_window_shows_where_they_go(qtbot, window, tmp_
     QApplication.sendEvent(window, QDragEnterEvent(QPoint(300, 300), *args))
     QApplication.sendEvent(window, QDropEvent(QPointF(300, 300), *args))
     assert not window.drop_overlay.isVisible() and len(window.composer.images) == 1
+
+
+def test_the_inline_editor_opens_unscrolled(qtbot, window):
+    """Item 15 (part): Edit on a long message opens an editor as tall as the text allows (14
+    lines), at its start, not scrolled to its end."""
+    chat = window.store.create_chat("Long question")
+    text = "\n".join(f"line {i} of a question" for i in range(30))
+    window.store.add_message(chat, "user", text)
+    window.store.add_message(chat, "assistant", "ok")
+    window.refresh_chat_list()
+    window.open_chat(chat)
+    question = window.view.widgets[0]
+    question.buttons["edit"].click()
+    qtbot.wait(20)
+    bar = question.editor.verticalScrollBar()
+    assert question.editor.toPlainText() == text
+    assert bar.value() == 0, (bar.maximum(), bar.value())  # at the start: line 0 shows
+    line = question.editor.fontMetrics().lineSpacing()
+    assert question.editor.height() >= 12 * line  # as tall as it may be, not a three-line box
+
+
+def test_the_load_progress_text_is_not_cut(qtbot, idle_window):
+    """Item 15 (part): the stage of a load shows beside the model's name; the bar keeps "40 %"
+    (with the stage in it, it wrapped and was cut)."""
+    bar = idle_window.model_bar
+    bar.show_loading("Mistral-Small-3.1-24B-Instruct-2503-Q4_K_M.gguf")
+    bar.show_progress(0.4, "repacking Q4_K weights for the CPU kernels")
+    assert bar.progress.format() == "%p %" and bar.progress.text() == "40 %"
+    assert bar.model_label.text().endswith("· repacking Q4_K weights for the CPU kernels")
