@@ -1,6 +1,7 @@
-"""Triton kernels over raw GGUF blocks: dequantize, and the fused decode matmul.
+"""Triton kernels over raw GGUF blocks: dequantize, the fused decode matmul, and the fused
+multi-row (tensor-core) matmul.
 
-Both walk a weight in units of 256 elements per row (one K-quant super-block or 8 legacy blocks)
+All walk a weight in units of 256 elements per row (one K-quant super-block or 8 legacy blocks)
 and get the unit's values from the per-family tile functions (quant_legacy / quant_k /
 quant_iq4), chosen at compile time by the QTYPE constexpr.
 
@@ -9,8 +10,20 @@ the units; it reads each raw byte of its rows exactly once, dequantizes in regis
 by up to BLOCK_M activation rows and writes float32 partial sums; the host sums the SPLIT_K
 partials (deterministic, no atomics). The dense weight never exists in memory.
 
-Prefill (many rows): Triton-dequantize a chunk of weight rows to the activation dtype in a
-scratch buffer, then torch.matmul (cuBLAS) - simple, and compute-bound anyway.
+Multi-row (2..FUSED_MAX_ROWS bf16/fp16 rows: short turns, prefill chunks up to 512, batched
+decode; _rows_kernel): each program dequantizes a [BLOCK_N, 256] unit of its weight rows in
+registers with the same tile functions, rounds it to the activation dtype and feeds it to
+tl.dot against the [BLOCK_M, 256] activations taken at the tile's own columns (fp32
+accumulation; same grid, split-K and partials as decode). No weight scratch. Row tiles 16-128
+(_ROWS_TILES): each unit is dequantized once per BLOCK_M rows.
+
+Long prefill chunks (more rows; linear.FUSED_MAX_ROWS says why): Triton-dequantize a chunk of
+weight rows to the activation dtype in a scratch buffer, then torch.matmul (cuBLAS), each weight
+once per call.
+
+Compiled offline (Triton's ptxas, COMPILE_SPECS, no spills anywhere; registers a thread,
+shared memory of one block, sm_90 / sm_80, bf16, x.dtype output):
+ROWS_TABLE
 
 One activation row of Q4_K / Q6_K (the types of Q4_K_M files) takes a second kernel,
 _decode_dot_kernel, with scale-after-dot units (quant_k.dot_q4_k / dot_q6_k): the raw quants
@@ -44,9 +57,9 @@ these as ceilings and confirm with `bench/kernels.py` / `--sweep` on the GPU. Le
 repack into 16-byte aligned ql/qh/scale planes would save ~0.5 instruction per element, at the
 cost of a CUDA-only layout that QWeight.rows/cat/dequantize must follow - not done: the proxy
 is already past 80 % without it), and sum(x) per sub-block for Q4_K.
-At 8 rows the decode is issue-bound far below bandwidth with one FMA per multiply-add; closing
-that needs tensor cores (tl.dot on a dequantized bf16 tile, rows padded to 16), which can no
-longer match float32 activations to 1e-5 - a choice for bf16 inference only. Other types still
+At 8 rows the generic decode is issue-bound far below bandwidth with one FMA per multiply-add;
+bf16/fp16 rows from 2 on therefore take the tensor-core kernel (float32 activations, which it
+would round, stay on the decode kernel up to 8 rows). Other types still
 use the generic kernel: ~8 instructions per element for Q8_0/Q2_K/Q4_1, ~10-14 for
 Q4_0/Q5_x/IQ4, ~20 for Q3_K; Q5_K could reuse dot_q4_k's units plus a bit plane.
 `bench/kernels.py` measures the real numbers (`--sweep` searches the tile configs).
@@ -372,31 +385,39 @@ def _decode_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.T
 
 
 # Multi-row tiles (BLOCK_M, BLOCK_N, num_warps) by activation rows (up to the key's rows; None:
-# any more). Checked offline (sm_75 .. sm_120 ptxas, COMPILE_SPECS; table in the module
-# docstring): no spills; shared memory (BLOCK_M + BLOCK_N) x 512 bytes with one stage - the x
-# unit [BLOCK_M, 256] and the weight unit staged for the MMA - so 96 KiB for the 128-row tile,
-# within the 99 KiB a block may have on sm_86/89/120. One stage: Triton's default 3 would
-# triple the x buffers (229 KiB at 128 rows, past every GPU); the weight loads feed integer
-# work, not the dot, so there is nothing else for the pipeliner to overlap. Small tiles use
-# 32 weight rows (twice the programs of a short turn; the float32 unit is 64 registers a
-# thread at 4 warps); 128 rows halve how often each weight unit is dequantized (FUSED_MAX_ROWS).
-# fp16 is the engine's dtype below sm_80 (no bf16 units), where a block has 64 KiB: its largest
-# tile is 64 x 32 (sm_75 ptxas: 64 KiB).
+# any more). Chosen offline from Triton's ptxas for sm_90 / sm_80 (every type: no spills, table
+# in the module docstring): the whole [BLOCK_N, 256] float32 unit, its bf16 copy and the
+# [BLOCK_M, 256] activation operand are live at once, so 8 warps and 32 weight rows a tile;
+# 64 weight rows or 4 warps spill 100-1000 bytes for Q4_K / Q6_K / Q8_0. Shared memory, one
+# stage: (BLOCK_M + BLOCK_N) x 512 bytes (80 KiB at 128 rows, within the 99 KiB a block has on
+# sm_86/89/120). One stage: Triton's default 3 would triple the activation buffers (229 KiB at
+# 128 x 64), and the weight loads feed integer work, not the dot - nothing else to overlap.
+# 128 rows halve how often each weight unit is dequantized (linear.FUSED_MAX_ROWS); Q4_K's
+# joined-nibble tile spills there (712 bytes on sm_90) and stops at 64. fp16 is the engine's
+# dtype below sm_80 (no bf16 units), where a block has 64 KiB: tiles up to 64 rows.
 _ROWS_TILES = {
-    torch.bfloat16: ((16, (16, 32, 4)), (32, (32, 32, 4)), (64, (64, 64, 8)), (None, (128, 64, 8))),
-    torch.float16: ((16, (16, 32, 4)), (32, (32, 32, 4)), (None, (64, 32, 4))),
+    torch.bfloat16: ((32, (32, 32, 8)), (64, (64, 32, 8)), (None, (128, 32, 8))),
+    torch.float16: ((32, (32, 32, 8)), (None, (64, 32, 8))),
 }
+_ROWS_MAX_BLOCK_M = {gt.Q4_K: 64}
 ROWS_NUM_STAGES = 1
 ROWS_MIN_UNITS_PER_SPLIT = 4  # K units (of 256) per split: each program's loop amortizes its setup
 
 
-def rows_config(m: int, n: int, k: int, device: torch.device,
-                dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int]:
+def rows_tiles(ggml_type: int, dtype: torch.dtype) -> list[tuple[int | None, tuple[int, int, int]]]:
+    """The (rows up to, (BLOCK_M, BLOCK_N, num_warps)) tiles of one weight type and activation dtype."""
+    most = _ROWS_MAX_BLOCK_M.get(ggml_type, 128)
+    tiles = [(limit, cfg) for limit, cfg in _ROWS_TILES[dtype] if cfg[0] <= most]
+    return tiles[:-1] + [(None, tiles[-1][1])]
+
+
+def rows_config(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                ggml_type: int = gt.Q6_K) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, SPLIT_K, num_warps) of the multi-row kernel for m activation rows of an
-    (n, k) weight: the smallest row tile holding m (a 2-row turn pads to 16, the tensor cores'
-    least M), and a K split when the tiles alone give fewer than ~2 programs per SM (short
-    turns: 5120 / 32 = 160 programs for a 5120-row weight, 1.2 per SM of an H200)."""
-    block_m, block_n, warps = next(cfg for limit, cfg in _ROWS_TILES[dtype] if limit is None or m <= limit)
+    (n, k) weight: the smallest row tile holding m (a 2-row turn pads to 32), and a K split when
+    the tiles alone give fewer than ~2 programs per SM (short turns: 5120 / 32 = 160 programs
+    for a 5120-row weight, 1.2 per SM of an H200)."""
+    block_m, block_n, warps = next(cfg for limit, cfg in rows_tiles(ggml_type, dtype) if limit is None or m <= limit)
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     n_units = triton.cdiv(k, UNIT)
     most = max(1, n_units // ROWS_MIN_UNITS_PER_SPLIT)
@@ -424,7 +445,7 @@ def _rows_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.Ten
         x2 = x2.contiguous()
     m = x2.shape[0]
     data = w.data if w.data.is_contiguous() else w.data.contiguous()
-    block_m, block_n, split_k, warps = config or rows_config(m, n, k, x.device, x.dtype)
+    block_m, block_n, split_k, warps = config or rows_config(m, n, k, x.device, x.dtype, w.ggml_type)
     n_units = triton.cdiv(k, UNIT)
     units_per_split = triton.cdiv(n_units, split_k)
     split_k = triton.cdiv(n_units, units_per_split)
@@ -555,7 +576,7 @@ def compile_specs() -> list[dict]:
                                   {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": bm}, values, warps, 3, True, dt))
                     if dt == "fp32":
                         continue
-                    for _, (bm, bn, warps) in _ROWS_TILES[torch.bfloat16 if dt == "bf16" else torch.float16]:
+                    for _, (bm, bn, warps) in rows_tiles(t, torch.bfloat16 if dt == "bf16" else torch.float16):
                         add(_spec(f"rows {tn} {dt}->{part} {bm}x{bn}", _rows_kernel,
                                   {**rows_types, "x_ptr": f"*{dt}", "out_ptr": f"*{part}"},
                                   {"QTYPE": t, "BLOCK_M": bm, "BLOCK_N": bn, "BF16_AS_F32": False},

@@ -16,6 +16,7 @@ the CPU kernels' int8 activation quantization:
 """
 from __future__ import annotations
 
+import itertools
 
 import numpy as np
 import pytest
@@ -81,14 +82,14 @@ def test_rows_kernel_matches_gguf_reference(ggml_type, dtype):
     raw, deq = _weight(ggml_type, shape, 300 + ggml_type)
     w = QWeight.from_raw(raw, ggml_type, shape, DEV)
     gen = torch.Generator().manual_seed(ggml_type)
-    for rows in (2, 3, 17, 64):  # row tiles 16 (padded), 32 (17 rows: 15 masked), 64 (full)
+    for rows in (2, 3, 17, 64, 100):  # row tiles 32 (2-17 rows: padded), 64 (full), 128 (Q4_K: 2 x 64)
         x = (torch.randn(rows, shape[1], generator=gen) * 3).to(dtype)
         out = linear_rows(x.to(DEV), w)
         assert out.shape == (rows, shape[0]) and out.dtype == dtype
         _check(deq, x, out)
     # a K split (float32 partials summed on the host) and a (..., in) input
     x = torch.randn(2, 3, shape[1], generator=gen).to(dtype)
-    bm, bn, _, warps = rows_config(6, *shape, torch.device(DEV))
+    bm, bn, _, warps = rows_config(6, *shape, torch.device(DEV), dtype, ggml_type)
     out = linear_rows(x.to(DEV), w, config=(bm, bn, 2, warps))
     assert out.shape == (2, 3, shape[0]) and out.dtype == dtype
     _check(deq, x.reshape(6, -1), out.reshape(6, -1))
@@ -163,12 +164,13 @@ def test_rows_config_fills_the_gpu_and_bounds_the_split(monkeypatch, dtype, most
 
     sms = 132
     monkeypatch.setattr(qmatmul, "_sm_count", lambda device: sms)
-    for m in (2, 3, 17, 64, 100, 512):
-        for n, k in ((5120, 5120), (1024, 5120), (32768, 5120), (5120, 32768), (131072, 5120)):
-            bm, bn, split, warps = qmatmul.rows_config(m, n, k, Gpu(), dtype)
-            assert bm >= min(m, most_rows) and bm in (16, 32, 64, 128) and bn >= 16
-            assert (bm + bn) * 512 <= shared_limit
-            most_split = max(1, k // 256 // qmatmul.ROWS_MIN_UNITS_PER_SPLIT)
-            assert 1 <= split <= most_split
-            programs = -(-n // bn) * -(-m // bm) * split
-            assert programs >= 2 * sms or split == most_split
+    for m, n, k, t in itertools.product((2, 3, 17, 64, 100, 512), (5120, 1024, 32768, 131072), (5120, 32768),
+                                        (gt.Q4_K, gt.Q6_K)):
+        bm, bn, split, warps = qmatmul.rows_config(m, n, k, Gpu(), dtype, t)
+        most = min(most_rows, qmatmul._ROWS_MAX_BLOCK_M.get(t, 128))
+        assert bm >= min(m, most) and bm in (16, 32, 64, 128) and bn >= 16
+        assert (bm + bn) * 512 <= shared_limit
+        most_split = max(1, k // 256 // qmatmul.ROWS_MIN_UNITS_PER_SPLIT)
+        assert 1 <= split <= most_split
+        programs = -(-n // bn) * -(-m // bm) * split
+        assert programs >= 2 * sms or split == most_split
