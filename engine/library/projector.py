@@ -7,7 +7,8 @@ folder": the projector's name with `mmproj` and the quantization taken out equal
 (llama.cpp's `mmproj-<model>-f16.gguf`), or is the conventional `mistral3-mmproj.gguf`; then
 names that merely contain the model's name or mention Mistral; then any other. Ties go to f16
 (what converters write by default), then bf16, f32, q8_0, then the name. A projector of another
-width is never paired, and never loaded (`check_pair` refuses it, naming both files).
+width is never paired, and never loaded (`mistral3.config.check_pair` refuses it, naming both
+files).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import re
 from pathlib import Path, PurePosixPath
 
 from ..api import EngineError
-from ..gguf import GGUFError, open_gguf
+from ..gguf import GGUFError
+from ..mistral3.config import model_hidden_size, projector_output_width
 
 CONVENTIONAL_NAME = "mistral3-mmproj.gguf"
 PROJECTOR_NAME_RE = re.compile(r"mmproj", re.IGNORECASE)
@@ -28,10 +30,6 @@ QUANT_RE = re.compile(
 )
 SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 QUANT_PREFERENCE = ("F16", "BF16", "F32", "Q8_0")
-
-
-class ProjectorMismatchError(EngineError):
-    """A projector whose output width is not the model's hidden size."""
 
 
 def quant_from_name(name: str) -> str | None:
@@ -68,31 +66,6 @@ def name_rank(model_name: str, projector_name: str) -> tuple:
     quant = quant_from_name(projector_name) or ""
     preference = QUANT_PREFERENCE.index(quant) if quant in QUANT_PREFERENCE else len(QUANT_PREFERENCE)
     return (match, preference, projector_name)
-
-
-def model_hidden_size(model_path: str | os.PathLike) -> int:
-    from ..mistral3.config import text_config
-
-    with open_gguf(model_path) as gf:
-        return text_config(gf).hidden
-
-
-def projector_output_width(projector_path: str | os.PathLike) -> int:
-    from ..mistral3.config import read_config
-
-    with open_gguf(projector_path) as gf:
-        return read_config(gf).text_hidden
-
-
-def check_pair(model_path: str | os.PathLike, projector_path: str | os.PathLike) -> None:
-    """Raise ProjectorMismatchError (naming both files) unless the projector fits the model."""
-    hidden = model_hidden_size(model_path)
-    width = projector_output_width(projector_path)
-    if width != hidden:
-        raise ProjectorMismatchError(
-            f"{projector_path}: this projector outputs {width} features but {Path(model_path).name} "
-            f"has hidden size {hidden}: it belongs to another model (choose that model's own "
-            f"projector, or none for text only)")
 
 
 def projector_candidates(model_path: str | os.PathLike) -> list[Path]:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..gguf import GGUFError, GGUFFile
+import os
+from pathlib import Path
+
+from ..api import EngineError
+from ..gguf import GGUFError, GGUFFile, open_gguf
 
 MISTRAL3_ARCHS = ("mistral3",)
 REQUIRED_CONTROL_TOKENS = ("[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")
@@ -417,3 +421,29 @@ def describe(gf: GGUFFile) -> dict:
         "chat_template": template[:60] or None,
     }
     return info
+
+
+# -- which projector fits which model (library/projector.py picks among those that fit) --------
+class ProjectorMismatchError(EngineError):
+    """A projector whose output width is not the model's hidden size."""
+
+
+def model_hidden_size(model_path: str | os.PathLike) -> int:
+    with open_gguf(model_path) as gf:
+        return text_config(gf).hidden
+
+
+def projector_output_width(projector_path: str | os.PathLike) -> int:
+    with open_gguf(projector_path) as gf:
+        return read_config(gf).text_hidden
+
+
+def check_pair(model_path: str | os.PathLike, projector_path: str | os.PathLike) -> None:
+    """Raise ProjectorMismatchError (naming both files) unless the projector fits the model."""
+    hidden = model_hidden_size(model_path)
+    width = projector_output_width(projector_path)
+    if width != hidden:
+        raise ProjectorMismatchError(
+            f"{projector_path}: this projector outputs {width} features but {Path(model_path).name} "
+            f"has hidden size {hidden}: it belongs to another model (choose that model's own "
+            f"projector, or none for text only)")

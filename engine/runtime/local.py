@@ -17,10 +17,9 @@ import torch
 from ..api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .generate import InvalidLogitsError, check_params, generate
-from ..library.projector import check_pair
 from ..gguf import GGUFError, open_gguf
 from ..mistral3.text import Mistral3Text, torch_device
-from ..mistral3.config import text_config
+from ..mistral3.config import check_pair, text_config
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
 from .session import HostKVStore, Session, position_keys

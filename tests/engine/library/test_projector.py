@@ -11,8 +11,8 @@ from support import FIXTURES
 from tramontane.engine.api import ChatMessage, SamplingParams
 from tramontane.engine.cli.main import main as cli_main
 from tramontane.engine.library.local import scan_models
-from tramontane.engine.library.projector import (ProjectorMismatchError, check_pair, find_projector,
-                                                 name_rank)
+from tramontane.engine.library.projector import find_projector, name_rank
+from tramontane.engine.mistral3.config import ProjectorMismatchError, check_pair
 from tramontane.engine.runtime.local import LocalEngine
 
 TINY = "mistral3_tiny-f32.gguf"  # hidden 64
