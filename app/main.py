@@ -77,60 +77,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_known_args(argv)[0]
 
 
-def dark_palette():
-    from PySide6.QtGui import QColor, QPalette
-
-    p = QPalette()
-    role, group = QPalette.ColorRole, QPalette.ColorGroup
-    colours = {
-        role.Window: "#202328", role.WindowText: "#e6e6e6", role.Base: "#1b1e23",
-        role.AlternateBase: "#262a30", role.ToolTipBase: "#2b2f36", role.ToolTipText: "#e6e6e6",
-        role.PlaceholderText: "#8a8f98", role.Text: "#e6e6e6", role.Button: "#2b2f36",
-        role.ButtonText: "#e6e6e6", role.BrightText: "#ff6b6b", role.Light: "#3a3f47",
-        role.Midlight: "#33373e", role.Mid: "#2a2d33", role.Dark: "#16181c", role.Shadow: "#000000",
-        role.Highlight: "#3d6fb4", role.HighlightedText: "#ffffff", role.Link: "#82aaff",
-        role.LinkVisited: "#c792ea",
-    }
-    for r, c in colours.items():
-        p.setColor(r, QColor(c))
-    for r in (role.WindowText, role.Text, role.ButtonText):
-        p.setColor(group.Disabled, r, QColor("#6b7078"))
-    return p
-
-
-def light_palette():
-    from PySide6.QtWidgets import QApplication, QStyleFactory
-
-    style = QStyleFactory.create("Fusion")
-    return style.standardPalette() if style else QApplication.style().standardPalette()
-
-
-def apply_color_scheme(app, dark: bool | None = None) -> bool:
-    """Light or dark palette: `dark` forces one, None follows the system (Qt 6.5+
-    styleHints().colorScheme()). Returns whether dark is in use."""
-    from PySide6.QtCore import Qt
-
-    if dark is None:
-        scheme = app.styleHints().colorScheme() if hasattr(app.styleHints(), "colorScheme") else None
-        dark = scheme == Qt.ColorScheme.Dark
-    app.setPalette(dark_palette() if dark else light_palette())
-    return dark
-
-
-def follow_system_scheme(app) -> None:
-    hints = app.styleHints()
-    if hasattr(hints, "colorSchemeChanged"):
-        # Only while the user's choice (View → Theme) is to follow the system.
-        hints.colorSchemeChanged.connect(
-            lambda _scheme: apply_color_scheme(app) if app.property("tramontane-theme") in (None, "system")
-            else None)
-
-
 def run_app(args: argparse.Namespace, argv: list[str]) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     from .store import Store, StoreError
+    from .widgets.theme import apply_color_scheme, follow_system_scheme
     from .window import MainWindow
 
     app = QApplication.instance() or QApplication(argv)

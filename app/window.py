@@ -475,13 +475,13 @@ class MainWindow(QMainWindow):
         return value if value in ("system", "light", "dark") else "system"
 
     def set_theme(self, theme: str) -> None:
-        from .main import apply_color_scheme
+        from .widgets.theme import apply_color_scheme
 
         self.store.set_setting("theme", theme)
         for key, a in self.theme_actions.items():
             a.setChecked(key == theme)
         app = QApplication.instance()
-        app.setProperty("tramontane-theme", theme)  # main.follow_system_scheme reads it
+        app.setProperty("tramontane-theme", theme)  # theme.follow_system_scheme reads it
         apply_color_scheme(app, dark=None if theme == "system" else theme == "dark")
 
     def changeEvent(self, event) -> None:  # noqa: N802

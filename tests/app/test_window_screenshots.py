@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw  # noqa: E402
 from PySide6.QtGui import QImage  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from tramontane.app.main import apply_color_scheme  # noqa: E402
+from tramontane.app.widgets.theme import apply_color_scheme  # noqa: E402
 from tramontane.app.store import Store  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
 
