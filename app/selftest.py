@@ -133,10 +133,6 @@ class _Runner:
         return True
 
 
-NO_KERNELS_FIX = ("install a C compiler (Debian/Ubuntu: sudo apt install build-essential), then "
-                  "TRAMONTANE_REINSTALL=1 ./scripts/run.sh")
-
-
 def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = None, *,
                   gui: bool | None = None, gpu: bool | None = None, out: TextIO | None = None) -> int:
     """Run every step; 0 when all pass, 1 (after printing what failed) otherwise.
@@ -188,7 +184,7 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
             why = f"the native CPU kernels are not built ({cpu_native.IMPORT_ERROR})"
             if getattr(sys, "frozen", False):
                 raise SelfTestFailure(f"{why}: this build lacks tramontane.kernels._cpu")
-            return (f"{why}: torch's slower CPU path runs; {NO_KERNELS_FIX}")
+            return (f"{why}: torch's slower CPU path runs; {cpu_native.NO_KERNELS_FIX}")
         gen = torch.Generator().manual_seed(0)
         x, w = torch.randn(3, 64, generator=gen), torch.randn(32, 64, generator=gen)
         y = cpu_native.matmul(x, F32, w, 32, 64)

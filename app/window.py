@@ -185,10 +185,9 @@ class MainWindow(QMainWindow):
         self._warmed()
         log.info("engine imported on the worker in %.2f s", seconds)
         from ..kernels import cpu_native
-        from .selftest import NO_KERNELS_FIX
 
         if not cpu_native.AVAILABLE:
-            text = f"The native CPU kernels are not built, so CPU replies are slow: {NO_KERNELS_FIX}."
+            text = f"The native CPU kernels are not built, so CPU replies are slow: {cpu_native.NO_KERNELS_FIX}."
             log.warning("%s (%s)", text, cpu_native.IMPORT_ERROR)
             self.status_label.setText(text)
 

@@ -27,6 +27,9 @@ else:
     IMPORT_ERROR = None
 
 AVAILABLE = _cpu is not None
+# What a user does when AVAILABLE is False (the self-test and the window both say it).
+NO_KERNELS_FIX = ("install a C compiler (Debian/Ubuntu: sudo apt install build-essential), then "
+                  "TRAMONTANE_REINSTALL=1 ./scripts/run.sh")
 TYPES = frozenset({F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
                    IQ4_NL, IQ4_XS})
 
