@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QSize, QUrl
 from PySide6.QtGui import (QColor, QFont, QFontMetrics, QSyntaxHighlighter, QTextCharFormat, QTextCursor,
-                           QTextDocument, QTextFormat, QTextImageFormat)
+                           QTextDocument, QTextFormat, QTextFrameFormat, QTextImageFormat, QTextTable)
 
 try:  # optional: much better lexers
     import pygments.lexers
@@ -307,6 +307,31 @@ def _add_copy_icons(document: QTextDocument, cursor: QTextCursor, positions: lis
         cursor.insertText(" ", QTextCharFormat())
 
 
+TABLE_COLOURS = {False: ("#d5d9df", "#f1f3f6"), True: ("#3a3f47", "#262a30")}  # (lines, header row)
+
+
+def _style_tables(document: QTextDocument, dark: bool) -> None:
+    """Tables as chat apps draw them: single thin lines (collapsed borders), padded cells, a
+    tinted header row; Qt's default is spaced double borders, like old HTML."""
+    lines, header = (QColor(c) for c in TABLE_COLOURS[dark])
+    for frame in document.rootFrame().childFrames():
+        if not isinstance(frame, QTextTable):
+            continue
+        fmt = frame.format()
+        fmt.setBorderCollapse(True)
+        fmt.setBorder(1)
+        fmt.setBorderBrush(lines)
+        fmt.setBorderStyle(QTextFrameFormat.BorderStyle.BorderStyle_Solid)
+        fmt.setCellSpacing(0)
+        fmt.setCellPadding(6)
+        frame.setFormat(fmt)
+        for column in range(frame.columns()):
+            cell = frame.cellAt(0, column)
+            cell_format = cell.format()
+            cell_format.setBackground(header)
+            cell.setFormat(cell_format)
+
+
 def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) -> None:
     """Fill `document` with `markdown` (plus copy links), tint its code blocks and make sure
     a CodeHighlighter of the right colour scheme is attached."""
@@ -338,6 +363,7 @@ def render_markdown(document: QTextDocument, markdown: str, dark: bool = False) 
             cursor.setBlockFormat(fmt)
         block = block.next()
     _add_copy_icons(document, cursor, copies, link)
+    _style_tables(document, dark)
     if highlighter is None:
         highlighter = CodeHighlighter(document, dark)
         highlighter.dark = dark

@@ -425,3 +425,23 @@ def test_the_load_progress_text_is_not_cut(qtbot, idle_window):
     bar.show_progress(0.4, "repacking Q4_K weights for the CPU kernels")
     assert bar.progress.format() == "%p %" and bar.progress.text() == "40 %"
     assert bar.model_label.text().endswith("· repacking Q4_K weights for the CPU kernels")
+
+
+def test_tables_have_single_thin_lines(qtbot, idle_window):
+    """Item 10 (part): a Markdown table in a reply: collapsed 1 px borders, padded cells and a
+    tinted header row (Qt's default, spaced double borders, looked like old HTML)."""
+    from PySide6.QtGui import QTextTable
+
+    window = idle_window
+    chat = window.store.create_chat("Tables")
+    window.store.add_message(chat, "user", "compare")
+    window.store.add_message(chat, "assistant", "| Model | Size |\n|---|---|\n| 3B | 2.2 GB |\n| 24B | 15 GB |")
+    window.refresh_chat_list()
+    window.open_chat(chat)
+    document = window.view.widgets[-1].body.document()
+    tables = [f for f in document.rootFrame().childFrames() if isinstance(f, QTextTable)]
+    assert len(tables) == 1
+    fmt = tables[0].format()
+    assert fmt.borderCollapse() and fmt.border() == 1 and fmt.cellSpacing() == 0 and fmt.cellPadding() == 6
+    header, body = tables[0].cellAt(0, 0).format(), tables[0].cellAt(1, 0).format()
+    assert header.background().color() != body.background().color()
