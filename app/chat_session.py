@@ -408,8 +408,12 @@ class ChatSession(QObject):
         return True
 
     def branch(self, chat_id: int, message_id: int | None = None) -> int | None:
-        """A new chat holding `chat_id` up to `message_id` (default: all of it); its id."""
-        new_id = self._guard(self.store.branch_chat, chat_id, message_id)
+        """A new chat holding `chat_id` up to `message_id` (default: all of it); its id. Its
+        title says it is a branch at its start, which the sidebar never cuts off."""
+        source = self._guard(self.store.get_chat_info, chat_id)
+        if source is False:
+            return None
+        new_id = self._guard(self.store.branch_chat, chat_id, message_id, f"Branch: {source.title}")
         if new_id is False:
             return None
         self.listChanged.emit()

@@ -445,3 +445,17 @@ def test_tables_have_single_thin_lines(qtbot, idle_window):
     assert fmt.borderCollapse() and fmt.border() == 1 and fmt.cellSpacing() == 0 and fmt.cellPadding() == 6
     header, body = tables[0].cellAt(0, 0).format(), tables[0].cellAt(1, 0).format()
     assert header.background().color() != body.background().color()
+
+
+def test_a_branch_is_named_as_one(qtbot, window):
+    """Item 10 (part): a branch's title starts with "Branch:", visible in the sidebar (the
+    "(branch)" at its end was cut off, so both chats looked the same)."""
+    from PySide6.QtCore import Qt
+
+    send(qtbot, window, "A question long enough to be cut off in the sidebar")
+    source = window.current_chat_id
+    branch = window.branch_at(None, source)
+    title = window.store.get_chat_info(branch).title
+    assert title == "Branch: A question long enough to be cut off in the sidebar"
+    row = window.chat_model.index(window.chat_model.row_of(branch))
+    assert row.data(Qt.ItemDataRole.DisplayRole).startswith("Branch: ")
