@@ -1,11 +1,11 @@
 """`QWeight` (a 2-D weight kept in its GGUF form) and `linear(x, w)`, the one matmul the model calls.
 
 Paths picked by `linear`:
-  * CUDA + Triton, quantized, 1 activation row (float32 activations: up to DECODE_MAX_ROWS):
-    fused decode kernel (qmatmul.py) - reads the raw blocks once, dequantizes in registers,
+  * CUDA + Triton, quantized, 1 activation row (float32 / float16 activations: up to
+    DECODE_MAX_ROWS): fused decode kernel (qmatmul.py) - reads the raw blocks once, dequantizes in registers,
     never writes the weight.
-  * CUDA + Triton, quantized, 2..FUSED_MAX_ROWS bf16/fp16 rows (short turns, batched decode,
-    prefill chunks up to 512): fused multi-row kernel - weight units dequantized in registers
+  * CUDA + Triton, quantized, 2..FUSED_MAX_ROWS (192) bf16 rows (short turns, batched
+    decode, short prompts): fused multi-row kernel - weight units dequantized in registers
     and multiplied on tensor cores (tl.dot), no weight scratch.
   * CUDA + Triton, quantized, more rows (long prefill chunks): Triton dequant of a chunk of
     weight rows to the activation dtype in a scratch buffer, then cuBLAS (torch.matmul); each
@@ -42,22 +42,25 @@ from .triton_compat import HAVE_TRITON
 
 REFERENCES = {**quant_legacy.REFERENCES, **quant_k.REFERENCES, **quant_iq4.REFERENCES}
 
-DECODE_MAX_ROWS = 8  # float32 activation rows up to which the fused decode kernel is used
-# CUDA, bf16/fp16 activations: rows up to which the fused multi-row kernel runs; above it the
-# weight is dequantized to scratch (once per call) and multiplied by cuBLAS. By arithmetic, per
-# weight element, on an H200-class GPU (132 SMs x 128 lanes x ~1.8 GHz = 30e12 thread
-# instructions/s, ~600 TFLOP/s bf16 reachable from Triton's tl.dot, ~700 from cuBLAS, 4.8 TB/s):
-#   fused: the unit is dequantized in registers once per 128-row tile, ~10 instructions (tile,
-#          bf16 convert, staging for the MMA) = 0.33 ps a tile; the MMA 2M flop = M x 0.0033 ps;
+DECODE_MAX_ROWS = 8  # float32 / float16 activation rows up to which the fused decode kernel is used
+# CUDA, bf16 activations: rows up to which the fused multi-row kernel runs; above it the weight
+# is dequantized to scratch (once per call) and multiplied by cuBLAS. By arithmetic, per weight
+# element, on an H200-class GPU (132 SMs x 128 lanes x ~1.8 GHz = 30e12 thread instructions/s,
+# ~600 TFLOP/s bf16 reachable from Triton's tl.dot, ~700 from cuBLAS, 4.8 TB/s):
+#   fused: each weight unit is dequantized in registers once per 64-row tile (qmatmul.
+#          _ROWS_TILES; 128 rows would spill), ~10 instructions (tile, bf16 convert, staging
+#          for the MMA) = 0.33 ps a tile; the MMA, 2M flop = M x 0.0033 ps;
 #   dense: the same dequant once per call plus writing and reading back 2+2 bytes (0.83 ps from
 #          HBM, less while the 32 MiB chunk stays in L2): ~1.2 ps a call; cuBLAS M x 0.0029 ps.
-#   M = 256: fused 0.7 + 0.8 = 1.5 vs dense 1.2 + 0.7 = 1.9; M = 512: 1.3 + 1.7 = 3.0 vs 2.7
-#   (1.7 where the dequant hides under the MMA: a wash); M = 2048 (the CUDA prefill chunk): 5.3 +
-#   6.8 = 12.1 vs 7.1. So: fused up to 512 rows (never a weight-sized scratch, and short
-#   turns run no dequant pass at all); longer chunks pay one dequant pass per call, 1.2 ps
-#   against 5.9 ps of MMA at 2048 rows (~20 %), instead of one per 9+ rows before.
-# To be confirmed on a GPU (bench/kernels.py); this constant is the only place to move it.
-FUSED_MAX_ROWS = 512
+#   M = 64: fused 0.33 + 0.21 = 0.54 vs dense 1.2 + 0.19 = 1.4; M = 128: 1.1 vs 1.6;
+#   M = 192: 1.0 + 0.63 = 1.6 vs 1.8; M = 256: 1.3 + 0.85 = 2.2 vs 1.9; M = 2048 (the CUDA
+#   prefill chunk): 10.6 + 6.8 = 17.4 vs 7.1.
+# So: fused up to 192 rows (short turns, batched decode and short prompts run no dequant pass
+# and never a weight-sized scratch); longer chunks pay one dequant pass per call - 1.2 ps
+# against 5.9 ps of MMA at 2048 rows (~20 %) - instead of one for every call of 9+ rows before.
+# Both sides are estimates (the 64 x 32 tiles also re-read activations from L2 once per 32
+# weight rows); to be confirmed on a GPU (bench/kernels.py); this constant is the only place.
+FUSED_MAX_ROWS = 192
 PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / GPU compute dtype)
 # CPU: float32 dense copies of weights are cached first come, first served, up to this total
 # (released when the QWeight dies); weights past the budget are dequantized chunk by chunk on
@@ -386,9 +389,11 @@ def _linear_native_fast(x: torch.Tensor, w: QWeight, plan: tuple) -> torch.Tenso
 
 def cuda_kernel_for(n_rows: int, dtype: torch.dtype) -> str:
     """Which CUDA path multiplies n_rows activation rows of `dtype` by a quantized weight:
-    "decode" (one row; float32 up to DECODE_MAX_ROWS), "rows" (the tensor-core kernel, bf16 /
-    fp16 up to FUSED_MAX_ROWS) or "dense" (dequantize to scratch + cuBLAS)."""
-    tensor_cores = dtype in (torch.bfloat16, torch.float16)
+    "decode" (one row; float32 / float16 up to DECODE_MAX_ROWS), "rows" (the tensor-core
+    kernel: bf16 up to FUSED_MAX_ROWS) or "dense" (dequantize to scratch + cuBLAS). fp16 is
+    the engine's dtype only before sm_80 (mistral3.text.default_dtype), where Triton's tl.dot
+    has no tensor-core instructions (qmatmul._ROWS_TILES); float32 must not be rounded."""
+    tensor_cores = dtype == torch.bfloat16
     if n_rows <= 1 or (not tensor_cores and n_rows <= DECODE_MAX_ROWS):
         return "decode"
     return "rows" if tensor_cores and n_rows <= FUSED_MAX_ROWS else "dense"

@@ -10,12 +10,13 @@ the units; it reads each raw byte of its rows exactly once, dequantizes in regis
 by up to BLOCK_M activation rows and writes float32 partial sums; the host sums the SPLIT_K
 partials (deterministic, no atomics). The dense weight never exists in memory.
 
-Multi-row (2..FUSED_MAX_ROWS bf16/fp16 rows: short turns, prefill chunks up to 512, batched
-decode; _rows_kernel): each program dequantizes a [BLOCK_N, 256] unit of its weight rows in
-registers with the same tile functions, rounds it to the activation dtype and feeds it to
-tl.dot against the [BLOCK_M, 256] activations taken at the tile's own columns (fp32
-accumulation; same grid, split-K and partials as decode). No weight scratch. Row tiles 16-128
-(_ROWS_TILES): each unit is dequantized once per BLOCK_M rows.
+Multi-row (2..linear.FUSED_MAX_ROWS bf16 rows: short turns, batched decode, short
+prompts and the last chunk of long ones; _rows_kernel): each program dequantizes a
+[BLOCK_N, 256] unit of its weight rows in registers with the same tile functions, rounds it to
+the activation dtype and feeds it to tl.dot against the [BLOCK_M, 256] activations taken at
+the tile's own columns (fp32 accumulation; same grid, split-K and partials as decode). No
+weight scratch. Row tiles of 32 and 64 (_ROWS_TILES): each unit is dequantized once per
+BLOCK_M rows. Works for any row count and for fp16 too (tests: up to 100 rows).
 
 Long prefill chunks (more rows; linear.FUSED_MAX_ROWS says why): Triton-dequantize a chunk of
 weight rows to the activation dtype in a scratch buffer, then torch.matmul (cuBLAS), each weight
@@ -385,39 +386,27 @@ def _decode_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.T
 
 
 # Multi-row tiles (BLOCK_M, BLOCK_N, num_warps) by activation rows (up to the key's rows; None:
-# any more). Chosen offline from Triton's ptxas for sm_90 / sm_80 (every type: no spills, table
-# in the module docstring): the whole [BLOCK_N, 256] float32 unit, its bf16 copy and the
-# [BLOCK_M, 256] activation operand are live at once, so 8 warps and 32 weight rows a tile;
-# 64 weight rows or 4 warps spill 100-1000 bytes for Q4_K / Q6_K / Q8_0. Shared memory, one
-# stage: (BLOCK_M + BLOCK_N) x 512 bytes (80 KiB at 128 rows, within the 99 KiB a block has on
-# sm_86/89/120). One stage: Triton's default 3 would triple the activation buffers (229 KiB at
-# 128 x 64), and the weight loads feed integer work, not the dot - nothing else to overlap.
-# 128 rows halve how often each weight unit is dequantized (linear.FUSED_MAX_ROWS); Q4_K's
-# joined-nibble tile spills there (712 bytes on sm_90) and stops at 64. fp16 is the engine's
-# dtype below sm_80 (no bf16 units), where a block has 64 KiB: tiles up to 64 rows.
-_ROWS_TILES = {
-    torch.bfloat16: ((32, (32, 32, 8)), (64, (64, 32, 8)), (None, (128, 32, 8))),
-    torch.float16: ((32, (32, 32, 8)), (None, (64, 32, 8))),
-}
-_ROWS_MAX_BLOCK_M = {gt.Q4_K: 64}
+# any more). Chosen offline from Triton's ptxas for sm_90 and sm_80, every type: the whole
+# [BLOCK_N, 256] float32 unit, its bf16 copy and the [BLOCK_M, 256] activation operand are live
+# at once, so 32 weight rows on 8 warps. Measured spills (bytes, stack frame): 64 weight rows
+# spill 144-336 (Q4_K, Q6_K, Q8_0 on sm_90), 4 warps spill too, 128 activation rows spill for
+# Q4_K (712 sm_90, 928 sm_80) and Q6_K / IQ4_NL / IQ4_XS on sm_80 (136-200); the two tiles
+# here spill nowhere (table: module docstring). Shared memory with one stage:
+# (BLOCK_M + BLOCK_N) x 512 bytes, 48 KiB at 64 rows. One stage: Triton's default 3 would triple
+# the activation buffers, and the weight loads feed integer work, not the dot - nothing else to
+# overlap. bf16 only in `linear` (fp16 means a GPU before sm_80, where this Triton's tl.dot
+# emits FMAs, not MMAs - sm_75 PTX - and spills 2-5 KB); fp16 works, for tests and callers.
+_ROWS_TILES = ((32, (32, 32, 8)), (None, (64, 32, 8)))
 ROWS_NUM_STAGES = 1
 ROWS_MIN_UNITS_PER_SPLIT = 4  # K units (of 256) per split: each program's loop amortizes its setup
 
 
-def rows_tiles(ggml_type: int, dtype: torch.dtype) -> list[tuple[int | None, tuple[int, int, int]]]:
-    """The (rows up to, (BLOCK_M, BLOCK_N, num_warps)) tiles of one weight type and activation dtype."""
-    most = _ROWS_MAX_BLOCK_M.get(ggml_type, 128)
-    tiles = [(limit, cfg) for limit, cfg in _ROWS_TILES[dtype] if cfg[0] <= most]
-    return tiles[:-1] + [(None, tiles[-1][1])]
-
-
-def rows_config(m: int, n: int, k: int, device: torch.device, dtype: torch.dtype = torch.bfloat16,
-                ggml_type: int = gt.Q6_K) -> tuple[int, int, int, int]:
+def rows_config(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, SPLIT_K, num_warps) of the multi-row kernel for m activation rows of an
     (n, k) weight: the smallest row tile holding m (a 2-row turn pads to 32), and a K split when
     the tiles alone give fewer than ~2 programs per SM (short turns: 5120 / 32 = 160 programs
     for a 5120-row weight, 1.2 per SM of an H200)."""
-    block_m, block_n, warps = next(cfg for limit, cfg in rows_tiles(ggml_type, dtype) if limit is None or m <= limit)
+    block_m, block_n, warps = next(cfg for limit, cfg in _ROWS_TILES if limit is None or m <= limit)
     programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     n_units = triton.cdiv(k, UNIT)
     most = max(1, n_units // ROWS_MIN_UNITS_PER_SPLIT)
@@ -445,7 +434,7 @@ def _rows_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.Ten
         x2 = x2.contiguous()
     m = x2.shape[0]
     data = w.data if w.data.is_contiguous() else w.data.contiguous()
-    block_m, block_n, split_k, warps = config or rows_config(m, n, k, x.device, x.dtype, w.ggml_type)
+    block_m, block_n, split_k, warps = config or rows_config(m, n, k, x.device)
     n_units = triton.cdiv(k, UNIT)
     units_per_split = triton.cdiv(n_units, split_k)
     split_k = triton.cdiv(n_units, units_per_split)
@@ -574,9 +563,9 @@ def compile_specs() -> list[dict]:
                         bn, bm, _, warps = decode_config(n, k, m, torch.device("cpu"), t, dot=False)
                         add(_spec(f"decode {tn} {dt}->{part} m{bm}", _decode_kernel, types,
                                   {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": bm}, values, warps, 3, True, dt))
-                    if dt == "fp32":
+                    if dt != "bf16":  # the tensor-core kernel: bf16 only (linear.cuda_kernel_for)
                         continue
-                    for _, (bm, bn, warps) in rows_tiles(t, torch.bfloat16 if dt == "bf16" else torch.float16):
+                    for _, (bm, bn, warps) in _ROWS_TILES:
                         add(_spec(f"rows {tn} {dt}->{part} {bm}x{bn}", _rows_kernel,
                                   {**rows_types, "x_ptr": f"*{dt}", "out_ptr": f"*{part}"},
                                   {"QTYPE": t, "BLOCK_M": bm, "BLOCK_N": bn, "BF16_AS_F32": False},
