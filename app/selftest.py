@@ -1,444 +1,91 @@
-"""`tramontane --self-test`: prove an installation works end to end, without a network.
+"""`tramontane --self-test`: the engine's self-test (engine/cli/selftest.py: model, kernels,
+vision, a user's first minutes in a chat, the GPU), then the app's own steps:
 
-Steps, each printed as it passes or fails:
-
-1. version    the package version (pyproject's, through the distribution metadata)
-2. model      load the tiny bundled GGUF model + projector with `LocalEngine` on the CPU
-   kernels    the native CPU kernels (tramontane.kernels._cpu) load and multiply right; a
-              frozen build must have them, a source checkout says when they are not built
-3. vision     encode a small generated image through the projector (shape and finite values)
-   then a user's first minutes in a chat, as the app's worker drives the engine:
-4. turn1      a first message holding that image: a few greedy tokens, streamed
-5. turn2      a follow-up in the same chat: the first turn's prompt (image included) must come
-              from the KV cache (the prefill that continues a cached prefix)
-6. stop       a third message whose reply is stopped after its first piece (Stop button)
-7. new-chat   a message in a second chat: the first chat's KV is parked in host memory
-8. regenerate the stopped reply again, back in the first chat: its KV comes back from host
-              memory and the prompt is (almost) all cached
-   gpu, gpu-* the same on the GPU with CUDA graphs decoding, when torch sees a CUDA device
-              (skipped, and said so, without)
 9. store      write a chat (text + image) with `Store` in a temporary data dir, reopen, read back
 10. gui       build the main window offscreen, if the GUI modules are present
 
-Prints ``OK`` and returns 0 when all pass; otherwise prints which step failed and why, and
-returns 1. The bundle ships the tiny model under `tramontane/resources/selftest/`
-(packaging copies tests/fixtures' `mistral3_tiny-f32.gguf` and its projector there); a source
-checkout falls back to `tests/fixtures/`. `TRAMONTANE_SELFTEST_MODEL` / `..._MMPROJ`, or the
-arguments of `run_self_test`, point it at other files.
+The bundle's `tramontane-cli self-test` runs this too, without the window unless `--gui`.
 """
 from __future__ import annotations
 
 import argparse
-import io
-import math
 import os
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
-MODEL_NAME = "mistral3_tiny-f32.gguf"
-MMPROJ_NAME = "mmproj-mistral3_tiny-f32.gguf"
-RESOURCE_DIR = "selftest"  # inside the tramontane.resources package
-MODEL_ENV = "TRAMONTANE_SELFTEST_MODEL"
-MMPROJ_ENV = "TRAMONTANE_SELFTEST_MMPROJ"
-GEN_TOKENS = 4
-STOP_MAX_TOKENS = 64  # the stop step's reply would be this long; it is stopped after one piece
-QUESTIONS = ("What is in this picture?", "And which colours does it have?", "Tell me more.")
-FIRST_CHAT, SECOND_CHAT = "selftest-1", "selftest-2"  # session keys (the app uses chat ids)
+from ..engine.cli import selftest as engine_selftest
+from ..engine.cli.selftest import SelfTestFailure, sample_image
 
 
-class SelfTestFailure(Exception):
-    """A step found something wrong; the message says what."""
+def store_step(state: dict) -> str:
+    """Write a chat with its image in a temporary data folder, reopen it, read it back."""
+    from ..engine.api import ChatMessage
+    from .store import Store
+
+    image = state.get("image") or sample_image()
+    reply = state.get("reply", "reply ✓")
+    with tempfile.TemporaryDirectory(prefix="tramontane-selftest-") as tmp:
+        with Store(tmp) as st:
+            chat_id = st.create_chat("self-test ✓")
+            st.add_chat_message(chat_id, ChatMessage("user", [image, "What is in this picture?"]))
+            st.add_message(chat_id, "assistant", reply)
+        with Store(tmp) as st:  # reopened: what was committed is on disk
+            chat = st.get_chat(chat_id)
+            got = [(m.role, m.text) for m in chat.messages]
+            want = [("user", "What is in this picture?"), ("assistant", reply)]
+            if got != want or chat.title != "self-test ✓":
+                raise SelfTestFailure(f"read back {chat.title!r} {got!r}, wrote {want!r}")
+            images = chat.messages[0].images
+            if len(images) != 1 or images[0].path.read_bytes() != image.data:
+                raise SelfTestFailure("the attached image did not come back byte for byte")
+    return "chat written, reopened and read back"
 
 
-def _candidate_dirs() -> list[Path]:
-    """Where the tiny model may live: the resources package (bundle / wheel), next to a frozen
-    executable, then a source checkout's test fixtures."""
-    dirs: list[Path] = []
-    try:
-        from importlib.resources import files
+def window_step(state: dict) -> str:
+    """Build the main window offscreen (no display needed) on an empty data folder."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QEvent
+    from PySide6.QtWidgets import QApplication
 
-        dirs.append(Path(str(files("tramontane.resources") / RESOURCE_DIR)))
-    except Exception:  # noqa: BLE001 - resources package missing: try the other places
-        pass
-    if getattr(sys, "frozen", False):
-        exe_dir = Path(sys.executable).resolve().parent
-        dirs += [exe_dir / RESOURCE_DIR, Path(getattr(sys, "_MEIPASS", exe_dir)) / RESOURCE_DIR]
-    try:
-        import tramontane.resources as res
+    from .store import Store
+    from .window import MainWindow
 
-        dirs.append(Path(res.__file__).resolve().parent.parent / "tests" / "fixtures")
-    except Exception:  # noqa: BLE001
-        pass
-    return dirs
-
-
-def find_model() -> tuple[Path, Path | None]:
-    """The self-test model and projector paths (env overrides first)."""
-    env_model = os.environ.get(MODEL_ENV)
-    if env_model:
-        env_mmproj = os.environ.get(MMPROJ_ENV)
-        return Path(env_model), Path(env_mmproj) if env_mmproj else None
-    searched = _candidate_dirs()
-    for d in searched:
-        if (d / MODEL_NAME).is_file():
-            mmproj = d / MMPROJ_NAME
-            return d / MODEL_NAME, mmproj if mmproj.is_file() else None
-    where = ", ".join(str(d) for d in searched) or "(nowhere)"
-    raise SelfTestFailure(f"the self-test model {MODEL_NAME} is not in this installation "
-                          f"(looked in {where}); set {MODEL_ENV} to a GGUF model")
-
-
-def _test_image() -> "ImagePart":  # noqa: F821
-    """A small PNG made here: a colour gradient (no file needed, different sizes per axis)."""
-    import numpy as np
-    from PIL import Image
-
-    from ..engine.api import ImagePart
-
-    h, w = 42, 56
-    y, x = np.mgrid[0:h, 0:w]
-    rgb = np.stack([x * 255 // (w - 1), y * 255 // (h - 1), (x + y) * 255 // (w + h - 2)], -1)
-    buf = io.BytesIO()
-    Image.fromarray(rgb.astype(np.uint8), "RGB").save(buf, "PNG")
-    return ImagePart(buf.getvalue(), "selftest.png")
-
-
-class _Runner:
-    def __init__(self, out: TextIO):
-        self.out = out
-        self.failed: str | None = None
-
-    def step(self, name: str, fn: Callable[[], str]) -> bool:
-        """Run one step unless an earlier one failed; print `name: detail (time)`."""
-        if self.failed:
-            return False
-        t0 = time.perf_counter()
+    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "tramontane"])
+    with tempfile.TemporaryDirectory(prefix="tramontane-selftest-gui-") as tmp:
+        st = Store(tmp)
         try:
-            detail = fn()
-        except SelfTestFailure as exc:
-            self.failed = f"{name}: {exc}"
-        except Exception as exc:  # noqa: BLE001 - the report must name any failure
-            msg = str(exc).strip() or type(exc).__name__
-            self.failed = f"{name}: {type(exc).__name__}: {msg}"
-            if os.environ.get("TRAMONTANE_SELFTEST_TRACEBACK"):
-                traceback.print_exc(file=self.out)
-        if self.failed:
-            print(f"  {name:<10} FAILED", file=self.out, flush=True)
-            return False
-        print(f"  {name:<10} ok   {detail} ({time.perf_counter() - t0:.2f} s)", file=self.out, flush=True)
-        return True
+            win = MainWindow(st, autoload=False)
+            win.show()
+            app.processEvents()
+            size = win.size()
+            win.close()
+            win.deleteLater()  # gone now, not at exit: the self-test may run inside a live app
+            app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+            app.processEvents()
+        finally:
+            st.close()
+    return f"main window {size.width()}x{size.height()} on '{app.platformName()}'"
 
 
 def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = None, *,
                   gui: bool | None = None, gpu: bool | None = None, out: TextIO | None = None) -> int:
-    """Run every step; 0 when all pass, 1 (after printing what failed) otherwise.
+    """The engine's steps, then the store and the window; 0 when all pass, 1 otherwise.
 
     `gui`: True requires the window step, False skips it, None runs it when PySide6 and the
     window module import. `gpu`: False skips the GPU step, otherwise it runs when torch sees a
     CUDA device."""
-    out = out or sys.stdout
-    from tramontane import __version__
-
-    print(f"Tramontane {__version__} self-test ({sys.platform}, Python {sys.version.split()[0]}"
-          f"{', frozen' if getattr(sys, 'frozen', False) else ''})", file=out, flush=True)
-    r = _Runner(out)
-    state: dict = {}
-
-    def version() -> str:
-        if not __version__ or __version__.startswith("0+unknown"):
-            raise SelfTestFailure("the package metadata is missing (version unknown)")
-        return __version__
-
-    def load() -> str:
-        if model is not None:
-            from ..engine.library.projector import find_projector
-
-            paths = (Path(model), Path(mmproj) if mmproj else find_projector(model))
-        else:
-            paths = find_model()
-        for p in paths:
-            if p is not None and not p.is_file():
-                raise SelfTestFailure(f"{p}: no such file")
-        from ..engine.api import EngineError
-        from ..engine.runtime.local import LocalEngine
-
-        try:
-            state["engine"] = LocalEngine(paths[0], paths[1], device="cpu", context_length=512)
-        except EngineError as exc:
-            raise SelfTestFailure(str(exc)) from None
-        import torch
-
-        return f"{state['engine'].description}, torch {torch.__version__}"
-
-    def kernels() -> str:
-        import torch
-
-        from ..kernels import cpu_native
-        from ..kernels.ggml_types import F32
-
-        if not cpu_native.AVAILABLE:
-            why = f"the native CPU kernels are not built ({cpu_native.IMPORT_ERROR})"
-            if getattr(sys, "frozen", False):
-                raise SelfTestFailure(f"{why}: this build lacks tramontane.kernels._cpu")
-            return (f"{why}: torch's slower CPU path runs; {cpu_native.NO_KERNELS_FIX}")
-        gen = torch.Generator().manual_seed(0)
-        x, w = torch.randn(3, 64, generator=gen), torch.randn(32, 64, generator=gen)
-        y = cpu_native.matmul(x, F32, w, 32, 64)
-        if not torch.allclose(y, x @ w.T, rtol=1e-4, atol=1e-4):
-            raise SelfTestFailure(f"the native {cpu_native.variant()} matmul differs from torch's "
-                                  f"by {(y - x @ w.T).abs().max().item():.3g}")
-        return f"native CPU kernels {cpu_native.variant()} on {cpu_native.threads()} thread(s)"
-
-    def vision() -> str:
-        engine = state["engine"]
-        if not engine.has_vision:
-            raise SelfTestFailure("the model was loaded without a vision projector")
-        import torch
-
-        state["image"] = image = _test_image()
-        feats = engine.vision.encode_image(image)
-        rows, cols = engine.vision.grid(image)
-        expected = rows * cols
-        if tuple(feats.shape) != (expected, engine.model.cfg.hidden):
-            raise SelfTestFailure(f"projector gave features of shape {tuple(feats.shape)}, "
-                                  f"expected ({expected}, {engine.model.cfg.hidden})")
-        if not torch.isfinite(feats).all():
-            raise SelfTestFailure("projector output has NaN/inf values")
-        return f"{rows}x{cols} image tokens -> {tuple(feats.shape)}"
-
-    def conversation(key: str, prefix: str = "") -> None:
-        """A user's first minutes on the engine in state[key], as the app's worker drives it
-        (steps named prefix + turn1, turn2, stop, new-chat, regenerate)."""
-        import threading
-        import warnings
-
-        from ..engine.api import ChatMessage, SamplingParams
-
-        conv: dict = {}
-
-        def ask(messages, session: str, max_tokens: int = GEN_TOKENS, stop_after: int = 0):
-            """engine.chat as the worker calls it; checks what every reply must satisfy."""
-            engine = state[key]
-            pieces: list[str] = []
-            cancel = threading.Event()
-
-            def on_piece(piece: str) -> None:
-                pieces.append(piece)
-                if stop_after and len(pieces) >= stop_after:
-                    cancel.set()  # the Stop button: the UI thread sets the request's event
-
-            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, seed=0)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                res = engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session)
-            if "".join(pieces) != res.text:
-                raise SelfTestFailure("the streamed pieces differ from the reply's text")
-            vocab = getattr(engine.model.cfg, "vocab_size", None)
-            if vocab and not all(0 <= t < vocab for t in res.token_ids):
-                raise SelfTestFailure(f"token ids out of range: {res.token_ids}")
-            if _on_gpu(engine.model) and _graphs_wanted():
-                if not engine.model.use_cuda_graphs:
-                    why = "; ".join(str(w.message) for w in caught) or "no warning given"
-                    raise SelfTestFailure(f"CUDA graph decoding was turned off: {why}")
-            return res
-
-        def expect_tokens(res, n: int, what: str) -> None:
-            if len(res.token_ids) != n or res.finish_reason != "length":
-                raise SelfTestFailure(f"{what}: asked for {n} tokens, got {len(res.token_ids)} "
-                                      f"(finish reason {res.finish_reason})")
-
-        def speed(res) -> str:
-            tps = res.stats.decode_tok_s
-            return f", {tps:.0f} tok/s" if tps and math.isfinite(tps) else ""
-
-        def turn1() -> str:
-            msgs = [ChatMessage("user", [state["image"], QUESTIONS[0]])]
-            res = ask(msgs, FIRST_CHAT)
-            expect_tokens(res, GEN_TOKENS, "first turn")
-            if res.stats.reused_tokens:
-                raise SelfTestFailure(f"a new chat reused {res.stats.reused_tokens} cached tokens")
-            conv["msgs"] = msgs + [ChatMessage.text("assistant", res.text)]
-            conv["first_prompt"] = res.stats.prompt_tokens
-            state.setdefault("reply", res.text)
-            detail = ""
-            engine = state[key]
-            if _on_gpu(engine.model) and _graphs_wanted():
-                graphs = getattr(getattr(engine.cache, "_decode_graphs", None), "graphs", None)
-                if not graphs:
-                    raise SelfTestFailure("the reply was decoded without a CUDA graph")
-                detail = f", decoded in {len(graphs)} CUDA graph(s)"
-            return (f"image + question: {res.stats.prompt_tokens} prompt tokens, "
-                    f"{len(res.token_ids)} generated{speed(res)}{detail}")
-
-        def turn2() -> str:
-            msgs = conv["msgs"] + [ChatMessage.text("user", QUESTIONS[1])]
-            res = ask(msgs, FIRST_CHAT)
-            expect_tokens(res, GEN_TOKENS, "second turn")
-            reused, first = res.stats.reused_tokens, conv["first_prompt"]
-            if reused <= 0:
-                raise SelfTestFailure("no prompt token came from the KV cache: the second turn "
-                                      "recomputed the whole chat")
-            if reused < first:
-                raise SelfTestFailure(f"only {reused} prompt tokens came from the KV cache; the first "
-                                      f"turn's {first} (image included) should have")
-            conv["msgs"] = msgs + [ChatMessage.text("assistant", res.text)]
-            return (f"follow-up: {reused} of {res.stats.prompt_tokens} prompt tokens cached, "
-                    f"{len(res.token_ids)} generated{speed(res)}")
-
-        def stop() -> str:
-            msgs = conv["msgs"] + [ChatMessage.text("user", QUESTIONS[2])]
-            res = ask(msgs, FIRST_CHAT, max_tokens=STOP_MAX_TOKENS, stop_after=1)
-            if res.finish_reason != "cancelled":
-                raise SelfTestFailure(f"the reply was not stopped (finish reason {res.finish_reason}, "
-                                      f"{len(res.token_ids)} tokens)")
-            if not 0 < len(res.token_ids) < STOP_MAX_TOKENS:
-                raise SelfTestFailure(f"stopped after {len(res.token_ids)} of {STOP_MAX_TOKENS} tokens")
-            if res.stats.reused_tokens <= 0:
-                raise SelfTestFailure("the third turn took nothing from the KV cache")
-            conv["stopped"] = msgs  # regenerate replaces the stopped reply
-            return f"reply stopped after {len(res.token_ids)} of {STOP_MAX_TOKENS} tokens"
-
-        def new_chat() -> str:
-            res = ask([ChatMessage.text("user", "Hello!")], SECOND_CHAT)
-            expect_tokens(res, GEN_TOKENS, "second chat")
-            if res.stats.reused_tokens:
-                raise SelfTestFailure(f"a new chat reused {res.stats.reused_tokens} cached tokens")
-            if FIRST_CHAT not in state[key].host_kv:
-                raise SelfTestFailure("the first chat's KV cache was not kept in host memory")
-            return f"second chat: {res.stats.prompt_tokens} prompt tokens; the first chat's KV parked"
-
-        def regenerate() -> str:
-            res = ask(conv["stopped"], FIRST_CHAT)
-            expect_tokens(res, GEN_TOKENS, "regenerate")
-            reused, prompt = res.stats.reused_tokens, res.stats.prompt_tokens
-            if reused <= 0:
-                raise SelfTestFailure("nothing came back from the parked KV cache")
-            return (f"stopped reply again: {reused} of {prompt} prompt tokens cached, "
-                    f"{len(res.token_ids)} generated{speed(res)}")
-
-        r.step(f"{prefix}turn1", turn1)
-        r.step(f"{prefix}turn2", turn2)
-        r.step(f"{prefix}stop", stop)
-        r.step(f"{prefix}new-chat", new_chat)
-        r.step(f"{prefix}regenerate", regenerate)
-
-    def on_gpu() -> str:
-        """Load the same files on the GPU (torch's CUDA build, the Triton kernels where they
-        apply, CUDA graphs for decoding); the conversation steps then run on it."""
-        import torch
-
-        from ..engine.api import EngineError
-        from ..engine.runtime.local import LocalEngine
-
-        cpu = state["engine"]
-        name = torch.cuda.get_device_name(0)
-        try:
-            state["gpu_engine"] = eng = LocalEngine(cpu.model_path, cpu.mmproj_path, device="cuda",
-                                                    context_length=512)
-        except EngineError as exc:
-            raise SelfTestFailure(str(exc)) from None
-        if not _on_gpu(eng.model):
-            raise SelfTestFailure(f"asked for the GPU, the model was loaded on the CPU ({name}: "
-                                  f"torch {torch.__version__}, CUDA {torch.version.cuda})")
-        if _graphs_wanted() and not eng.model.use_cuda_graphs:
-            raise SelfTestFailure("CUDA graph decoding is off for a model on the GPU")
-        graphs = "on" if eng.model.use_cuda_graphs else "off (TRAMONTANE_CUDA_GRAPHS=0)"
-        return f"{name}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
-
-    def store() -> str:
-        from ..engine.api import ChatMessage
-        from .store import Store
-
-        image = state.get("image") or _test_image()
-        reply = state.get("reply", "reply ✓")
-        with tempfile.TemporaryDirectory(prefix="tramontane-selftest-") as tmp:
-            with Store(tmp) as st:
-                chat_id = st.create_chat("self-test ✓")
-                st.add_chat_message(chat_id, ChatMessage("user", [image, "What is in this picture?"]))
-                st.add_message(chat_id, "assistant", reply)
-            with Store(tmp) as st:  # reopened: what was committed is on disk
-                chat = st.get_chat(chat_id)
-                got = [(m.role, m.text) for m in chat.messages]
-                want = [("user", "What is in this picture?"), ("assistant", reply)]
-                if got != want or chat.title != "self-test ✓":
-                    raise SelfTestFailure(f"read back {chat.title!r} {got!r}, wrote {want!r}")
-                images = chat.messages[0].images
-                if len(images) != 1 or images[0].path.read_bytes() != image.data:
-                    raise SelfTestFailure("the attached image did not come back byte for byte")
-        return "chat written, reopened and read back"
-
-    def window() -> str:
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-        from PySide6.QtWidgets import QApplication
-
-        from .store import Store
-        from .window import MainWindow
-
-        app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "tramontane"])
-        with tempfile.TemporaryDirectory(prefix="tramontane-selftest-gui-") as tmp:
-            st = Store(tmp)
-            try:
-                win = MainWindow(st, autoload=False)
-                win.show()
-                app.processEvents()
-                size = win.size()
-                win.close()
-                app.processEvents()
-            finally:
-                st.close()
-        return f"main window {size.width()}x{size.height()} on '{app.platformName()}'"
-
-    r.step("version", version)
-    r.step("model", load)
-    r.step("kernels", kernels)
-    r.step("vision", vision)
-    if not r.failed:
-        conversation("engine")
-    if gpu is not False and not r.failed:
-        import torch
-
-        if torch.cuda.is_available():
-            try:
-                if r.step("gpu", on_gpu):
-                    conversation("gpu_engine", "gpu-")
-            finally:
-                if state.get("gpu_engine") is not None:
-                    state.pop("gpu_engine").close()
-        else:
-            why = "a CPU build of torch" if torch.version.cuda is None else "no CUDA device or driver"
-            print(f"  gpu        skipped ({why}: models run on the CPU)", file=out, flush=True)
-    r.step("store", store)
+    steps = [("store", store_step)]
+    why = {}
     if gui is not False:
         if gui is None and not _gui_available():
-            print("  gui        skipped (PySide6 or the window module is not installed)", file=out)
+            steps.append(("gui", None))
+            why["gui"] = "PySide6 or the window module is not installed"
         else:
-            r.step("gui", window)
-    engine = state.get("engine")
-    if engine is not None:
-        engine.close()
-    if r.failed:
-        print(f"FAILED: {r.failed}", file=out, flush=True)
-        return 1
-    print("OK", file=out, flush=True)
-    return 0
-
-
-def _on_gpu(model) -> bool:
-    """Whether any of the model's layers run on a CUDA device (a model may be split across the
-    GPU and the CPU by segments)."""
-    segments = getattr(model, "segments", None)
-    if segments:
-        return any(seg.device.type == "cuda" for seg in segments)
-    return model.device.type == "cuda"
-
-
-def _graphs_wanted() -> bool:
-    """CUDA graph decoding is on unless the user turned it off (the engine's switch)."""
-    return os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
+            steps.append(("gui", window_step))
+    return engine_selftest.run_self_test(model, mmproj, gpu=gpu, out=out, more_steps=steps,
+                                         skipped_why=why)
 
 
 def _gui_available() -> bool:
@@ -461,10 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="GGUF model to test with (default: the bundled tiny one)")
     parser.add_argument("--mmproj", help="its vision projector")
     parser.add_argument("--no-gui", action="store_true", help="skip the window step")
+    parser.add_argument("--gui", action="store_true", help="require the window step (wins over "
+                        "--no-gui: the bundle's `tramontane-cli self-test --gui`)")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU step")
     args = parser.parse_args(argv)
-    return run_self_test(args.model, args.mmproj, gui=False if args.no_gui else None,
-                         gpu=False if args.no_gpu else None)
+    gui = True if args.gui else False if args.no_gui else None
+    return run_self_test(args.model, args.mmproj, gui=gui, gpu=False if args.no_gpu else None)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tramontane
-from tramontane.app import selftest
+from tramontane.engine.cli import selftest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"

@@ -1,5 +1,6 @@
-"""`tramontane --self-test` (app/selftest.py): passes on a working install, and names the failing
-step and file when something is broken."""
+"""`tramontane --self-test` (app/selftest.py: the engine's steps of engine/cli/selftest.py, then
+the store and the window): passes on a working install, and names the failing step and file when
+something is broken."""
 import io
 import os
 import re
@@ -9,8 +10,8 @@ import sys
 
 import pytest
 
-from tramontane.app import selftest
 from tramontane.app.selftest import run_self_test
+from tramontane.engine.cli import selftest
 
 from support import FIXTURES
 MODEL = os.path.join(FIXTURES, selftest.MODEL_NAME)
@@ -159,16 +160,31 @@ def test_module_entry_point_exit_codes(tmp_path):
 
 
 def test_cli_self_test_subcommand(capsys, tmp_path):
-    """`tramontane-cli self-test` (the pip-installed console script): the same steps, no window
-    unless --gui, exit 1 with the failing step."""
+    """`tramontane-cli self-test` (the pip-installed console script): the engine's steps (the
+    store and the window are the app's), exit 1 with the failing step."""
     from tramontane.engine.cli.main import main
 
     assert main(["self-test", "--no-gpu"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[-1] == "OK"
-    for step in STEPS[:-1]:
+    for step in STEPS[:-2]:
         assert any(line.split()[:2] == [step, "ok"] for line in lines), (step, out)
-    assert "gui" not in out and "gpu" not in out
+    assert "store" not in out and "gui" not in out and "gpu" not in out
     assert main(["self-test", "--model", str(tmp_path / "x.gguf")]) == 1
     assert capsys.readouterr().out.splitlines()[-1] == f"FAILED: model: {tmp_path / 'x.gguf'}: no such file"
+
+
+def test_app_entry_flags_choose_the_window_step(monkeypatch):
+    """The bundle's `tramontane-cli self-test` passes --no-gui first; a user's --gui after it
+    still asks for the window (packaging/README.md), and the pip CLI has no window flag at all."""
+    from tramontane.app import selftest as app_selftest
+    from tramontane.engine.cli.main import main as cli_main
+
+    asked = []
+    monkeypatch.setattr(app_selftest, "run_self_test", lambda model, mmproj, gui, gpu: asked.append(gui) or 0)
+    for argv, gui in ((["--no-gui"], False), (["--no-gui", "--gui"], True), ([], None)):
+        assert app_selftest.main([*argv, "--no-gpu"]) == 0
+        assert asked.pop() is gui, argv
+    with pytest.raises(SystemExit):
+        cli_main(["self-test", "--gui"])
