@@ -219,7 +219,8 @@ class ToolBroker(QObject):
         card = {"call_id": call.id, "name": call.name, "server": tool.server if tool else "",
                 "arguments": call.arguments, "status": "waiting", "decision": "", "error": None,
                 "elapsed_s": None, "note": note}
-        message_id = self.store.add_tool_message(chat_id, "", card)
+        # saved as not run until it has run: a chat closed meanwhile tells the model so
+        message_id = self.store.add_tool_message(chat_id, STOPPED, card)
         if stopped or cancel.is_set():
             decision = STOP
         elif call.name in always_allowed(self.store, chat_id):
@@ -235,7 +236,7 @@ class ToolBroker(QObject):
             if decision == ALWAYS:
                 allow_always(self.store, chat_id, call.name)
             card["status"] = "running"
-            self.store.update_tool_message(message_id, "", card)
+            self.store.update_tool_message(message_id, STOPPED, card)
             self.cardChanged.emit(chat_id)
             outcome = self.mcp.call(call.name, call.arguments)
             card.update(status="error" if outcome.error else "done", error=outcome.error,

@@ -118,7 +118,8 @@ class ToolCard(QFrame):
         self.error.setVisible(bool(card.get("error")))
         layout.addWidget(self.error)
 
-        has_result = bool(message.text) and not card.get("error")
+        live = waiting or card.get("status") == "running"  # no result yet (the row says "not run")
+        has_result = bool(message.text) and not card.get("error") and not live
         self.result_caption = QLabel("Result:")
         self.result_caption.setStyleSheet("color: gray;")
         self.result_caption.setVisible(has_result)
