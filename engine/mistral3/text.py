@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import mmap
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -37,6 +36,7 @@ from ...kernels.triton_compat import triton_usable
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from ..runtime.cuda_graphs import DecodeGraphs
+from ..runtime.kv_cache import KVCache
 # Sizes that the memory accounting counts live in runtime/memory.py, once.
 from ..runtime.memory import (CPU_PREFILL_CHUNK, CUDA_HEADROOM_BYTES, DEFAULT_CONTEXT,  # noqa: F401
                               MIN_DECODE_BUCKET, PREFILL_CHUNK, bucket_for)
@@ -261,148 +261,6 @@ def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w_gate: 
     if plans is not None and _native_f32(norm_weight):
         return _linear_mod.cpu_native.norm_swiglu(x, norm_weight, eps, *plans)  # norm, gate, up, SwiGLU: one call
     return swiglu(*norm_linears(x, norm_weight, eps, (w_gate, w_up)))
-
-
-# ----------------------------------------------------------------------------- KV cache
-
-@dataclass
-class KVSnapshot:
-    """A cache's first `length` positions copied to host memory (see KVCache.to_host)."""
-
-    k: torch.Tensor  # (layers, kv_heads, length, head_dim), CPU
-    v: torch.Tensor
-    length: int
-    buffer: torch.Tensor | None = None  # the pool buffer k and v live in (HostBufferPool)
-    pinned: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
-
-def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros; on the CPU from an anonymous mapping, whose pages the OS zero-fills on first write,
-    so a KV cache becomes resident as positions are written (8192 tokens of the 1.1B bench
-    model: 0.5 GB that torch.zeros would commit up front by writing every byte)."""
-    if torch.device(device).type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
-        return torch.zeros(shape, dtype=dtype)
-    if hasattr(mmap, "MAP_PRIVATE"):  # private: reading an unwritten page commits nothing either
-        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    else:  # Windows: pagefile-backed, committed page by page as it is touched
-        buf = mmap.mmap(-1, nbytes)
-    return torch.frombuffer(buf, dtype=dtype).view(shape)  # the tensor keeps the map
-
-
-class KVCache:
-    """Preallocated keys/values for one sequence: (layers, kv_heads, capacity, head_dim).
-
-    A split model gives one such pair of tensors per segment (`parts`: (layers, dtype, device)
-    in layer order); `layer_k[i]` / `layer_v[i]` are the per-layer views every step uses.
-    Positions [0, length) are valid. Zero-initialised so masked-out slots are finite (a NaN
-    there would leak through 0 * NaN in attention)."""
-
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
-                 capacity: int, dtype: torch.dtype, device: torch.device,
-                 parts: Sequence[tuple[int, torch.dtype, torch.device]] | None = None):
-        if capacity <= 0:
-            raise EngineError(f"context length must be positive, got {capacity}")
-        parts = parts or [(n_layers, dtype, device)]
-        self.ks = [_untouched_zeros((n, n_kv_heads, capacity, head_dim), dt, dev) for n, dt, dev in parts]
-        self.vs = [_untouched_zeros((n, n_kv_heads, capacity, v_head_dim), dt, dev) for n, dt, dev in parts]
-        self.layer_k = [layer for k in self.ks for layer in k]
-        self.layer_v = [layer for v in self.vs for layer in v]
-        self.length = 0
-        self._decode_graphs = None  # CUDA graphs bound to these tensors (built lazily)
-
-    @property
-    def k(self) -> torch.Tensor:
-        """All layers' keys (a cache of one part)."""
-        if len(self.ks) != 1:
-            raise AttributeError("a split KV cache has one tensor per segment: use ks / layer_k")
-        return self.ks[0]
-
-    @property
-    def v(self) -> torch.Tensor:
-        if len(self.vs) != 1:
-            raise AttributeError("a split KV cache has one tensor per segment: use vs / layer_v")
-        return self.vs[0]
-
-    @property
-    def capacity(self) -> int:
-        return self.ks[0].shape[2]
-
-    @property
-    def device(self) -> torch.device:
-        return self.ks[0].device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.ks[0].dtype
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.ks + self.vs)
-
-    def truncate(self, n: int) -> None:
-        """Forget every position from n on (n <= length)."""
-        if not 0 <= n <= self.length:
-            raise ValueError(f"cannot truncate a KV cache of length {self.length} to {n}")
-        self.length = n
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def to_host(self, pool=None) -> KVSnapshot:
-        """One (layers, ...) host tensor per K and V whatever the split; parts of different
-        dtypes (bf16 GPU, f32 CPU) meet in float32, which holds both exactly. Host memory is
-        pinned when a part is on a GPU; with a `pool` (runtime.session.HostBufferPool) both
-        live in one of its buffers, reused across chat switches, instead of new allocations."""
-        n = self.length
-        pin = any(t.device.type == "cuda" for t in self.ks)
-        dtypes = {t.dtype for t in self.ks}
-        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-        size = torch.empty((), dtype=dtype).element_size()
-
-        def shape_of(parts: list[torch.Tensor]) -> tuple[int, ...]:
-            return (sum(t.shape[0] for t in parts),) + tuple(parts[0].shape[1:2]) + (n, parts[0].shape[3])
-
-        k_shape, v_shape = shape_of(self.ks), shape_of(self.vs)
-        k_bytes, v_bytes = math.prod(k_shape) * size, math.prod(v_shape) * size
-        buffer = pool.take(k_bytes + v_bytes, pin) if pool is not None else None
-
-        def copy(parts: list[torch.Tensor], shape, offset: int) -> torch.Tensor:
-            if buffer is None:
-                out = torch.empty(shape, dtype=dtype, pin_memory=pin)
-            else:
-                out = buffer[offset:offset + math.prod(shape) * size].view(dtype).view(shape)
-            lo = 0
-            for t in parts:
-                out[lo:lo + t.shape[0]].copy_(t[:, :, :n])
-                lo += t.shape[0]
-            return out
-
-        return KVSnapshot(copy(self.ks, k_shape, 0), copy(self.vs, v_shape, k_bytes), n, buffer, pin)
-
-    def from_host(self, snap: KVSnapshot) -> None:
-        """Restore a snapshot taken from a cache of the same model (same or smaller length)."""
-        n = snap.length
-        layers = sum(t.shape[0] for t in self.ks)
-        k0, v0 = self.ks[0], self.vs[0]
-        if snap.k.shape[0] != layers or snap.k.shape[1] != k0.shape[1] or snap.k.shape[3] != k0.shape[3] \
-                or snap.v.shape[3] != v0.shape[3]:
-            raise EngineError(f"KV snapshot of shape {tuple(snap.k.shape)} does not fit this cache "
-                              f"({layers} layers, {tuple(k0.shape[1:])} each) (another model?)")
-        if n > self.capacity:
-            raise EngineError(f"KV snapshot holds {n} positions, the context is {self.capacity}")
-        lo = 0
-        for k, v in zip(self.ks, self.vs):
-            k[:, :, :n].copy_(snap.k[lo:lo + k.shape[0]])
-            v[:, :, :n].copy_(snap.v[lo:lo + v.shape[0]])
-            lo += k.shape[0]
-        self.length = n
 
 
 # ----------------------------------------------------------------------------- weights
@@ -1015,6 +873,6 @@ def load_model(path, device: str | torch.device = "auto", dtype: torch.dtype | N
     return Mistral3Text.load(path, device=device, dtype=dtype, progress=progress)
 
 
-__all__ = ["Mistral3Text", "KVCache", "KVSnapshot", "load_model", "resolve_device", "default_dtype",
+__all__ = ["Mistral3Text", "load_model", "resolve_device", "default_dtype",
            "rope_inv_freq", "build_rope_tables", "apply_rope_pairs", "rms_norm", "query_scale", "rope_into_cache",
            "swiglu", "norm_linears", "norm_swiglu"]

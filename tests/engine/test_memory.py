@@ -73,7 +73,7 @@ def _rss_bytes() -> int:
 def test_cpu_kv_cache_is_resident_only_where_written():
     import torch
 
-    from tramontane.engine.mistral3.text import KVCache
+    from tramontane.engine.runtime.kv_cache import KVCache
 
     before = _rss_bytes()
     cache = KVCache(8, 8, 128, 128, 8192, torch.float32, torch.device("cpu"))  # 512 MiB of K/V

@@ -15,7 +15,8 @@ from support import FIXTURES
 from support.eager_graphs import eager_graph_capture
 from tramontane.engine.api import ChatMessage, SamplingParams
 from tramontane.engine.gguf import open_gguf
-from tramontane.engine.mistral3.text import KVCache, Mistral3Text
+from tramontane.engine.mistral3.text import Mistral3Text
+from tramontane.engine.runtime.kv_cache import KVCache
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, parse_device_map, plan_devices,
                                                   sizes_of_files)
 from tramontane.engine.runtime.local import LocalEngine

@@ -13,7 +13,7 @@ from PIL import Image
 from tramontane.engine.api import ChatMessage, ImagePart
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.chat_format import encode_chat
-from tramontane.engine.mistral3.text import KVCache
+from tramontane.engine.runtime.kv_cache import KVCache
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 from tramontane.engine.runtime.prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
 from tramontane.engine.runtime.session import position_keys
