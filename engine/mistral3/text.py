@@ -633,16 +633,17 @@ class Mistral3Text:
             hidden = self._layers(chunk, start_pos + lo, cache)
             cache.length = start_pos + lo + chunk.shape[0]
             if all_logits:
-                outs.append(self._logits(hidden))
+                outs.append(self.output_logits(hidden))
             elif last:
-                outs.append(self._logits(hidden[-1:])[0])
+                outs.append(self.output_logits(hidden[-1:])[0])
         return torch.cat(outs, 0) if all_logits else outs[0]
 
     def logits(self, ids, start_pos: int = 0, cache: KVCache | None = None,
                all_logits: bool = False) -> torch.Tensor:
         return self.forward(self.embed(ids), start_pos, cache, all_logits)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and the output head: float32 logits of each hidden row (on the head's device)."""
         hidden = hidden.to(device=self.device, dtype=self.dtype)  # no-op unless the head sits apart
         with on_device(self.device):
             return norm_linears(hidden, self.output_norm, self.cfg.norm_eps, (self.head,))[0].float()
@@ -743,7 +744,7 @@ class Mistral3Text:
                 x = self._segment_static(seg, x, pos.to(seg.device), cache, bucket)
         if segs[-1] is not self.segments[-1]:
             return x
-        return self._logits(x)[0]
+        return self.output_logits(x)[0]
 
     def _segment_static(self, seg: Segment, x: torch.Tensor, pos: torch.Tensor, cache: KVCache,
                         bucket: int) -> torch.Tensor:
@@ -827,7 +828,7 @@ class Mistral3Text:
             cache.length = start + n
         if not logits_of:  # only prompt chunks that do not end their prompt
             return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=self.device)
-        return self._logits(x[list(logits_of)])
+        return self.output_logits(x[list(logits_of)])
 
     def _segment_batch(self, seg: Segment, x: torch.Tensor, groups) -> torch.Tensor:
         rope = seg.rope

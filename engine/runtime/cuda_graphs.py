@@ -107,7 +107,7 @@ class DecodeGraphs:
             row.copy_(x)
             if not graphed:
                 x = model.run_segment(seg, row, pos, cache)
-                x = model._logits(x)[0] if k == last else x
+                x = model.output_logits(x)[0] if k == last else x
                 replayed = False
                 continue
             at.fill_(pos)
