@@ -92,6 +92,31 @@ def uses_tools(engine) -> bool:
     return not isinstance(engine, RemoteEngine) and getattr(engine, "tokenizer", None) is not None
 
 
+def text_before_calls(on_piece: Callable[[str], None]) -> Callable[[str], None]:
+    """`on_piece` for a reply that may be tool calls: the text before [TOOL_CALLS] streams as
+    usual; the calls themselves are not shown as text (their cards show them). What could be
+    the start of the marker waits for the next piece (the saved reply has all its text)."""
+    from ..engine.server.tools_api import MARKER
+
+    held, done = [""], [False]
+
+    def piece(text: str) -> None:
+        if done[0]:
+            return
+        pending = held[0] + text
+        cut = pending.find(MARKER)
+        if cut >= 0:
+            done[0] = True
+            shown, held[0] = pending[:cut], ""
+        else:
+            keep = next((k for k in range(len(MARKER) - 1, 0, -1) if pending.endswith(MARKER[:k])), 0)
+            shown, held[0] = pending[:len(pending) - keep], pending[len(pending) - keep:]
+        if shown:
+            on_piece(shown)
+
+    return piece
+
+
 # ----------------------------------------------------------------------------- the broker
 
 class ToolBroker(QObject):
@@ -190,7 +215,8 @@ class ToolBroker(QObject):
         while True:
             capped = rounds >= self.max_steps
             request = ToolRequest(tools=[] if capped else specs)
-            result = engine.chat(messages, engine_params(engine.tokenizer, request, params), on_piece=on_piece,
+            result = engine.chat(messages, engine_params(engine.tokenizer, request, params),
+                                 on_piece=text_before_calls(on_piece),
                                  cancel=cancel, session_key=session_key, tools=None if capped else specs)
             result = read_tool_calls(engine.tokenizer, request, result)
             if not result.tool_calls or cancel.is_set():

@@ -100,6 +100,8 @@ def test_allow_once_runs_the_call_and_the_model_answers_with_its_result(qtbot, t
     w.script(call("add", a=2, b=40), ("The sum is 42.",))
     finished = []
     w.worker.finished.connect(lambda _rid, result: finished.append(result))
+    streamed = []
+    w.session.streamed.connect(streamed.append)
     type_and_send(qtbot, w, "What is 2 + 40?")
     card = waiting_card(qtbot, w, 1)
     assert card.status.text() == "Waiting for your answer"
@@ -114,6 +116,7 @@ def test_allow_once_runs_the_call_and_the_model_answers_with_its_result(qtbot, t
     assert not card.buttons and card.result.text() == "42"
     assert card.status.text().startswith("Done · allowed once · ")
     card.grab().save("/tmp/tool_card_done.png")
+    assert streamed[-1] == "The sum is 42." and not any("TOOL_CALLS" in t or "add" in t for t in streamed)
     final, calls_only = w.view.widgets[-1], w.view.widgets[1]
     assert final.message.text == "The sum is 42."
     qtbot.waitUntil(final.isVisible)  # a new widget shows at the next turn of the event loop
