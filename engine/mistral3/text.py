@@ -869,11 +869,6 @@ def _cross(x: torch.Tensor, seg: Segment) -> torch.Tensor:
     return x.to(device=seg.device, dtype=seg.dtype, copy=True)
 
 
-def load_model(path, device: str | torch.device = "auto", dtype: torch.dtype | None = None,
-               progress=None) -> Mistral3Text:
-    return Mistral3Text.load(path, device=device, dtype=dtype, progress=progress)
-
-
-__all__ = ["Mistral3Text", "load_model", "resolve_device", "default_dtype",
+__all__ = ["Mistral3Text", "resolve_device", "default_dtype",
            "rope_inv_freq", "build_rope_tables", "apply_rope_pairs", "rms_norm", "query_scale", "rope_into_cache",
            "swiglu", "norm_linears", "norm_swiglu"]

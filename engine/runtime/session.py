@@ -18,12 +18,6 @@ from typing import Any, Hashable, Sequence
 Key = Hashable
 
 
-@dataclass
-class Span:
-    start: int
-    end: int  # exclusive
-
-
 def position_keys(ids: Sequence[int], image_spans: Sequence[Any]) -> list[Key]:
     """Per-position cache keys: ids, with every position of an image span tagged by its hash."""
     keys: list[Key] = list(ids)
@@ -50,7 +44,8 @@ def reusable_prefix(cached: Sequence[Key], prompt: Sequence[Key], image_spans: S
 
 @dataclass
 class Session:
-    """What one chat's KV cache holds: position keys, and the cache object when resident."""
+    """Which prompt positions one chat's KV holds, as position keys (the cache tensors are the
+    engine's one cache while the chat is active, a `HostKVStore` snapshot while it is parked)."""
 
     keys: list[Key] = field(default_factory=list)
 
