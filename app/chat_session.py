@@ -28,7 +28,8 @@ from PySide6.QtCore import QObject, Signal, Slot
 from ..engine.api import GenerationResult, GenerationStats
 from .dialogs.settings import AppSettings
 from .store import Store, StoreError
-from .worker import NO_MODEL_LOADED, ChatRequest, EngineInfo, EngineWorker
+from .engine_info import EngineInfo
+from .worker import NO_MODEL_LOADED, ChatRequest, EngineWorker
 
 LOAD_FIRST_HINT = "Load a model first (Models… or Open… in the model bar)."
 IMAGES_NEED_VISION = ("The loaded model has no vision projector, so it cannot read the attached "

@@ -15,7 +15,8 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QLabel
 
 from ..engine.api import EngineError
-from .worker import EngineInfo, EngineWorker
+from .engine_info import EngineInfo
+from .worker import EngineWorker
 
 if TYPE_CHECKING:  # the server (aiohttp, the engine) is imported when it first starts, not with the window
     from ..engine.server.http import OpenAIServer

@@ -37,7 +37,8 @@ from .widgets.icons import icon
 from .widgets.model_bar import NO_VISION_HINT, ModelBar, device_line, device_tip, escape
 from .widgets.theme import is_dark, style_sheet
 from .serving import ServerStatusLabel, WindowServer
-from .worker import EngineInfo, EngineWorker, can_grow_context, memory_words
+from .engine_info import EngineInfo
+from .worker import EngineWorker, can_grow_context, memory_words
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from typing import Callable
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from ..engine.api import ChatMessage, EngineError, GenerationResult, GenerationStats, SamplingParams
+from .engine_info import EngineInfo
 
 NO_MODEL_LOADED = "No model is loaded: load one from the model bar first."
 log = logging.getLogger(__name__)
@@ -32,25 +33,6 @@ log = logging.getLogger(__name__)
 # Offer the partial reply to the store this often; the store itself writes at most once per
 # its checkpoint_interval_s (1 s), so this only bounds the cost of joining the text.
 CHECKPOINT_EVERY_S = 0.25
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the model bar shows about the loaded engine."""
-
-    description: str
-    has_vision: bool
-    model_path: str = ""  # '' for a remote engine
-    mmproj_path: str = ""
-    device: str = ""  # cpu / cuda / remote
-    memory: str = ""  # words, e.g. "1.2 GB GPU" ('' when unknown)
-    context_size: int = 0  # the context the engine uses
-    context_limit: int = 0  # the model file's own limit (0 unknown)
-    resident_bytes: int = 0  # the RAM the load added to this process (freed by an unload)
-    context_asked: int = 0  # the context length Settings asked for (0: the default)
-    remote: bool = False
-    placement: str = ""  # where the layers run, e.g. "34 of 40 layers on GPU, 6 on CPU"
-    split: bool = False  # some layers on a GPU, some on the CPU
 
 
 @dataclass

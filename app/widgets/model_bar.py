@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout,
                                QWidget)
 
-from ..worker import EngineInfo
+from ..engine_info import EngineInfo
 from .elided_label import ElidedLabel
 
 NO_VISION_HINT = ("Images need a vision projector (mmproj-….gguf): load one together with the "

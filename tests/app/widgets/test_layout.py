@@ -10,7 +10,7 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QLabel  # noqa: E402
 
-from tramontane.app.worker import EngineInfo  # noqa: E402
+from tramontane.app.engine_info import EngineInfo  # noqa: E402
 
 LONG_MODEL = "/models/Mistral-Small-3.1-24B-Instruct-2503-UD-Q4_K_XL-with-a-long-suffix.gguf"
 LONG_MMPROJ = "/models/mmproj-Mistral-Small-3.1-24B-Instruct-2503-F16-with-a-long-suffix.gguf"

@@ -42,7 +42,7 @@ def test_the_bar_says_where_the_layers_run(qtbot, window):
 
 def test_a_model_split_between_gpu_and_cpu_says_so_in_the_device_line():
     from tramontane.app.widgets.model_bar import device_line, device_tip
-    from tramontane.app.worker import EngineInfo
+    from tramontane.app.engine_info import EngineInfo
 
     info = EngineInfo("m.gguf on cuda + cpu", False, "/m/m.gguf", device="cuda", memory="9.1 GB GPU",
                       context_size=4096, placement="34 of 40 layers on GPU, 6 on CPU", split=True)
