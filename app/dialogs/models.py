@@ -381,7 +381,10 @@ class ModelManagerDialog(QDialog):
         entry, quant = self.catalog_table.item(row, 0).data(Qt.UserRole)
         model, mmproj = self.catalog_bytes(entry, quant)
         cell = self.catalog_table.item(row, 2)
-        cell.setText(catalog_size_text((model, mmproj)))
+        # Every vision row says "+ projector": with its size once known (a sum alone read
+        # like a text-only model beside rows whose projector size is still open).
+        cell.setText(f"{size_text(model)} + {size_text(mmproj)} projector" if model and mmproj
+                     else catalog_size_text((model, mmproj)))
         if model is None:
             cell.setToolTip("The size is shown once the hub has been asked.")
         elif mmproj is None:

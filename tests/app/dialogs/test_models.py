@@ -277,7 +277,8 @@ def test_every_catalogue_entry_has_a_size_and_says_whether_it_fits(qtbot, fake, 
                      ("ministral-3-8b-instruct", "Q4_K_M"): "on the GPU",
                      ("ministral-3-14b-instruct", "Q4_K_M"): "partly on the CPU"}
     sizes = {key: _column(t, r, "Download") for key, r in rows.items()}
-    assert sizes[("mistral-small-3.1-24b-instruct", "Q4_K_M")] == "15.21 GB"  # 14.334 + 0.878
+    # every vision row says "+ projector" (issue 26, item 9): with the size once it is known
+    assert sizes[("mistral-small-3.1-24b-instruct", "Q4_K_M")] == "14.33 GB + 878.0 MB projector"
     assert sizes[("ministral-3-8b-instruct", "Q4_K_M")] == "5.20 GB + projector"
     assert sizes[("ministral-3-3b-instruct", "Q4_K_M")] == "2.15 GB + projector"
     assert "?" not in sizes.values()
@@ -312,9 +313,9 @@ def test_sizes_the_catalogue_leaves_open_come_from_the_hub_listing(qtbot, fake, 
                    "vocab": 256, "tied": False}}]})
     dlg = _open(qtbot, tmp_path, Hub(endpoint=fake.endpoint, token=False), catalog=catalog, machine=GPU8)
     files = fake.repos[REPO].files
-    total = len(files[MODEL_FILE]) + len(files[PROJ_FILE])
     from tramontane.engine.library.downloads import size_text
-    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 2).text() == size_text(total), timeout=TIMEOUT)
+    shown = f"{size_text(len(files[MODEL_FILE]))} + {size_text(len(files[PROJ_FILE]))} projector"
+    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 2).text() == shown, timeout=TIMEOUT)
     assert dlg.listed[("open", "Q8_0")] == (len(files[MODEL_FILE]), len(files[PROJ_FILE]))
     qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 3).text() == "on the GPU", timeout=TIMEOUT)
     dlg.close()
