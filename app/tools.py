@@ -123,6 +123,7 @@ class ToolBroker(QObject):
     """The app's tool servers and the cards waiting for an answer."""
 
     cardChanged = Signal(object)  # chat id: a card was added, is waiting, or has its result
+    serverFailed = Signal(str)  # a tool server that could not be listed for a reply, in words
 
     def __init__(self, store, parent: QObject | None = None, *, max_steps: int = MAX_STEPS,
                  mcp: McpTools | None = None):
@@ -156,8 +157,9 @@ class ToolBroker(QObject):
             if config.enabled and config.name not in self._listed:
                 try:
                     self.list_tools(config.name)
-                except McpError as exc:
+                except McpError as exc:  # the reply goes on with the other servers' tools
                     log.warning("%s", exc)
+                    self.serverFailed.emit(f"{exc} (its tools are left out of this reply)")
         return self.mcp.enabled_tools()
 
     # -- answers (UI thread)

@@ -108,6 +108,7 @@ class MainWindow(QMainWindow):
         self.tools = ToolBroker(self.store, self)
         self.session.tools = self.tools
         self.tools.cardChanged.connect(self._on_chat_changed)
+        self.tools.serverFailed.connect(self._tool_server_failed)
         self._new_chat_tools = False  # the switch's state for the chat not saved yet
         self.worker.start()
         self._shown_once = False
@@ -1087,6 +1088,10 @@ class MainWindow(QMainWindow):
         self.tools_button.setChecked(on and not remote)
         self.tools_button.setToolTip(REMOTE_TIP if remote else
                                      "This chat may call the tools of Settings → Tools (each call asks first)")
+
+    @Slot(str)
+    def _tool_server_failed(self, text: str) -> None:
+        self.statusBar().showMessage(text, 20000)
 
     def _toggle_chat_tools(self, on: bool) -> None:
         if self.current_chat_id is None:

@@ -257,3 +257,35 @@ def test_settings_tools_lists_a_servers_tools_and_switches_one_off(qtbot, idle_w
     qtbot.mouseClick(dialog.remove_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: load_servers(w.store) == [], timeout=WAIT_MS)
     assert dialog.servers.count() == 0
+
+
+def test_a_server_answering_garbage_is_named_and_the_others_tools_still_work(qtbot, tool_window):
+    w = tool_window
+    w.tools.apply_servers([McpServerConfig("junk", command=f"{OURS} garbage", timeout_s=3),
+                           McpServerConfig("ours", command=OURS, timeout_s=3,
+                                           disabled_tools=("crash", "fail", "hang"))])
+    w.script(call("add", a=20, b=22), ("42.",))
+    type_and_send(qtbot, w, "add")
+    card = waiting_card(qtbot, w, 1)
+    shown = w.statusBar().currentMessage()
+    assert "'junk'" in shown and "left out of this reply" in shown
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(card.buttons["once"], Qt.MouseButton.LeftButton)
+    assert [m.text for m in stored(w)[-2:]] == ["42", "42."]
+
+
+def test_the_reference_time_server_from_the_package_index(qtbot, tool_window):
+    exe = Path(sys.executable).with_name("mcp-server-time")
+    if not exe.exists():
+        pytest.skip("mcp-server-time is not installed (test extra)")
+    w = tool_window
+    w.tools.apply_servers([McpServerConfig("time", command=f"{shlex.quote(str(exe))} --local-timezone UTC",
+                                           disabled_tools=("convert_time",))])
+    w.script(call("get_current_time", timezone="Asia/Tokyo"), ("Here is the time in Tokyo.",))
+    type_and_send(qtbot, w, "time in Tokyo?")
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(waiting_card(qtbot, w, 1).buttons["once"], Qt.MouseButton.LeftButton)
+    rows = stored(w)
+    answer = json.loads(rows[2].text)
+    assert answer["timezone"] == "Asia/Tokyo" and answer["datetime"].endswith("+09:00")
+    assert rows[2].tool["server"] == "time" and rows[-1].text == "Here is the time in Tokyo."
