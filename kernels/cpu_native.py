@@ -3,7 +3,7 @@
 Matmuls run straight on a weight's GGUF blocks (the memory-mapped file, no float copy): each
 activation row is quantized per block (Q8_K-style for K-quants and IQ4_XS, Q8_0-style for the
 32-element types), products are integer SIMD dot products, scaled in float32. F16/BF16/F32
-weights are multiplied in float32. See docs/design-cpu-kernels.md.
+weights are multiplied in float32. See docs/DESIGN.md, "CPU kernels".
 
 Threads: `TRAMONTANE_THREADS` or `set_threads(n)`; the default is the number of physical cores
 this process may run on. `AVAILABLE` is False when the module was not built; callers then keep

@@ -1,7 +1,10 @@
-"""The Mistral 3 text decoder (mistral3 and llama-labelled GGUF files) and its KV cache.
+"""The Mistral 3 text decoder (mistral3 and llama-labelled GGUF files): RoPE/YaRN tables, the
+weights, the layers' math in order, the segments of a split model, batched rows.
 
-gpt-fast-like: a config dataclass (`TextConfig` from model_file), weights uploaded tensor by
-tensor from the memory-mapped file, small pure functions, SDPA for attention.
+gpt-fast-like: a config dataclass (`TextConfig` from mistral3/config.py), weights uploaded
+tensor by tensor from the memory-mapped file, small pure functions. Attention: Triton flash
+attention on CUDA (kernels/attention.py), the native kernels on the CPU, torch's SDPA where
+neither runs. The KV cache it writes into is runtime/kv_cache.py's.
 
 Facts this module relies on (see docs/mistral3.md of the shared notes):
 - llama.cpp's converter permutes the rows of attn_q / attn_k of every head from HF's
