@@ -426,6 +426,22 @@ class Launcher:
         self._functions: dict[tuple, int] = {}
         self._picked: dict[tuple, Artifact] = {}
 
+    def driver_accepts(self, device: int) -> bool:
+        """Does this device's driver load our cubins? Tried once with one of them before any
+        kernel runs (an older driver may refuse a newer ptxas's cubins): else one log line, and
+        the caller takes the torch path instead of failing mid-reply."""
+        art = next((a for arts in self.by_kernel.values() for a in arts), None)
+        if art is None:
+            return False
+        try:
+            self._functions[(id(art), device)] = _driver().load(art, device)
+        except AotError as exc:
+            _report_once(("load", self.cc, device), f"tramontane: the GPU driver does not load the ahead-of-time "
+                                                    f"kernels for sm_{self.cc} ({exc}); quantized matmuls use the "
+                                                    "slower torch path")
+            return False
+        return True
+
     def pick(self, kernel, args: dict, constexprs: dict, num_warps: int, options: dict,
              num_stages: int = 3) -> Artifact:
         kid = kernel_id(kernel)
@@ -534,7 +550,9 @@ def available(device: torch.device) -> bool:
     index = device.index if device.index is not None else current_device_and_stream()[0]
     ok = _available.get(index)
     if ok is None:
-        ok = _available[index] = launcher_for(device_cc(torch.device("cuda", index))) is not None
+        launcher = launcher_for(device_cc(torch.device("cuda", index)))
+        ok = launcher is not None and launcher.driver_accepts(index)
+        _available[index] = ok
     return ok
 
 

@@ -268,3 +268,19 @@ def test_unreadable_build_is_one_line(monkeypatch, tmp_path, caplog):
     assert aot.launcher_for(90, tmp_path) is None
     (msg,) = [r.getMessage() for r in caplog.records if r.name == "tramontane.kernels"]
     assert "manifest.json: no manifest" in msg and "torch path" in msg
+
+
+@needs_compiler
+def test_a_driver_refusing_the_cubins_is_one_line(no_compiler, monkeypatch, caplog):
+    """An older driver may not load a newer ptxas's cubins: found before any kernel runs."""
+    caplog.set_level(logging.WARNING, logger="tramontane.kernels")
+
+    def refuse(art, device):
+        raise aot.AotError(f"loading {art.path.name}: CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)")
+
+    monkeypatch.setattr(no_compiler, "load", refuse)
+    _cc(monkeypatch, 90)
+    assert not triton_compat.triton_usable(torch.device("cuda"))
+    assert not triton_compat.triton_usable(torch.device("cuda"))
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "tramontane.kernels"]
+    assert "driver does not load" in msg and "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" in msg and "torch path" in msg
