@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_PYTHON = """#!/bin/sh
 echo "python $*" >> "$LOG"
+if [ "$1" = "-c" ] && [ -n "$NO_TORCH" ]; then exit 1; fi  # "import torch" fails: none yet
 exit 0
 """
 FAKE_APP = """#!/bin/sh
@@ -36,9 +37,9 @@ def make_project(tmp_path: Path) -> Path:
     return project
 
 
-def run(project: Path, log: Path, *args: str) -> tuple[list[str], float]:
+def run(project: Path, log: Path, *args: str, **extra_env: str) -> tuple[list[str], float]:
     log.write_text("")
-    env = dict(os.environ, LOG=str(log), PYTHON=sys.executable,
+    env = dict(os.environ, **extra_env, LOG=str(log), PYTHON=sys.executable,
                # no network: a proxy that does not exist, so any download would fail
                http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
     start = time.perf_counter()
@@ -62,3 +63,15 @@ def test_run_sh_installs_once_then_only_starts(tmp_path):
     assert any("-m pip install -q -e ." in c for c in third), third  # a pull changed it: again
     fourth, _ = run(project, log)
     assert not any("pip" in c for c in fourth), fourth
+
+
+def test_run_sh_takes_torch_from_the_index_asked_for(tmp_path):
+    """TRAMONTANE_TORCH_INDEX: one variable for PyTorch's CPU wheels (the default index gives
+    the multi-GB CUDA build on Linux)."""
+    project, log = make_project(tmp_path), tmp_path / "calls.log"
+    index = "https://download.pytorch.org/whl/cpu"
+    calls, _ = run(project, log, NO_TORCH="1", TRAMONTANE_TORCH_INDEX=index)
+    torch = [c for c in calls if c.endswith(" torch") and "pip" in c]
+    assert torch == [f"python -m pip install -q --index-url {index} torch"], calls
+    calls, _ = run(project, log, NO_TORCH="1", TRAMONTANE_REINSTALL="1")
+    assert [c for c in calls if c.endswith(" torch") and "pip" in c] == ["python -m pip install -q torch"], calls
