@@ -104,17 +104,6 @@ def memory_words(device: str) -> str:
     return f"{_human_bytes(rss)} RAM (process)" if rss else ""
 
 
-def _leave_a_core_for_the_ui(device: str) -> None:
-    """On the CPU path, torch's intra-op threads would take every core; keep one for the UI.
-    (OpenMP keeps this per thread: it applies to the worker's ops only.)"""
-    import torch
-
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        cores = os.cpu_count() or 1
-        if cores > 1 and torch.get_num_threads() >= cores:
-            torch.set_num_threads(cores - 1)
-
-
 def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context_asked: int = 0) -> EngineInfo:
     from ..engine.remote.client import RemoteEngine
 
@@ -279,7 +268,6 @@ class EngineWorker(QObject):
         from ..engine.runtime.local import LocalEngine
 
         self._close_engine()
-        _leave_a_core_for_the_ui(device)
         before = _process_rss()
         try:
             engine = LocalEngine(model_path, mmproj_path or None, device=device,

@@ -60,10 +60,10 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None, depth: int = 
     from tramontane.engine.api import SamplingParams
     from tramontane.engine.mistral3.text import Mistral3Text
     from tramontane.engine.runtime.generate import sample
+    from tramontane.engine.runtime.threads import apply_threads
     from tramontane.kernels import cpu_native
 
-    if threads:
-        cpu_native.set_threads(threads)
+    apply_threads(threads or None)  # the engine's rule: the pool gets the threads, torch 1
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t = time.perf_counter()
     model = Mistral3Text.load(path, device="cpu")
@@ -164,11 +164,11 @@ def micro(threads: int | None) -> None:
     import numpy as np
     import torch
 
+    from tramontane.engine.runtime.threads import apply_threads
     from tramontane.kernels import cpu_native
     from tramontane.kernels import ggml_types as gt
 
-    if threads:
-        cpu_native.set_threads(threads)
+    apply_threads(threads or None)  # the engine's rule: the pool gets the threads, torch 1
     copy = copy_bandwidth_gbs()
     print(f"variant {cpu_native.variant()}, {cpu_native.threads()} threads, copy bandwidth {copy:.1f} GB/s "
           f"(read + write)")

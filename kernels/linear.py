@@ -304,22 +304,7 @@ def linear_reference(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return out.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
 
-_torch_threads_claimed = False
-
-
-def _claim_cpu_threads() -> None:
-    """Once, when the native kernels first run: torch's intra-op threads go to 1 (or
-    TRAMONTANE_TORCH_THREADS). The native pool owns the cores; torch's OpenMP workers spinning
-    beside it made small CPU ops (RMSNorm, RoPE) 20x slower and prefill 2.4x slower here."""
-    global _torch_threads_claimed
-    if not _torch_threads_claimed:
-        _torch_threads_claimed = True
-        env = os.environ.get("TRAMONTANE_TORCH_THREADS", "").strip()
-        torch.set_num_threads(int(env) if env.isdigit() and int(env) > 0 else 1)
-
-
 def _linear_native(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    _claim_cpu_threads()
     y = cpu_native.matmul(x.reshape(-1, w.shape[1]), w.ggml_type, w.data, w.shape[0], w.shape[1])
     return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
@@ -373,8 +358,6 @@ def _plan(w: QWeight) -> tuple | bool:
 
 def _linear_native_fast(x: torch.Tensor, w: QWeight, plan: tuple) -> torch.Tensor:
     """The decode hot path (~60 calls a token): a few microseconds of Python, no more."""
-    if not _torch_threads_claimed:
-        _claim_cpu_threads()
     n_out, k = w.shape
     x2 = x if (x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()) else \
         x.reshape(-1, k).to(torch.float32).contiguous()
@@ -438,8 +421,6 @@ def native_plans(weights, x: torch.Tensor) -> list[tuple] | None:
         if not plan or w.shape[1] != k:
             return None
         plans.append(plan)
-    if not _torch_threads_claimed:
-        _claim_cpu_threads()
     return plans
 
 
@@ -490,6 +471,4 @@ def native_decode_layers(layers, hidden: int, n_heads: int, n_kv_heads: int, hea
                 return None
             plans.append((*plan, w.shape[1]))
         rows.append((attn_norm, ffn_norm, plans, k_cache, v_cache))
-    if not _torch_threads_claimed:
-        _claim_cpu_threads()
     return cpu_native.DecodeLayers(rows, hidden, n_heads, n_kv_heads, head_dim, v_head_dim, eps)

@@ -8,6 +8,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+# Tests run the kernels without a LocalEngine: torch's threads as the engine sets them beside the
+# native pool (runtime/threads.py), so timings and the ops' thread counts are the engine's.
+from tramontane.engine.runtime.threads import settle_torch_threads  # noqa: E402
+
+settle_torch_threads()
+
 from support import FIXTURES  # noqa: E402,F401  (kept importable from conftest)
 
 

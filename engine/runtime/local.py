@@ -23,6 +23,7 @@ from ..mistral3.config import check_pair, text_config
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
 from .session import HostKVStore, Session, position_keys
+from .threads import settle_torch_threads
 from ..mistral3.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class LocalEngine:
         (layers move to the CPU, or a PlanError says it does not fit)."""
         self.model_path = Path(model_path)
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
+        settle_torch_threads()  # torch out of the native pool's way (runtime/threads.py)
         try:
             gf = open_gguf(self.model_path)
             text_config(gf)  # refuse a projector or another architecture before anything else
