@@ -289,3 +289,19 @@ def test_the_reference_time_server_from_the_package_index(qtbot, tool_window):
     answer = json.loads(rows[2].text)
     assert answer["timezone"] == "Asia/Tokyo" and answer["datetime"].endswith("+09:00")
     assert rows[2].tool["server"] == "time" and rows[-1].text == "Here is the time in Tokyo."
+
+
+def test_regenerating_the_answer_after_a_tool_call_keeps_the_card_and_the_result(qtbot, tool_window):
+    w = tool_window
+    w.script(call("add", a=2, b=2), ("Four.",))
+    type_and_send(qtbot, w, "2 + 2?")
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(waiting_card(qtbot, w, 1).buttons["once"], Qt.MouseButton.LeftButton)
+    w.script(("It is 4.",))
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        w.regenerate(None)
+    rows = stored(w)
+    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"]
+    assert rows[2].text == "4" and rows[3].text == "It is 4." and rows[3].tool is None
+    assert (rows[3].versions, rows[3].version) == (2, 1)
+    assert len(cards(w)) == 1 and not cards(w)[0].buttons
