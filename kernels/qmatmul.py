@@ -22,9 +22,24 @@ Long prefill chunks (more rows; linear.FUSED_MAX_ROWS says why): Triton-dequanti
 weight rows to the activation dtype in a scratch buffer, then torch.matmul (cuBLAS), each weight
 once per call.
 
-Compiled offline (Triton's ptxas, COMPILE_SPECS, no spills anywhere; registers a thread,
-shared memory of one block, sm_90 / sm_80, bf16, x.dtype output):
-ROWS_TABLE
+Compiled offline (Triton 3.9's ptxas, the bf16 COMPILE_SPECS; registers a thread, +bytes
+spilled (ptxas stack frame), /shared memory of one block; the larger of the aligned / unaligned
+row variants; decode of Q4_K / Q6_K: the dot kernel). Decode kernels: no spills. Multi-row:
+8 bytes in two of 48 (Q4_0 32x32 sm_90, Q6_K 64x32 sm_80), nothing elsewhere:
+    type    decode 1 row     rows 32x32 (2-32 rows)   rows 64x32 (33+ rows)
+            sm_90   sm_80    sm_90      sm_80         sm_90      sm_80
+    Q4_0       120    121   128+8B/16K   128/16K       155/48K   181/32K
+    Q4_1       118    126     128/16K   126/16K       128/48K   199/32K
+    Q5_0       126    128     126/32K   128/32K       156/48K   184/48K
+    Q5_1       106    112      80/32K   102/32K       128/48K   148/48K
+    Q8_0       120     72     169/16K   172/16K       187/48K   254/32K
+    Q2_K        95     96      80/32K   110/32K       128/48K   144/48K
+    Q3_K       143    128     135/32K   160/32K       159/48K   192/48K
+    Q4_K       127    128     161/32K   211/32K       247/48K   255/48K
+    Q5_K       106     96     120/32K    98/32K       128/48K   161/48K
+    Q6_K       172    128     228/16K   255/16K       222/48K 255+8B/32K
+    IQ4_NL     152    154     156/32K   177/32K       166/48K   255/32K
+    IQ4_XS     127    128     147/32K   176/32K       127/48K   254/32K
 
 One activation row of Q4_K / Q6_K (the types of Q4_K_M files) takes a second kernel,
 _decode_dot_kernel, with scale-after-dot units (quant_k.dot_q4_k / dot_q6_k): the raw quants
@@ -391,7 +406,7 @@ def _decode_parts(x: torch.Tensor, w, config: tuple[int, ...] | None) -> torch.T
 # at once, so 32 weight rows on 8 warps. Measured spills (bytes, stack frame): 64 weight rows
 # spill 144-336 (Q4_K, Q6_K, Q8_0 on sm_90), 4 warps spill too, 128 activation rows spill for
 # Q4_K (712 sm_90, 928 sm_80) and Q6_K / IQ4_NL / IQ4_XS on sm_80 (136-200); the two tiles
-# here spill nowhere (table: module docstring). Shared memory with one stage:
+# here spill 8 bytes in 2 of 48 cases (table: module docstring). Shared memory with one stage:
 # (BLOCK_M + BLOCK_N) x 512 bytes, 48 KiB at 64 rows. One stage: Triton's default 3 would triple
 # the activation buffers, and the weight loads feed integer work, not the dot - nothing else to
 # overlap. bf16 only in `linear` (fp16 means a GPU before sm_80, where this Triton's tl.dot
