@@ -66,34 +66,43 @@ PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / G
 # (released when the QWeight dies); weights past the budget are dequantized chunk by chunk on
 # every call. 0 disables the cache. Bounded either way, fast for small models.
 CPU_DENSE_CACHE_BYTES = 1 << 30
-_cpu_cache_used = 0
-_warned_no_native = False
-# CPU exactness switch: the native kernels quantize activations to int8 per block (as llama.cpp
-# does; relative error per product ~1e-3). Exact mode keeps the float32 torch path instead
-# (slow, dense caches): TRAMONTANE_CPU_EXACT=1, set_cpu_exact() or `with cpu_exact():`.
-CPU_EXACT = os.environ.get("TRAMONTANE_CPU_EXACT", "").strip() not in ("", "0")
+
+
+@dataclass
+class CpuPathState:
+    """What this process's CPU matmuls depend on beyond their arguments, in one place.
+
+    `exact`: the native kernels quantize activations to int8 per block (as llama.cpp does;
+    relative error per product ~1e-3); exact keeps the float32 torch path instead (slow, dense
+    caches): TRAMONTANE_CPU_EXACT=1, set_cpu_exact() or `with cpu_exact():`.
+    `dense_cache_used`: bytes of float32 weight copies held (CPU_DENSE_CACHE_BYTES bounds them).
+    `warned_no_native`: the missing-kernels warning was given (once a process)."""
+
+    exact: bool = False
+    dense_cache_used: int = 0
+    warned_no_native: bool = False
+
+
+CPU = CpuPathState(exact=os.environ.get("TRAMONTANE_CPU_EXACT", "").strip() not in ("", "0"))
 
 
 def set_cpu_exact(on: bool) -> None:
-    global CPU_EXACT
-    CPU_EXACT = bool(on)
+    CPU.exact = bool(on)
 
 
 @contextmanager
 def cpu_exact(on: bool = True):
     """Float32 torch matmuls on the CPU inside the block (the previous setting after)."""
-    global CPU_EXACT
-    before, CPU_EXACT = CPU_EXACT, bool(on)
+    before, CPU.exact = CPU.exact, bool(on)
     try:
         yield
     finally:
-        CPU_EXACT = before
+        CPU.exact = before
 
 
 def _warn_no_native() -> None:
-    global _warned_no_native
-    if not _warned_no_native:
-        _warned_no_native = True
+    if not CPU.warned_no_native:
+        CPU.warned_no_native = True
         warnings.warn(
             "tramontane: the native CPU kernels are not built "
             f"({cpu_native.IMPORT_ERROR}); quantized matmuls on the CPU use the much slower torch "
@@ -103,7 +112,7 @@ def _warn_no_native() -> None:
 
 def native_cpu(w: "QWeight") -> bool:
     """Whether `linear` runs this CPU weight on the native kernels (F32 weights go to torch)."""
-    return (not CPU_EXACT and w.data.device.type == "cpu" and w.ggml_type != F32
+    return (not CPU.exact and w.data.device.type == "cpu" and w.ggml_type != F32
             and cpu_native.supports(w.ggml_type))
 
 
@@ -266,13 +275,11 @@ def _chunk_rows(w: QWeight, bytes_per_value: int) -> int:
 
 
 def _release_cache(nbytes: int) -> None:
-    global _cpu_cache_used
-    _cpu_cache_used -= nbytes
+    CPU.dense_cache_used -= nbytes
 
 
 def _cached_dense(w: QWeight) -> torch.Tensor | None:
     """The CPU float32 dense weight if cached or if it fits the remaining budget, else None."""
-    global _cpu_cache_used
     if w._dense is not None:
         return w._dense
     nbytes = w.shape[0] * w.shape[1] * 4
@@ -280,10 +287,10 @@ def _cached_dense(w: QWeight) -> torch.Tensor | None:
         return None
     if w.ggml_type == F32:
         return w.data  # already dense float32 (a view of the file)
-    if _cpu_cache_used + nbytes > CPU_DENSE_CACHE_BYTES:
+    if CPU.dense_cache_used + nbytes > CPU_DENSE_CACHE_BYTES:
         return None
     w._dense = dequantize(w.data.reshape(-1), w.ggml_type, w.shape)
-    _cpu_cache_used += nbytes
+    CPU.dense_cache_used += nbytes
     weakref.finalize(w, _release_cache, nbytes)
     return w._dense
 
@@ -324,7 +331,7 @@ def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 
 def _native_plan(w: QWeight) -> tuple | bool:
-    """(ggml_type, data pointer, row bytes, out_features), cached per weight (CPU_EXACT is
+    """(ggml_type, data pointer, row bytes, out_features), cached per weight (CPU.exact is
     checked on every call, not here). A Q4_K or Q6_K weight on a repacking variant is repacked
     here, once (decode is compute-bound on Q4_K there: ~1.2x the GB/s repacked; Q6_K prefill
     loses its in-register transposes), and the file's pages it was read from are given back, so
@@ -385,7 +392,7 @@ def cuda_kernel_for(n_rows: int, dtype: torch.dtype) -> str:
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """x (..., in) -> (..., out) in x.dtype; weight stays quantized."""
     plan = _plan(w)
-    if plan and x.is_cpu and not CPU_EXACT and x.shape[-1] == w.shape[1]:
+    if plan and x.is_cpu and not CPU.exact and x.shape[-1] == w.shape[1]:
         return _linear_native_fast(x, w, plan)
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x has {x.shape[-1]} features, weight {w!r} expects {w.shape[1]}")
@@ -403,7 +410,7 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     if x.device.type == "cpu":
         if native_cpu(w):
             return _linear_native(x, w)
-        if not cpu_native.AVAILABLE and not CPU_EXACT:
+        if not cpu_native.AVAILABLE and not CPU.exact:
             _warn_no_native()
     return linear_reference(x, w)
 
@@ -412,7 +419,7 @@ def native_plans(weights, x: torch.Tensor) -> list[tuple] | None:
     """(ggml_type, data pointer, row bytes, out_features) of each weight when the CPU kernels
     can multiply x (2-D contiguous float32 on the CPU) by all of them in one call, else None."""
     k = x.shape[-1]
-    if CPU_EXACT or not x.is_cpu or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() \
+    if CPU.exact or not x.is_cpu or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() \
             or len(weights) > 8:
         return None
     plans = []
@@ -454,11 +461,11 @@ def embedding(ids: torch.Tensor, w: QWeight, dtype=torch.float32) -> torch.Tenso
 def native_decode_layers(layers, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
                          eps: float):
     """One native call per decode step for a run of layers (cpu_native.DecodeLayers), or None
-    where it does not apply (torch path, CPU_EXACT, a weight the kernels do not run, a fused
+    where it does not apply (torch path, CPU.exact, a weight the kernels do not run, a fused
     QKV / gate-up, a KV cache that is not float32): then the per-op path runs, which gives the
     same row bit for bit. `layers`: (attn_norm, ffn_norm, (wq, wk, wv, wo, w_gate, w_up,
     w_down), k_cache, v_cache) each."""
-    if CPU_EXACT or not cpu_native.AVAILABLE:
+    if CPU.exact or not cpu_native.AVAILABLE:
         return None
     rows = []
     for attn_norm, ffn_norm, weights, k_cache, v_cache in layers:

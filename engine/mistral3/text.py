@@ -340,7 +340,7 @@ def _want_dense(gf: GGUFFile, cfg: TextConfig, device: torch.device, requested: 
 
 def _native_cpu() -> bool:
     """CPU linears run on the native kernels (not built, or TRAMONTANE_CPU_EXACT: torch)."""
-    return _linear_mod.cpu_native.AVAILABLE and not _linear_mod.CPU_EXACT
+    return _linear_mod.cpu_native.AVAILABLE and not _linear_mod.CPU.exact
 
 
 def _fusable(gf: GGUFFile, names: Sequence[str], device: torch.device | None = None) -> bool:
