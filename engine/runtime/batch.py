@@ -264,6 +264,11 @@ class BatchScheduler:
             queue = sorted(self._waiting, key=lambda r: (not r.priority, r.order))
             admitted = []
             for req in queue:
+                if req.cancel is not None and req.cancel.is_set():  # its client left while it waited
+                    self._waiting.remove(req)
+                    req.future.set_result(self._result(req, [], "", 0, self.slots[0].cache, "cancelled",
+                                                       None, None, 0))
+                    continue
                 slot = self._free_slot(req)
                 if slot is None:
                     continue
@@ -281,11 +286,11 @@ class BatchScheduler:
 
     def _free_slot(self, req: _Request) -> _Slot | None:
         """A free slot this request may use: the one holding the longest prefix of its prompt,
-        else the one used least recently."""
+        then (a priority request) a reserved one, then the one used least recently."""
         free = [s for s in self.slots if not s.busy and (req.priority or not s.reserved)]
         if not free:
             return None
-        return max(free, key=lambda s: (_common_prefix(s.keys, req.keys), -s.last_used))
+        return max(free, key=lambda s: (_common_prefix(s.keys, req.keys), s.reserved == req.priority, -s.last_used))
 
     def _start(self, req: _Request, slot: _Slot) -> None:
         prompt, keys, cache = req.prompt, req.keys, slot.cache

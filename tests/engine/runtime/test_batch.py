@@ -213,8 +213,14 @@ def test_cancel_stops_one_sequence_and_leaves_the_others_alone(engine):
     sched = BatchScheduler(engine.model, engine.tokenizer, slots=3, context_length=512, step_rows=16)
     cancel = threading.Event()
     futures = [sched.submit(p, greedy(15), cancel=cancel if i == 1 else None) for i, p in enumerate(prompts)]
+    left = threading.Event()
+    waiting = sched.submit(prompts[0], greedy(15), cancel=left)  # no slot for it yet
     for _ in range(6):
         sched.step()
+    left.set()
+    sched.step()
+    assert waiting.done() and waiting.result().finish_reason == "cancelled"  # dropped while it waited
+    assert waiting.result().token_ids == []
     cancel.set()
     while sched.step():
         pass
