@@ -10,16 +10,31 @@ if TYPE_CHECKING:
     import torch
 
 from ..api import ChatMessage, EngineError, ImagePart, SamplingParams
-from .run import add_local_model_arguments, projector_for
+from .run import add_local_model_arguments, check_images, note_capped_context, projector_for
+
+
+DEFAULT_PROMPT_TOKENS, DEFAULT_GEN_TOKENS = 512, 64
+
+
+def default_sizes(capacity: int, prompt: int | None, gen: int | None) -> tuple[int, int]:
+    """Prompt and generated tokens for a context of `capacity`: what was asked, else the
+    defaults cut to fit (prompt + 1 warm-up step + the timed steps), at least one of each."""
+    if gen is None:
+        gen = max(1, min(DEFAULT_GEN_TOKENS, capacity // 8))
+    if prompt is None:
+        prompt = max(1, min(DEFAULT_PROMPT_TOKENS, capacity - 1 - gen))
+    return prompt, gen
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("bench", help="prefill/decode speed, TTFT, memory")
-    p.add_argument("--model", help="GGUF file (not needed with --kernels)")
+    p.add_argument("--model", required=True, help="GGUF file")
     p.add_argument("--mmproj")
     p.add_argument("--image", action="append", default=[], help="also time an image prompt")
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--gen-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help=f"prompt length (default: {DEFAULT_PROMPT_TOKENS}, less on a model whose context is shorter)")
+    p.add_argument("--gen-tokens", type=int, default=None,
+                   help=f"tokens to generate (default: {DEFAULT_GEN_TOKENS}, less on a short context)")
     add_local_model_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=bench_main)
@@ -53,18 +68,20 @@ def bench_main(args) -> int:
 
     from ..runtime.local import LocalEngine
 
-    if not args.model:
-        raise EngineError("bench needs --model (kernel benchmarks: python bench/kernels.py)")
-    if args.prompt_tokens < 1:
+    if args.prompt_tokens is not None and args.prompt_tokens < 1:
         raise EngineError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
-    if args.gen_tokens < 0:
+    if args.gen_tokens is not None and args.gen_tokens < 0:
         raise EngineError(f"--gen-tokens must be >= 0, got {args.gen_tokens}")
     images = [ImagePart.from_path(p) for p in args.image]
+    check_images(images, args.image)
     mmproj = projector_for(args, needed=bool(images)) if (images or args.mmproj) else None
     engine = LocalEngine(args.model, mmproj, device=args.device,
-                         context_length=args.context_length or (args.prompt_tokens + args.gen_tokens + 64
+                         context_length=args.context_length or ((args.prompt_tokens or DEFAULT_PROMPT_TOKENS)
+                                                                + (args.gen_tokens or DEFAULT_GEN_TOKENS) + 64
                                                                 + (4096 * len(images) if images else 0)),
                          device_map=args.device_map)
+    note_capped_context(args, engine)
+    args.prompt_tokens, args.gen_tokens = default_sizes(engine.cache.capacity, args.prompt_tokens, args.gen_tokens)
     device = engine.model.device
     # prompt + warm-up step + timed steps must fit the cache
     if args.prompt_tokens + 1 + args.gen_tokens > engine.cache.capacity:

@@ -8,6 +8,7 @@ traceback. Subcommand modules only declare their options (`add_parsers`) and rai
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 
 from ..api import EngineError
@@ -19,13 +20,42 @@ from .run import CommandFailed
 SUBCOMMAND_MODULES = (inspect, run, serve, bench, models, selftest)  # order of `--help`
 
 
+def _shows_default(action: argparse.Action) -> bool:
+    return (bool(action.option_strings) and action.help is not argparse.SUPPRESS
+            and action.default is not None and action.default is not False
+            and action.default != [] and action.default is not argparse.SUPPRESS
+            and "default" not in (action.help or ""))
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option that has a default says it in --help, options without a help text too
+    (argparse's ArgumentDefaultsHelpFormatter skips those)."""
+
+    def _format_action(self, action):
+        if _shows_default(action):
+            action = copy.copy(action)
+            action.help = f"{action.help} (default: %(default)s)" if action.help else "(default: %(default)s)"
+        return super()._format_action(action)
+
+
+class CliParser(argparse.ArgumentParser):
+    """A mistyped option is one line naming it and where help is, not the whole usage."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tramontane import __version__
 
-    parser = argparse.ArgumentParser(prog="tramontane-cli",
-                                     description="Tramontane: Mistral 3-family GGUF models from a terminal.")
-    parser.add_argument("--version", action="version", version=f"tramontane {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = CliParser(prog="tramontane-cli",
+                       description="Tramontane: Mistral 3-family GGUF models from a terminal.")
+    parser.add_argument("--version", action="version", version=f"Tramontane {__version__}")  # as the app says it
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CliParser)
     for module in SUBCOMMAND_MODULES:
         module.add_parsers(sub)
     return parser

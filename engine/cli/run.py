@@ -83,6 +83,15 @@ def projector_for(args, needed: bool) -> Path | None:
     return None
 
 
+def check_images(images: list[ImagePart], paths: list[str]) -> None:
+    """A file that is not an image is refused before any model loads (its header is read, the
+    way the encoder will read it), naming the file."""
+    from ..mistral3.image import image_size_of
+
+    for image, path in zip(images, paths):
+        image_size_of(image.data, str(path))
+
+
 def check_context_length(args, least: int) -> None:
     n = getattr(args, "context_length", None)
     if n is not None and n < least:
@@ -121,8 +130,18 @@ def load_local(args, images: bool):
     # A text-only prompt never needs a projector: one found beside the model is only loaded for
     # images; an explicit --mmproj is always loaded (and checked).
     mmproj = projector_for(args, needed=images) if (images or args.mmproj) else None
-    return LocalEngine(args.model, mmproj, device=args.device, context_length=args.context_length,
-                       device_map=args.device_map)
+    engine = LocalEngine(args.model, mmproj, device=args.device, context_length=args.context_length,
+                         device_map=args.device_map)
+    note_capped_context(args, engine)
+    return engine
+
+
+def note_capped_context(args, engine) -> None:
+    """Say so when --context-length asked for more than the model file allows (it is capped)."""
+    asked, used = getattr(args, "context_length", None), engine.cache.capacity
+    if asked and asked > used:
+        print(f"note: --context-length {asked} is more than {Path(args.model).name} allows: "
+              f"using {used} tokens", file=sys.stderr)
 
 
 def api_key_of(args) -> str | None:
@@ -177,6 +196,7 @@ def conversation(args) -> tuple[list[ChatMessage], bool]:
         raw = _json_file(args.messages, "the messages")
         messages += _from_file(args.messages, lambda: parse_messages(raw, RequestLimits()))
     images = [ImagePart.from_path(p) for p in args.image]
+    check_images(images, args.image)
     if args.prompt is not None or images:
         # images first, then the prompt: what the window sends for a message with attachments
         messages.append(ChatMessage("user", [*images, *([args.prompt] if args.prompt is not None else [])]))

@@ -74,6 +74,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     check_context_length(args, 1)
     engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
                          context_length=args.context_length, device_map=args.device_map)
+    note_capped_context(args, engine)
     executor = BatchExecutor(engine, slots=args.parallel)
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,
                            max_queue=args.max_queue)
