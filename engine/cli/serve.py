@@ -56,7 +56,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     from ..server.executor import BatchExecutor
     from ..server.http import OpenAIServer, check_bind
     from ..server.openai_api import ConnectionLimits, RequestLimits
-    from .run import api_key_of, check_context_length, projector_for
+    from .run import api_key_of, check_context_length, note_capped_context, projector_for
 
     api_key = api_key_of(args)
     check_bind(args.host, args.allow_network, api_key)  # before the minutes of loading
