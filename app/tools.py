@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from PySide6.QtCore import QObject, Signal
 
 from ..engine.api import ChatMessage, GenerationResult, ToolSpec
-from ..engine.mcp_tools import McpError, McpServerConfig, McpTools
+
+if TYPE_CHECKING:  # imported when first used: asyncio and the SDK stay out of the window's start
+    from ..engine.mcp_tools import McpServerConfig, McpTools
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ def cap_note(steps: int) -> str:
 
 def load_servers(store) -> list[McpServerConfig]:
     """The tool servers of Settings → Tools; an unreadable entry is skipped (logged)."""
+    from ..engine.mcp_tools import McpError, McpServerConfig
+
     try:
         raw = store.get_setting(SERVERS_KEY, [])
     except Exception:  # noqa: BLE001 - a damaged value: no servers rather than no window
@@ -130,10 +134,21 @@ class ToolBroker(QObject):
         super().__init__(parent)
         self.store = store
         self.max_steps = max_steps
-        self.mcp = mcp if mcp is not None else McpTools(load_servers(store))
+        self._mcp = mcp
+        self._mcp_lock = threading.Lock()
         self._lock = threading.Lock()
         self._waiting: dict[int, tuple[threading.Event, list[str]]] = {}
         self._listed: set[str] = set()  # servers whose tools were listed since their last change
+
+    @property
+    def mcp(self) -> McpTools:
+        """The servers' connections, made on first use (no server starts before a listing or call)."""
+        with self._mcp_lock:
+            if self._mcp is None:
+                from ..engine.mcp_tools import McpTools
+
+                self._mcp = McpTools(load_servers(self.store))
+            return self._mcp
 
     # -- configuration (any thread; set_configs may wait for a server to stop)
     def apply_servers(self, configs: list[McpServerConfig]) -> None:
@@ -153,6 +168,8 @@ class ToolBroker(QObject):
     def offered_tools(self):
         """The tools a reply may call: every enabled server listed once (on the worker), minus
         the tools switched off. A server that cannot be listed offers nothing (logged)."""
+        from ..engine.mcp_tools import McpError
+
         for config in self.mcp.configs:
             if config.enabled and config.name not in self._listed:
                 try:
@@ -194,7 +211,9 @@ class ToolBroker(QObject):
                 self._waiting.pop(message_id, None)
 
     def close(self) -> None:
-        self.mcp.close()
+        with self._mcp_lock:
+            if self._mcp is not None:
+                self._mcp.close()
 
     def run_chat(self, engine, chat_id: int, messages: list[ChatMessage], params, *, on_piece, cancel,
                  session_key, reply_id: int, new_reply: Callable[[int], None]) -> tuple[GenerationResult, int | None]:
