@@ -571,8 +571,8 @@ def compile_specs() -> list[dict]:
                                   {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": 1, "X_BF16": dt == "bf16"},
                                   values, warps, 3, True, dt))
                     # the generic decode kernel: one row (types without a dot unit), and 2-8
-                    # float32 rows (bf16/fp16 rows from 2 on take the tensor-core kernel)
-                    for m in ((1, 2, 4, 8) if dt == "fp32" else (1,)):
+                    # float32 / fp16 rows (bf16 rows from 2 on take the tensor-core kernel)
+                    for m in ((1,) if dt == "bf16" else (1, 2, 4, 8)):
                         if m == 1 and t in DOT_TYPES:
                             continue
                         bn, bm, _, warps = decode_config(n, k, m, torch.device("cpu"), t, dot=False)
