@@ -41,7 +41,7 @@ from .errors import NotFoundError, StoreError
 from .images import ImageFiles, image_extension
 from .lock import DATA_DIR_ENV, DirLock
 from .rows import (Chat, ChatInfo, Message, StoredImage, chat_columns, chat_info,
-                   check_role_and_state, split_parts, stat_values, to_chat_message)
+                   check_role_and_state, split_parts, stat_values, to_chat_message, tool_data)
 from .rows import message as message_from_row
 
 DB_NAME = "chats.sqlite3"
@@ -105,6 +105,14 @@ class Store:
                 "UPDATE messages SET state = 'interrupted', finish_reason = 'interrupted' "
                 "WHERE state = 'streaming'"
             )
+            # a tool call that was waiting for its answer, or running: it will not finish now
+            for row in self._conn.execute(
+                    "SELECT id, tool_json FROM messages WHERE role = 'tool' AND (tool_json LIKE ? OR tool_json LIKE ?)",
+                    ('%"status": "waiting"%', '%"status": "running"%')).fetchall():
+                card = tool_data(row["tool_json"])
+                if card is not None and card.get("status") in ("waiting", "running"):
+                    self._conn.execute("UPDATE messages SET tool_json = ? WHERE id = ?",
+                                       (json.dumps({**card, "status": "stopped"}), row["id"]))
         known = {
             f"{r['sha256']}.{r['ext']}" for r in self._conn.execute("SELECT sha256, ext FROM images")
         }

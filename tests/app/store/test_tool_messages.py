@@ -58,3 +58,14 @@ def test_json_export_round_trip_and_markdown(tmp_path):
         text = chat_to_markdown(store.get_chat(chat), "images")
     assert "*Called `add`*" in text
     assert "## Tool: add" in text and '{"a": 2, "b": 3}' in text and "allowed once · 0.25 s" in text
+
+
+def test_a_card_left_waiting_or_running_by_a_crash_is_stopped_on_open(tmp_path):
+    with Store(tmp_path / "d") as store:
+        chat = store.create_chat("c")
+        waiting = store.add_tool_message(chat, "not run", {**CARD, "status": "waiting"})
+        running = store.add_tool_message(chat, "not run", {**CARD, "status": "running"})
+        done = store.add_tool_message(chat, "5", CARD)
+    with Store(tmp_path / "d") as store:
+        got = {m.id: m.tool["status"] for m in store.get_chat(chat).messages}
+    assert got == {waiting: "stopped", running: "stopped", done: "allowed once"}
