@@ -56,7 +56,7 @@ def call(name: str, **arguments) -> tuple[str, str]:
 @pytest.fixture
 def tool_window(qtbot, tmp_path, isolated, monkeypatch):
     w = make_window(qtbot, tmp_path / "data")
-    w.param_overrides = dict(GREEDY, max_tokens=200)
+    w.session.param_overrides = dict(GREEDY, max_tokens=200)
     offer(w, "add")
     qtbot.mouseClick(w.tools_button, Qt.MouseButton.LeftButton)  # tools on for the new chat
     assert w.tools_button.isChecked()
@@ -305,3 +305,19 @@ def test_regenerating_the_answer_after_a_tool_call_keeps_the_card_and_the_result
     assert rows[2].text == "4" and rows[3].text == "It is 4." and rows[3].tool is None
     assert (rows[3].versions, rows[3].version) == (2, 1)
     assert len(cards(w)) == 1 and not cards(w)[0].buttons
+
+
+def test_parallel_calls_each_get_a_card_and_always_covers_the_next(qtbot, tool_window):
+    w = tool_window
+    w.script(("[TOOL_CALLS]", json.dumps([{"name": "add", "arguments": {"a": 1, "b": 2}},
+                                          {"name": "add", "arguments": {"a": 30, "b": 12}}])), ("3 and 42.",))
+    type_and_send(qtbot, w, "two sums")
+    first = waiting_card(qtbot, w, 1)
+    assert len(cards(w)) == 1  # the second call waits for the first one's answer
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        qtbot.mouseClick(first.buttons["always"], Qt.MouseButton.LeftButton)
+    rows = stored(w)
+    assert [m.role for m in rows] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert [c["id"] for c in rows[1].tool["calls"]] == [rows[2].tool["call_id"], rows[3].tool["call_id"]]
+    assert [rows[2].text, rows[3].text, rows[4].text] == ["3", "42", "3 and 42."]
+    assert [c.result.text() for c in cards(w)] == ["3", "42"]
