@@ -1,4 +1,7 @@
+import gc
 import os
+import sys
+import traceback
 
 import torch
 
@@ -65,3 +68,81 @@ def float32_cpu_path():
 
     with cpu_exact():
         yield
+
+
+
+# -- Qt objects die on the GUI thread -------------------------------------------------------------
+# A test's windows, dialogs, timers and workers often end up in reference cycles: a failed test's
+# traceback (kept as sys.last_traceback) holds its frame, `worker.watch = Loaded(worker)` points
+# back, a lambda connected to a child widget's signal holds its dialog. Python's cyclic collector
+# frees such garbage whenever some thread happens to allocate: often the engine worker's QThread or
+# a server thread of a later test. A QObject destroyed off the GUI thread corrupts Qt (a QTimer
+# stopped from another thread stays registered; a widget's destructor races the event loop), and
+# the suite dies later with a segmentation fault inside pytest-qt's processEvents, with no frame
+# of the guilty test on the stack. So after each test that used Qt, what it closed is deleted and
+# what it dropped is collected here, on the GUI thread; a top-level widget it left alive is an
+# error of that test.
+QT_FIXTURES = {"qtbot", "qapp"}
+_qt_test_ended = [False]  # the test that just ran used Qt: collect its garbage here
+_last_traceback_cleared = [None]
+
+
+def _qt_app():
+    if "PySide6.QtWidgets" not in sys.modules:
+        return None
+    from PySide6.QtWidgets import QApplication
+
+    return QApplication.instance()
+
+
+def _top_level_widgets(app) -> dict:
+    import shiboken6
+
+    return {shiboken6.getCppPointer(w)[0]: w for w in app.topLevelWidgets() if w.parentWidget() is None}
+
+
+def _delete_deferred() -> None:
+    """What deleteLater() asked for, now: outside an event loop (pytest-qt only calls
+    processEvents) closed windows would otherwise live on through every later test."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+
+
+@pytest.fixture(autouse=True)
+def no_window_outlives_its_test(request):
+    """Fails the test that leaves a top-level widget alive (after pytest-qt closed those given to
+    qtbot.addWidget and their deleteLater ran); the leftovers are deleted here, on the GUI thread."""
+    app = _qt_app()
+    before = set(_top_level_widgets(app)) if app is not None else set()
+    yield
+    app = _qt_app()
+    if app is None or not QT_FIXTURES & set(request.fixturenames):
+        return
+    import shiboken6
+
+    _qt_test_ended[0] = True
+    _delete_deferred()
+    left = {k: w for k, w in _top_level_widgets(app).items() if k not in before}
+    if not left:
+        return
+    names = sorted(f"{type(w).__name__}({w.windowTitle()!r})" for w in left.values())
+    for w in left.values():
+        w.close()
+        shiboken6.delete(w)
+    pytest.fail(f"the test left top-level widgets alive: {', '.join(names)} (give each to "
+                "qtbot.addWidget, or close and delete it)", pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid, location):
+    """After a Qt test's fixtures are gone: its garbage is freed now, on the GUI thread."""
+    if not _qt_test_ended[0]:
+        return
+    _qt_test_ended[0] = False
+    tb = getattr(sys, "last_traceback", None)
+    if tb is not None and tb is not _last_traceback_cleared[0]:
+        traceback.clear_frames(tb)  # a failed test's frame holds its windows, timers and workers
+        _last_traceback_cleared[0] = tb
+    _delete_deferred()
+    gc.collect()

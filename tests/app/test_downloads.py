@@ -68,6 +68,7 @@ def test_a_dialog_without_the_app_downloads_pauses_its_own_on_close(qtbot, fake,
     fake.faults.stall_at[MODEL_FILE] = 1000
     dialog = ModelManagerDialog(tmp_path / "models", hub=Hub(endpoint=fake.endpoint, token=False),
                                 catalog=[])
+    qtbot.addWidget(dialog)  # deleted after the test (its lambdas would keep it alive forever)
     own = dialog.downloads
     dialog.start_pair(own.hub.file_info(REPO, MODEL_FILE), None)
     key = DownloadRequest(REPO, MODEL_FILE).key
