@@ -214,18 +214,6 @@ class MainWindow(QMainWindow):
     def notices(self) -> dict:
         return self.session.notices
 
-    @property
-    def live_stats(self) -> dict:
-        return self.session.live_stats
-
-    @property
-    def param_overrides(self) -> dict:
-        return self.session.param_overrides
-
-    @param_overrides.setter
-    def param_overrides(self, value: dict) -> None:
-        self.session.param_overrides = value
-
     # ------------------------------------------------------------------ building
     def _build(self) -> None:
         self.search = QLineEdit()

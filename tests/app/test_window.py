@@ -50,7 +50,7 @@ def test_drop_image_type_send_streams_pieces(qtbot, window, tmp_path):
     assert window.composer.images[0].data == image_path.read_bytes()
 
     counter = PieceCounter(window)
-    window.param_overrides["max_tokens"] = 24
+    window.session.param_overrides["max_tokens"] = 24
     edit = window.composer.edit
     edit.setFocus()
     qtbot.keyClicks(edit, "What is in")
@@ -108,7 +108,7 @@ def test_an_image_dropped_anywhere_on_the_window_goes_to_the_composer(qtbot, win
 def test_stop_mid_reply_keeps_text_and_checkpoints(qtbot, window):
     # The tiny model's context is 512, so the longest reply is ~500 tokens, a fraction of a
     # second warm: Stop is pressed from the UI thread as the third piece arrives.
-    window.param_overrides["max_tokens"] = 480
+    window.session.param_overrides["max_tokens"] = 480
     seen = {}
 
     def stop_after_three():  # on the UI thread, after the window has handled the piece
@@ -151,7 +151,7 @@ def test_regenerate_replaces_last_reply_and_reuses_cache(qtbot, window):
     assert messages[1].id == second == first and (messages[1].versions, messages[1].version) == (2, 1)
     assert messages[1].text == before.text  # greedy: the same reply again
     # The prompt was already in the KV cache: all of it but the last token is reused.
-    assert window.live_stats[second].reused_tokens == before.prompt_tokens - 1
+    assert window.session.live_stats[second].reused_tokens == before.prompt_tokens - 1
 
     # The per-message Regenerate button does the same.
     with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
@@ -271,7 +271,7 @@ def test_ui_stays_responsive_while_loading_and_generating(qtbot, tmp_path):
         window.load_model(str(MODEL), str(MMPROJ))
         qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
         load_gaps = list(ui.gaps)
-        window.param_overrides["max_tokens"] = 480
+        window.session.param_overrides["max_tokens"] = 480
         counter = PieceCounter(window)
         image = tmp_path / "scene.png"
         image.write_bytes(png_bytes(64, 48, seed=5))
@@ -298,7 +298,7 @@ LONG_REPLY = ("Here is one way:\n\n```python\n"
 def test_a_long_chat_with_code_scrolls_and_rerenders_without_a_gap(qtbot, tmp_path):
     """The timer of the test above, on a 200-message chat with code blocks: opened, scrolled
     top to bottom, and re-rendered on a colour-scheme change."""
-    from tramontane.app.main import apply_color_scheme
+    from tramontane.app.widgets.theme import apply_color_scheme
     from PySide6.QtWidgets import QApplication
 
     window = make_window(qtbot, tmp_path / "data", load=False)
@@ -534,7 +534,7 @@ def test_keyboard_only(qtbot, window):
     window.chat_list.setFocus()
     qtbot.keyClick(window, Qt.Key.Key_L, Qt.KeyboardModifier.ControlModifier)
     assert window.composer.edit.hasFocus()
-    window.param_overrides["max_tokens"] = 480
+    window.session.param_overrides["max_tokens"] = 480
 
     def escape_on_second_piece():
         if len(counter.pieces) == 2:
@@ -547,7 +547,7 @@ def test_keyboard_only(qtbot, window):
     assert window.store.get_message(blocker.args[0]).finish_reason == "cancelled"
     assert not window.stop_action.isEnabled()
 
-    window.param_overrides["max_tokens"] = 8
+    window.session.param_overrides["max_tokens"] = 8
     with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
         qtbot.keyClick(window.composer.edit, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)
     reply = window.store.get_message(blocker.args[0])
@@ -568,7 +568,7 @@ def test_keyboard_only(qtbot, window):
 def test_closing_mid_reply_keeps_the_partial_reply(qtbot, tmp_path):
     data = tmp_path / "data"
     window = make_window(qtbot, data)
-    window.param_overrides["max_tokens"] = 480
+    window.session.param_overrides["max_tokens"] = 480
     closed = {}
 
     def close_on_third_piece():

@@ -20,7 +20,7 @@ def window(qtbot, idle_window):
     w = idle_window
     w.activateWindow()
     qtbot.waitUntil(lambda: QApplication.focusWidget() is not None)
-    w.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
+    w.session.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
     w.load_model(str(MODEL), str(MMPROJ))
     qtbot.waitUntil(lambda: w.engine_info is not None, timeout=30000)
     return w
@@ -57,7 +57,7 @@ def test_focus_returns_to_the_composer_after_a_click_starts_a_reply(qtbot, windo
 
 
 def test_focus_returns_to_the_composer_after_stop(qtbot, window):
-    window.param_overrides["max_tokens"] = 480
+    window.session.param_overrides["max_tokens"] = 480
     composer = window.composer
     composer.edit.setPlainText("Hello")
     with qtbot.waitSignal(window.replyFinished, timeout=30000):

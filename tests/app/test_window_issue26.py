@@ -119,7 +119,7 @@ def test_stop_belongs_to_the_chat_that_is_writing(qtbot, window):
 
     from tramontane.app.widgets.chat_list import ChatIdRole
 
-    window.param_overrides["max_tokens"] = 400
+    window.session.param_overrides["max_tokens"] = 400
     window.composer.edit.setPlainText("A long answer, please")
     window.composer.send_button.click()
     qtbot.waitUntil(lambda: window.pending.message_id is not None, timeout=30000)  # the chat exists
@@ -155,7 +155,7 @@ def test_context_advice_that_can_work(qtbot, idle_window):
     window.load_model(str(MODEL), str(MMPROJ))
     qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
     assert window.engine_info.context_size == window.engine_info.context_limit == 512
-    window.param_overrides = dict(window.param_overrides, max_tokens=1024)  # ignore_eos: fills it
+    window.session.param_overrides = dict(window.session.param_overrides, max_tokens=1024)  # ignore_eos: fills it
     send(qtbot, window, "Hi")
     status = window.view.widgets[-1].status.text()
     assert "context full" in status and "raise the context" not in status, status
@@ -281,7 +281,7 @@ def test_rough_edges_of_the_sidebar_and_the_bar(qtbot, window, monkeypatch):
     window._refresh_memory()
     assert "9.9 GB RAM" in window.model_bar.device_label.text()
 
-    window.param_overrides["max_tokens"] = 200
+    window.session.param_overrides["max_tokens"] = 200
     notes = []
     window.session.streamed.connect(lambda _text: notes.append(window.view.streaming.status.text()
                                                              if window.view.streaming else ""))

@@ -18,7 +18,7 @@ from support.app_window import GREEDY, MMPROJ, MODEL, png_bytes  # noqa: E402
 
 @pytest.fixture
 def window(idle_window):
-    idle_window.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
+    idle_window.session.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
     return idle_window
 
 

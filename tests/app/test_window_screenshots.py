@@ -107,7 +107,7 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
         window.show()
         window.load_model(str(MODEL), str(MMPROJ))
         qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
-        window.param_overrides = dict(temperature=0.0, max_tokens=48, ignore_eos=True)
+        window.session.param_overrides = dict(temperature=0.0, max_tokens=48, ignore_eos=True)
 
         image = tmp_path / "lake.png"
         image.write_bytes(landscape_png())

@@ -125,12 +125,12 @@ def test_context_count_and_context_full_are_the_same_live_and_reopened(qtbot, tm
     try:
         window.settings.context_length = 48
         load(qtbot, window, MODEL, MMPROJ)
-        window.param_overrides = dict(window.param_overrides, max_tokens=1024)
+        window.session.param_overrides = dict(window.session.param_overrides, max_tokens=1024)
         send(qtbot, window, "Hi")  # ignore_eos: it writes until the context is full
         live = window.view.widgets[-1].status.text()
         assert "context full" in live and "max tokens" not in live
         assert "/ 48" in live
-        window.param_overrides = dict(window.param_overrides, max_tokens=3)
+        window.session.param_overrides = dict(window.session.param_overrides, max_tokens=3)
         window.new_chat()
         send(qtbot, window, "Hi")
         live_short = window.view.widgets[-1].status.text()

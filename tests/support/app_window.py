@@ -101,7 +101,7 @@ def make_window(qtbot, data_dir, *, load=True, mmproj=True, autoload=False):
     window._test_store = store
     qtbot.addWidget(window)
     window.show()
-    window.param_overrides = dict(GREEDY, max_tokens=12, ignore_eos=True)
+    window.session.param_overrides = dict(GREEDY, max_tokens=12, ignore_eos=True)
     if load:
         window.load_model(str(MODEL), str(MMPROJ) if mmproj else "")
         qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
