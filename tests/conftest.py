@@ -70,7 +70,6 @@ def float32_cpu_path():
         yield
 
 
-
 # -- Qt objects die on the GUI thread -------------------------------------------------------------
 # A test's windows, dialogs, timers and workers often end up in reference cycles: a failed test's
 # traceback (kept as sys.last_traceback) holds its frame, `worker.watch = Loaded(worker)` points
@@ -79,11 +78,12 @@ def float32_cpu_path():
 # a server thread of a later test. A QObject destroyed off the GUI thread corrupts Qt (a QTimer
 # stopped from another thread stays registered; a widget's destructor races the event loop), and
 # the suite dies later with a segmentation fault inside pytest-qt's processEvents, with no frame
-# of the guilty test on the stack. So after each test that used Qt, what it closed is deleted and
-# what it dropped is collected here, on the GUI thread; a top-level widget it left alive is an
-# error of that test.
+# of the guilty test on the stack. So while a test that uses Qt runs, the collector runs only when
+# asked; after it, what the test closed is deleted and what it dropped is collected here, on the
+# GUI thread; a top-level widget it left alive is an error of that test.
 QT_FIXTURES = {"qtbot", "qapp"}
 _qt_test_ended = [False]  # the test that just ran used Qt: collect its garbage here
+_gc_was_enabled = [True]
 _last_traceback_cleared = [None]
 
 
@@ -113,15 +113,20 @@ def _delete_deferred() -> None:
 def no_window_outlives_its_test(request):
     """Fails the test that leaves a top-level widget alive (after pytest-qt closed those given to
     qtbot.addWidget and their deleteLater ran); the leftovers are deleted here, on the GUI thread."""
+    uses_qt = bool(QT_FIXTURES & set(request.fixturenames))
     app = _qt_app()
     before = set(_top_level_widgets(app)) if app is not None else set()
+    if uses_qt:
+        # No automatic collection on the test's worker or server threads; gc.collect() still works.
+        _gc_was_enabled[0] = gc.isenabled()
+        gc.disable()
+        _qt_test_ended[0] = True
     yield
     app = _qt_app()
-    if app is None or not QT_FIXTURES & set(request.fixturenames):
+    if app is None or not uses_qt:
         return
     import shiboken6
 
-    _qt_test_ended[0] = True
     _delete_deferred()
     left = {k: w for k, w in _top_level_widgets(app).items() if k not in before}
     if not left:
@@ -144,5 +149,8 @@ def pytest_runtest_logfinish(nodeid, location):
     if tb is not None and tb is not _last_traceback_cleared[0]:
         traceback.clear_frames(tb)  # a failed test's frame holds its windows, timers and workers
         _last_traceback_cleared[0] = tb
-    _delete_deferred()
+    if _qt_app() is not None:
+        _delete_deferred()
     gc.collect()
+    if _gc_was_enabled[0]:
+        gc.enable()
