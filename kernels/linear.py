@@ -59,7 +59,7 @@ DECODE_MAX_ROWS = 8  # float32 / float16 activation rows up to which the fused d
 # and never a weight-sized scratch); longer chunks pay one dequant pass per call - 1.2 ps
 # against 5.9 ps of MMA at 2048 rows (~20 %) - instead of one for every call of 9+ rows before.
 # Both sides are estimates (the 64 x 32 tiles also re-read activations from L2 once per 32
-# weight rows); to be confirmed on a GPU (bench/kernels.py); this constant is the only place.
+# weight rows); measured on a GPU by bench/rows_crossover.py; this constant is the only place.
 FUSED_MAX_ROWS = 192
 PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / GPU compute dtype)
 # CPU: float32 dense copies of weights are cached first come, first served, up to this total
@@ -406,7 +406,7 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         kernel = cuda_kernel_for(x.numel() // x.shape[-1], x.dtype)
         if kernel == "decode":
             return linear_decode(x, w)
-        return linear_rows(x, w) if kernel == "rows" else linear_prefill(x, w)
+        return linear_rows(x, w) if kernel == "rows" else linear_prefill(x, w, PREFILL_CHUNK_BYTES)
     if x.device.type == "cpu":
         if native_cpu(w):
             return _linear_native(x, w)
