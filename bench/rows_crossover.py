@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("rows_crossover: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from tramontane.kernels.linear import FUSED_MAX_ROWS
+    from tramontane.kernels.linear import FUSED_MAX_ROWS, PREFILL_CHUNK_BYTES
     from tramontane.kernels.qmatmul import linear_prefill, linear_rows, rows_config
 
     rows_list = [int(r) for r in args.rows.split(",")]
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
             for rows in rows_list:
                 x = torch.randn(rows, in_f, device="cuda", dtype=torch.bfloat16)
                 t_rows = gpu_time_ms(lambda: linear_rows(x, w), iters=10)
-                t_dense = gpu_time_ms(lambda: linear_prefill(x, w), iters=10)
+                t_dense = gpu_time_ms(lambda: linear_prefill(x, w, PREFILL_CHUNK_BYTES), iters=10)
                 tflops = 2 * rows * in_f * out_f / (t_rows * 1e-3) / 1e12
                 wins.setdefault(rows, []).append(t_dense / t_rows)
                 print(f"{gt.type_name(t):6} {label:22} {rows:>5} {t_rows * 1e3:>10.1f} {t_dense * 1e3:>10.1f} "
