@@ -172,13 +172,17 @@ llama_build() {
 }
 
 kernels_tests() {
+    # the Triton kernels on the GPU (compiled, not interpreted): decode and multi-row matmuls,
+    # flash attention (prefill and the graph's decode step), the references they are checked against
     pytest_allow_none -q -p no:cacheprovider --junitxml="$RESULTS/kernels.xml" tests/kernels/test_cuda.py \
-        tests/kernels/test_triton.py tests/kernels/test_reference.py tests/kernels/test_fixtures.py
+        tests/kernels/test_triton.py tests/kernels/test_qmatmul_rows.py tests/kernels/test_attention.py \
+        tests/kernels/test_reference.py tests/kernels/test_fixtures.py
 }
 
 cuda_tests() {
     pytest_allow_none -q -m cuda -p no:cacheprovider --junitxml="$RESULTS/cuda.xml" --continue-on-collection-errors \
         --ignore=tests/kernels/test_cuda.py --ignore=tests/kernels/test_triton.py \
+        --ignore=tests/kernels/test_qmatmul_rows.py --ignore=tests/kernels/test_attention.py \
         --ignore=tests/kernels/test_reference.py --ignore=tests/kernels/test_fixtures.py tests/
 }
 
@@ -220,8 +224,8 @@ pause_build() { [ -n "$BUILD_PID" ] && kill -STOP -- "-$BUILD_PID" 2>/dev/null; 
 resume_build() { [ -n "$BUILD_PID" ] && kill -CONT -- "-$BUILD_PID" 2>/dev/null; true; }
 
 section model-files 90 model_files
-section kernels-tests 80 kernels_tests
-section cuda-tests 100 cuda_tests
+section kernels-tests 110 kernels_tests
+section cuda-tests 80 cuda_tests
 pause_build  # our engine's numbers without a compiler beside them
 section engine-bench 140 engine_bench
 resume_build
