@@ -74,6 +74,8 @@ else
 fi
 "$V/python" -m PyInstaller --version >/dev/null 2>&1 \
     || "$V/python" -m pip install -q "${PYINSTALLER:-pyinstaller==6.22.3}"
+"$V/python" -m piplicenses --version >/dev/null 2>&1 \
+    || "$V/python" -m pip install -q "${PIP_LICENSES:-pip-licenses==5.5.5}"  # the bundle's third-party notices
 "$V/python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 echo "pyinstaller $("$V/python" -m PyInstaller --version)"
 t_pip=$(date +%s)
@@ -146,6 +148,13 @@ if [ "$TRAMONTANE_TRITON_AOT_BUILD" != 0 ]; then
     aot_summary=$("$V/python" -m tramontane.kernels.aot "$AOT_DIR")  # fails the step if incomplete
     echo "  have kernels/aot_cubins: $aot_summary"
 fi
+# licences: ours, and every shipped distribution's (Qt's LGPL text among them)
+grep -q "Apache License" "$B/_internal/licenses/LICENSE" || { echo "LICENSE missing from the bundle" >&2; exit 1; }
+for shipped in "PySide6_Essentials" "torch" "GNU LESSER GENERAL PUBLIC LICENSE"; do
+    grep -q "$shipped" "$B/_internal/licenses/THIRD_PARTY_NOTICES.txt" \
+        || { echo "third-party notices lack $shipped" >&2; exit 1; }
+done
+echo "  have licenses/LICENSE and licenses/THIRD_PARTY_NOTICES.txt ($(du -k "$B/_internal/licenses/THIRD_PARTY_NOTICES.txt" | cut -f1) KiB)"
 echo "bundle: $(du -sh "$B" | cut -f1); archive: $(du -sh dist/*.tar.gz | cut -f1)"
 echo "largest parts:"
 # (awk NR<= rather than head: head closing the pipe early is a SIGPIPE failure under pipefail)
