@@ -469,16 +469,15 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def linear_prefill(x: torch.Tensor, w, chunk_bytes: int | None = None) -> torch.Tensor:
-    """Many activation rows: Triton dequant of weight-row chunks into scratch, then matmul."""
-    from .linear import PREFILL_CHUNK_BYTES
-
+def linear_prefill(x: torch.Tensor, w, chunk_bytes: int) -> torch.Tensor:
+    """Many activation rows: Triton dequant of weight-row chunks into scratch, then matmul.
+    chunk_bytes: the scratch per chunk (the caller's budget: linear.PREFILL_CHUNK_BYTES)."""
     n, k = w.shape
     x2 = x.reshape(-1, k)
     # float16/float32 compute stays in x's dtype; the interpreter cannot do bf16 arithmetic
     dtype = x.dtype
     out = torch.empty(x2.shape[0], n, dtype=dtype, device=x.device)
-    step = max(1, (chunk_bytes or PREFILL_CHUNK_BYTES) // (k * x.element_size()))
+    step = max(1, chunk_bytes // (k * x.element_size()))
     # chunks of 16 rows: every chunk's first row is then 16-byte aligned whatever the row size
     # (Q6_K at K=5120: 4200 bytes), as the dequant kernel's compiled specializations assume
     step = max(16, step // 16 * 16)

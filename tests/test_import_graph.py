@@ -32,8 +32,6 @@ KNOWN = {
     ("engine.mistral3", "engine.runtime"):
         "text.py still makes its KV cache (runtime.kv_cache), captures and replays the decode "
         "graphs (runtime.cuda_graphs) in new_cache/decode, and reads runtime.memory's sizes",
-    ("kernels.qmatmul", "kernels.linear"):
-        "qmatmul.linear_prefill reads linear.PREFILL_CHUNK_BYTES (its caller should pass it)",
 }
 
 

@@ -147,7 +147,8 @@ def test_specs_cover_real_matmul_launches(recorded, monkeypatch, dtype, cc, sms)
     specs = aot_build.collect_specs(("qmatmul",))["qmatmul"]
     shapes = [(Q_HEADS * HEAD_DIM, HIDDEN), (KV_HEADS * HEAD_DIM, HIDDEN), (HIDDEN, Q_HEADS * HEAD_DIM),
               (FFN, HIDDEN), (HIDDEN, FFN), (VOCAB, HIDDEN)]
-    entry = {"decode": qmatmul.linear_decode, "rows": qmatmul.linear_rows, "dense": qmatmul.linear_prefill}
+    entry = {"decode": qmatmul.linear_decode, "rows": qmatmul.linear_rows,
+             "dense": lambda x, w: qmatmul.linear_prefill(x, w, lin.PREFILL_CHUNK_BYTES)}
     for t in qmatmul.TRITON_TYPES:
         for n, k in shapes:
             w = _weight(t, n, k)
