@@ -2,7 +2,7 @@
 
 A `BatchScheduler` owns a few KV slots (one KVCache each) and, once started, a loop thread.
 Every step runs one row for each sequence that is decoding plus chunks of the prompts being
-read, at most `step_rows` rows in all, through `Mistral3Text.forward_batch` (the matmuls on all
+read (at most `step_rows` prompt rows), through `Mistral3Text.forward_batch` (the matmuls on all
 rows at once, attention per sequence over its own cache); new requests join at step
 boundaries and finished ones leave, so a long prompt is read a chunk per step while the other
 streams keep getting a token every step. Decode is bound by reading the weights: eight rows
@@ -36,7 +36,7 @@ from .session import Key, position_keys, reusable_prefix
 
 log = logging.getLogger(__name__)
 
-STEP_ROWS_CPU = 128  # rows per step: a prompt chunk on top of the decode rows (~0.5 s of CPU prefill)
+STEP_ROWS_CPU = 128  # prompt rows per step, on top of the decode rows (~0.5 s of CPU prefill)
 STEP_ROWS_GPU = 512
 DEFAULT_SLOTS = 8
 PREFIX_CACHE_BYTES = 1 << 30
@@ -221,7 +221,7 @@ class BatchScheduler:
                 logit_rows.append(row)
                 sampled.append(s)
                 row += 1
-        budget = max(self.step_rows - len(decoding), 1)
+        budget = self.step_rows  # prompt rows, on top of the decode rows: a prompt reads as fast as alone
         stepped = list(decoding)
         for s in reading:
             if budget <= 0:
