@@ -234,13 +234,6 @@ class QWeight:
             raise ValueError(f"empty row range [{start}, {stop}) of a weight with {self.shape[0]} rows")
         return QWeight(self.ggml_type, (stop - start, self.shape[1]), self.data[start:stop])
 
-    def take_rows(self, ids: torch.Tensor) -> QWeight:
-        """Rows `ids` (any int tensor, flattened) as a new QWeight - e.g. token embeddings."""
-        ids = ids.reshape(-1).to(device=self.data.device, dtype=torch.long)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
-            raise IndexError(f"row ids must be in [0, {self.shape[0]}), got {int(ids.min())}..{int(ids.max())}")
-        return QWeight(self.ggml_type, (ids.numel(), self.shape[1]), self.data.index_select(0, ids))
-
     @property
     def is_quantized(self) -> bool:
         return not type_info(self.ggml_type).is_float
@@ -448,14 +441,6 @@ def linear_add(x: torch.Tensor, w: QWeight, residual: torch.Tensor) -> torch.Ten
             or not residual.is_contiguous():
         return residual + linear(x, w)
     return cpu_native.matmul_add(x, plans[0], residual)
-
-
-def embedding(ids: torch.Tensor, w: QWeight, dtype=torch.float32) -> torch.Tensor:
-    """Rows of an (n_vocab, dim) weight for token ids (..., ) -> (..., dim): only the needed
-    byte rows are gathered and dequantized."""
-    if ids.numel() == 0:
-        return torch.empty(*ids.shape, w.shape[1], dtype=dtype, device=w.data.device)
-    return w.take_rows(ids).dequantize(dtype).reshape(*ids.shape, w.shape[1])
 
 
 def native_decode_layers(layers, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int,

@@ -91,19 +91,21 @@ def test_cpu_linear_matches_dequant_matmul(ggml_type, monkeypatch):
 
 @pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K, gt.Q8_0, gt.F16, gt.BF16, gt.F32], ids=gt.type_name)
 def test_embedding_gathers_dequantized_rows(ggml_type):
-    from tramontane.kernels.linear import embedding
+    """The model's token embedding (the mapped table's rows, dequantized as looked up) equals
+    gguf.quants' rows; an id past the table is an IndexError, not a read past it."""
+    from tramontane.engine.mistral3.text import TokenEmbedding
 
     rng = np.random.default_rng(3)
     shape = (50, 256)
     raw = random_quant_bytes(ggml_type, shape, rng)
     w = QWeight.from_raw(raw, ggml_type, shape, "cpu")
     full = torch.from_numpy(_gguf_ref(raw, ggml_type, shape))
-    ids = torch.tensor([[3, 0, 49], [7, 7, 12]])
-    out = embedding(ids, w)
-    assert out.shape == (2, 3, 256)
+    ids = torch.tensor([3, 0, 49, 7, 7, 12])
+    out = TokenEmbedding(w, torch.float32)(ids)
+    assert out.shape == (6, 256)
     assert torch.equal(out, full[ids])
-    with pytest.raises(IndexError, match=r"\[0, 50\)"):
-        embedding(torch.tensor([50]), w)
+    with pytest.raises(IndexError):
+        TokenEmbedding(w, torch.float32)(torch.tensor([50]))
 
 
 def test_cpu_dense_cache_is_bounded_and_released(monkeypatch):
