@@ -39,6 +39,7 @@ from ...kernels.triton_compat import triton_usable
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from ..runtime.cuda_graphs import DecodeGraphs
+from ..runtime import memory as _memory
 from ..runtime.kv_cache import KVCache
 # Sizes that the memory accounting counts live in runtime/memory.py, once.
 from ..runtime.memory import (CPU_PREFILL_CHUNK, CUDA_HEADROOM_BYTES, DEFAULT_CONTEXT,  # noqa: F401
@@ -309,22 +310,6 @@ class LayerWeights:
 _DTYPE_TYPES = {torch.bfloat16: ggml_types.BF16, torch.float16: ggml_types.F16}
 
 
-def _available_ram() -> int:
-    """Bytes the system could give us now; 0 when unknown. MemAvailable counts reclaimable page
-    cache, which matters: the memory-mapped model file itself fills the page cache."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not Linux: unknown
-        return 0
-
-
 def _want_dense(gf: GGUFFile, cfg: TextConfig, device: torch.device, requested: bool | None) -> bool:
     if device.type != "cpu":
         return False
@@ -335,7 +320,7 @@ def _want_dense(gf: GGUFFile, cfg: TextConfig, device: torch.device, requested: 
     dense_bytes = sum(4 * math.prod(t.shape) for n, t in gf.tensors.items()
                       if n.startswith("blk.") and len(t.shape) == 2)
     dense_bytes += 4 * cfg.vocab_size * cfg.hidden  # the head
-    return dense_bytes <= _available_ram() // 2
+    return dense_bytes <= _memory.available_ram() // 2
 
 
 def _native_cpu() -> bool:
@@ -562,7 +547,7 @@ class Mistral3Text:
         cpu = torch.device("cpu")
         if any(seg.device == cpu for seg in self.segments):
             need = n * self.kv_bytes_per_token(device=cpu)
-            free = _available_ram()
+            free = _memory.available_ram()
             if free and need > free:
                 raise EngineError(f"a KV cache of {n} tokens needs {need / 2**30:.1f} GiB, more than the "
                                   f"{free / 2**30:.1f} GiB of free memory: lower the context length")

@@ -96,13 +96,11 @@ class Machine:
 def detect_machine() -> Machine:
     """This machine: free memory of every CUDA GPU now (NVML: no CUDA context is created on a
     GPU only to ask, see memory.gpu_free_memory), and MemAvailable of the system."""
-    from ..mistral3.text import _available_ram
-
     gpus, unified = [], False
     for i, (free, _total, name, integrated, how) in enumerate(mem.gpu_free_memory()):
         unified = unified or integrated
         gpus.append(DeviceInfo(f"cuda:{i}", free, name if how in ("nvml", "torch") else f"{name}, {how}"))
-    ram = _available_ram()
+    ram = mem.available_ram()
     cpu = DeviceInfo("cpu", ram, "system memory") if ram else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown")
     return Machine(tuple(gpus), cpu, unified)
 

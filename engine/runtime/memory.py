@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 MiB = 1 << 20
@@ -171,6 +172,22 @@ def _nvml_free_by_uuid() -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- host heap
+
+def available_ram() -> int:
+    """Bytes the system could give us now; 0 when unknown. MemAvailable counts reclaimable page
+    cache, which matters: the memory-mapped model file itself fills the page cache."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux: unknown
+        return 0
+
 
 def release_freed_heap() -> bool:
     """malloc_trim(0) where the C library is glibc: the temporaries of building a tokenizer and

@@ -323,12 +323,12 @@ def test_lone_surrogate_is_a_tokenizer_error_not_a_type_error():
 
 
 def test_cpu_kv_cache_larger_than_free_ram_is_refused(monkeypatch):
-    from tramontane.engine.mistral3 import text as model_mod
     from tramontane.engine.api import EngineError
+    from tramontane.engine.runtime import memory
     from tramontane.engine.mistral3.text import Mistral3Text
 
     m = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_tiny-f32.gguf"),
                           device="cpu")
-    monkeypatch.setattr(model_mod, "_available_ram", lambda: 1000)
+    monkeypatch.setattr(memory, "available_ram", lambda: 1000)
     with pytest.raises(EngineError, match="lower the context length"):
         m.new_cache(512)
