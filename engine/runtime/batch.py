@@ -9,7 +9,8 @@ streams keep getting a token every step. Decode is bound by reading the weights:
 cost about what one does.
 
 A priority request (the window's own reply) has a slot kept for it and its prompt is read
-before anyone else's, so it never queues behind API streams. Image features are encoded in the
+before anyone else's, with the other streams paused for those steps, so it never queues behind
+API streams. Image features are encoded in the
 submitting thread, outside the step. Prefix reuse: a slot keeps what it last held (the next turn
 of a conversation reuses it in place), and every sequence's full blocks go to the shared
 `PrefixCache`, from which a new sequence copies its longest known prefix (a known system prompt).
@@ -212,6 +213,10 @@ class BatchScheduler:
             return False
         decoding = [s for s in self._running if not s.reading]
         reading = sorted((s for s in self._running if s.reading), key=lambda s: (not s.req.priority, s.req.order))
+        if reading and reading[0].req.priority:
+            # The window's prompt is read alone (the streams wait these few steps): its first
+            # token comes as fast as on an idle engine.
+            decoding = [s for s in decoding if s.req.priority]
         parts, groups, logit_rows, sampled = [], [], [], []
         row = 0
         if decoding:

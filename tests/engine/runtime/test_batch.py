@@ -196,11 +196,12 @@ def test_a_priority_request_overtakes_the_queue_and_reads_its_prompt_first(engin
         window = sched.submit(prompts[3], greedy(5), priority=True)
         window.add_done_callback(lambda _: order.append("window"))
         sched.step()
-        # the window's reply joined at once (its own slot), its prompt read a whole chunk beside
-        # the streams' decode rows (as fast as alone), before c's
-        assert rec.steps[0] == [1, 1, 32]
+        # the window's reply joined at once (its own slot) and its prompt was read alone (the
+        # streams paused for that step), a whole chunk, before c's
+        assert rec.steps[0] == [32]
         while sched.step():
             pass
+        assert rec.steps[1] == [28] and rec.steps[2] == [1, 1, 1]  # then everyone decodes again
     finally:
         rec.close()
     assert order.index("window") < order.index("c")
