@@ -75,19 +75,26 @@ def _first_chunk(s: int, n: int) -> int:
 NAMES = ["mistral3_tiny-f32.gguf", "mistral3_q256-Q4_K_M.gguf", "mistral3_q256-Q6_K.gguf"]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_batched_rows_equal_each_sequence_alone_at_float32(name, float32_cpu_path):
-    """Float32 matmuls: the batch is the same arithmetic as one sequence alone, to rounding."""
+def _batched_and_alone(name):
+    """For each sequence of the schedule on model file `name`: (index, its batched logits, the
+    same tokens in one pass alone, its decode rows one at a time alone, its first chunk's
+    length, the logits' scale)."""
     model = Mistral3Text.load(FIXTURES / name, device="cpu")
     seqs = _sequences(min(model.cfg.vocab_size, 2048), LENGTHS)
     batched, fed = _run_batched(model, seqs, SCHEDULE)
     for s, seq in enumerate(seqs):
         prompt = _first_chunk(s, fed[s])
         one_pass, stepwise = _alone(model, seq, fed[s], prompt)
-        scale = one_pass.abs().max().item()
-        assert (batched[s] - one_pass).abs().max().item() <= BATCH_VS_ALONE_REL * scale, (name, s)
-        assert (batched[s][prompt - 1:] - stepwise).abs().max().item() <= BATCH_VS_ALONE_REL * scale, (name, s)
-        assert torch.equal(batched[s][prompt - 1:].argmax(-1), stepwise.argmax(-1))
+        yield s, batched[s], one_pass, stepwise, prompt, one_pass.abs().max().item()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batched_rows_equal_each_sequence_alone_at_float32(name, float32_cpu_path):
+    """Float32 matmuls: the batch is the same arithmetic as one sequence alone, to rounding."""
+    for s, rows, one_pass, stepwise, prompt, scale in _batched_and_alone(name):
+        assert (rows - one_pass).abs().max().item() <= BATCH_VS_ALONE_REL * scale, (name, s)
+        assert (rows[prompt - 1:] - stepwise).abs().max().item() <= BATCH_VS_ALONE_REL * scale, (name, s)
+        assert torch.equal(rows[prompt - 1:].argmax(-1), stepwise.argmax(-1))
 
 
 @pytest.mark.cpu_variants
@@ -98,16 +105,10 @@ def test_batched_rows_on_the_native_kernels_differ_from_alone_only_by_the_kernel
     order: a sequence alone already differs between its prefill rows and its decode rows by
     that much. A batched row is within 1e-5 of the same row in a one-pass prefill, and no
     further from the one-row decode than that prefill row is."""
-    model = Mistral3Text.load(FIXTURES / name, device="cpu")
-    seqs = _sequences(min(model.cfg.vocab_size, 2048), LENGTHS)
-    batched, fed = _run_batched(model, seqs, SCHEDULE)
-    for s, seq in enumerate(seqs):
-        prompt = _first_chunk(s, fed[s])
-        one_pass, stepwise = _alone(model, seq, fed[s], prompt)
-        scale = one_pass.abs().max().item()
-        assert (batched[s] - one_pass).abs().max().item() <= BATCH_VS_ALONE_REL * scale, (name, s)
+    for s, rows, one_pass, stepwise, prompt, scale in _batched_and_alone(name):
+        assert (rows - one_pass).abs().max().item() <= BATCH_VS_ALONE_REL * scale, (name, s)
         tiles = (one_pass[prompt - 1:] - stepwise).abs().max().item()
-        assert (batched[s][prompt - 1:] - stepwise).abs().max().item() <= tiles + BATCH_VS_ALONE_REL * scale
+        assert (rows[prompt - 1:] - stepwise).abs().max().item() <= tiles + BATCH_VS_ALONE_REL * scale
 
 
 def test_batched_rows_equal_hf_transformers_per_sequence():
