@@ -6,6 +6,7 @@ thread as typed signals, cancel works from the UI thread, every failure is a rea
 from __future__ import annotations
 
 import threading
+import weakref
 
 import pytest
 
@@ -168,7 +169,11 @@ def test_failures_are_messages(qtbot, worker, tmp_path):
 
 def test_unload_frees_the_engine(qtbot, worker):
     load(qtbot, worker)
+    # what holds the memory: the model (weights, repacked copies) and its KV cache
+    model, cache = weakref.ref(worker.engine.model), weakref.ref(worker.engine.cache)
     with qtbot.waitSignal(worker.unloaded, timeout=10000):
         worker.unload()
+    assert worker.engine is None
+    assert model() is None and cache() is None  # freed at unload, not at some later collection
     with qtbot.waitSignal(worker.failed, timeout=10000):
         worker.chat(ChatRequest(1, [ChatMessage.text("user", "x")], GREEDY, None, threading.Event()))
