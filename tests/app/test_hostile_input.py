@@ -60,7 +60,7 @@ REFUSED_AT_DROP = {
     "strip-over-limit.png": (png_header(1, 89_478_486), "too large"),
     "notes.png": (b"this is a text file with a picture's name\n", "not an image"),
     "empty.png": (b"", "empty"),
-    "zero-width.png": (png_with_idat(0, 10, zlib.compress(b"")), ""),
+    "zero-width.png": (png_with_idat(0, 10, zlib.compress(b"")), "not an image"),  # Pillow refuses a 0-pixel side
     "pdf.jpg": (b"%PDF-1.4\n" + b"0" * 300, "not an image"),
 }
 
