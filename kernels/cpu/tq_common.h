@@ -77,7 +77,7 @@ typedef struct {
     tq_quant_fn quant_q8b;
     tq_gemm_fn gemm[TQ_NTYPES];
     tq_dequant_fn dequant[TQ_NTYPES];
-    /* prefill (4+ activation rows), where a variant has it: activations quantized by
+    /* prefill (TQ_WIDE_MIN_ROWS+ activation rows), where a variant has it: activations quantized by
      * quant_wide[t] into a lane-transposed order that gemm_wide[t] expects (NULL: use gemm) */
     tq_gemm_fn gemm_wide[TQ_NTYPES];
     tq_quant_fn quant_wide[TQ_NTYPES];
