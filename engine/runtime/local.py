@@ -6,7 +6,6 @@ image features into the new rows and streams the reply.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -119,13 +118,12 @@ class LocalEngine:
 
     def close(self) -> None:
         """Give the memory back now: the weights (and their repacked copies), the KV cache, parked
-        chats; parts held in reference cycles are collected here rather than at some later
-        collection, and glibc returns the freed heap to the system."""
+        chats, and glibc's freed heap to the system. (No gc.collect() here: close runs on the
+        window's worker thread, and a collection there could free Qt objects off the GUI thread.)"""
         self.cache = None
         self.model = None
         self.vision = None
         self.host_kv = HostKVStore(0)
-        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         release_freed_heap()
