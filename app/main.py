@@ -105,6 +105,9 @@ def run_app(args: argparse.Namespace, argv: list[str]) -> int:
     except StoreError as exc:
         QMessageBox.critical(None, APP_NAME, str(exc))
         return 1
+    from .gui_gc import GuiThreadCollector
+
+    collector = GuiThreadCollector(app)  # Qt objects die on the GUI thread, never on a worker's
     try:
         window = MainWindow(store, autoload=not args.no_autoload)
         probe = os.environ.get(STARTUP_PROBE_ENV, "")
@@ -118,6 +121,7 @@ def run_app(args: argparse.Namespace, argv: list[str]) -> int:
         window.show()
         return app.exec()
     finally:
+        collector.stop()
         store.close()
 
 
