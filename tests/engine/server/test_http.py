@@ -394,12 +394,23 @@ class SlowEngine:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def generate_from(self, prompt, params, on_piece=None, cancel=None, session_key=None):
+    @staticmethod
+    def _slow(on_piece):
         def slow(piece):
             time.sleep(0.005)
             if on_piece is not None:
                 on_piece(piece)
-        return self._engine.generate_from(prompt, params, on_piece=slow, cancel=cancel, session_key=session_key)
+        return slow
+
+    def generate_from(self, prompt, params, on_piece=None, cancel=None, session_key=None):
+        return self._engine.generate_from(prompt, params, on_piece=self._slow(on_piece), cancel=cancel,
+                                          session_key=session_key)
+
+    def chat(self, messages, params, on_piece=None, cancel=None, session_key=None, tools=None):
+        # the server encodes short chats through chat(): slow there too, or a fast machine
+        # finishes 400 tokens before the client's 0.4 s timeout
+        return self._engine.chat(messages, params, on_piece=self._slow(on_piece), cancel=cancel,
+                                 session_key=session_key, tools=tools)
 
 
 def test_a_client_cut_mid_stream_or_mid_wait_stops_the_generation():
