@@ -72,8 +72,8 @@ def notices_text() -> str:
     if bundled is not None:
         return bundled.read_text("utf-8", errors="replace")
     lines = ["Tramontane is licensed under the Apache License 2.0.",
-             "It runs with these distributions (installed from source: their licence texts are in "
-             "each one's .dist-info folder; the installers carry them all in " + NOTICES_NAME + "):", ""]
+             "It runs with these distributions. Installed from source, their licence texts are in",
+             f"each one's .dist-info folder; the installers carry them all in {NOTICES_NAME}.", ""]
     for dist in shipped_distributions():
         lines.append(f"{dist.metadata['Name']} {dist.version}: {licence_of(dist)}")
     return "\n".join(lines) + "\n"
