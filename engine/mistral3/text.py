@@ -661,11 +661,11 @@ class Mistral3Text:
 
     def _native_decode(self, seg: Segment, cache: KVCache):
         """The segment's decode step as one native call (kernels.linear.native_decode_layers), made
-        once per cache, kernel variant and cache tensors; None where the per-op path runs."""
+        once per cache and kernel variant (a cache's tensors are fixed for its life, and the steps
+        are stored on it); None where the per-op path runs."""
         if seg.device.type != "cpu" or not _native_cpu():
             return None
-        key = (_linear_mod.cpu_native.VARIANT_EPOCH, *(t.data_ptr() for i in seg.layers
-                                                       for t in (cache.layer_k[i], cache.layer_v[i])))
+        key = _linear_mod.cpu_native.VARIANT_EPOCH
         made = cache.__dict__.setdefault("_native_decode", {})  # id(seg) -> (key, step)
         if made.get(id(seg), (None,))[0] != key:
             cfg = self.cfg
