@@ -30,8 +30,7 @@ import torch
 
 from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
-from . import generate as _generate
-from .generate import StopStringFilter, apply_processors, check_params, make_generator, sample, token_logprob
+from .generate import StopStringFilter, check_params, draw_token, make_generator, seen_mask
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
 from .session import Key, position_keys, reusable_prefix
 
@@ -358,24 +357,14 @@ class BatchScheduler:
             if not params.greedy:
                 s.generator = make_generator(params.seed, logits.device)
             if params.repetition_penalty != 1.0:
-                s.seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-                ids = torch.tensor(s.req.prompt.ids, dtype=torch.long, device=logits.device)
-                s.seen[ids.clamp_(0, logits.shape[-1] - 1)] = True
-        raw = logits
-        if params.logits_processors or _generate.TEST_LOGITS_HOOK is not None:
-            logits = apply_processors(params, s.generated, logits)
-        token = sample(logits, params, s.generator, s.seen)
+                s.seen = seen_mask(s.req.prompt.ids, logits.shape[-1], logits.device)
+        token = draw_token(logits, params, self.tokenizer, s.generated, s.generator, s.seen, s.logprobs)
         s.n_sampled += 1
         s.t_last = time.perf_counter()
         if s.t_first is None:
             s.t_first = s.t_last
-        if token == self.tokenizer.eos_id and not params.ignore_eos:
+        if token is None:
             return self._finish(s, "stop")
-        if s.logprobs is not None:
-            s.logprobs.append(token_logprob(raw, token, params.logprobs, self.tokenizer))
-        s.generated.append(token)
-        if s.seen is not None:
-            s.seen[token] = True
         self._emit(s, s.stop.feed(s.decoder.push(token)))
         cache = s.slot.cache
         if s.stop.stopped:

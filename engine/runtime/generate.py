@@ -249,6 +249,35 @@ def token_logprob(logits: torch.Tensor, token: int, top: int, tokenizer=None) ->
     return entry(token, float(logp[token]), alternatives)
 
 
+def seen_mask(history: Sequence[int], vocab: int, device: torch.device | str) -> torch.Tensor:
+    """The repetition penalty's bool mask (vocab,): the tokens that occur in `history`."""
+    seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+    if history:
+        seen[torch.tensor(list(history), dtype=torch.long, device=device).clamp_(0, vocab - 1)] = True
+    return seen
+
+
+def draw_token(logits: torch.Tensor, params: SamplingParams, tokenizer, generated: list[int],
+               generator: torch.Generator | None, seen: torch.Tensor | None,
+               logprobs: list[TokenLogprob] | None) -> int | None:
+    """One decode step's token after `logits` (the logits processors, then the draw), shared by
+    generate() and the batch scheduler. None at EOS (unless params.ignore_eos): the reply ends
+    there. Otherwise the token is appended to `generated`, marked in `seen`, and its logprob
+    (of the raw logits) appended to `logprobs`, where those are kept."""
+    raw = logits
+    if params.logits_processors or TEST_LOGITS_HOOK is not None:
+        logits = apply_processors(params, generated, logits)
+    token = sample(logits, params, generator, seen)
+    if token == getattr(tokenizer, "eos_id", None) and not params.ignore_eos:
+        return None
+    if logprobs is not None:
+        logprobs.append(token_logprob(raw, token, params.logprobs, tokenizer))
+    generated.append(token)
+    if seen is not None:
+        seen[token] = True
+    return token
+
+
 # ----------------------------------------------------------------------------- the loop
 
 @dataclass
@@ -290,10 +319,8 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     n_prompt = embeds.shape[-2]
     stats = GenerationStats(prompt_tokens=start_pos + n_prompt, reused_tokens=start_pos,
                             prefilled_tokens=n_prompt, context_size=cache.capacity)
-    eos_id = getattr(tokenizer, "eos_id", None)
     decoder = tokenizer.stream(skip_special=False) if params.control_text else tokenizer.stream()
     logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
-    processed = bool(params.logits_processors) or TEST_LOGITS_HOOK is not None
     stop_filter = StopStringFilter(params.stop)
 
     def emit(piece: str) -> None:
@@ -326,10 +353,8 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     generator = None if params.greedy else make_generator(params.seed, device)
     seen = None
     if params.repetition_penalty != 1.0:
-        seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
         history = list(history_ids) if history_ids is not None else (prompt_ids or [])
-        if history:
-            seen[torch.tensor(history, dtype=torch.long, device=device).clamp_(0, logits.shape[-1] - 1)] = True
+        seen = seen_mask(history, logits.shape[-1], device)
 
     generated: list[int] = []
     cached: list[int] = []
@@ -338,21 +363,13 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     if params.max_tokens == 0:
         return finish("length", generated, cached, None, None, 0)
     while True:
-        raw = logits
-        if processed:
-            logits = apply_processors(params, generated, logits)
-        token = sample(logits, params, generator, seen)
+        token = draw_token(logits, params, tokenizer, generated, generator, seen, logprobs)
         n_sampled += 1
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
-        if token == eos_id and not params.ignore_eos:
+        if token is None:
             return finish("stop", generated, cached, t_first, t_last, n_sampled)
-        if logprobs is not None:
-            logprobs.append(token_logprob(raw, token, params.logprobs, tokenizer))
-        generated.append(token)
-        if seen is not None:
-            seen[token] = True
         emit(stop_filter.feed(decoder.push(token)))
         if stop_filter.stopped:
             return finish("stop_string", generated, cached, t_first, t_last, n_sampled)
@@ -369,4 +386,4 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
 __all__ = ["InvalidLogitsError", "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
            "process_logits", "sample", "make_generator", "check_params", "StopStringFilter",
            "GenerationOutput", "generate", "ScriptedLogits", "apply_processors", "token_logprob",
-           "MAX_TOP_LOGPROBS"]
+           "seen_mask", "draw_token", "MAX_TOP_LOGPROBS"]
