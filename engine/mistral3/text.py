@@ -692,14 +692,7 @@ class Mistral3Text:
                    cache: KVCache) -> torch.Tensor:
         """Attention of attn_norm(x) over the cache (K/V of these rows written first), before W_o."""
         q, k, v = self._qkv(layer, x)
-        cache_k, cache_v = cache.layer_k[i], cache.layer_v[i]
-        if _native_f32(q, cache_k):
-            # CPU: RoPE, the KV write and attention in one native call, (row, KV head) pairs on
-            # the thread pool. sdpa's CPU kernel spends ~90 us a layer on setup at decode sizes,
-            # and runs prefill on one thread (torch keeps one beside the pool).
-            return _linear_mod.cpu_native.rope_kv_attend(q, k, v, *tables, cache_k, cache_v, start)
-        q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
-        return prefill_attention(q, cache_k, cache_v, start, flash_attention_on(q.device))
+        return self._attend_rows(q, k, v, tables, cache.layer_k[i], cache.layer_v[i], start)
 
     def _mlp_hidden(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of ffn_norm(x): the down projection's input."""
@@ -840,6 +833,9 @@ class Mistral3Text:
         """One sequence's rows of a batch: RoPE, K/V written at [start, start + T) of its cache,
         causal attention over [0, start + t] for row t; (T, heads * dv) before W_o."""
         if _native_f32(q, cache_k):
+            # CPU: RoPE, the KV write and attention in one native call, (row, KV head) pairs on
+            # the thread pool. sdpa's CPU kernel spends ~90 us a layer on setup at decode sizes,
+            # and runs prefill on one thread (torch keeps one beside the pool).
             return _linear_mod.cpu_native.rope_kv_attend(q, k, v, *tables, cache_k, cache_v, start)
         q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
         return prefill_attention(q, cache_k, cache_v, start, flash_attention_on(q.device))
