@@ -21,7 +21,8 @@ from tramontane.app.store import Store  # noqa: E402
 from tramontane.app.widgets.chat_list import HeadingRole  # noqa: E402
 from tramontane.app.window import MainWindow  # noqa: E402
 from support.app_window import (MMPROJ, MODEL, PieceCounter, close_window,  # noqa: E402
-                                drop_files, make_window, png_bytes, png_with_idat, send)
+                                drop_files, make_window, pick_server, png_bytes, png_with_idat,
+                                send)
 from support.ui_turns import EngineCodeOnThisThread, UiTurns  # noqa: E402
 from tramontane.engine.api import ImagePart, SamplingParams  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
@@ -524,13 +525,7 @@ def test_switch_to_remote_server(qtbot, window):
     from support.fakevllm import FakeVLLM
 
     with FakeVLLM(models=["served-model"], reply="Hi from the server.") as fake:
-        window.store.set_setting("remote_servers", [
-            {"name": "lab", "base_url": fake.url, "api_key": "", "default_model": "served-model",
-             "models": ["served-model"]}])
-        combo = window.model_bar.model_combo
-        combo.reload()
-        with qtbot.waitSignal(window.modelLoaded, timeout=10000):
-            combo.setCurrentIndex(combo.findText("served-model — lab"))
+        combo = pick_server(qtbot, window, fake)
         assert window.engine_info.remote and "served-model" in window.model_bar.model_label.text()
         reply_id = send(qtbot, window, "hello server")
         assert window.store.get_message(reply_id).text == "Hi from the server."

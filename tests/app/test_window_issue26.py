@@ -8,7 +8,7 @@ pytest.importorskip("pytestqt")
 
 from PySide6.QtWidgets import QFileDialog  # noqa: E402
 
-from support.app_window import MMPROJ, MODEL, send  # noqa: E402
+from support.app_window import MMPROJ, MODEL, pick_server, send  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -16,6 +16,16 @@ pytestmark = pytest.mark.usefixtures("isolated")
 def open_file(window, monkeypatch, path) -> None:
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), GGUF))
     window.open_model_file()
+
+
+def open_stored_chat(window, title: str, question: str, answer: str, images=()) -> int:
+    """A stored chat of one question and its answer, listed and opened in the window; its id."""
+    chat = window.store.create_chat(title)
+    window.store.add_message(chat, "user", question, images)
+    window.store.add_message(chat, "assistant", answer)
+    window.refresh_chat_list()
+    window.open_chat(chat)
+    return chat
 
 
 GGUF = "GGUF models (*.gguf)"
@@ -42,11 +52,7 @@ def test_regenerate_is_off_without_a_model(qtbot, idle_window):
     """Item 6: with no model, Regenerate (menu, Ctrl+R, ↻, the reply's button) and Edit are
     off, and a Ctrl+R that gets through says what to do instead of failing."""
     window = idle_window
-    chat = window.store.create_chat("Old chat")
-    window.store.add_message(chat, "user", "Hello")
-    window.store.add_message(chat, "assistant", "Hi")
-    window.refresh_chat_list()
-    window.open_chat(chat)
+    chat = open_stored_chat(window, "Old chat", "Hello", "Hi")
     reply, question = window.view.widgets[-1], window.view.widgets[0]
     assert not window.regenerate_action.isEnabled()
     assert not window.composer.regenerate_button.isEnabled()
@@ -71,11 +77,7 @@ def test_model_hints_go_when_a_model_loads(qtbot, idle_window):
     from tramontane.engine.api import ImagePart
 
     window = idle_window
-    chat = window.store.create_chat("Picture chat")
-    window.store.add_message(chat, "user", "Look", [ImagePart(png_bytes(8, 8), "cat.png")])
-    window.store.add_message(chat, "assistant", "A cat.")
-    window.refresh_chat_list()
-    window.open_chat(chat)
+    open_stored_chat(window, "Picture chat", "Look", "A cat.", [ImagePart(png_bytes(8, 8), "cat.png")])
     window.load_model(str(MODEL), "")  # text only
     qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
     window.composer.edit.setPlainText("And now?")
@@ -95,12 +97,7 @@ def test_server_and_local_states_do_not_mix(qtbot, window):
     bar = window.model_bar
     assert bar.quant_label.isVisible() and bar.quant_label.text() == "F32"
     with FakeVLLM(models=["served-model"], reply="Hi.") as fake:
-        window.store.set_setting("remote_servers", [
-            {"name": "lab", "base_url": fake.url, "api_key": "", "default_model": "served-model",
-             "models": ["served-model"]}])
-        bar.model_combo.reload()
-        with qtbot.waitSignal(window.modelLoaded, timeout=10000):
-            bar.model_combo.setCurrentIndex(bar.model_combo.findText("served-model — lab"))
+        pick_server(qtbot, window, fake)
         assert not bar.quant_label.isVisible()
         assert not bar.unload_button.isEnabled() and not window.unload_action.isEnabled()
         window.unload_model()
@@ -401,12 +398,8 @@ def test_dragging_images_over_the_window_shows_where_they_go(qtbot, window, tmp_
 def test_the_inline_editor_opens_unscrolled(qtbot, window):
     """Item 15 (part): Edit on a long message opens an editor as tall as the text allows (14
     lines), at its start, not scrolled to its end."""
-    chat = window.store.create_chat("Long question")
     text = "\n".join(f"line {i} of a question" for i in range(30))
-    window.store.add_message(chat, "user", text)
-    window.store.add_message(chat, "assistant", "ok")
-    window.refresh_chat_list()
-    window.open_chat(chat)
+    open_stored_chat(window, "Long question", text, "ok")
     question = window.view.widgets[0]
     question.buttons["edit"].click()
     qtbot.wait(20)
@@ -433,11 +426,7 @@ def test_tables_have_single_thin_lines(qtbot, idle_window):
     from PySide6.QtGui import QTextTable
 
     window = idle_window
-    chat = window.store.create_chat("Tables")
-    window.store.add_message(chat, "user", "compare")
-    window.store.add_message(chat, "assistant", "| Model | Size |\n|---|---|\n| 3B | 2.2 GB |\n| 24B | 15 GB |")
-    window.refresh_chat_list()
-    window.open_chat(chat)
+    open_stored_chat(window, "Tables", "compare", "| Model | Size |\n|---|---|\n| 3B | 2.2 GB |\n| 24B | 15 GB |")
     document = window.view.widgets[-1].body.document()
     tables = [f for f in document.rootFrame().childFrames() if isinstance(f, QTextTable)]
     assert len(tables) == 1

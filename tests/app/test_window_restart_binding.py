@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from support.app_window import close_window, make_window, send  # noqa: E402
+from support.app_window import close_window, make_window, pick_server, send  # noqa: E402
 from support.fakevllm import FakeVLLM  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
@@ -17,13 +17,7 @@ def test_server_chat_reopens_on_its_server(qtbot, tmp_path):
     data = tmp_path / "data"
     with FakeVLLM(models=["served-model"], reply="Hi from the server.") as fake:
         w1 = make_window(qtbot, data)  # the local model loaded: it is the "last model"
-        w1.store.set_setting("remote_servers", [
-            {"name": "lab", "base_url": fake.url, "api_key": "", "default_model": "served-model",
-             "models": ["served-model"]}])
-        combo = w1.model_bar.model_combo
-        combo.reload()
-        with qtbot.waitSignal(w1.modelLoaded, timeout=10000):
-            combo.setCurrentIndex(combo.findText("served-model — lab"))
+        pick_server(qtbot, w1, fake)
         send(qtbot, w1, "hello server")
         chat_id = w1.current_chat_id
         close_window(w1)

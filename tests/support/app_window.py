@@ -121,3 +121,16 @@ def send(qtbot, window, text: str) -> int:
     with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
         qtbot.keyClick(edit, Qt.Key.Key_Return)
     return blocker.args[0]
+
+
+def pick_server(qtbot, window, fake):
+    """Add `fake` (a FakeVLLM serving "served-model") as the server "lab" and pick its model in
+    the window's model box, waiting for it to load; the model box."""
+    window.store.set_setting("remote_servers", [
+        {"name": "lab", "base_url": fake.url, "api_key": "", "default_model": "served-model",
+         "models": ["served-model"]}])
+    combo = window.model_bar.model_combo
+    combo.reload()
+    with qtbot.waitSignal(window.modelLoaded, timeout=10000):
+        combo.setCurrentIndex(combo.findText("served-model — lab"))
+    return combo
