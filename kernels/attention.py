@@ -29,11 +29,10 @@ while writing this: tile sizes and warps to be confirmed on one.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .triton_compat import HAVE_TRITON, interpreting, launch, tl, triton
+from .triton_compat import sm_count as _sm_count  # tests patch it here
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64
@@ -150,13 +149,6 @@ def _combine_kernel(part_ptr, stat_ptr, o_ptr, n_rep, n_rows, n_splits, stride_o
     head = g * n_rep + m % n_rep
     tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
              (acc / tl.where(row_ok, l_run, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: small enough that tests take the split path too
 
 
 def split_plan(n_programs: int, n_keys: int, device: torch.device) -> tuple[int, int]:

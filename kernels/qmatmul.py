@@ -92,6 +92,7 @@ from .quant_k import dot_q4_k, dot_q6_k, tile_q2_k, tile_q3_k, tile_q4_k, tile_q
 from .quant_legacy import tile_q4_0, tile_q4_1, tile_q5_0, tile_q5_1, tile_q8_0
 from . import triton_compat
 from .triton_compat import interpreting, launch, tl, triton
+from .triton_compat import sm_count as _sm_count  # tests patch it here
 
 UNIT = 256  # elements per row handled by one tile call
 F32_BITS_2P23 = 0x4B000000  # bit pattern of float32 2**23, see quant_k._nibble_f32
@@ -311,12 +312,6 @@ def dequantize_triton(w, dtype=torch.float32, out: torch.Tensor | None = None) -
         launch(_dequant_kernel, grid, data, out, _table(data.device), n, k, data.shape[1], n_blocks,
                QTYPE=w.ggml_type, BLOCK_N=block_n, num_warps=4, **_launch_opts(data.device, False))
     return out
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
 
 
 # (BLOCK_N, num_warps) for one activation row, chosen offline from the sm_90 PTX of the inner

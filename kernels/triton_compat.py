@@ -52,6 +52,15 @@ def interpreting() -> bool:
     return HAVE_TRITON and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
+def sm_count(device: "torch.device") -> int:  # noqa: F821
+    """Streaming multiprocessors of a CUDA device (cached: launch configs ask per call); 4 under
+    the interpreter, small enough that tests take the split paths too."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
 @functools.lru_cache(maxsize=1)
 def _c_compiler_found() -> bool:
     """Could Triton build its launcher here? It needs a C compiler ($CC, cc, gcc or clang on
