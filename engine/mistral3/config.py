@@ -438,9 +438,12 @@ def projector_output_width(projector_path: str | os.PathLike) -> int:
         return read_config(gf).text_hidden
 
 
-def check_pair(model_path: str | os.PathLike, projector_path: str | os.PathLike) -> None:
-    """Raise ProjectorMismatchError (naming both files) unless the projector fits the model."""
-    hidden = model_hidden_size(model_path)
+def check_pair(model_path: str | os.PathLike, projector_path: str | os.PathLike,
+               hidden: int | None = None) -> None:
+    """Raise ProjectorMismatchError (naming both files) unless the projector fits the model.
+    `hidden`: the model's hidden size when the caller has read its header already."""
+    if hidden is None:
+        hidden = model_hidden_size(model_path)
     width = projector_output_width(projector_path)
     if width != hidden:
         raise ProjectorMismatchError(

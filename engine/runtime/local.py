@@ -45,9 +45,9 @@ class LocalEngine:
         settle_torch_threads()  # torch out of the native pool's way (runtime/threads.py)
         try:
             gf = open_gguf(self.model_path)
-            text_config(gf)  # refuse a projector or another architecture before anything else
+            cfg = text_config(gf)  # refuse a projector or another architecture before anything else
             if self.mmproj_path is not None:  # a foreign projector: refused from the headers
-                check_pair(self.model_path, self.mmproj_path)
+                check_pair(self.model_path, self.mmproj_path, cfg.hidden)  # the model's header read once
             self.tokenizer = Tokenizer.from_gguf(gf)
             budget = Budget(max_seq_len=int(context_length)) if context_length else Budget()
             self.plan = plan_for_files(gf, self.mmproj_path, device, device_map, budget)
