@@ -291,38 +291,26 @@ class ToolStream:
     calls, else content (so a malformed call never reaches the client as half a call)."""
 
     def __init__(self):
-        self.shown = 0
+        from ..runtime.generate import StopStringFilter  # torch: not at the CLI parser's import
+
         self.text = ""
-        self.held = False
+        self._filter = StopStringFilter(MARKER)  # holds back what could begin the marker, stops at it
+
+    @property
+    def shown(self) -> int:
+        return self._filter.shown
 
     def feed(self, piece: str) -> list[dict]:
         self.text += piece
-        if self.held:
-            return []
-        at = self.text.find(MARKER)
-        if at >= 0:
-            self.held = True
-            end = at
-        else:
-            end = len(self.text) - _partial_marker(self.text)
-        return self._content(end)
+        return self._as_content(self._filter.feed(piece))
 
-    def _content(self, end: int) -> list[dict]:
-        out = self.text[self.shown:end]
-        self.shown = max(self.shown, end)
+    @staticmethod
+    def _as_content(out: str) -> list[dict]:
         return [{"content": out}] if out else []
 
     def finish(self, result: GenerationResult) -> list[dict]:
         if result.tool_calls:
-            return self._content(len(result.text)) + tool_call_deltas(result.tool_calls)
+            return self._as_content(self.text[self.shown:len(result.text)]) + tool_call_deltas(result.tool_calls)
         # text (or a malformed call, shown as its plain text): whatever was held back
         shown_plain = self.text[:self.shown]
         return [{"content": result.text[len(shown_plain):]}] if len(result.text) > len(shown_plain) else []
-
-
-def _partial_marker(text: str) -> int:
-    """Length of the longest end of `text` that could begin the marker."""
-    for k in range(min(len(MARKER) - 1, len(text)), 0, -1):
-        if text.endswith(MARKER[:k]):
-            return k
-    return 0
