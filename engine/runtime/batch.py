@@ -384,7 +384,7 @@ class BatchScheduler:
 
     def _remember_blocks(self, s: _Sequence) -> None:
         keys = s.req.keys + s.cached
-        hashes = s.hashes if not s.cached else block_hashes(keys, self.prefix.block)
+        hashes = s.hashes if not s.cached else block_hashes(keys, self.prefix.block, s.hashes)
         self.prefix.store(hashes, s.slot.cache)
 
     def _release(self, s: _Sequence) -> None:

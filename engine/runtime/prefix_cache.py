@@ -35,10 +35,12 @@ def _block_bytes(keys: Sequence[Key]) -> bytes:
     return ids + b"|" + images
 
 
-def block_hashes(keys: Sequence[Key], block: int = BLOCK_TOKENS) -> list[bytes]:
-    """hashes[i] names keys[:(i + 1) * block] (full blocks only)."""
-    out, parent = [], b""
-    for lo in range(0, len(keys) - block + 1, block):
+def block_hashes(keys: Sequence[Key], block: int = BLOCK_TOKENS, known: Sequence[bytes] = ()) -> list[bytes]:
+    """hashes[i] names keys[:(i + 1) * block] (full blocks only). `known`: the hashes of a
+    prefix of keys already named (the chain goes on from them, not from the start)."""
+    out = list(known)
+    parent = out[-1] if out else b""
+    for lo in range(len(out) * block, len(keys) - block + 1, block):
         parent = hashlib.blake2b(parent + _block_bytes(keys[lo:lo + block]), digest_size=16).digest()
         out.append(parent)
     return out
