@@ -144,16 +144,21 @@ def _dequant_kernel(w_ptr, out_ptr, table_ptr, N, K, row_bytes, n_blocks,
 
 
 @triton.jit
+def _weight_rows(w_ptr, N, row_bytes, BLOCK_N: tl.constexpr):
+    """The BLOCK_N weight rows of this program (grid axis 0) of the matmul kernels: their
+    indices (int64), and as [BLOCK_N, 1, 1, 1] for _tile / _dot their mask and row pointers."""
+    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows4 = rows[:, None, None, None]
+    return rows, rows4 < N, w_ptr + rows4 * row_bytes
+
+
+@triton.jit
 def _decode_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_blocks, n_units,
                    units_per_split, stride_xm,
                    QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rows4 = rows[:, None, None, None]
-    rmask = rows4 < N
-    rowp = w_ptr + rows4 * row_bytes
+    rows, rmask, rowp = _weight_rows(w_ptr, N, row_bytes, BLOCK_N)
     m_ids = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     u_start = pid_k * units_per_split
@@ -212,13 +217,9 @@ def _decode_dot_kernel(x_ptr, w_ptr, part_ptr, table_ptr, M, N, K, row_bytes, n_
     Same grid and outputs as _decode_kernel. X_BF16: x is bfloat16 with 8-byte aligned rows
     (loaded 4 at a time)."""
     tl.static_assert(BLOCK_M == 1)
-    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rows4 = rows[:, None, None, None]
-    rmask = rows4 < N
-    rowp = w_ptr + rows4 * row_bytes
+    rows, rmask, rowp = _weight_rows(w_ptr, N, row_bytes, BLOCK_N)
     xp = x_ptr + pid_m * stride_xm
     u_start = pid_k * units_per_split
     u_stop = tl.minimum(u_start + units_per_split, n_units)
@@ -254,13 +255,9 @@ def _rows_kernel(x_ptr, w_ptr, out_ptr, table_ptr, M, N, K, row_bytes, n_blocks,
     and multiplies it with the [BLOCK_M, 256] activations at the unit's columns (the tile's own
     column order: a dot product does not care in which order K is walked). Grid and outputs as
     _decode_kernel: (N tiles, SPLIT_K, M tiles), float32 partials when split over K."""
-    pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
-    rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rows4 = rows[:, None, None, None]
-    rmask = rows4 < N
-    rowp = w_ptr + rows4 * row_bytes
+    rows, rmask, rowp = _weight_rows(w_ptr, N, row_bytes, BLOCK_N)
     m_ids = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     x_rows = x_ptr + m_ids.to(tl.int64)[:, None] * stride_xm
     m_ok = (m_ids < M)[:, None]
