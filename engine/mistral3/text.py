@@ -692,7 +692,8 @@ class Mistral3Text:
                    cache: KVCache) -> torch.Tensor:
         """Attention of attn_norm(x) over the cache (K/V of these rows written first), before W_o."""
         q, k, v = self._qkv(layer, x)
-        return self._attend_rows(q, k, v, tables, cache.layer_k[i], cache.layer_v[i], start)
+        return self._attend_rows(q, k, v, tables, cache.layer_k[i], cache.layer_v[i], start,
+                                 flash_attention_on(q.device))
 
     def _mlp_hidden(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of ffn_norm(x): the down projection's input."""
@@ -818,10 +819,12 @@ class Mistral3Text:
             sl = slice(start, start + n)
             spans.append((lo, lo + n, cache, start, (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])))
             lo += n
+        flash = flash_attention_on(x.device)  # once per pass, not per layer and sequence
         for i in seg.layers:
             layer = self.layers[i]
             q, k, v = self._qkv(layer, x)
-            outs = [self._attend_rows(q[a:b], k[a:b], v[a:b], tables, cache.layer_k[i], cache.layer_v[i], start)
+            outs = [self._attend_rows(q[a:b], k[a:b], v[a:b], tables, cache.layer_k[i], cache.layer_v[i], start,
+                                      flash)
                     for a, b, cache, start, tables in spans]
             o = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
             x = linear_add(o, layer.wo, x)
@@ -829,16 +832,17 @@ class Mistral3Text:
         return x
 
     def _attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables, cache_k: torch.Tensor,
-                     cache_v: torch.Tensor, start: int) -> torch.Tensor:
-        """One sequence's rows of a batch: RoPE, K/V written at [start, start + T) of its cache,
-        causal attention over [0, start + t] for row t; (T, heads * dv) before W_o."""
+                     cache_v: torch.Tensor, start: int, flash: bool) -> torch.Tensor:
+        """One sequence's rows (of a batch, or a whole pass): RoPE, K/V written at [start, start + T)
+        of its cache, causal attention over [0, start + t] for row t; (T, heads * dv) before W_o.
+        flash: flash_attention_on(q.device), asked by the caller."""
         if _native_f32(q, cache_k):
             # CPU: RoPE, the KV write and attention in one native call, (row, KV head) pairs on
             # the thread pool. sdpa's CPU kernel spends ~90 us a layer on setup at decode sizes,
             # and runs prefill on one thread (torch keeps one beside the pool).
             return _linear_mod.cpu_native.rope_kv_attend(q, k, v, *tables, cache_k, cache_v, start)
         q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
-        return prefill_attention(q, cache_k, cache_v, start, flash_attention_on(q.device))
+        return prefill_attention(q, cache_k, cache_v, start, flash)
 
 
 def on_device(device: torch.device):
