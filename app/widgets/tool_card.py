@@ -11,6 +11,7 @@ from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from ..tools import ALLOW_ONCE, ALWAYS, DENY
+from .model_bar import escape
 
 RESULT_CHARS = 2000  # shown on the card; the model got all of it (and Copy in the export has it)
 
@@ -76,8 +77,8 @@ class ToolCard(QFrame):
         layout.setContentsMargins(12, 8, 12, 8)
         layout.setSpacing(4)
         server = card.get("server")
-        self.title = QLabel(f"Tool <b>{_html(card.get('name', '?'))}</b>"
-                            + (f" <span style='color: gray'>({_html(server)})</span>" if server else ""))
+        self.title = QLabel(f"Tool <b>{escape(str(card.get('name', '?')))}</b>"
+                            + (f" <span style='color: gray'>({escape(str(server))})</span>" if server else ""))
         self.title.setTextFormat(Qt.TextFormat.RichText)
         self.status = QLabel(status_line(card, waiting))
         self.status.setObjectName("toolStatus")
@@ -157,7 +158,3 @@ class ToolCard(QFrame):
 
     def show_actions(self, shown: bool) -> None:
         pass
-
-
-def _html(text) -> str:
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
