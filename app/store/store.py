@@ -564,11 +564,6 @@ class Store:
             self._touch(msg.chat_id)
         return message_id
 
-    def show_reply_version(self, message_id: int, idx: int) -> None:
-        """Show version `idx` of a reply (what later turns then build on)."""
-        with self._tx() as conn:
-            self._show_version(conn, message_id, idx)
-
     def _show_version(self, conn, message_id: int, idx: int) -> None:
         msg = self.get_message(message_id)
         row = conn.execute(f"SELECT {self._VERSION_COLUMNS} FROM reply_versions WHERE message_id = ? AND idx = ?",

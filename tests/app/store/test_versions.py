@@ -32,7 +32,7 @@ def test_regenerate_keeps_every_version_and_shows_one(tmp_path):
         got = store.get_message(reply)
         assert (got.text, got.versions, got.version) == ("third", 3, 2)
         assert [v["text"] for v in store.reply_versions(reply)] == ["first", "second", "third"]
-        store.show_reply_version(reply, 0)
+        store.show_version(reply, 0)
         got = store.get_message(reply)
         assert (got.text, got.generated_tokens, got.version) == ("first", 1, 0)
         assert store.engine_messages(chat)[-1].text_content == "first"  # later turns build on it
@@ -56,7 +56,7 @@ def test_versions_are_exported_and_imported(tmp_path):
         chat, reply = chat_with_reply(store)
         store.regenerate_reply(reply)
         store.finish_reply(reply, "second", GenerationStats(generated_tokens=2, finish_reason="stop"))
-        store.show_reply_version(reply, 0)
+        store.show_version(reply, 0)
         path = export_json(store, chat, tmp_path / "c.json")
         doc = json.loads(path.read_text())
         versions = doc["messages"][1]["versions"]
@@ -74,13 +74,13 @@ def test_a_branch_keeps_the_versions_of_its_replies(tmp_path):
         chat, reply = chat_with_reply(store)
         store.regenerate_reply(reply)
         store.finish_reply(reply, "second", GenerationStats(prompt_tokens=5, generated_tokens=2, finish_reason="stop"))
-        store.show_reply_version(reply, 0)
+        store.show_version(reply, 0)
         branch = store.branch_chat(chat)
         copy = store.get_chat(branch).messages[1]
         assert copy.id != reply
         assert (copy.text, copy.generated_tokens, copy.versions, copy.version) == ("first", 1, 2, 0)
         assert store.reply_versions(copy.id) == store.reply_versions(reply)
-        store.show_reply_version(copy.id, 1)  # the branch's versions are its own
+        store.show_version(copy.id, 1)  # the branch's versions are its own
         assert store.get_message(copy.id).text == "second" and store.get_message(reply).text == "first"
         store.delete_chat(chat)
         assert [v["text"] for v in store.reply_versions(copy.id)] == ["first", "second"]
