@@ -705,9 +705,9 @@ class Mistral3Text:
 
     # -- one-token decode ------------------------------------------------------------------------
     def decode_bucket(self, n_keys: int, capacity: int) -> int:
-        """Key length a static decode step attends over: the next power of two ≥ n_keys
-        (at least MIN_DECODE_BUCKET), capped by the cache. Few buckets → few CUDA graphs,
-        and never more than 2× the keys actually needed."""
+        """Key length a static decode step attends over: the smallest of the cache's captured
+        buckets (runtime.memory.decode_buckets: powers of two from MIN_DECODE_BUCKET, the
+        capacity last, at most MAX_GRAPH_BUCKETS of them) that holds n_keys."""
         return bucket_for(n_keys, capacity)  # the buckets new_cache captured graphs for
 
     def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, bucket: int,
