@@ -494,10 +494,7 @@ def finish_reason(result: GenerationResult) -> str:
 
 
 def usage(result: GenerationResult) -> dict:
-    stats = result.stats
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-            "total_tokens": stats.prompt_tokens + stats.generated_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.reused_tokens}}
+    return usage_of([result])
 
 
 def usage_of(results: list[GenerationResult], n: int = 1) -> dict:
