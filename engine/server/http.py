@@ -692,9 +692,9 @@ class OpenAIServer:
                 pass
             outcomes = self._outcome(future)
             reply = Reply(endpoint, model)
-            body = reply.whole(*outcomes[0])
-            body["choices"] = [dict(reply.whole(*outcome)["choices"][0], index=index)
-                               for index, outcome in enumerate(outcomes)]
+            bodies = [reply.whole(*outcome) for outcome in outcomes]
+            body = bodies[0]
+            body["choices"] = [dict(b["choices"][0], index=index) for index, b in enumerate(bodies)]
             body["usage"] = usage_of([result for result, _ in outcomes], job.n)
             return web.json_response(body)
         except (asyncio.CancelledError, ConnectionError):
