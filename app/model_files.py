@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-GGUF_MAGIC = b"GGUF"
+from .model_places import GGUF_MAGIC
 
 
 def why_not_a_model(path: str | Path) -> str:
