@@ -158,11 +158,9 @@ class GrammarConstraint:
         _require()
         self.tokenizer = ll_tokenizer(tok)
         self.vocab_size = tok.vocab_size
-        error = llg.LLMatcher.validate_grammar(grammar, self.tokenizer)
-        if error:
-            raise GrammarError(f"the output format cannot be used: {error}")
-        self.matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
-        self._fail_if_error()
+        self.matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0)  # compiled once: no validate_grammar first
+        if self.matcher.is_error():
+            raise GrammarError(f"the output format cannot be used: {self.matcher.get_error()}")
         self._bitmask = torch.zeros((self.vocab_size + 31) // 32, dtype=torch.int32)
         self._fed = 0
 
