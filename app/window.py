@@ -920,9 +920,11 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def _on_streamed(self, text: str) -> None:
         self.view.stream_text(text)
-        rate = self.session.live_rate()
-        if rate and self.pending is not None and self.pending.pieces % 4 == 0:  # not every token
-            self.view.set_streaming_note(f"writing… {rate:.1f} tok/s")
+        pending = self.pending
+        if pending is not None and pending.pieces % 4 == 0:  # not every token
+            rate = self.session.live_rate()
+            if rate:
+                self.view.set_streaming_note(f"writing… {rate:.1f} tok/s")
 
     @Slot(str, list)
     def _on_unsent(self, text: str, images: list) -> None:
