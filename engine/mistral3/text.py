@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from ...kernels import ggml_types
 from ...kernels import attention as _attention_mod
 from ...kernels import linear as _linear_mod
-from ...kernels.linear import QWeight, dequantize, linear, linear_add, linears, prepare
+from ...kernels.linear import QWeight, linear, linear_add, linears, prepare
 from ...kernels.triton_compat import triton_usable
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
@@ -42,8 +42,7 @@ from ..runtime.cuda_graphs import DecodeGraphs
 from ..runtime import memory as _memory
 from ..runtime.kv_cache import KVCache
 # Sizes that the memory accounting counts live in runtime/memory.py, once.
-from ..runtime.memory import (CPU_PREFILL_CHUNK, CUDA_HEADROOM_BYTES, DEFAULT_CONTEXT,  # noqa: F401
-                              MIN_DECODE_BUCKET, PREFILL_CHUNK, bucket_for)
+from ..runtime.memory import CPU_PREFILL_CHUNK, DEFAULT_CONTEXT, PREFILL_CHUNK, bucket_for
 from .config import TextConfig, text_config
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ MAX_GRAPH_BUCKETS = 6  # decode buckets captured at load (256 .. 8192 keys; larg
                        # start at a larger first bucket, see decode_buckets)
 
 
-def decode_buckets(capacity: int, largest: int | None = None) -> list[int]:
+def decode_buckets(capacity: int) -> list[int]:
     """Key lengths the decode graphs are captured for: powers of two from MIN_DECODE_BUCKET,
     the last one the cache's capacity; at most MAX_GRAPH_BUCKETS (the smallest dropped)."""
     out, b = [], MIN_DECODE_BUCKET
