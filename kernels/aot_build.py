@@ -33,52 +33,6 @@ PACKAGE = __package__ or "tramontane.kernels"
 # ----------------------------------------------------------------------------- specs
 
 
-def _qmatmul_specs_current():
-    """Interim specs for the current qmatmul kernels while qmatmul.py has no COMPILE_SPECS:
-    the launches dequantize_triton / linear_decode make on CUDA (see their code)."""
-    from . import ggml_types as gt, qmatmul as q
-    from .aot import KernelSpec
-
-    specs = []
-    for cc_lo, cc_hi, dtypes in ((80, 10_000, ("bf16",)), (0, 79, ("fp16", "fp32"))):
-        for t in q.TRITON_TYPES:
-            info = gt.type_info(t)
-            # row_bytes (K / block_size * type_size) is a multiple of 16 for every K that is a
-            # multiple of 256 only when 256 elements take a multiple of 16 bytes; else (Q2_K,
-            # Q3_K, Q6_K, IQ4_XS) some real shapes have unaligned rows (Q6_K at K=5120: 4200)
-            unit_bytes = 256 // info.block_size * info.type_size
-            weight_variants = [("w_ptr", "row_bytes"), ()] if unit_bytes % 16 else [("w_ptr", "row_bytes")]
-            for wdiv in weight_variants:
-                for dt in dtypes:
-                    specs.append(KernelSpec(
-                        q._dequant_kernel,
-                        {"w_ptr": "*u8", "out_ptr": f"*{dt}", "table_ptr": "*fp32", "N": "i32", "K": "i32",
-                         "row_bytes": "i32", "n_blocks": "i32"},
-                        {"QTYPE": t, "BLOCK_N": 8}, ("out_ptr", "table_ptr", "K", *wdiv), 4,
-                        options={"enable_fp_fusion": False}, min_cc=cc_lo, max_cc=cc_hi))
-                    configs = [(16, 2, 8), (8, 4, 8), (8, 8, 8)]  # m = 2, 3-4, 5-8
-                    if t not in q.DOT_TYPES:
-                        configs.insert(0, (*q._DECODE_TILE_1ROW.get(t, (16, 4))[:1], 1,
-                                           q._DECODE_TILE_1ROW.get(t, (16, 4))[1]))
-                    for part in ("fp32", dt):  # split over K: float32 partials, else x.dtype
-                        dec = {"x_ptr": f"*{dt}", "w_ptr": "*u8", "part_ptr": f"*{part}", "table_ptr": "*fp32",
-                               "M": "i32", "N": "i32", "K": "i32", "row_bytes": "i32", "n_blocks": "i32",
-                               "n_units": "i32", "units_per_split": "i32", "stride_xm": "i32"}
-                        div = ("x_ptr", "part_ptr", "table_ptr", "K", "stride_xm", *wdiv)
-                        for bn, bm, warps in configs:
-                            specs.append(KernelSpec(q._decode_kernel, dec, {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": bm},
-                                                    div, warps, options={"enable_fp_fusion": True},
-                                                    min_cc=cc_lo, max_cc=cc_hi))
-                        if t in q.DOT_TYPES:
-                            bn, warps = q.DOT_TYPES[t]
-                            specs.append(KernelSpec(
-                                q._decode_dot_kernel, {**dec, "f2p23": "i32"},
-                                {"QTYPE": t, "BLOCK_N": bn, "BLOCK_M": 1, "X_BF16": dt == "bf16"},
-                                (*div, "f2p23"), warps, options={"enable_fp_fusion": True},
-                                min_cc=cc_lo, max_cc=cc_hi))
-    return specs
-
-
 def collect_specs(modules=KERNEL_MODULES) -> dict[str, list]:
     """module name -> its KernelSpecs (COMPILE_SPECS: KernelSpec objects or dicts of its fields)."""
     import triton  # noqa: F401 - first: triton_compat then decorates the kernels for Triton
@@ -94,8 +48,6 @@ def collect_specs(modules=KERNEL_MODULES) -> dict[str, list]:
                 raise
             continue  # that kernel module does not exist (yet)
         specs = getattr(mod, "COMPILE_SPECS", None)
-        if specs is None and name == "qmatmul":
-            specs = _qmatmul_specs_current()
         if specs is None:
             raise SystemExit(f"aot_build: {mod.__file__} has Triton kernels but no COMPILE_SPECS")
         out[name] = [KernelSpec.of(s) for s in specs]
