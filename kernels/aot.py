@@ -535,7 +535,9 @@ def current_device_and_stream() -> tuple[int, int]:
     return torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
 
 
+@functools.lru_cache(maxsize=None)
 def device_cc(device: torch.device) -> int:
+    """10 * major + minor (cached: every launch asks)."""
     major, minor = torch.cuda.get_device_capability(device)
     return 10 * major + minor
 
