@@ -445,16 +445,13 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ folders
     # File dialogs start where the user last was, per kind of file (models, images, chats).
     def last_folder(self, kind: str) -> str:
-        folder = self.store.get_setting(f"folder.{kind}", "")
-        return folder if isinstance(folder, str) and folder and Path(folder).is_dir() else ""
+        return self.settings.last_folder(kind)
 
     def remember_folder(self, kind: str, path: str) -> None:
-        folder = str(Path(path).parent if Path(path).suffix else Path(path))
-        if folder != self.last_folder(kind):
-            try:
-                self.store.set_setting(f"folder.{kind}", folder)
-            except StoreError as exc:
-                self.status_label.setText(str(exc))
+        try:
+            self.settings.remember_folder(kind, path)
+        except StoreError as exc:
+            self.status_label.setText(str(exc))
 
     # ------------------------------------------------------------------ theme and fonts
     @property

@@ -767,13 +767,12 @@ class ModelManagerDialog(QDialog):
         self.show_message(f"Imported {m.path.name} ({m.architecture}, {m.quant}).")
 
     def _import_dialog(self) -> None:
-        # Where Open… was last (the window keeps it per kind of file), like Open… itself.
-        start = self.settings.store.get_setting("folder.models", "") if self.settings else ""
-        start = start if isinstance(start, str) and start and Path(start).is_dir() else str(Path.home())
+        # Where Open… was last (kept per kind of file), like Open… itself.
+        start = (self.settings.last_folder("models") if self.settings else "") or str(Path.home())
         path, _ = QFileDialog.getOpenFileName(self, "Import a GGUF model", start, "GGUF models (*.gguf)")
         if path:
             if self.settings:
-                self.settings.store.set_setting("folder.models", str(Path(path).parent))
+                self.settings.remember_folder("models", path)
             self.import_file(path, self.local_copy.isChecked())
 
     def _delete_local(self) -> None:

@@ -95,6 +95,17 @@ class AppSettings:
         value = self._get(key, default)
         return value if isinstance(value, int) and not isinstance(value, bool) else default
 
+    # the folder a file dialog of each kind ("models", "images", "chats") was last used in
+    def last_folder(self, kind: str) -> str:
+        folder = self.store.get_setting(f"folder.{kind}", "")
+        return folder if isinstance(folder, str) and folder and Path(folder).is_dir() else ""
+
+    def remember_folder(self, kind: str, path: str) -> None:
+        """`path`: a file (its folder is kept) or a folder."""
+        folder = str(Path(path).parent if Path(path).suffix else Path(path))
+        if folder != self.last_folder(kind):
+            self.store.set_setting(f"folder.{kind}", folder)
+
     @property
     def default_system_prompt(self) -> str:
         return self._str("default_system_prompt")
