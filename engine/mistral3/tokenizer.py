@@ -244,6 +244,11 @@ class Tokenizer:
     def is_control(self, token_id: int) -> bool:
         return bool(self._is_control[self._check_id(token_id)])
 
+    @property
+    def longest_token_bytes(self) -> int:
+        """The most bytes one token stands for (a text of B bytes is at least B / this many tokens)."""
+        return int(np.diff(self._bytes_offsets).max(initial=0))
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token adds to decoded text (b"" for control tokens)."""
         return self._bytes_of(self._check_id(token_id))
