@@ -99,22 +99,15 @@ def uses_tools(engine) -> bool:
 def text_before_calls(on_piece: Callable[[str], None]) -> Callable[[str], None]:
     """`on_piece` for a reply that may be tool calls: the text before [TOOL_CALLS] streams as
     usual; the calls themselves are not shown as text (their cards show them). What could be
-    the start of the marker waits for the next piece (the saved reply has all its text)."""
+    the start of the marker waits for the next piece (the saved reply has all its text): the
+    marker is held back as a stop string is."""
+    from ..engine.runtime.generate import StopStringFilter
     from ..engine.server.tools_api import MARKER
 
-    held, done = [""], [False]
+    marker = StopStringFilter(MARKER)
 
     def piece(text: str) -> None:
-        if done[0]:
-            return
-        pending = held[0] + text
-        cut = pending.find(MARKER)
-        if cut >= 0:
-            done[0] = True
-            shown, held[0] = pending[:cut], ""
-        else:
-            keep = next((k for k in range(len(MARKER) - 1, 0, -1) if pending.endswith(MARKER[:k])), 0)
-            shown, held[0] = pending[:len(pending) - keep], pending[len(pending) - keep:]
+        shown = marker.feed(text)
         if shown:
             on_piece(shown)
 
