@@ -32,7 +32,7 @@ from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, Gene
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .generate import StopStringFilter, check_params, draw_token, make_generator, seen_mask
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
-from .session import Key, position_keys, reusable_prefix
+from .session import Key, common_prefix, position_keys, reusable_prefix
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +89,6 @@ class _Sequence:
     @property
     def reading(self) -> bool:
         return self.read < self.embeds.shape[0]
-
-
-def _common_prefix(a: list[Key], b: list[Key]) -> int:
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
 
 
 class BatchScheduler:
@@ -294,7 +287,7 @@ class BatchScheduler:
         free = [s for s in self.slots if not s.busy and (req.priority or not s.reserved)]
         if not free:
             return None
-        return max(free, key=lambda s: (_common_prefix(s.keys, req.keys), s.reserved == req.priority, -s.last_used))
+        return max(free, key=lambda s: (common_prefix(s.keys, req.keys), s.reserved == req.priority, -s.last_used))
 
     def _start(self, req: _Request, slot: _Slot) -> None:
         prompt, keys, cache = req.prompt, req.keys, slot.cache

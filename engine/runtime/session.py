@@ -28,12 +28,17 @@ def position_keys(ids: Sequence[int], image_spans: Sequence[Any]) -> list[Key]:
     return keys
 
 
+def common_prefix(a: Sequence[Key], b: Sequence[Key]) -> int:
+    """How many leading positions two key lists share."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def reusable_prefix(cached: Sequence[Key], prompt: Sequence[Key], image_spans: Sequence[Any]) -> int:
     """How many leading prompt positions can keep their cached KV."""
-    n = 0
-    limit = min(len(cached), len(prompt))
-    while n < limit and cached[n] == prompt[n]:
-        n += 1
+    n = common_prefix(cached, prompt)
     if n >= len(prompt):
         n = len(prompt) - 1  # re-run the last prompt token: its logits start the reply
     for span in image_spans:
