@@ -6,7 +6,11 @@ of every block before it, so equal hashes mean equal prefixes. A new sequence co
 run of known blocks into its KV cache and prefills only the rest: a second conversation with a
 known system prompt starts with those tokens cached. Blocks are host-memory copies in an LRU
 bounded in bytes (a block whose parent was evicted is never matched: lookups stop at the first
-miss).
+miss). With a `PrefixDisk` (runtime/prefix_disk.py) behind it, every block stored is also
+written to a file, and a block missing from memory is read back from its file (checked) when a
+lookup reaches it: that is how a chat is reused after a restart. One engine's LocalEngine and its
+BatchScheduler share one PrefixCache (one memory bound); `lock` makes each call, and a caller's
+match-then-load, safe between their threads.
 
 `ReplyMemory` keeps the exact token ids of replies the engine generated, and
 `encode_reusing_replies` puts them back when a client resends the reply as text, so the next
@@ -15,6 +19,7 @@ turn's prompt is token for token what the cache holds (no re-tokenization drift)
 from __future__ import annotations
 
 import hashlib
+import threading
 from array import array
 from collections import OrderedDict
 from typing import Sequence
@@ -47,12 +52,15 @@ def block_hashes(keys: Sequence[Key], block: int = BLOCK_TOKENS, known: Sequence
 
 
 class PrefixCache:
-    """Blocks of KV (host copies, one (layers, kv_heads, block, d) pair per cache part) by hash."""
+    """Blocks of KV (host copies, one (layers, kv_heads, block, d) pair per cache part) by hash,
+    in memory, and in files when a `disk` tier is given."""
 
-    def __init__(self, budget_bytes: int, block: int = BLOCK_TOKENS):
+    def __init__(self, budget_bytes: int, block: int = BLOCK_TOKENS, disk=None):
         self.budget = max(0, int(budget_bytes))
         self.block = block
         self.used = 0
+        self.disk = disk  # a PrefixDisk, or None
+        self.lock = threading.RLock()
         self._blocks: OrderedDict[bytes, tuple[list[torch.Tensor], list[torch.Tensor], int]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -61,15 +69,42 @@ class PrefixCache:
     def __contains__(self, digest: bytes) -> bool:
         return digest in self._blocks
 
-    def match(self, hashes: Sequence[bytes]) -> int:
-        """How many leading blocks are held (each one found becomes the most recently used)."""
-        n = 0
-        for digest in hashes:
-            if digest not in self._blocks:
-                break
-            self._blocks.move_to_end(digest)
-            n += 1
-        return n
+    def match(self, hashes: Sequence[bytes], start: int = 0) -> int:
+        """How many leading blocks are held (each one found becomes the most recently used);
+        blocks missing from memory are read from the disk tier. `start`: the caller already
+        holds blocks [0, start) (they are counted, not looked up)."""
+        with self.lock:
+            n, chain = start, 0
+            for digest in hashes[start:]:
+                item = self._blocks.get(digest)
+                if item is None and self.disk is not None:
+                    item = self._from_disk(digest, chain)
+                if item is None:
+                    break
+                self._blocks.move_to_end(digest)
+                chain += item[2]
+                n += 1
+            return n
+
+    def _from_disk(self, digest: bytes, chain: int):
+        """The block from its file into memory, unless that would evict blocks of the run being
+        matched (`chain` bytes of it so far, all more recent than anything else)."""
+        got = self.disk.get(digest)
+        if got is None:
+            return None
+        ks, vs = got
+        nbytes = sum(t.numel() * t.element_size() for t in ks + vs)
+        if chain + nbytes > self.budget:
+            return None
+        self._insert(digest, ks, vs, nbytes)
+        return self._blocks[digest]
+
+    def _insert(self, digest: bytes, ks: list[torch.Tensor], vs: list[torch.Tensor], nbytes: int) -> None:
+        self._blocks[digest] = (ks, vs, nbytes)
+        self.used += nbytes
+        while self.used > self.budget:
+            _, (_, _, n) = self._blocks.popitem(last=False)
+            self.used -= n
 
     def load(self, hashes: Sequence[bytes], cache, first: int = 0) -> None:
         """Copy blocks [first, len(hashes)) into `cache` at their positions; the cache must hold
@@ -77,37 +112,44 @@ class PrefixCache:
         b = self.block
         if cache.length < first * b:
             raise ValueError(f"loading from block {first} into a cache of {cache.length} positions")
-        for i in range(first, len(hashes)):
-            ks, vs, _ = self._blocks[hashes[i]]
-            for dst_k, dst_v, k, v in zip(cache.ks, cache.vs, ks, vs):
-                dst_k[:, :, i * b:(i + 1) * b].copy_(k)
-                dst_v[:, :, i * b:(i + 1) * b].copy_(v)
+        with self.lock:
+            for i in range(first, len(hashes)):
+                ks, vs, _ = self._blocks[hashes[i]]
+                for dst_k, dst_v, k, v in zip(cache.ks, cache.vs, ks, vs):
+                    dst_k[:, :, i * b:(i + 1) * b].copy_(k)
+                    dst_v[:, :, i * b:(i + 1) * b].copy_(v)
         cache.length = max(first * b, len(hashes) * b)
 
     def store(self, hashes: Sequence[bytes], cache) -> int:
-        """Copy the cache's full blocks not yet held (only those its positions cover); returns
-        how many were added."""
+        """Copy the cache's full blocks not yet held (only those its positions cover), and queue
+        each for the disk tier; returns how many were added to memory."""
         if self.budget == 0:
             return 0
         b, added = self.block, 0
-        for i, digest in enumerate(hashes):
-            if (i + 1) * b > cache.length:
-                break
-            if digest in self._blocks:
-                self._blocks.move_to_end(digest)
-                continue
-            ks = [k[:, :, i * b:(i + 1) * b].to("cpu", copy=True) for k in cache.ks]
-            vs = [v[:, :, i * b:(i + 1) * b].to("cpu", copy=True) for v in cache.vs]
-            nbytes = sum(t.numel() * t.element_size() for t in ks + vs)
-            if nbytes > self.budget:
-                return added
-            self._blocks[digest] = (ks, vs, nbytes)
-            self.used += nbytes
-            added += 1
-            while self.used > self.budget:
-                _, (_, _, n) = self._blocks.popitem(last=False)
-                self.used -= n
+        with self.lock:
+            for i, digest in enumerate(hashes):
+                if (i + 1) * b > cache.length:
+                    break
+                item = self._blocks.get(digest)
+                if item is None:
+                    ks = [k[:, :, i * b:(i + 1) * b].to("cpu", copy=True) for k in cache.ks]
+                    vs = [v[:, :, i * b:(i + 1) * b].to("cpu", copy=True) for v in cache.vs]
+                    nbytes = sum(t.numel() * t.element_size() for t in ks + vs)
+                    if nbytes > self.budget:
+                        return added
+                    self._insert(digest, ks, vs, nbytes)
+                    item = (ks, vs, nbytes)
+                    added += 1
+                else:
+                    self._blocks.move_to_end(digest)
+                if self.disk is not None and digest not in self.disk:
+                    self.disk.put(digest, item[0], item[1])  # the writer thread reads these copies, never changed
         return added
+
+    def close(self) -> None:
+        """Write the blocks still queued for the disk tier and stop its writer."""
+        if self.disk is not None:
+            self.disk.close()
 
 
 class ReplyMemory:
