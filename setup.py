@@ -1,8 +1,8 @@
 """Builds the native CPU kernels (tramontane.kernels._cpu); everything else is in pyproject.toml.
 
 One C extension, compiled by `pip install .` / `pip install -e .` with the platform's C compiler.
-The kernel sources are built once per instruction set (kernels/cpu/tq_generic.c, tq_avx2.c,
-tq_avxvnni.c, tq_avx512.c on x86-64, tq_neon.c, tq_neon_dot.c on aarch64 select their targets with pragmas),
+The kernel sources are built once per instruction set (kernels/cpu/generic.c; arch/x86/avx2.c,
+avxvnni.c, avx512.c on x86-64; arch/arm/neon.c, neon_dot.c on aarch64 select their targets with pragmas),
 and the module picks one at import from the CPU's features (cpuid; the OS's hwcaps on ARM),
 so the built module runs on any CPU of its architecture and nothing is compiled at run time.
 Without a working C compiler the install still succeeds, without the module (the CPU then uses
@@ -10,15 +10,17 @@ the torch path and says so); TRAMONTANE_REQUIRE_NATIVE=1 turns that into an erro
 """
 import os
 import sys
+from glob import glob
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # the x86 variant files compile to nothing on ARM and the NEON ones to nothing on x86
-SOURCES = ["kernels/cpu/tq_module.c", "kernels/cpu/tq_generic.c", "kernels/cpu/tq_avx2.c",
-           "kernels/cpu/tq_avx512.c", "kernels/cpu/tq_avxvnni.c", "kernels/cpu/tq_neon.c", "kernels/cpu/tq_neon_dot.c"]
-DEPENDS = ["kernels/cpu/tq_common.h", "kernels/cpu/tq_x86_features.h", "kernels/cpu/tq_kernels.inc", "kernels/cpu/tq_neon.inc",
-           "kernels/cpu/tq_arm_features.h"]
+SOURCES = ["kernels/cpu/tq_module.c", "kernels/cpu/generic.c",
+           "kernels/cpu/arch/x86/avx2.c", "kernels/cpu/arch/x86/avx512.c", "kernels/cpu/arch/x86/avxvnni.c",
+           "kernels/cpu/arch/arm/neon.c", "kernels/cpu/arch/arm/neon_dot.c"]
+# headers and the per-variant bodies they include (a change to one rebuilds the module)
+DEPENDS = sorted(p for p in glob("kernels/cpu/**/*", recursive=True) if p.endswith((".h", ".inc")))
 
 
 class BuildExt(build_ext):

@@ -15,15 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tq_common.h"
+#include "common.h"
 #if defined(__linux__) || defined(__APPLE__)
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
 #ifdef TQ_HAVE_NEON_VARIANTS
-#include "tq_arm_features.h"
+#include "arch/arm/features.h"
 #endif
-#include "tq_x86_features.h"
+#include "arch/x86/features.h"
 
 #ifndef _WIN32
 #define TQ_THREADS 1
@@ -1819,7 +1819,7 @@ static PyObject *py_use_variant(PyObject *self, PyObject *arg) {
 
 /* ------------------------------------------------------------------------------ repacking
  * Q4_K -> TQ_Q4_K_R, Q6_K -> TQ_Q6_K_R (the variant's repack[]: the order its tiles read, see
- * tq_kernels.inc), rows on the pool; done once per weight. */
+ * arch/x86/repack.inc), rows on the pool; done once per weight. */
 typedef struct {
     tq_repack_fn fn;
     const uint8_t *src;

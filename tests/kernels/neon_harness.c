@@ -1,7 +1,7 @@
 /* Checks the NEON kernel variants against the portable C one on random GGUF blocks.
  *
- * Built for aarch64 with the same kernel sources as the module (tq_generic.c, tq_neon.c,
- * tq_neon_dot.c) and run under qemu-aarch64 by test_neon_cross.py. For each variant the CPU can
+ * Built for aarch64 with the same kernel sources as the module (generic.c, arch/arm/neon.c,
+ * arch/arm/neon_dot.c) and run under qemu-aarch64 by test_neon_cross.py. For each variant the CPU can
  * run (neondot only where the OS reports dotprod) and every weight type:
  *   - activation quantization: the same bytes as the generic variant (random rows, zeros, ties);
  *   - dequantization: bit-exact;
@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tq_arm_features.h"
-#include "tq_common.h"
+#include "arch/arm/features.h"
+#include "common.h"
 
 #define REL_TOL 1e-5
 #define SENTINEL 12345.0f

@@ -1,4 +1,4 @@
-"""The x86 feature probe (cpuid + xgetbv, kernels/cpu/tq_x86_features.h) answers exactly the
+"""The x86 feature probe (cpuid + xgetbv, kernels/cpu/arch/x86/features.h) answers exactly the
 compile targets of each kernel variant: a variant runs only where every feature its source is
 compiled for is present, so a CPU without one (BMI2, AVX512DQ...) never gets SIGILL. Checked
 against the kernel's own view of the CPU (/proc/cpuinfo) and against the source files' pragmas."""
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not (cpu_native.AVAILABLE and X86), reason="x86-
 # GCC's target() names -> Linux /proc/cpuinfo flag names
 CPUINFO_NAME = {"avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni", "avx512bf16": "avx512_bf16",
                 "sse4.2": "sse4_2", "bmi": "bmi1"}
-VARIANT_SOURCES = {"avx2": "tq_avx2.c", "avxvnni": "tq_avxvnni.c", "avx512vnni": "tq_avx512.c"}
+VARIANT_SOURCES = {"avx2": "arch/x86/avx2.c", "avxvnni": "arch/x86/avxvnni.c", "avx512vnni": "arch/x86/avx512.c"}
 
 
 def cpuinfo_flags() -> set[str]:
@@ -72,7 +72,7 @@ def _disassemble(source: str, tmp_path: Path) -> list[tuple[str, str]]:
     cc, objdump = shutil.which("gcc") or shutil.which("cc"), shutil.which("objdump")
     if cc is None or objdump is None:
         pytest.skip("needs gcc and objdump")
-    obj = tmp_path / (source + ".o")
+    obj = tmp_path / (Path(source).name + ".o")
     subprocess.run([cc, "-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-fPIC", f"-I{SOURCES}",
                     f"-I{sysconfig.get_paths()['include']}", "-c", str(SOURCES / source), "-o", str(obj)],
                    check=True, capture_output=True, timeout=600)
@@ -86,10 +86,10 @@ def test_the_avx_vnni_build_uses_vex_vnni_and_nothing_of_avx512(tmp_path):
     dot products (vpdpbusd / vpdpwssd, the same operations the AVX-512 VNNI build runs and the
     tests check there) and not one EVEX-encoded instruction (0x62 prefix: AVX-512, which an Alder
     Lake lacks), no zmm, no mask or upper-16 vector register. The AVX-512 build is the control."""
-    insns = _disassemble("tq_avxvnni.c", tmp_path)
+    insns = _disassemble(VARIANT_SOURCES["avxvnni"], tmp_path)
     assert sum("{vex} vpdpbusd" in i for _, i in insns) > 50 and any("{vex} vpdpwssd" in i for _, i in insns)
     evex = [i for raw, i in insns if raw.startswith("62 ")]
     assert not evex, evex[:5]
     assert not [i for _, i in insns if re.search(r"zmm|%k[0-7]|%[xy]mm(1[6-9]|2\d|3[01])", i)]
-    control = _disassemble("tq_avx512.c", tmp_path)
+    control = _disassemble(VARIANT_SOURCES["avx512vnni"], tmp_path)
     assert sum(raw.startswith("62 ") for raw, _ in control) > 1000

@@ -27,7 +27,7 @@ QEMU = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
 OBJDUMP = shutil.which("aarch64-linux-gnu-objdump")
 # setup.py's flags (-pthread aside: the harness has no threads); static, so qemu needs no sysroot
 CFLAGS = ["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
-VARIANT_FILES = ["tq_generic.c", "tq_neon.c", "tq_neon_dot.c"]
+VARIANT_FILES = ["generic.c", "arch/arm/neon.c", "arch/arm/neon_dot.c"]
 
 pytestmark = [
     pytest.mark.skipif(GCC is None, reason="aarch64-linux-gnu-gcc not found (Debian: apt-get install gcc-aarch64-linux-gnu)"),
@@ -59,7 +59,7 @@ def build(request, tmp_path_factory) -> Path:
     cc = _compiler(request.param, out)
     objects = []
     for name in VARIANT_FILES:
-        obj = out / name.replace(".c", ".o")
+        obj = out / Path(name).name.replace(".c", ".o")
         _compile(cc, ["-c", str(CPU_SRC / name), "-o", str(obj)])
         objects.append(str(obj))
     _compile(cc, ["-static", str(HARNESS), *objects, "-lm", "-o", str(out / "neon_harness")])
@@ -86,7 +86,7 @@ def test_neon_variants_match_generic_on_a_dotprod_cpu(build, seed):
 
 def test_plain_neon_runs_without_dotprod(build):
     out = _run(build, "cortex-a53", 7)  # ARMv8.0: no dotprod
-    assert "dotprod: no" in out  # what tq_module.c's dispatch would see: it picks neon
+    assert "dotprod: no" in out  # what the module's dispatch would see: it picks neon
     assert "variant neondot" not in out
     assert "17 passed, 0 failed" in out, out
 
@@ -97,19 +97,19 @@ def test_only_the_dotprod_variant_holds_sdot(build):
         asm = subprocess.run([OBJDUMP, "-d", str(build / obj)], capture_output=True, text=True, check=True).stdout
         return sum("\tsdot\t" in line for line in asm.splitlines())
 
-    assert sdots("tq_neon_dot.o") > 0
-    assert sdots("tq_neon.o") == 0
-    assert sdots("tq_generic.o") == 0
+    assert sdots("neon_dot.o") > 0
+    assert sdots("neon.o") == 0
+    assert sdots("generic.o") == 0
 
 
 def test_the_module_links_for_aarch64_with_both_neon_variants(tmp_path):
-    """setup.py's sources, tq_module.c included, as an aarch64 shared object: every kernel symbol
+    """setup.py's sources, the Python binding included, as an aarch64 shared object: every kernel symbol
     resolves and both NEON tables are in it (only Python's and libc's symbols stay undefined).
     The host's Python headers serve: LP64 Linux on both sides."""
     tree = ast.parse((ROOT / "setup.py").read_text())
     sources = next(ast.literal_eval(node.value) for node in ast.walk(tree)
                    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "SOURCES")
-    assert {"kernels/cpu/tq_neon.c", "kernels/cpu/tq_neon_dot.c"} <= set(sources)
+    assert {"kernels/cpu/arch/arm/neon.c", "kernels/cpu/arch/arm/neon_dot.c"} <= set(sources)
     lib = tmp_path / "_cpu.so"
     _compile(_compiler("gcc", tmp_path), ["-shared", "-fPIC", "-pthread", f"-I{sysconfig.get_paths()['include']}",
               *(str(ROOT / s) for s in sources), "-lm", "-o", str(lib)])

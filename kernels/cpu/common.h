@@ -70,7 +70,7 @@ typedef struct {
     const char *name;
     int simd; /* TQ_SIMD_*: the element-wise ops' build for this variant */
     /* x86: the features this variant is compiled for, exactly its `#pragma GCC target` list;
-     * it runs only where the probe (tq_x86_features.h) answers yes to each. NULL: no check. */
+     * it runs only where the probe (arch/x86/features.h) answers yes to each. NULL: no check. */
     const char *target;
     tq_attn_fn attn_group;
     tq_quant_fn quant_q8k;

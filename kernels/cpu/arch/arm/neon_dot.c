@@ -1,6 +1,6 @@
 /* aarch64 build with NEON + the ARMv8.2 dot product (SDOT: four int8 products summed into an
- * int32 lane), chosen at run time where the OS reports it (tq_arm_features.h). */
-#include "tq_common.h"
+ * int32 lane), chosen at run time where the OS reports it (arch/arm/features.h). */
+#include "common.h"
 #ifdef TQ_HAVE_NEON_VARIANTS
 #if defined(__GNUC__) && !defined(__clang__)
 /* GCC 12's arm_neon.h defines vdotq_s32 for arch=armv8.2-a+dotprod and inlines it only into
@@ -16,7 +16,7 @@
 #define TQ_TARGET_DOTPROD 1 /* clang's attribute pragma does not define __ARM_FEATURE_DOTPROD */
 #define TQ_SUFFIX neondot
 #define TQ_VARIANT_NAME "neondot"
-#include "tq_kernels.inc"
+#include "kernels.inc"
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif

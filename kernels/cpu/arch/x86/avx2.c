@@ -12,7 +12,7 @@
 #define TQ_SUFFIX avx2
 #define TQ_VARIANT_NAME "avx2"
 #define TQ_SIMD TQ_SIMD_AVX2
-#include "tq_kernels.inc"
+#include "kernels.inc"
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif

@@ -16,7 +16,7 @@
 #define TQ_SUFFIX avxvnni
 #define TQ_VARIANT_NAME "avxvnni"
 #define TQ_SIMD TQ_SIMD_AVX2
-#include "tq_kernels.inc"
+#include "kernels.inc"
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif

@@ -14,7 +14,7 @@
 #define TQ_SUFFIX avx512
 #define TQ_VARIANT_NAME "avx512vnni"
 #define TQ_SIMD TQ_SIMD_AVX512
-#include "tq_kernels.inc"
+#include "kernels.inc"
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
