@@ -146,6 +146,12 @@ class PrefixCache:
                     self.disk.put(digest, item[0], item[1])  # the writer thread reads these copies, never changed
         return added
 
+    def clear(self) -> None:
+        """Forget every block held in memory (the disk tier keeps its files)."""
+        with self.lock:
+            self._blocks.clear()
+            self.used = 0
+
     def close(self) -> None:
         """Write the blocks still queued for the disk tier and stop its writer."""
         if self.disk is not None:

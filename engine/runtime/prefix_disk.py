@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import re
 import struct
 import threading
 from collections import OrderedDict
@@ -25,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from ..api import EngineError
 from ..private_files import create_private_file, make_private_dir
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ DEFAULT_DISK_BYTES = 4 << 30
 MAX_HEADER_BYTES = 1 << 16
 PAYLOAD_ALIGN = 64
 PENDING_BYTES = 256 << 20  # blocks queued for the writer at most; more are not written (kept in memory only)
+BLOCK_FILE = re.compile(r"[0-9a-f]{40}\.kv")  # only these are ever counted, read or evicted
+PARTIAL_FILE = re.compile(r"\.[0-9a-f]{40}\.kv\.[0-9]+\.tmp")  # a write cut short by a crash
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # (dtype name, shape) of each tensor of a block: every K part, then every V part
@@ -77,7 +81,12 @@ class PrefixDisk:
     the write for the writer thread; `flush` waits for what is queued, `close` stops the thread."""
 
     def __init__(self, folder: str | Path, model_id: str, layout: Layout, budget_bytes: int = DEFAULT_DISK_BYTES):
-        self.folder = make_private_dir(folder)
+        try:  # a folder we create is 0700; one the user picked keeps its mode (the files are 0600)
+            self.folder = make_private_dir(folder, tighten_existing=False)
+            if not self.folder.is_dir():
+                raise NotADirectoryError("not a folder")
+        except OSError as exc:
+            raise EngineError(f"{folder}: cannot keep the KV cache there: {exc.strerror or exc}") from None
         self.model_id = model_id
         self.layout = [(name, tuple(int(d) for d in shape)) for name, shape in layout]
         self.budget = max(0, int(budget_bytes))
@@ -94,9 +103,9 @@ class PrefixDisk:
     def _scan(self) -> None:
         found = []
         for entry in os.scandir(self.folder):
-            if entry.name.endswith(".tmp"):  # a write cut short by a crash
+            if PARTIAL_FILE.fullmatch(entry.name):
                 _unlink(entry.path)
-            elif entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
+            elif BLOCK_FILE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 st = entry.stat(follow_symlinks=False)
                 found.append((st.st_mtime, entry.name, st.st_size))
         for _, name, size in sorted(found):
@@ -233,7 +242,7 @@ class PrefixDisk:
                 name, digest, tensors = item
                 try:
                     size = self._write(name, digest, tensors)
-                except OSError as exc:
+                except Exception as exc:  # noqa: BLE001 - a full disk or a bug: the block stays in memory only
                     log.warning("%s: could not write a KV cache file: %s", self.folder / name, exc)
                     size = None
                 with self._lock:
