@@ -298,9 +298,32 @@ def _prompt_embeds(model, prompt) -> tuple[torch.Tensor, list[int] | None]:
     return model.embed(ids), ids
 
 
+def prefill(model, embeds: torch.Tensor, start_pos: int, cache, cancel: threading.Event | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> torch.Tensor | None:
+    """model.forward over the prompt rows, reporting (rows read, rows to read) after each of the
+    model's own prefill chunks ((0, total) first when there is more than one), so a long prompt
+    shows its progress. The same passes as one forward call. None when cancelled between chunks."""
+    total = embeds.shape[-2]
+    chunk = getattr(model, "prefill_chunk", 0) or total
+    if on_progress is None or total <= chunk:
+        logits = model.forward(embeds, start_pos, cache, cancel=cancel)
+        if logits is not None and on_progress is not None:
+            on_progress(total, total)
+        return logits
+    on_progress(0, total)
+    for lo in range(0, total, chunk):
+        if lo and cancel is not None and cancel.is_set():
+            return None
+        hi = min(lo + chunk, total)
+        logits = model.forward(embeds[..., lo:hi, :], start_pos + lo, cache)
+        on_progress(hi, total)
+    return logits
+
+
 def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: Callable[[str], None] | None = None,
              cancel: threading.Event | None = None, start_pos: int | None = None,
-             history_ids: Sequence[int] | None = None) -> GenerationOutput:
+             history_ids: Sequence[int] | None = None,
+             on_prompt_progress: Callable[[int, int], None] | None = None) -> GenerationOutput:
     """Prefill `prompt` (token ids, or (T, hidden) input embeddings with image features
     spliced in) at `start_pos` (default: the cache's length; a smaller value truncates the
     cache first), then sample until EOS (unless params.ignore_eos), a stop string, max_tokens,
@@ -308,7 +331,7 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     so another thread stops it within one token). Text pieces stream through `on_piece`.
 
     `history_ids`: every token id of the sequence so far (for the repetition penalty); defaults
-    to the prompt ids when the prompt is ids."""
+    to the prompt ids when the prompt is ids. `on_prompt_progress(read, total)`: see prefill()."""
     check_params(params)
     t0 = time.perf_counter()
     start_pos = cache.length if start_pos is None else start_pos
@@ -345,7 +368,7 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     if start_pos + n_prompt > cache.capacity:
         raise EngineError(f"the prompt ({start_pos + n_prompt} tokens) does not fit the context "
                           f"length {cache.capacity}")
-    logits = model.forward(embeds, start_pos, cache, cancel=cancel)
+    logits = prefill(model, embeds, start_pos, cache, cancel, on_prompt_progress)
     if logits is None:  # cancelled between prefill chunks: the cache holds a prefix
         return finish("cancelled", [], [], None, None, 0)
 
@@ -385,5 +408,5 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
 
 __all__ = ["InvalidLogitsError", "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
            "process_logits", "sample", "make_generator", "check_params", "StopStringFilter",
-           "GenerationOutput", "generate", "ScriptedLogits", "apply_processors", "token_logprob",
+           "GenerationOutput", "prefill", "generate", "ScriptedLogits", "apply_processors", "token_logprob",
            "seen_mask", "draw_token", "MAX_TOP_LOGPROBS"]

@@ -1,8 +1,10 @@
 """The local GGUF engine: model + optional Pixtral projector + tokenizer + KV reuse across turns.
 
 Owned by one thread (the GUI's worker, or the CLI). `chat()` encodes the conversation with the
-official v7 format, keeps the longest reusable prefix of the active chat's KV cache, splices
-image features into the new rows and streams the reply.
+official v7 format, keeps the longest reusable prefix of the active chat's KV cache, or copies a
+longer one from the shared prefix cache (`prefix_cache`: any chat's blocks, a known system
+prompt, and after a restart the blocks on disk), splices image features into the new rows and
+streams the reply; its prompt and reply blocks are published to the prefix cache afterwards.
 """
 from __future__ import annotations
 
@@ -22,24 +24,31 @@ from ..mistral3.text import Mistral3Text, torch_device
 from ..mistral3.config import check_pair, text_config
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
-from .session import HostKVStore, Session, position_keys
+from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
+from .prefix_disk import DEFAULT_DISK_BYTES, PrefixDisk, block_layout, model_identity
+from .session import HostKVStore, Session, position_keys, reusable_prefix
 from .threads import settle_torch_threads
 from ..mistral3.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 LoadProgress = Callable[[float, str], None]  # fraction 0..1, what is loading
+PromptProgress = Callable[[int, int], None]  # prompt tokens read so far, tokens to read
 
 
 class LocalEngine:
     def __init__(self, model_path: str | Path, mmproj_path: str | Path | None = None, *,
                  device: str = "auto", context_length: int | None = None,
                  kv_host_budget_mb: int = 2048, progress: LoadProgress | None = None,
-                 device_map: str | None = None):
+                 device_map: str | None = None, kv_disk_dir: str | Path | None = None,
+                 kv_disk_budget_mb: int = DEFAULT_DISK_BYTES >> 20):
         """device: auto / cuda (GPUs, with layers spilled to the CPU when the model does not
         fit: planned before loading), or cpu. device_map: a manual map, e.g. "cuda:0=30,cpu=10".
         context_length: None for the plan's default; a larger one is planned the same way
-        (layers move to the CPU, or a PlanError says it does not fit)."""
+        (layers move to the CPU, or a PlanError says it does not fit).
+        kv_host_budget_mb: host memory for KV outside the cache, half for parked chats, half for
+        the shared prefix cache. kv_disk_dir: a folder for the prefix cache's disk tier (blocks
+        of recent chats survive a restart), at most kv_disk_budget_mb there; None: memory only."""
         self.model_path = Path(model_path)
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         settle_torch_threads()  # torch out of the native pool's way (runtime/threads.py)
@@ -62,7 +71,16 @@ class LocalEngine:
         self.cache = self.model.new_cache(self.plan.context_length)  # the KV the plan counted
         self.session = Session()
         self.session_key: str | None = None
-        self.host_kv = HostKVStore(self._host_kv_budget(kv_host_budget_mb << 20))
+        host_budget = self._host_kv_budget(kv_host_budget_mb << 20)  # one bound for both below
+        self.host_kv = HostKVStore(host_budget - host_budget // 2)
+        disk = None
+        if kv_disk_dir is not None:
+            identity = model_identity(self.model_path, gf.data_offset, self.mmproj_path)
+            disk = PrefixDisk(kv_disk_dir, identity, block_layout(self.cache, BLOCK_TOKENS),
+                              max(0, int(kv_disk_budget_mb)) << 20)
+        # Shared with a BatchScheduler built on this engine (serve): one cache, one bound.
+        self.prefix_cache = PrefixCache(host_budget // 2, BLOCK_TOKENS, disk)
+        self.replies = ReplyMemory()  # replies generated here, put back with their exact ids
         release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
@@ -124,20 +142,28 @@ class LocalEngine:
         self.model = None
         self.vision = None
         self.host_kv = HostKVStore(0)
+        self.prefix_cache.close()  # the blocks still queued for disk are written first
+        self.prefix_cache = PrefixCache(0)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         release_freed_heap()
 
     def encode(self, messages: list[ChatMessage], tools=None) -> EncodedPrompt:
+        """The chat format's ids, with the replies this engine generated as the ids it sampled."""
         grid = self.vision.grid if self.vision is not None else None
-        return encode_chat(self.tokenizer, messages, grid, tools=tools)
+        if tools:
+            return encode_chat(self.tokenizer, messages, grid, tools=tools)
+        return encode_reusing_replies(self.tokenizer, messages, grid, self.replies)
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None,
-             tools=None) -> GenerationResult:
-        """`tools`: the ToolSpecs the model may call (shown in the prompt)."""
+             tools=None, on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
+        """`tools`: the ToolSpecs the model may call (shown in the prompt). `on_prompt_progress`:
+        (tokens read, tokens to read) after each prefill chunk, (0, total) first when the
+        prompt takes more than one."""
         self._check_ready(params)
-        return self.generate_from(self.encode(messages, tools), params, on_piece, cancel, session_key)
+        return self.generate_from(self.encode(messages, tools), params, on_piece, cancel, session_key,
+                                  on_prompt_progress)
 
     def complete(self, prompt_ids: list[int], params: SamplingParams, on_piece=None,
                  cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
@@ -152,7 +178,8 @@ class LocalEngine:
         return self.generate_from(EncodedPrompt(list(prompt_ids)), params, on_piece, cancel, session_key)
 
     def generate_from(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
-                      cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+                      cancel: threading.Event | None = None, session_key: str | None = None,
+                      on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         """Reply to an encoded prompt in `session_key`'s KV (what `chat` and `complete` share)."""
         n_prompt = len(prompt.ids)
         room = 1 if params.max_tokens > 0 else 0  # the first reply token's position
@@ -162,8 +189,8 @@ class LocalEngine:
                               f"of {self.cache.capacity}: start a new chat or raise the context length")
         self._activate(session_key)
         keys = position_keys(prompt.ids, prompt.image_spans)
-        reused = self.session.plan(keys, prompt.image_spans)
-        self.cache.truncate(reused)
+        hashes = block_hashes(keys, self.prefix_cache.block)
+        reused = self._reuse(keys, hashes, prompt.image_spans)
         self.session.keys = keys[:reused]
 
         t0 = time.perf_counter()
@@ -171,7 +198,8 @@ class LocalEngine:
         before_prefill = time.perf_counter() - t0  # image encoding counts towards TTFT
         try:
             out = generate(self.model, self.cache, embeds, params, self.tokenizer, on_piece=on_piece,
-                           cancel=cancel, start_pos=reused, history_ids=prompt.ids)
+                           cancel=cancel, start_pos=reused, history_ids=prompt.ids,
+                           on_prompt_progress=on_prompt_progress)
         except BaseException as exc:
             # Keep only what is known to be in the cache: a prefix of this prompt.
             kept = min(self.cache.length, len(keys))
@@ -182,6 +210,10 @@ class LocalEngine:
             raise
         # The cache holds the prompt (unless cancelled before prefill) and all but the last token.
         self.session.keys = (keys + list(out.cached_ids))[: self.cache.length]
+        self._publish(self.session.keys, hashes)
+        if out.stats.finish_reason in ("stop", "length") and out.token_ids \
+                and self.tokenizer.decode(out.token_ids) == out.text:
+            self.replies.remember(out.text, out.token_ids)
         result = GenerationResult(out.text, out.token_ids, prompt.ids, out.stats, out.logprobs)
         if result.stats.ttft_s:
             result.stats.ttft_s += before_prefill
@@ -216,6 +248,30 @@ class LocalEngine:
         self.cache.from_host(snap)
         self.host_kv.recycle(snap)  # copied into the cache: its buffer serves the next switch
         self.session = Session(list(keys))
+
+    def _reuse(self, keys: list, hashes: list[bytes], image_spans) -> int:
+        """Truncate the cache to the longest reusable prefix of this prompt: the active chat's
+        own, or a longer run of the prefix cache's blocks copied in. Returns its length."""
+        own = self.session.plan(keys, image_spans)
+        b = self.prefix_cache.block
+        with self.prefix_cache.lock:  # a batch scheduler on this engine shares it
+            held = self.prefix_cache.match(hashes, start=own // b)
+            from_blocks = reusable_prefix(keys[:held * b], keys, image_spans) if held * b > own else 0
+            if from_blocks <= own:
+                self.cache.truncate(own)
+                return own
+            first = own // b
+            self.cache.truncate(first * b)
+            self.prefix_cache.load(hashes[:-(-from_blocks // b)], self.cache, first)
+        self.cache.truncate(from_blocks)
+        return from_blocks
+
+    def _publish(self, keys: list, prompt_hashes: list[bytes]) -> None:
+        """The full blocks the cache holds (prompt, and the reply's exact ids) to the prefix
+        cache, once the reply has ended; the disk tier writes them on its own thread."""
+        b = self.prefix_cache.block
+        known = prompt_hashes[:len(keys) // b]
+        self.prefix_cache.store(block_hashes(keys, b, known), self.cache)
 
     def forget_session(self, session_key: str) -> None:
         """Drop a chat's cached KV (the chat was deleted)."""
