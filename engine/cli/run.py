@@ -47,7 +47,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    add_local_model_arguments(p.add_argument_group("local model"))
+    local = p.add_argument_group("local model")
+    add_local_model_arguments(local)
+    add_kv_disk_argument(local)
     remote = p.add_argument_group("server (OpenAI-compatible)")
     remote.add_argument("--server", metavar="URL", help="e.g. http://127.0.0.1:8000/v1")
     remote.add_argument("--api-key-env", metavar="VAR", help="environment variable that holds the server's API key")
@@ -121,6 +123,12 @@ def add_local_model_arguments(parser, context_help: str | None = None) -> None:
                         help="CPU threads for the layers on the CPU (default: the physical cores)")
 
 
+def add_kv_disk_argument(parser) -> None:
+    parser.add_argument("--kv-disk", metavar="DIR",
+                        help="keep the KV prefix cache's blocks in DIR too (at most 4 GiB), so a "
+                             "conversation resent after a restart is not read again")
+
+
 def load_local(args, images: bool):
     from ..runtime.local import LocalEngine
 
@@ -131,7 +139,7 @@ def load_local(args, images: bool):
     # images; an explicit --mmproj is always loaded (and checked).
     mmproj = projector_for(args, needed=images) if (images or args.mmproj) else None
     engine = LocalEngine(args.model, mmproj, device=args.device, context_length=args.context_length,
-                         device_map=args.device_map)
+                         device_map=args.device_map, kv_disk_dir=getattr(args, "kv_disk", None))
     note_capped_context(args, engine)
     return engine
 

@@ -9,7 +9,7 @@ from ..api import EngineError
 
 def add_parsers(sub) -> None:
     from ..server.openai_api import ConnectionLimits, RequestLimits
-    from .run import add_local_model_arguments
+    from .run import add_kv_disk_argument, add_local_model_arguments
 
     limits = RequestLimits()
     conn = ConnectionLimits()
@@ -29,6 +29,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000, or *) call the server")
     add_local_model_arguments(p)
+    add_kv_disk_argument(p)
     p.add_argument("--max-body-mb", type=int, default=limits.max_body_bytes >> 20)
     p.add_argument("--max-image-mb", type=int, default=limits.max_image_bytes >> 20)
     p.add_argument("--max-queue", type=int, default=limits.max_queue,
@@ -73,7 +74,8 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
         raise EngineError("--alias needs a name, got an empty one")
     check_context_length(args, 1)
     engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
-                         context_length=args.context_length, device_map=args.device_map)
+                         context_length=args.context_length, device_map=args.device_map,
+                         kv_disk_dir=args.kv_disk)
     note_capped_context(args, engine)
     executor = BatchExecutor(engine, slots=args.parallel)
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,
