@@ -35,7 +35,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-queue", type=int, default=limits.max_queue,
                    help="requests waiting or running before the next one gets 503")
     p.add_argument("--parallel", "-np", type=int, default=8, metavar="N",
-                   help="replies generated at once (continuous batching); more wait for a slot")
+                   help="replies generated at once (continuous batching); more wait for a slot. On a GPU "
+                        "they share the planned context (--context-length), each gets 1/N of it")
     p.add_argument("--alias", action="append", default=[], metavar="NAME",
                    help="another model id for /v1/models (repeatable); any name gets the loaded model")
     p.add_argument("--strict-model", action="store_true",
@@ -77,7 +78,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
                          context_length=args.context_length, device_map=args.device_map,
                          kv_disk_dir=args.kv_disk)
     note_capped_context(args, engine)
-    executor = BatchExecutor(engine, slots=args.parallel)
+    executor = BatchExecutor(engine, slots=args.parallel, priority_slots=0)  # no window here to keep a slot for
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,
                            max_queue=args.max_queue)
     connection_limits = ConnectionLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
@@ -88,7 +89,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
                           connection_limits=connection_limits)
     try:
         server.start()
-        print(f"serving {executor.served_model().id} ({engine.description}) at {server.url}"
+        print(f"serving {executor.served_model().id} ({executor.engine.description}) at {server.url}"
               f"{' (API key required)' if api_key else ''}; Ctrl-C stops", file=sys.stderr, flush=True)
         stop = stop or threading.Event()
         while not stop.wait(1.0):  # a timed wait, so Ctrl-C is seen on every platform

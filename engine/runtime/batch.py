@@ -11,7 +11,9 @@ cost about what one does.
 A priority request (the window's own reply) has a slot kept for it and its prompt is read
 before anyone else's, with the other streams paused for those steps, so it never queues behind
 API streams. Image features are encoded in the
-submitting thread, outside the step. Prefix reuse: a slot keeps what it last held (the next turn
+submitting thread, outside the step. Requests with the same prompt (a request's `n` choices) read
+it once: the later ones wait while the first reads it, then start from a copy of its KV and its
+last row's logits, and all decode as rows of the same steps. Prefix reuse: a slot keeps what it last held (the next turn
 of a conversation reuses it in place), and every sequence's full blocks go to the shared
 `PrefixCache`, from which a new sequence copies its longest known prefix (a known system prompt).
 Sampling, stop strings and stats follow `generate.generate` step for step.
@@ -22,14 +24,15 @@ import itertools
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
 from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
+from .kv_cache import KVCache
 from .generate import StopStringFilter, check_params, draw_token, make_generator, seen_mask
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
 from .session import Key, common_prefix, position_keys, reusable_prefix
@@ -40,6 +43,10 @@ STEP_ROWS_CPU = 128  # prompt rows per step, on top of the decode rows (~0.5 s o
 STEP_ROWS_GPU = 512
 DEFAULT_SLOTS = 8
 PREFIX_CACHE_BYTES = 1 << 30
+MIN_SLOT_CONTEXT = 256  # positions a slot carved out of a planned context must keep at least
+
+T = TypeVar("T")
+PromptProgress = Callable[[int, int], None]  # prompt rows read so far, rows to read (reused ones not counted)
 
 
 @dataclass
@@ -54,6 +61,9 @@ class _Request:
     future: Future
     t0: float
     order: int
+    on_prompt_progress: PromptProgress | None = None
+    # waiting requests with this very prompt: they start from its KV once it is read
+    followers: list["_Request"] = field(default_factory=list)
 
 
 @dataclass
@@ -99,17 +109,25 @@ class BatchScheduler:
 
     def __init__(self, model, tokenizer, vision=None, *, slots: int = DEFAULT_SLOTS, priority_slots: int = 1,
                  context_length: int | None = None, step_rows: int | None = None,
-                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES, prefix_cache: PrefixCache | None = None,
+                 caches: list[KVCache] | None = None):
+        """`caches`: the slots' KV caches, made by the caller (e.g. `carve_kv` of the engine's
+        planned one), the first `slots` for any request, the rest kept for priority ones; by
+        default each slot gets a new cache of `context_length`. `prefix_cache`: one shared with
+        the engine's own chats; by default one of `prefix_cache_bytes` of its own."""
         if slots < 1 or priority_slots < 0:
             raise EngineError(f"a batch needs at least one slot, got {slots} (+{priority_slots} for priority)")
+        if caches is not None and len(caches) != slots + priority_slots:
+            raise EngineError(f"{len(caches)} KV caches for {slots} + {priority_slots} slots")
         self.model = model
         self.tokenizer = tokenizer
         self.vision = vision
         on_gpu = any(seg.device.type == "cuda" for seg in model.segments)
         self.step_rows = step_rows or (STEP_ROWS_GPU if on_gpu else STEP_ROWS_CPU)
-        self.slots = [_Slot(model.new_cache(context_length, capture_graphs=False), reserved=i >= slots)
-                      for i in range(slots + priority_slots)]
-        self.prefix = PrefixCache(prefix_cache_bytes)
+        if caches is None:
+            caches = [model.new_cache(context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
+        self.slots = [_Slot(cache, reserved=i >= slots) for i, cache in enumerate(caches)]
+        self.prefix = prefix_cache if prefix_cache is not None else PrefixCache(prefix_cache_bytes)
         self.replies = ReplyMemory()
         self._img_id = tokenizer.token_id("[IMG]") if vision is not None else None
         self._running: list[_Sequence] = []
@@ -119,6 +137,8 @@ class BatchScheduler:
         self._vision_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._closed_error = EngineError("the engine was closed: load the model again")
+        self.steps = 0  # forward passes run (a clock in steps, for tests and measurements)
 
     @property
     def context_size(self) -> int:
@@ -126,8 +146,11 @@ class BatchScheduler:
 
     # -- any thread -----------------------------------------------------------------------------
     def submit(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
-               cancel: threading.Event | None = None, priority: bool = False) -> Future:
-        """Queue one generation; image features are encoded here, in the caller's thread."""
+               cancel: threading.Event | None = None, priority: bool = False,
+               on_prompt_progress: PromptProgress | None = None) -> Future:
+        """Queue one generation; image features are encoded here, in the caller's thread.
+        `on_prompt_progress(read, total)` is called (on the loop's thread) when its prompt starts
+        being read and after each chunk."""
         check_params(params)
         t0 = time.perf_counter()
         n = len(prompt.ids)
@@ -140,18 +163,19 @@ class BatchScheduler:
         features = self._image_features(prompt)
         future: Future = Future()
         req = _Request(prompt, position_keys(prompt.ids, prompt.image_spans), params, on_piece, cancel,
-                       priority, features, future, t0, next(self._order))
+                       priority, features, future, t0, next(self._order), on_prompt_progress)
         with self._cond:
             if self._closed:
-                raise EngineError("the engine was closed: load the model again")
+                raise self._closed_error
             self._waiting.append(req)
             self._cond.notify()
         return future
 
     def generate(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
-                 cancel: threading.Event | None = None, priority: bool = False) -> GenerationResult:
+                 cancel: threading.Event | None = None, priority: bool = False,
+                 on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         """submit() and wait (the scheduler must be started, or driven by another thread)."""
-        return self.submit(prompt, params, on_piece, cancel, priority).result()
+        return self.submit(prompt, params, on_piece, cancel, priority, on_prompt_progress).result()
 
     def start(self) -> "BatchScheduler":
         if self._thread is None:
@@ -159,15 +183,17 @@ class BatchScheduler:
             self._thread.start()
         return self
 
-    def close(self) -> None:
-        """Stop the loop; what is queued or running fails with an EngineError."""
+    def close(self, error: EngineError | None = None) -> None:
+        """Stop the loop; what is queued or running fails with `error` (by default an
+        EngineError saying the engine was closed)."""
         with self._cond:
             self._closed = True
+            self._closed_error = error or self._closed_error
             self._cond.notify()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        closed = EngineError("the engine was closed: load the model again")
+        closed = self._closed_error
         for seq in list(self._running):
             self._fail(seq, closed)
         with self._cond:
@@ -197,10 +223,10 @@ class BatchScheduler:
 
     def step(self) -> bool:
         """Admit what fits, then one forward pass for every running sequence; False when idle."""
-        self._admit()
         for seq in list(self._running):
             if seq.req.cancel is not None and seq.req.cancel.is_set():
-                self._finish(seq, "cancelled")
+                self._finish(seq, "cancelled")  # first: those that waited for its prompt are admitted now
+        self._admit()
         if not self._running:
             return False
         decoding = [s for s in self._running if not s.reading]
@@ -220,6 +246,7 @@ class BatchScheduler:
                 row += 1
         budget = self.step_rows  # prompt rows, on top of the decode rows: a prompt reads as fast as alone
         stepped = list(decoding)
+        read_now = []
         for s in reading:
             if budget <= 0:
                 break
@@ -230,6 +257,7 @@ class BatchScheduler:
             row += n
             budget -= n
             stepped.append(s)
+            read_now.append(s)
             if not s.reading:
                 logit_rows.append(row - 1)
                 sampled.append(s)
@@ -242,13 +270,18 @@ class BatchScheduler:
             if not isinstance(exc, Exception):
                 raise
             return True
+        self.steps += 1
         for s in decoding:
             s.cached.append(s.pending)
             s.pending = None
         for s in stepped:
             if s.n_sampled == 0:  # the blocks of the prompt read so far: later arrivals copy them
                 self.prefix.store(s.hashes, s.slot.cache)
+        for s in read_now:
+            self._report_reading(s)
         for i, s in enumerate(sampled):
+            if s.n_sampled == 0 and s.req.followers:
+                self._start_followers(s, logits[i])
             try:
                 self._take(s, logits[i])
             except BaseException as exc:  # noqa: BLE001 - a callback or NaN fails its own sequence
@@ -266,6 +299,11 @@ class BatchScheduler:
                     req.future.set_result(self._result(req, [], "", 0, self.slots[0].cache, "cancelled",
                                                        None, None, 0))
                     continue
+                leader = self._reading_the_same(req, [r for r, _ in admitted])
+                if leader is not None:  # read once: it starts from the leader's KV (_start_followers)
+                    leader.followers.append(req)
+                    self._waiting.remove(req)
+                    continue
                 slot = self._free_slot(req)
                 if slot is None:
                     continue
@@ -279,7 +317,23 @@ class BatchScheduler:
                 slot.busy = False
                 slot.cache.truncate(0)
                 slot.keys = []
+                self._requeue(req)
                 req.future.set_exception(exc)
+
+    def _reading_the_same(self, req: _Request, admitted: list[_Request]) -> _Request | None:
+        """A request of the same lane with this very prompt whose prompt is still to be read
+        (running, or admitted in this round), or None."""
+        candidates = [s.req for s in self._running if s.n_sampled == 0] + admitted
+        return next((r for r in candidates if r.priority == req.priority and r.keys == req.keys), None)
+
+    def _requeue(self, req: _Request) -> None:
+        """The requests that waited for `req`'s prompt go back to the queue (it failed or ended
+        before it was read, or there was no slot to copy it into)."""
+        followers, req.followers = req.followers, []
+        if followers:
+            with self._cond:
+                self._waiting.extend(followers)
+                self._cond.notify()
 
     def _free_slot(self, req: _Request) -> _Slot | None:
         """A free slot this request may use: the one holding the longest prefix of its prompt,
@@ -293,27 +347,66 @@ class BatchScheduler:
         prompt, keys, cache = req.prompt, req.keys, slot.cache
         if req.cancel is not None and req.cancel.is_set():
             slot.busy = False
+            self._requeue(req)
             req.future.set_result(self._result(req, [], "", 0, cache, "cancelled", None, None, 0))
             return
         spans = prompt.image_spans
         own = reusable_prefix(slot.keys[:cache.length], keys, spans)
         b = self.prefix.block
         hashes = block_hashes(keys, b)
-        held = self.prefix.match(hashes)
-        from_blocks = reusable_prefix(keys[:held * b], keys, spans) if held else 0
-        if from_blocks > own:
-            first = own // b
-            cache.truncate(first * b)
-            self.prefix.load(hashes[:-(-from_blocks // b)], cache, first)
-            cache.truncate(from_blocks)
-            reused = from_blocks
-        else:
-            cache.truncate(own)
-            reused = own
+        with self.prefix.lock:  # shared with the engine's own chats: what matched stays until loaded
+            held = self.prefix.match(hashes)
+            from_blocks = reusable_prefix(keys[:held * b], keys, spans) if held else 0
+            if from_blocks > own:
+                first = own // b
+                cache.truncate(first * b)
+                self.prefix.load(hashes[:-(-from_blocks // b)], cache, first)
+                cache.truncate(from_blocks)
+                reused = from_blocks
+            else:
+                cache.truncate(own)
+                reused = own
         slot.keys = keys[:reused]
         seq = _Sequence(req, slot, reused, self._embeddings(req, reused), self.tokenizer)
         seq.hashes = hashes
         self._running.append(seq)
+        if seq.reading:
+            self._report_reading(seq)
+
+    def _start_followers(self, leader: _Sequence, logits: torch.Tensor) -> None:
+        """The requests that waited for `leader`'s prompt: each in a free slot with a copy of
+        its KV, sampling its first token from the same logits (so they decode in the leader's
+        steps from the next one on). Without a free slot one goes back to the queue."""
+        followers, leader.req.followers = leader.req.followers, []
+        n = leader.slot.cache.length
+        for req in followers:
+            if req.cancel is not None and req.cancel.is_set():
+                req.future.set_result(self._result(req, [], "", 0, leader.slot.cache, "cancelled", None, None, 0))
+                continue
+            slot = self._free_slot(req)
+            if slot is None:
+                with self._cond:
+                    self._waiting.append(req)
+                continue
+            slot.busy = True
+            copy_positions(leader.slot.cache, slot.cache, n)
+            slot.keys = req.keys[:n]
+            seq = _Sequence(req, slot, n, leader.embeds[:0], self.tokenizer)
+            seq.hashes = leader.hashes
+            self._running.append(seq)
+            try:
+                self._take(seq, logits)
+            except BaseException as exc:  # noqa: BLE001 - as a sequence of the step would
+                self._fail(seq, exc)
+
+    @staticmethod
+    def _report_reading(s: _Sequence) -> None:
+        if s.req.on_prompt_progress is None:
+            return
+        try:
+            s.req.on_prompt_progress(s.read, s.embeds.shape[0])
+        except Exception:  # noqa: BLE001 - a display must not stop the reply
+            log.exception("the prompt progress callback failed")
 
     def _image_features(self, prompt: EncodedPrompt) -> list[torch.Tensor]:
         if not prompt.image_spans:
@@ -384,6 +477,7 @@ class BatchScheduler:
         self._running.remove(s)
         s.slot.busy = False
         s.slot.last_used = time.perf_counter()
+        self._requeue(s.req)  # it ended before its prompt was read: those waiting for it read it
 
     def _finish(self, s: _Sequence, reason: FinishReason) -> None:
         if not s.stop.stopped:
@@ -421,15 +515,63 @@ class BatchScheduler:
         return GenerationResult(text, list(generated), list(req.prompt.ids), stats)
 
 
+def copy_positions(src: KVCache, dst: KVCache, n: int) -> None:
+    """dst holds src's first n positions afterwards (two caches of one model)."""
+    for sk, sv, dk, dv in zip(src.ks, src.vs, dst.ks, dst.vs):
+        dk[:, :, :n].copy_(sk[:, :, :n])
+        dv[:, :, :n].copy_(sv[:, :, :n])
+    dst.length = n
+
+
+def carve_kv(cache: KVCache, n: int, min_context: int = MIN_SLOT_CONTEXT) -> list[KVCache]:
+    """`n` KV caches of `cache.capacity // n` positions each over the memory of `cache`: the
+    slots of a batch take the KV the plan counted for the engine's one context (runtime/memory.py)
+    instead of as much again beside it. Each is contiguous (a run of the flat tensor, not a
+    strided window), as the attention kernels want; what `cache` held is overwritten."""
+    per = cache.capacity // n
+    if per < min_context:
+        raise EngineError(f"{n} sequences at once would get {per} tokens of context each (the planned "
+                          f"context of {cache.capacity} tokens is shared by them, and each needs at least "
+                          f"{min_context}): serve fewer at once or raise the context length")
+    out = []
+    for i in range(n):
+        ks = [_carved(k, i, per) for k in cache.ks]
+        vs = [_carved(v, i, per) for v in cache.vs]
+        # a one-position cache of the same layout, then pointed at the carved memory
+        view = KVCache(sum(k.shape[0] for k in ks), ks[0].shape[1], ks[0].shape[3], vs[0].shape[3], 1,
+                       cache.dtype, cache.device, [(k.shape[0], k.dtype, k.device) for k in ks])
+        view.ks, view.vs = ks, vs
+        view.layer_k = [layer for k in ks for layer in k]
+        view.layer_v = [layer for v in vs for layer in v]
+        out.append(view)
+    return out
+
+
+def _carved(t: torch.Tensor, i: int, per: int) -> torch.Tensor:
+    layers, heads, _, dim = t.shape
+    size = layers * heads * per * dim
+    return t.reshape(-1)[i * size:(i + 1) * size].view(layers, heads, per, dim)
+
+
 class BatchedEngine:
     """What a server job gets from a BatchExecutor: LocalEngine's `chat` / `complete`, callable
-    from many threads at once, each call one sequence of the scheduler (it blocks until done)."""
+    from many threads at once, each call one sequence of the scheduler (it blocks until done).
+    `priority`: the lane of its calls (`prioritized()`: the window's own replies)."""
 
-    def __init__(self, engine, scheduler: BatchScheduler):
+    def __init__(self, engine, scheduler: BatchScheduler, priority: bool = False):
         self.engine = engine
         self.scheduler = scheduler
+        self.priority = priority
         self.model_path = engine.model_path
         self.tokenizer = engine.tokenizer
+
+    def prioritized(self) -> "BatchedEngine":
+        """The same engine whose calls go on the priority lane (a kept slot, prompt read first)."""
+        return BatchedEngine(self.engine, self.scheduler, priority=True)
+
+    @property
+    def model(self):
+        return self.engine.model
 
     @property
     def has_vision(self) -> bool:
@@ -441,7 +583,8 @@ class BatchedEngine:
 
     @property
     def description(self) -> str:
-        return f"{self.engine.description}, {sum(not s.reserved for s in self.scheduler.slots)} sequences at once"
+        n = sum(not s.reserved for s in self.scheduler.slots)
+        return f"{self.engine.description}, {n} sequences at once of {self.context_size} tokens each"
 
     def encode(self, messages: list[ChatMessage], tools=None) -> EncodedPrompt:
         vision = self.engine.vision
@@ -452,27 +595,44 @@ class BatchedEngine:
 
     def generate_from(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                       cancel: threading.Event | None = None, session_key: str | None = None,
-                      priority: bool = False) -> GenerationResult:
+                      priority: bool | None = None,
+                      on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         """Reply to an encoded prompt (from `encode`)."""
-        return self.scheduler.generate(prompt, params, on_piece, cancel, priority)
+        return self.scheduler.generate(prompt, params, on_piece, cancel, self._lane(priority), on_prompt_progress)
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None, tools=None,
-             priority: bool = False) -> GenerationResult:
+             priority: bool | None = None, on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         """session_key is accepted for the Engine protocol: the prefix cache finds any
         conversation's KV by its tokens, whatever it is called."""
         check_params(params)
-        return self.scheduler.generate(self.encode(messages, tools), params, on_piece, cancel, priority)
+        return self.scheduler.generate(self.encode(messages, tools), params, on_piece, cancel, self._lane(priority),
+                                       on_prompt_progress)
 
     def complete(self, prompt_ids: list[int], params: SamplingParams, on_piece=None,
                  cancel: threading.Event | None = None, session_key: str | None = None,
-                 priority: bool = False) -> GenerationResult:
+                 priority: bool | None = None, on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         check_params(params)
         vocab = self.tokenizer.vocab_size
         bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise EngineError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        return self.scheduler.generate(EncodedPrompt(list(prompt_ids)), params, on_piece, cancel, priority)
+        return self.scheduler.generate(EncodedPrompt(list(prompt_ids)), params, on_piece, cancel,
+                                       self._lane(priority), on_prompt_progress)
+
+    def run_together(self, calls: list[Callable[[], T]]) -> list[T]:
+        """Run `calls` (generations) at once, each on a thread of its own, so that they are
+        sequences of the same steps (a request's `n` choices: the scheduler reads their common
+        prompt once); their results in order, or the first failure in that order."""
+        if len(calls) <= 1:
+            return [call() for call in calls]
+        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="tramontane-choice") as pool:
+            futures = [pool.submit(call) for call in calls]
+            return [f.result() for f in futures]
+
+    def _lane(self, priority: bool | None) -> bool:
+        return self.priority if priority is None else priority
 
 
-__all__ = ["BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "STEP_ROWS_CPU", "STEP_ROWS_GPU"]
+__all__ = ["BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "MIN_SLOT_CONTEXT", "STEP_ROWS_CPU", "STEP_ROWS_GPU",
+           "carve_kv", "copy_positions"]

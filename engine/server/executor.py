@@ -5,8 +5,9 @@ Engines are not thread-safe, so the server never calls one: it hands `job(engine
 owner is `BatchExecutor`: every job runs at once on a worker thread of its own with a
 `BatchedEngine`, whose generations are sequences of one `BatchScheduler` (continuous batching:
 one pass over the weights per step for all of them). `ThreadExecutor` runs jobs one at a time
-in arrival order on one thread (any engine); the window's owner is its engine worker
-(`app/worker.py`), so the window and the server share the engine and its KV caches.
+in arrival order on one thread (any engine). The window's owner is its engine worker
+(`app/worker.py`): while it serves a local model it holds a `BatchExecutor` on that engine, its
+own replies on the priority lane (app/serving.py).
 """
 from __future__ import annotations
 
@@ -48,23 +49,37 @@ def served_model_of(engine) -> ServedModel | None:
 
 
 class BatchExecutor:
-    """The CLI's owner for a LocalEngine: jobs run concurrently, generations batched together.
+    """The owner for a LocalEngine (the CLI's; the window's while it serves): jobs run
+    concurrently, generations batched together.
 
     Each job gets a worker thread (a job blocks on its generation) and the `BatchedEngine`;
-    `slots` sequences decode at once, later ones wait for a slot in the scheduler."""
+    `slots` sequences decode at once, later ones wait for a slot in the scheduler. `priority`
+    is the same engine on the priority lane (the window's own replies), with
+    `priority_slots` slots kept for it."""
 
-    def __init__(self, engine, slots: int = 8, workers: int = 64, **scheduler_options):
-        from ..runtime.batch import BatchedEngine, BatchScheduler  # torch: not at the CLI parser's import
+    def __init__(self, engine, slots: int = 8, workers: int = 64, priority_slots: int = 1,
+                 share_planned_kv: bool | None = None, **scheduler_options):
+        """`share_planned_kv` (default: on a GPU): the slots are carved out of the engine's own
+        KV cache, the one context the plan counted (as llama-server's -np divides -c), instead
+        of new caches beside it; the engine's active chat forgets its KV then. On the CPU each
+        slot has a cache of the engine's context (pages are committed as positions are written)."""
+        from ..runtime.batch import BatchedEngine, BatchScheduler, carve_kv  # torch: not at the CLI parser's import
 
         self._engine = engine
-        context = engine.context_size
-        if any(seg.device.type == "cuda" for seg in engine.model.segments):
-            # GPU memory holds the plan's one context: the slots share it (as llama-server's -np)
-            context = max(256, context // (slots + 1))
-        scheduler_options.setdefault("context_length", context)
+        if share_planned_kv is None:
+            share_planned_kv = any(seg.device.type == "cuda" for seg in engine.model.segments)
+        if share_planned_kv:
+            scheduler_options["caches"] = carve_kv(engine.cache, slots + priority_slots)
+            engine.forget_session(engine.session_key)  # its cache's positions now belong to the slots
+        else:
+            scheduler_options.setdefault("context_length", engine.context_size)
+        shared = getattr(engine, "prefix_cache", None)  # one prefix cache for the engine's chats and the batch
+        if shared is not None:
+            scheduler_options.setdefault("prefix_cache", shared)
         self.scheduler = BatchScheduler(engine.model, engine.tokenizer, engine.vision, slots=slots,
-                                        **scheduler_options).start()
+                                        priority_slots=priority_slots, **scheduler_options).start()
         self.engine = BatchedEngine(engine, self.scheduler)
+        self.priority = self.engine.prioritized()
         self._model = served_model_of(self.engine)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tramontane-job")
 
@@ -75,8 +90,10 @@ class BatchExecutor:
         return self._pool.submit(job, self.engine)
 
     def shutdown(self) -> None:
-        """Fail what runs or waits (the scheduler stops), then wait for the jobs to end."""
-        self.scheduler.close()
+        """Fail what runs or waits (the scheduler stops: a 503 for the clients, who may send it
+        again to the next model), then wait for the jobs to end."""
+        self.scheduler.close(ModelUnavailable("the model was unloaded or changed while this request ran: "
+                                              "send it again"))
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import functools
 import hmac
 import ipaddress
 import json
@@ -637,9 +638,10 @@ class OpenAIServer:
 
     # -- one answer -----------------------------------------------------------------------------
     async def _answer(self, request, endpoint, job: ChatJob, model, prepare, run, key, on_result=None):
-        """Every choice of every prompt, one after another in one engine job: choice i of
-        prompt p is number p * n + i. The choices of a prompt share its KV (one session key:
-        after the first, each prefills only the prompt's last token)."""
+        """Every choice of every prompt in one engine job: choice i of prompt p is number
+        p * n + i. The choices of a prompt share its KV: on a batching engine they run at once
+        (its prompt read once, then rows of the same steps), else one after another in one
+        session (after the first, each prefills only the prompt's last token)."""
         if self._pending >= self.limits.max_queue:
             raise ApiError(503, f"the server is busy ({self._pending} requests waiting or running): "
                                 "try again shortly", code="server_busy")
@@ -655,21 +657,31 @@ class OpenAIServer:
                 raise engine_failure(exc, (getattr(engine, "model_path", None),
                                            getattr(engine, "mmproj_path", None))) from None
 
+        def choice(engine, p: int, prompt, i: int):
+            index = p * job.n + i
+            on_piece = (lambda text: relay.post(index, text)) if job.stream else None
+            params = choice_params(job.params, i)
+            result = run(engine, prompt, params, on_piece, cancel)
+            full = engine.tokenizer.decode(result.token_ids) if result.finish_reason == "stop_string" else ""
+            outcome = (result, stop_reason(result, params, full))
+            if job.stream:
+                relay.choice_done(index, outcome)
+            return outcome
+
         def generate_all(engine):
             outcomes = []
+            # a batching engine decodes a prompt's choices as rows of the same steps
+            together = getattr(engine, "run_together", None) if job.n > 1 else None
             for p, prompt in enumerate(prepare(engine)):  # every prompt checked before any reply
+                if cancel.is_set():
+                    return outcomes
+                if together is not None:
+                    outcomes += together([functools.partial(choice, engine, p, prompt, i) for i in range(job.n)])
+                    continue
                 for i in range(job.n):
                     if cancel.is_set():
                         return outcomes
-                    index = p * job.n + i
-                    on_piece = (lambda text, index=index: relay.post(index, text)) if job.stream else None
-                    params = choice_params(job.params, i)
-                    result = run(engine, prompt, params, on_piece, cancel)
-                    full = engine.tokenizer.decode(result.token_ids) if result.finish_reason == "stop_string" else ""
-                    outcome = (result, stop_reason(result, params, full))
-                    outcomes.append(outcome)
-                    if job.stream:
-                        relay.choice_done(index, outcome)
+                    outcomes.append(choice(engine, p, prompt, i))
             return outcomes
 
         def done() -> None:  # on the loop, after every event the job posted

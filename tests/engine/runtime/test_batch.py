@@ -12,7 +12,6 @@ import threading
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams
@@ -23,6 +22,7 @@ from tramontane.engine.runtime.local import LocalEngine
 from tramontane.engine.runtime.prefix_cache import BLOCK_TOKENS
 
 from support import FIXTURES
+from support.batch_runs import Recorder, alone, greedy, random_prompts
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
@@ -33,42 +33,6 @@ def engine():
     e = LocalEngine(MODEL, MMPROJ, device="cpu", context_length=512)
     yield e
     e.close()
-
-
-def greedy(n: int, **kw) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)
-
-
-def alone(engine, prompt: EncodedPrompt, params: SamplingParams):
-    """The request by itself, in a fresh KV session."""
-    engine.forget_session("alone")
-    engine._activate(None)
-    return engine.generate_from(prompt, params, session_key=f"alone-{id(prompt)}")
-
-
-def random_prompts(engine, lengths, seed=0) -> list[EncodedPrompt]:
-    g = torch.Generator().manual_seed(seed)
-    bos = engine.tokenizer.bos_id
-    return [EncodedPrompt([bos] + torch.randint(1000, engine.tokenizer.vocab_size, (n - 1,), generator=g).tolist())
-            for n in lengths]
-
-
-class Recorder:
-    """Wraps forward_batch to see what each step held: (rows per group)."""
-
-    def __init__(self, model):
-        self.steps: list[list[int]] = []
-        self._inner = model.forward_batch
-
-        def spy(embeds, groups, logits_of):
-            self.steps.append([n for _, _, n in groups])
-            return self._inner(embeds, groups, logits_of)
-
-        model.forward_batch = spy
-        self.model = model
-
-    def close(self):
-        del self.model.forward_batch
 
 
 def photo(seed: int, size=(56, 42)) -> ImagePart:

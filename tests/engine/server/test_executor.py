@@ -1,6 +1,7 @@
 """The server on BatchExecutor: concurrent clients (the official `openai` client, each in its own
-thread) get the replies the engine gives each of them alone, and a new conversation with a
-known system prompt reports cached tokens."""
+thread) get the replies the engine gives each of them alone, a new conversation with a known
+system prompt reports cached tokens, a request's `n` choices decode as rows of one batch, and on
+a GPU the slots are carved out of the KV the plan counted."""
 from __future__ import annotations
 
 import threading
@@ -9,13 +10,14 @@ import pytest
 
 openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
 
-from tramontane.engine.api import ChatMessage, SamplingParams  # noqa: E402
+from tramontane.engine.api import ChatMessage, EngineError, SamplingParams  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.runtime.prefix_cache import BLOCK_TOKENS  # noqa: E402
 from tramontane.engine.server.executor import BatchExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
+from support.batch_runs import Recorder  # noqa: E402
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
@@ -94,3 +96,54 @@ def test_a_new_conversation_with_a_known_system_prompt_reports_cached_tokens(ser
         {"role": "system", "content": SYSTEM}, {"role": "user", "content": "Something completely different."}])
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= 2 * BLOCK_TOKENS and cached < second.usage.prompt_tokens
+
+
+def test_n_choices_decode_as_rows_of_one_batch_and_equal_one_greedy_run(served, reference):
+    engine, _, server = served
+    messages = [{"role": "user", "content": "Name three winds of the Mediterranean, one per line, and why."}]
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    want = reference.chat([ChatMessage.text("user", messages[0]["content"])], greedy, session_key="ref-n").text
+    rec = Recorder(engine.model)
+    try:
+        reply = client(server).chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0,
+                                                       n=3, extra_body={"ignore_eos": True})
+    finally:
+        rec.close()
+    assert [(c.index, c.message.content) for c in reply.choices] == [(0, want), (1, want), (2, want)]
+    assert any(step.count(1) >= 3 for step in rec.steps)  # the three decoded as rows of one step
+    prompt_rows = sum(n for step in rec.steps for n in step if n > 1)
+    assert prompt_rows < 2 * reply.usage.prompt_tokens  # the prompt read once (a late one: its last block)
+
+    streamed = client(server).chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0,
+                                                      n=3, stream=True, extra_body={"ignore_eos": True})
+    texts = ["", "", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [want] * 3
+
+
+def test_on_a_gpu_the_slots_are_the_engines_planned_kv():
+    # The GPU path (share_planned_kv, the default there) on the CPU: the plan's one context is
+    # carved into the slots, nothing allocated beside it.
+    engine = LocalEngine(MODEL, device="cpu", context_length=512)
+    try:
+        executor = BatchExecutor(engine, slots=1, priority_slots=1, share_planned_kv=True, step_rows=64)
+        try:
+            kv = engine.plan.placements[0].kv
+            caches = [s.cache for s in executor.scheduler.slots]
+            assert sum(c.nbytes for c in caches) == kv == engine.cache.nbytes
+            whole = engine.cache.ks[0]
+            end = whole.data_ptr() + whole.numel() * whole.element_size()
+            assert all(whole.data_ptr() <= c.ks[0].data_ptr() < end for c in caches)
+            assert executor.served_model().context_size == 256
+            text = executor.submit(lambda e: e.chat([ChatMessage.text("user", "hi")], SamplingParams(
+                max_tokens=5, temperature=0.0, ignore_eos=True)).text).result(timeout=120)
+        finally:
+            executor.shutdown()
+        assert text == engine.chat([ChatMessage.text("user", "hi")], SamplingParams(
+            max_tokens=5, temperature=0.0, ignore_eos=True), session_key="after").text  # its own chats still work
+        with pytest.raises(EngineError, match="3 sequences at once would get 170 tokens of context each"):
+            BatchExecutor(engine, slots=2, priority_slots=1, share_planned_kv=True)
+    finally:
+        engine.close()
