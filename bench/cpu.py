@@ -63,6 +63,7 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None, depth: int = 
 
     from tramontane.engine.api import SamplingParams
     from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.engine.runtime.decoder import decode, new_cache
     from tramontane.engine.runtime.generate import sample
     from tramontane.engine.runtime.threads import apply_threads
     from tramontane.kernels import cpu_native
@@ -72,7 +73,7 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None, depth: int = 
     t = time.perf_counter()
     model = Mistral3Text.load(path, device="cpu")
     load_s = time.perf_counter() - t
-    cache = model.new_cache(p + n + 8)
+    cache = new_cache(model, p + n + 8)
     greedy = SamplingParams(temperature=0.0)
     gen = torch.Generator().manual_seed(0)
     lo = 1000 if model.cfg.vocab_size > 2000 else 20
@@ -87,23 +88,23 @@ def tramontane_run(path: str, p: int, n: int, threads: int | None, depth: int = 
         # decode from an (almost) empty context, like llama-bench's tg
         cache.truncate(0)
         token = int(logits.argmax())
-        model.decode(token, cache)
+        decode(model, token, cache)
         t = time.perf_counter()
         for _ in range(n):  # greedy through the app's own sampler (its one-pass native argmax)
-            token = sample(model.decode(token, cache), greedy)
+            token = sample(decode(model, token, cache), greedy)
         decode_s = time.perf_counter() - t
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB (before the depth run's cache)
     resident = _resident_now(path)
     extra = {}
     if depth:
         with torch.inference_mode():
-            cache = model.new_cache(depth + n + 8)
+            cache = new_cache(model, depth + n + 8)
             context = torch.randint(lo, model.cfg.vocab_size, (depth,), generator=gen).tolist()
             token = sample(model.forward(model.embed(context), 0, cache), greedy)
-            token = sample(model.decode(token, cache), greedy)
+            token = sample(decode(model, token, cache), greedy)
             t = time.perf_counter()
             for _ in range(n):
-                token = sample(model.decode(token, cache), greedy)
+                token = sample(decode(model, token, cache), greedy)
             extra["decode_at_depth_tok_s"] = n / (time.perf_counter() - t)
     return {**resident, **extra, "prefill_tok_s": p / prefill_s, "decode_tok_s": n / decode_s, "load_s": load_s,
             "peak_rss_bytes": rss, "rss_before_load_bytes": rss_before, "file_bytes": os.path.getsize(path),

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the te
 from support.empty_gguf import q4_k_m_type  # noqa: E402
 from tramontane.engine.api import SamplingParams
 from tramontane.engine.cli.bench import copy_bandwidth
+from tramontane.engine.runtime.decoder import new_cache
 from tramontane.engine.runtime.generate import generate, make_generator, sample
 from tramontane.engine.mistral3.text import Mistral3Text, _want_dense, default_dtype, resolve_device
 from tramontane.engine.mistral3.config import TextConfig
@@ -213,7 +214,7 @@ def main(argv=None) -> None:
         print(f"GPU memory allocated: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB")
 
     context = min(args.context, model.cfg.context_length)
-    cache = model.new_cache(context)
+    cache = new_cache(model, context)
     vocab = model.cfg.vocab_size
     gen = torch.Generator().manual_seed(0)
 
@@ -257,7 +258,7 @@ def main(argv=None) -> None:
     run_decode("CUDA graphs" if model.use_cuda_graphs else "eager")
     if cuda and model.use_cuda_graphs and not args.no_eager:
         model.use_cuda_graphs = False
-        cache._decode_graphs = None
+        cache.decode_graphs = None
         run_decode("eager")
         model.use_cuda_graphs = True
 

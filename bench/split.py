@@ -28,6 +28,7 @@ from model import MIXES, SHAPES, RandomSource, build_random_model  # noqa: E402 
 
 from tramontane.engine.mistral3.config import TextConfig  # noqa: E402
 from tramontane.engine.mistral3.text import Mistral3Text, Segment, _cross, _want_dense  # noqa: E402
+from tramontane.engine.runtime.decoder import decode, new_cache  # noqa: E402
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, gpu_layers_map,  # noqa: E402
                                                   model_sizes, plan_devices)
 
@@ -41,14 +42,14 @@ def sync(device: torch.device) -> None:
 
 def decode_times(model: Mistral3Text, n_prompt: int, n_steps: int, warmup: int = 3) -> list[float]:
     """Seconds per decode step after an n_prompt-token prefill (fresh cache each call)."""
-    cache = model.new_cache(n_prompt + warmup + n_steps + 8)
+    cache = new_cache(model, n_prompt + warmup + n_steps + 8)
     ids = torch.randint(0, model.cfg.vocab_size, (n_prompt,), generator=torch.Generator().manual_seed(0))
     model.forward(model.embed(ids), 0, cache)
     out = []
     for i in range(warmup + n_steps):
         sync(model.device)
         t0 = time.perf_counter()
-        model.decode(int(ids[i % n_prompt]), cache)
+        decode(model, int(ids[i % n_prompt]), cache)
         sync(model.device)
         if i >= warmup:
             out.append(time.perf_counter() - t0)
@@ -61,7 +62,7 @@ def split_seconds(model: Mistral3Text, repeats: int = 2000) -> float:
     segment holding no layer: RoPE rows, the call)."""
     from dataclasses import replace
 
-    cache = model.new_cache(64)
+    cache = new_cache(model, 64)
     total = 0.0
     for prev, seg in zip(model.segments, model.segments[1:]):
         x = torch.randn(1, model.cfg.hidden, dtype=prev.dtype, device=prev.device)
@@ -127,7 +128,7 @@ def run_cpu(args) -> int:
     caches = {}
     for name, segments in layouts.items():
         model.segments = segments
-        caches[name] = model.new_cache(args.prompt + n + 8)
+        caches[name] = new_cache(model, args.prompt + n + 8)
         model.forward(model.embed(ids), 0, caches[name])
     # Step by step, alternating which goes first: machine noise hits both alike, and the paired
     # differences cancel most of it.
@@ -139,7 +140,7 @@ def run_cpu(args) -> int:
         for name in (("whole", "split") if i % 2 else ("split", "whole")):
             model.segments = layouts[name]
             t0, c0 = time.perf_counter(), time.process_time()
-            model.decode(int(ids[i % args.prompt]), caches[name])
+            decode(model, int(ids[i % args.prompt]), caches[name])
             if i >= 3:
                 times[name].append(time.perf_counter() - t0)
                 cpu_times[name].append(time.process_time() - c0)
@@ -166,7 +167,7 @@ def run_cuda(args) -> int:
                      decode_times(split, args.prompt, args.steps))
     # The same model's CPU part alone, run on its own: the split step should be the two parts' sum.
     cpu_seg, gpu_seg = split.segments
-    cache = split.new_cache(args.prompt + args.steps + 16)
+    cache = new_cache(split, args.prompt + args.steps + 16)
     cache.length = args.prompt
     x = torch.randn(1, cfg.hidden, dtype=cpu_seg.dtype)
     times = []

@@ -1,5 +1,5 @@
 """The import arrows point one way: app -> engine -> kernels, and inside engine
-cli/server/library -> runtime -> mistral3 -> gguf -> api (docs/DESIGN.md, "Imports").
+cli/server/library -> runtime -> mistral3 -> gguf -> api, host (docs/DESIGN.md, "Imports").
 
 Every module's imports are read with `ast` (relative ones and absolute `tramontane.` ones,
 inside functions and `if TYPE_CHECKING:` blocks too: a late import is still an arrow). A unit
@@ -23,15 +23,7 @@ ENGINE_RANK = {
     "runtime": 3, "remote": 3, "mcp_tools": 3,    # engines and what they call out to
     "mistral3": 2,                                # the model: math on a file's tensors
     "gguf": 1,
-    "api": 0, "private_files": 0,
-}
-
-# Arrows known to be wrong and not yet turned (issue 28); each must still exist, so the list
-# only shrinks. Every other upward arrow or cycle fails.
-KNOWN = {
-    ("engine.mistral3", "engine.runtime"):
-        "text.py still makes its KV cache (runtime.kv_cache), captures and replays the decode "
-        "graphs (runtime.cuda_graphs) in new_cache/decode, and reads runtime.memory's sizes",
+    "api": 0, "private_files": 0, "host": 0,
 }
 
 
@@ -141,22 +133,15 @@ def test_the_walk_sees_relative_absolute_and_late_imports():
     assert cycles({("a", "b"): 1, ("b", "c"): 1, ("c", "a"): 1, ("c", "d"): 1}) == [["a", "b", "c"]]
 
 
-def test_known_wrong_arrows_still_exist():
-    """An entry of KNOWN that was fixed must leave the list (it would hide a regression)."""
-    edges = arrows()
-    fixed = [f"{a} -> {b}" for a, b in KNOWN if (a, b) not in edges]
-    assert not fixed, f"fixed, take out of KNOWN: {fixed}"
-
-
 def test_no_arrow_points_up():
     upward = [f"{a} -> {b}: {', '.join(where)}" for (a, b), where in sorted(arrows().items())
-              if rank(a) < rank(b) and (a, b) not in KNOWN]
+              if rank(a) < rank(b)]
     assert not upward, "imports against the order app -> engine -> kernels, cli/server/library -> " \
                        "runtime -> mistral3 -> gguf -> api:\n" + "\n".join(upward)
 
 
 def test_no_cycle_between_units():
-    edges = {edge: where for edge, where in arrows().items() if edge not in KNOWN}
+    edges = arrows()
     found = []
     for component in cycles(edges):
         inner = [f"  {a} -> {b}: {', '.join(edges[(a, b)])}" for a in component for b in component

@@ -66,6 +66,7 @@ def _sync(device: torch.device) -> None:
 def bench_main(args) -> int:
     import torch
 
+    from ..runtime.decoder import decode
     from ..runtime.local import LocalEngine
 
     if args.prompt_tokens is not None and args.prompt_tokens < 1:
@@ -100,11 +101,11 @@ def bench_main(args) -> int:
     _sync(device)
     ttft = time.perf_counter() - t0
     token = int(logits.argmax())
-    model.decode(token, cache)  # warm-up (CUDA graph capture happens here)
+    decode(model, token, cache)  # warm-up (CUDA graph capture happens here)
     _sync(device)
     t1 = time.perf_counter()
     for _ in range(args.gen_tokens):
-        token = int(model.decode(token, cache).argmax())
+        token = int(decode(model, token, cache).argmax())
     _sync(device)
     decode_s = time.perf_counter() - t1
     out = {

@@ -263,7 +263,7 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
             detail = ""
             engine = state[key]
             if _on_gpu(engine.model) and _graphs_wanted():
-                graphs = getattr(getattr(engine.cache, "_decode_graphs", None), "graphs", None)
+                graphs = getattr(getattr(engine.cache, "decode_graphs", None), "graphs", None)
                 if not graphs:
                     raise SelfTestFailure("the reply was decoded without a CUDA graph")
                 detail = f", decoded in {len(graphs)} CUDA graph(s)"

@@ -22,6 +22,11 @@ MAX_CONTEXT = 1 << 24
 # The encoder's cost grows with (image_size / patch)^2 tokens, and image_size is tied to no
 # tensor: 4096 is 2.7x the largest in use (Mistral Small 3.1's 1540).
 MAX_IMAGE_SIDE = 1 << 12
+# Prompt rows per forward pass (Mistral3Text.forward runs a longer prompt in chunks of them):
+# bounds activation memory on a GPU; the CPU is ~100x slower, smaller passes keep a cancel
+# responsive. runtime/memory.py counts a chunk's memory from these.
+PREFILL_CHUNK = 2048
+CPU_PREFILL_CHUNK = 512
 ACCEPTED = ("general.architecture 'mistral3', or 'llama' with the Mistral 3 evidence "
             "(tokenizer.ggml.pre 'tekken', [INST]/[SYSTEM_PROMPT] control tokens, dense SwiGLU "
             "blocks, no experts, no rope_freqs, no Q/K norms)")

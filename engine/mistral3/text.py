@@ -4,7 +4,8 @@ weights, the layers' math in order, the segments of a split model, batched rows.
 gpt-fast-like: a config dataclass (`TextConfig` from mistral3/config.py), weights uploaded
 tensor by tensor from the memory-mapped file, small pure functions. Attention: Triton flash
 attention on CUDA (kernels/attention.py), the native kernels on the CPU, torch's SDPA where
-neither runs. The KV cache it writes into is runtime/kv_cache.py's.
+neither runs. The KV cache it writes into is the caller's (`KVRows`: runtime/kv_cache.py's, made
+with the decode graphs by runtime/decoder.py, which also drives one-token decoding).
 
 Facts this module relies on (see docs/mistral3.md of the shared notes):
 - llama.cpp's converter permutes the rows of attn_q / attn_k of every head from HF's
@@ -22,11 +23,10 @@ Facts this module relies on (see docs/mistral3.md of the shared notes):
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
@@ -38,14 +38,8 @@ from ...kernels.linear import QWeight, linear, linear_add, linears, prepare
 from ...kernels.triton_compat import triton_usable
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
-from ..runtime.cuda_graphs import DecodeGraphs
-from ..runtime import memory as _memory
-from ..runtime.kv_cache import KVCache
-# Sizes that the memory accounting counts live in runtime/memory.py, once.
-from ..runtime.memory import CPU_PREFILL_CHUNK, DEFAULT_CONTEXT, PREFILL_CHUNK, bucket_for
-from .config import TextConfig, text_config
-
-log = logging.getLogger(__name__)
+from ..host import available_ram
+from .config import CPU_PREFILL_CHUNK, PREFILL_CHUNK, TextConfig, text_config
 
 
 # ----------------------------------------------------------------------------- device
@@ -319,7 +313,7 @@ def _want_dense(gf: GGUFFile, cfg: TextConfig, device: torch.device, requested: 
     dense_bytes = sum(4 * math.prod(t.shape) for n, t in gf.tensors.items()
                       if n.startswith("blk.") and len(t.shape) == 2)
     dense_bytes += 4 * cfg.vocab_size * cfg.hidden  # the head
-    return dense_bytes <= _memory.available_ram() // 2
+    return dense_bytes <= available_ram() // 2
 
 
 def _native_cpu() -> bool:
@@ -337,6 +331,35 @@ def _fusable(gf: GGUFFile, names: Sequence[str], device: torch.device | None = N
 
 
 # ----------------------------------------------------------------------------- the model
+
+class KVRows(Protocol):
+    """What the layers use of a KV cache: per-layer keys / values (kv_heads, capacity, head_dim)
+    on the layer's device, and how many positions are valid. runtime/kv_cache.py's KVCache (made
+    by runtime/decoder.new_cache) is one; `PassKV` is a forward pass's own."""
+
+    layer_k: list[torch.Tensor]
+    layer_v: list[torch.Tensor]
+    length: int
+
+    @property
+    def capacity(self) -> int: ...
+
+
+class PassKV:
+    """The K/V of one forward pass run without a cache (`forward(..., cache=None)`): a tensor
+    pair per layer on its segment's device, dropped with the pass."""
+
+    def __init__(self, model: Mistral3Text, positions: int):
+        cfg = model.cfg
+
+        def zeros(width: int) -> list[torch.Tensor]:
+            return [torch.zeros(cfg.n_kv_heads, positions, width, dtype=seg.dtype, device=seg.device)
+                    for seg in model.segments for _ in seg.layers]
+
+        self.layer_k, self.layer_v = zeros(cfg.head_dim), zeros(cfg.v_head_dim)
+        self.capacity = positions
+        self.length = 0
+
 
 @dataclass
 class Segment:
@@ -382,7 +405,7 @@ class Mistral3Text:
         self.dense_weights = False  # CPU: linear weights dequantized to float32 at load
         self.use_cuda_graphs = device.type == "cuda" and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
         self.graph_failures: list[str] = []  # decode buckets whose capture failed (they run eagerly)
-        self.planned_context = 0  # the device plan's context (0: no plan, DEFAULT_CONTEXT)
+        self.planned_context = 0  # the device plan's context (0: no plan; runtime.decoder's default)
         # Prompt rows per pass: bounds activation memory, and how often a cancel is seen.
         self.prefill_chunk = PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
 
@@ -527,41 +550,7 @@ class Mistral3Text:
                 total += len(seg.layers) * cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * size
         return total
 
-    def default_context_length(self) -> int:
-        """The context the device plan budgeted (its KV was counted there, with everything else
-        the model needs); without a plan DEFAULT_CONTEXT. Never more than the file's. Nothing
-        here fills "what is left": a larger context is the caller's choice, planned first
-        (LocalEngine(context_length=...))."""
-        planned = self.planned_context or DEFAULT_CONTEXT
-        return min(planned, self.cfg.context_length)
-
-    def new_cache(self, context_length: int | None = None, capture_graphs: bool = True) -> KVCache:
-        """A KV cache (the planned context by default); on a model with GPU segments the decode
-        graphs of its buckets are captured now, never later in a reply (`graph_failures`)."""
-        cfg = self.cfg
-        n = self.default_context_length() if context_length is None else int(context_length)
-        if n <= 0:
-            raise EngineError(f"context length must be positive, got {n}")
-        n = min(n, cfg.context_length)
-        cpu = torch.device("cpu")
-        if any(seg.device == cpu for seg in self.segments):
-            need = n * self.kv_bytes_per_token(device=cpu)
-            free = _memory.available_ram()
-            if free and need > free:
-                raise EngineError(f"a KV cache of {n} tokens needs {need / 2**30:.1f} GiB, more than the "
-                                  f"{free / 2**30:.1f} GiB of free memory: lower the context length")
-        self._ensure_rope(n)
-        parts = [(len(seg.layers), seg.dtype, seg.device) for seg in self.segments]
-        cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, self.dtype, self.device, parts)
-        if capture_graphs and self._graphs_enabled():
-            cache._decode_graphs = DecodeGraphs(self)
-            for failure in cache._decode_graphs.capture_all(cache):
-                if failure not in self.graph_failures:
-                    self.graph_failures.append(failure)
-                    log.warning("%s", failure)
-        return cache
-
-    def _ensure_rope(self, n: int) -> None:
+    def ensure_rope(self, n: int) -> None:
         """Tables for n positions on every segment's (device, dtype); `rope` is the last one's."""
         if any(seg.rope is None or seg.rope.length < n for seg in self.segments):
             built: dict[tuple, RopeTables] = {}
@@ -581,14 +570,15 @@ class Mistral3Text:
         return self.embedding(ids)
 
     @torch.inference_mode()
-    def forward(self, embeds, start_pos: int, cache: KVCache | None = None,
+    def forward(self, embeds, start_pos: int, cache: KVRows | None = None,
                 all_logits: bool = False, cancel=None) -> torch.Tensor | None:
         """Run T rows at positions [start_pos, start_pos + T): `embeds` (T, hidden) input rows
         (image features spliced in), or token ids. Returns float32 logits (vocab,)
-        for the last row, or (T, vocab) with all_logits. Without a cache a temporary one is used.
+        for the last row, or (T, vocab) with all_logits.
 
         The cache must hold exactly start_pos valid positions before the call (truncate it
-        first to rewind); afterwards it holds start_pos + T.
+        first to rewind); afterwards it holds start_pos + T. Without one, the pass keeps its
+        K/V in a `PassKV` of its own (positions before start_pos zero).
 
         `cancel` (a threading.Event) is checked between prefill chunks: when set, returns None
         with the cache holding the rows done so far (a valid prefix)."""
@@ -600,7 +590,7 @@ class Mistral3Text:
         if T == 0:
             raise EngineError("nothing to run: the prompt is empty")
         if cache is None:
-            cache = self.new_cache(start_pos + T, capture_graphs=False)  # one pass: no decode
+            cache = PassKV(self, min(start_pos + T, self.cfg.context_length))
             cache.length = start_pos
         if start_pos != cache.length:
             raise EngineError(f"forward at position {start_pos} but the KV cache holds {cache.length} "
@@ -608,7 +598,7 @@ class Mistral3Text:
         if start_pos + T > cache.capacity:
             raise EngineError(f"context full: {start_pos} + {T} tokens exceed the context length "
                               f"{cache.capacity}")
-        self._ensure_rope(cache.capacity)
+        self.ensure_rope(cache.capacity)
         first = self.segments[0]
         embeds = embeds.to(device=first.device, dtype=first.dtype)
         outs = []
@@ -625,7 +615,7 @@ class Mistral3Text:
                 outs.append(self.output_logits(hidden[-1:])[0])
         return torch.cat(outs, 0) if all_logits else outs[0]
 
-    def logits(self, ids, start_pos: int = 0, cache: KVCache | None = None,
+    def logits(self, ids, start_pos: int = 0, cache: KVRows | None = None,
                all_logits: bool = False) -> torch.Tensor:
         return self.forward(self.embed(ids), start_pos, cache, all_logits)
 
@@ -635,7 +625,7 @@ class Mistral3Text:
         with on_device(self.device):
             return norm_linears(hidden, self.output_norm, self.cfg.norm_eps, (self.head,))[0].float()
 
-    def _layers(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, start: int, cache: KVRows) -> torch.Tensor:
         for k, seg in enumerate(self.segments):
             if k:
                 x = _cross(x, seg)
@@ -643,7 +633,7 @@ class Mistral3Text:
                 x = self.run_segment(seg, x, start, cache)
         return x
 
-    def run_segment(self, seg: Segment, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+    def run_segment(self, seg: Segment, x: torch.Tensor, start: int, cache: KVRows) -> torch.Tensor:
         T = x.shape[0]
         rope = seg.rope
         if T == 1 and x.dtype == torch.float32 and (step := self._native_decode(seg, cache)) is not None:
@@ -658,7 +648,7 @@ class Mistral3Text:
             x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
         return x
 
-    def _native_decode(self, seg: Segment, cache: KVCache):
+    def _native_decode(self, seg: Segment, cache: KVRows):
         """The segment's decode step as one native call (kernels.linear.native_decode_layers), made
         once per cache and kernel variant (a cache's tensors are fixed for its life, and the steps
         are stored on it); None where the per-op path runs."""
@@ -688,7 +678,7 @@ class Mistral3Text:
                 v.reshape(T, cfg.n_kv_heads, cfg.v_head_dim))
 
     def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, start: int, tables,
-                   cache: KVCache) -> torch.Tensor:
+                   cache: KVRows) -> torch.Tensor:
         """Attention of attn_norm(x) over the cache (K/V of these rows written first), before W_o."""
         q, k, v = self._qkv(layer, x)
         return self._attend_rows(q, k, v, tables, cache.layer_k[i], cache.layer_v[i], start,
@@ -702,14 +692,8 @@ class Mistral3Text:
             return swiglu(gate, up)
         return norm_swiglu(x, layer.ffn_norm, eps, layer.w_gate, layer.w_up)
 
-    # -- one-token decode ------------------------------------------------------------------------
-    def decode_bucket(self, n_keys: int, capacity: int) -> int:
-        """Key length a static decode step attends over: the smallest of the cache's captured
-        buckets (runtime.memory.decode_buckets: powers of two from MIN_DECODE_BUCKET, the
-        capacity last, at most MAX_GRAPH_BUCKETS of them) that holds n_keys."""
-        return bucket_for(n_keys, capacity)  # the buckets new_cache captured graphs for
-
-    def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, bucket: int,
+    # -- one-token decode with static shapes (runtime/cuda_graphs.py captures it) ---------------
+    def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVRows, bucket: int,
                       segment: int | None = None) -> torch.Tensor:
         """One row at the device position `pos` (1,) with shapes fixed by `bucket`: no host
         syncs, no data-dependent shapes — the body that a CUDA graph captures.
@@ -727,7 +711,7 @@ class Mistral3Text:
             return x
         return self.output_logits(x)[0]
 
-    def _segment_static(self, seg: Segment, x: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+    def _segment_static(self, seg: Segment, x: torch.Tensor, pos: torch.Tensor, cache: KVRows,
                         bucket: int) -> torch.Tensor:
         cfg = self.cfg
         n_rep = cfg.n_heads // cfg.n_kv_heads
@@ -757,28 +741,9 @@ class Mistral3Text:
             x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
         return x
 
-    @torch.inference_mode()
-    def decode(self, token_id: int, cache: KVCache) -> torch.Tensor:
-        """Feed one token at position cache.length; float32 logits (vocab,). Replays the cache's
-        decode graphs where they were captured (new_cache); eager otherwise."""
-        pos = cache.length
-        if pos >= cache.capacity:
-            raise EngineError(f"context full: the context length is {cache.capacity} tokens")
-        graphs = cache._decode_graphs
-        if graphs is not None and self._graphs_enabled():
-            logits = graphs.run(cache, token_id, pos)
-            cache.length = pos + 1
-            return logits
-        # the id written on the table's device (a fill, not a host tensor copied over)
-        token = torch.full((1,), int(token_id), dtype=torch.long, device=self.embedding_device)
-        return self.forward(self.embed(token), pos, cache)
-
-    def _graphs_enabled(self) -> bool:
-        return self.use_cuda_graphs and any(seg.device.type == "cuda" for seg in self.segments)
-
     # -- several sequences in one pass (continuous batching: runtime/batch.py) ------------------
     @torch.inference_mode()
-    def forward_batch(self, embeds: torch.Tensor, groups: Sequence[tuple[KVCache, int, int]],
+    def forward_batch(self, embeds: torch.Tensor, groups: Sequence[tuple[KVRows, int, int]],
                       logits_of: Sequence[int]) -> torch.Tensor:
         """Rows of several sequences in one pass over the weights.
 
@@ -797,7 +762,7 @@ class Mistral3Text:
                                   f"holds {cache.length} positions")
             if start + n > cache.capacity:
                 raise EngineError(f"context full: {start} + {n} tokens exceed the context length {cache.capacity}")
-        self._ensure_rope(max(cache.capacity for cache, _, _ in groups))
+        self.ensure_rope(max(cache.capacity for cache, _, _ in groups))
         first = self.segments[0]
         x = embeds.to(device=first.device, dtype=first.dtype)
         for k, seg in enumerate(self.segments):
@@ -856,6 +821,6 @@ def _cross(x: torch.Tensor, seg: Segment) -> torch.Tensor:
     return x.to(device=seg.device, dtype=seg.dtype, copy=True)
 
 
-__all__ = ["Mistral3Text", "resolve_device", "default_dtype",
+__all__ = ["Mistral3Text", "KVRows", "PassKV", "resolve_device", "default_dtype",
            "rope_inv_freq", "build_rope_tables", "apply_rope_pairs", "rms_norm", "query_scale", "rope_into_cache",
            "swiglu", "norm_linears", "norm_swiglu"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .memory import decode_buckets
+from .memory import bucket_for, decode_buckets
 
 
 def capture_cuda_graph(fn, device: torch.device, pool):
@@ -97,7 +97,7 @@ class DecodeGraphs:
 
     def run(self, cache, token_id: int, pos: int) -> torch.Tensor:
         model = self.model
-        bucket = model.decode_bucket(pos + 1, cache.capacity)
+        bucket = bucket_for(pos + 1, cache.capacity)  # one of the buckets capture_all captured
         self.token.fill_(token_id)  # a scalar kernel argument, not a host-to-device copy
         x = model.embedding(self.token)
         last = len(model.segments) - 1

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
+from .. import host
 from ..api import EngineError
 from ..mistral3.config import TextConfig, VisionConfig
 from . import memory as mem
@@ -100,7 +101,7 @@ def detect_machine() -> Machine:
     for i, (free, _total, name, integrated, how) in enumerate(mem.gpu_free_memory()):
         unified = unified or integrated
         gpus.append(DeviceInfo(f"cuda:{i}", free, name if how in ("nvml", "torch") else f"{name}, {how}"))
-    ram = mem.available_ram()
+    ram = host.available_ram()
     cpu = DeviceInfo("cpu", ram, "system memory") if ram else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown")
     return Machine(tuple(gpus), cpu, unified)
 

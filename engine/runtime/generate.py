@@ -16,6 +16,7 @@ import torch
 
 from ...kernels import cpu_native
 from ..api import EngineError, FinishReason, GenerationStats, SamplingParams, TokenLogprob
+from .decoder import decode
 
 # ----------------------------------------------------------------------------- sampling
 
@@ -402,7 +403,7 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
             return finish("cancelled", generated, cached, t_first, t_last, n_sampled)
         if cache.length >= cache.capacity:  # context full
             return finish("length", generated, cached, t_first, t_last, n_sampled)
-        logits = model.decode(token, cache)
+        logits = decode(model, token, cache)
         cached.append(token)
 
 

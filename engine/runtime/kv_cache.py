@@ -63,7 +63,7 @@ class KVCache:
         self.layer_k = [layer for k in self.ks for layer in k]
         self.layer_v = [layer for v in self.vs for layer in v]
         self.length = 0
-        self._decode_graphs = None  # CUDA graphs bound to these tensors (Mistral3Text.new_cache captures them)
+        self.decode_graphs = None  # CUDA graphs bound to these tensors (runtime.decoder.new_cache captures them)
 
     @property
     def k(self) -> torch.Tensor:

@@ -22,6 +22,7 @@ from .generate import InvalidLogitsError, check_params, generate
 from ..gguf import GGUFError, open_gguf
 from ..mistral3.text import Mistral3Text, torch_device
 from ..mistral3.config import check_pair, text_config
+from .decoder import new_cache
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
 from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
@@ -68,7 +69,7 @@ class LocalEngine:
             self.vision = self._load_vision(self.mmproj_path)
         if progress:
             progress(0.95, "allocating the KV cache, capturing the decode graphs")
-        self.cache = self.model.new_cache(self.plan.context_length)  # the KV the plan counted
+        self.cache = new_cache(self.model, self.plan.context_length)  # the KV the plan counted
         self.session = Session()
         self.session_key: str | None = None
         host_budget = self._host_kv_budget(kv_host_budget_mb << 20)  # one bound for both below

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import sys
+
+# The prompt rows of one forward pass are the model's (its forward runs a prompt in chunks of them)
+from ..mistral3.config import CPU_PREFILL_CHUNK, PREFILL_CHUNK
 
 MiB = 1 << 20
 GiB = 1 << 30
 
 DEFAULT_CONTEXT = 4096  # positions of KV the default plan budgets (mistral.rs's default)
-PREFILL_CHUNK = 2048  # prompt rows per forward pass on a GPU: bounds activation memory
-CPU_PREFILL_CHUNK = 512  # CPU is ~100x slower: smaller passes keep a cancel responsive
 # Left free on a GPU beyond every counted term: the CUDA context and kernel images of this
 # process (free memory is read before our context exists, see gpu_free_memory), allocator
 # rounding and fragmentation, the desktop's own use.
@@ -172,22 +172,7 @@ def _nvml_free_by_uuid() -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- host heap
-
-def available_ram() -> int:
-    """Bytes the system could give us now; 0 when unknown. MemAvailable counts reclaimable page
-    cache, which matters: the memory-mapped model file itself fills the page cache."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not Linux: unknown
-        return 0
-
+# (free RAM: engine/host.py, read by the loader below runtime too)
 
 def release_freed_heap() -> bool:
     """malloc_trim(0) where the C library is glibc: the temporaries of building a tokenizer and

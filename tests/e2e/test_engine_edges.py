@@ -323,12 +323,13 @@ def test_lone_surrogate_is_a_tokenizer_error_not_a_type_error():
 
 
 def test_cpu_kv_cache_larger_than_free_ram_is_refused(monkeypatch):
+    from tramontane.engine import host
     from tramontane.engine.api import EngineError
-    from tramontane.engine.runtime import memory
     from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.engine.runtime.decoder import new_cache
 
     m = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_tiny-f32.gguf"),
                           device="cpu")
-    monkeypatch.setattr(memory, "available_ram", lambda: 1000)
+    monkeypatch.setattr(host, "available_ram", lambda: 1000)
     with pytest.raises(EngineError, match="lower the context length"):
-        m.new_cache(512)
+        new_cache(m, 512)

@@ -269,6 +269,7 @@ def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_f
     decode body at position 40 in a 64-key bucket. Triton branch vs sdpa branch: float32 logits
     within 1e-4 (observed ~1e-6)."""
     from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.engine.runtime.decoder import new_cache
 
     use, calls = forced_flash
     # the interpreter runs the kernels on CPU tensors; with a GPU the model sits there
@@ -278,7 +279,7 @@ def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_f
     results = {}
     for on in (False, True):
         use(on)
-        cache = model.new_cache(64)
+        cache = new_cache(model, 64)
         first = model.logits(ids[:30], 0, cache, all_logits=True)
         reused = model.logits(ids[30:40], 30, cache, all_logits=True)
         cache.k[:, :, 41:] = JUNK  # stale rows the decode mask must hide

@@ -277,11 +277,12 @@ def test_decode_layers_are_the_per_op_path_bit_for_bit(name):
 
     from support import FIXTURES
     from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.engine.runtime.decoder import new_cache
     from tramontane.kernels import linear as linear_mod
 
     model = Mistral3Text.load(os.path.join(FIXTURES, f"{name}.gguf"), device="cpu")
     ids = list(range(100, 131))
-    per_op, fused = model.new_cache(64), model.new_cache(64)
+    per_op, fused = new_cache(model, 64), new_cache(model, 64)
     for cache in (per_op, fused):
         model.forward(model.embed(ids), 0, cache)
     seg, cfg = model.segments[0], model.cfg
@@ -313,15 +314,16 @@ def test_decode_layers_are_made_once_and_again_for_new_cache_tensors():
 
     from support import FIXTURES
     from tramontane.engine.mistral3.text import Mistral3Text
+    from tramontane.engine.runtime.decoder import decode, new_cache
 
     model = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_tiny-q8_0.gguf"), device="cpu")
-    cache = model.new_cache(32)
+    cache = new_cache(model, 32)
     model.forward(model.embed([1, 2, 3]), 0, cache)
-    model.decode(4, cache)
+    decode(model, 4, cache)
     step = model._native_decode(model.segments[0], cache)
-    model.decode(5, cache)
+    decode(model, 5, cache)
     assert model._native_decode(model.segments[0], cache) is step  # cached, not rebuilt per token
-    other = model.new_cache(32)
+    other = new_cache(model, 32)
     assert model._native_decode(model.segments[0], other) is not step
 
 

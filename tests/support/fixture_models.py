@@ -118,10 +118,12 @@ def write_hf_dir_from_gguf(path: str | Path, out_dir: str | Path) -> Path:
 
 def greedy_tokens(model, ids, n: int) -> list[int]:
     """`n` greedy tokens of our decoder after the prompt `ids` (prefill, then one decode a step)."""
-    cache = model.new_cache(len(ids) + n)
+    from tramontane.engine.runtime.decoder import decode, new_cache
+
+    cache = new_cache(model, len(ids) + n)
     logits = model.logits(ids, 0, cache)
     out = []
     for _ in range(n):
         out.append(int(logits.argmax()))
-        logits = model.decode(out[-1], cache)
+        logits = decode(model, out[-1], cache)
     return out

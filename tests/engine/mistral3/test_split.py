@@ -16,6 +16,8 @@ from support.eager_graphs import eager_graph_capture
 from tramontane.engine.api import ChatMessage, SamplingParams
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.text import Mistral3Text
+from tramontane.engine.runtime import decoder
+from tramontane.engine.runtime.decoder import decode, new_cache
 from tramontane.engine.runtime.kv_cache import KVCache
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, parse_device_map, plan_devices,
                                                   sizes_of_files)
@@ -52,7 +54,7 @@ def pair(request):
 def test_split_model_has_one_segment_per_device_and_kv_per_segment(pair):
     _whole, split = pair
     assert [(s.name, s.layers) for s in split.segments] == [("cpu:0", range(0, 1)), ("cpu:1", range(1, 2))]
-    cache = split.new_cache(32)
+    cache = new_cache(split, 32)
     assert len(cache.ks) == 2 and [k.shape[0] for k in cache.ks] == [1, 1]
     # per-layer views are views of the segment tensors, not copies
     assert cache.layer_k[1].data_ptr() == cache.ks[1].data_ptr()
@@ -68,8 +70,8 @@ def test_split_logits_are_bit_identical_prefill_chunks_and_decode(pair):
     caches = []
     for m in (whole, split):
         m.prefill_chunk = 7
-        cache = m.new_cache(64)
-        rows = [m.forward(ids[:25], 0, cache)] + [m.decode(int(t), cache) for t in ids[25:]]
+        cache = new_cache(m, 64)
+        rows = [m.forward(ids[:25], 0, cache)] + [decode(m, int(t), cache) for t in ids[25:]]
         caches.append((torch.stack(rows), cache))
         m.prefill_chunk = 512
     assert torch.equal(caches[0][0], caches[1][0])
@@ -83,7 +85,7 @@ def test_host_snapshot_round_trip_across_a_split(pair):
     ids = _ids(30, whole.cfg.vocab_size, seed=5)
     out = {}
     for name, m in (("whole", whole), ("split", split)):
-        cache = m.new_cache(64)
+        cache = new_cache(m, 64)
         m.forward(ids[:20], 0, cache)
         snap = cache.to_host()
         m.forward(ids[20:], 20, cache)  # the cache moves on (another chat's turn)...
@@ -95,7 +97,7 @@ def test_host_snapshot_round_trip_across_a_split(pair):
     assert torch.equal(out["whole"][0].k, out["split"][0].k) and torch.equal(out["whole"][0].v, out["split"][0].v)
     assert torch.equal(out["whole"][1], out["split"][1])
     # a snapshot of the whole model restores into the split cache (and back)
-    cache = split.new_cache(64)
+    cache = new_cache(split, 64)
     cache.from_host(out["whole"][0])
     assert torch.equal(split.forward(ids[20:], 20, cache, all_logits=True), out["whole"][1])
 
@@ -134,12 +136,12 @@ def test_decode_graphs_are_per_segment_with_an_eager_stand_in(monkeypatch):
     path = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
     whole = Mistral3Text.load(path, device="cpu")
     split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
-    monkeypatch.setattr(split, "_graphs_enabled", lambda: True)
+    monkeypatch.setattr(decoder, "graphs_enabled", lambda model: model is split)
     ids = _ids(30, whole.cfg.vocab_size, seed=11)
     full = whole.logits(ids, all_logits=True)
-    cache = split.new_cache(64)
-    rows = [split.logits(ids[:10], 0, cache)] + [split.decode(int(t), cache) for t in ids[10:]]
-    assert set(cache._decode_graphs.graphs) == {(0, 64), (1, 64)} and len(captured) == 2
+    cache = new_cache(split, 64)
+    rows = [split.logits(ids[:10], 0, cache)] + [decode(split, int(t), cache) for t in ids[10:]]
+    assert set(cache.decode_graphs.graphs) == {(0, 64), (1, 64)} and len(captured) == 2
     # the static decode attends over a masked bucket: equal to the eager logits within rounding
     assert (torch.stack(rows[:-1]) - full[9:29]).abs().max().item() < 1e-4
 
@@ -162,14 +164,14 @@ def test_decode_graphs_run_cpu_segments_eagerly_between_graphed_ones(monkeypatch
     with cpu_exact():
         whole = Mistral3Text.load(path, device="cpu")
         split = Mistral3Text.load(path, device="cpu", plan=_plan(path, "cpu:0=1,cpu:1=1"))
-        monkeypatch.setattr(split, "_graphs_enabled", lambda: True)
+        monkeypatch.setattr(decoder, "graphs_enabled", lambda model: model is split)
         for seed in (5, 13):
             ids = _ids(24, whole.cfg.vocab_size, seed=seed)
-            whole_cache = whole.new_cache(64)
-            want = [whole.logits(ids[:8], 0, whole_cache)] + [whole.decode(int(t), whole_cache) for t in ids[8:]]
-            cache = split.new_cache(64)
-            rows = [split.logits(ids[:8], 0, cache)] + [split.decode(int(t), cache) for t in ids[8:]]
-            assert set(cache._decode_graphs.graphs) == {(1, 64)}
+            whole_cache = new_cache(whole, 64)
+            want = [whole.logits(ids[:8], 0, whole_cache)] + [decode(whole, int(t), whole_cache) for t in ids[8:]]
+            cache = new_cache(split, 64)
+            rows = [split.logits(ids[:8], 0, cache)] + [decode(split, int(t), cache) for t in ids[8:]]
+            assert set(cache.decode_graphs.graphs) == {(1, 64)}
             assert rows[1].data_ptr() != captured[-1].data_ptr()  # a clone, not the graph's buffer
             # measured worst 1.7e-6 over 12 seeds on every variant: float32 rounding of 2 layers
             assert (torch.stack(rows) - torch.stack(want)).abs().max().item() < 1e-4
@@ -243,10 +245,10 @@ def test_cuda_cpu_split_matches_the_gpu_model(name):
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outs = []
     for m in (gpu, split):
-        cache = m.new_cache(256)
+        cache = new_cache(m, 256)
         outs.append(generate(m, cache, m.embed(ids[:16]), params, tokenizer).token_ids)
         if m is split:
-            assert cache._decode_graphs is not None and any(k[0] == 1 for k in cache._decode_graphs.graphs)
+            assert cache.decode_graphs is not None and any(k[0] == 1 for k in cache.decode_graphs.graphs)
     if outs[0] != outs[1]:
         # Only a near-tie may flip in bf16: at the first difference the whole-GPU model's two
         # candidates must be within the tolerance of each other.

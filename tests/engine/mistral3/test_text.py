@@ -21,6 +21,8 @@ from tramontane.engine.api import EngineError  # noqa: E402
 from tramontane.engine.gguf import GGUFError, open_gguf  # noqa: E402
 from tramontane.engine.mistral3.text import Mistral3Text, rope_inv_freq  # noqa: E402
 from tramontane.engine.mistral3.config import text_config  # noqa: E402
+from tramontane.engine.runtime import decoder  # noqa: E402
+from tramontane.engine.runtime.decoder import decode, new_cache  # noqa: E402
 
 
 # float references at float32 tolerances: the CPU's float32 path (tests/conftest.py)
@@ -266,10 +268,10 @@ CACHE_TOL = 1e-5
 def test_cached_decoding_equals_full_forward(ministral):
     ids = _ids(40, seed=7)
     full = ministral.logits(ids, all_logits=True)
-    cache = ministral.new_cache(64)
+    cache = new_cache(ministral, 64)
     rows = [ministral.logits(ids[:20], 0, cache)]
     for t in ids[20:].tolist():
-        rows.append(ministral.decode(t, cache))
+        rows.append(decode(ministral, t, cache))
     assert cache.length == 40  # 20 prefilled + 20 decoded
     stepped = torch.stack(rows)  # rows[k] are the logits at position 19 + k
     assert (stepped - full[19:]).abs().max().item() <= CACHE_TOL
@@ -278,7 +280,7 @@ def test_cached_decoding_equals_full_forward(ministral):
 def test_prefill_in_pieces_and_chunks_equals_one_pass(ministral):
     ids = _ids(45, seed=8)
     full = ministral.logits(ids, all_logits=True)
-    cache = ministral.new_cache(64)
+    cache = new_cache(ministral, 64)
     a = ministral.logits(ids[:17], 0, cache, all_logits=True)
     b = ministral.logits(ids[17:], 17, cache, all_logits=True)  # offset: bottom-right causal
     assert (torch.cat([a, b]) - full).abs().max().item() <= CACHE_TOL
@@ -295,13 +297,13 @@ def test_prefill_in_pieces_and_chunks_equals_one_pass(ministral):
 
 def test_truncate_then_continue_equals_fresh_forward(ministral):
     a, b = _ids(40, seed=9), _ids(40, seed=10)
-    cache = ministral.new_cache(64)
+    cache = new_cache(ministral, 64)
     ministral.logits(a, 0, cache)
     cache.truncate(25)  # keep a[:25], replace the rest with b[25:]
     assert cache.length == 25
     new = torch.cat([a[:25], b[25:]])
     rows = ministral.logits(new[25:35], 25, cache, all_logits=True)
-    rows = torch.cat([rows, torch.stack([ministral.decode(t, cache) for t in new[35:].tolist()])])
+    rows = torch.cat([rows, torch.stack([decode(ministral, t, cache) for t in new[35:].tolist()])])
     full = ministral.logits(new, all_logits=True)
     assert (rows - full[25:]).abs().max().item() <= CACHE_TOL
     with pytest.raises(ValueError):
@@ -310,7 +312,7 @@ def test_truncate_then_continue_equals_fresh_forward(ministral):
 
 def test_snapshot_to_host_and_back(ministral):
     a, b = _ids(30, seed=11), _ids(30, seed=12)
-    cache = ministral.new_cache(64)
+    cache = new_cache(ministral, 64)
     ministral.logits(a, 0, cache)
     snap = cache.to_host()
     assert snap.k.device.type == "cpu" and snap.length == 30 and snap.k.shape[2] == 30
@@ -320,7 +322,7 @@ def test_snapshot_to_host_and_back(ministral):
     cont = ministral.logits(b[:5], 30, cache, all_logits=True)
     full = ministral.logits(torch.cat([a, b[:5]]), all_logits=True)
     assert (cont - full[30:]).abs().max().item() <= CACHE_TOL
-    other = Mistral3Text.load(os.path.join(FIXTURES, "mistral3_q256-Q8_0.gguf"), device="cpu").new_cache(64)
+    other = new_cache(Mistral3Text.load(os.path.join(FIXTURES, "mistral3_q256-Q8_0.gguf"), device="cpu"), 64)
     with pytest.raises(EngineError):
         other.from_host(snap)
 
@@ -330,7 +332,7 @@ def test_static_decode_step_equals_forward_for_every_bucket(ministral):
     with junk beyond the valid length that the mask must hide."""
     ids = _ids(41, seed=13)
     full = ministral.logits(ids, all_logits=True)
-    cache = ministral.new_cache(64)
+    cache = new_cache(ministral, 64)
     ministral.logits(ids[:40], 0, cache)
     cache.k[:, :, 40:] = 1e4  # stale / junk positions beyond what is valid
     cache.v[:, :, 40:] = -1e4
@@ -339,19 +341,17 @@ def test_static_decode_step_equals_forward_for_every_bucket(ministral):
     for bucket in (41, 48, 64):
         out = ministral.decode_static(x, pos, cache, bucket)
         assert (out - full[40]).abs().max().item() <= CACHE_TOL
-    assert ministral.decode_bucket(1, 64) == 64 and ministral.decode_bucket(300, 4096) == 512
-    assert ministral.decode_bucket(5000, 4096) == 4096
 
 
 def test_default_context_and_cache_dtype(ministral):
-    cache = ministral.new_cache()
+    cache = new_cache(ministral)
     assert cache.capacity == min(ministral.cfg.context_length, 8192)
     assert cache.dtype == torch.float32 and cache.device.type == "cpu"
-    assert ministral.new_cache(10_000_000).capacity == ministral.cfg.context_length  # capped
+    assert new_cache(ministral, 10_000_000).capacity == ministral.cfg.context_length  # capped
 
 
 def test_bad_positions_and_full_context_raise_engine_error(ministral):
-    cache = ministral.new_cache(20)
+    cache = new_cache(ministral, 20)
     ministral.logits(_ids(10), 0, cache)
     with pytest.raises(EngineError, match="truncate"):
         ministral.logits(_ids(3), 5, cache)
@@ -359,7 +359,7 @@ def test_bad_positions_and_full_context_raise_engine_error(ministral):
         ministral.logits(_ids(11), 10, cache)
     ministral.logits(_ids(10), 10, cache)
     with pytest.raises(EngineError, match="context full"):
-        ministral.decode(1, cache)
+        decode(ministral, 1, cache)
 
 
 def test_refuses_non_mistral_file_with_gguf_error(tmp_path):
@@ -381,10 +381,10 @@ def test_cpu_never_uses_cuda_graphs(ministral):
     assert not ministral.use_cuda_graphs
     ministral.use_cuda_graphs = True  # even when asked, a CPU model decodes eagerly
     try:
-        cache = ministral.new_cache(16)
+        cache = new_cache(ministral, 16)
         ministral.logits(_ids(4), 0, cache)
-        ministral.decode(5, cache)
-        assert cache._decode_graphs is None and cache.length == 5
+        decode(ministral, 5, cache)
+        assert cache.decode_graphs is None and cache.length == 5
     finally:
         ministral.use_cuda_graphs = False
 
@@ -418,10 +418,10 @@ def test_half_precision_compute_stays_close_to_float32(dtype, tol):
     ref = Mistral3Text.load(path, device="cpu")
     half = Mistral3Text.load(path, device="cpu", dtype=dtype)
     ids = _ids(48, seed=16)
-    cache = half.new_cache(64)
+    cache = new_cache(half, 64)
     assert cache.dtype == dtype and half.rope.cos_q.dtype == dtype
     rows = [half.logits(ids[:32], 0, cache, all_logits=True)]
-    rows.append(torch.stack([half.decode(t, cache) for t in ids[32:-1].tolist()]))
+    rows.append(torch.stack([decode(half, t, cache) for t in ids[32:-1].tolist()]))
     ours = torch.cat(rows)
     full = ref.logits(ids[:-1], all_logits=True)
     assert ours.dtype == torch.float32
@@ -435,18 +435,18 @@ def test_decode_graph_orchestration_with_an_eager_stand_in(monkeypatch):
     they read), cache bookkeeping — with a stand-in whose replay re-runs the captured function."""
     captured = eager_graph_capture(monkeypatch)
     m = Mistral3Text.load(MINISTRAL3_F32, device="cpu")
-    monkeypatch.setattr(m, "_graphs_enabled", lambda: True)
+    monkeypatch.setattr(decoder, "graphs_enabled", lambda model: model is m)
     ids = _ids(40, seed=17)
     full = m.logits(ids, all_logits=True)
-    cache = m.new_cache(64)
+    cache = new_cache(m, 64)
     rows = [m.logits(ids[:10], 0, cache)]
-    rows += [m.decode(t, cache) for t in ids[10:].tolist()]
-    assert cache.length == 40 and cache._decode_graphs is not None
+    rows += [decode(m, t, cache) for t in ids[10:].tolist()]
+    assert cache.length == 40 and cache.decode_graphs is not None
     assert (torch.stack(rows[:-1]) - full[9:39]).abs().max().item() <= CACHE_TOL
     assert len(captured) == 1  # one bucket (64) for every step
-    m._ensure_rope(128)  # a longer cache elsewhere rebuilt the tables
+    m.ensure_rope(128)  # a longer cache elsewhere rebuilt the tables
     cache.truncate(39)
-    last = m.decode(int(ids[39]), cache)
+    last = decode(m, int(ids[39]), cache)
     assert len(captured) == 1 and (last - rows[-1]).abs().max().item() <= CACHE_TOL
 
 

@@ -17,6 +17,7 @@ from support import FIXTURES
 from support.fixture_models import greedy_tokens
 from tramontane.engine.mistral3 import text as text_mod
 from tramontane.engine.mistral3.text import Mistral3Text
+from tramontane.engine.runtime.decoder import decode, new_cache
 from tramontane.kernels import cpu_native
 from tramontane.kernels.linear import cpu_exact
 
@@ -58,8 +59,8 @@ def test_chunked_and_token_by_token_prefill_match_one_pass(monkeypatch):
         whole = model.logits(ids, all_logits=True)
         model.prefill_chunk = 16
         chunked = model.logits(ids, all_logits=True)
-        cache = model.new_cache(len(ids))
-        rows = [model.logits(ids[:25], 0, cache)] + [model.decode(t, cache) for t in ids[25:]]
+        cache = new_cache(model, len(ids))
+        rows = [model.logits(ids[:25], 0, cache)] + [decode(model, t, cache) for t in ids[25:]]
     scale = whole.abs().max()
     assert (chunked - whole).abs().max() <= 1e-5 * scale
     assert (torch.stack(rows[:-1]) - whole[24:-1]).abs().max() <= 1e-5 * scale

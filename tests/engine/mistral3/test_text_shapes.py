@@ -12,6 +12,7 @@ import torch
 from support.fixture_models import permute_rows  # noqa: E402
 
 from tramontane.engine.mistral3.text import Mistral3Text  # noqa: E402
+from tramontane.engine.runtime.decoder import decode, new_cache  # noqa: E402
 
 TOL = 1e-4
 
@@ -127,7 +128,7 @@ def test_shape_variant_matches_hf(tmp_path, name):
         ref = hf(input_ids=ids[None]).logits[0]
     ours = model.logits(ids, all_logits=True)
     assert (ours - ref).abs().max().item() < TOL * max(1.0, ref.std().item())
-    cache = model.new_cache(64)
-    rows = [model.logits(ids[:20], 0, cache)] + [model.decode(t, cache) for t in ids[20:-1].tolist()]
+    cache = new_cache(model, 64)
+    rows = [model.logits(ids[:20], 0, cache)] + [decode(model, t, cache) for t in ids[20:-1].tolist()]
     # positions 19..n-2; 1e-5 for std-1 logits (the tied variant's are std ~7)
     assert (torch.stack(rows) - ours[19:-1]).abs().max().item() <= 1e-5 * max(1.0, ours.std().item())

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tramontane.engine.mistral3.text import Mistral3Text
+from tramontane.engine.runtime.decoder import decode, new_cache
 
 from support import FIXTURES
 
@@ -27,7 +28,7 @@ def _sequences(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
 def _run_batched(model: Mistral3Text, seqs: list[list[int]], schedule: list[list[tuple[int, int]]]):
     """Run `schedule`: per pass, (sequence, rows) pairs; rows feed that sequence's next tokens
     (teacher forcing). Returns every logits row per sequence, in position order."""
-    caches = [model.new_cache(256) for _ in seqs]
+    caches = [new_cache(model, 256) for _ in seqs]
     fed = [0] * len(seqs)
     out: list[dict[int, torch.Tensor]] = [{} for _ in seqs]
     for step in schedule:
@@ -61,10 +62,10 @@ LENGTHS = [sum(n for step in SCHEDULE for s, n in step if s == k) for k in range
 def _alone(model: Mistral3Text, seq: list[int], n: int, prompt: int):
     """One sequence by itself: all n rows in one pass, and as a chat runs it (the first
     `prompt` rows in one pass, then one decode step per token)."""
-    one_pass = model.forward(model.embed(seq[:n]), 0, model.new_cache(256), all_logits=True)
-    cache = model.new_cache(256)
+    one_pass = model.forward(model.embed(seq[:n]), 0, new_cache(model, 256), all_logits=True)
+    cache = new_cache(model, 256)
     stepwise = [model.forward(model.embed(seq[:prompt]), 0, cache)]
-    stepwise += [model.decode(t, cache) for t in seq[prompt:n]]
+    stepwise += [decode(model, t, cache) for t in seq[prompt:n]]
     return one_pass, torch.stack(stepwise)
 
 
@@ -130,7 +131,7 @@ def test_batched_rows_equal_hf_transformers_per_sequence():
 
 def test_bad_groups_are_refused_in_words():
     model = Mistral3Text.load(FIXTURES / "mistral3_tiny-f32.gguf", device="cpu")
-    cache = model.new_cache(16)
+    cache = new_cache(model, 16)
     with pytest.raises(Exception, match="cache holds 0 positions"):
         model.forward_batch(model.embed([5, 6]), [(cache, 3, 2)], [1])
     with pytest.raises(Exception, match="input rows"):

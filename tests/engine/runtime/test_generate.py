@@ -17,6 +17,7 @@ from tramontane.engine.runtime.generate import (  # noqa: E402
 from tramontane.engine.gguf import open_gguf  # noqa: E402
 from tramontane.engine.mistral3.text import Mistral3Text  # noqa: E402
 from tramontane.engine.mistral3.tokenizer import Tokenizer  # noqa: E402
+from tramontane.engine.runtime.decoder import new_cache  # noqa: E402
 
 MINISTRAL3_F32 = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
 MINISTRAL3_HF = os.path.join(FIXTURES, "ministral3_tiny")
@@ -194,7 +195,7 @@ PROMPT = [1, 3, 1500, 1200, 1700, 1100, 1300, 1900, 4]
 
 def _run(model, tok, params, prompt=PROMPT, **kw):
     pieces = []
-    cache = kw.pop("cache", None) or model.new_cache(64)
+    cache = kw.pop("cache", None) or new_cache(model, 64)
     out = generate(model, cache, prompt, params, tok, on_piece=pieces.append, **kw)
     return out, pieces, cache
 
@@ -258,31 +259,30 @@ def test_seeded_generation_is_reproducible(model, tok):
     assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
 
 
-def test_cancel_from_another_thread_stops_within_one_token(model, tok):
+def test_cancel_from_another_thread_stops_within_one_token(model, tok, monkeypatch):
+    from tramontane.engine.runtime import generate as generate_mod
+
     cancel = threading.Event()
     reached, release = threading.Event(), threading.Event()
     calls = []
-    real_decode = model.decode
+    real_decode = generate_mod.decode
 
-    def slow_decode(token, cache):
+    def slow_decode(model, token, cache):
         calls.append(token)
         if len(calls) == 4:
             reached.set()
             release.wait(10)
-        return real_decode(token, cache)
+        return real_decode(model, token, cache)
 
-    model.decode = slow_decode
+    monkeypatch.setattr(generate_mod, "decode", slow_decode)
     result = {}
-    try:
-        worker = threading.Thread(target=lambda: result.update(out=_run(
-            model, tok, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), cancel=cancel)[0]))
-        worker.start()
-        assert reached.wait(30)
-        cancel.set()  # from this (another) thread, while step 4 runs
-        release.set()
-        worker.join(30)
-    finally:
-        del model.decode
+    worker = threading.Thread(target=lambda: result.update(out=_run(
+        model, tok, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), cancel=cancel)[0]))
+    worker.start()
+    assert reached.wait(30)
+    cancel.set()  # from this (another) thread, while step 4 runs
+    release.set()
+    worker.join(30)
     out = result["out"]
     assert out.stats.finish_reason == "cancelled"
     assert len(calls) == 4 and len(out.token_ids) == 5  # the step in flight finishes, nothing after
@@ -301,11 +301,11 @@ def test_embeddings_prompt_and_continuation(model, tok):
     emb, _, _ = _run(model, tok, greedy, prompt=model.embed(PROMPT), history_ids=PROMPT)
     assert emb.token_ids == ref.token_ids
     # a second turn on the same cache continues after what the cache holds
-    cache = model.new_cache(64)
+    cache = new_cache(model, 64)
     first = generate(model, cache, PROMPT[:5], greedy, tok)
     held = PROMPT[:5] + first.cached_ids
     second = generate(model, cache, [4, 1500], greedy, tok)
-    again = generate(model, model.new_cache(64), held + [4, 1500], greedy, tok)
+    again = generate(model, new_cache(model, 64), held + [4, 1500], greedy, tok)
     assert second.token_ids == again.token_ids
     # start_pos below the cache length rewinds: the same as a fresh run of that prefix
     third = generate(model, cache, PROMPT[5:], greedy, tok, start_pos=5)
@@ -313,11 +313,11 @@ def test_embeddings_prompt_and_continuation(model, tok):
 
 
 def test_context_full_ends_with_length(model, tok):
-    cache = model.new_cache(len(PROMPT) + 3)
+    cache = new_cache(model, len(PROMPT) + 3)
     out = generate(model, cache, PROMPT, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), tok)
     assert out.stats.finish_reason == "length" and len(out.token_ids) == 4 and cache.length == cache.capacity
     with pytest.raises(EngineError, match="does not fit"):
-        generate(model, model.new_cache(4), PROMPT, SamplingParams(), tok)
+        generate(model, new_cache(model, 4), PROMPT, SamplingParams(), tok)
 
 
 def test_nan_logits_are_a_clear_error():

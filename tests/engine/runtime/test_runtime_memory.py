@@ -16,7 +16,8 @@ from support import FIXTURES
 from support.eager_graphs import eager_graph_capture
 from tramontane.engine.api import ChatMessage, SamplingParams
 from tramontane.engine.mistral3.text import Mistral3Text
-from tramontane.engine.runtime import memory
+from tramontane.engine.runtime import decoder, memory
+from tramontane.engine.runtime.decoder import decode, new_cache
 from tramontane.engine.runtime.device_map import DeviceInfo, Machine, PlanError
 from tramontane.engine.runtime.session import HostBufferPool, HostKVStore
 
@@ -48,7 +49,7 @@ def test_the_cache_is_the_context_the_plan_budgeted_and_free_memory_is_never_ask
         eng.close()
     eng = LocalEngine(TINY, device="cpu")
     try:  # the default: the plan's 4096, capped by the file's 512
-        assert eng.plan.context_length == eng.cache.capacity == 512 == eng.model.default_context_length()
+        assert eng.plan.context_length == eng.cache.capacity == 512 == decoder.default_context_length(eng.model)
     finally:
         eng.close()
 
@@ -89,6 +90,7 @@ def test_decode_buckets_are_a_capped_set():
     assert len(big) == memory.MAX_GRAPH_BUCKETS and big[-1] == 131072 and big[0] == 4096
     assert [memory.bucket_for(n, 4096) for n in (1, 256, 257, 4000)] == [256, 256, 512, 4096]
     assert memory.bucket_for(10, 131072) == 4096  # the smallest captured bucket
+    assert memory.bucket_for(1, 64) == 64 and memory.bucket_for(5000, 4096) == 4096  # never past the capacity
 
 
 def _graph_model(monkeypatch, fail_bucket: int | None):
@@ -118,17 +120,17 @@ def _graph_model(monkeypatch, fail_bucket: int | None):
         return orig(x, pos, cache, bucket, segment)
 
     monkeypatch.setattr(m, "decode_static", decode_static)
-    monkeypatch.setattr(m, "_graphs_enabled", lambda: True)
+    monkeypatch.setattr(decoder, "graphs_enabled", lambda model: model is m)
     return m, captured, state
 
 
 def test_graphs_are_captured_when_the_cache_is_made_and_never_in_a_reply(monkeypatch):
     m, captured, state = _graph_model(monkeypatch, fail_bucket=None)
-    cache = m.new_cache(512)
-    assert set(cache._decode_graphs.graphs) == {(0, 256), (0, 512)} and state["captures"] == 2
+    cache = new_cache(m, 512)
+    assert set(cache.decode_graphs.graphs) == {(0, 256), (0, 512)} and state["captures"] == 2
     ids = _ids(300, m.cfg.vocab_size, seed=3)
     want = m.logits(ids, all_logits=True)
-    rows = [m.logits(ids[:250], 0, cache)] + [m.decode(int(t), cache) for t in ids[250:299]]
+    rows = [m.logits(ids[:250], 0, cache)] + [decode(m, int(t), cache) for t in ids[250:299]]
     assert state["captures"] == 2  # decoding across the 256 -> 512 bucket captured nothing
     assert (torch.stack(rows) - want[249:299]).abs().max().item() < 1e-4
     assert not m.graph_failures
@@ -136,23 +138,23 @@ def test_graphs_are_captured_when_the_cache_is_made_and_never_in_a_reply(monkeyp
 
 def test_a_failed_capture_is_reported_once_and_only_its_bucket_runs_eagerly(monkeypatch, caplog):
     m, captured, state = _graph_model(monkeypatch, fail_bucket=512)
-    with caplog.at_level(logging.WARNING, logger="tramontane.engine.mistral3.text"):
-        cache = m.new_cache(512)
-        m.new_cache(512)  # the same failure again: not reported twice
+    with caplog.at_level(logging.WARNING, logger="tramontane.engine.runtime.decoder"):
+        cache = new_cache(m, 512)
+        new_cache(m, 512)  # the same failure again: not reported twice
     (msg,) = m.graph_failures
     assert "decode bucket 512" in msg and "layers 0-1" in msg and "operation not permitted" in msg
     assert [r.getMessage() for r in caplog.records] == [msg]
-    graphs = cache._decode_graphs
+    graphs = cache.decode_graphs
     assert set(graphs.graphs) == {(0, 256)} and set(graphs.failures) == {(0, 512)}
     ids = _ids(300, m.cfg.vocab_size, seed=4)
     want = m.logits(ids, all_logits=True)
     replays = []
     replay_256 = graphs.graphs[(0, 256)][0]
     graphs.graphs[(0, 256)] = (lambda: replays.append(1) or replay_256(), graphs.graphs[(0, 256)][1])
-    rows = [m.logits(ids[:240], 0, cache)] + [m.decode(int(t), cache) for t in ids[240:299]]
+    rows = [m.logits(ids[:240], 0, cache)] + [decode(m, int(t), cache) for t in ids[240:299]]
     assert len(replays) == 256 - 240  # positions 240..255 replayed the 256 graph, the rest ran eagerly
     assert (torch.stack(rows) - want[239:299]).abs().max().item() < 1e-4
-    assert cache._decode_graphs is graphs and m.graph_failures == [msg]  # no global off-switch
+    assert cache.decode_graphs is graphs and m.graph_failures == [msg]  # no global off-switch
 
 
 def test_local_engine_exposes_a_failed_capture_for_the_model_bar(monkeypatch):
@@ -165,7 +167,7 @@ def test_local_engine_exposes_a_failed_capture_for_the_model_bar(monkeypatch):
         raise RuntimeError("CUDA error: out of memory")
 
     monkeypatch.setattr(DecodeGraphs, "capture", staticmethod(capture))
-    monkeypatch.setattr(Mistral3Text, "_graphs_enabled", lambda self: True)
+    monkeypatch.setattr(decoder, "graphs_enabled", lambda model: True)
     eng = LocalEngine(TINY, device="cpu", context_length=300)
     try:
         assert len(eng.warnings) == 2 and eng.placement["warnings"] == eng.warnings
@@ -181,7 +183,7 @@ def test_decode_builds_no_host_tensor_per_token(monkeypatch):
     """The token id goes into a device tensor and its embedding row is gathered there: a step
     through the graphs makes no torch.tensor from Python values (a host-to-device copy on a GPU)."""
     m, captured, state = _graph_model(monkeypatch, fail_bucket=None)
-    cache = m.new_cache(512)
+    cache = new_cache(m, 512)
     ids = _ids(20, m.cfg.vocab_size, seed=5)
     m.logits(ids[:10], 0, cache)
 
@@ -189,7 +191,7 @@ def test_decode_builds_no_host_tensor_per_token(monkeypatch):
         raise AssertionError("decode built a tensor from host values")
 
     monkeypatch.setattr(torch, "tensor", no_host_tensors)
-    rows = [m.decode(int(t), cache) for t in ids[10:]]
+    rows = [decode(m, int(t), cache) for t in ids[10:]]
     monkeypatch.undo()
     want = Mistral3Text.load(TINY, device="cpu").logits(ids, all_logits=True)
     assert (torch.stack(rows[:-1]) - want[10:19]).abs().max().item() < 1e-4
