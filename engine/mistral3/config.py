@@ -151,7 +151,7 @@ def text_config(gf: GGUFFile) -> TextConfig:
         rope_scaling=scaling if scaling != "none" else None,
         yarn_factor=gf.float(key("rope.scaling.factor"), above=0, default=1.0),
         yarn_original_context=gf.uint(key("rope.scaling.original_context_length"), 0, MAX_CONTEXT, default=0),
-        # 0 means "the default" for both betas (see text.rope_inv_freq); below 0 has no meaning.
+        # 0 means "the default" for both betas (see rope.rope_inv_freq); below 0 has no meaning.
         yarn_beta_fast=gf.float(key("rope.scaling.yarn_beta_fast"), 0, default=32.0),
         yarn_beta_slow=gf.float(key("rope.scaling.yarn_beta_slow"), 0, default=1.0),
         yarn_log_multiplier=gf.float(key("rope.scaling.yarn_log_multiplier"), 0, default=0.0),

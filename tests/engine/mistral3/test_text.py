@@ -19,7 +19,8 @@ from support.gguf_edit import rewrite_gguf  # noqa: E402
 
 from tramontane.engine.api import EngineError  # noqa: E402
 from tramontane.engine.gguf import GGUFError, open_gguf  # noqa: E402
-from tramontane.engine.mistral3.text import Mistral3Text, rope_inv_freq  # noqa: E402
+from tramontane.engine.mistral3.rope import rope_inv_freq  # noqa: E402
+from tramontane.engine.mistral3.text import Mistral3Text  # noqa: E402
 from tramontane.engine.mistral3.config import text_config  # noqa: E402
 from tramontane.engine.runtime import decoder  # noqa: E402
 from tramontane.engine.runtime.decoder import decode, new_cache  # noqa: E402
