@@ -17,7 +17,7 @@ from setuptools.command.build_ext import build_ext
 
 # the x86 variant files compile to nothing on ARM and the NEON ones to nothing on x86
 SOURCES = ["kernels/cpu/module.c", "kernels/cpu/dispatch.c", "kernels/cpu/pool.c", "kernels/cpu/matmul.c",
-           "kernels/cpu/attention.c", "kernels/cpu/ops.c", "kernels/cpu/vec.c", "kernels/cpu/decode.c",
+           "kernels/cpu/attention.c", "kernels/cpu/ops.c", "kernels/cpu/decode.c",
            "kernels/cpu/repack.c", "kernels/cpu/generic.c",
            "kernels/cpu/arch/x86/avx2.c", "kernels/cpu/arch/x86/avx512.c", "kernels/cpu/arch/x86/avxvnni.c",
            "kernels/cpu/arch/arm/neon.c", "kernels/cpu/arch/arm/neon_dot.c"]

@@ -33,47 +33,10 @@ void unit_rope_kv(void *arg, int u) {
     }
 }
 
-#ifndef TQ_PREFILL_ATTENTION /* the per-head decode kernel, where vector types are missing */
-static void unit_attn_causal(void *arg, int u) {
-    ac_job *J = (ac_job *)arg;
-    const int t = J->T - 1 - u / J->n_kv, g = u % J->n_kv; /* the longest rows first: they finish last */
-    const int n_keys = (int)(J->start + t + 1);
-    float stack_scores[1024];
-    float *scores = n_keys <= 1024 ? stack_scores : (float *)malloc(sizeof(float) * (size_t)n_keys);
-    if (!scores) {
-        J->failed = 1;
-        return;
-    }
-    K->attn_group(J->q + (size_t)t * J->q_row + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, J->k + (size_t)g * J->kh,
-                  J->kr, J->v + (size_t)g * J->vh, J->vr, J->dv, n_keys, J->scale,
-                  J->out + (size_t)t * J->out_row + (size_t)g * J->n_rep * J->dv, scores);
-    if (scores != stack_scores) free(scores);
-}
-#endif
-
-#ifdef TQ_PREFILL_ATTENTION
-static void attend_prefill(ac_job *J); /* T > 1: below, beside the vectorized exp */
-static void attend_decode_groups(ac_job *J); /* T = 1: below */
-#endif
-
-/* the caller holds the call lock */
-void run_attend(ac_job *J) {
-#ifdef TQ_PREFILL_ATTENTION
-    if (J->T > 1)
-        attend_prefill(J);
-    else
-        attend_decode_groups(J);
-#else
-    pool_for(unit_attn_causal, J, J->T * J->n_kv); /* a compiler without vector types */
-#endif
-}
-
-#ifdef TQ_PREFILL_ATTENTION
 typedef struct {
     ac_job *J;
     float *kt; /* n_kv groups of (d, n_pad) */
     int n_pad;
-    att_row_fn fn;
 } pf_job;
 
 static void unit_transpose_keys(void *arg, int g) {
@@ -100,9 +63,10 @@ static void unit_prefill_row(void *arg, int u) {
         J->failed = 1;
         return;
     }
-    P->fn(J->q + (size_t)t * J->q_row + (size_t)g * J->n_rep * J->d, J->n_rep, J->d,
-          P->kt + (size_t)g * J->d * P->n_pad, P->n_pad, J->v + (size_t)g * J->vh, J->vr, J->dv,
-          (int)(J->start + t + 1), J->scale, J->out + (size_t)t * J->out_row + (size_t)g * J->n_rep * J->dv, scores);
+    K->attn_prefill_row(J->q + (size_t)t * J->q_row + (size_t)g * J->n_rep * J->d, J->n_rep, J->d,
+                        P->kt + (size_t)g * J->d * P->n_pad, P->n_pad, J->v + (size_t)g * J->vh, J->vr, J->dv,
+                        (int)(J->start + t + 1), J->scale,
+                        J->out + (size_t)t * J->out_row + (size_t)g * J->n_rep * J->dv, scores);
     if (scores != stack_scores) free(scores);
 }
 
@@ -110,8 +74,7 @@ static void unit_prefill_row(void *arg, int u) {
 static void attend_prefill(ac_job *J) {
     pf_job P;
     P.J = J;
-    P.n_pad = (int)((J->start + J->T + ATT_PAD - 1) / ATT_PAD * ATT_PAD);
-    P.fn = att_row();
+    P.n_pad = (int)((J->start + J->T + TQ_ATT_PAD - 1) / TQ_ATT_PAD * TQ_ATT_PAD);
     P.kt = (float *)malloc(sizeof(float) * (size_t)J->n_kv * (size_t)J->d * (size_t)P.n_pad);
     if (!P.kt) {
         J->failed = 1;
@@ -125,18 +88,23 @@ static void attend_prefill(ac_job *J) {
 static void unit_decode_group(void *arg, int g) {
     ac_job *J = (ac_job *)arg;
     const int n_keys = (int)(J->start + 1);
-    const int n_pad = (n_keys + ATT_PAD - 1) / ATT_PAD * ATT_PAD;
+    const int n_pad = (n_keys + TQ_ATT_PAD - 1) / TQ_ATT_PAD * TQ_ATT_PAD;
     float stack_scores[4096];
     float *scores = 4 * (size_t)n_pad <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * 4 * (size_t)n_pad);
     if (!scores) {
         J->failed = 1;
         return;
     }
-    att_dec()(J->q + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, J->k + (size_t)g * J->kh, J->kr,
-              J->v + (size_t)g * J->vh, J->vr, J->dv, n_keys, n_pad, J->scale,
-              J->out + (size_t)g * J->n_rep * J->dv, scores);
+    K->attn_decode(J->q + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, J->k + (size_t)g * J->kh, J->kr,
+                   J->v + (size_t)g * J->vh, J->vr, J->dv, n_keys, n_pad, J->scale,
+                   J->out + (size_t)g * J->n_rep * J->dv, scores);
     if (scores != stack_scores) free(scores);
 }
 
-static void attend_decode_groups(ac_job *J) { pool_for(unit_decode_group, J, J->n_kv); }
-#endif
+/* the caller holds the call lock; J->failed when out of memory */
+void run_attend(ac_job *J) {
+    if (J->T > 1)
+        attend_prefill(J);
+    else
+        pool_for(unit_decode_group, J, J->n_kv);
+}

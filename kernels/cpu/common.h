@@ -58,21 +58,31 @@ typedef void (*tq_quant_fn)(const float *x, void *out, int64_t k);
 typedef void (*tq_repack_fn)(const uint8_t *src, size_t src_stride, int n_rows, int nb, uint8_t *dst,
                              size_t dst_stride);
 
-/* decode attention for one KV head group: q (n_rep, d) rows, keys k + s * ks (d floats each),
- * values v + s * vs (dv floats each), s < n_keys; out (n_rep, dv); scores: n_keys floats */
-typedef void (*tq_attn_fn)(const float *q, int n_rep, int d, const float *k, size_t ks, const float *v,
-                           size_t vs, int dv, int n_keys, float scale, float *out, float *scores);
-
-/* which vector width the element-wise ops (attention, SwiGLU, argmax) run at on a variant */
-enum { TQ_SIMD_PORTABLE = 0, TQ_SIMD_AVX2 = 1, TQ_SIMD_AVX512 = 2 };
+/* The element-wise kernels (vec.inc), at the variant's vector width: */
+/* decode attention (one query row) of one KV group: its n_rep heads' rows q (d floats each) against
+ * keys k + s * ks (d floats), values v + s * vs (dv floats), s < n_keys; out: n_rep rows of dv floats;
+ * scores: 4 * n_pad floats, n_pad a multiple of TQ_ATT_PAD past n_keys */
+typedef void (*tq_attn_decode_fn)(const float *q, int n_rep, int d, const float *k, size_t ks, const float *v,
+                                  size_t vs, int dv, int n_keys, int n_pad, float scale, float *out, float *scores);
+/* prefill attention, one query row of a KV group (as above) against its keys transposed: kt holds d
+ * rows of n_pad floats, zero past n_keys; scores: n_rep * n_pad floats */
+typedef void (*tq_attn_row_fn)(const float *q, int n_rep, int d, const float *kt, int n_pad, const float *v,
+                               size_t vs, int dv, int n_keys, float scale, float *out, float *scores);
+/* out = silu(g) * u over n floats */
+typedef void (*tq_swiglu_fn)(const float *g, const float *u, float *out, int64_t n);
+/* the first index of the largest of n floats (as torch.argmax); *has_nan: whether any is NaN */
+typedef int64_t (*tq_argmax_fn)(const float *x, int64_t n, int *has_nan);
+#define TQ_ATT_PAD 64 /* attention's score rows are padded to a multiple of this (2 W for every W) */
 
 typedef struct {
     const char *name;
-    int simd; /* TQ_SIMD_*: the element-wise ops' build for this variant */
     /* x86: the features this variant is compiled for, exactly its `#pragma GCC target` list;
      * it runs only where the probe (arch/x86/features.h) answers yes to each. NULL: no check. */
     const char *target;
-    tq_attn_fn attn_group;
+    tq_attn_decode_fn attn_decode;
+    tq_attn_row_fn attn_prefill_row;
+    tq_swiglu_fn swiglu_row;
+    tq_argmax_fn argmax;
     tq_quant_fn quant_q8k;
     tq_quant_fn quant_q8b;
     tq_gemm_fn gemm[TQ_NTYPES];

@@ -55,7 +55,7 @@ int run_decode_layers(const int64_t *table, int n_layers, float *x, ptrdiff_t po
         dl_job(&J[0], row, DL_GATE, x, hidden, gate);
         dl_job(&J[1], row, DL_UP, x, hidden, up);
         if (run_norm_matmuls(x, (const float *)(uintptr_t)row[DL_FFN_NORM], eps, 1, hidden, J, 2, 0)) return -1;
-        sw_job S = {gate, up, act, 1, ffn, (size_t)ffn, (size_t)ffn, (size_t)ffn, 1, swiglu_row()};
+        sw_job S = {gate, up, act, 1, ffn, (size_t)ffn, (size_t)ffn, (size_t)ffn, 1};
         pool_for(unit_swiglu, &S, 1);
         dl_job(&J[0], row, DL_DOWN, act, ffn, y);
         if (run_matmul(&J[0])) return -1;

@@ -359,7 +359,7 @@ static PyObject *py_swiglu(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     sw_job J = {(const float *)g, (const float *)u, (float *)o, rows, n, (size_t)gr, (size_t)ur, (size_t)orow,
-                pool_units(rows, n), swiglu_row()};
+                pool_units(rows, n)};
     if (rows == 0) Py_RETURN_NONE;
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
@@ -426,7 +426,7 @@ static PyObject *py_argmax(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     int64_t idx;
     int nan = 0;
-    idx = argmax_f32((const float *)x, n, &nan);
+    idx = K->argmax((const float *)x, n, &nan);
     return Py_BuildValue("(LO)", (long long)idx, nan ? Py_True : Py_False);
 }
 
@@ -573,8 +573,7 @@ static PyObject *py_norm_swiglu(PyObject *self, PyObject *const *args, Py_ssize_
     rc = run_norm_matmuls((const float *)x, (const float *)nw, (float)eps, (int)n_x, k, jobs, 2,
                           2 * (size_t)n_x * (size_t)n);
     if (!rc) {
-        sw_job S = {jobs[0].y, jobs[1].y, (float *)out, n_x, n, (size_t)n, (size_t)n, (size_t)n, pool_units(n_x, n),
-                    swiglu_row()};
+        sw_job S = {jobs[0].y, jobs[1].y, (float *)out, n_x, n, (size_t)n, (size_t)n, (size_t)n, pool_units(n_x, n)};
         pool_for(unit_swiglu, &S, S.n_units);
     }
     release_temp();

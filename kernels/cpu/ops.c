@@ -38,7 +38,8 @@ void rms_norm_pool(const float *x, const float *w, float *o, ptrdiff_t rows, ptr
 void unit_swiglu(void *arg, int unit) {
     sw_job *J = (sw_job *)arg;
     int64_t r0 = J->rows * unit / J->n_units, r1 = J->rows * (unit + 1) / J->n_units;
-    for (int64_t r = r0; r < r1; ++r) J->fn(J->g + r * J->g_row, J->u + r * J->u_row, J->out + r * J->out_row, J->n);
+    for (int64_t r = r0; r < r1; ++r)
+        K->swiglu_row(J->g + r * J->g_row, J->u + r * J->u_row, J->out + r * J->out_row, J->n);
 }
 
 void unit_gather(void *arg, int u) {

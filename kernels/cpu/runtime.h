@@ -77,30 +77,6 @@ void release_temp(void);
 int run_norm_matmuls(const float *x, const float *nw, float eps, int n_x, int64_t k, mm_job *jobs, int n_w,
                      size_t extra);
 
-/* ------------------------------------------------------------------------------ vec.c */
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-#define TQ_ELEMENTWISE_X86 1
-#endif
-#if defined(__GNUC__) || defined(__clang__)
-#define TQ_PREFILL_ATTENTION 1 /* written in GCC / clang vector types */
-#endif
-#ifdef TQ_PREFILL_ATTENTION
-#define ATT_PAD 64 /* a multiple of 2 W for every W */
-#endif
-typedef void (*row_fn)(const float *, const float *, float *, int64_t);
-row_fn swiglu_row(void);
-#define ATT_ROW_ARGS                                                                                         \
-    const float *q, int n_rep, int d, const float *kt, int n_pad, const float *v, size_t vs, int dv, int n_keys, \
-        float scale, float *out, float *scores
-typedef void (*att_row_fn)(ATT_ROW_ARGS);
-att_row_fn att_row(void);
-#define ATT_DEC_ARGS                                                                                         \
-    const float *q, int n_rep, int d, const float *k, size_t ks, const float *v, size_t vs, int dv, int n_keys, \
-        int n_pad, float scale, float *out, float *scores
-typedef void (*att_dec_fn)(ATT_DEC_ARGS);
-att_dec_fn att_dec(void);
-int64_t argmax_f32(const float *x, int64_t n, int *has_nan);
-
 /* ------------------------------------------------------------------------------ ops.c */
 void rms_norm_pool(const float *x, const float *w, float *o, ptrdiff_t rows, ptrdiff_t n, float eps);
 typedef struct {
@@ -109,7 +85,6 @@ typedef struct {
     int64_t rows, n;
     size_t g_row, u_row, out_row;
     int n_units;
-    row_fn fn;
 } sw_job;
 void unit_swiglu(void *arg, int unit);
 

@@ -258,12 +258,13 @@ static int check_attention(const tq_kernels *v) {
         const size_t ks = (size_t)d + 3, vs = (size_t)dv + 5;
         float *q = malloc(sizeof(float) * n_rep * d), *k = malloc(sizeof(float) * ks * n_keys);
         float *vv = malloc(sizeof(float) * vs * n_keys), *og = malloc(sizeof(float) * n_rep * dv);
-        float *ov = malloc(sizeof(float) * n_rep * dv), *sc = malloc(sizeof(float) * n_keys);
+        const int n_pad = (n_keys + TQ_ATT_PAD - 1) / TQ_ATT_PAD * TQ_ATT_PAD;
+        float *ov = malloc(sizeof(float) * n_rep * dv), *sc = malloc(sizeof(float) * 4 * n_pad);
         fill_x(q, (int64_t)n_rep * d), fill_x(k, (int64_t)ks * n_keys), fill_x(vv, (int64_t)vs * n_keys);
         float vmax = 0.0f;
         for (size_t i = 0; i < vs * n_keys; ++i) vmax = fabsf(vv[i]) > vmax ? fabsf(vv[i]) : vmax;
-        tq_kernels_generic.attn_group(q, n_rep, d, k, ks, vv, vs, dv, n_keys, 1.0f / sqrtf((float)d), og, sc);
-        v->attn_group(q, n_rep, d, k, ks, vv, vs, dv, n_keys, 1.0f / sqrtf((float)d), ov, sc);
+        tq_kernels_generic.attn_decode(q, n_rep, d, k, ks, vv, vs, dv, n_keys, n_pad, 1.0f / sqrtf((float)d), og, sc);
+        v->attn_decode(q, n_rep, d, k, ks, vv, vs, dv, n_keys, n_pad, 1.0f / sqrtf((float)d), ov, sc);
         for (int i = 0; i < n_rep * dv; ++i) {
             if (!(fabsf(ov[i] - og[i]) <= REL_TOL * vmax)) {
                 bad |= fail(v->name, "attention", "decode attention differs");

@@ -11,7 +11,7 @@
 #define TQ_TARGET_FEATURES "avx2,fma,f16c,bmi2" /* = the pragma's list (tests/kernels/test_cpu_probe.py) */
 #define TQ_SUFFIX avx2
 #define TQ_VARIANT_NAME "avx2"
-#define TQ_SIMD TQ_SIMD_AVX2
+#define TQ_VEC_FLOATS 8 /* the element-wise ops' vector width (vec.inc) */
 #include "kernels.inc"
 #if defined(__clang__)
 #pragma clang attribute pop

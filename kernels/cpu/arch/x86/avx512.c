@@ -13,7 +13,7 @@
 #define TQ_TARGET_FEATURES "avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni" /* = the pragma's */
 #define TQ_SUFFIX avx512
 #define TQ_VARIANT_NAME "avx512vnni"
-#define TQ_SIMD TQ_SIMD_AVX512
+#define TQ_VEC_FLOATS 16 /* the element-wise ops' vector width (vec.inc) */
 #include "kernels.inc"
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -15,7 +15,7 @@
 #define TQ_TARGET_FEATURES "avx2,fma,f16c,bmi2,avxvnni" /* = the pragma's list (tests/kernels/test_cpu_probe.py) */
 #define TQ_SUFFIX avxvnni
 #define TQ_VARIANT_NAME "avxvnni"
-#define TQ_SIMD TQ_SIMD_AVX2
+#define TQ_VEC_FLOATS 8 /* the element-wise ops' vector width (vec.inc) */
 #include "kernels.inc"
 #if defined(__clang__)
 #pragma clang attribute pop
