@@ -64,6 +64,7 @@ class ChatSession(QObject):
     changed = Signal(object)  # chat id (None: the new, unsaved chat) whose messages or notice changed
     listChanged = Signal()  # titles, order or pins changed: reread the chat list
     streamed = Signal(str)  # the reply so far, for the chat on screen
+    promptRead = Signal(int, int)  # prompt tokens read, of how many, before the reply's first words (chat on screen)
     busyChanged = Signal(bool)  # a reply started (True) or ended (False)
     unsent = Signal(str, list)  # a message that could not be saved, for the composer
     storeFailed = Signal(str)  # a store error from a chat action, in words
@@ -90,6 +91,7 @@ class ChatSession(QObject):
         self._unsent: tuple[str, list] | None = None
         worker.started.connect(self._on_started)
         worker.piece.connect(self._on_piece)
+        worker.promptProgress.connect(self._on_prompt_progress)
         worker.finished.connect(self._on_finished)
         worker.failed.connect(self._on_failed)
 
@@ -317,6 +319,12 @@ class ChatSession(QObject):
         if new_chat and self.current_chat_id is None:  # still on the new chat: show it
             self.current_chat_id = chat_id
         self.changed.emit(chat_id)
+
+    @Slot(int, int, int)
+    def _on_prompt_progress(self, request_id: int, read: int, total: int) -> None:
+        p = self.pending
+        if p is not None and p.request_id == request_id and not p.pieces and self.current_chat_id == p.chat_id:
+            self.promptRead.emit(read, total)
 
     @Slot(int, str)
     def _on_piece(self, request_id: int, text: str) -> None:

@@ -1,9 +1,11 @@
-"""The window's model behind the OpenAI-compatible server: server jobs run on the engine worker.
+"""The window's model behind the OpenAI-compatible server, batched with the window's own replies.
 
-`WorkerExecutor` lives in the engine worker's thread and runs each server job there, queued in
-the same thread event queue as the window's own requests (Qt delivers queued calls to one thread
-in posting order), so the window and the server share one engine, one KV cache store and one
-arrival order. `WindowServer` is the Settings switch and the status bar's line.
+While the switch is on, the engine worker holds a `BatchExecutor` on its local model
+(`EngineWorker.serve`): `WorkerExecutor` hands each server job to it, and every job runs at once
+as a sequence of one batch scheduler, the window's replies on its priority lane (they never
+queue behind API streams). Without a local model (none loaded, a remote one) a job is queued to
+the worker's thread instead, behind the window's requests, and answers that no model is loaded.
+`WindowServer` is the Settings switch and the status bar's line.
 """
 from __future__ import annotations
 
@@ -49,9 +51,19 @@ class WorkerExecutor(QObject):
         return self._model
 
     def submit(self, job) -> Future:
+        batch = self._worker.batch_executor()
+        if batch is not None:
+            try:
+                return batch.submit(job)  # runs at once, a sequence of the batch
+            except RuntimeError:  # shut down meanwhile (a model switch): the worker thread answers
+                pass
         future: Future = Future()
         self._jobRequested.emit(future, job)
         return future
+
+    def refresh(self) -> None:
+        """Read the served model again on the worker thread (after what was queued before)."""
+        self._refreshRequested.emit()
 
     # -- the worker thread -----------------------------------------------------------------------
     @Slot(object, object)
@@ -61,6 +73,10 @@ class WorkerExecutor(QObject):
         try:
             from ..engine.server.executor import ModelUnavailable
 
+            batch = self._worker.batch_executor()
+            if batch is not None:  # it started while this job waited here
+                _chain(batch.submit(job), future)
+                return
             engine = self._worker.engine
             if self._model is None:
                 raise ModelUnavailable("no local model is loaded in the window: load one, then try again")
@@ -77,7 +93,24 @@ class WorkerExecutor(QObject):
             return
         from ..engine.server.executor import served_model_of
 
-        self._model = served_model_of(engine)
+        batch = self._worker.batch_executor()
+        self._model = served_model_of(batch.engine if batch is not None else engine)
+
+
+def _chain(inner: Future, outer: Future) -> None:
+    """outer gets inner's outcome (a job a stopping executor dropped: the model is unavailable)."""
+    from ..engine.server.executor import ModelUnavailable
+
+    def copy(done: Future) -> None:
+        if done.cancelled():
+            outer.set_exception(ModelUnavailable("the model was unloaded or changed before this request ran: "
+                                                 "send it again"))
+        elif done.exception() is not None:
+            outer.set_exception(done.exception())
+        else:
+            outer.set_result(done.result())
+
+    inner.add_done_callback(copy)
 
 
 class WindowServer(QObject):
@@ -91,6 +124,7 @@ class WindowServer(QObject):
 
     def __init__(self, worker: EngineWorker, limits: RequestLimits | None = None):
         super().__init__()
+        self._worker = worker
         self.executor = WorkerExecutor(worker)
         self.limits = limits  # None: the server's defaults
         self.server: OpenAIServer | None = None
@@ -123,12 +157,15 @@ class WindowServer(QObject):
         if on:
             from ..engine.server.http import OpenAIServer
 
+            self._worker.serve(True)  # the batch starts on the worker before any job can reach it
             try:
                 self.server = OpenAIServer(self.executor, host="127.0.0.1", port=port, limits=self.limits,
                                            on_finished=lambda finished: self._served.emit()).start()
                 log.info("serving the window's model at %s", self.server.url)
             except EngineError as exc:
                 self.error = str(exc)
+                self._worker.serve(False)
+            self.executor.refresh()
         self.changed.emit()
 
     def stop(self) -> None:
@@ -137,6 +174,8 @@ class WindowServer(QObject):
         self.served = 0
         if server is not None:
             server.stop()
+            self._worker.serve(False)  # after the server: no job is left to hand to the batch
+            self.executor.refresh()
             self.changed.emit()
 
     @Slot()

@@ -275,6 +275,7 @@ class MainWindow(QMainWindow):
         self.view.regenerateRequested.connect(self.regenerate)
         self.view.branchRequested.connect(self.branch_at)
         self.view.versionRequested.connect(self.session.show_version)
+        self.session.promptRead.connect(self.view.show_prompt_progress)
         self.view.tool_waiting = self.tools.waiting
         self.view.toolDecided.connect(self.tools.answer)
         self.empty = EmptyState()

@@ -7,12 +7,19 @@ signals into the worker thread) and listen to its typed result signals, which Qt
 the UI thread. The only thing shared across threads is a reply's `threading.Event`, which
 the UI sets to stop a reply immediately (the engine checks it between tokens).
 
+While the window serves its local model (app/serving.py), the worker holds a `BatchExecutor` on
+it: the API's jobs run at once as sequences of its batch scheduler, whose thread then runs the
+model, and the window's own replies go to the same scheduler on the priority lane (a slot kept
+for them, their prompt read before anyone else's). The worker still decides what runs on the
+engine: it starts and stops the scheduler, and nothing else calls the model meanwhile.
+
 Every failure comes back as a readable message (`failed` / `loadFailed`), never as an
 exception in the UI thread.
 """
 from __future__ import annotations
 
 
+import inspect
 import logging
 import os
 import sys
@@ -29,6 +36,8 @@ from .engine_info import EngineInfo
 
 NO_MODEL_LOADED = "No model is loaded: load one from the model bar first."
 log = logging.getLogger(__name__)
+
+API_SLOTS = 8  # API replies decoded at once while the window serves its model (+1 slot kept for the window's)
 
 # Offer the partial reply to the store this often; the store itself writes at most once per
 # its checkpoint_interval_s (1 s), so this only bounds the cost of joining the text.
@@ -162,6 +171,14 @@ def too_long_words(engine, messages) -> str:
             f"tokens. {advice[0].upper()}{advice[1:]}.")
 
 
+def _reports_prompt_progress(engine) -> bool:
+    """Whether engine.chat takes `on_prompt_progress` (the local engines; not a remote one)."""
+    try:
+        return "on_prompt_progress" in inspect.signature(engine.chat).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class EngineWorker(QObject):
     """Lives in its own QThread (see `start()`); owns at most one engine at a time."""
 
@@ -174,6 +191,7 @@ class EngineWorker(QObject):
     piece = Signal(int, str)  # request id, a piece of reply text
     finished = Signal(int, object)  # request id, GenerationResult (stats inside)
     failed = Signal(int, str)  # request id, readable message
+    promptProgress = Signal(int, int, int)  # request id, prompt tokens read, of how many (before the first piece)
 
     # -- requests, queued into the worker thread ---------------------------------------------
     _loadRequested = Signal(str, str, str, int, int)  # model, mmproj ('' none), device, context (0 default), GPU layers (-1 auto)
@@ -182,12 +200,17 @@ class EngineWorker(QObject):
     _unloadRequested = Signal()
     _forgetRequested = Signal(str)
     _warmUpRequested = Signal()
+    _servingRequested = Signal(bool)
     warmedUp = Signal(float)  # seconds the engine's imports took (on the worker)
 
     def __init__(self):
         super().__init__()
         self.engine = None  # touched only in the worker thread
+        self._serving = False  # the window's API server is on (worker thread)
+        self._batch = None  # BatchExecutor on the local engine while serving; set on the worker thread
+        self._batch_lock = threading.Lock()
         self._thread: QThread | None = None
+        self._servingRequested.connect(self._set_serving)
         self._loadRequested.connect(self._load)
         self._remoteRequested.connect(self._use_engine)
         self._chatRequested.connect(self._chat)
@@ -252,8 +275,53 @@ class EngineWorker(QObject):
     def forget_session(self, key: str) -> None:
         self._forgetRequested.emit(key)
 
+    def serve(self, on: bool) -> None:
+        """The window's API server is on (or off): while it is, a local model's replies, the
+        window's and the API's, are generated together by a batch scheduler (see the module's
+        docstring). Queued behind what was asked before, like every request."""
+        self._servingRequested.emit(bool(on))
+
+    def batch_executor(self):
+        """The BatchExecutor the API's jobs go to now, or None (any thread; it may be shut down
+        by the time a job reaches it: its submit then fails)."""
+        with self._batch_lock:
+            return self._batch
+
     # -- the work (worker thread) ------------------------------------------------------------
+    @Slot(bool)
+    def _set_serving(self, on: bool) -> None:
+        self._serving = on
+        if on:
+            self._start_batch()
+        else:
+            self._stop_batch()
+
+    def _start_batch(self) -> None:
+        """A batch scheduler on the loaded local engine, if serving and there is none yet."""
+        from ..engine.runtime.local import LocalEngine
+
+        if not self._serving or self._batch is not None or not isinstance(self.engine, LocalEngine):
+            return
+        from ..engine.server.executor import BatchExecutor
+
+        try:
+            batch = BatchExecutor(self.engine, slots=API_SLOTS)
+        except EngineError as exc:  # e.g. the GPU's planned context is too small to share
+            log.warning("the API server answers one request at a time: %s", exc)
+            return
+        with self._batch_lock:
+            self._batch = batch
+
+    def _stop_batch(self) -> None:
+        """Stop the scheduler: what the API runs or queues on it fails (a 503 saying the model
+        was unloaded or changed, no file named), then its threads end."""
+        with self._batch_lock:
+            batch, self._batch = self._batch, None
+        if batch is not None:
+            batch.shutdown()
+
     def _close_engine(self) -> None:
+        self._stop_batch()  # before the engine it runs on
         engine, self.engine = self.engine, None
         if engine is not None:
             try:
@@ -285,6 +353,7 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"{Path(model_path).name}: cannot load: {type(exc).__name__}: {exc}")
             return
         self.engine = engine
+        self._start_batch()
         info = describe_engine(engine, model_path, mmproj_path, context_length)
         self.loaded.emit(replace(info, resident_bytes=max(0, _process_rss() - before) if before else 0))
 
@@ -292,6 +361,7 @@ class EngineWorker(QObject):
     def _use_engine(self, engine) -> None:
         self._close_engine()
         self.engine = engine
+        self._start_batch()
         self.loaded.emit(describe_engine(engine))
 
     @Slot()
@@ -316,6 +386,8 @@ class EngineWorker(QObject):
         if self.engine is None:
             self.failed.emit(rid, NO_MODEL_LOADED)
             return
+        # while serving, the window's reply is a sequence of the batch, on the priority lane
+        engine = self._batch.priority if self._batch is not None else self.engine
         message_id = chat_id = None
         if req.prepare is not None:
             try:
@@ -346,6 +418,9 @@ class EngineWorker(QObject):
             except Exception:  # noqa: BLE001 - a failed save must not stop the reply
                 log.exception("checkpointing the reply failed")
 
+        def on_prompt_progress(read: int, total: int) -> None:
+            self.promptProgress.emit(rid, int(read), int(total))
+
         def new_reply(reply_id: int) -> None:
             """A round of tool calls is saved; the reply goes on in a new row."""
             nonlocal message_id
@@ -354,16 +429,17 @@ class EngineWorker(QObject):
             last_save[0] = float("-inf")
             self.started.emit(rid, chat_id, reply_id)
 
+        progress = {"on_prompt_progress": on_prompt_progress} if _reports_prompt_progress(engine) else {}
         try:
             if req.tools is not None and chat_id is not None and message_id is not None:
                 result, message_id = req.tools.run_chat(
-                    self.engine, chat_id, req.messages, req.params, on_piece=on_piece, cancel=req.cancel,
-                    session_key=req.session_key, reply_id=message_id, new_reply=new_reply)
+                    engine, chat_id, req.messages, req.params, on_piece=on_piece, cancel=req.cancel,
+                    session_key=req.session_key, reply_id=message_id, new_reply=new_reply, **progress)
             else:
-                result = self.engine.chat(req.messages, req.params, on_piece=on_piece,
-                                          cancel=req.cancel, session_key=req.session_key)
+                result = engine.chat(req.messages, req.params, on_piece=on_piece,
+                                     cancel=req.cancel, session_key=req.session_key, **progress)
         except EngineError as exc:
-            words = too_long_words(self.engine, req.messages) or str(exc) or type(exc).__name__
+            words = too_long_words(engine, req.messages) or str(exc) or type(exc).__name__
             self._fail(req, message_id, "".join(so_far), words)
             return
         except MemoryError:

@@ -17,8 +17,8 @@ import shiboken6
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (QCursor, QDesktopServices, QGuiApplication, QIcon, QImageReader, QKeySequence, QPixmap, QTextCursor,
                            QTextDocument)
-from PySide6.QtWidgets import (QApplication, QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
-                               QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QToolTip, QVBoxLayout,
+from PySide6.QtWidgets import (QApplication, QDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar,
+                               QPushButton, QScrollArea, QSizePolicy, QTextBrowser, QToolButton, QToolTip, QVBoxLayout,
                                QWidget)
 
 from ...engine.api import GenerationStats
@@ -317,6 +317,7 @@ class MessageWidget(QFrame):
         layout.addWidget(self.edit_box)
         self.edit_box.hide()
         layout.addWidget(self.error_label)
+        self.prompt_bar: QProgressBar | None = None  # made when a reply's prompt reading is shown
         layout.addWidget(self.status)
         self.has_live = live is not None
         self.live = live
@@ -422,6 +423,29 @@ class MessageWidget(QFrame):
             self.body.set_markdown("*…*", self.dark)
         else:
             self.body.set_markdown(text, self.dark)
+        if text and self.prompt_bar is not None:  # the first words: the prompt was read
+            self.prompt_bar.hide()
+            if self.status.text().startswith("Reading the prompt"):
+                self.status.setText("writing…")
+
+    def set_prompt_progress(self, read: int, total: int) -> None:
+        """A reply being written, before its first words: how much of the prompt the model has
+        read (a bar, and 'Reading the prompt… 340 / 1,000 tokens' in the status line)."""
+        if self.prompt_bar is None:
+            bar = QProgressBar()
+            bar.setObjectName("promptProgress")
+            bar.setTextVisible(False)
+            bar.setFixedHeight(6)
+            bar.setAccessibleName("Prompt read")
+            layout = self.layout()
+            layout.insertWidget(layout.indexOf(self.status), bar)
+            self.prompt_bar = bar
+        reading = 0 <= read < total and not self.text
+        self.prompt_bar.setRange(0, max(total, 1))
+        self.prompt_bar.setValue(min(read, total))
+        self.prompt_bar.setVisible(reading)
+        self.status.setText(f"Reading the prompt… {read:,} / {total:,} tokens" if reading else "writing…")
+        self.status.setVisible(True)
 
     def set_stats(self, live: GenerationStats | None) -> None:
         self.live = live
@@ -736,6 +760,11 @@ class ChatView(QScrollArea):
         if self.streaming is not None:
             self.streaming.status.setText(text)
             self.streaming.status.setVisible(bool(text))
+
+    def show_prompt_progress(self, read: int, total: int) -> None:
+        """How much of its prompt the reply being written has read (before its first piece)."""
+        if self.streaming is not None:
+            self.streaming.set_prompt_progress(read, total)
 
     def stream_text(self, text: str) -> None:
         """The streaming reply's whole text so far (rendered at most every 50 ms)."""

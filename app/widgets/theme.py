@@ -54,8 +54,10 @@ def style_sheet(dark: bool) -> str:
         QFrame#modelBar {{ border-bottom: 1px solid {border}; }}
         QLabel#quantChip {{ color: {muted}; border: 1px solid {border}; border-radius: 6px;
                             padding: 0px 5px; }}
-        QProgressBar#contextMeter {{ border: none; border-radius: 3px; background: {hover}; }}
-        QProgressBar#contextMeter::chunk {{ border-radius: 3px; background: {ACCENT}; }}
+        QProgressBar#contextMeter, QProgressBar#promptProgress {{ border: none; border-radius: 3px;
+                                                                 background: {hover}; }}
+        QProgressBar#contextMeter::chunk, QProgressBar#promptProgress::chunk {{ border-radius: 3px;
+                                                                               background: {ACCENT}; }}
     """
 
 
