@@ -81,7 +81,8 @@ class LocalEngine:
                               max(0, int(kv_disk_budget_mb)) << 20)
         # Shared with a BatchScheduler built on this engine (serve): one cache, one bound.
         self.prefix_cache = PrefixCache(host_budget // 2, BLOCK_TOKENS, disk)
-        self.replies = ReplyMemory()  # replies generated here, put back with their exact ids
+        # replies generated here, put back with their exact ids (after a restart too, from disk)
+        self.replies = ReplyMemory(disk=disk, check=self._decodes_to)
         release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
@@ -266,6 +267,10 @@ class LocalEngine:
             self.prefix_cache.load(hashes[:-(-from_blocks // b)], self.cache, first)
         self.cache.truncate(from_blocks)
         return from_blocks
+
+    def _decodes_to(self, text: str, ids: list[int]) -> bool:
+        vocab = self.tokenizer.vocab_size
+        return all(0 <= t < vocab for t in ids) and self.tokenizer.decode(ids) == text
 
     def _publish(self, keys: list, prompt_hashes: list[bytes]) -> None:
         """The full blocks the cache holds (prompt, and the reply's exact ids) to the prefix

@@ -159,16 +159,25 @@ class PrefixCache:
 
 
 class ReplyMemory:
-    """Replies the engine generated: their text -> the exact token ids it sampled (bounded LRU)."""
+    """Replies the engine generated: their text -> the exact token ids it sampled (bounded LRU).
+    With a `disk` (PrefixDisk) they are kept there too and found again after a restart; `check`
+    (text, ids) -> bool vets what comes back from disk (the engine's: the ids decode to the text)."""
 
-    def __init__(self, capacity: int = 256):
+    def __init__(self, capacity: int = 256, disk=None, check=None):
         self.capacity = capacity
+        self.disk = disk
+        self.check = check
         self._ids: OrderedDict[str, list[int]] = OrderedDict()
 
     def remember(self, text: str, ids: Sequence[int]) -> None:
         if not text or not ids:
             return
-        self._ids[text] = list(ids)
+        self._keep(text, list(ids))
+        if self.disk is not None:
+            self.disk.put_reply(text, self._ids[text])
+
+    def _keep(self, text: str, ids: list[int]) -> None:
+        self._ids[text] = ids
         self._ids.move_to_end(text)
         while len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
@@ -177,6 +186,12 @@ class ReplyMemory:
         ids = self._ids.get(text)
         if ids is not None:
             self._ids.move_to_end(text)
+        elif self.disk is not None and text:
+            ids = self.disk.get_reply(text)
+            if ids is not None and (self.check is None or self.check(text, ids)):
+                self._keep(text, ids)
+            else:
+                ids = None
         return ids
 
 

@@ -9,6 +9,10 @@ matches what this engine expects; anything else (truncated, flipped bytes, anoth
 layout) is logged, deleted and read as a miss. Files are written by one background thread
 (never on the decode path) to a temporary name and renamed into place, 0600 in a 0700 folder.
 The folder is bounded in bytes: the least recently used files go first.
+
+Replies the engine generated keep their sampled ids there too (`<name>.ids`: the model's identity,
+a hash of the reply's text, the ids), so a chat reopened after a restart gets its replies' exact
+ids back and matches the blocks past them; the caller checks that the ids decode to the text.
 """
 from __future__ import annotations
 
@@ -32,13 +36,16 @@ from ..private_files import create_private_file, make_private_dir
 log = logging.getLogger(__name__)
 
 MAGIC = b"TRAMKV01"
+REPLY_MAGIC = b"TRAMID01"
 SUFFIX = ".kv"
+REPLY_SUFFIX = ".ids"
+MAX_REPLY_FILE_BYTES = 4 << 20
 DEFAULT_DISK_BYTES = 4 << 30
 MAX_HEADER_BYTES = 1 << 16
 PAYLOAD_ALIGN = 64
 PENDING_BYTES = 256 << 20  # blocks queued for the writer at most; more are not written (kept in memory only)
-BLOCK_FILE = re.compile(r"[0-9a-f]{40}\.kv")  # only these are ever counted, read or evicted
-PARTIAL_FILE = re.compile(r"\.[0-9a-f]{40}\.kv\.[0-9]+\.tmp")  # a write cut short by a crash
+OWN_FILE = re.compile(r"[0-9a-f]{40}\.(kv|ids)")  # only these are ever counted, read or evicted
+PARTIAL_FILE = re.compile(r"\.[0-9a-f]{40}\.(kv|ids)\.[0-9]+\.tmp")  # a write cut short by a crash
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # (dtype name, shape) of each tensor of a block: every K part, then every V part
@@ -105,7 +112,7 @@ class PrefixDisk:
         for entry in os.scandir(self.folder):
             if PARTIAL_FILE.fullmatch(entry.name):
                 _unlink(entry.path)
-            elif BLOCK_FILE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            elif OWN_FILE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 st = entry.stat(follow_symlinks=False)
                 found.append((st.st_mtime, entry.name, st.st_size))
         for _, name, size in sorted(found):
@@ -119,6 +126,10 @@ class PrefixDisk:
 
     def name_of(self, digest: bytes) -> str:
         return hashlib.blake2b(self.model_id.encode("ascii") + digest, digest_size=20).hexdigest() + SUFFIX
+
+    def reply_name_of(self, text: str) -> str:
+        key = self.model_id.encode("ascii") + b"\0reply\0" + text.encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(key, digest_size=20).hexdigest() + REPLY_SUFFIX
 
     def __contains__(self, digest: bytes) -> bool:
         name = self.name_of(digest)
@@ -144,7 +155,21 @@ class PrefixDisk:
     def get(self, digest: bytes) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         """The block's K parts and V parts, or None: not on disk, or a file that failed a check
         (logged and deleted)."""
-        name = self.name_of(digest)
+        tensors = self._read(self.name_of(digest), len(MAGIC) + 4 + MAX_HEADER_BYTES + self.payload_bytes,
+                             lambda data: self._parse(data, digest))
+        if tensors is None:
+            return None
+        n = len(tensors) // 2
+        return tensors[:n], tensors[n:]
+
+    def get_reply(self, text: str) -> list[int] | None:
+        """The ids a reply with this text was sampled as, or None (the caller checks they decode
+        to the text)."""
+        return self._read(self.reply_name_of(text), MAX_REPLY_FILE_BYTES, lambda data: self._parse_reply(data, text))
+
+    def _read(self, name: str, bound: int, parse):
+        """parse(the file's bytes) for one of our files, or None: not there, or it failed a check
+        (logged and deleted)."""
         with self._lock:
             if name not in self._files:
                 return None
@@ -152,14 +177,13 @@ class PrefixDisk:
         try:
             with open(path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
-                # never more than a block file can hold; the parse says what was wrong
-                data = bytearray(min(size, len(MAGIC) + 4 + MAX_HEADER_BYTES + self.payload_bytes + 1))
+                data = bytearray(min(size, bound + 1))  # never more than such a file holds
                 data = data[:fh.readinto(data)]
         except OSError:
             self._forget(name)  # gone meanwhile (another process's eviction)
             return None
         try:
-            tensors = self._parse(data, digest)
+            value = parse(data)
         except ValueError as exc:
             log.warning("%s: KV cache file dropped: %s", path, exc)
             self._forget(name)
@@ -172,8 +196,23 @@ class PrefixDisk:
         with self._lock:
             if name in self._files:
                 self._files.move_to_end(name)
-        n = len(tensors) // 2
-        return tensors[:n], tensors[n:]
+        return value
+
+    def _parse_reply(self, data: bytearray, text: str) -> list[int]:
+        if data[:len(REPLY_MAGIC)] != REPLY_MAGIC:
+            raise ValueError("not a reply ids file (bad magic)")
+        try:
+            record = json.loads(bytes(data[len(REPLY_MAGIC):]))
+            model, text_hash, ids = record["model"], record["text"], record["ids"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"unreadable ({exc})") from None
+        if model != self.model_id:
+            raise ValueError(f"written for another model ({model}, this one is {self.model_id})")
+        if text_hash != _text_hash(text):
+            raise ValueError("holds another reply's ids")
+        if not isinstance(ids, list) or not ids or not all(type(t) is int and 0 <= t < 1 << 31 for t in ids):
+            raise ValueError("the ids are not a list of token ids")
+        return ids
 
     def _parse(self, data: bytearray, digest: bytes) -> list[torch.Tensor]:
         if len(data) < len(MAGIC) + 4 or data[:len(MAGIC)] != MAGIC:
@@ -219,18 +258,29 @@ class PrefixDisk:
         tensors = list(ks) + list(vs)
         if [(dtype_name(t.dtype), tuple(t.shape)) for t in tensors] != self.layout:
             return False
-        name = self.name_of(digest)
+        return self._queue_write(self.name_of(digest), self.payload_bytes, lambda: self._block_chunks(digest, tensors))
+
+    def put_reply(self, text: str, ids: Sequence[int]) -> bool:
+        """Queue a reply's sampled ids for writing (see get_reply)."""
+        record = json.dumps({"model": self.model_id, "text": _text_hash(text), "ids": [int(t) for t in ids]})
+        data = REPLY_MAGIC + record.encode("ascii")
+        if len(data) > MAX_REPLY_FILE_BYTES:
+            return False
+        return self._queue_write(self.reply_name_of(text), len(data), lambda: [data])
+
+    def _queue_write(self, name: str, nbytes: int, chunks) -> bool:
+        """Hand `chunks()` (the file's bytes, built on the writer thread) to the writer."""
         with self._lock:
-            if name in self._files or name in self._pending or self.payload_bytes > self.budget:
+            if name in self._files or name in self._pending or nbytes > self.budget:
                 return False
-            if self._pending_bytes + self.payload_bytes > PENDING_BYTES:
+            if self._pending_bytes + nbytes > PENDING_BYTES:
                 return False
             self._pending.add(name)
-            self._pending_bytes += self.payload_bytes
+            self._pending_bytes += nbytes
             if self._thread is None:
                 self._thread = threading.Thread(target=self._writer, name="kv-disk-writer", daemon=True)
                 self._thread.start()
-        self._queue.put((name, digest, tensors))
+        self._queue.put((name, nbytes, chunks))
         return True
 
     def _writer(self) -> None:
@@ -239,15 +289,15 @@ class PrefixDisk:
             try:
                 if item is None:
                     return
-                name, digest, tensors = item
+                name, nbytes, chunks = item
                 try:
-                    size = self._write(name, digest, tensors)
+                    size = self._write(name, chunks())
                 except Exception as exc:  # noqa: BLE001 - a full disk or a bug: the block stays in memory only
                     log.warning("%s: could not write a KV cache file: %s", self.folder / name, exc)
                     size = None
                 with self._lock:
                     self._pending.discard(name)
-                    self._pending_bytes -= self.payload_bytes
+                    self._pending_bytes -= nbytes
                     if size is not None:
                         self._files[name] = size
                         self._files.move_to_end(name)
@@ -255,7 +305,7 @@ class PrefixDisk:
             finally:
                 self._queue.task_done()
 
-    def _write(self, name: str, digest: bytes, tensors: list[torch.Tensor]) -> int:
+    def _block_chunks(self, digest: bytes, tensors: list[torch.Tensor]) -> list:
         raw = [t.contiguous().view(torch.uint8).numpy() for t in tensors]
         checksum = hashlib.blake2b(digest_size=32)
         for r in raw:
@@ -265,19 +315,21 @@ class PrefixDisk:
                              "payload": self.payload_bytes, "blake2b": checksum.hexdigest()}).encode()
         pad = -(len(MAGIC) + 4 + len(header)) % PAYLOAD_ALIGN
         header += b" " * pad
+        return [MAGIC + struct.pack("<I", len(header)) + header] + [memoryview(r) for r in raw]
+
+    def _write(self, name: str, chunks: list) -> int:
         final = self.folder / name
         tmp = self.folder / f".{name}.{os.getpid()}.tmp"
         fd = create_private_file(tmp)
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(MAGIC + struct.pack("<I", len(header)) + header)
-                for r in raw:
-                    fh.write(memoryview(r))
+                for chunk in chunks:
+                    fh.write(chunk)
             os.replace(tmp, final)
         except BaseException:
             _unlink(tmp)
             raise
-        return len(MAGIC) + 4 + len(header) + self.payload_bytes
+        return sum(memoryview(c).nbytes for c in chunks)
 
     def flush(self) -> None:
         """Wait until every queued block is written."""
@@ -290,6 +342,10 @@ class PrefixDisk:
         if thread is not None:
             self._queue.put(None)
             thread.join()
+
+
+def _text_hash(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def _numel(shape: Sequence[int]) -> int:

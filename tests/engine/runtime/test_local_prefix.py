@@ -4,6 +4,7 @@ the prompt's reading reports its progress. Every reused answer equals a cold eng
 same prompt (greedy tokens, and the raw logits' log-probabilities to float32 rounding)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -11,7 +12,7 @@ import threading
 import pytest
 
 from tramontane.engine.api import ChatMessage, SamplingParams
-from tramontane.engine.mistral3.chat_format import EncodedPrompt
+from tramontane.engine.mistral3.chat_format import EncodedPrompt, encode_chat
 from tramontane.engine.runtime.local import LocalEngine
 
 from support import FIXTURES
@@ -87,15 +88,31 @@ def test_a_chat_reopened_after_a_restart_reuses_its_blocks_from_disk(tmp_path, c
     eng = _engine(kv_disk_dir=folder)
     r1 = eng.chat(messages, GREEDY, session_key="chat")
     eng.close()  # writes what is still queued
-    assert len(os.listdir(folder)) == (len(r1.prompt_token_ids) + len(r1.token_ids) - 1) // 32
+    files = os.listdir(folder)
+    cached = len(r1.prompt_token_ids) + len(r1.token_ids) - 1  # prompt and reply, all but its last id
+    assert sum(f.endswith(".kv") for f in files) == cached // 32
+    assert sum(f.endswith(".ids") for f in files) == 1  # the reply's sampled ids
 
     again = messages + [ChatMessage.text("assistant", r1.text), ChatMessage.text("user", "Why?")]
+    n1 = len(r1.prompt_token_ids)
+    # the reply as sampled is not what its text encodes to: without its ids the blocks past it would not match
+    assert encode_chat(cold.tokenizer, again, None).ids[n1:n1 + len(r1.token_ids)] != r1.token_ids
     restarted = _engine(kv_disk_dir=folder)
     assert len(restarted.prefix_cache) == 0  # nothing in memory: every block comes from a file
     r2 = restarted.chat(again, GREEDY, session_key="chat")
-    assert r2.stats.reused_tokens >= len(r1.prompt_token_ids) // 32 * 32 > 0
+    assert r2.prompt_token_ids[n1:n1 + len(r1.token_ids)] == r1.token_ids  # the ids back from disk
+    assert r2.stats.reused_tokens == cached // 32 * 32 > 0
     assert_same_answer(r2, cold_answer(cold, r2.prompt_token_ids))
     restarted.close()
+
+    # a reply ids file that does not decode to the reply's text is not used
+    (reply_file,) = [folder / f for f in os.listdir(folder) if f.endswith(".ids")]
+    magic, record = reply_file.read_bytes()[:8], json.loads(reply_file.read_bytes()[8:])
+    record["ids"] = record["ids"] * 2  # decodes to the text twice
+    reply_file.write_bytes(magic + json.dumps(record).encode())
+    third = _engine(kv_disk_dir=folder)
+    assert third.encode(again).ids == encode_chat(cold.tokenizer, again, None).ids
+    third.close()
 
 
 def test_damaged_or_foreign_files_are_ignored_after_a_restart(tmp_path, cold, caplog):

@@ -201,3 +201,19 @@ def test_file_identity_changes_with_the_file(tmp_path):
     path.write_bytes(b"HEAD" + bytes(4000) + b"TAIL")
     c = file_identity(path, 16, 16)
     assert len({a, b, c}) == 3
+
+
+def test_reply_ids_round_trip_and_a_bad_file_is_dropped(tmp_path, caplog):
+    cache = _cache()
+    disk = _disk(tmp_path, cache)
+    assert disk.put_reply("Bonjour.", [5, 6, 7])
+    disk.flush()
+    again = _disk(tmp_path, cache)  # found by the scan, counted in the folder's bound
+    assert again.used > 0 and again.get_reply("Bonjour.") == [5, 6, 7]
+    assert again.get_reply("Bonsoir.") is None
+    path = tmp_path / disk.reply_name_of("Bonjour.")
+    assert disk.reply_name_of("Bonjour.") != _disk(tmp_path / "b", cache, model="model-b").reply_name_of("Bonjour.")
+    path.write_bytes(path.read_bytes().replace(b"[5, 6, 7]", b"[5, -6, 7]"))
+    with caplog.at_level(logging.WARNING):
+        assert _disk(tmp_path, cache).get_reply("Bonjour.") is None
+    assert "not a list of token ids" in caplog.text and not path.exists()
