@@ -255,12 +255,12 @@ def main(argv=None) -> None:
               f"({per_token / 1e9:.2f} GB/token) -> {s.decode_tok_s / bound:6.1%} of the bound; "
               f"{1000 / max(s.decode_tok_s, 1e-9):.2f} ms/token; TTFT {s.ttft_s * 1000:.1f} ms")
 
-    run_decode("CUDA graphs" if model.use_cuda_graphs else "eager")
-    if cuda and model.use_cuda_graphs and not args.no_eager:
-        model.use_cuda_graphs = False
-        cache.decode_graphs = None
+    graphs = cache.decode_graphs
+    run_decode("CUDA graphs" if graphs is not None else "eager")
+    if graphs is not None and not args.no_eager:
+        cache.decode_graphs = None  # the same cache decoded eagerly
         run_decode("eager")
-        model.use_cuda_graphs = True
+        cache.decode_graphs = graphs
 
     # -- sampling overhead -------------------------------------------------------------------------
     logits = torch.randn(vocab, device=device)

@@ -340,9 +340,9 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
         if not _on_gpu(eng.model):
             raise SelfTestFailure(f"asked for the GPU, the model was loaded on the CPU ({name}: "
                                   f"torch {torch.__version__}, CUDA {torch.version.cuda})")
-        if _graphs_wanted() and not eng.model.use_cuda_graphs:
+        if _graphs_wanted() and eng.cache.decode_graphs is None:
             raise SelfTestFailure("CUDA graph decoding is off for a model on the GPU")
-        graphs = "on" if eng.model.use_cuda_graphs else "off (TRAMONTANE_CUDA_GRAPHS=0)"
+        graphs = "on" if eng.cache.decode_graphs is not None else "off (TRAMONTANE_CUDA_GRAPHS=0)"
         return f"{name}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
 
     r.step("version", version)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -313,8 +312,7 @@ class Mistral3Text:
         self.path = None
         self.weight_bytes = 0  # bytes of the file's tensors in use (as stored)
         self.dense_weights = False  # CPU: linear weights dequantized to float32 at load
-        self.use_cuda_graphs = device.type == "cuda" and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
-        self.graph_failures: list[str] = []  # decode buckets whose capture failed (they run eagerly)
+        self.graph_failures: list[str] = []  # decode buckets whose capture failed (runtime/decoder.py)
         self.planned_context = 0  # the device plan's context (0: no plan; runtime.decoder's default)
         # Prompt rows per pass: bounds activation memory, and how often a cancel is seen.
         self.prefill_chunk = PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
@@ -370,8 +368,6 @@ class Mistral3Text:
                 start = i
         self.embedding_device = torch_device(plan.embedding_device)
         self.planned_context = int(getattr(plan, "context_length", 0) or 0)
-        cuda = any(seg.device.type == "cuda" for seg in self.segments)
-        self.use_cuda_graphs = cuda and os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
         if any(seg.device.type == "cpu" for seg in self.segments):
             self.prefill_chunk = CPU_PREFILL_CHUNK
 

@@ -4,6 +4,7 @@ cache's length, replayed from those graphs where they were captured, eager other
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -25,8 +26,10 @@ def default_context_length(model) -> int:
 
 
 def graphs_enabled(model) -> bool:
-    """Decode through CUDA graphs: the model's switch (TRAMONTANE_CUDA_GRAPHS) and a GPU segment."""
-    return model.use_cuda_graphs and any(seg.device.type == "cuda" for seg in model.segments)
+    """Capture decode graphs for a model with a GPU segment, unless TRAMONTANE_CUDA_GRAPHS=0."""
+    if os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") == "0":
+        return False
+    return any(seg.device.type == "cuda" for seg in model.segments)
 
 
 def new_cache(model, context_length: int | None = None, capture_graphs: bool = True) -> KVCache:
@@ -59,11 +62,12 @@ def new_cache(model, context_length: int | None = None, capture_graphs: bool = T
 
 @torch.inference_mode()
 def decode(model, token_id: int, cache: KVCache) -> torch.Tensor:
-    """Feed one token at position cache.length; float32 logits (vocab,)."""
+    """Feed one token at position cache.length; float32 logits (vocab,). Through the cache's
+    decode graphs when new_cache captured them (drop `cache.decode_graphs` to decode eagerly)."""
     pos = cache.length
     if pos >= cache.capacity:
         raise EngineError(f"context full: the context length is {cache.capacity} tokens")
-    if cache.decode_graphs is not None and graphs_enabled(model):
+    if cache.decode_graphs is not None:
         logits = cache.decode_graphs.run(cache, token_id, pos)
         cache.length = pos + 1
         return logits

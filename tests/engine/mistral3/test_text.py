@@ -378,16 +378,13 @@ def test_refuses_non_mistral_file_with_gguf_error(tmp_path):
         Mistral3Text.load(no_orig, device="cpu")
 
 
-def test_cpu_never_uses_cuda_graphs(ministral):
-    assert not ministral.use_cuda_graphs
-    ministral.use_cuda_graphs = True  # even when asked, a CPU model decodes eagerly
-    try:
-        cache = new_cache(ministral, 16)
-        ministral.logits(_ids(4), 0, cache)
-        decode(ministral, 5, cache)
-        assert cache.decode_graphs is None and cache.length == 5
-    finally:
-        ministral.use_cuda_graphs = False
+def test_cpu_never_uses_cuda_graphs(ministral, monkeypatch):
+    monkeypatch.setenv("TRAMONTANE_CUDA_GRAPHS", "1")  # even when asked, a CPU model decodes eagerly
+    assert not decoder.graphs_enabled(ministral)
+    cache = new_cache(ministral, 16)
+    ministral.logits(_ids(4), 0, cache)
+    decode(ministral, 5, cache)
+    assert cache.decode_graphs is None and cache.length == 5
 
 
 def test_embed_then_forward_equals_ids(ministral):
