@@ -1,11 +1,10 @@
+/* Repacking, Q4_K -> TQ_Q4_K_R and Q6_K -> TQ_Q6_K_R (the variant's repack[]: the order its tiles
+ * read, see arch/x86/repack.inc), rows on the pool; done once per weight. */
 #include "runtime.h"
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
-/* ------------------------------------------------------------------------------ repacking
- * Q4_K -> TQ_Q4_K_R, Q6_K -> TQ_Q6_K_R (the variant's repack[]: the order its tiles read, see
- * arch/x86/repack.inc), rows on the pool; done once per weight. */
 typedef struct {
     tq_repack_fn fn;
     const uint8_t *src;
