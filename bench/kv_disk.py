@@ -66,14 +66,14 @@ def main(argv=None) -> int:
             disk.append((w, c))
             reused, n_prompt = r.stats.reused_tokens, r.stats.prompt_tokens
             restarted.close()
-        files = len(os.listdir(folder))
+        files = sum(f.endswith(".kv") for f in os.listdir(folder))
         mb = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 2**20
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     cw, cc = statistics.median(w for w, _ in cold), statistics.median(c for _, c in cold)
     dw, dc = statistics.median(w for w, _ in disk), statistics.median(c for _, c in disk)
     print(f"model {os.path.basename(args.model)}: turn-2 prompt {n_prompt} tokens, {reused} from disk "
-          f"({files} block files, {mb:.0f} MiB)")
+          f"({files} block files, {mb:.0f} MiB in the folder)")
     print(f"cold prefill    TTFT {cw * 1e3:9.1f} ms wall  {cc * 1e3:9.1f} ms CPU")
     print(f"blocks on disk  TTFT {dw * 1e3:9.1f} ms wall  {dc * 1e3:9.1f} ms CPU")
     print(f"ratio disk/cold      {dw / cw:9.3f}  wall      {dc / cc:9.3f}  CPU   (median of {args.repeat})")
