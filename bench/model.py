@@ -27,7 +27,8 @@ from tramontane.engine.api import SamplingParams
 from tramontane.engine.cli.bench import copy_bandwidth
 from tramontane.engine.runtime.decoder import new_cache
 from tramontane.engine.runtime.generate import generate, make_generator, sample
-from tramontane.engine.mistral3.text import Mistral3Text, _want_dense, default_dtype, resolve_device
+from tramontane.engine.mistral3.text import Mistral3Text, default_dtype, resolve_device
+from tramontane.engine.mistral3.weights import load_weights, want_dense
 from tramontane.engine.mistral3.config import TextConfig
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import dequantize
@@ -140,8 +141,8 @@ def build_random_model(shape: str, mix: str, device: torch.device, dtype: torch.
                      rope_dim=s["head_dim"], context_length=s["context_length"], tied_embeddings=False)
     source = RandomSource(cfg, mix, device)
     model = Mistral3Text(cfg, device, dtype)
-    model.dense_weights = _want_dense(source, cfg, device, dense)
-    model._load_weights(source)
+    model.dense_weights = want_dense(source, cfg, device, dense)
+    load_weights(model, source)
     return model
 
 

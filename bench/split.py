@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import MIXES, SHAPES, RandomSource, build_random_model  # noqa: E402  (bench/model.py)
 
 from tramontane.engine.mistral3.config import TextConfig  # noqa: E402
-from tramontane.engine.mistral3.text import Mistral3Text, Segment, _cross, _want_dense  # noqa: E402
+from tramontane.engine.mistral3.text import Mistral3Text, Segment, _cross  # noqa: E402
+from tramontane.engine.mistral3.weights import load_weights, want_dense  # noqa: E402
 from tramontane.engine.runtime.decoder import decode, new_cache  # noqa: E402
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, gpu_layers_map,  # noqa: E402
                                                   model_sizes, plan_devices)
@@ -106,8 +107,8 @@ def build_split_cuda(shape: str, mix: str, gpu_layers: int) -> Mistral3Text:
                         manual=gpu_layers_map(cfg.n_layers, gpu_layers))
     model = Mistral3Text(cfg, torch.device("cuda:0"), torch.bfloat16)
     model._apply_plan(plan, None)
-    model.dense_weights = _want_dense(source, cfg, torch.device("cpu"), None)
-    model._load_weights(source)
+    model.dense_weights = want_dense(source, cfg, torch.device("cpu"), None)
+    load_weights(model, source)
     return model
 
 

@@ -1,8 +1,8 @@
-"""The Mistral 3 text decoder (mistral3 and llama-labelled GGUF files): the weights, the layers'
-math in order (RoPE from mistral3/rope.py's tables), the segments of a split model, batched rows.
+"""The Mistral 3 text decoder (mistral3 and llama-labelled GGUF files): the layers' math in order
+(RoPE from mistral3/rope.py's tables), the segments of a split model, batched rows.
 
 gpt-fast-like: a config dataclass (`TextConfig` from mistral3/config.py), weights uploaded
-tensor by tensor from the memory-mapped file, small pure functions. Attention: Triton flash
+tensor by tensor from the memory-mapped file (mistral3/weights.py), small pure functions. Attention: Triton flash
 attention on CUDA (kernels/attention.py), the native kernels on the CPU, torch's SDPA where
 neither runs. The KV cache it writes into is the caller's (`KVRows`: runtime/kv_cache.py's, made
 with the decode graphs by runtime/decoder.py, which also drives one-token decoding).
@@ -17,23 +17,20 @@ Facts this module relies on (see docs/mistral3.md of the shared notes):
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from ...kernels import ggml_types
 from ...kernels import attention as _attention_mod
 from ...kernels import linear as _linear_mod
-from ...kernels.linear import QWeight, linear, linear_add, linears, prepare
+from ...kernels.linear import QWeight, linear, linear_add, linears
 from ...kernels.triton_compat import triton_usable
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
-from ..host import available_ram
 from .config import CPU_PREFILL_CHUNK, PREFILL_CHUNK, TextConfig, text_config
 from .rope import RopeTables, build_rope_tables
+from .weights import LayerWeights, TokenEmbedding, load_weights, native_cpu, want_dense
 
 
 # ----------------------------------------------------------------------------- device
@@ -169,76 +166,6 @@ def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w_gate: 
     return swiglu(*norm_linears(x, norm_weight, eps, (w_gate, w_up)))
 
 
-# ----------------------------------------------------------------------------- weights
-
-class TokenEmbedding:
-    """token_embd kept as the file stores it (a QWeight); looked-up rows are dequantized.
-
-    Quantized tables stay quantized on the device (131072×5120 is 1.3 GB in bf16, 0.4 GB in
-    Q4_K), and a tied head multiplies with the very same bytes."""
-
-    def __init__(self, weight: QWeight, dtype: torch.dtype):
-        self.weight = weight
-        self.dtype = dtype
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if w.is_quantized and w.data.is_cpu and _linear_mod.cpu_native.supports(w.ggml_type):
-            # straight from the mapped rows (no gathered copy, no pool hand-off for one token)
-            return _linear_mod.cpu_native.dequantize_rows(w.ggml_type, w.data, ids, w.shape[1]).to(self.dtype)
-        # On the table's device: ids there already (decode keeps its token in a device tensor),
-        # rows gathered and dequantized there (Triton on CUDA): no host tensor, no sync per token.
-        rows = w.data.index_select(0, ids.to(w.data.device))
-        if not w.is_quantized:
-            return rows.to(self.dtype)
-        return QWeight(w.ggml_type, (ids.numel(), w.shape[1]), rows).dequantize(self.dtype)
-
-
-@dataclass
-class LayerWeights:
-    attn_norm: torch.Tensor
-    ffn_norm: torch.Tensor
-    wo: QWeight
-    w_down: QWeight
-    wqkv: QWeight | None = None  # fused when the three types match
-    wq: QWeight | None = None
-    wk: QWeight | None = None
-    wv: QWeight | None = None
-    w_gate_up: QWeight | None = None  # fused when the two types match
-    w_gate: QWeight | None = None
-    w_up: QWeight | None = None
-
-
-_DTYPE_TYPES = {torch.bfloat16: ggml_types.BF16, torch.float16: ggml_types.F16}
-
-
-def _want_dense(gf: GGUFFile, cfg: TextConfig, device: torch.device, requested: bool | None) -> bool:
-    if device.type != "cpu":
-        return False
-    if requested is not None:
-        return requested
-    if _native_cpu():
-        return False  # the native kernels run on the file's blocks: no float32 copy
-    dense_bytes = sum(4 * math.prod(t.shape) for n, t in gf.tensors.items()
-                      if n.startswith("blk.") and len(t.shape) == 2)
-    dense_bytes += 4 * cfg.vocab_size * cfg.hidden  # the head
-    return dense_bytes <= available_ram() // 2
-
-
-def _native_cpu() -> bool:
-    """CPU linears run on the native kernels (not built, or TRAMONTANE_CPU_EXACT: torch)."""
-    return _linear_mod.cpu_native.AVAILABLE and not _linear_mod.CPU.exact
-
-
-def _fusable(gf: GGUFFile, names: Sequence[str], device: torch.device | None = None) -> bool:
-    """One type: the weights can be concatenated into one matmul. Not on the CPU with the
-    native kernels: a concatenation is an anonymous copy of file bytes the mapping already
-    holds (separate calls on the mapped weights cost a few microseconds each)."""
-    if device is not None and device.type == "cpu" and _native_cpu():
-        return False
-    return len({gf.tensors[n].ggml_type for n in names}) == 1
-
-
 # ----------------------------------------------------------------------------- the model
 
 class KVRows(Protocol):
@@ -350,8 +277,8 @@ class Mistral3Text:
         if plan is not None:
             model._apply_plan(plan, dtype)
         has_cpu = any(seg.device.type == "cpu" for seg in model.segments)
-        model.dense_weights = _want_dense(gf, cfg, torch.device("cpu") if has_cpu else device, dense_on_cpu)
-        model._load_weights(gf, progress)
+        model.dense_weights = want_dense(gf, cfg, torch.device("cpu") if has_cpu else device, dense_on_cpu)
+        load_weights(model, gf, progress)
         return model
 
     def _apply_plan(self, plan, dtype: torch.dtype | None) -> None:
@@ -373,77 +300,6 @@ class Mistral3Text:
 
     def segment_of(self, layer: int) -> Segment:
         return next(seg for seg in self.segments if layer in seg.layers)
-
-    def _upload(self, gf: GGUFFile, name: str, dense: bool = True, device: torch.device | None = None,
-                dtype: torch.dtype | None = None) -> QWeight:
-        device, dtype = device or self.device, dtype or self.dtype
-        info = gf.tensors[name]
-        self.weight_bytes += info.nbytes
-        w = QWeight.from_raw(gf.raw(name), info.ggml_type, tuple(info.shape), device, from_mapping=True)
-        if dense and self.dense_weights and device.type == "cpu" and w.ggml_type != ggml_types.F32:
-            w = QWeight(ggml_types.F32, w.shape, w.dequantize(torch.float32))
-        elif device.type != "cpu" and w.ggml_type == ggml_types.F32 and dtype in _DTYPE_TYPES:
-            # An f32 file on a GPU: hold the weights in the compute dtype (as HF loading in bf16
-            # does), so matmuls run natively instead of upcasting activations every call.
-            w = QWeight(_DTYPE_TYPES[dtype], w.shape, w.data.to(dtype))
-        if dense and w.data.device.type == "cpu":
-            prepare(w)  # the CPU kernels' plan (a repack where one applies) while loading, not in the first reply
-        return w
-
-    def _upload_fused(self, gf: GGUFFile, names: Sequence[str], device=None, dtype=None) -> QWeight:
-        parts = [self._upload(gf, n, device=device, dtype=dtype) for n in names]
-        fused = QWeight.cat(parts)
-        del parts  # the separate copies go; only the fused one stays on the device
-        return fused
-
-    def _norm(self, gf: GGUFFile, name: str, device: torch.device | None = None) -> torch.Tensor:
-        self.weight_bytes += gf.tensors[name].nbytes
-        return torch.from_numpy(np.array(gf.array(name), dtype=np.float32)).to(device or self.device)
-
-    def _load_weights(self, gf: GGUFFile, progress=None) -> None:
-        cfg = self.cfg
-        try:
-            # Looked-up rows are dequantized on the fly: the table stays as stored.
-            # Rows come out in the first layers' dtype (no cast at the first boundary).
-            first = self.segments[0]
-            self.embedding = TokenEmbedding(
-                self._upload(gf, "token_embd.weight", dense=False, device=self.embedding_device), first.dtype)
-            for i in range(cfg.n_layers):
-                b = f"blk.{i}."
-                seg = self.segment_of(i)
-                on = dict(device=seg.device, dtype=seg.dtype)
-                qkv = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
-                gate_up = [b + "ffn_gate.weight", b + "ffn_up.weight"]
-                layer = LayerWeights(
-                    attn_norm=self._norm(gf, b + "attn_norm.weight", seg.device),
-                    ffn_norm=self._norm(gf, b + "ffn_norm.weight", seg.device),
-                    wo=self._upload(gf, b + "attn_output.weight", **on),
-                    w_down=self._upload(gf, b + "ffn_down.weight", **on),
-                )
-                if _fusable(gf, qkv, seg.device):
-                    layer.wqkv = self._upload_fused(gf, qkv, **on)
-                else:  # e.g. Q4_K_M: attn_v is Q6_K while q/k are Q4_K
-                    layer.wq, layer.wk, layer.wv = (self._upload(gf, n, **on) for n in qkv)
-                if _fusable(gf, gate_up, seg.device):
-                    layer.w_gate_up = self._upload_fused(gf, gate_up, **on)
-                else:
-                    layer.w_gate, layer.w_up = (self._upload(gf, n, **on) for n in gate_up)
-                self.layers.append(layer)
-                if progress is not None:
-                    progress((i + 1) / cfg.n_layers, f"loading layer {i + 1}/{cfg.n_layers}")
-            self.output_norm = self._norm(gf, "output_norm.weight")
-            # No output.weight: the head is the embedding table (tied), same device bytes.
-            if not cfg.tied_embeddings:
-                self.head = self._upload(gf, "output.weight")
-            elif (self.embedding_device != self.device or self.dense_weights and self.device.type == "cpu"
-                  and self.embedding.weight.ggml_type != ggml_types.F32):
-                # Tied, but the table is looked up elsewhere (or kept quantized): a head copy here.
-                self.head = self._upload(gf, "token_embd.weight")
-                self.weight_bytes -= gf.tensors["token_embd.weight"].nbytes  # counted once
-            else:
-                self.head = self.embedding.weight
-        except ggml_types.QuantFormatError as exc:
-            raise GGUFError(f"{gf.path}: {exc}") from None
 
     # -- context ------------------------------------------------------------------------------
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None, device: torch.device | None = None) -> int:
@@ -558,7 +414,7 @@ class Mistral3Text:
         """The segment's decode step as one native call (kernels.linear.native_decode_layers), made
         once per cache and kernel variant (a cache's tensors are fixed for its life, and the steps
         are stored on it); None where the per-op path runs."""
-        if seg.device.type != "cpu" or not _native_cpu():
+        if seg.device.type != "cpu" or not native_cpu():
             return None
         key = _linear_mod.cpu_native.VARIANT_EPOCH
         made = cache.__dict__.setdefault("_native_decode", {})  # id(seg) -> (key, step)

@@ -72,7 +72,7 @@ def test_cuda_from_raw_memmap_upload_and_row_ops(tmp_path):
     assert torch.equal(fused.dequantize(torch.float32), full)
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(linear(x, w.rows(10, 20)), linear(x, w)[:, 10:20], rtol=0, atol=0)
-    from tramontane.engine.mistral3.text import TokenEmbedding
+    from tramontane.engine.mistral3.weights import TokenEmbedding
 
     ids = torch.tensor([5, 0, 511], device="cuda")
     assert torch.equal(TokenEmbedding(w, torch.float32)(ids), full[ids])

@@ -93,7 +93,7 @@ def test_cpu_linear_matches_dequant_matmul(ggml_type, monkeypatch):
 def test_embedding_gathers_dequantized_rows(ggml_type):
     """The model's token embedding (the mapped table's rows, dequantized as looked up) equals
     gguf.quants' rows; an id past the table is an IndexError, not a read past it."""
-    from tramontane.engine.mistral3.text import TokenEmbedding
+    from tramontane.engine.mistral3.weights import TokenEmbedding
 
     rng = np.random.default_rng(3)
     shape = (50, 256)
