@@ -190,14 +190,13 @@ class LocalEngine:
             raise EngineError(f"{self.model_path}: the conversation is {needs}, more than the context length "
                               f"of {self.cache.capacity}: start a new chat or raise the context length")
         self._activate(session_key)
+        t0 = time.perf_counter()
         keys = position_keys(prompt.ids, prompt.image_spans)
         hashes = block_hashes(keys, self.prefix_cache.block)
         reused = self._reuse(keys, hashes, prompt.image_spans)
         self.session.keys = keys[:reused]
-
-        t0 = time.perf_counter()
         embeds = self._embeddings(prompt, reused)
-        before_prefill = time.perf_counter() - t0  # image encoding counts towards TTFT
+        before_prefill = time.perf_counter() - t0  # blocks read from disk, images encoded: part of TTFT
         try:
             out = generate(self.model, self.cache, embeds, params, self.tokenizer, on_piece=on_piece,
                            cancel=cancel, start_pos=reused, history_ids=prompt.ids,
