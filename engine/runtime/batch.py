@@ -32,7 +32,6 @@ import torch
 
 from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
-from .decoder import new_cache
 from .kv_cache import KVCache
 from .generate import StopStringFilter, check_params, draw_token, make_generator, seen_mask
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
@@ -65,6 +64,27 @@ class _Request:
     on_prompt_progress: PromptProgress | None = None
     # waiting requests with this very prompt: they start from its KV once it is read
     followers: list["_Request"] = field(default_factory=list)
+    gate: "Gate | None" = None  # admitted only once it is open (see Gate)
+
+
+class Gate:
+    """Requests submitted together (a request's `n` choices, from threads of their own): none is
+    admitted before each has been submitted or has given up, so they join the same step, the
+    first reads their prompt and the others start from its KV."""
+
+    def __init__(self, n: int, cond: threading.Condition):
+        self.left = n
+        self._cond = cond
+
+    @property
+    def open(self) -> bool:
+        return self.left <= 0
+
+    def pass_one(self) -> None:
+        """One of them was submitted, or ended without being submitted (it failed before)."""
+        with self._cond:
+            self.left -= 1
+            self._cond.notify()
 
 
 @dataclass
@@ -126,7 +146,7 @@ class BatchScheduler:
         on_gpu = any(seg.device.type == "cuda" for seg in model.segments)
         self.step_rows = step_rows or (STEP_ROWS_GPU if on_gpu else STEP_ROWS_CPU)
         if caches is None:
-            caches = [new_cache(model, context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
+            caches = [model.new_cache(context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
         self.slots = [_Slot(cache, reserved=i >= slots) for i, cache in enumerate(caches)]
         self.prefix = prefix_cache if prefix_cache is not None else PrefixCache(prefix_cache_bytes)
         self.replies = ReplyMemory()
@@ -143,28 +163,35 @@ class BatchScheduler:
 
     @property
     def context_size(self) -> int:
-        return self.slots[0].cache.capacity
+        """The longest conversation (prompt and reply) a request can have."""
+        return self.lane_context(False)
+
+    def lane_context(self, priority: bool) -> int:
+        """The largest slot a request of this lane may take (the kept slots can be larger)."""
+        return max(s.cache.capacity for s in self.slots if priority or not s.reserved)
 
     # -- any thread -----------------------------------------------------------------------------
     def submit(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                cancel: threading.Event | None = None, priority: bool = False,
-               on_prompt_progress: PromptProgress | None = None) -> Future:
+               on_prompt_progress: PromptProgress | None = None, gate: Gate | None = None) -> Future:
         """Queue one generation; image features are encoded here, in the caller's thread.
         `on_prompt_progress(read, total)` is called (on the loop's thread) when its prompt starts
-        being read and after each chunk."""
+        being read and after each chunk. `gate`: it waits for the others of its group (the
+        caller passes the gate once it is in the queue or has failed: `Gate.pass_one`)."""
         check_params(params)
         t0 = time.perf_counter()
         n = len(prompt.ids)
         if n == 0:
             raise EngineError("the prompt is empty: give at least one token")
         room = 1 if params.max_tokens > 0 else 0
-        if n + room > self.context_size:
+        context = self.lane_context(priority)
+        if n + room > context:
             raise EngineError(f"the conversation is {n} tokens, more than the context length of "
-                              f"{self.context_size}: start a new chat or raise the context length")
+                              f"{context}: start a new chat or raise the context length")
         features = self._image_features(prompt)
         future: Future = Future()
         req = _Request(prompt, position_keys(prompt.ids, prompt.image_spans), params, on_piece, cancel,
-                       priority, features, future, t0, next(self._order), on_prompt_progress)
+                       priority, features, future, t0, next(self._order), on_prompt_progress, gate=gate)
         with self._cond:
             if self._closed:
                 raise self._closed_error
@@ -174,9 +201,18 @@ class BatchScheduler:
 
     def generate(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                  cancel: threading.Event | None = None, priority: bool = False,
-                 on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
+                 on_prompt_progress: PromptProgress | None = None, gate: Gate | None = None) -> GenerationResult:
         """submit() and wait (the scheduler must be started, or driven by another thread)."""
-        return self.submit(prompt, params, on_piece, cancel, priority, on_prompt_progress).result()
+        try:
+            future = self.submit(prompt, params, on_piece, cancel, priority, on_prompt_progress, gate)
+        finally:
+            if gate is not None:
+                gate.pass_one()  # in the queue, or refused
+        return future.result()
+
+    def gate(self, n: int) -> Gate:
+        """A gate for `n` requests submitted together."""
+        return Gate(n, self._cond)
 
     def start(self) -> "BatchScheduler":
         if self._thread is None:
@@ -211,7 +247,7 @@ class BatchScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._waiting and not self._running:
+                while not self._closed and not self._running and not self._admissible():
                     self._cond.wait()
                 if self._closed:
                     return
@@ -221,6 +257,10 @@ class BatchScheduler:
                 log.error("a batch step failed", exc_info=exc)
                 for seq in list(self._running):
                     self._fail(seq, exc)
+
+    def _admissible(self) -> bool:
+        """A waiting request may be admitted (not held by its gate); under self._cond."""
+        return any(r.gate is None or r.gate.open for r in self._waiting)
 
     def step(self) -> bool:
         """Admit what fits, then one forward pass for every running sequence; False when idle."""
@@ -300,6 +340,8 @@ class BatchScheduler:
                     req.future.set_result(self._result(req, [], "", 0, self.slots[0].cache, "cancelled",
                                                        None, None, 0))
                     continue
+                if req.gate is not None and not req.gate.open:
+                    continue  # the others of its group are not all here yet
                 leader = self._reading_the_same(req, [r for r, _ in admitted])
                 if leader is not None:  # read once: it starts from the leader's KV (_start_followers)
                     leader.followers.append(req)
@@ -339,7 +381,8 @@ class BatchScheduler:
     def _free_slot(self, req: _Request) -> _Slot | None:
         """A free slot this request may use: the one holding the longest prefix of its prompt,
         then (a priority request) a reserved one, then the one used least recently."""
-        free = [s for s in self.slots if not s.busy and (req.priority or not s.reserved)]
+        need = len(req.keys) + (1 if req.params.max_tokens > 0 else 0)
+        free = [s for s in self.slots if not s.busy and (req.priority or not s.reserved) and s.cache.capacity >= need]
         if not free:
             return None
         return max(free, key=lambda s: (common_prefix(s.keys, req.keys), s.reserved == req.priority, -s.last_used))
@@ -524,20 +567,31 @@ def copy_positions(src: KVCache, dst: KVCache, n: int) -> None:
     dst.length = n
 
 
-def carve_kv(cache: KVCache, n: int, min_context: int = MIN_SLOT_CONTEXT) -> list[KVCache]:
-    """`n` KV caches of `cache.capacity // n` positions each over the memory of `cache`: the
-    slots of a batch take the KV the plan counted for the engine's one context (runtime/memory.py)
-    instead of as much again beside it. Each is contiguous (a run of the flat tensor, not a
-    strided window), as the attention kernels want; what `cache` held is overwritten."""
-    per = cache.capacity // n
-    if per < min_context:
-        raise EngineError(f"{n} sequences at once would get {per} tokens of context each (the planned "
-                          f"context of {cache.capacity} tokens is shared by them, and each needs at least "
+def planned_slot_sizes(capacity: int, slots: int, kept: int = 0) -> list[int]:
+    """How a planned context of `capacity` positions is shared by `slots` slots and `kept` kept
+    ones (the window's own replies): the kept ones half of it, the others the rest, equally
+    (without kept ones, all of it)."""
+    if not kept:
+        return [capacity // slots] * slots
+    return [capacity // 2 // slots] * slots + [capacity // 2 // kept] * kept
+
+
+def carve_kv(cache: KVCache, sizes: list[int], min_context: int = MIN_SLOT_CONTEXT) -> list[KVCache]:
+    """KV caches of `sizes` positions over the memory of `cache` (they add up to at most its
+    capacity): the slots of a batch take the KV the plan counted for the engine's one context
+    (runtime/memory.py) instead of as much again beside it. Each is contiguous (a run of the
+    flat tensor, not a strided window), as the attention kernels want; what `cache` held is
+    overwritten."""
+    if sum(sizes) > cache.capacity:
+        raise EngineError(f"slots of {sum(sizes)} positions in all do not fit a KV cache of {cache.capacity}")
+    if min(sizes) < min_context:
+        raise EngineError(f"{len(sizes)} sequences at once would get {min(sizes)} tokens of context each (the "
+                          f"planned context of {cache.capacity} tokens is shared by them, and each needs at least "
                           f"{min_context}): serve fewer at once or raise the context length")
-    out = []
-    for i in range(n):
-        ks = [_carved(k, i, per) for k in cache.ks]
-        vs = [_carved(v, i, per) for v in cache.vs]
+    out, start = [], 0
+    for size in sizes:
+        ks = [_carved(k, start, size) for k in cache.ks]
+        vs = [_carved(v, start, size) for v in cache.vs]
         # a one-position cache of the same layout, then pointed at the carved memory
         view = KVCache(sum(k.shape[0] for k in ks), ks[0].shape[1], ks[0].shape[3], vs[0].shape[3], 1,
                        cache.dtype, cache.device, [(k.shape[0], k.dtype, k.device) for k in ks])
@@ -545,13 +599,16 @@ def carve_kv(cache: KVCache, n: int, min_context: int = MIN_SLOT_CONTEXT) -> lis
         view.layer_k = [layer for k in ks for layer in k]
         view.layer_v = [layer for v in vs for layer in v]
         out.append(view)
+        start += size
     return out
 
 
-def _carved(t: torch.Tensor, i: int, per: int) -> torch.Tensor:
+def _carved(t: torch.Tensor, start: int, positions: int) -> torch.Tensor:
+    """Positions [start, start + positions) of a cache's capacity, as a contiguous run of the
+    flat tensor laid out as a cache of that many positions."""
     layers, heads, _, dim = t.shape
-    size = layers * heads * per * dim
-    return t.reshape(-1)[i * size:(i + 1) * size].view(layers, heads, per, dim)
+    per_position = layers * heads * dim
+    return t.reshape(-1)[start * per_position:(start + positions) * per_position].view(layers, heads, positions, dim)
 
 
 class BatchedEngine:
@@ -559,10 +616,11 @@ class BatchedEngine:
     from many threads at once, each call one sequence of the scheduler (it blocks until done).
     `priority`: the lane of its calls (`prioritized()`: the window's own replies)."""
 
-    def __init__(self, engine, scheduler: BatchScheduler, priority: bool = False):
+    def __init__(self, engine, scheduler: BatchScheduler, priority: bool = False, gate: Gate | None = None):
         self.engine = engine
         self.scheduler = scheduler
         self.priority = priority
+        self._gate = gate  # its first generation is one of a group (run_together)
         self.model_path = engine.model_path
         self.tokenizer = engine.tokenizer
 
@@ -580,7 +638,7 @@ class BatchedEngine:
 
     @property
     def context_size(self) -> int:
-        return self.scheduler.context_size
+        return self.scheduler.lane_context(self.priority)
 
     @property
     def description(self) -> str:
@@ -599,41 +657,71 @@ class BatchedEngine:
                       priority: bool | None = None,
                       on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         """Reply to an encoded prompt (from `encode`)."""
-        return self.scheduler.generate(prompt, params, on_piece, cancel, self._lane(priority), on_prompt_progress)
+        return self.scheduler.generate(prompt, params, on_piece, cancel, self._lane(priority), on_prompt_progress,
+                                       self._take_gate())
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None, tools=None,
              priority: bool | None = None, on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         """session_key is accepted for the Engine protocol: the prefix cache finds any
         conversation's KV by its tokens, whatever it is called."""
-        check_params(params)
-        return self.scheduler.generate(self.encode(messages, tools), params, on_piece, cancel, self._lane(priority),
-                                       on_prompt_progress)
+        gate = self._take_gate()
+        try:
+            check_params(params)
+            prompt = self.encode(messages, tools)
+        except BaseException:
+            if gate is not None:
+                gate.pass_one()
+            raise
+        return self.scheduler.generate(prompt, params, on_piece, cancel, self._lane(priority), on_prompt_progress,
+                                       gate)
 
     def complete(self, prompt_ids: list[int], params: SamplingParams, on_piece=None,
                  cancel: threading.Event | None = None, session_key: str | None = None,
                  priority: bool | None = None, on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
-        check_params(params)
-        vocab = self.tokenizer.vocab_size
-        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise EngineError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        gate = self._take_gate()
+        try:
+            check_params(params)
+            vocab = self.tokenizer.vocab_size
+            bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise EngineError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        except BaseException:
+            if gate is not None:
+                gate.pass_one()
+            raise
         return self.scheduler.generate(EncodedPrompt(list(prompt_ids)), params, on_piece, cancel,
-                                       self._lane(priority), on_prompt_progress)
+                                       self._lane(priority), on_prompt_progress, gate)
 
-    def run_together(self, calls: list[Callable[[], T]]) -> list[T]:
-        """Run `calls` (generations) at once, each on a thread of its own, so that they are
-        sequences of the same steps (a request's `n` choices: the scheduler reads their common
-        prompt once); their results in order, or the first failure in that order."""
-        if len(calls) <= 1:
-            return [call() for call in calls]
-        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="tramontane-choice") as pool:
-            futures = [pool.submit(call) for call in calls]
+    def run_together(self, fn: Callable[["BatchedEngine", int], T], n: int) -> list[T]:
+        """fn(engine, i) for i in range(n) at once, each on a thread of its own with an engine
+        whose first generation waits for the others' (a request's `n` choices): they are
+        admitted in the same step, the scheduler reads their common prompt once and they decode
+        as rows of the same steps. Their results in order, or the first failure in that order."""
+        if n <= 1:
+            return [fn(self, i) for i in range(n)]
+        gate = self.scheduler.gate(n)
+        views = [BatchedEngine(self.engine, self.scheduler, self.priority, gate) for _ in range(n)]
+
+        def run(i: int) -> T:
+            try:
+                return fn(views[i], i)
+            finally:
+                if views[i]._take_gate() is not None:
+                    gate.pass_one()  # it ended before generating: the others need not wait for it
+
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="tramontane-choice") as pool:
+            futures = [pool.submit(run, i) for i in range(n)]
             return [f.result() for f in futures]
 
     def _lane(self, priority: bool | None) -> bool:
         return self.priority if priority is None else priority
 
+    def _take_gate(self) -> Gate | None:
+        """The gate for this engine's first generation, once (later ones are not grouped)."""
+        gate, self._gate = self._gate, None
+        return gate
 
-__all__ = ["BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "MIN_SLOT_CONTEXT", "STEP_ROWS_CPU", "STEP_ROWS_GPU",
-           "carve_kv", "copy_positions"]
+
+__all__ = ["BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "Gate", "MIN_SLOT_CONTEXT", "STEP_ROWS_CPU", "STEP_ROWS_GPU",
+           "carve_kv", "copy_positions", "planned_slot_sizes"]

@@ -60,16 +60,19 @@ class BatchExecutor:
     def __init__(self, engine, slots: int = 8, workers: int = 64, priority_slots: int = 1,
                  share_planned_kv: bool | None = None, **scheduler_options):
         """`share_planned_kv` (default: on a GPU): the slots are carved out of the engine's own
-        KV cache, the one context the plan counted (as llama-server's -np divides -c), instead
-        of new caches beside it; the engine's active chat forgets its KV then. On the CPU each
-        slot has a cache of the engine's context (pages are committed as positions are written)."""
-        from ..runtime.batch import BatchedEngine, BatchScheduler, carve_kv  # torch: not at the CLI parser's import
+        KV cache, the one context the plan counted (as llama-server's -np divides -c; kept
+        slots get half of it, `planned_slot_sizes`), instead of new caches beside it; the
+        engine's active chat forgets its KV then. On the CPU each slot has a cache of the
+        engine's context (pages are committed as positions are written)."""
+        from ..runtime.batch import (BatchedEngine, BatchScheduler, carve_kv,  # torch: not at the CLI parser's import
+                                     planned_slot_sizes)
 
         self._engine = engine
         if share_planned_kv is None:
             share_planned_kv = any(seg.device.type == "cuda" for seg in engine.model.segments)
         if share_planned_kv:
-            scheduler_options["caches"] = carve_kv(engine.cache, slots + priority_slots)
+            sizes = planned_slot_sizes(engine.cache.capacity, slots, priority_slots)
+            scheduler_options["caches"] = carve_kv(engine.cache, sizes)
             engine.forget_session(engine.session_key)  # its cache's positions now belong to the slots
         else:
             scheduler_options.setdefault("context_length", engine.context_size)

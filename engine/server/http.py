@@ -657,7 +657,7 @@ class OpenAIServer:
                 raise engine_failure(exc, (getattr(engine, "model_path", None),
                                            getattr(engine, "mmproj_path", None))) from None
 
-        def choice(engine, p: int, prompt, i: int):
+        def choice(engine, i: int, p: int, prompt):
             index = p * job.n + i
             on_piece = (lambda text: relay.post(index, text)) if job.stream else None
             params = choice_params(job.params, i)
@@ -676,12 +676,12 @@ class OpenAIServer:
                 if cancel.is_set():
                     return outcomes
                 if together is not None:
-                    outcomes += together([functools.partial(choice, engine, p, prompt, i) for i in range(job.n)])
+                    outcomes += together(functools.partial(choice, p=p, prompt=prompt), job.n)
                     continue
                 for i in range(job.n):
                     if cancel.is_set():
                         return outcomes
-                    outcomes.append(choice(engine, p, prompt, i))
+                    outcomes.append(choice(engine, i, p, prompt))
             return outcomes
 
         def done() -> None:  # on the loop, after every event the job posted

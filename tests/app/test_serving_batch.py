@@ -97,7 +97,7 @@ class PriorityClock:
         self.marks: list[dict] = []
         inner = scheduler.submit
 
-        def submit(prompt, params, on_piece=None, cancel=None, priority=False, on_prompt_progress=None):
+        def submit(prompt, params, on_piece=None, cancel=None, priority=False, *more):
             if priority:
                 mark = {"submitted": scheduler.steps}
                 self.marks.append(mark)
@@ -107,7 +107,7 @@ class PriorityClock:
                     if inner_piece is not None:
                         inner_piece(text)
                 on_piece = piece
-            return inner(prompt, params, on_piece, cancel, priority, on_prompt_progress)
+            return inner(prompt, params, on_piece, cancel, priority, *more)
 
         scheduler.submit = submit
         self.recorder = Recorder(scheduler.model)
@@ -266,9 +266,9 @@ def test_the_tool_loop_runs_on_the_priority_lane_while_serving(qtbot, tmp_path, 
         lanes = []
         inner = scheduler.submit
 
-        def submit(prompt, params, on_piece=None, cancel=None, priority=False, on_prompt_progress=None):
+        def submit(prompt, params, on_piece=None, cancel=None, priority=False, *more):
             lanes.append(priority)
-            return inner(prompt, params, on_piece, cancel, priority, on_prompt_progress)
+            return inner(prompt, params, on_piece, cancel, priority, *more)
 
         scheduler.submit = submit
         tok = window.worker.engine.tokenizer

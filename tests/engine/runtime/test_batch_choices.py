@@ -7,11 +7,12 @@ HF and llama.cpp by other tests)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from tramontane.engine.api import EngineError, SamplingParams
-from tramontane.engine.runtime.batch import BatchScheduler, carve_kv
+from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler, carve_kv, planned_slot_sizes
 from tramontane.engine.runtime.local import LocalEngine
 
 from support import FIXTURES
@@ -45,6 +46,43 @@ def test_choices_of_one_prompt_read_it_once_and_decode_together(engine):
     assert sum(n for step in rec.steps for n in step if n > 1) == 70
     assert [r.stats.reused_tokens for r in results] == [0, 70, 70]
     assert all(r.stats.prompt_tokens == 70 and r.finish_reason == "length" for r in results)
+
+
+def test_run_together_admits_the_choices_in_one_step_whatever_their_threads_do(engine):
+    prompt = random_prompts(engine, [30], seed=18)[0]
+    want = alone(engine, prompt, greedy(6)).token_ids
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=64).start()
+    rec = Recorder(engine.model)
+    try:
+        batched = BatchedEngine(engine, sched)
+        arrived = threading.Barrier(3)
+
+        def choice(view, i):
+            if i:  # the later choices come late: the first would have read the prompt alone by then
+                arrived.wait()
+                time.sleep(0.05)
+            else:
+                arrived.wait()
+            return view.generate_from(prompt, greedy(6)).token_ids
+
+        got = batched.run_together(choice, 3)
+    finally:
+        rec.close()
+        sched.close()
+    assert got == [want] * 3
+    assert rec.steps[:2] == [[30], [1, 1, 1]]  # read once, then three rows of one step
+
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=64).start()
+    try:  # one that fails before generating does not hold the others
+        def flaky(view, i):
+            if i == 1:
+                raise ValueError("no")
+            return view.generate_from(prompt, greedy(6)).token_ids
+
+        with pytest.raises(ValueError):
+            BatchedEngine(engine, sched).run_together(flaky, 3)
+    finally:
+        sched.close()
 
 
 def test_sampled_choices_each_follow_their_own_seed(engine):
@@ -115,7 +153,7 @@ def test_carved_slots_are_the_engines_planned_kv_and_give_what_alone_gives():
     try:
         planned = engine.plan.placements[0].kv
         assert engine.cache.nbytes == planned  # the one context the plan counted
-        caches = carve_kv(engine.cache, 2)
+        caches = carve_kv(engine.cache, [256, 256])
         assert [c.capacity for c in caches] == [256, 256]
         assert sum(c.nbytes for c in caches) == planned  # all of it, and no byte more
         for part in range(len(engine.cache.ks)):
@@ -127,7 +165,7 @@ def test_carved_slots_are_the_engines_planned_kv_and_give_what_alone_gives():
                 assert spans[0][0] == lo and spans[-1][1] == hi and spans[0][1] <= spans[1][0]  # disjoint, inside
         prompts = random_prompts(engine, [60, 25], seed=16)
         want = [alone(engine, p, greedy(7)).token_ids for p in prompts]
-        sched = BatchScheduler(engine.model, engine.tokenizer, slots=1, priority_slots=1, caches=carve_kv(engine.cache, 2),
+        sched = BatchScheduler(engine.model, engine.tokenizer, slots=1, priority_slots=1, caches=carve_kv(engine.cache, [256, 256]),
                                step_rows=64)
         futures = [sched.submit(prompts[0], greedy(7)), sched.submit(prompts[1], greedy(7), priority=True)]
         while sched.step():
@@ -142,10 +180,34 @@ def test_too_many_slots_for_the_planned_context_are_refused_in_words():
     engine = LocalEngine(MODEL, device="cpu", context_length=512)
     try:
         with pytest.raises(EngineError) as info:
-            carve_kv(engine.cache, 3)
+            carve_kv(engine.cache, planned_slot_sizes(512, 3))
         words = str(info.value)
         assert "3 sequences at once would get 170 tokens of context each" in words
         assert "serve fewer at once or raise the context length" in words
         assert str(MODEL.parent) not in words
+    finally:
+        engine.close()
+
+
+def test_the_kept_slots_get_half_of_the_planned_context_and_the_lanes_their_own_limit():
+    assert planned_slot_sizes(4096, 8) == [512] * 8  # serve -np 8: a llama-server -np 8 -c 4096 split
+    assert planned_slot_sizes(4096, 8, 1) == [256] * 8 + [2048]  # the window's own replies keep half
+    engine = LocalEngine(MODEL, device="cpu", context_length=512)
+    try:
+        sizes = planned_slot_sizes(512, 2, 1)
+        assert sizes == [128, 128, 256]
+        sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=1, step_rows=128,
+                               caches=carve_kv(engine.cache, sizes, min_context=64))
+        long_prompt = random_prompts(engine, [200], seed=17)[0]
+        with pytest.raises(EngineError, match="200 tokens, more than the context length of 128"):
+            sched.submit(long_prompt, greedy(4))
+        want = alone(engine, long_prompt, greedy(4)).token_ids
+        sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=1, step_rows=128,
+                               caches=carve_kv(engine.cache, sizes, min_context=64))
+        window = sched.submit(long_prompt, greedy(4), priority=True)  # only the kept slot holds it
+        while sched.step():
+            pass
+        assert window.result(timeout=0).token_ids == want
+        assert window.result().stats.context_size == 256
     finally:
         engine.close()

@@ -112,7 +112,7 @@ def test_n_choices_decode_as_rows_of_one_batch_and_equal_one_greedy_run(served, 
     assert [(c.index, c.message.content) for c in reply.choices] == [(0, want), (1, want), (2, want)]
     assert any(step.count(1) >= 3 for step in rec.steps)  # the three decoded as rows of one step
     prompt_rows = sum(n for step in rec.steps for n in step if n > 1)
-    assert prompt_rows < 2 * reply.usage.prompt_tokens  # the prompt read once (a late one: its last block)
+    assert prompt_rows <= reply.usage.prompt_tokens  # the prompt read once
 
     streamed = client(server).chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0,
                                                       n=3, stream=True, extra_body={"ignore_eos": True})
@@ -143,7 +143,7 @@ def test_on_a_gpu_the_slots_are_the_engines_planned_kv():
             executor.shutdown()
         assert text == engine.chat([ChatMessage.text("user", "hi")], SamplingParams(
             max_tokens=5, temperature=0.0, ignore_eos=True), session_key="after").text  # its own chats still work
-        with pytest.raises(EngineError, match="3 sequences at once would get 170 tokens of context each"):
+        with pytest.raises(EngineError, match="3 sequences at once would get 128 tokens of context each"):
             BatchExecutor(engine, slots=2, priority_slots=1, share_planned_kv=True)
     finally:
         engine.close()
