@@ -32,6 +32,7 @@ import torch
 
 from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
+from .decoder import new_cache
 from .kv_cache import KVCache
 from .generate import StopStringFilter, check_params, draw_token, make_generator, seen_mask
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
@@ -146,7 +147,7 @@ class BatchScheduler:
         on_gpu = any(seg.device.type == "cuda" for seg in model.segments)
         self.step_rows = step_rows or (STEP_ROWS_GPU if on_gpu else STEP_ROWS_CPU)
         if caches is None:
-            caches = [model.new_cache(context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
+            caches = [new_cache(model, context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
         self.slots = [_Slot(cache, reserved=i >= slots) for i, cache in enumerate(caches)]
         self.prefix = prefix_cache if prefix_cache is not None else PrefixCache(prefix_cache_bytes)
         self.replies = ReplyMemory()
