@@ -78,6 +78,19 @@ def load(qtbot, worker, replies):
     qtbot.waitUntil(lambda: replies.loads == before + 1, timeout=60000)
 
 
+@pytest.fixture
+def served(qtbot, worker):
+    """The worker with the tiny model loaded and the window's server on (its batch started):
+    the worker's signals as the window gets them, and the server switch."""
+    replies = Replies(worker)
+    load(qtbot, worker, replies)
+    serving = WindowServer(worker)
+    serving.apply(True, 0)
+    qtbot.waitUntil(lambda: worker.batch_executor() is not None, timeout=10000)
+    yield replies, serving
+    serving.stop()
+
+
 def window_reply(qtbot, worker, replies, rid: int, text: str, history=(), max_tokens: int = 3):
     """The window's reply to `text` after `history` (ChatMessages)."""
     worker.chat(ChatRequest(rid, [*history, ChatMessage.text("user", text)],
@@ -138,14 +151,10 @@ def start_streams(url: str, n: int, errors: list, max_tokens: int = 480) -> list
     return threads
 
 
-def test_the_windows_reply_starts_within_the_priority_lanes_steps_while_8_api_streams_run(qtbot, worker):
-    replies = Replies(worker)
-    load(qtbot, worker, replies)
-    serving = WindowServer(worker)
-    serving.apply(True, 0)
+def test_the_windows_reply_starts_within_the_priority_lanes_steps_while_8_api_streams_run(qtbot, worker, served):
+    replies, serving = served
     clock = None
     try:
-        qtbot.waitUntil(lambda: worker.batch_executor() is not None, timeout=10000)
         scheduler = worker.batch_executor().scheduler
         clock = PriorityClock(scheduler)
 
@@ -185,61 +194,47 @@ def test_the_windows_reply_starts_within_the_priority_lanes_steps_while_8_api_st
     qtbot.waitUntil(lambda: worker.batch_executor() is None, timeout=30000)  # the switch off stops the scheduler
 
 
-def test_the_windows_chats_keep_their_kv_and_report_prompt_reading_while_serving(qtbot, worker):
-    replies = Replies(worker)
-    load(qtbot, worker, replies)
-    serving = WindowServer(worker)
-    serving.apply(True, 0)
-    try:
-        qtbot.waitUntil(lambda: worker.batch_executor() is not None, timeout=10000)
-        step_rows = worker.batch_executor().scheduler.step_rows
-        long_text = "A long message about the winds of the south of France and their names. " * 12
-        first = window_reply(qtbot, worker, replies, 1, long_text)
-        n = first.stats.prompt_tokens
-        assert n > 2 * step_rows and first.stats.reused_tokens == 0
-        assert replies.progress[1] == [(min(read, n), n) for read in range(0, n + step_rows, step_rows)]
-        # the next turn of the chat reuses its KV (the window's kept slot)
-        history = [ChatMessage.text("user", long_text), ChatMessage.text("assistant", first.text)]
-        second = window_reply(qtbot, worker, replies, 2, "And the east wind?", history)
-        assert second.stats.reused_tokens >= n
-        assert replies.progress[2][-1] == (second.stats.prompt_tokens - second.stats.reused_tokens,) * 2
-    finally:
-        serving.stop()
+def test_the_windows_chats_keep_their_kv_and_report_prompt_reading_while_serving(qtbot, worker, served):
+    replies, _ = served
+    step_rows = worker.batch_executor().scheduler.step_rows
+    long_text = "A long message about the winds of the south of France and their names. " * 12
+    first = window_reply(qtbot, worker, replies, 1, long_text)
+    n = first.stats.prompt_tokens
+    assert n > 2 * step_rows and first.stats.reused_tokens == 0
+    assert replies.progress[1] == [(min(read, n), n) for read in range(0, n + step_rows, step_rows)]
+    # the next turn of the chat reuses its KV (the window's kept slot)
+    history = [ChatMessage.text("user", long_text), ChatMessage.text("assistant", first.text)]
+    second = window_reply(qtbot, worker, replies, 2, "And the east wind?", history)
+    assert second.stats.reused_tokens >= n
+    assert replies.progress[2][-1] == (second.stats.prompt_tokens - second.stats.reused_tokens,) * 2
 
 
-def test_unloading_or_switching_while_streams_run_stops_the_batch_and_says_so_without_paths(qtbot, worker):
-    replies = Replies(worker)
-    load(qtbot, worker, replies)
-    serving = WindowServer(worker)
-    serving.apply(True, 0)
-    try:
-        qtbot.waitUntil(lambda: worker.batch_executor() is not None, timeout=10000)
-        first = worker.batch_executor()
-        scheduler = first.scheduler
-        errors: list = []
-        threads = start_streams(serving.server.url, 3, errors)
-        qtbot.waitUntil(lambda: scheduler.active == 3, timeout=60000)
-        load(qtbot, worker, replies)  # the same file again: a switch
-        for t in threads:
-            t.join(60)
-        assert len(errors) == 3
-        for exc in errors:
-            words = str(exc)
-            assert "unloaded or changed" in words and str(MODEL.parent) not in words and ".gguf" not in words
-        second = worker.batch_executor()
-        assert second is not None and second is not first and first.scheduler._thread is None
-        # the new model serves, batched again
-        client = openai.OpenAI(base_url=serving.server.url, api_key="x", max_retries=0, timeout=60)
-        reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        assert reply.choices[0].finish_reason in ("length", "stop")
+def test_unloading_or_switching_while_streams_run_stops_the_batch_and_says_so_without_paths(qtbot, worker, served):
+    replies, serving = served
+    first = worker.batch_executor()
+    scheduler = first.scheduler
+    errors: list = []
+    threads = start_streams(serving.server.url, 3, errors)
+    qtbot.waitUntil(lambda: scheduler.active == 3, timeout=60000)
+    load(qtbot, worker, replies)  # the same file again: a switch
+    for t in threads:
+        t.join(60)
+    assert len(errors) == 3
+    for exc in errors:
+        words = str(exc)
+        assert "unloaded or changed" in words and str(MODEL.parent) not in words and ".gguf" not in words
+    second = worker.batch_executor()
+    assert second is not None and second is not first and first.scheduler._thread is None
+    # the new model serves, batched again
+    client = openai.OpenAI(base_url=serving.server.url, api_key="x", max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert reply.choices[0].finish_reason in ("length", "stop")
 
-        worker.unload()
-        qtbot.waitUntil(lambda: worker.batch_executor() is None, timeout=30000)
-        with pytest.raises(openai.InternalServerError) as info:
-            client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        assert info.value.status_code == 503 and ".gguf" not in str(info.value)
-    finally:
-        serving.stop()
+    worker.unload()
+    qtbot.waitUntil(lambda: worker.batch_executor() is None, timeout=30000)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert info.value.status_code == 503 and ".gguf" not in str(info.value)
 
 
 def test_the_tool_loop_runs_on_the_priority_lane_while_serving(qtbot, tmp_path, isolated, monkeypatch):
