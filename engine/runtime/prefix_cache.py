@@ -153,9 +153,17 @@ class PrefixCache:
             self.used = 0
 
     def close(self) -> None:
-        """Write the blocks still queued for the disk tier and stop its writer."""
-        if self.disk is not None:
-            self.disk.close()
+        """Write every block held in memory that the disk tier lacks (those the writer was too far
+        behind to take when they were stored, too), then stop its writer."""
+        if self.disk is None:
+            return
+        with self.lock:
+            missing = [(digest, ks, vs) for digest, (ks, vs, _) in self._blocks.items() if digest not in self.disk]
+        for digest, ks, vs in missing:
+            if not self.disk.put(digest, ks, vs):
+                self.disk.flush()  # the writer's queue is full: wait for it here, not in a reply
+                self.disk.put(digest, ks, vs)
+        self.disk.close()
 
 
 class ReplyMemory:

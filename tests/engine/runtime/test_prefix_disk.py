@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 
 import pytest
 import torch
@@ -217,3 +218,22 @@ def test_reply_ids_round_trip_and_a_bad_file_is_dropped(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert _disk(tmp_path, cache).get_reply("Bonjour.") is None
     assert "not a list of token ids" in caplog.text and not path.exists()
+
+
+def test_blocks_the_writer_could_not_take_are_written_at_close(tmp_path, monkeypatch):
+    from tramontane.engine.runtime import prefix_disk
+
+    src = _cache()
+    src.length = 14
+    hashes = block_hashes(list(range(100, 114)), B)
+    disk = _disk(tmp_path, src)
+    gate = threading.Event()
+    real_write = disk._write
+    monkeypatch.setattr(disk, "_write", lambda *a: (gate.wait(), real_write(*a))[1])  # a slow disk
+    monkeypatch.setattr(prefix_disk, "PENDING_BYTES", disk.payload_bytes)  # room for one block
+    cache = PrefixCache(1 << 20, B, disk)
+    assert cache.store(hashes, src) == 3
+    assert sum(h in disk for h in hashes) == 1  # one queued, two refused while the writer is behind
+    gate.set()
+    cache.close()
+    assert all(h in disk for h in hashes) and len(os.listdir(tmp_path)) == 3
