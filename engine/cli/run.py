@@ -337,9 +337,11 @@ def token_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, i
     cache in slices, so only a slice's logits are ever in memory."""
     import torch
 
+    from ..runtime.decoder import new_cache
+
     total, scored = 0.0, 0
     n = len(ids)
-    cache = model.new_cache(min(window, n), capture_graphs=False)  # prefill only: no decode graphs
+    cache = new_cache(model, min(window, n), capture_graphs=False)  # prefill only: no decode graphs
     begin = 0
     prev_end = 1  # ids[0] (BOS) is never scored
     while prev_end < n:
@@ -370,6 +372,7 @@ def perplexity_main(args) -> int:
     from ..mistral3.text import Mistral3Text
     from ..mistral3.config import text_config
     from ..mistral3.tokenizer import Tokenizer
+    from ..runtime.decoder import default_context_length
     from ..runtime.device_map import plan_for_files
 
     path = Path(args.file)
@@ -387,7 +390,7 @@ def perplexity_main(args) -> int:
         raise EngineError(f"{path}: no text to score")
     # Default window: the context the engine would use (what fits in memory, capped by the
     # file's context_length), so a text that fits is scored in one window.
-    window = min(args.context_length or model.default_context_length(), model.cfg.context_length)
+    window = min(args.context_length or default_context_length(model), model.cfg.context_length)
     window = max(window, 2)
     stride = max(window // 2, 1)
     nll, n = token_nll(model, ids, window, stride)
