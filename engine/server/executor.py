@@ -81,6 +81,9 @@ class BatchExecutor:
             scheduler_options.setdefault("prefix_cache", shared)
         self.scheduler = BatchScheduler(engine.model, engine.tokenizer, engine.vision, slots=slots,
                                         priority_slots=priority_slots, **scheduler_options).start()
+        replies = getattr(engine, "replies", None)  # the engine's reply ids (kept on disk with its blocks)
+        if replies is not None:
+            self.scheduler.replies = replies
         self.engine = BatchedEngine(engine, self.scheduler)
         self.priority = self.engine.prioritized()
         self._model = served_model_of(self.engine)

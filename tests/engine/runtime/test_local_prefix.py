@@ -189,3 +189,23 @@ def test_prompt_progress_is_reported_chunk_by_chunk(cold):
                   cancel=cancel, on_prompt_progress=stop_after_two)
     assert r3.stats.finish_reason == "cancelled" and seen == [0, 16, 32]
     eng.close()
+
+
+def test_a_batch_executor_on_the_engine_shares_its_blocks_and_reply_ids(tmp_path, cold):
+    from tramontane.engine.server.executor import BatchExecutor
+
+    eng = _engine(kv_disk_dir=tmp_path / "kv")
+    executor = BatchExecutor(eng, slots=2)
+    assert executor.scheduler.prefix is eng.prefix_cache and executor.scheduler.replies is eng.replies
+    messages = _long_chat()
+    served = executor.engine.chat(messages, GREEDY)  # an API conversation, through the scheduler
+    executor.shutdown()
+    # the window's next turn of it, on the engine itself, copies the scheduler's blocks and
+    # encodes its reply with the ids the scheduler sampled
+    follow = messages + [ChatMessage.text("assistant", served.text), ChatMessage.text("user", "Why?")]
+    r = eng.chat(follow, GREEDY, session_key="window")
+    n1 = len(served.prompt_token_ids)
+    assert r.prompt_token_ids[n1:n1 + len(served.token_ids)] == served.token_ids
+    assert r.stats.reused_tokens == (n1 + len(served.token_ids) - 1) // 32 * 32
+    assert_same_answer(r, cold_answer(cold, r.prompt_token_ids))
+    eng.close()
