@@ -1,6 +1,7 @@
 """While a long prompt is read, the pending reply's bubble shows how far (the real window, the
-tiny fixture model): the engine's progress comes through the worker's typed `promptProgress`
-signal, only for the reply being written in the chat on screen, and is gone once words come.
+tiny fixture model): the engine's progress (the batch scheduler's while the window serves,
+LocalEngine's otherwise) comes through the worker's typed `promptProgress` signal, only for the
+reply being written in the chat on screen, and is gone once words come.
 
     TRAMONTANE_SCREENSHOTS_DIR=/some/dir pytest tests/app/test_worker_prompt_progress.py
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,10 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QObject, Slot  # noqa: E402
 from PySide6.QtGui import QImage  # noqa: E402
 
-from support.app_window import close_window, make_window, send  # noqa: E402
+from tramontane.app.worker import ChatRequest  # noqa: E402
+from tramontane.engine.api import ChatMessage, SamplingParams  # noqa: E402
+
+from support.app_window import MODEL, close_window, make_window, send  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -84,3 +89,30 @@ def test_the_pending_bubble_shows_the_prompt_being_read(qtbot, tmp_path):
         assert reply.message.role == "assistant" and (reply.prompt_bar is None or reply.prompt_bar.isHidden())
     finally:
         close_window(window)
+
+
+def test_without_the_server_the_engines_own_progress_comes_through_the_worker(qtbot, worker):
+    class Seen(QObject):
+        def __init__(self):
+            super().__init__()
+            self.progress, self.done = [], []
+            worker.promptProgress.connect(self.on_progress)
+            worker.finished.connect(self.on_finished)
+
+        @Slot(int, int, int)
+        def on_progress(self, rid, read, total):
+            self.progress.append((rid, read, total))
+
+        @Slot(int, object)
+        def on_finished(self, rid, result):
+            self.done.append(result)
+
+    seen = Seen()
+    with qtbot.waitSignal(worker.loaded, timeout=60000):
+        worker.load(MODEL, None, "cpu")
+    worker.chat(ChatRequest(7, [ChatMessage.text("user", LONG)], SamplingParams(max_tokens=2, temperature=0.0),
+                            session_key="a", cancel=threading.Event()))
+    qtbot.waitUntil(lambda: bool(seen.done), timeout=60000)
+    n = seen.done[0].stats.prompt_tokens
+    assert seen.progress and seen.progress[-1] == (7, n, n)  # LocalEngine's prefill, reported
+    assert all(rid == 7 and 0 <= read <= total == n for rid, read, total in seen.progress)
