@@ -211,3 +211,21 @@ def test_the_kept_slots_get_half_of_the_planned_context_and_the_lanes_their_own_
         assert window.result().stats.context_size == 256
     finally:
         engine.close()
+
+
+def test_on_a_simulated_gpu_the_slots_add_up_to_the_kv_the_plan_counted():
+    # The planner's accounting for a GPU (a simulated machine, as test_runtime_memory's): the
+    # carved slots hold no more positions than the one context whose KV it counted there.
+    from tramontane.engine.gguf import open_gguf
+    from tramontane.engine.runtime import memory
+    from tramontane.engine.runtime.device_map import Budget, DeviceInfo, Machine, plan_devices, sizes_of_files
+
+    with open_gguf(MODEL) as gf:
+        sizes = sizes_of_files(gf)
+    plan = plan_devices(sizes, Machine((DeviceInfo("cuda:0", 8 << 30),), DeviceInfo("cpu", 64 << 30)), Budget(512))
+    (gpu,) = [p for p in plan.placements if p.device.kind == "cuda"]
+    assert len(gpu.layers) == sizes.n_layers
+    per_position = memory.kv_bytes(1, sizes.kv_width, sizes.n_layers, 2)  # bf16 on a GPU
+    assert gpu.kv == plan.context_length * per_position
+    for slots, kept in ((8, 0), (3, 0), (8, 1), (2, 1)):
+        assert sum(planned_slot_sizes(plan.context_length, slots, kept)) * per_position <= gpu.kv
