@@ -10,12 +10,13 @@ cost about what one does.
 
 A priority request (the window's own reply) has a slot kept for it and its prompt is read
 before anyone else's, with the other streams paused for those steps, so it never queues behind
-API streams. Image features are encoded in the
-submitting thread, outside the step. Requests with the same prompt (a request's `n` choices) read
-it once: the later ones wait while the first reads it, then start from a copy of its KV and its
-last row's logits, and all decode as rows of the same steps. Prefix reuse: a slot keeps what it last held (the next turn
-of a conversation reuses it in place), and every sequence's full blocks go to the shared
-`PrefixCache`, from which a new sequence copies its longest known prefix (a known system prompt).
+API streams. Image features are encoded in the submitting thread, outside the step. Requests
+with the same prompt (a request's `n` choices, admitted together through a `Gate`) read it once:
+the later ones wait while the first reads it, then start from a copy of its KV and its last
+row's logits, and all decode as rows of the same steps. Prefix reuse: a slot keeps what it last
+held (the next turn of a conversation reuses it in place), and every sequence's full blocks go to
+the shared `PrefixCache`, from which a new sequence copies its longest known prefix (a known
+system prompt). On a GPU the slots are carved out of the engine's planned KV (`carve_kv`).
 Sampling, stop strings and stats follow `generate.generate` step for step.
 """
 from __future__ import annotations
