@@ -33,7 +33,7 @@ MAX_IMAGE_PIXELS = 89_478_485
 
 ORIENTATION_TAG = 0x0112  # EXIF Orientation
 CUBIC_A = -0.75  # OpenCV's INTER_CUBIC kernel parameter (PIL/torch use -0.5 / -0.75 variously)
-_CHUNK_ROWS = 64  # rows per step of each resize pass: bounds the temporaries, not the result
+_CHUNK_VALUES = 1 << 16  # values per step of each resize pass: temporaries stay in the L2 cache
 _TILE_PIXELS = 1 << 22  # pixels per read from the decoded image
 
 
@@ -164,40 +164,50 @@ def resize_cubic(rgb, width: int, height: int) -> torch.Tensor:
     input). Takes uint8 (numpy or torch) so the big source image stays small in memory.
     """
     src = rgb.numpy() if isinstance(rgb, torch.Tensor) else np.asarray(rgb)
-    return _resize(lambda rows, cols: src[np.ix_(rows, cols)], src.shape[1], src.shape[0], width, height)
+    chw = _resize(lambda rows, cols: src[np.ix_(rows, cols)], src.shape[1], src.shape[0], width, height)
+    return chw.permute(1, 2, 0).contiguous()
 
 
 def _resize(pick, src_w: int, src_h: int, width: int, height: int) -> torch.Tensor:
-    """The resampler, reading the source only through `pick(rows, cols)` → uint8 (R, C, ch).
+    """The resampler, reading the source only through `pick(rows, cols)` → uint8 (R, C, ch);
+    returns float32 (ch, height, width), the encoder's layout.
 
     Memory is bounded by the output, not the input: the taps read at most 4 source rows per
     output row and 4 source columns per output column, so only those pixels are picked (the
     others would be read by no tap: the result is bit-for-bit the same). The picked block is
     ≤ min(src_h, 4·height) × min(src_w, 4·width), the horizontal result ≤ min(src_h, 4·height)
-    × width, and both passes run in chunks of rows, so the float32 working set stays within
-    12 bytes × 6·width·height plus a chunk, whatever the input's size or aspect ratio.
+    × width, and both passes run in chunks of _CHUNK_VALUES values, so the float32 working set
+    stays within 12 bytes × 6·width·height plus a chunk, whatever the input's size or aspect
+    ratio. Each output value is (((0 + t0) + t1) + t2) + t3 with t_k = pixel · weight in float32,
+    cv2's sum, made by whole-row torch ops: the horizontal pass runs on the transposed source,
+    so that both passes gather whole rows (a memory copy) instead of single values.
     """
     x_idx, x_w = _cubic_taps(src_w, width)
     y_idx, y_w = _cubic_taps(src_h, height)
     used_rows, used_cols = np.unique(y_idx), np.unique(x_idx)
-    src = pick(used_rows, used_cols)
+    src = torch.from_numpy(pick(used_rows, used_cols))  # uint8 (R, C, ch)
     if (src_w, src_h) == (width, height):
-        return torch.from_numpy(src.astype(np.float32))
-    x_idx, y_idx = np.searchsorted(used_cols, x_idx), np.searchsorted(used_rows, y_idx)
-    channels = src.shape[2]
-    # Horizontal: rows[:, dx] = sum_k w[dx, k] * src[:, idx[dx, k]]  (4 gathers, not a matmul:
-    # a dense weight matrix would cost W x width multiplies per row)
-    rows = np.zeros((len(used_rows), width, channels), dtype=np.float32)
-    for r0 in range(0, len(used_rows), _CHUNK_ROWS):
-        chunk, picked = rows[r0:r0 + _CHUNK_ROWS], src[r0:r0 + _CHUNK_ROWS]
+        return src.permute(2, 0, 1).contiguous().float()
+    x_idx = torch.from_numpy(np.searchsorted(used_cols, x_idx).T.copy())  # (4, width)
+    y_idx = torch.from_numpy(np.searchsorted(used_rows, y_idx).T.copy())  # (4, height)
+    x_w, y_w = torch.from_numpy(x_w.T.copy()), torch.from_numpy(y_w.T.copy())
+    columns = src.permute(2, 1, 0).contiguous()  # (ch, C, R): the source's columns as rows
+    channels, n_rows = columns.shape[0], columns.shape[2]
+    across = torch.zeros(channels, width, n_rows)  # the horizontal pass, transposed
+    step = max(1, _CHUNK_VALUES // (channels * n_rows))
+    for c0 in range(0, width, step):  # across[:, dx] += columns[:, idx[k, dx]] * w[k, dx]
+        acc = across[:, c0:c0 + step]
         for k in range(4):
-            chunk += picked[:, x_idx[:, k], :] * x_w[None, :, k, None]
-    out = np.zeros((height, width, channels), dtype=np.float32)
-    for r0 in range(0, height, _CHUNK_ROWS):
-        chunk = out[r0:r0 + _CHUNK_ROWS]
+            acc += columns.index_select(1, x_idx[k, c0:c0 + step]).float().mul_(x_w[k, c0:c0 + step, None])
+    rows = across.transpose(1, 2).contiguous()  # (ch, R, width)
+    del across
+    out = torch.zeros(channels, height, width)
+    step = max(1, _CHUNK_VALUES // (channels * width))
+    for r0 in range(0, height, step):  # out[:, dy] += rows[:, idx[k, dy]] * w[k, dy]
+        acc = out[:, r0:r0 + step]
         for k in range(4):
-            chunk += rows[y_idx[r0:r0 + _CHUNK_ROWS, k]] * y_w[r0:r0 + _CHUNK_ROWS, k, None, None]
-    return torch.from_numpy(out)
+            acc += rows.index_select(1, y_idx[k, r0:r0 + step]).mul_(y_w[k, r0:r0 + step, None])
+    return out
 
 
 def _pick_pixels(img: Image.Image, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -218,7 +228,10 @@ def _pick_pixels(img: Image.Image, rows: np.ndarray, cols: np.ndarray) -> np.nda
                 continue
             xs = cols[c_lo:c_hi]
             tile = np.asarray(img.crop((int(xs[0]), int(ys[0]), int(xs[-1]) + 1, int(ys[-1]) + 1)))
-            out[r_lo:r_hi, c_lo:c_hi] = tile[np.ix_(ys - ys[0], xs - xs[0])]
+            if tile.shape[:2] == (len(ys), len(xs)):  # every row and column of the tile is used
+                out[r_lo:r_hi, c_lo:c_hi] = tile
+            else:
+                out[r_lo:r_hi, c_lo:c_hi] = tile[np.ix_(ys - ys[0], xs - xs[0])]
     return out
 
 
@@ -231,9 +244,9 @@ def pixels_from_image(
     resized = _resize(lambda r, c: _pick_pixels(img, r, c), img.width, img.height, cols * tile, rows * tile)
     # Same float32 order of operations as mistral-common's normalize().
     resized /= 255.0
-    resized -= torch.tensor(mean, dtype=torch.float32)
-    resized /= torch.tensor(std, dtype=torch.float32)
-    return resized.permute(2, 0, 1).contiguous(), rows, cols
+    resized -= torch.tensor(mean, dtype=torch.float32)[:, None, None]
+    resized /= torch.tensor(std, dtype=torch.float32)[:, None, None]
+    return resized, rows, cols
 
 
 def preprocess(
