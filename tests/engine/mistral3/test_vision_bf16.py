@@ -1,0 +1,218 @@
+"""The Pixtral tower's CPU bf16 path (engine/mistral3/vision.py, `cpu_bf16`) against HF
+transformers' PixtralVisionModel + Mistral3MultiModalProjector in float32, and the exact mode's
+float32 path kept bit for bit.
+
+The tower is a small random one (hidden 128, 4 heads of 32, ffn 256, 3 layers; built here with
+HF the way bench/vision.py builds its towers), its matrices rounded through f16 first and
+written as an f16 llama.cpp-layout mmproj: HF in float32 then runs exactly the file's numbers,
+and what remains is the bf16 path's own rounding.
+
+Tolerance, from bf16 rounding (8 significant bits: a rounded value is off by at most 2^-9
+relative, RMS 2^-9/sqrt(3) for uniform rounding errors). A matmul rounds its input and its weight
+(f16 → bf16) and its output: relative RMS error about sqrt(3) · 2^-9/sqrt(3) = 2^-9 ≈ 2e-3 per
+matmul. The deepest chain of matmuls here is patch, 3 × (qkv, q·k, p·v, o, gate/up, down), merger,
+linear_1, linear_2 = 24; independent errors add in quadrature: sqrt(24) · 2e-3 ≈ 0.01 relative
+error per output token. Bound: 2x that, 0.02 (cosine ≥ 1 - 0.02²/2 = 0.9998). It must also be
+above 2^-14: a path that silently ran float32 (error ~1e-7) would not be this test's subject.
+"""
+from __future__ import annotations
+
+import io
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tramontane.engine.mistral3 import vision as vision_module
+from tramontane.engine.mistral3.vision import VisionTower, cpu_has_bf16_dot
+from tramontane.kernels.linear import cpu_exact
+
+from support import FIXTURES
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+SHAPE = dict(hidden=128, layers=3, heads=4, ffn=256, text_hidden=96)
+PATCH, IMAGE_SIZE, MERGE = 14, 112, 2
+MEAN = (0.48145466, 0.4578275, 0.40821073)
+STD = (0.26862954, 0.26130258, 0.27577711)
+MATMULS_DEEP = 3 + 6 * SHAPE["layers"] + 3  # the deepest chain of matmuls (see the docstring)
+BF16_RMS = 2.0 ** -9  # per matmul: input, weight and output each rounded to 8 bits
+BOUND = 2 * np.sqrt(MATMULS_DEEP) * BF16_RMS
+
+
+def build_hf(activation: str):
+    """A random HF tower + projector, matrices rounded through f16 (the file holds them exactly)."""
+    from transformers import Mistral3Config, PixtralVisionConfig
+    from transformers.models.mistral3.modeling_mistral3 import Mistral3MultiModalProjector
+    from transformers.models.pixtral.modeling_pixtral import PixtralVisionModel
+
+    vcfg = PixtralVisionConfig(hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["ffn"],
+                               num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
+                               head_dim=SHAPE["hidden"] // SHAPE["heads"], patch_size=PATCH,
+                               image_size=IMAGE_SIZE, hidden_act=activation)
+    cfg = Mistral3Config(vision_config=vcfg, text_config={"model_type": "mistral", "hidden_size": SHAPE["text_hidden"],
+                                                           "rms_norm_eps": 1e-5}, spatial_merge_size=MERGE)
+    cfg._attn_implementation = vcfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    tower, projector = PixtralVisionModel(vcfg).eval(), Mistral3MultiModalProjector(cfg).eval()
+    with torch.no_grad():
+        for module in (tower, projector):
+            for name, param in module.named_parameters():
+                if param.dim() >= 2:
+                    param.copy_(param.half().float())
+                elif "norm" in name or "ln_pre" in name:
+                    param.uniform_(0.5, 1.5)  # non-trivial norm weights
+    return tower, projector
+
+
+def write_mmproj(path, tower, projector, activation: str) -> None:
+    """llama.cpp's converter layout (names, keys, Q/K rows permuted), matrices f16, norms f32."""
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_string("clip.projector_type", "pixtral")
+    for key, value in (("image_size", IMAGE_SIZE), ("patch_size", PATCH), ("embedding_length", SHAPE["hidden"]),
+                       ("feed_forward_length", SHAPE["ffn"]), ("block_count", SHAPE["layers"]),
+                       ("attention.head_count", SHAPE["heads"]), ("projection_dim", SHAPE["text_hidden"]),
+                       ("spatial_merge_size", MERGE)):
+        w.add_uint32(f"clip.vision.{key}", value)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    w.add_array("clip.vision.image_mean", list(MEAN))
+    w.add_array("clip.vision.image_std", list(STD))
+    w.add_bool("clip.use_silu" if activation == "silu" else "clip.use_gelu", True)
+    heads = SHAPE["heads"]
+
+    def add(name, t, permute=False):
+        arr = t.detach().float().numpy()
+        if permute:
+            arr = arr.reshape(heads, 2, arr.shape[0] // heads // 2, arr.shape[1]).swapaxes(1, 2).reshape(arr.shape)
+        w.add_tensor(name, arr.astype(np.float32 if arr.ndim == 1 else np.float16))
+
+    add("v.patch_embd.weight", tower.patch_conv.weight)
+    add("v.pre_ln.weight", tower.ln_pre.weight)
+    for i, layer in enumerate(tower.transformer.layers):
+        a, f = layer.attention, layer.feed_forward
+        add(f"v.blk.{i}.ln1.weight", layer.attention_norm.weight)
+        add(f"v.blk.{i}.attn_q.weight", a.q_proj.weight, permute=True)
+        add(f"v.blk.{i}.attn_k.weight", a.k_proj.weight, permute=True)
+        add(f"v.blk.{i}.attn_v.weight", a.v_proj.weight)
+        add(f"v.blk.{i}.attn_out.weight", a.o_proj.weight)
+        add(f"v.blk.{i}.ln2.weight", layer.ffn_norm.weight)
+        add(f"v.blk.{i}.ffn_gate.weight", f.gate_proj.weight)
+        add(f"v.blk.{i}.ffn_up.weight", f.up_proj.weight)
+        add(f"v.blk.{i}.ffn_down.weight", f.down_proj.weight)
+    add("mm.input_norm.weight", projector.norm.weight)
+    add("mm.patch_merger.weight", projector.patch_merger.merging_layer.weight)
+    add("mm.1.weight", projector.linear_1.weight)
+    add("mm.2.weight", projector.linear_2.weight)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def photo(w: int, h: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (max(h // 6, 2), max(w // 6, 2), 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(small).resize((w, h), Image.BILINEAR).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module", params=["silu", "gelu"])
+def towers(request, tmp_path_factory):
+    hf = build_hf(request.param)
+    path = tmp_path_factory.mktemp("bf16") / f"mmproj-{request.param}-f16.gguf"
+    write_mmproj(path, *hf, request.param)
+    return VisionTower.load(path, cpu_bf16=True), hf
+
+
+def hf_encode(hf, pixels: torch.Tensor) -> torch.Tensor:
+    tower, projector = hf
+    sizes = torch.tensor([list(pixels.shape[1:])])
+    with torch.no_grad():
+        return projector(tower(pixels[None], image_sizes=sizes).last_hidden_state.squeeze(0), sizes)
+
+
+def relative_errors(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per token: |ours - ref| / |ref| (L2 over the features)."""
+    return (ours.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)
+
+
+def test_bf16_tower_matches_hf_float32_within_bf16_rounding(towers):
+    tower, hf = towers
+    assert tower.bf16 is not None and tower.bf16.blocks[0].qkv.dtype == torch.bfloat16
+    images = [photo(112, 84, 1), photo(60, 100, 2)]
+    pixels = [tower.preprocess(d)[0] for d in images]
+    ours = tower.encode_images(pixels)  # both images in one call (per-image attention)
+    with cpu_exact():
+        exact = tower.encode_images(pixels)
+    for px, out, out32 in zip(pixels, ours, exact):
+        ref = hf_encode(hf, px)
+        assert out.dtype == torch.float32 and out.shape == ref.shape
+        err = relative_errors(out, ref)
+        assert err.max().item() <= BOUND, (err.max().item(), BOUND)
+        assert err.max().item() > 2.0 ** -14  # bf16 really ran (float32 is ~1e-7 here)
+        assert relative_errors(out32, ref).max().item() < 1e-5  # the exact path: float32's error
+        cos = torch.nn.functional.cosine_similarity(out.double(), ref.double(), dim=-1)
+        assert cos.min().item() >= 1 - BOUND ** 2 / 2
+
+
+def test_exact_mode_is_the_float32_path_bit_for_bit():
+    """Under exact mode a tower holding bf16 weights encodes exactly as one without them."""
+    path = FIXTURES / "mmproj-mistral3_tiny-f16.gguf"
+    with_bf16 = VisionTower.load(path, cpu_bf16=True)
+    plain = VisionTower.load(path, cpu_bf16=False)
+    assert with_bf16.bf16 is not None and plain.bf16 is None
+    pixels = [plain.preprocess(photo(w, h, seed=i))[0] for i, (w, h) in enumerate([(100, 60), (50, 120)])]
+    with cpu_exact():
+        a = with_bf16.encode_images(pixels)
+        b = plain.encode_images(pixels)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    fast = with_bf16.encode_images(pixels)  # outside exact mode the bf16 path runs: not the same bits
+    assert not all(torch.equal(x, y) for x, y in zip(fast, b))
+
+
+def test_which_files_and_cpus_get_bf16_weights(monkeypatch):
+    f16, f32 = FIXTURES / "mmproj-mistral3_tiny-f16.gguf", FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
+    monkeypatch.setattr(vision_module, "cpu_has_bf16_dot", lambda: True)
+    assert VisionTower.load(f16).bf16 is not None
+    assert VisionTower.load(f32).bf16 is None  # a float32 file keeps float32
+    assert VisionTower.load(f16, dtype=torch.float32).bf16 is None  # an asked-for dtype is kept
+    monkeypatch.setattr(vision_module, "cpu_has_bf16_dot", lambda: False)
+    assert VisionTower.load(f16).bf16 is None
+    assert isinstance(cpu_has_bf16_dot(), bool)
+
+
+def test_bf16_work_is_split_over_the_pools_threads(monkeypatch, towers):
+    """As many threads as the native pool has, each on its rows (or heads): the same numbers up
+    to oneDNN's blocking of a smaller matrix (well inside the bf16 bound)."""
+    tower, hf = towers
+    pixels = tower.preprocess(photo(112, 84, 4))[0]
+    monkeypatch.setattr(vision_module.cpu_native, "AVAILABLE", True)
+    monkeypatch.setattr(vision_module.cpu_native, "threads", lambda: 1)
+    one = tower.encode(pixels)
+    seen = set()
+    inner = tower._rms
+
+    def watch(x, weight):
+        seen.add(threading.get_ident())
+        return inner(x, weight)
+
+    monkeypatch.setattr(tower, "_rms", watch)
+    monkeypatch.setattr(vision_module.cpu_native, "threads", lambda: 3)
+    three = tower.encode(pixels)
+    assert len(seen) == 3 and threading.get_ident() in seen
+    assert relative_errors(three, one).max().item() <= 2.0 ** -7
+    assert relative_errors(three, hf_encode(hf, pixels)).max().item() <= BOUND
+
+
+def test_split_ranges_cover_every_row_once():
+    from tramontane.engine.mistral3.vision import split_ranges
+
+    for n, parts in ((10, 3), (2, 5), (1656, 2), (7, 1)):
+        ranges = split_ranges(n, parts)
+        assert len(ranges) == min(n, parts) and ranges[0][0] == 0 and ranges[-1][1] == n
+        assert all(a < b and b == c for (a, b), (c, _) in zip(ranges, ranges[1:] + [(n, n)]))
