@@ -26,7 +26,7 @@ from .decoder import new_cache
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
 from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
-from .prefix_disk import DEFAULT_DISK_BYTES, PrefixDisk, block_layout, model_identity
+from .prefix_disk import DEFAULT_DISK_BYTES, PrefixDisk, block_layout, model_identity, usable_folder
 from .session import HostKVStore, Session, position_keys, reusable_prefix
 from .threads import settle_torch_threads
 from ..mistral3.tokenizer import Tokenizer
@@ -53,6 +53,8 @@ class LocalEngine:
         self.model_path = Path(model_path)
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         settle_torch_threads()  # torch out of the native pool's way (runtime/threads.py)
+        if kv_disk_dir is not None:
+            usable_folder(kv_disk_dir)  # a folder that cannot be used is said before minutes of loading
         try:
             gf = open_gguf(self.model_path)
             cfg = text_config(gf)  # refuse a projector or another architecture before anything else

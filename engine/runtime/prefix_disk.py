@@ -83,17 +83,24 @@ def model_identity(model_path: str | Path, data_offset: int, projector_path: str
     return h.hexdigest()
 
 
+def usable_folder(folder: str | Path) -> Path:
+    """The folder, made if missing (0700; one the user picked keeps its mode, the files are 0600),
+    or one EngineError saying why it cannot hold the KV cache."""
+    try:
+        path = make_private_dir(folder, tighten_existing=False)
+        if not path.is_dir():
+            raise NotADirectoryError("not a folder")
+    except OSError as exc:
+        raise EngineError(f"{folder}: cannot keep the KV cache there: {exc.strerror or exc}") from None
+    return path
+
+
 class PrefixDisk:
     """KV blocks in files (see the module's docstring). `get` on the caller's thread, `put` queues
     the write for the writer thread; `flush` waits for what is queued, `close` stops the thread."""
 
     def __init__(self, folder: str | Path, model_id: str, layout: Layout, budget_bytes: int = DEFAULT_DISK_BYTES):
-        try:  # a folder we create is 0700; one the user picked keeps its mode (the files are 0600)
-            self.folder = make_private_dir(folder, tighten_existing=False)
-            if not self.folder.is_dir():
-                raise NotADirectoryError("not a folder")
-        except OSError as exc:
-            raise EngineError(f"{folder}: cannot keep the KV cache there: {exc.strerror or exc}") from None
+        self.folder = usable_folder(folder)
         self.model_id = model_id
         self.layout = [(name, tuple(int(d) for d in shape)) for name, shape in layout]
         self.budget = max(0, int(budget_bytes))
@@ -362,4 +369,4 @@ def _unlink(path) -> None:
         pass
 
 
-__all__ = ["PrefixDisk", "block_layout", "model_identity", "file_identity", "DEFAULT_DISK_BYTES"]
+__all__ = ["PrefixDisk", "usable_folder", "block_layout", "model_identity", "file_identity", "DEFAULT_DISK_BYTES"]

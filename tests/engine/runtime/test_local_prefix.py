@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from tramontane.engine.api import ChatMessage, SamplingParams
+from tramontane.engine.api import ChatMessage, EngineError, SamplingParams
 from tramontane.engine.mistral3.chat_format import EncodedPrompt, encode_chat
 from tramontane.engine.runtime.local import LocalEngine
 from tramontane.engine.runtime.prefix_disk import PrefixDisk
@@ -47,6 +47,16 @@ def assert_same_answer(got, want):
     for a, b in zip(got.logprobs, want.logprobs):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
         assert [t.token_id for t in a.top] == [t.token_id for t in b.top]
+
+
+def test_an_unusable_disk_folder_is_refused_before_loading(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    monkeypatch.setattr(LocalEngine, "_load_vision", lambda *a: pytest.fail("loaded before the check"))
+    monkeypatch.setattr("tramontane.engine.runtime.local.plan_for_files",
+                        lambda *a, **k: pytest.fail("planned before the check"))
+    with pytest.raises(EngineError, match="cannot keep the KV cache there"):
+        _engine(kv_disk_dir=blocker / "kv")
 
 
 def test_the_budget_is_shared_not_doubled():
