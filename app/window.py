@@ -38,7 +38,7 @@ from .widgets.model_bar import NO_VISION_HINT, ModelBar, device_line, device_tip
 from .widgets.theme import is_dark, style_sheet
 from .serving import ServerStatusLabel, WindowServer
 from .engine_info import EngineInfo
-from .worker import EngineWorker, can_grow_context, memory_words
+from .worker import KV_CACHE_FOLDER, EngineWorker, can_grow_context, memory_words
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class MainWindow(QMainWindow):
         self._local_found: list[tuple[str, str]] | None = None  # models found on this computer
         self._scanning = False
 
-        self.worker = EngineWorker()
+        self.worker = EngineWorker(kv_disk_dir=self.store.data_dir / KV_CACHE_FOLDER)
         self.worker.loadProgress.connect(self._on_load_progress)
         self.worker.warmedUp.connect(self._on_warmed_up)
         self.worker.loaded.connect(self._on_loaded)

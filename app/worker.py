@@ -37,6 +37,7 @@ from .engine_info import EngineInfo
 NO_MODEL_LOADED = "No model is loaded: load one from the model bar first."
 log = logging.getLogger(__name__)
 
+KV_CACHE_FOLDER = "kv-cache"  # in the data folder: the prefix cache's blocks on disk (runtime/prefix_disk.py)
 API_SLOTS = 8  # API replies decoded at once while the window serves its model (+1 slot kept for the window's)
 
 # Offer the partial reply to the store this often; the store itself writes at most once per
@@ -203,9 +204,12 @@ class EngineWorker(QObject):
     _servingRequested = Signal(bool)
     warmedUp = Signal(float)  # seconds the engine's imports took (on the worker)
 
-    def __init__(self):
+    def __init__(self, kv_disk_dir: str | Path | None = None):
+        """kv_disk_dir: where a local model keeps the KV blocks of recent chats, so a chat
+        reopened after a restart is not read again (None: in memory only)."""
         super().__init__()
         self.engine = None  # touched only in the worker thread
+        self.kv_disk_dir = kv_disk_dir
         self._serving = False  # the window's API server is on (worker thread)
         self._batch = None  # BatchExecutor on the local engine while serving; set on the worker thread
         self._batch_lock = threading.Lock()
@@ -341,6 +345,7 @@ class EngineWorker(QObject):
             engine = LocalEngine(model_path, mmproj_path or None, device=device,
                                  context_length=context_length or None,
                                  device_map=gpu_layers_device_map(model_path, gpu_layers, device),
+                                 kv_disk_dir=self.kv_disk_dir,
                                  progress=lambda frac, what: self.loadProgress.emit(float(frac), str(what)))
         except EngineError as exc:
             self.loadFailed.emit(str(exc))
