@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 from PySide6.QtCore import QByteArray, QEvent, QModelIndex, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QActionGroup, QFont, QKeySequence, QShortcut, QTextCursor
@@ -86,6 +87,7 @@ class MainWindow(QMainWindow):
         self._draft_shown = False  # the composer holds the current chat's draft
         self._wait_note = ""  # the composer's "another chat is writing" line, while true
         self.jobs = Jobs(self)
+        self.checking_model: str | None = None  # a picked file whose header a job is reading
         self._local_found: list[tuple[str, str]] | None = None  # models found on this computer
         self._scanning = False
 
@@ -938,19 +940,46 @@ class MainWindow(QMainWindow):
         if model and Path(model).is_file():
             # Loaded before: not read again here (at start that would import the GGUF reader
             # before the window shows); the worker says it in words if the file changed.
-            return self.load_model(model, mmproj if mmproj and Path(mmproj).is_file() else "", check=False)
+            self.load_model(model, mmproj if mmproj and Path(mmproj).is_file() else "", check=False)
+            return True
         return False
 
-    def load_model(self, model_path: str, mmproj_path: str = "", check: bool = True) -> bool:
-        """Load a local GGUF (and its projector) on the worker; the bar shows progress. A
-        file that is not a model is refused first, in words, and the loaded model stays."""
-        why_not = why_not_a_model(model_path) if check else ""
+    def load_model(self, model_path: str, mmproj_path: str = "", check: bool = True) -> None:
+        """Load a local GGUF (and its projector) on the worker; the bar shows progress. With
+        `check`, a file that is not a model is refused first, in words, and the loaded model
+        stays (check_then_load)."""
+        if check:
+            self.check_then_load(model_path, lambda: mmproj_path)
+        else:
+            self._start_load(model_path, mmproj_path)
+
+    def check_then_load(self, model_path: str, projector: Callable[[], str]) -> None:
+        """Read the file's header, and `projector()` when it is a model, on a job: a slow or
+        network disk must not freeze the window. Then load it, or refuse it in words with the
+        loaded model kept. A model chosen meanwhile wins over this one."""
+        self.checking_model = model_path
+
+        def check() -> tuple[str, str]:
+            why_not = why_not_a_model(model_path)
+            return why_not, "" if why_not else projector()
+
+        self.jobs.run(check, lambda outcome: self._checked(model_path, *outcome),
+                      lambda error: self._checked(model_path, f"Cannot read “{Path(model_path).name}”: {error}", ""))
+
+    def _checked(self, model_path: str, why_not: str, mmproj_path: str) -> None:
+        if self.checking_model != model_path:
+            return  # another model was chosen while this one was read
+        self.checking_model = None
         if why_not:
             info = self.engine_info
             if info is not None:
                 why_not += f" {Path(info.model_path).name if not info.remote else info.description} stays loaded."
             self.composer.show_message(why_not)
-            return False
+            return
+        self._start_load(model_path, mmproj_path)
+
+    def _start_load(self, model_path: str, mmproj_path: str) -> None:
+        self.checking_model = None
         if self.pending is not None:
             self.pending.cancel.set()
         self.session.loading = str(model_path)
@@ -965,7 +994,6 @@ class MainWindow(QMainWindow):
         self._update_model_state()
         self.worker.load(model_path, mmproj_path or None, self.settings.device,
                          self.settings.context_length or None, self.settings.gpu_layers)
-        return True
 
     def open_model_file(self) -> None:
         start = self.last_folder("models") or self.settings.models_dir or str(Path.home())
@@ -974,7 +1002,7 @@ class MainWindow(QMainWindow):
             self.remember_folder("models", path)
             from ..engine.library.projector import find_projector
 
-            self.load_model(path, str(find_projector(path) or ""))
+            self.check_then_load(path, lambda: str(find_projector(path) or ""))
 
     def unload_model(self) -> None:
         if self.engine_info is not None and self.engine_info.remote:
@@ -996,6 +1024,7 @@ class MainWindow(QMainWindow):
             return
         if self.pending is not None:
             self.pending.cancel.set()
+        self.checking_model = None  # a file still being read is not loaded after this choice
         self.session.loading = choice.model or "server"
         self.worker.use_engine(engine)
 

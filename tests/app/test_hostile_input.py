@@ -166,7 +166,7 @@ def test_hostile_models_are_refused_and_the_chat_is_unchanged(qtbot, window, tmp
             path = rewrite_gguf(MODEL, tmp_path / name, set_kv=edit)
             t0 = time.perf_counter()
             window.load_model(str(path))
-            qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
+            qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
             assert time.perf_counter() - t0 < 10
             assert window.engine_info is None
             shown = window.model_bar.model_label.text() + window.model_bar.model_label.toolTip()
@@ -191,7 +191,7 @@ def test_a_hostile_projector_is_refused_naming_its_key(qtbot, window, tmp_path):
     path = rewrite_gguf(MMPROJ, tmp_path / "mmproj-bad.gguf",
                         set_kv={"clip.vision.block_count": (2**40, T.UINT64)})
     window.load_model(str(MODEL), str(path))
-    qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
+    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
     notice = window.notices.get(window.current_chat_id, "")
     assert "mmproj-bad.gguf" in notice and "clip.vision.block_count" in notice, notice
     assert chat_snapshot(window) == before
@@ -221,6 +221,7 @@ def test_hostile_files_in_the_models_folder(qtbot, window, tmp_path):
     table.selectRow(rows["blocks.gguf"])
     assert dialog.local_load.isEnabled()
     dialog.local_load.click()
-    qtbot.waitUntil(lambda: window.loading is None and window.engine_info is None, timeout=30000)
+    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None
+                    and window.engine_info is None, timeout=30000)
     assert "mistral3.block_count" in window.notices[chat_id] and "blocks.gguf" in window.notices[chat_id]
     assert window.current_chat_id == chat_id and chat_snapshot(window) == before

@@ -2,6 +2,8 @@
 on the tiny model the way the report did."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 pytest.importorskip("pytestqt")
@@ -9,6 +11,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtWidgets import QFileDialog  # noqa: E402
 
 from support.app_window import MMPROJ, MODEL, pick_server, send  # noqa: E402
+from tramontane.app import model_files, window as app_window_module  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -36,8 +39,16 @@ def test_opening_a_wrong_file_keeps_the_loaded_model(qtbot, window, monkeypatch,
     is unloaded; the model that was working still answers."""
     text_file = tmp_path / "notes.gguf"
     text_file.write_text("this is not a model")
+    read_on = []  # the header is read on a job, not on the UI thread
+
+    def why_not_a_model(path):
+        read_on.append(threading.current_thread())
+        return model_files.why_not_a_model(path)
+
+    monkeypatch.setattr(app_window_module, "why_not_a_model", why_not_a_model)
     for path, words in ((text_file, "is not a GGUF model file"), (MMPROJ, "is a vision projector")):
         open_file(window, monkeypatch, path)
+        qtbot.waitUntil(lambda: window.checking_model is None, timeout=30000)
         qtbot.wait(200)  # a load or unload would have reached the worker by now
         assert window.engine_info is not None and window.loading is None
         assert window.engine_info.model_path == str(MODEL)
@@ -46,6 +57,7 @@ def test_opening_a_wrong_file_keeps_the_loaded_model(qtbot, window, monkeypatch,
         assert "magic" not in message and "--mmproj" not in message
         assert MODEL.name in window.model_bar.model_label.text()
     assert window.store.get_message(send(qtbot, window, "still there?")).state == "complete"
+    assert len(read_on) == 2 and threading.main_thread() not in read_on
 
 
 def test_regenerate_is_off_without_a_model(qtbot, idle_window):

@@ -25,7 +25,7 @@ OTHER_MODEL = FIXTURES / "mistral3_q256-Q4_K_M.gguf"  # hidden size 256: the tin
 
 def load(qtbot, window, model, mmproj=""):
     window.load_model(str(model), str(mmproj))
-    qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
+    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
 
 
 def shown(label) -> str:
@@ -285,9 +285,9 @@ def test_file_dialogs_start_in_the_last_folder(qtbot, window, tmp_path, monkeypa
     monkeypatch.setattr(QFileDialog, "getOpenFileName",
                         lambda _p, _t, start, _f: (opened.append(start), (str(models / MODEL.name), ""))[1])
     window.open_model_file()
-    qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
+    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
     window.open_model_file()
-    qtbot.waitUntil(lambda: window.loading is None, timeout=30000)
+    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
     assert opened[1] == str(models)
 
 
