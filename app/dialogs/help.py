@@ -7,6 +7,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
 from ... import __version__
+from ..jobs import Jobs
 from ..licences import notices_text
 
 LICENCE = "Apache-2.0"
@@ -58,10 +59,11 @@ def show_about(parent: QWidget, **paths: str) -> QDialog:
 
 
 def show_licences(parent: QWidget) -> QDialog:
-    """The third-party notices (the installer's file, or the installed distributions' list)."""
+    """The third-party notices (the installer's file, or the installed distributions' list), read
+    on a job: installed from source, that walks every distribution's metadata on disk."""
     dialog = QDialog(parent)
     dialog.setWindowTitle("Licences")
-    view = QPlainTextEdit(notices_text())
+    view = QPlainTextEdit("Reading the licences…")
     view.setReadOnly(True)
     view.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
     view.setAccessibleName("Licences")
@@ -71,6 +73,9 @@ def show_licences(parent: QWidget) -> QDialog:
     layout.addWidget(view)
     layout.addWidget(box)
     dialog.resize(760, 560)
+    dialog.jobs = Jobs(dialog)  # closing the dialog drops a reading still under way
+    dialog.jobs.run(notices_text, view.setPlainText,
+                    lambda error: view.setPlainText(f"The licences could not be read: {error}"))
     dialog.open()
     return dialog
 

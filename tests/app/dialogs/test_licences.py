@@ -4,12 +4,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from PySide6.QtWidgets import QDialogButtonBox, QPlainTextEdit
 
 from tramontane.app import licences
+from tramontane.app.dialogs import help as help_dialogs
 from tramontane.app.dialogs.help import show_about
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -63,11 +65,20 @@ def test_a_distribution_without_any_licence_text_stops_the_package_build(tmp_pat
 
 
 def test_help_about_opens_the_licences(qtbot, tmp_path, monkeypatch):
+    read_on = []
+
+    def notices_text():  # the real reading, and the thread it runs on
+        read_on.append(threading.current_thread())
+        return licences.notices_text()
+
+    monkeypatch.setattr(help_dialogs, "notices_text", notices_text)
     dialog = show_about(None, data_dir=str(tmp_path), models_dir="", model="", projector="")
     qtbot.addWidget(dialog)
     button = next(b for b in dialog.findChild(QDialogButtonBox).buttons() if b.text().startswith("Licences"))
     button.click()
     view = dialog.licences_dialog.findChild(QPlainTextEdit)
+    qtbot.waitUntil(lambda: "torch" in view.toPlainText(), timeout=30000)
+    assert read_on and threading.main_thread() not in read_on  # the metadata is read off the UI thread
     text = view.toPlainText()
     assert "Apache License 2.0" in text and "PySide6_Essentials" in text and "LGPL-3.0" in text and "torch" in text
 
