@@ -462,8 +462,9 @@ class Launcher:
                            "its module's COMPILE_SPECS lacks this launch")
         return max(candidates, key=lambda a: len(a.divisible))
 
-    def launch_call(self, kernel, grid, args: tuple, kwargs: dict) -> None:
-        """kernel[grid](*args, **kwargs), constexprs told apart by the manifest's names."""
+    def launch_call(self, kernel, grid, args: tuple, kwargs: dict, device: int, stream: int) -> None:
+        """kernel[grid](*args, **kwargs) on `device`'s `stream`, constexprs told apart by the
+        manifest's names."""
         built = self.by_kernel.get(kernel_id(kernel))
         if not built:
             raise AotError(f"no ahead-of-time build of {kernel_id(kernel)} for sm_{self.cc}")
@@ -471,12 +472,11 @@ class Launcher:
         num_warps, num_stages = options.pop("num_warps", 4), options.pop("num_stages", 3)
         if callable(grid):
             grid = grid({**runtime, **constexprs})
-        self.launch(kernel, grid, runtime, constexprs, num_warps, options, num_stages)
+        self.launch(kernel, grid, runtime, constexprs, num_warps, options, num_stages, device, stream)
 
     def launch(self, kernel, grid, args: dict, constexprs: dict, num_warps: int, options: dict,
-               num_stages: int = 3) -> None:
+               num_stages: int, device: int, stream: int) -> None:
         art = self.pick(kernel, args, constexprs, num_warps, options, num_stages)
-        device, stream = current_device_and_stream()
         fn = self._functions.get((id(art), device))
         if fn is None:
             fn = self._functions[(id(art), device)] = _driver().load(art, device)
@@ -536,9 +536,9 @@ def current_device_and_stream() -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def device_cc(device: torch.device) -> int:
-    """10 * major + minor (cached: every launch asks)."""
-    major, minor = torch.cuda.get_device_capability(device)
+def device_cc(index: int) -> int:
+    """10 * major + minor of CUDA device `index` (cached: every launch asks)."""
+    major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
 
 
@@ -552,7 +552,7 @@ def available(device: torch.device) -> bool:
     index = device.index if device.index is not None else current_device_and_stream()[0]
     ok = _available.get(index)
     if ok is None:
-        launcher = launcher_for(device_cc(torch.device("cuda", index)))
+        launcher = launcher_for(device_cc(index))
         ok = launcher is not None and launcher.driver_accepts(index)
         _available[index] = ok
     return ok
@@ -577,11 +577,13 @@ def split_launch_args(kernel, args: tuple, kwargs: dict, constexpr_names) -> tup
 
 
 def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
-    """`kernel[grid](*args, **kwargs)` through the ahead-of-time artifacts of the current device."""
-    launcher = launcher_for(device_cc(torch.device("cuda", current_device_and_stream()[0])))
+    """`kernel[grid](*args, **kwargs)` through the ahead-of-time artifacts of the current device,
+    on torch's current stream (both asked once a launch: each is a call into torch)."""
+    device, stream = current_device_and_stream()
+    launcher = launcher_for(device_cc(device))
     if launcher is None:
         raise AotError("no ahead-of-time kernels for this GPU (callers check triton_usable first)")
-    launcher.launch_call(kernel, grid, args, kwargs)
+    launcher.launch_call(kernel, grid, args, kwargs, device, stream)
 
 
 def check_folder(folder: Path, targets=TARGETS) -> str:

@@ -220,9 +220,12 @@ def test_decode_launch_without_compiler(no_compiler, monkeypatch):
     """linear_decode of one bf16 row on Q6_K: the scale-after-dot kernel, its f2p23 constant
     and the grid the host computed; the sm_80 build serves an 8.6 device."""
     _cc(monkeypatch, 86)
+    asked = []  # torch's current device and stream: one call into torch each, asked once a launch
+    monkeypatch.setattr(aot, "current_device_and_stream", lambda: (asked.append(1), (0, 0x5157))[1])
     w = _q6k(64, 5120, seed=1)
     x = torch.randn(1, 5120).to(torch.bfloat16)
     qmatmul.linear_decode(x, w)
+    assert len(asked) == len(no_compiler.launches) >= 1
     rec = no_compiler.launches[-1]
     art = rec["art"]
     assert art.kernel == "qmatmul._decode_dot_kernel" and art.cc == 80
