@@ -701,14 +701,6 @@ static PyObject *py_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(n_threads);
 }
 
-static PyObject *py_set_spin(PyObject *self, PyObject *arg) {
-    (void)self;
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    spin_iters = n < 0 ? 0 : (int)(n > (1L << 30) ? (1L << 30) : n);
-    Py_RETURN_NONE;
-}
-
 static PyObject *py_variant(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -860,7 +852,6 @@ static PyMethodDef methods[] = {
     {"norm_swiglu", (PyCFunction)(void (*)(void))py_norm_swiglu, METH_FASTCALL, norm_swiglu_doc},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): worker threads (the caller included)."},
     {"threads", py_threads, METH_NOARGS, "threads(): the current thread count."},
-    {"set_spin", py_set_spin, METH_O, "set_spin(iterations): how long idle workers poll before sleeping."},
     {"variant", py_variant, METH_NOARGS, "variant(): the kernel variant in use."},
     {"variants", py_variants, METH_NOARGS, "variants(): the variants this CPU can run, best first."},
     {"repacking_variants", py_repacking_variants, METH_NOARGS,

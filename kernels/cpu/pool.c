@@ -23,7 +23,7 @@
  * (On a loaded machine, a pool that waits for every worker costs milliseconds per call.) */
 
 int n_threads = 1;
-int spin_iters = 1 << 15;
+static const int spin_iters = 1 << 15; /* polls of an idle worker before it sleeps */
 
 #ifdef TQ_THREADS
 typedef struct {

@@ -28,7 +28,6 @@ int cpu_has(const char *name, size_t len);
 /* ------------------------------------------------------------------------------ pool.c */
 typedef void (*unit_fn)(void *arg, int unit);
 extern int n_threads;
-extern int spin_iters;
 void pool_for(unit_fn fn, void *arg, int n_units);
 int pool_units(ptrdiff_t rows, ptrdiff_t row_elems);
 int set_pool_threads(int n);
