@@ -36,9 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_native, quant_iq4, quant_k, quant_legacy
-from .ggml_types import F32, QuantFormatError, row_bytes, type_info, type_name
-from .quant_float import FLOAT_DTYPES
+from .ggml_types import BF16, F16, F32, QuantFormatError, row_bytes, type_info, type_name
 from .triton_compat import HAVE_TRITON
+
+# Float weights have no blocks: their bytes are the values, in this dtype.
+FLOAT_DTYPES = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}
 
 REFERENCES = {**quant_legacy.REFERENCES, **quant_k.REFERENCES, **quant_iq4.REFERENCES}
 
