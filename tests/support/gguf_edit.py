@@ -255,3 +255,25 @@ def with_img_break(mmproj: str | Path, text_gguf: str | Path, dst: str | Path, t
         raise GGUFEditError(f"{text_gguf}: token_embd must be F32/F16 here")
     row = np.array(read_tensor_payload(emb)[0][token_id], dtype=np.float32)
     return rewrite_gguf(mmproj, dst, add_tensors={"v.token_embd.img_break": row})
+
+
+def with_vocabulary(model: str | Path, vocab_gguf: str | Path, dst: str | Path, seed: int = 0) -> Path:
+    """The text model with another file's tokenizer: its `tokenizer.*` keys replaced by every
+    `tokenizer.*` key of `vocab_gguf` (a vocabulary-only file may do), the vocabulary size set to
+    match, and `token_embd` / `output` resized to it with random F16 rows. A small model that a
+    tool wanting a whole model (llama-server) loads, with a real tokenizer."""
+    vocab = GGUFReader(vocab_gguf)
+    tokenizer = {key: _field_value(field) for key, field in vocab.fields.items() if key.startswith("tokenizer.")}
+    n_vocab = len(vocab.fields["tokenizer.ggml.tokens"].data)
+    del vocab
+    reader = GGUFReader(model)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode("utf-8")
+    hidden = int(reader.fields[f"{arch}.embedding_length"].contents())
+    old_keys = [key for key in reader.fields if key.startswith("tokenizer.")]
+    head = [name for name in ("token_embd.weight", "output.weight") if any(t.name == name for t in reader.tensors)]
+    del reader
+    rng = np.random.default_rng(seed)
+    rows = {name: (rng.standard_normal((n_vocab, hidden), dtype=np.float32) * 0.05).astype(np.float16)
+            for name in head}
+    return rewrite_gguf(model, dst, drop_kv=old_keys, replace_tensors=rows,
+                        set_kv={**tokenizer, f"{arch}.vocab_size": n_vocab})

@@ -234,23 +234,46 @@ def test_tiny_model_vocabulary_matches_its_tekken_json():
         assert tiny.decode(ids) == ref.decode(ids) == text
 
 
-def test_matches_llama_cpp_on_the_same_file(tok):
-    """Second, independent reader of the same GGUF: llama.cpp's own tokenizer. Its tekken regex
-    approximates letter classes and splits combining marks (\\p{M}) differently from
-    mistral-common, so only texts without combining marks are compared; decoding is byte-exact."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+def test_matches_llama_cpp_on_the_same_file(tok, tmp_path):
+    """Second, independent reader of the same vocabulary: llama.cpp's own tokenizer, through
+    llama-server's /tokenize and /detokenize (tests/support/llama_cpp.py) on the tiny model given
+    this file's tokenizer keys. Its tekken regex approximates letter classes and splits combining
+    marks (\\p{M}) differently from mistral-common, so only texts without combining marks are
+    compared; every token's bytes are compared exactly."""
     import unicodedata
 
-    lm = llama_cpp.Llama(TEKKEN_GGUF, vocab_only=True, verbose=False)
+    from support.gguf_edit import with_vocabulary
+    from support.llama_cpp import llama_server, llama_server_binary, post_json
+
+    llama_server_binary()  # skip (or fail in CI) before building the model
+    model = with_vocabulary(TINY_GGUF, TEKKEN_GGUF, tmp_path / "tiny-tekken_240911.gguf")
     texts = [t for t in CORPUS + _mixed_strings(3000, seed=77)
              if t and not any(unicodedata.category(c).startswith("M") for c in t)]
     assert len(texts) > 500
-    for text in texts:
-        assert tok.encode(text) == lm.tokenize(text.encode("utf-8"), add_bos=False, special=False), text
-    rng = random.Random(3)
-    for _ in range(300):
-        ids = [rng.randrange(1000, tok.vocab_size) for _ in range(5)]
-        assert b"".join(tok.token_bytes(i) for i in ids) == lm.detokenize(ids)
+    with llama_server(model, tmp_path) as url:
+        pieces: dict[int, bytes] = {}
+        for text in texts:
+            answer = post_json(url + "/tokenize", {"content": text, "add_special": False,
+                                                   "parse_special": False, "with_pieces": True})
+            assert tok.encode(text) == [t["id"] for t in answer["tokens"]], text
+            for t in answer["tokens"]:  # a piece that is not UTF-8 comes as its list of bytes
+                piece = t["piece"]
+                pieces[t["id"]] = piece.encode("utf-8") if isinstance(piece, str) else bytes(piece)
+        assert len(pieces) > 400
+        assert {i: b for i, b in pieces.items() if tok.token_bytes(i) != b} == {}
+        # Random ids beyond the corpus, decoded: compared where the bytes are UTF-8 (the server
+        # answers in JSON, which cannot carry the rest).
+        rng = random.Random(3)
+        decoded = 0
+        for _ in range(300):
+            ids = [rng.randrange(1000, tok.vocab_size) for _ in range(5)]
+            try:
+                expected = b"".join(tok.token_bytes(i) for i in ids).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            assert post_json(url + "/detokenize", {"tokens": ids})["content"] == expected, ids
+            decoded += 1
+        assert decoded > 150
 
 
 def _byte_level(b: bytes) -> str:
