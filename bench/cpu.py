@@ -4,11 +4,17 @@
     python bench/cpu.py --models a.gguf b.gguf --threads 2
     python bench/cpu.py --micro               # per-matmul GB/s of weights vs memory copy
     python bench/cpu.py --depth 2048          # also decode after a 2048-token context (llama-bench -d)
+    python bench/cpu.py --image-only          # only the one-image time to first token
 
 For each file: llama.cpp's llama-bench (-p 128 -n 32, the given threads, CPU only), then
 Tramontane end to end in a fresh subprocess (load, prefill of 128 random tokens from an empty
 cache, 32 greedy decode steps after one warm-up step, as llama-bench's tg32 does from an empty
-context), with its peak RSS. Prints the tok/s, the ratios and RSS / file size. The llama.cpp
+context), with its peak RSS. Prints the tok/s, the ratios and RSS / file size. Then the image
+case: one 640x480 photo-like JPEG (generated, the same bytes every run) with a short prompt, 1
+token: llama-mtmd-cli from its image encode's start to its first token (its log's timestamps)
+against Tramontane's whole chat call in a fresh process (decode + preprocessing + encode +
+prefill + first token; load and a one-token warm-up excluded, as llama.cpp's load runs one),
+paired rounds, medians. The llama.cpp
 tools and models come from ../shared/tools/llama_cpp_tools.sh (run from the project root); a
 Q6_K file is made from bench-f16.gguf with llama-quantize when missing.
 Not a test: nothing under tests/ imports it.
@@ -16,9 +22,12 @@ Not a test: nothing under tests/ imports it.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -141,6 +150,166 @@ def tramontane(path: Path, p: int, n: int, threads: int, depth: int = 0) -> dict
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+IMAGE_PROMPT = "Describe this picture."
+
+
+def photo_jpeg(width: int = 640, height: int = 480) -> bytes:
+    """A deterministic photo-like picture (smooth sky and ground, a sun, soft texture) as JPEG:
+    what a user sends, with the same bytes in every run."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(640480)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    horizon = height * 0.55 + 18 * np.sin(xx / 57.0)
+    sky = np.stack([90 + 80 * yy / height, 140 + 70 * yy / height, 235 - 30 * yy / height], -1)
+    ground = np.stack([70 + 40 * np.sin(xx / 23.0) * np.cos(yy / 31.0), 120 + 30 * np.cos(xx / 41.0),
+                       50 + 20 * np.sin(yy / 13.0)], -1)
+    img = np.where((yy > horizon)[..., None], ground, sky)
+    sun = (xx - width * 0.72) ** 2 + (yy - height * 0.22) ** 2 < (height * 0.09) ** 2
+    img[sun] = (255, 236, 170)
+    texture = rng.normal(0, 6, (height // 4, width // 4, 3)).repeat(4, 0).repeat(4, 1)
+    pixels = np.clip(img + texture + rng.normal(0, 3, img.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _log_seconds(log: str, pattern: str) -> float | None:
+    """The timestamp (minutes.seconds.ms.us, llama.cpp's log prefix) of the first line matching."""
+    m = re.search(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) . " + pattern, log, re.M)
+    return None if m is None else int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
+
+
+def llama_mtmd(bin_dir: Path, model: Path, mmproj: Path, image: Path, threads: int) -> dict:
+    """llama-mtmd-cli on one image, 1 token. Its time to first token, from its own log's
+    timestamps: from the image's encode starting (after its preprocessing and the first text
+    chunk) to the timings printed once the token is out (image encode, the image's embeddings
+    and the text through the model, the sample). Also its printed parts, and the whole process's
+    wall and CPU time (load included)."""
+    cmd = [str(bin_dir / "llama-mtmd-cli"), "-m", str(model), "--mmproj", str(mmproj), "--image", str(image),
+           "-p", IMAGE_PROMPT, "-n", "1", "-t", str(threads), "-c", "4096", "--temp", "0", "--perf", "-lv", "4"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, errors="replace")  # the token may be part of a character
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    log = res.stdout + res.stderr
+    start = _log_seconds(log, r"encoding (mtmd batch|image slice)")
+    end = _log_seconds(log, r"llama_perf_context_print: +load time")
+    # this build encodes the images of a message as one batch; older ones print per slice
+    encode = re.search(r"mtmd batch encoding done in (\d+) ms", log) or re.search(r"slice encoded in (\d+) ms", log)
+    image_decode = re.search(r"image decoded \(batch 1/1\) in (\d+) ms", log)
+    prompt = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", log)
+    if res.returncode or start is None or end is None or not encode:
+        return {"error": log.strip()[-800:]}
+    return {"ttft_s": end - start, "encode_s": int(encode[1]) / 1e3,
+            "image_decode_s": int(image_decode[1]) / 1e3 if image_decode else None,
+            "prompt_tokens": int(prompt[2]) if prompt else None, "process_wall_s": wall,
+            "process_cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+
+
+def tramontane_image_run(model: str, mmproj: str, image: str, threads: int | None) -> dict:
+    """In this (fresh) process: load model + projector, a one-token text warm-up, then the
+    one-image chat (max 1 token), timed as a whole and by part (decode + preprocessing, encode)."""
+    import torch
+
+    from tramontane.engine.api import ChatMessage, ImagePart, SamplingParams
+    from tramontane.engine.runtime.local import LocalEngine
+    from tramontane.engine.runtime.threads import apply_threads
+    from tramontane.kernels import cpu_native
+
+    apply_threads(threads or None)
+    engine = LocalEngine(model, mmproj, device="cpu", context_length=4096)
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    engine.chat([ChatMessage.text("user", "Hi")], one)  # llama.cpp's load runs a warm-up decode too
+    vision, parts = engine.vision, {"preprocess_s": 0.0, "encode_s": 0.0}
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                parts[name] += time.perf_counter() - t0
+        return run
+
+    vision.preprocess = timed("preprocess_s", vision.preprocess)
+    vision.encode_images = timed("encode_s", vision.encode_images)
+    message = ChatMessage("user", [ImagePart(Path(image).read_bytes(), Path(image).name), IMAGE_PROMPT])
+    cpu0, t = time.process_time(), time.perf_counter()
+    result = engine.chat([message], one, session_key="image")
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu0
+    return {"ttft_s": wall, "cpu_s": cpu, **parts, "prefill_s": result.stats.ttft_s - parts["preprocess_s"]
+            - parts["encode_s"] if result.stats.ttft_s else None, "prompt_tokens": result.stats.prompt_tokens,
+            "vision": repr(vision), "threads": cpu_native.threads(), "torch_threads": torch.get_num_threads()}
+
+
+def tramontane_image(model: Path, mmproj: Path, image: Path, threads: int) -> dict:
+    res = subprocess.run([sys.executable, __file__, "--image-run", str(model), str(mmproj), str(image),
+                          "--threads", str(threads)], capture_output=True, text=True)
+    if res.returncode:
+        return {"error": res.stderr.strip()[-1500:]}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def image_case(bin_dir: Path | None, model: Path, mmproj: Path, threads: int, rounds: int) -> dict:
+    """Paired rounds (llama-mtmd-cli, then ours, back to back under the same background load)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        image = Path(tmp) / "photo-640x480.jpg"
+        image.write_bytes(photo_jpeg())
+        refs, runs = [], []
+        for _ in range(rounds):
+            if bin_dir is not None:
+                refs.append(llama_mtmd(bin_dir, model, mmproj, image, threads))
+            runs.append(tramontane_image(model, mmproj, image, threads))
+    return {"model": model.name, "mmproj": mmproj.name, "threads": threads, "llama_cpp": refs, "tramontane": runs,
+            "load_average": os.getloadavg()}
+
+
+def _median_of(results: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in results if "error" not in r and r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _print_image(r: dict) -> None:
+    refs, runs = r["llama_cpp"], r["tramontane"]
+    print(f"\none 640x480 image, time to first token ({r['model']} + {r['mmproj']}, {r['threads']} threads, "
+          f"load average {', '.join(f'{x:.1f}' for x in r['load_average'])})")
+    print("  compares: llama-mtmd-cli from its image encode's start to its first token (its log's "
+          "timestamps; its image\n  decode and preprocessing not included) vs Tramontane's whole chat call "
+          "(image decode + preprocessing\n  + encode + prefill + first token); load excluded on both")
+    for what, res in (("llama.cpp", refs), ("tramontane", runs)):
+        for i, one in enumerate(res):
+            if "error" in one:
+                print(f"  {what} round {i + 1} failed: {one['error']}")
+    ours, theirs = _median_of(runs, "ttft_s"), _median_of(refs, "ttft_s")
+    if ours is None:
+        return
+    pairs = sorted(a["ttft_s"] / b["ttft_s"] for a, b in zip(runs, refs) if "error" not in a and "error" not in b)
+    line = f"  tramontane {ours:6.2f} s (median of {len([x for x in runs if 'error' not in x])})"
+    if theirs is not None:
+        line += f"   llama.cpp {theirs:6.2f} s   ratio {ours / theirs:.2f}x the time"
+        if pairs:
+            line += f"   per round {', '.join(f'{x:.2f}' for x in pairs)} (median {statistics.median(pairs):.2f}x)"
+    print(line)
+    parts = {k: _median_of(runs, k) for k in ("preprocess_s", "encode_s", "prefill_s", "cpu_s")}
+    print(f"  tramontane parts (medians): preprocessing {parts['preprocess_s'] * 1e3:.0f} ms, encode "
+          f"{parts['encode_s']:.2f} s, prefill + first token {parts['prefill_s'] or 0:.2f} s of "
+          f"{_median_of(runs, 'prompt_tokens'):.0f} tokens; CPU time {parts['cpu_s']:.2f} s")
+    if theirs is not None:
+        print(f"  llama.cpp parts (medians): encode {_median_of(refs, 'encode_s'):.2f} s, the image's "
+              f"{_median_of(refs, 'prompt_tokens') or 0:.0f} prompt tokens through the model "
+              f"{_median_of(refs, 'image_decode_s') or 0:.2f} s; "
+              f"whole process {_median_of(refs, 'process_wall_s'):.2f} s wall, "
+              f"{_median_of(refs, 'process_cpu_s'):.2f} s CPU (load included)")
+    ok = next((x for x in runs if "error" not in x), None)
+    if ok:
+        print(f"  {ok['vision']}; pool {ok['threads']} threads, torch {ok['torch_threads']} beside it")
+
+
 def ensure_q6k(bin_dir: Path, models: Path) -> Path | None:
     q6 = models / "bench-Q6_K.gguf"
     if not q6.exists() and (models / "bench-f16.gguf").exists():
@@ -226,10 +395,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="runs of each, alternating; the best is kept")
     ap.add_argument("--depth", type=int, default=0,
                     help="also decode after a context of this many tokens (llama-bench -d; e.g. 2048)")
+    ap.add_argument("--no-image", action="store_true", help="skip the one-image case")
+    ap.add_argument("--image-only", action="store_true", help="only the one-image case")
+    ap.add_argument("--image-model", help="text model of the image case (default: bench-Q4_K_M.gguf)")
+    ap.add_argument("--mmproj", help="projector of the image case (default: mmproj-bench-f16.gguf)")
     ap.add_argument("--tramontane-only", metavar="GGUF", help=argparse.SUPPRESS)
+    ap.add_argument("--image-run", nargs=3, metavar=("GGUF", "MMPROJ", "IMAGE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tramontane_only:
         print(json.dumps(tramontane_run(args.tramontane_only, args.p, args.n, args.threads or None, args.depth)))
+        return 0
+    if args.image_run:
+        print(json.dumps(tramontane_image_run(*args.image_run, args.threads or None)))
         return 0
     if args.micro:
         micro(args.threads or None)
@@ -240,8 +417,11 @@ def main() -> int:
     bin_dir = models_dir = None
     if not args.no_llama or not args.models:
         bin_dir, models_dir = llama_tools()
-    paths = [Path(m) for m in args.models] if args.models else [
-        models_dir / "bench-Q4_K_M.gguf", models_dir / "bench-Q8_0.gguf", ensure_q6k(bin_dir, models_dir)]
+    if args.image_only or (args.models and not args.image_model):
+        paths = []  # --models alone: the text files only, unless an image model is named too
+    else:
+        paths = [Path(m) for m in args.models] if args.models else [
+            models_dir / "bench-Q4_K_M.gguf", models_dir / "bench-Q8_0.gguf", ensure_q6k(bin_dir, models_dir)]
     rows = []
     for path in [p for p in paths if p]:
         # alternate the two, best of --rounds each: other work on a shared machine comes and goes
@@ -255,6 +435,14 @@ def main() -> int:
                      "paired_ratios": _paired(refs, runs)})
         if not args.json:
             _print_row(rows[-1])
+    if not args.no_image and (models_dir is not None or (args.image_model and args.mmproj)):
+        image_row = image_case(None if args.no_llama else bin_dir,
+                               Path(args.image_model) if args.image_model else models_dir / "bench-Q4_K_M.gguf",
+                               Path(args.mmproj) if args.mmproj else models_dir / "mmproj-bench-f16.gguf",
+                               threads, args.rounds)
+        rows.append({"image": image_row})
+        if not args.json:
+            _print_image(image_row)
     if args.json:
         print(json.dumps(rows, indent=2))
     return 0
