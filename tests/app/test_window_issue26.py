@@ -198,7 +198,8 @@ def test_a_message_sent_while_the_model_loads_shows_at_once(qtbot, idle_window, 
 
     monkeypatch.setattr(local.LocalEngine, "__init__", slow_init)
     window = idle_window
-    window.load_model(str(MODEL), str(MMPROJ))
+    # unchecked: the load starts now, before the worker's first progress is delivered
+    window.load_model(str(MODEL), str(MMPROJ), check=False)
     window.composer.edit.setPlainText("Are you there?")
     window.composer.send_button.click()
     qtbot.waitUntil(lambda: window.view.queued is not None and "40 %" in window.view.queued.status.text())

@@ -24,7 +24,8 @@ def window(idle_window):
 
 def load(qtbot, window, mmproj: Path | None) -> None:
     window.load_model(str(MODEL), str(mmproj) if mmproj else "")
-    qtbot.waitUntil(lambda: window.engine_info is not None and window.loading is None, timeout=30000)
+    qtbot.waitUntil(lambda: window.checking_model is None and window.engine_info is not None
+                    and window.loading is None, timeout=30000)
     assert window.engine_info.has_vision == (mmproj is not None)
 
 
