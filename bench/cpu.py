@@ -417,11 +417,15 @@ def main() -> int:
     bin_dir = models_dir = None
     if not args.no_llama or not args.models:
         bin_dir, models_dir = llama_tools()
-    if args.image_only or (args.models and not args.image_model):
-        paths = []  # --models alone: the text files only, unless an image model is named too
+    if args.image_only:
+        paths = []
     else:
         paths = [Path(m) for m in args.models] if args.models else [
             models_dir / "bench-Q4_K_M.gguf", models_dir / "bench-Q8_0.gguf", ensure_q6k(bin_dir, models_dir)]
+    # the image case: by default, or when asked for (--models alone runs the text files only)
+    image_model = Path(args.image_model) if args.image_model else models_dir and models_dir / "bench-Q4_K_M.gguf"
+    mmproj = Path(args.mmproj) if args.mmproj else models_dir and models_dir / "mmproj-bench-f16.gguf"
+    run_image = not args.no_image and (args.image_only or not args.models or args.image_model or args.mmproj)
     rows = []
     for path in [p for p in paths if p]:
         # alternate the two, best of --rounds each: other work on a shared machine comes and goes
@@ -435,11 +439,10 @@ def main() -> int:
                      "paired_ratios": _paired(refs, runs)})
         if not args.json:
             _print_row(rows[-1])
-    if not args.no_image and (models_dir is not None or (args.image_model and args.mmproj)):
-        image_row = image_case(None if args.no_llama else bin_dir,
-                               Path(args.image_model) if args.image_model else models_dir / "bench-Q4_K_M.gguf",
-                               Path(args.mmproj) if args.mmproj else models_dir / "mmproj-bench-f16.gguf",
-                               threads, args.rounds)
+    if run_image and (image_model is None or mmproj is None):
+        print("image case skipped: name both --image-model and --mmproj (no bench folder without llama.cpp)")
+    elif run_image:
+        image_row = image_case(None if args.no_llama else bin_dir, image_model, mmproj, threads, args.rounds)
         rows.append({"image": image_row})
         if not args.json:
             _print_image(image_row)
