@@ -250,6 +250,30 @@ def test_repacked_weights_give_the_file_layouts_products(ggml_type, k):
 
 
 @NEEDS_REPACKING
+def test_repacked_q6k_prefill_rows_do_not_depend_on_their_neighbours():
+    """The Q6_K repacked prefill path unpacks blocks of 16 weight rows per K chunk (of at most 10
+    blocks) and runs tiles of 8, 4, then 1-3 activation rows: every product is computed by the same
+    steps wherever it lands, so a row's outputs are bit for bit the same alone in a 3-row call as
+    inside a 21-row one, and a weight row's are the same when the rows before it (which shift the
+    groups of 16) are left out; the gguf.quants bounds hold too."""
+    cpu_native.use_variant(REPACKING[0])
+    cpu_native.set_threads(1)
+    rng = np.random.default_rng(6)
+    k, n_w = 23 * 256, 45  # K chunks of 8, 8 and 7 blocks; weight groups of 16, 16 and 13
+    raw, deq = make_weight(gt.Q6_K, n_w, k, rng)
+    packed = cpu_native.repack(gt.Q6_K, torch.from_numpy(raw))
+    x = torch.from_numpy(rng.standard_normal((21, k)).astype(np.float32))
+    full = cpu_native.matmul(x, cpu_native.Q6_K_REPACKED, packed, n_w, k)  # tiles of 8, 8, 4, 1
+    _check(gt.Q6_K, raw, deq, x.numpy(), full.numpy())
+    for rows in ([0, 1, 2], [5, 12, 20], [16, 17, 18, 19, 20]):  # 3- and 4-row tiles, other positions
+        part = cpu_native.matmul(x[rows].contiguous(), cpu_native.Q6_K_REPACKED, packed, n_w, k)
+        assert torch.equal(part, full[rows])
+    for first in (1, 7, 29):  # the rows after `first` in other groups of 16
+        tail = cpu_native.matmul(x, cpu_native.Q6_K_REPACKED, packed[first:].contiguous(), n_w - first, k)
+        assert torch.equal(tail, full[:, first:])
+
+
+@NEEDS_REPACKING
 @pytest.mark.parametrize("ggml_type,byte", [(gt.Q4_K, 16 + 40), (gt.Q6_K, 100), (gt.Q6_K, 128 + 33)],
                          ids=["Q4_K-quants", "Q6_K-low-bits", "Q6_K-high-bits"])
 def test_a_wrong_weight_is_caught_after_repacking(ggml_type, byte):
