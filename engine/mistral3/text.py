@@ -369,7 +369,8 @@ class Mistral3Text:
                 return None
             chunk = embeds[lo:lo + self.prefill_chunk]
             last = lo + chunk.shape[0] == T
-            hidden = self._layers(chunk, start_pos + lo, cache)
+            # Only the last row's logits wanted: the last layer finishes that row alone.
+            hidden = self._layers(chunk, start_pos + lo, cache, last_row_only=last and not all_logits)
             cache.length = start_pos + lo + chunk.shape[0]
             if all_logits:
                 outs.append(self.output_logits(hidden))
@@ -387,15 +388,19 @@ class Mistral3Text:
         with on_device(self.device):
             return norm_linears(hidden, self.output_norm, self.cfg.norm_eps, (self.head,))[0].float()
 
-    def _layers(self, x: torch.Tensor, start: int, cache: KVRows) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, start: int, cache: KVRows, last_row_only: bool = False) -> torch.Tensor:
         for k, seg in enumerate(self.segments):
             if k:
                 x = _cross(x, seg)
             with on_device(seg.device):
-                x = self.run_segment(seg, x, start, cache)
+                x = self.run_segment(seg, x, start, cache, last_row_only)
         return x
 
-    def run_segment(self, seg: Segment, x: torch.Tensor, start: int, cache: KVRows) -> torch.Tensor:
+    def run_segment(self, seg: Segment, x: torch.Tensor, start: int, cache: KVRows,
+                    last_row_only: bool = False) -> torch.Tensor:
+        """The segment's layers on rows x at positions start..; with last_row_only, the model's last
+        layer writes every row's K/V but finishes only the last row (its output projection and
+        FFN), as llama.cpp's inp_out_ids does: a prompt's other rows feed nothing after it."""
         T = x.shape[0]
         rope = seg.rope
         if T == 1 and x.dtype == torch.float32 and (step := self._native_decode(seg, cache)) is not None:
@@ -406,7 +411,10 @@ class Mistral3Text:
         for i in seg.layers:
             layer = self.layers[i]
             # pre-norm residual blocks: x + W_o attention(norm(x)), x + W_down swiglu(norm(x))
-            x = linear_add(self._attention(i, layer, x, start, tables, cache), layer.wo, x)
+            attn = self._attention(i, layer, x, start, tables, cache)
+            if last_row_only and i == self.cfg.n_layers - 1:
+                attn, x = attn[-1:], x[-1:]
+            x = linear_add(attn, layer.wo, x)
             x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
         return x
 
