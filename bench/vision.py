@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,6 +28,10 @@ from PIL import Image
 from tramontane.engine.mistral3.image import preprocess
 from tramontane.engine.mistral3.vision import VisionTower
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' support helpers
+from support import pixtral_hf  # noqa: E402
+from support.pixtral_hf import MEAN, MERGE, PATCH, STD  # noqa: E402
+
 SHAPES = {
     # Mistral-Small-3.1-24B's vision_config: hidden 1024, 24 layers, 16 heads, ffn 4096,
     # patch 14, image 1540, merge 2, text hidden 5120, SiLU.
@@ -34,86 +39,17 @@ SHAPES = {
     "small": dict(hidden=128, layers=4, heads=4, ffn=256, text_hidden=256),
     "tiny": dict(hidden=32, layers=3, heads=2, ffn=64, text_hidden=64),
 }
-PATCH, IMAGE_SIZE, MERGE = 14, 1540, 2
-MEAN = (0.48145466, 0.4578275, 0.40821073)
-STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGE_SIZE = 1540
 
 
 def build_hf(shape: dict, device: str):
-    from transformers import Mistral3Config, PixtralVisionConfig
-    from transformers.models.mistral3.modeling_mistral3 import Mistral3MultiModalProjector
-    from transformers.models.pixtral.modeling_pixtral import PixtralVisionModel
-
-    vcfg = PixtralVisionConfig(
-        hidden_size=shape["hidden"], intermediate_size=shape["ffn"], num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"], head_dim=shape["hidden"] // shape["heads"],
-        patch_size=PATCH, image_size=IMAGE_SIZE, hidden_act="silu",
-    )
-    cfg = Mistral3Config(vision_config=vcfg, text_config={"model_type": "mistral", "hidden_size": shape["text_hidden"],
-                                                           "rms_norm_eps": 1e-5}, spatial_merge_size=MERGE)
-    cfg._attn_implementation = "sdpa"
-    vcfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    with torch.device(device):
-        tower = PixtralVisionModel(vcfg).eval()
-        projector = Mistral3MultiModalProjector(cfg).eval()
-        with torch.no_grad():  # give the norms non-trivial weights
-            for mod in list(tower.modules()) + list(projector.modules()):
-                if "RMSNorm" in type(mod).__name__:
-                    mod.weight.uniform_(0.5, 1.5)
-    return tower, projector
+    return pixtral_hf.build_hf(shape, IMAGE_SIZE, "silu", seed=0, device=device)
 
 
 def write_mmproj(path: str, tower, projector, shape: dict, ftype: str) -> None:
-    """Write the HF weights as llama.cpp's converter would (names, keys, Q/K row permutation)."""
-    import gguf
-
-    wdtype = np.float16 if ftype == "f16" else np.float32
-    w = gguf.GGUFWriter(path, "clip")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_string("clip.projector_type", "pixtral")
-    w.add_uint32("clip.vision.image_size", IMAGE_SIZE)
-    w.add_uint32("clip.vision.patch_size", PATCH)
-    w.add_uint32("clip.vision.embedding_length", shape["hidden"])
-    w.add_uint32("clip.vision.feed_forward_length", shape["ffn"])
-    w.add_uint32("clip.vision.block_count", shape["layers"])
-    w.add_uint32("clip.vision.attention.head_count", shape["heads"])
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    w.add_uint32("clip.vision.projection_dim", shape["text_hidden"])
-    w.add_array("clip.vision.image_mean", list(MEAN))
-    w.add_array("clip.vision.image_std", list(STD))
-    w.add_bool("clip.use_silu", True)
-    w.add_uint32("clip.vision.spatial_merge_size", MERGE)
-    n_head = shape["heads"]
-
-    def permute(t: np.ndarray) -> np.ndarray:
-        return t.reshape(n_head, 2, t.shape[0] // n_head // 2, t.shape[1]).swapaxes(1, 2).reshape(t.shape)
-
-    def add(name, t, keep_f32=False):
-        arr = t.detach().float().cpu().numpy()
-        w.add_tensor(name, arr.astype(np.float32 if keep_f32 or arr.ndim == 1 else wdtype))
-
-    add("v.patch_embd.weight", tower.patch_conv.weight)
-    add("v.pre_ln.weight", tower.ln_pre.weight)
-    for i, layer in enumerate(tower.transformer.layers):
-        a, f = layer.attention, layer.feed_forward
-        add(f"v.blk.{i}.ln1.weight", layer.attention_norm.weight)
-        w.add_tensor(f"v.blk.{i}.attn_q.weight", permute(a.q_proj.weight.detach().float().cpu().numpy()).astype(wdtype))
-        w.add_tensor(f"v.blk.{i}.attn_k.weight", permute(a.k_proj.weight.detach().float().cpu().numpy()).astype(wdtype))
-        add(f"v.blk.{i}.attn_v.weight", a.v_proj.weight)
-        add(f"v.blk.{i}.attn_out.weight", a.o_proj.weight)
-        add(f"v.blk.{i}.ln2.weight", layer.ffn_norm.weight)
-        add(f"v.blk.{i}.ffn_gate.weight", f.gate_proj.weight)
-        add(f"v.blk.{i}.ffn_up.weight", f.up_proj.weight)
-        add(f"v.blk.{i}.ffn_down.weight", f.down_proj.weight)
-    add("mm.input_norm.weight", projector.norm.weight)
-    add("mm.patch_merger.weight", projector.patch_merger.merging_layer.weight)
-    add("mm.1.weight", projector.linear_1.weight)
-    add("mm.2.weight", projector.linear_2.weight)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    """The HF weights as llama.cpp's converter would write them (names, keys, Q/K row permutation)."""
+    pixtral_hf.write_mmproj(path, tower, projector, shape, IMAGE_SIZE, "silu",
+                            np.float16 if ftype == "f16" else np.float32)
 
 
 def image_bytes(w: int, h: int) -> bytes:

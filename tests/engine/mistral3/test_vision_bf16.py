@@ -29,15 +29,13 @@ from tramontane.engine.mistral3 import vision as vision_module
 from tramontane.engine.mistral3.vision import VisionTower, cpu_has_bf16_dot
 from tramontane.kernels.linear import cpu_exact
 
-from support import FIXTURES
+from support import FIXTURES, pixtral_hf
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 SHAPE = dict(hidden=128, layers=3, heads=4, ffn=256, text_hidden=96)
-PATCH, IMAGE_SIZE, MERGE = 14, 112, 2
-MEAN = (0.48145466, 0.4578275, 0.40821073)
-STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGE_SIZE = 112
 MATMULS_DEEP = 3 + 6 * SHAPE["layers"] + 3  # the deepest chain of matmuls (see the docstring)
 BF16_RMS = 2.0 ** -9  # per matmul: input, weight and output each rounded to 8 bits
 BOUND = 2 * np.sqrt(MATMULS_DEEP) * BF16_RMS
@@ -45,72 +43,11 @@ BOUND = 2 * np.sqrt(MATMULS_DEEP) * BF16_RMS
 
 def build_hf(activation: str):
     """A random HF tower + projector, matrices rounded through f16 (the file holds them exactly)."""
-    from transformers import Mistral3Config, PixtralVisionConfig
-    from transformers.models.mistral3.modeling_mistral3 import Mistral3MultiModalProjector
-    from transformers.models.pixtral.modeling_pixtral import PixtralVisionModel
-
-    vcfg = PixtralVisionConfig(hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["ffn"],
-                               num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"],
-                               head_dim=SHAPE["hidden"] // SHAPE["heads"], patch_size=PATCH,
-                               image_size=IMAGE_SIZE, hidden_act=activation)
-    cfg = Mistral3Config(vision_config=vcfg, text_config={"model_type": "mistral", "hidden_size": SHAPE["text_hidden"],
-                                                           "rms_norm_eps": 1e-5}, spatial_merge_size=MERGE)
-    cfg._attn_implementation = vcfg._attn_implementation = "eager"
-    torch.manual_seed(1)
-    tower, projector = PixtralVisionModel(vcfg).eval(), Mistral3MultiModalProjector(cfg).eval()
-    with torch.no_grad():
-        for module in (tower, projector):
-            for name, param in module.named_parameters():
-                if param.dim() >= 2:
-                    param.copy_(param.half().float())
-                elif "norm" in name or "ln_pre" in name:
-                    param.uniform_(0.5, 1.5)  # non-trivial norm weights
-    return tower, projector
+    return pixtral_hf.build_hf(SHAPE, IMAGE_SIZE, activation, seed=1, attention="eager", f16_exact=True)
 
 
 def write_mmproj(path, tower, projector, activation: str) -> None:
-    """llama.cpp's converter layout (names, keys, Q/K rows permuted), matrices f16, norms f32."""
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_string("clip.projector_type", "pixtral")
-    for key, value in (("image_size", IMAGE_SIZE), ("patch_size", PATCH), ("embedding_length", SHAPE["hidden"]),
-                       ("feed_forward_length", SHAPE["ffn"]), ("block_count", SHAPE["layers"]),
-                       ("attention.head_count", SHAPE["heads"]), ("projection_dim", SHAPE["text_hidden"]),
-                       ("spatial_merge_size", MERGE)):
-        w.add_uint32(f"clip.vision.{key}", value)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    w.add_array("clip.vision.image_mean", list(MEAN))
-    w.add_array("clip.vision.image_std", list(STD))
-    w.add_bool("clip.use_silu" if activation == "silu" else "clip.use_gelu", True)
-    heads = SHAPE["heads"]
-
-    def add(name, t, permute=False):
-        arr = t.detach().float().numpy()
-        if permute:
-            arr = arr.reshape(heads, 2, arr.shape[0] // heads // 2, arr.shape[1]).swapaxes(1, 2).reshape(arr.shape)
-        w.add_tensor(name, arr.astype(np.float32 if arr.ndim == 1 else np.float16))
-
-    add("v.patch_embd.weight", tower.patch_conv.weight)
-    add("v.pre_ln.weight", tower.ln_pre.weight)
-    for i, layer in enumerate(tower.transformer.layers):
-        a, f = layer.attention, layer.feed_forward
-        add(f"v.blk.{i}.ln1.weight", layer.attention_norm.weight)
-        add(f"v.blk.{i}.attn_q.weight", a.q_proj.weight, permute=True)
-        add(f"v.blk.{i}.attn_k.weight", a.k_proj.weight, permute=True)
-        add(f"v.blk.{i}.attn_v.weight", a.v_proj.weight)
-        add(f"v.blk.{i}.attn_out.weight", a.o_proj.weight)
-        add(f"v.blk.{i}.ln2.weight", layer.ffn_norm.weight)
-        add(f"v.blk.{i}.ffn_gate.weight", f.gate_proj.weight)
-        add(f"v.blk.{i}.ffn_up.weight", f.up_proj.weight)
-        add(f"v.blk.{i}.ffn_down.weight", f.down_proj.weight)
-    add("mm.input_norm.weight", projector.norm.weight)
-    add("mm.patch_merger.weight", projector.patch_merger.merging_layer.weight)
-    add("mm.1.weight", projector.linear_1.weight)
-    add("mm.2.weight", projector.linear_2.weight)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    pixtral_hf.write_mmproj(path, tower, projector, SHAPE, IMAGE_SIZE, activation)
 
 
 def photo(w: int, h: int, seed: int) -> bytes:
