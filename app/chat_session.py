@@ -406,9 +406,13 @@ class ChatSession(QObject):
     def delete_chat(self, chat_id: int) -> bool:
         if self.pending is not None and self.pending.chat_id == chat_id:
             self.pending.cancel.set()
+        try:
+            messages = self.store.engine_messages(chat_id)  # what the engine may have cached of it
+        except (StoreError, OSError):  # a chat that cannot be read is still deleted
+            messages = []
         if self._guard(self.store.delete_chat, chat_id) is False:
             return False
-        self.worker.forget_session(str(chat_id))
+        self.worker.forget_chat(str(chat_id), messages)
         self.notices.pop(chat_id, None)
         self.save_draft(chat_id, "")
         if self.current_chat_id == chat_id:

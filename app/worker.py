@@ -199,7 +199,7 @@ class EngineWorker(QObject):
     _remoteRequested = Signal(object)  # a ready-made engine object (RemoteEngine)
     _chatRequested = Signal(object)  # ChatRequest
     _unloadRequested = Signal()
-    _forgetRequested = Signal(str)
+    _forgetRequested = Signal(str, object)  # session key, the deleted chat's messages
     _warmUpRequested = Signal()
     _servingRequested = Signal(bool)
     warmedUp = Signal(float)  # seconds the engine's imports took (on the worker)
@@ -276,8 +276,10 @@ class EngineWorker(QObject):
             log.exception("importing the engine failed")
         self.warmedUp.emit(time.perf_counter() - t0)
 
-    def forget_session(self, key: str) -> None:
-        self._forgetRequested.emit(key)
+    def forget_chat(self, key: str, messages=()) -> None:
+        """A chat was deleted: its KV goes, and what the engine cached of its content (prefix
+        blocks, in memory and on disk; its replies' ids) with it."""
+        self._forgetRequested.emit(key, list(messages))
 
     def serve(self, on: bool) -> None:
         """The window's API server is on (or off): while it is, a local model's replies, the
@@ -376,14 +378,15 @@ class EngineWorker(QObject):
         if had:
             self.unloaded.emit()
 
-    @Slot(str)
-    def _forget(self, key: str) -> None:
-        forget = getattr(self.engine, "forget_session", None)
-        if forget is not None:
-            try:
-                forget(key)
-            except Exception:  # noqa: BLE001
-                log.exception("forget_session failed")
+    @Slot(str, object)
+    def _forget(self, key: str, messages: list) -> None:
+        for name, arg in (("forget_session", key), ("forget_chat", messages)):
+            forget = getattr(self.engine, name, None)  # a remote engine has neither
+            if forget is not None:
+                try:
+                    forget(arg)
+                except Exception:  # noqa: BLE001 - the chat is deleted from the store either way
+                    log.exception("%s failed", name)
 
     @Slot(object)
     def _chat(self, req: ChatRequest) -> None:

@@ -280,6 +280,20 @@ class LocalEngine:
         known = prompt_hashes[:len(keys) // b]
         self.prefix_cache.store(block_hashes(keys, b, known), self.cache)
 
+    def forget_chat(self, messages: list[ChatMessage]) -> None:
+        """A deleted chat's content leaves the prefix cache, in memory and on disk: the blocks of
+        its prompt (blocks it shared with other chats go too: a later cache miss, nothing worse)
+        and the sampled ids of its replies."""
+        if not messages:
+            return
+        try:
+            prompt = self.encode(messages)
+        except EngineError:  # e.g. an image the tower cannot read: nothing of it was cached either
+            return
+        hashes = block_hashes(position_keys(prompt.ids, prompt.image_spans), self.prefix_cache.block)
+        self.prefix_cache.forget(hashes)
+        self.replies.forget([m.text_content for m in messages if m.role == "assistant"])
+
     def forget_session(self, session_key: str) -> None:
         """Drop a chat's cached KV (the chat was deleted)."""
         self.host_kv.drop(session_key)

@@ -146,6 +146,16 @@ class PrefixCache:
                     self.disk.put(digest, item[0], item[1])  # the writer thread reads these copies, never changed
         return added
 
+    def forget(self, hashes: Sequence[bytes]) -> None:
+        """Drop these blocks from memory and from the disk tier (a deleted chat's)."""
+        with self.lock:
+            for digest in hashes:
+                item = self._blocks.pop(digest, None)
+                if item is not None:
+                    self.used -= item[2]
+        if self.disk is not None:
+            self.disk.delete(hashes)
+
     def clear(self) -> None:
         """Forget every block held in memory (the disk tier keeps its files)."""
         with self.lock:
@@ -183,6 +193,13 @@ class ReplyMemory:
         self._keep(text, list(ids))
         if self.disk is not None:
             self.disk.put_reply(text, self._ids[text])
+
+    def forget(self, texts: Sequence[str]) -> None:
+        """Drop these replies, in memory and on disk (a deleted chat's)."""
+        for text in texts:
+            self._ids.pop(text, None)
+        if self.disk is not None:
+            self.disk.delete(reply_texts=texts)
 
     def _keep(self, text: str, ids: list[int]) -> None:
         self._ids[text] = ids

@@ -342,6 +342,15 @@ class PrefixDisk:
         """Wait until every queued block is written."""
         self._queue.join()
 
+    def delete(self, digests: Sequence[bytes] = (), reply_texts: Sequence[str] = ()) -> None:
+        """Delete these blocks' and replies' files (a deleted chat's: its content must not stay
+        on disk), after what is queued is written, so no write brings one back."""
+        self.flush()
+        names = [self.name_of(d) for d in digests] + [self.reply_name_of(t) for t in reply_texts if t]
+        for name in names:
+            self._forget(name)
+            _unlink(self.folder / name)
+
     def close(self) -> None:
         """Write what is queued, then stop the writer thread."""
         with self._lock:

@@ -43,3 +43,22 @@ def test_reopened_chat_reuses_blocks_from_disk_after_restart(qtbot, tmp_path):
         assert results[-1].stats.reused_tokens >= 64, results[-1].stats
     finally:
         close_window(w2)
+
+
+def test_deleting_a_chat_deletes_what_the_cache_kept_of_it(qtbot, tmp_path):
+    """The KV blocks and reply ids of a chat are its content (the first layer's keys give its
+    tokens back): deleting the chat deletes them, in memory and in the data folder."""
+    data = tmp_path / "data"
+    w = make_window(qtbot, data)
+    try:
+        send(qtbot, w, LONG)
+        chat_id = w.current_chat_id
+        engine = w.worker.engine
+        qtbot.waitUntil(lambda: len(engine.prefix_cache) > 0, timeout=30000)
+        w.delete_chat(chat_id)
+        w.commit_deletes()  # the Undo offer ends: deleted from the store
+        folder = data / KV_CACHE_FOLDER
+        qtbot.waitUntil(lambda: not any(folder.iterdir()), timeout=30000)  # the worker deletes them
+        assert len(engine.prefix_cache) == 0
+    finally:
+        close_window(w)

@@ -126,6 +126,26 @@ def test_a_chat_reopened_after_a_restart_reuses_its_blocks_from_disk(tmp_path, c
     third.close()
 
 
+def test_a_deleted_chat_leaves_no_blocks_or_reply_ids_behind(tmp_path):
+    """Deleting a chat takes what the cache holds of its content with it: its blocks in memory
+    and their files, and its reply's sampled ids (the ids decode to the reply's text)."""
+    folder = tmp_path / "kv-cache"
+    messages = _long_chat()
+    eng = _engine(kv_disk_dir=folder)
+    r1 = eng.chat(messages, GREEDY, session_key="chat")
+    eng.prefix_cache.disk.flush()
+    assert any(f.endswith(".kv") for f in os.listdir(folder)) and len(eng.prefix_cache) > 0
+    chat = messages + [ChatMessage.text("assistant", r1.text)]
+    eng.forget_chat(chat)
+    assert len(eng.prefix_cache) == 0 and eng.prefix_cache.used == 0
+    assert eng.replies.get(r1.text) is None
+    eng.close()  # nothing queued comes back at close
+    assert os.listdir(folder) == []
+    restarted = _engine(kv_disk_dir=folder)
+    assert restarted.chat(chat + [ChatMessage.text("user", "Why?")], GREEDY, session_key="chat").stats.reused_tokens == 0
+    restarted.close()
+
+
 def test_damaged_or_foreign_files_are_ignored_after_a_restart(tmp_path, cold, caplog):
     folder = tmp_path / "kv-cache"
     messages = _long_chat()
