@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 STEP_ROWS_CPU = 128  # prompt rows per step, on top of the decode rows (~0.5 s of CPU prefill)
 STEP_ROWS_GPU = 512
 DEFAULT_SLOTS = 8
+SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cached prefix must cover to be preferred
 PREFIX_CACHE_BYTES = 1 << 30
 MIN_SLOT_CONTEXT = 256  # positions a slot carved out of a planned context must keep at least
 
@@ -382,12 +383,20 @@ class BatchScheduler:
 
     def _free_slot(self, req: _Request) -> _Slot | None:
         """A free slot this request may use: the one holding the longest prefix of its prompt,
-        then (a priority request) a reserved one, then the one used least recently."""
+        then (a priority request) a reserved one, then the one used least recently. A prefix
+        shorter than SLOT_SIMILARITY of the prompt does not count (llama-server's
+        --slot-prompt-similarity): a shared opening such as "[INST]Client" must not make a request
+        overwrite another conversation's KV while a slot nobody will miss is free."""
         need = len(req.keys) + (1 if req.params.max_tokens > 0 else 0)
         free = [s for s in self.slots if not s.busy and (req.priority or not s.reserved) and s.cache.capacity >= need]
         if not free:
             return None
-        return max(free, key=lambda s: (common_prefix(s.keys, req.keys), s.reserved == req.priority, -s.last_used))
+
+        def useful_prefix(slot: _Slot) -> int:
+            n = common_prefix(slot.keys, req.keys)
+            return n if n >= SLOT_SIMILARITY * len(req.keys) else 0
+
+        return max(free, key=lambda s: (useful_prefix(s), s.reserved == req.priority, -s.last_used))
 
     def _start(self, req: _Request, slot: _Slot) -> None:
         prompt, keys, cache = req.prompt, req.keys, slot.cache

@@ -241,6 +241,30 @@ def test_the_next_turn_reuses_the_reply_with_its_exact_ids(engine):
     assert r2.token_ids == alone(engine, prompt2, params).token_ids
 
 
+def test_a_short_shared_opening_does_not_take_another_conversations_slot(engine):
+    """A slot's cached prefix wins a request only if it covers at least half of its prompt
+    (llama-server's --slot-prompt-similarity 0.5): two conversations that share only their first
+    few tokens each keep their own slot while another is free, so each one's next turn reuses
+    its own KV instead of reading it again."""
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=3, priority_slots=0, context_length=512,
+                           step_rows=64)
+    batched = BatchedEngine(engine, sched)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+    def run(messages):
+        future = sched.submit(batched.encode(messages), params)
+        while sched.step():
+            pass
+        return future.result()
+
+    firsts = [[ChatMessage.text("user", f"Client {c} asks about topic number {c * 7}.")] for c in range(2)]
+    replies = [run(first) for first in firsts]  # client 1 shares "[INST]Client" with client 0's slot
+    for first, r1 in zip(firsts, replies):
+        second = first + [ChatMessage.text("assistant", r1.text), ChatMessage.text("user", "And?")]
+        r2 = run(second)
+        assert r2.stats.reused_tokens >= len(r1.prompt_token_ids), "its first turn was overwritten"
+
+
 def test_refusals_in_words(engine):
     sched = BatchScheduler(engine.model, engine.tokenizer, slots=1, context_length=64)
     with pytest.raises(EngineError, match="more than the context length of 64"):
