@@ -179,18 +179,32 @@ def dequantize(ggml_type: int, data: torch.Tensor, rows: int, cols: int) -> torc
     return out
 
 
+# The KV cache's element types the kernels read and write: float32, or float16 (written rounded to
+# nearest even, converted back to float32 as loaded; the attention math is float32 either way).
+KV_ELEM_SIZES = {torch.float32: 4, torch.float16: 2}
+
+
+def _kv_elem_size(k_cache: torch.Tensor, v_cache: torch.Tensor, name: str) -> int:
+    """The caches' element size for the kernel (4 or 2); both caches of one supported dtype."""
+    size = KV_ELEM_SIZES.get(k_cache.dtype)
+    if size is None or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"{name}: KV caches must both be float32 or both float16, got {k_cache.dtype} and "
+                         f"{v_cache.dtype}")
+    return size
+
+
 def attend_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_keys: int,
                   scale: float | None = None) -> torch.Tensor:
-    """Attention of one query row over the first n_keys cached positions, float32:
-    q (n_heads, d) -> (n_heads, dv). keys (n_kv_heads, capacity, d) and values
+    """Attention of one query row over the first n_keys cached positions, float32 math:
+    q (n_heads, d) -> (n_heads, dv). keys (float32 or float16) (n_kv_heads, capacity, d) and values
     (n_kv_heads, capacity, dv) as the KV cache holds them (rows contiguous; any head/row
     strides); query head h reads KV head h // (n_heads // n_kv_heads). KV groups run on the pool:
     the decode step of attend_causal (the one decode-attention kernel), as the query at
     position n_keys - 1."""
     n_heads, d = q.shape
     n_kv, dv = keys.shape[0], values.shape[-1]
-    if (q.dtype != torch.float32 or keys.dtype != torch.float32 or values.dtype != torch.float32
-            or keys.stride(-1) != 1 or values.stride(-1) != 1 or not 0 < n_keys <= keys.shape[1]
+    elem = _kv_elem_size(keys, values, "attend_decode")
+    if (q.dtype != torch.float32 or keys.stride(-1) != 1 or values.stride(-1) != 1 or not 0 < n_keys <= keys.shape[1]
             or n_keys > values.shape[1] or n_heads % n_kv or keys.shape[-1] != d):
         raise ValueError("attend_decode needs float32 q (H, d), keys/values (Hkv, S, d) with contiguous rows "
                          "and 1..S keys")
@@ -198,7 +212,7 @@ def attend_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_k
     out = torch.empty(n_heads, dv, dtype=torch.float32)
     _cpu.attend_causal(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), 1, n_heads, n_kv, d, dv,
                        n_keys - 1, n_heads * d, n_heads * dv, keys.stride(0), keys.stride(1), values.stride(0),
-                       values.stride(1), float(scale if scale is not None else d ** -0.5))
+                       values.stride(1), float(scale if scale is not None else d ** -0.5), elem)
     return out
 
 
@@ -253,13 +267,14 @@ def _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start: 
                     and sin_k.is_contiguous())):
         raise ValueError(f"rope tables must be contiguous float32 ({T}, {d})")
     ks, vs = k_cache.stride(), v_cache.stride()
-    if (k_cache.dtype != f32 or v_cache.dtype != f32 or k_cache.shape[0] != hkv or v_cache.shape[0] != hkv
-            or k_cache.shape[2] != d or v_cache.shape[2] != dv or ks[2] != 1 or vs[2] != 1
+    elem = _kv_elem_size(k_cache, v_cache, "rope_kv")
+    if (k_cache.device.type != "cpu" or v_cache.device.type != "cpu" or k_cache.shape[0] != hkv
+            or v_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape[2] != dv or ks[2] != 1 or vs[2] != 1
             or k.shape[0] != T or v.shape[0] != T or not 0 <= start <= min(k_cache.shape[1], v_cache.shape[1]) - T):
-        raise ValueError("rope_kv: caches must be float32 (Hkv, capacity, d) with room for the rows")
+        raise ValueError("rope_kv: caches must be (Hkv, capacity, d) with room for the rows")
     return [q.data_ptr(), k.data_ptr(), v.data_ptr(), cos_q.data_ptr(), sin_q.data_ptr(), cos_k.data_ptr(),
             sin_k.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), T, hq, hkv, d, dv, start, q_row, k_row, v_row,
-            ks[0], ks[1], vs[0], vs[1]]
+            ks[0], ks[1], vs[0], vs[1], elem]
 
 
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
@@ -268,7 +283,8 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torc
     """One call for RoPE and the KV-cache write of T rows, float32: q (T, Hq, d) is rotated in
     place, k (T, Hkv, d) rotated into k_cache[:, start:start + T] and v (T, Hkv, dv) copied into
     v_cache[:, start:start + T] (caches (Hkv, capacity, d), rows contiguous). Tables (T, d) as
-    for rope_pairs; bit-exact with rope_pairs and a slice assignment."""
+    for rope_pairs; bit-exact with rope_pairs and a slice assignment (float16 caches: of its
+    float32 result rounded as Tensor.half() rounds)."""
     _cpu.rope_kv(*_rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start))
 
 
@@ -277,34 +293,35 @@ def rope_kv_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: tor
                    start: int, scale: float | None = None) -> torch.Tensor:
     """rope_kv_write then attend_causal(q, k_cache, v_cache, start) in one call: a layer's
     attention before its output projection, (T, Hq * dv). q is rotated in place."""
-    args = _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start)
+    *args, elem = _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start)
     T, hq, d = q.shape
     if hq % k.shape[1]:
         raise ValueError("rope_kv_attend: query heads must be a multiple of the KV heads")
     out = torch.empty(T, hq * v.shape[2], dtype=torch.float32)
     if T:
-        _cpu.rope_kv_attend(*args, out.data_ptr(), float(scale if scale is not None else d ** -0.5))
+        _cpu.rope_kv_attend(*args, out.data_ptr(), float(scale if scale is not None else d ** -0.5), elem)
     return out
 
 
 def attend_causal(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
                   scale: float | None = None) -> torch.Tensor:
-    """Causal attention, float32: q (T, H, d) at positions start..start+T-1 over the cached keys
-    and values (Hkv, capacity, d / dv), row t seeing positions [0, start + t]; query head h reads
-    KV head h // (H // Hkv). Returns (T, H * dv). (T, KV head) pairs run on the pool: prefill
+    """Causal attention, float32 math: q (T, H, d) at positions start..start+T-1 over the cached
+    keys and values (Hkv, capacity, d / dv; float32 or float16), row t seeing positions
+    [0, start + t]; query head h reads KV head h // (H // Hkv). Returns (T, H * dv). (T, KV head) pairs run on the pool: prefill
     attention uses every thread, and a decode step (T = 1) is attend_decode."""
     T, H, d = q.shape
     hkv, dv = k_cache.shape[0], v_cache.shape[2]
     q_row = _rows(q, H, d)
-    if (k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or k_cache.shape[2] != d
+    elem = _kv_elem_size(k_cache, v_cache, "attend_causal")
+    if (k_cache.device.type != "cpu" or v_cache.device.type != "cpu" or k_cache.shape[2] != d
             or v_cache.shape[0] != hkv or k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or H % hkv
             or start < 0 or start + T > min(k_cache.shape[1], v_cache.shape[1])):
-        raise ValueError("attend_causal: caches must be float32 (Hkv, capacity, d) holding the rows")
+        raise ValueError("attend_causal: caches must be (Hkv, capacity, d) holding the rows")
     out = torch.empty(T, H * dv, dtype=torch.float32)
     if T:
         _cpu.attend_causal(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), T, H, hkv, d, dv,
                            start, q_row, H * dv, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-                           v_cache.stride(1), float(scale if scale is not None else d ** -0.5))
+                           v_cache.stride(1), float(scale if scale is not None else d ** -0.5), elem)
     return out
 
 
@@ -401,7 +418,7 @@ class DecodeLayers:
     trusts; the tensors are held so that the pointers stay valid. `layers`: per layer
     (attn_norm, ffn_norm, plans, k_cache, v_cache) with `plans` the 7 (ggml_type, pointer, row
     bytes, out_features, in_features) of q, k, v, o, gate, up, down, caches (n_kv_heads,
-    capacity, d / dv) float32 with contiguous rows."""
+    capacity, d / dv) with contiguous rows, every layer's float32 or every layer's float16."""
 
     def __init__(self, layers, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
                  eps: float, scale: float | None = None, keep=()):
@@ -412,7 +429,7 @@ class DecodeLayers:
                 (hidden, n_heads * v_head_dim), (ffn, hidden), (ffn, hidden), (hidden, ffn)]
         fields = _cpu.decode_layer_fields()
         table = torch.zeros(len(layers), fields, dtype=torch.int64)
-        capacity = None
+        capacity, kv_dtype = None, layers[0][3].dtype
         for i, (attn_norm, ffn_norm, plans, k_cache, v_cache) in enumerate(layers):
             for norm in (attn_norm, ffn_norm):
                 if norm.dtype != torch.float32 or norm.shape != (hidden,) or not norm.is_contiguous():
@@ -421,10 +438,10 @@ class DecodeLayers:
                 raise ValueError(f"DecodeLayers: layer {i}'s weights are {[(p[3], p[4]) for p in plans]}, "
                                  f"expected (out, in) {want}")
             for cache, dd in ((k_cache, head_dim), (v_cache, v_head_dim)):
-                if (cache.dtype != torch.float32 or cache.dim() != 3 or cache.shape[0] != n_kv_heads
-                        or cache.shape[2] != dd or cache.stride(2) != 1 or cache.device.type != "cpu"):
-                    raise ValueError(f"DecodeLayers: layer {i}'s KV cache must be float32 ({n_kv_heads}, capacity, "
-                                     f"{dd}) with contiguous rows")
+                if (cache.dtype != kv_dtype or kv_dtype not in KV_ELEM_SIZES or cache.dim() != 3
+                        or cache.shape[0] != n_kv_heads or cache.shape[2] != dd or cache.stride(2) != 1 or cache.device.type != "cpu"):
+                    raise ValueError(f"DecodeLayers: layer {i}'s KV cache must be {kv_dtype} (float32 or float16) "
+                                     f"({n_kv_heads}, capacity, {dd}) with contiguous rows, like layer 0's")
             cap = min(k_cache.shape[1], v_cache.shape[1])
             capacity = cap if capacity is None else min(capacity, cap)
             row = [attn_norm.data_ptr(), ffn_norm.data_ptr()]
@@ -435,7 +452,7 @@ class DecodeLayers:
             table[i] = torch.tensor(row, dtype=torch.int64)
         self.table, self.n_layers, self.capacity, self.hidden = table, len(layers), capacity, hidden
         self._dims = (hidden, n_heads, n_kv_heads, head_dim, v_head_dim, ffn, float(eps),
-                      float(scale if scale is not None else head_dim ** -0.5))
+                      float(scale if scale is not None else head_dim ** -0.5), KV_ELEM_SIZES[kv_dtype])
         self._keep = (layers, keep)  # the norms, caches and weights the table points into
 
     def run(self, x: torch.Tensor, pos: int, cos_q: torch.Tensor, sin_q: torch.Tensor, cos_k: torch.Tensor,

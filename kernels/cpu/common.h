@@ -43,6 +43,43 @@ typedef struct {
     float s;
 } tq_q8b;
 
+/* IEEE binary16 <-> float32, portable (the f16 KV cache). To f16: round to nearest even, with
+ * overflow to infinity, subnormals and NaN (quieted, top payload bits kept) as torch's Tensor.half(). */
+static inline float tq_f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t x;
+    if (e == 0x1f)
+        x = sign | 0x7f800000u | (m << 13);
+    else if (e)
+        x = sign | ((e + 112u) << 23) | (m << 13);
+    else { /* zero or subnormal: m * 2^-24, exact in float32 (a normal number) */
+        float f = (float)m * 5.9604644775390625e-8f;
+        memcpy(&x, &f, 4);
+        x |= sign;
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static inline uint16_t tq_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu)); /* NaN, quiet, payload kept */
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520 and up (and inf): inf */
+    if (ax < 0x38800000u) { /* below 2^-14: a subnormal (or zero) in units of 2^-24 */
+        if (ax < 0x33000000u) return (uint16_t)sign; /* below 2^-25 (2^-25 itself ties to 0) */
+        const uint32_t m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - (ax >> 23); /* 14..24 */
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        r += rem > half || (rem == half && (r & 1u));
+        return (uint16_t)(sign | r);
+    }
+    /* normal: rebias the exponent (127 -> 15), round the 13 dropped bits to nearest even */
+    return (uint16_t)(sign | ((ax - 0x38000000u + 0xfffu + ((ax >> 13) & 1u)) >> 13));
+}
+
 /* Which activation format a weight type consumes. */
 enum { TQ_ACT_F32 = 0, TQ_ACT_Q8K = 1, TQ_ACT_Q8B = 2 };
 
@@ -68,6 +105,13 @@ typedef void (*tq_attn_decode_fn)(const float *q, int n_rep, int d, const float 
  * rows of n_pad floats, zero past n_keys; scores: n_rep * n_pad floats */
 typedef void (*tq_attn_row_fn)(const float *q, int n_rep, int d, const float *kt, int n_pad, const float *v,
                                size_t vs, int dv, int n_keys, float scale, float *out, float *scores);
+/* the same two over a float16 cache (keys and values binary16, converted to float32 as loaded; the
+ * prefill row's transposed keys are float32, converted when transposed) */
+typedef void (*tq_attn_decode_f16_fn)(const float *q, int n_rep, int d, const uint16_t *k, size_t ks,
+                                      const uint16_t *v, size_t vs, int dv, int n_keys, int n_pad, float scale,
+                                      float *out, float *scores);
+typedef void (*tq_attn_row_f16_fn)(const float *q, int n_rep, int d, const float *kt, int n_pad, const uint16_t *v,
+                                   size_t vs, int dv, int n_keys, float scale, float *out, float *scores);
 /* out = silu(g) * u over n floats */
 typedef void (*tq_swiglu_fn)(const float *g, const float *u, float *out, int64_t n);
 /* the first index of the largest of n floats (as torch.argmax); *has_nan: whether any is NaN */
@@ -81,6 +125,8 @@ typedef struct {
     const char *target;
     tq_attn_decode_fn attn_decode;
     tq_attn_row_fn attn_prefill_row;
+    tq_attn_decode_f16_fn attn_decode_f16;
+    tq_attn_row_f16_fn attn_prefill_row_f16;
     tq_swiglu_fn swiglu_row;
     tq_argmax_fn argmax;
     tq_quant_fn quant_q8k;

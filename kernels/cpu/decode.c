@@ -24,9 +24,10 @@ static void dl_job(mm_job *J, const int64_t *row, int w, const float *x, int64_t
     J->ldy = (size_t)p[3];
 }
 
-/* x (hidden floats) in place through n_layers; -1: no memory. The caller holds the call lock. */
+/* x (hidden floats) in place through n_layers, the caches float32 or (kv_f16) binary16; -1: no memory.
+ * The caller holds the call lock. */
 int run_decode_layers(const int64_t *table, int n_layers, float *x, ptrdiff_t pos, const float *tab[4],
-                             int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale) {
+                      int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale, int kv_f16) {
     const size_t need = (size_t)hq * d + (size_t)hkv * (d + dv) + (size_t)hq * dv + 3 * (size_t)ffn + (size_t)hidden;
     if (need * sizeof(float) > dl_size) {
         free(dl_buf);
@@ -41,12 +42,13 @@ int run_decode_layers(const int64_t *table, int n_layers, float *x, ptrdiff_t po
         mm_job J[3];
         for (int w = 0; w < 3; ++w) dl_job(&J[w], row, DL_Q + w, x, hidden, w == 0 ? q : w == 1 ? k : v);
         if (run_norm_matmuls(x, (const float *)(uintptr_t)row[DL_ATTN_NORM], eps, 1, hidden, J, 3, 0)) return -1;
-        rkv_job R = {q, k, v, tab[0], tab[1], tab[2], tab[3], (float *)(uintptr_t)row[DL_KC],
-                     (float *)(uintptr_t)row[DL_VC], 1, hq, hkv, d, dv, 1, (size_t)hq * d, (size_t)hkv * d,
-                     (size_t)hkv * dv, (size_t)row[DL_KH], (size_t)row[DL_KR], (size_t)row[DL_VH], (size_t)row[DL_VR], pos};
+        rkv_job R = {q, k, v, tab[0], tab[1], tab[2], tab[3], (void *)(uintptr_t)row[DL_KC],
+                     (void *)(uintptr_t)row[DL_VC], 1, hq, hkv, d, dv, 1, (size_t)hq * d, (size_t)hkv * d,
+                     (size_t)hkv * dv, (size_t)row[DL_KH], (size_t)row[DL_KR], (size_t)row[DL_VH], (size_t)row[DL_VR], pos,
+                     kv_f16};
         pool_for(unit_rope_kv, &R, 1);
         ac_job A = {q, R.kc, R.vc, o, 1, hkv, hq / hkv, d, dv, (size_t)hq * d, (size_t)hq * dv,
-                    R.kh, R.kr, R.vh, R.vr, pos, scale, 0};
+                    R.kh, R.kr, R.vh, R.vr, pos, scale, 0, kv_f16};
         run_attend(&A);
         if (A.failed) return -1;
         dl_job(&J[0], row, DL_O, o, (int64_t)hq * dv, y);

@@ -55,6 +55,19 @@ static int get_ssize(PyObject *o, Py_ssize_t *v) {
     return (*v == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* the optional last argument of the KV-cache calls: the caches' element size, 4 (float32, the
+ * default) or 2 (binary16) -> *f16; -1 with an exception set otherwise */
+static int get_kv_f16(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t base, const char *name, int *f16) {
+    Py_ssize_t size = 4;
+    if (nargs > base && get_ssize(args[base], &size)) return -1;
+    if (size != 4 && size != 2) {
+        PyErr_Format(PyExc_ValueError, "%s: KV element size must be 4 (float32) or 2 (float16), got %zd", name, size);
+        return -1;
+    }
+    *f16 = size == 2;
+    return 0;
+}
+
 PyDoc_STRVAR(matmul_doc,
              "matmul(ggml_type, w_ptr, w_row_bytes, n_out, k, x_ptr, x_row_bytes, n_x, y_ptr, y_row_floats)\n"
              "y[j, r] = sum_e W[r, e] * x[j, e] for r < n_out, j < n_x: W in GGUF blocks, x and y float32.");
@@ -206,9 +219,11 @@ static PyObject *py_rope_pairs(PyObject *self, PyObject *const *args, Py_ssize_t
 
 PyDoc_STRVAR(rope_kv_doc,
              "rope_kv(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, T, Hq, Hkv, d, dv, pos, q_row, k_row, "
-             "v_row, kc_head, kc_row, vc_head, vc_row)\n"
+             "v_row, kc_head, kc_row, vc_head, vc_row[, kv_elem_size])\n"
              "Pointers then sizes, strides in floats. For each row t < T: q[t] (Hq heads of d) rotated in place with "
-             "tables row t (as rope_pairs); k[t] rotated into k_cache[h, pos + t]; v[t] copied to v_cache[h, pos + t].");
+             "tables row t (as rope_pairs); k[t] rotated into k_cache[h, pos + t]; v[t] copied to v_cache[h, pos + t]. "
+             "kv_elem_size 4 (default): float32 caches; 2: float16 caches (rounded to nearest even), cache strides in "
+             "elements.");
 
 /* rope_kv's 22 arguments into its job; -1 with an exception set when they do not fit */
 static int parse_rope_kv(PyObject *const *args, rkv_job *J) {
@@ -226,9 +241,9 @@ static int parse_rope_kv(PyObject *const *args, rkv_job *J) {
         return -1;
     }
     rkv_job j = {(float *)p[0], (const float *)p[1], (const float *)p[2], (const float *)p[3], (const float *)p[4],
-                 (const float *)p[5], (const float *)p[6], (float *)p[7], (float *)p[8], (int)s[0], (int)s[1],
+                 (const float *)p[5], (const float *)p[6], p[7], p[8], (int)s[0], (int)s[1],
                  (int)s[2], (int)s[3], (int)s[4], 1, (size_t)s[6], (size_t)s[7], (size_t)s[8], (size_t)s[9],
-                 (size_t)s[10], (size_t)s[11], (size_t)s[12], s[5]};
+                 (size_t)s[10], (size_t)s[11], (size_t)s[12], s[5], 0};
     j.n_units = pool_units(j.T, (Py_ssize_t)(j.hq + 2 * j.hkv) * j.d);
     *J = j;
     return 0;
@@ -236,12 +251,12 @@ static int parse_rope_kv(PyObject *const *args, rkv_job *J) {
 
 static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 22) {
-        PyErr_SetString(PyExc_TypeError, "rope_kv takes 22 arguments");
+    if (nargs != 22 && nargs != 23) {
+        PyErr_SetString(PyExc_TypeError, "rope_kv takes 22 or 23 arguments");
         return NULL;
     }
     rkv_job J;
-    if (parse_rope_kv(args, &J)) return NULL;
+    if (parse_rope_kv(args, &J) || get_kv_f16(args, nargs, 22, "rope_kv", &J.kv_f16)) return NULL;
     if (J.T == 0) Py_RETURN_NONE;
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
@@ -253,15 +268,16 @@ static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 PyDoc_STRVAR(attend_causal_doc,
              "attend_causal(q, k_cache, v_cache, out, T, n_heads, n_kv_heads, d, dv, start, q_row, out_row, k_head, "
-             "k_row, v_head, v_row, scale)\n"
+             "k_row, v_head, v_row, scale[, kv_elem_size])\n"
              "Causal attention of T query rows at positions start..start+T-1 over the cached keys/values "
              "[0, start + t] of each (float32, strides in floats; a row's heads contiguous): query head h reads KV "
-             "head h // (n_heads / n_kv_heads). out[t]: (n_heads, dv). The decode step is T = 1.");
+             "head h // (n_heads / n_kv_heads). out[t]: (n_heads, dv). The decode step is T = 1. kv_elem_size 2: "
+             "float16 caches (converted to float32 as read).");
 
 static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 17) {
-        PyErr_SetString(PyExc_TypeError, "attend_causal takes 17 arguments");
+    if (nargs != 17 && nargs != 18) {
+        PyErr_SetString(PyExc_TypeError, "attend_causal takes 17 or 18 arguments");
         return NULL;
     }
     void *p[4];
@@ -279,9 +295,10 @@ static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     ac_job J;
+    if (get_kv_f16(args, nargs, 17, "attend_causal", &J.kv_f16)) return NULL;
     J.q = (const float *)p[0];
-    J.k = (const float *)p[1];
-    J.v = (const float *)p[2];
+    J.k = p[1];
+    J.v = p[2];
     J.out = (float *)p[3];
     J.T = (int)s[0];
     J.n_kv = (int)s[2];
@@ -307,19 +324,20 @@ static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssiz
 }
 
 PyDoc_STRVAR(rope_kv_attend_doc,
-             "rope_kv_attend(<rope_kv's 22 arguments>, out_ptr, scale)\n"
+             "rope_kv_attend(<rope_kv's 22 arguments>, out_ptr, scale[, kv_elem_size])\n"
              "rope_kv, then attend_causal of the rotated q over the caches (out: T rows of Hq * dv floats): a "
              "layer's attention before its output projection, one call.");
 
 static PyObject *py_rope_kv_attend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 24) {
-        PyErr_SetString(PyExc_TypeError, "rope_kv_attend takes 24 arguments");
+    if (nargs != 24 && nargs != 25) {
+        PyErr_SetString(PyExc_TypeError, "rope_kv_attend takes 24 or 25 arguments");
         return NULL;
     }
     rkv_job R;
     void *out;
-    if (parse_rope_kv(args, &R) || get_ptr(args[22], &out)) return NULL;
+    if (parse_rope_kv(args, &R) || get_ptr(args[22], &out) || get_kv_f16(args, nargs, 24, "rope_kv_attend", &R.kv_f16))
+        return NULL;
     double scale = PyFloat_AsDouble(args[23]);
     if (scale == -1.0 && PyErr_Occurred()) return NULL;
     if (!out || R.hq % R.hkv) {
@@ -328,7 +346,7 @@ static PyObject *py_rope_kv_attend(PyObject *self, PyObject *const *args, Py_ssi
     }
     if (R.T == 0) Py_RETURN_NONE;
     ac_job A = {R.q, R.kc, R.vc, (float *)out, R.T, R.hkv, R.hq / R.hkv, R.d, R.dv, R.q_row, (size_t)R.hq * R.dv,
-                R.kh, R.kr, R.vh, R.vr, R.pos, (float)scale, 0};
+                R.kh, R.kr, R.vh, R.vr, R.pos, (float)scale, 0, R.kv_f16};
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
     pool_for(unit_rope_kv, &R, R.n_units);
@@ -628,17 +646,19 @@ static PyObject *py_matmul_add(PyObject *self, PyObject *const *args, Py_ssize_t
 
 PyDoc_STRVAR(decode_layers_doc,
              "decode_layers(table_ptr, n_layers, x_ptr, pos, cos_q, sin_q, cos_k, sin_k, hidden, n_heads, n_kv_heads, "
-             "d, dv, ffn, eps, scale)\n"
+             "d, dv, ffn, eps, scale[, kv_elem_size])\n"
              "One token's hidden row (float32, in place) through n_layers pre-norm layers whose pointers are the "
              "int64 table's rows (cpu_native.DecodeLayers builds and checks it; the kernel trusts it). Tables: the "
              "RoPE rows of position pos (d floats each).");
 
 static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 16) {
-        PyErr_SetString(PyExc_TypeError, "decode_layers takes 16 arguments");
+    if (nargs != 16 && nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "decode_layers takes 16 or 17 arguments");
         return NULL;
     }
+    int kv_f16;
+    if (get_kv_f16(args, nargs, 16, "decode_layers", &kv_f16)) return NULL;
     void *p[7];
     Py_ssize_t n_layers, pos, s[6];
     if (get_ptr(args[0], &p[0]) || get_ssize(args[1], &n_layers) || get_ptr(args[2], &p[1]) || get_ssize(args[3], &pos))
@@ -660,7 +680,7 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
     rc = run_decode_layers((const int64_t *)p[0], (int)n_layers, (float *)p[1], pos, tab, (int)s[0], (int)s[1],
-                           (int)s[2], (int)s[3], (int)s[4], (int)s[5], (float)eps, (float)scale);
+                           (int)s[2], (int)s[3], (int)s[4], (int)s[5], (float)eps, (float)scale, kv_f16);
     release_temp();
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS

@@ -102,21 +102,24 @@ void unit_gather(void *arg, int u);
 typedef struct {
     float *q;
     const float *k, *v, *cq, *sq, *ck, *sk;
-    float *kc, *vc;
+    void *kc, *vc; /* float32, or binary16 where kv_f16 */
     int T, hq, hkv, d, dv, n_units;
-    size_t q_row, k_row, v_row, kh, kr, vh, vr; /* strides in floats */
+    size_t q_row, k_row, v_row, kh, kr, vh, vr; /* strides in elements (floats; the caches' in their own) */
     ptrdiff_t pos;
+    int kv_f16; /* 1: the caches hold binary16, written rounded to nearest even */
 } rkv_job;
 void unit_rope_kv(void *arg, int u);
 
 typedef struct {
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v; /* the caches: float32, or binary16 where kv_f16 */
     float *out;
     int T, n_kv, n_rep, d, dv;
     size_t q_row, out_row, kh, kr, vh, vr;
     ptrdiff_t start;
     float scale;
     int failed; /* a unit could not allocate its scores */
+    int kv_f16;
 } ac_job;
 void run_attend(ac_job *J);
 
@@ -130,11 +133,11 @@ void run_attend(ac_job *J);
 enum {
     DL_ATTN_NORM, DL_FFN_NORM,
     DL_W, /* 7 weights (q, k, v, o, gate, up, down) of 4: ggml type, pointer, row bytes, rows */
-    DL_KC = DL_W + 28, DL_VC, DL_KH, DL_KR, DL_VH, DL_VR, /* caches: pointers, head and row strides (floats) */
+    DL_KC = DL_W + 28, DL_VC, DL_KH, DL_KR, DL_VH, DL_VR, /* caches: pointers, head and row strides (elements) */
     DL_FIELDS
 };
 int run_decode_layers(const int64_t *table, int n_layers, float *x, ptrdiff_t pos, const float *tab[4],
-                      int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale);
+                      int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale, int kv_f16);
 
 /* ------------------------------------------------------------------------------ repack.c */
 void repack_rows(tq_repack_fn fn, const uint8_t *src, size_t src_stride, int n_rows, int nb, uint8_t *dst,

@@ -271,6 +271,19 @@ static int check_attention(const tq_kernels *v) {
                 break;
             }
         }
+        /* a float16 cache: the variant's f16 kernel (fcvtl in registers) is, bit for bit, its f32
+         * kernel over the same values widened, and so is the portable one's */
+        uint16_t *kh = malloc(sizeof(uint16_t) * ks * n_keys), *vh = malloc(sizeof(uint16_t) * vs * n_keys);
+        for (size_t i = 0; i < ks * n_keys; ++i) k[i] = tq_f16_to_f32(kh[i] = tq_f32_to_f16(k[i]));
+        for (size_t i = 0; i < vs * n_keys; ++i) vv[i] = tq_f16_to_f32(vh[i] = tq_f32_to_f16(vv[i]));
+        const float scale = 1.0f / sqrtf((float)d);
+        v->attn_decode(q, n_rep, d, k, ks, vv, vs, dv, n_keys, n_pad, scale, og, sc);
+        v->attn_decode_f16(q, n_rep, d, kh, ks, vh, vs, dv, n_keys, n_pad, scale, ov, sc);
+        if (memcmp(og, ov, sizeof(float) * n_rep * dv)) bad |= fail(v->name, "attention", "f16 cache differs");
+        tq_kernels_generic.attn_decode_f16(q, n_rep, d, kh, ks, vh, vs, dv, n_keys, n_pad, scale, ov, sc);
+        tq_kernels_generic.attn_decode(q, n_rep, d, k, ks, vv, vs, dv, n_keys, n_pad, scale, og, sc);
+        if (memcmp(og, ov, sizeof(float) * n_rep * dv)) bad |= fail("generic", "attention", "f16 cache differs");
+        free(kh), free(vh);
         free(q), free(k), free(vv), free(og), free(ov), free(sc);
     }
     return bad;
