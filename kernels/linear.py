@@ -449,14 +449,14 @@ def native_decode_layers(layers, hidden: int, n_heads: int, n_kv_heads: int, hea
                          eps: float):
     """One native call per decode step for a run of layers (cpu_native.DecodeLayers), or None
     where it does not apply (torch path, CPU.exact, a weight the kernels do not run, a fused
-    QKV / gate-up, a KV cache that is not float32): then the per-op path runs, which gives the
+    QKV / gate-up, a KV cache that is neither float32 nor float16): then the per-op path runs, which gives the
     same row bit for bit. `layers`: (attn_norm, ffn_norm, (wq, wk, wv, wo, w_gate, w_up,
     w_down), k_cache, v_cache) each."""
     if CPU.exact or not cpu_native.AVAILABLE:
         return None
     rows = []
     for attn_norm, ffn_norm, weights, k_cache, v_cache in layers:
-        if k_cache.dtype != torch.float32 or v_cache.dtype != torch.float32 or not k_cache.is_cpu:
+        if k_cache.dtype not in cpu_native.KV_ELEM_SIZES or v_cache.dtype != k_cache.dtype or not k_cache.is_cpu:
             return None
         plans = []
         for w in weights:

@@ -80,7 +80,7 @@ def bench_main(args) -> int:
                          context_length=args.context_length or ((args.prompt_tokens or DEFAULT_PROMPT_TOKENS)
                                                                 + (args.gen_tokens or DEFAULT_GEN_TOKENS) + 64
                                                                 + (4096 * len(images) if images else 0)),
-                         device_map=args.device_map)
+                         device_map=args.device_map, kv_type=args.kv_type)
     note_capped_context(args, engine)
     args.prompt_tokens, args.gen_tokens = default_sizes(engine.cache.capacity, args.prompt_tokens, args.gen_tokens)
     device = engine.model.device

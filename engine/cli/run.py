@@ -121,6 +121,10 @@ def add_local_model_arguments(parser, context_help: str | None = None) -> None:
                              "(default: planned from free memory; see `info --plan`)")
     parser.add_argument("--threads", type=positive_int, metavar="N",
                         help="CPU threads for the layers on the CPU (default: the physical cores)")
+    parser.add_argument("--kv-type", choices=("f32", "f16"), default="f32",
+                        help="the KV cache's elements for the layers on the CPU: f16 halves its memory and "
+                             "the bytes a long context's decode reads, rounding keys and values to float16 "
+                             "(GPU layers keep their own type) (default: %(default)s)")
 
 
 def add_kv_disk_argument(parser) -> None:
@@ -139,7 +143,8 @@ def load_local(args, images: bool):
     # images; an explicit --mmproj is always loaded (and checked).
     mmproj = projector_for(args, needed=images) if (images or args.mmproj) else None
     engine = LocalEngine(args.model, mmproj, device=args.device, context_length=args.context_length,
-                         device_map=args.device_map, kv_disk_dir=getattr(args, "kv_disk", None))
+                         device_map=args.device_map, kv_disk_dir=getattr(args, "kv_disk", None),
+                         kv_type=getattr(args, "kv_type", "f32"))
     note_capped_context(args, engine)
     return engine
 
@@ -327,7 +332,7 @@ def run_main(args) -> int:
 NLL_SLICE = 512  # rows of logits alive at once: (slice, vocab) float32, not (window, vocab)
 
 
-def token_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, int]:
+def token_nll(model, ids: list[int], window: int, stride: int, kv_type: str = "f32") -> tuple[float, int]:
     """Sum of -log p(token | everything before it within the window) over ids[1:].
 
     One window when the text fits. Otherwise windows of `window` tokens start every `stride`
@@ -341,7 +346,7 @@ def token_nll(model, ids: list[int], window: int, stride: int) -> tuple[float, i
 
     total, scored = 0.0, 0
     n = len(ids)
-    cache = new_cache(model, min(window, n), capture_graphs=False)  # prefill only: no decode graphs
+    cache = new_cache(model, min(window, n), capture_graphs=False, kv_type=kv_type)  # prefill only: no graphs
     begin = 0
     prev_end = 1  # ids[0] (BOS) is never scored
     while prev_end < n:
@@ -393,7 +398,7 @@ def perplexity_main(args) -> int:
     window = min(args.context_length or default_context_length(model), model.cfg.context_length)
     window = max(window, 2)
     stride = max(window // 2, 1)
-    nll, n = token_nll(model, ids, window, stride)
+    nll, n = token_nll(model, ids, window, stride, kv_type=args.kv_type)
     if not math.isfinite(nll):
         raise EngineError(f"{args.model}: the model produced invalid logits (NaN/inf) on {path}: "
                           f"the weights may be corrupt, or the compute dtype overflowed")

@@ -76,7 +76,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     check_context_length(args, 1)
     engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
                          context_length=args.context_length, device_map=args.device_map,
-                         kv_disk_dir=args.kv_disk)
+                         kv_disk_dir=args.kv_disk, kv_type=args.kv_type)
     note_capped_context(args, engine)
     executor = BatchExecutor(engine, slots=args.parallel, priority_slots=0)  # no window here to keep a slot for
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,

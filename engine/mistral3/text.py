@@ -72,6 +72,12 @@ def _native_f32(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def _native_kv(q: torch.Tensor, cache_k: torch.Tensor) -> bool:
+    """The native attention takes these: a float32 CPU query over a CPU KV cache of float32 or
+    float16 (KVCache's kv_type)."""
+    return _native_f32(q) and cache_k.is_cpu and cache_k.dtype in _linear_mod.cpu_native.KV_ELEM_SIZES
+
+
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs: x (T, H, d), tables (T, d) from RopeTables.
     (x0, x1) -> (x0·c - x1·s, x1·c + x0·s): x·cos + swap(x)·sin_signed, four kernels."""
@@ -570,7 +576,7 @@ class Mistral3Text:
         """One sequence's rows (of a batch, or a whole pass): RoPE, K/V written at [start, start + T)
         of its cache, causal attention over [0, start + t] for row t; (T, heads * dv) before W_o.
         flash: flash_attention_on(q.device), asked by the caller."""
-        if _native_f32(q, cache_k):
+        if _native_kv(q, cache_k):
             # CPU: RoPE, the KV write and attention in one native call, (row, KV head) pairs on
             # the thread pool. sdpa's CPU kernel spends ~90 us a layer on setup at decode sizes,
             # and runs prefill on one thread (torch keeps one beside the pool).

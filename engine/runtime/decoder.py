@@ -8,11 +8,12 @@ import os
 
 import torch
 
+from ...kernels import cpu_native
 from .. import host
 from ..api import EngineError
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import KVCache
-from .memory import DEFAULT_CONTEXT
+from .memory import DEFAULT_CONTEXT, kv_type_bytes
 
 log = logging.getLogger(__name__)
 
@@ -32,24 +33,42 @@ def graphs_enabled(model) -> bool:
     return any(seg.device.type == "cuda" for seg in model.segments)
 
 
-def new_cache(model, context_length: int | None = None, capture_graphs: bool = True) -> KVCache:
+def cpu_kv_dtype(kv_type: str) -> torch.dtype:
+    """The CPU segments' KV dtype for a kv_type ("f32" / "f16"); EngineError for another, and
+    for f16 where the native CPU kernels (the only path that reads a float16 cache) are missing."""
+    try:
+        size = kv_type_bytes(kv_type)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from None
+    if size == 4:
+        return torch.float32
+    if not cpu_native.AVAILABLE:
+        raise EngineError("a float16 KV cache needs the native CPU kernels, which are not built here: "
+                          "use kv_type f32")
+    return torch.float16
+
+
+def new_cache(model, context_length: int | None = None, capture_graphs: bool = True,
+              kv_type: str = "f32") -> KVCache:
     """A KV cache for `model` (the planned context by default, capped by the file's); on a model
     with GPU segments the decode graphs of its buckets are captured now, a failed bucket
-    reported once per model (`model.graph_failures`) and decoded eagerly."""
+    reported once per model (`model.graph_failures`) and decoded eagerly. kv_type: the CPU
+    segments' KV elements, "f32" or "f16" (GPU segments keep the model's dtype either way)."""
     cfg = model.cfg
+    cpu_kv = cpu_kv_dtype(kv_type)
     n = default_context_length(model) if context_length is None else int(context_length)
     if n <= 0:
         raise EngineError(f"context length must be positive, got {n}")
     n = min(n, cfg.context_length)
     cpu = torch.device("cpu")
     if any(seg.device == cpu for seg in model.segments):
-        need = n * model.kv_bytes_per_token(device=cpu)
+        need = n * model.kv_bytes_per_token(dtype=None if cpu_kv == torch.float32 else cpu_kv, device=cpu)
         free = host.available_ram()
         if free and need > free:
             raise EngineError(f"a KV cache of {n} tokens needs {need / 2**30:.1f} GiB, more than the "
                               f"{free / 2**30:.1f} GiB of free memory: lower the context length")
     model.ensure_rope(n)
-    parts = [(len(seg.layers), seg.dtype, seg.device) for seg in model.segments]
+    parts = [(len(seg.layers), cpu_kv if seg.device == cpu else seg.dtype, seg.device) for seg in model.segments]
     cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, model.dtype, model.device, parts)
     if capture_graphs and graphs_enabled(model):
         cache.decode_graphs = DecodeGraphs(model)

@@ -22,7 +22,7 @@ from .generate import InvalidLogitsError, check_params, generate
 from ..gguf import GGUFError, open_gguf
 from ..mistral3.text import Mistral3Text, torch_device
 from ..mistral3.config import check_pair, text_config
-from .decoder import new_cache
+from .decoder import cpu_kv_dtype, new_cache
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
 from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
@@ -42,17 +42,21 @@ class LocalEngine:
                  device: str = "auto", context_length: int | None = None,
                  kv_host_budget_mb: int = 2048, progress: LoadProgress | None = None,
                  device_map: str | None = None, kv_disk_dir: str | Path | None = None,
-                 kv_disk_budget_mb: int = DEFAULT_DISK_BYTES >> 20):
+                 kv_disk_budget_mb: int = DEFAULT_DISK_BYTES >> 20, kv_type: str = "f32"):
         """device: auto / cuda (GPUs, with layers spilled to the CPU when the model does not
         fit: planned before loading), or cpu. device_map: a manual map, e.g. "cuda:0=30,cpu=10".
         context_length: None for the plan's default; a larger one is planned the same way
         (layers move to the CPU, or a PlanError says it does not fit).
         kv_host_budget_mb: host memory for KV outside the cache, half for parked chats, half for
         the shared prefix cache. kv_disk_dir: a folder for the prefix cache's disk tier (blocks
-        of recent chats survive a restart), at most kv_disk_budget_mb there; None: memory only."""
+        of recent chats survive a restart), at most kv_disk_budget_mb there; None: memory only.
+        kv_type: the KV cache of the layers on the CPU, "f32" or "f16" (half the memory and the
+        bytes a long context's decode step reads; keys and values rounded to float16, the
+        attention math float32). GPU layers keep the model's dtype."""
         self.model_path = Path(model_path)
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         settle_torch_threads()  # torch out of the native pool's way (runtime/threads.py)
+        cpu_kv_dtype(kv_type)  # a kv_type that cannot run is said before minutes of loading
         if kv_disk_dir is not None:
             usable_folder(kv_disk_dir)  # a folder that cannot be used is said before minutes of loading
         try:
@@ -71,7 +75,7 @@ class LocalEngine:
             self.vision = self._load_vision(self.mmproj_path)
         if progress:
             progress(0.95, "allocating the KV cache, capturing the decode graphs")
-        self.cache = new_cache(self.model, self.plan.context_length)  # the KV the plan counted
+        self.cache = new_cache(self.model, self.plan.context_length, kv_type=kv_type)  # the KV the plan counted
         self.session = Session()
         self.session_key: str | None = None
         host_budget = self._host_kv_budget(kv_host_budget_mb << 20)  # one bound for both below

@@ -63,6 +63,19 @@ def bucket_for(n_keys: int, capacity: int) -> int:
     return capacity
 
 
+# The CPU KV cache's element types (LocalEngine(kv_type=...), --kv-type) and their bytes: float32 by
+# default; float16 halves the KV memory and the bytes a long context's decode step reads (the
+# attention math stays float32). GPU segments keep their own compute dtype.
+KV_TYPE_BYTES = {"f32": 4, "f16": 2}
+
+
+def kv_type_bytes(kv_type: str) -> int:
+    """Bytes of one CPU KV element for a kv_type; ValueError naming the choices for another."""
+    if kv_type not in KV_TYPE_BYTES:
+        raise ValueError(f"KV type {kv_type!r} is not one of {', '.join(KV_TYPE_BYTES)}")
+    return KV_TYPE_BYTES[kv_type]
+
+
 def kv_bytes(tokens: int, kv_width: int, n_layers: int, value_bytes: int) -> int:
     """K and V of `tokens` positions over `n_layers` layers (kv_width = kv_heads x (k + v dims))."""
     return tokens * kv_width * n_layers * value_bytes
