@@ -81,6 +81,11 @@ def test_default_kv_stays_float32_and_f16_halves_the_bytes():
     f32, f16 = new_cache(model, 64), new_cache(model, 64, kv_type="f16")
     assert f32.dtype == torch.float32 and f16.dtype == torch.float16
     assert f16.nbytes * 2 == f32.nbytes
+    for cache, elem in ((f32, 4), (f16, 2)):  # the decode step is the one native call either way
+        model.logits([1, 2, 3], 0, cache)
+        decode(model, 4, cache)
+        step = model._native_decode(model.segments[0], cache)
+        assert isinstance(step, cpu_native.DecodeLayers) and step._dims[-1] == elem
     cpu = torch.device("cpu")
     assert model.kv_bytes_per_token(dtype=torch.float16, device=cpu) * 2 == model.kv_bytes_per_token(device=cpu)
     assert (kv_type_bytes("f32"), kv_type_bytes("f16")) == (4, 2)
