@@ -55,20 +55,21 @@ def new_cache(model, context_length: int | None = None, capture_graphs: bool = T
     reported once per model (`model.graph_failures`) and decoded eagerly. kv_type: the CPU
     segments' KV elements, "f32" or "f16" (GPU segments keep the model's dtype either way)."""
     cfg = model.cfg
-    cpu_kv = cpu_kv_dtype(kv_type)
+    f16 = cpu_kv_dtype(kv_type) == torch.float16  # f32: each segment's own dtype, as before
     n = default_context_length(model) if context_length is None else int(context_length)
     if n <= 0:
         raise EngineError(f"context length must be positive, got {n}")
     n = min(n, cfg.context_length)
     cpu = torch.device("cpu")
     if any(seg.device == cpu for seg in model.segments):
-        need = n * model.kv_bytes_per_token(dtype=None if cpu_kv == torch.float32 else cpu_kv, device=cpu)
+        need = n * model.kv_bytes_per_token(dtype=torch.float16 if f16 else None, device=cpu)
         free = host.available_ram()
         if free and need > free:
             raise EngineError(f"a KV cache of {n} tokens needs {need / 2**30:.1f} GiB, more than the "
                               f"{free / 2**30:.1f} GiB of free memory: lower the context length")
     model.ensure_rope(n)
-    parts = [(len(seg.layers), cpu_kv if seg.device == cpu else seg.dtype, seg.device) for seg in model.segments]
+    parts = [(len(seg.layers), torch.float16 if f16 and seg.device == cpu else seg.dtype, seg.device)
+             for seg in model.segments]
     cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, n, model.dtype, model.device, parts)
     if capture_graphs and graphs_enabled(model):
         cache.decode_graphs = DecodeGraphs(model)
