@@ -72,10 +72,13 @@ def test_catalogue_download_then_one_click_load(qtbot, dialog, fake, tmp_path):
     with qtbot.waitSignal(dialog.load_requested, timeout=TIMEOUT) as sig:
         qtbot.mouseClick(dialog.catalog_load, qtbot_left())
     assert sig.args == [str(model), str(proj)]
-    # the local tab lists both, paired
-    names = {dialog.local_table.item(r, 0).text(): dialog.local_table.item(r, 6).text()
-             for r in range(dialog.local_table.rowCount())}
-    assert names == {MODEL_FILE: PROJ_FILE, PROJ_FILE: ""}
+    # the local tab lists both, paired (it is refreshed by a job after each finished download:
+    # the last refresh may still be on its way)
+    def local_rows():
+        return {dialog.local_table.item(r, 0).text(): dialog.local_table.item(r, 6).text()
+                for r in range(dialog.local_table.rowCount())}
+
+    qtbot.waitUntil(lambda: local_rows() == {MODEL_FILE: PROJ_FILE, PROJ_FILE: ""}, timeout=TIMEOUT)
     dialog.grab().save(str(tmp_path / "catalogue.png"))
 
 
