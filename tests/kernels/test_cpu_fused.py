@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tramontane.kernels import cpu_native
 from tramontane.kernels import ggml_types as gt
 
-from support.cpu_reference import make_weight
+from support.cpu_reference import attention_reference, make_weight
 
 pytestmark = [pytest.mark.skipif(not cpu_native.AVAILABLE,
                                  reason=f"native CPU kernels not built: {cpu_native.IMPORT_ERROR}"),
@@ -73,18 +73,6 @@ def test_rope_kv_write_refuses_what_does_not_fit():
         cpu_native.rope_kv_write(q, k, v, torch.zeros(1, 8), *tables[1:], cache, cache.clone(), 0)
 
 
-def _attention_reference(q, keys, values, start):
-    """sdpa in float64: T rows at positions start.., bottom-right causal, GQA by expansion."""
-    T, H, d = q.shape
-    rep = H // keys.shape[0]
-    end = start + T
-    k = keys[:, :end].double().repeat_interleave(rep, 0)[None]
-    v = values[:, :end].double().repeat_interleave(rep, 0)[None]
-    mask = torch.ones(T, end, dtype=torch.bool).tril(start)
-    o = F.scaled_dot_product_attention(q.double().transpose(0, 1)[None], k, v, attn_mask=mask)
-    return o[0].transpose(0, 1).reshape(T, -1)
-
-
 @pytest.mark.parametrize("variant,threads", VARIANT_THREADS)
 def test_attend_causal_matches_sdpa(variant, threads):
     _use(variant, threads)
@@ -99,7 +87,7 @@ def test_attend_causal_matches_sdpa(variant, threads):
         values = torch.randn(hkv, cap, dv, generator=g)
         out = cpu_native.attend_causal(q, keys, values, start)
         assert out.shape == (T, H * dv)
-        torch.testing.assert_close(out.double(), _attention_reference(q, keys, values, start), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.double(), attention_reference(q, keys, values, start), rtol=1e-5, atol=1e-5)
         if T == 1:  # the four-heads-a-load decode kernel agrees with the head-at-a-time one
             torch.testing.assert_close(out.reshape(H, dv), cpu_native.attend_decode(q[0], keys, values, start + 1),
                                        rtol=1e-5, atol=1e-6)

@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from support.cpu_reference import attention_reference
+
 from tramontane.kernels import cpu_native
 from tramontane.kernels import ggml_types as gt
 
@@ -40,18 +42,6 @@ SHAPES = [(1, 32, 8, 128, 128, 300, 0), (1, 32, 8, 128, 128, 2100, 2047), (1, 10
 def _rope_reference(x, cos, sin):
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
     return x * cos[:, None, :] + swapped * sin[:, None, :]
-
-
-def _attention_reference(q, keys, values, start):
-    """sdpa in float64 over the cached values as stored (float16 widened exactly)."""
-    T, H, d = q.shape
-    rep = H // keys.shape[0]
-    end = start + T
-    k = keys[:, :end].double().repeat_interleave(rep, 0)[None]
-    v = values[:, :end].double().repeat_interleave(rep, 0)[None]
-    mask = torch.ones(T, end, dtype=torch.bool).tril(start)
-    o = F.scaled_dot_product_attention(q.double().transpose(0, 1)[None], k, v, attn_mask=mask)
-    return o[0].transpose(0, 1).reshape(T, -1)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -116,7 +106,7 @@ def test_attend_f16_cache_is_the_f32_kernel_on_the_rounded_values(threads):
         out = cpu_native.attend_causal(q, keys, values, start)
         assert out.shape == (T, H * dv)
         assert torch.equal(out, cpu_native.attend_causal(q, keys.float(), values.float(), start))
-        torch.testing.assert_close(out.double(), _attention_reference(q, keys, values, start), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.double(), attention_reference(q, keys, values, start), rtol=1e-5, atol=1e-5)
         if T == 1:
             dec = cpu_native.attend_decode(q[0], keys, values, start + 1)
             assert torch.equal(dec, cpu_native.attend_decode(q[0], keys.float(), values.float(), start + 1))

@@ -60,3 +60,20 @@ def act_block(ggml_type: int) -> int | None:
     if ggml_type in (gt.F32, gt.F16, gt.BF16):
         return None
     return 256 if gt.type_info(ggml_type).block_size == 256 else 32
+
+
+def attention_reference(q, keys, values, start):
+    """Causal attention in float64 by sdpa: q (T, H, d) at positions start.. over cached keys and
+    values (Hkv, capacity, d) as stored (float16 widened exactly), bottom-right causal, GQA by
+    expansion; (T, H * dv)."""
+    import torch
+    import torch.nn.functional as F
+
+    T, H, d = q.shape
+    rep = H // keys.shape[0]
+    end = start + T
+    k = keys[:, :end].double().repeat_interleave(rep, 0)[None]
+    v = values[:, :end].double().repeat_interleave(rep, 0)[None]
+    mask = torch.ones(T, end, dtype=torch.bool).tril(start)
+    o = F.scaled_dot_product_attention(q.double().transpose(0, 1)[None], k, v, attn_mask=mask)
+    return o[0].transpose(0, 1).reshape(T, -1)
