@@ -214,12 +214,11 @@ class ToolBroker(QObject):
         """The reply to `messages`, through as many rounds of tool calls as it takes. Returns
         the final result and the message row that holds it (None when Stop ended the loop
         between rounds: the calls and their cards are saved already). `on_prompt_progress`:
-        given to every round's engine.chat (an engine that takes it)."""
-        progress = {"on_prompt_progress": on_prompt_progress} if on_prompt_progress is not None else {}
+        given to every round's engine.chat."""
 
         def plain():
             return engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session_key,
-                               **progress)
+                               on_prompt_progress=on_prompt_progress)
 
         if not uses_tools(engine) or not chat_tools_on(self.store, chat_id):
             return plain(), reply_id
@@ -236,7 +235,8 @@ class ToolBroker(QObject):
             request = ToolRequest(tools=[] if capped else specs)
             result = engine.chat(messages, engine_params(engine.tokenizer, request, params),
                                  on_piece=text_before_calls(on_piece),
-                                 cancel=cancel, session_key=session_key, tools=None if capped else specs, **progress)
+                                 cancel=cancel, session_key=session_key, tools=None if capped else specs,
+                                 on_prompt_progress=on_prompt_progress)
             result = read_tool_calls(engine.tokenizer, request, result)
             if not result.tool_calls or cancel.is_set():
                 self.store.set_tool(reply_id, None)  # a regenerated row may have held calls

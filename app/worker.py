@@ -19,7 +19,6 @@ exception in the UI thread.
 from __future__ import annotations
 
 
-import inspect
 import logging
 import os
 import sys
@@ -170,14 +169,6 @@ def too_long_words(engine, messages) -> str:
               + (f", or {raise_it}" if raise_it else ""))
     return (f"The conversation is {total} tokens, more than the model's context of {size} "
             f"tokens. {advice[0].upper()}{advice[1:]}.")
-
-
-def _reports_prompt_progress(engine) -> bool:
-    """Whether engine.chat takes `on_prompt_progress` (the local engines; not a remote one)."""
-    try:
-        return "on_prompt_progress" in inspect.signature(engine.chat).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class EngineWorker(QObject):
@@ -437,15 +428,16 @@ class EngineWorker(QObject):
             last_save[0] = float("-inf")
             self.started.emit(rid, chat_id, reply_id)
 
-        progress = {"on_prompt_progress": on_prompt_progress} if _reports_prompt_progress(engine) else {}
         try:
             if req.tools is not None and chat_id is not None and message_id is not None:
                 result, message_id = req.tools.run_chat(
                     engine, chat_id, req.messages, req.params, on_piece=on_piece, cancel=req.cancel,
-                    session_key=req.session_key, reply_id=message_id, new_reply=new_reply, **progress)
+                    session_key=req.session_key, reply_id=message_id, new_reply=new_reply,
+                    on_prompt_progress=on_prompt_progress)
             else:
                 result = engine.chat(req.messages, req.params, on_piece=on_piece,
-                                     cancel=req.cancel, session_key=req.session_key, **progress)
+                                     cancel=req.cancel, session_key=req.session_key,
+                                     on_prompt_progress=on_prompt_progress)
         except EngineError as exc:
             words = too_long_words(engine, req.messages) or str(exc) or type(exc).__name__
             self._fail(req, message_id, "".join(so_far), words)

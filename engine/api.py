@@ -163,11 +163,13 @@ class Engine(Protocol):
         on_piece: PieceCallback | None = None,
         cancel: threading.Event | None = None,
         session_key: str | None = None,
+        on_prompt_progress: Callable[[int, int], None] | None = None,
     ) -> GenerationResult:
         """Generate the assistant reply to `messages` (the last one is the user's).
 
         `session_key` names the chat so a local engine can reuse that chat's KV cache.
-        Raises EngineError with a readable message on any failure."""
+        `on_prompt_progress(read, total)`: prompt tokens read so far, where the engine knows it
+        (a remote server does not say). Raises EngineError with a readable message on any failure."""
         ...
 
     def close(self) -> None: ...

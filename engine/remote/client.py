@@ -292,7 +292,8 @@ class RemoteEngine:
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams,
              on_piece: PieceCallback | None = None, cancel: threading.Event | None = None,
-             session_key: str | None = None) -> RemoteGenerationResult:
+             session_key: str | None = None, on_prompt_progress=None) -> RemoteGenerationResult:
+        # on_prompt_progress: never called (an OpenAI-compatible server does not report its prompt reading)
         if not messages:
             raise RemoteError("nothing to send: the chat has no messages", "config")
         payload = chat_payload(self.model, messages, params, self._include_usage)
