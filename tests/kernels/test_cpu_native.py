@@ -227,7 +227,7 @@ NEEDS_REPACKING = pytest.mark.skipif(not REPACKING, reason="no kernel variant he
 
 @NEEDS_REPACKING
 @pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
-@pytest.mark.parametrize("k", [2048, 23 * 256])
+@pytest.mark.parametrize("k", [2048, 23 * 256, 65 * 256])  # 65 * 256 > 16384: decode's tiles of 8 / 4 weight rows
 def test_repacked_weights_give_the_file_layouts_products(ggml_type, k):
     """A Q4_K or Q6_K weight planned on a repacking variant runs on its repacked copy (one row or
     many): the products hold the same bounds against gguf.quants. Q4_K's repacked tile is the file
@@ -271,6 +271,34 @@ def test_repacked_q6k_prefill_rows_do_not_depend_on_their_neighbours():
     for first in (1, 7, 29):  # the rows after `first` in other groups of 16
         tail = cpu_native.matmul(x, cpu_native.Q6_K_REPACKED, packed[first:].contiguous(), n_w - first, k)
         assert torch.equal(tail, full[:, first:])
+
+
+@NEEDS_REPACKING
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
+def test_repacked_decode_rows_do_not_depend_on_their_neighbours(ggml_type):
+    """With K > 16384 decode reads 8 weight rows a tile for one activation row (4 for two) and a
+    tail of fewer one at a time: each weight row's output is computed by the same steps wherever
+    it lands, so it is bit for bit the same inside a tile, in the tail, and (the units of rows
+    handed to threads start elsewhere) with 1 or 3 threads; the gguf.quants bounds hold too."""
+    cpu_native.use_variant(REPACKING[0])
+    rng = np.random.default_rng(60 + ggml_type)
+    k, n_w = 65 * 256, 29  # tiles of 8, 8, 8, then a tail of 5 (two rows: 7 tiles of 4, then 1)
+    raw, deq = make_weight(ggml_type, n_w, k, rng)
+    packed = cpu_native.repack(ggml_type, torch.from_numpy(raw))
+    for n in (1, 2):
+        x = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32))
+        cpu_native.set_threads(1)
+        full = cpu_native.matmul(x, REPACKED[ggml_type], packed, n_w, k)
+        _check(ggml_type, raw, deq, x.numpy(), full.numpy())
+        for first in (1, 5, 20):  # the rows after `first` in other tiles, or in the tail
+            tail = cpu_native.matmul(x, REPACKED[ggml_type], packed[first:].contiguous(), n_w - first, k)
+            assert torch.equal(tail, full[:, first:])
+        cpu_native.set_threads(3)
+        assert torch.equal(cpu_native.matmul(x, REPACKED[ggml_type], packed, n_w, k), full)
+        if n == 2:  # each activation row as in a call of its own (one row: tiles of 8, not 4)
+            for j in range(2):
+                assert torch.equal(cpu_native.matmul(x[j:j + 1].contiguous(), REPACKED[ggml_type], packed, n_w, k),
+                                   full[j:j + 1])
 
 
 @NEEDS_REPACKING
