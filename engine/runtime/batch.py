@@ -541,8 +541,7 @@ class BatchScheduler:
         s.slot.keys = (s.req.keys + s.cached)[:cache.length]
         if reason != "cancelled" or not s.reading:
             self._remember_blocks(s)
-        if reason in ("stop", "length") and s.generated and self.tokenizer.decode(s.generated) == s.stop.text:
-            self.replies.remember(s.stop.text, s.generated)
+        self.replies.remember_reply(s.stop.text, s.generated, reason, self.tokenizer.decode)
         self._release(s)
         result = self._result(s.req, s.generated, s.stop.text, s.reused, cache, reason, s.t_first, s.t_last,
                               s.n_sampled)

@@ -218,9 +218,7 @@ class LocalEngine:
         # The cache holds the prompt (unless cancelled before prefill) and all but the last token.
         self.session.keys = (keys + list(out.cached_ids))[: self.cache.length]
         self._publish(self.session.keys, hashes)
-        if out.stats.finish_reason in ("stop", "length") and out.token_ids \
-                and self.tokenizer.decode(out.token_ids) == out.text:
-            self.replies.remember(out.text, out.token_ids)
+        self.replies.remember_reply(out.text, out.token_ids, out.stats.finish_reason, self.tokenizer.decode)
         result = GenerationResult(out.text, out.token_ids, prompt.ids, out.stats, out.logprobs)
         if result.stats.ttft_s:
             result.stats.ttft_s += before_prefill

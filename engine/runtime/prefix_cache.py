@@ -22,7 +22,7 @@ import hashlib
 import threading
 from array import array
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -193,6 +193,14 @@ class ReplyMemory:
         self._keep(text, list(ids))
         if self.disk is not None:
             self.disk.put_reply(text, self._ids[text])
+
+    def remember_reply(self, text: str, ids: Sequence[int], finish_reason: str,
+                       decode: Callable[[list[int]], str]) -> None:
+        """A reply that just ended: keep its sampled ids only if it ran to its end ("stop" or
+        "length") and they decode to exactly its text (a stop string cuts the text short of its
+        ids): ids put back for a text must be that text, or the next prompt says something else."""
+        if finish_reason in ("stop", "length") and ids and decode(list(ids)) == text:
+            self.remember(text, ids)
 
     def forget(self, texts: Sequence[str]) -> None:
         """Drop these replies, in memory and on disk (a deleted chat's)."""

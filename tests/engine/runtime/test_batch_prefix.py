@@ -136,3 +136,19 @@ def test_a_generated_reply_comes_back_with_the_ids_that_were_sampled(tok):
     merged = first + [ChatMessage.text("assistant", text), ChatMessage.text("assistant", "more"),
                       ChatMessage.text("user", "Again.")]
     assert encode_reusing_replies(tok, merged, grid, memory).ids == encode_chat(tok, merged, grid).ids
+
+
+def test_a_finished_reply_is_kept_only_if_its_ids_decode_to_its_text(tok):
+    text = "Hello there"
+    sampled = [i for ch in text for i in tok.encode(ch)]  # decodes to text, not its canonical ids
+    past_stop = tok.encode(text + " STOP")  # a stop string " STOP" cut the text short of these ids
+    assert tok.decode(sampled) == text and tok.decode(past_stop) != text
+    memory = ReplyMemory()
+    memory.remember_reply(text, past_stop, "stop", tok.decode)
+    assert memory.get(text) is None
+    memory.remember_reply(text, sampled, "cancelled", tok.decode)  # not run to its end
+    assert memory.get(text) is None
+    memory.remember_reply(text, sampled, "stop", tok.decode)
+    assert memory.get(text) == sampled
+    memory.remember_reply("", [], "length", tok.decode)  # nothing sampled: nothing kept
+    assert memory.get("") is None
