@@ -45,6 +45,7 @@ class Budget:
     max_batch_size: int = 1
     max_num_images: int = 1  # only when a projector is loaded
     max_image_length: int = 1024  # images assumed square of this side
+    kv_type: str = "f32"  # the CPU layers' KV elements (memory.KV_TYPE_BYTES); GPU layers keep their dtype
 
     @property
     def tokens(self) -> int:
@@ -197,7 +198,7 @@ def context_of(sizes: ModelSizes, budget: Budget) -> int:
 
 def kv_bytes_per_layer(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
     return mem.kv_bytes(context_of(sizes, budget) * budget.max_batch_size, sizes.kv_width, 1,
-                        compute_bytes(device_kind))
+                        mem.kv_value_bytes(device_kind, budget.kv_type))
 
 
 def activation_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
@@ -351,7 +352,8 @@ class DevicePlan:
         lines = [f"plan for {self.model} ({'manual map' if self.manual else 'automatic'})",
                  f"budget: max_seq_len {b.max_seq_len} x max_batch_size {b.max_batch_size}"
                  + (f", {b.max_num_images} image(s) of {b.max_image_length}x{b.max_image_length}"
-                    if self.vision_device else "") + f"; context {self.context_length}"]
+                    if self.vision_device else "") + f"; context {self.context_length}"
+                 + (f"; CPU KV {b.kv_type}" if b.kv_type != "f32" else "")]
         for p in self.placements:
             d = p.device
             lines.append(f"{d.name}{' (' + d.description + ')' if d.description else ''}: "
@@ -422,6 +424,10 @@ def plan_devices(sizes: ModelSizes, machine: Machine, budget: Budget = Budget(),
         raise PlanError("no device to run on (no GPU and no CPU memory reported)")
     if budget.max_seq_len <= 0:
         raise PlanError(f"context length must be positive, got {budget.max_seq_len}")
+    try:
+        mem.kv_type_bytes(budget.kv_type)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
     if manual is not None:
         return _manual_plan(sizes, machine, budget, manual)
     all_layers = range(sizes.n_layers)

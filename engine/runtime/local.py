@@ -65,7 +65,8 @@ class LocalEngine:
             if self.mmproj_path is not None:  # a foreign projector: refused from the headers
                 check_pair(self.model_path, self.mmproj_path, cfg.hidden)  # the model's header read once
             self.tokenizer = Tokenizer.from_gguf(gf)
-            budget = Budget(max_seq_len=int(context_length)) if context_length else Budget()
+            budget = Budget(kv_type=kv_type) if not context_length else \
+                Budget(max_seq_len=int(context_length), kv_type=kv_type)
             self.plan = plan_for_files(gf, self.mmproj_path, device, device_map, budget)
             self.model = Mistral3Text.load(gf, plan=self.plan, progress=_scaled(progress, 0.0, 0.85))
         except GGUFError as exc:

@@ -366,3 +366,30 @@ def test_24b_with_projector_stays_under_each_devices_memory_at_every_stage(files
         assert p.stages() == want
         assert max(want.values()) == p.total <= p.device.usable < p.device.free_bytes
     assert plan.fit == ("gpu" if gib == 24 else "partial")
+
+
+def test_f16_kv_fits_twice_the_context_of_f32_on_the_same_cpu(files):
+    """The CPU KV's element size follows kv_type: on a CPU sized so that f32 KV fits exactly
+    8192 positions, f16 fits exactly 16384. Up to ~2M positions the prefill chunk is the peak
+    stage (one 512-row chunk outweighs a decode row and its scores), so the need is
+    FIXED + 40 layers x ctx x kv_width x element bytes."""
+    s = _sizes(files["small-24b"])
+    fixed = 20 * L6 + 20 * L4 + EMBED + HEAD + ACT_CPU + ATT_CPU + LOGITS
+    per_position = {"f32": 40 * 8 * (128 + 128) * 4, "f16": 40 * 8 * (128 + 128) * 2}  # 327,680 / 163,840
+    cpu = DeviceInfo("cpu", HEADROOM_CPU + fixed + 8192 * per_position["f32"], "simulated")
+    for kv_type, fits in (("f32", 8192), ("f16", 16384)):
+        plan = plan_devices(s, Machine((), cpu), Budget(max_seq_len=fits, kv_type=kv_type))
+        (p,) = plan.placements
+        assert p.kv == fits * per_position[kv_type] == 8192 * per_position["f32"]
+        assert p.total == fixed + p.kv == cpu.usable
+        with pytest.raises(PlanError, match="does not fit"):
+            plan_devices(s, Machine((), cpu), Budget(max_seq_len=fits + 1, kv_type=kv_type))
+    # split over a GPU and the CPU: only the CPU's layers get the smaller KV
+    f32 = plan_devices(s, Machine((_gpu(12),), CPU64))
+    f16 = plan_devices(s, Machine((_gpu(12),), CPU64), Budget(kv_type="f16"))
+    assert [p.layers for p in f16.placements] == [p.layers for p in f32.placements]
+    gpu, cpu_p = f16.placements
+    assert gpu.kv == len(gpu.layers) * KV_GPU and cpu_p.kv == len(cpu_p.layers) * KV_CPU // 2 > 0
+    assert "CPU KV f16" in f16.explain() and "CPU KV" not in f32.explain()
+    with pytest.raises(PlanError, match="KV type 'q8' is not one of f32, f16"):
+        plan_devices(s, Machine((), CPU64), Budget(kv_type="q8"))
