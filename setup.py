@@ -55,6 +55,8 @@ class BuildExt(build_ext):
 
 setup(
     ext_modules=[Extension("tramontane.kernels._cpu", SOURCES, depends=DEPENDS,
-                           include_dirs=["kernels/cpu"])],
+                           include_dirs=["kernels/cpu"]),
+                 # image preprocessing's resampler (engine/mistral3/image.py keeps a torch path)
+                 Extension("tramontane.kernels._resample", ["kernels/image/resample.c"])],
     cmdclass={"build_ext": BuildExt},
 )

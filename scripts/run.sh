@@ -12,7 +12,7 @@ STAMP=.venv/.tramontane-install
 
 install_key() {
     # What an install is made from; another key means the installed copy is stale.
-    cat pyproject.toml setup.py $(find kernels/cpu -type f | LC_ALL=C sort) 2>/dev/null | "$PY" -c \
+    cat pyproject.toml setup.py $(find kernels/cpu kernels/image -type f | LC_ALL=C sort) 2>/dev/null | "$PY" -c \
         "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"
 }
 

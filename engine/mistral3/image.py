@@ -27,6 +27,11 @@ from PIL import Image, ImageOps
 
 from ..api import EngineError
 
+try:  # the native resampler (built by pip install from kernels/image/resample.c); else torch
+    from ...kernels import _resample
+except ImportError:
+    _resample = None
+
 # Refuse anything above Pillow's own default bomb limit (~89.5 Mpx, e.g. 9459 x 9459) before
 # its pixels are decoded; the check reads only the header.
 MAX_IMAGE_PIXELS = 89_478_485
@@ -168,28 +173,65 @@ def resize_cubic(rgb, width: int, height: int) -> torch.Tensor:
     return chw.permute(1, 2, 0).contiguous()
 
 
-def _resize(pick, src_w: int, src_h: int, width: int, height: int) -> torch.Tensor:
+def _resize(pick, src_w: int, src_h: int, width: int, height: int, mean=None, std=None,
+            native: bool = True) -> torch.Tensor:
     """The resampler, reading the source only through `pick(rows, cols)` → uint8 (R, C, ch);
-    returns float32 (ch, height, width), the encoder's layout.
+    returns float32 (ch, height, width), the encoder's layout, normalised as
+    ((v / 255) - mean) / std when `mean` and `std` are given.
 
     Memory is bounded by the output, not the input: the taps read at most 4 source rows per
     output row and 4 source columns per output column, so only those pixels are picked (the
     others would be read by no tap: the result is bit-for-bit the same). The picked block is
-    ≤ min(src_h, 4·height) × min(src_w, 4·width), the horizontal result ≤ min(src_h, 4·height)
-    × width, and both passes run in chunks of _CHUNK_VALUES values, so the float32 working set
-    stays within 12 bytes × 6·width·height plus a chunk, whatever the input's size or aspect
-    ratio. Each output value is (((0 + t0) + t1) + t2) + t3 with t_k = pixel · weight in float32,
-    cv2's sum, made by whole-row torch ops: the horizontal pass runs on the transposed source,
-    so that both passes gather whole rows (a memory copy) instead of single values.
+    ≤ min(src_h, 4·height) × min(src_w, 4·width). The native resampler (`native`, when built)
+    then needs only 4 horizontal rows more; the torch path's horizontal result is
+    ≤ min(src_h, 4·height) × width, in chunks of _CHUNK_VALUES values. Both compute each output
+    value the same way, bit for bit: (((0 + t0) + t1) + t2) + t3 with t_k = pixel · weight in
+    float32, cv2's sum.
     """
     x_idx, x_w = _cubic_taps(src_w, width)
     y_idx, y_w = _cubic_taps(src_h, height)
     used_rows, used_cols = np.unique(y_idx), np.unique(x_idx)
-    src = torch.from_numpy(pick(used_rows, used_cols))  # uint8 (R, C, ch)
+    picked = np.ascontiguousarray(pick(used_rows, used_cols))  # uint8 (R, C, ch)
     if (src_w, src_h) == (width, height):
-        return src.permute(2, 0, 1).contiguous().float()
-    x_idx = torch.from_numpy(np.searchsorted(used_cols, x_idx).T.copy())  # (4, width)
-    y_idx = torch.from_numpy(np.searchsorted(used_rows, y_idx).T.copy())  # (4, height)
+        out = torch.from_numpy(picked).permute(2, 0, 1).contiguous().float()
+        return out if mean is None else _normalize(out, mean, std)
+    # the taps as indices into the picked block (taps only move forward, so searchsorted)
+    x_idx = np.searchsorted(used_cols, x_idx)
+    y_idx = np.searchsorted(used_rows, y_idx)
+    if native and _resample is not None:
+        return _resize_native(picked, x_idx, x_w, y_idx, y_w, width, height, mean, std)
+    out = _resize_torch(torch.from_numpy(picked), x_idx, x_w, y_idx, y_w, width, height)
+    return out if mean is None else _normalize(out, mean, std)
+
+
+def _normalize(pixels: torch.Tensor, mean, std) -> torch.Tensor:
+    """In place; the same float32 order of operations as mistral-common's normalize()."""
+    pixels /= 255.0
+    pixels -= torch.tensor(mean, dtype=torch.float32)[:, None, None]
+    pixels /= torch.tensor(std, dtype=torch.float32)[:, None, None]
+    return pixels
+
+
+def _resize_native(picked: np.ndarray, x_idx, x_w, y_idx, y_w, width: int, height: int, mean, std) -> torch.Tensor:
+    n_rows, n_cols, channels = picked.shape
+    x_idx, y_idx = np.ascontiguousarray(x_idx, np.int32), np.ascontiguousarray(y_idx, np.int32)  # (n, 4)
+    x_w, y_w = np.ascontiguousarray(x_w, np.float32), np.ascontiguousarray(y_w, np.float32)
+    out = torch.empty(channels, height, width)
+    if mean is not None:
+        mean, std = np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
+        if mean.shape != (channels,) or std.shape != (channels,):
+            raise ValueError(f"mean/std need {channels} values, got {mean.shape} and {std.shape}")
+    _resample.cubic(picked.ctypes.data, n_rows, n_cols, channels, x_idx.ctypes.data, x_w.ctypes.data, width,
+                    y_idx.ctypes.data, y_w.ctypes.data, height, out.data_ptr(),
+                    0 if mean is None else mean.ctypes.data, 0 if std is None else std.ctypes.data)
+    return out
+
+
+def _resize_torch(src: torch.Tensor, x_idx, x_w, y_idx, y_w, width: int, height: int) -> torch.Tensor:
+    """The two passes by whole-row torch ops: the horizontal pass runs on the transposed
+    source, so that both passes gather whole rows (a memory copy) instead of single values."""
+    x_idx = torch.from_numpy(x_idx.T.copy())  # (4, width)
+    y_idx = torch.from_numpy(y_idx.T.copy())  # (4, height)
     x_w, y_w = torch.from_numpy(x_w.T.copy()), torch.from_numpy(y_w.T.copy())
     columns = src.permute(2, 1, 0).contiguous()  # (ch, C, R): the source's columns as rows
     channels, n_rows = columns.shape[0], columns.shape[2]
@@ -241,11 +283,8 @@ def pixels_from_image(
     """RGB Pillow image → (normalised float32 (3, H, W), rows, cols)."""
     rows, cols = image_grid(img.size, image_size, patch_size, merge)
     tile = patch_size * merge
-    resized = _resize(lambda r, c: _pick_pixels(img, r, c), img.width, img.height, cols * tile, rows * tile)
-    # Same float32 order of operations as mistral-common's normalize().
-    resized /= 255.0
-    resized -= torch.tensor(mean, dtype=torch.float32)[:, None, None]
-    resized /= torch.tensor(std, dtype=torch.float32)[:, None, None]
+    resized = _resize(lambda r, c: _pick_pixels(img, r, c), img.width, img.height, cols * tile, rows * tile,
+                      mean, std)
     return resized, rows, cols
 
 

@@ -257,3 +257,38 @@ def test_truncated_file_is_refused(fmt):
 
 def test_limit_is_below_pillows_hard_limit():
     assert MAX_IMAGE_PIXELS <= Image.MAX_IMAGE_PIXELS * 2
+
+
+# --- the native resampler (kernels/image/resample.c) against the torch path -----------------
+
+@pytest.mark.parametrize("shape", [(480, 640, 504, 644, 3), (2000, 3000, 1036, 1540, 3), (3000, 400, 1176, 168, 3),
+                                   (1, 1, 28, 28, 3), (7, 5, 28, 28, 3), (5, 9, 30, 14, 1), (33, 17, 56, 84, 4),
+                                   (100, 100, 28, 28, 2), (1, 5000, 28, 1540, 3)])
+@pytest.mark.parametrize("normalised", [False, True], ids=["raw", "normalised"])
+def test_native_resampler_equals_torch_path_bit_for_bit(shape, normalised):
+    from tramontane.engine.mistral3 import image as image_module
+
+    if image_module._resample is None:
+        pytest.skip("the native resampler is not built")
+    sh, sw, dh, dw, ch = shape
+    src = np.random.default_rng(sh + 31 * sw + ch).integers(0, 256, (sh, sw, ch), dtype=np.uint8)
+    mean, std = ((MEAN * 2)[:ch], (STD * 2)[:ch]) if normalised else (None, None)
+    args = (lambda r, c: src[np.ix_(r, c)], sw, sh, dw, dh, mean, std)
+    native = image_module._resize(*args, native=True)
+    general = image_module._resize(*args, native=False)
+    assert native.shape == general.shape == (ch, dh, dw)
+    assert torch.equal(native, general)
+
+
+def test_native_resampler_refuses_a_tap_outside_the_source():
+    from tramontane.engine.mistral3 import image as image_module
+
+    if image_module._resample is None:
+        pytest.skip("the native resampler is not built")
+    src = np.zeros((4, 4, 3), dtype=np.uint8)
+    idx = np.array([[0, 1, 2, 4]] * 2, dtype=np.int32)  # 4 is one past the last column
+    w = np.full((2, 4), 0.25, dtype=np.float32)
+    out = torch.empty(3, 2, 2)
+    with pytest.raises(ValueError, match="outside the source"):
+        image_module._resample.cubic(src.ctypes.data, 4, 4, 3, idx.ctypes.data, w.ctypes.data, 2,
+                                     np.zeros((2, 4), np.int32).ctypes.data, w.ctypes.data, 2, out.data_ptr(), 0, 0)
