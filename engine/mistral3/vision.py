@@ -28,6 +28,12 @@ as the native pool has (rows for the matmuls and norms, heads for attention), ea
 on one core: no OpenMP team whose spinning waits, on a loaded machine, cost more than they save. The float32 path is kept
 bit for bit where exactness is asked for (TRAMONTANE_CPU_EXACT=1, kernels.linear.cpu_exact) and
 on CPUs without bf16.
+
+CPU and a quantized file (Q8_0, the usual quantized mmproj; Q4_K...): the matmuls stay on the
+native kernels (int8 dot products), in the bf16 path's shape: per block one call for the norm and
+q/k/v, one for the norm and gate/up (SwiGLU inside for SiLU), the o and down projections added to
+the residual in their call; attention split by heads over the pool's thread count like the bf16
+path. Nothing is converted per call.
 """
 from __future__ import annotations
 
@@ -43,7 +49,7 @@ import torch.nn.functional as F
 
 from ...kernels import cpu_native
 from ...kernels.ggml_types import BF16, F16
-from ...kernels.linear import CPU, QWeight, linear
+from ...kernels.linear import CPU, QWeight, linear, native_plans
 from ..api import EngineError, ImagePart
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from .config import LAYOUTS, VisionConfig, _fail, read_config
@@ -167,6 +173,14 @@ def bf16_weights(patch: QWeight, blocks: list[_Block], merger: QWeight, mm1: QWe
         merger=_bf16_stack([merger]), mm1=_bf16_stack([mm1]), mm2=_bf16_stack([mm2]))
 
 
+def quantized_native(blocks: list[_Block], merger: QWeight, mm1: QWeight, mm2: QWeight) -> bool:
+    """Whether the tower runs its quantized path (`_forward_native`): every block matrix and the
+    projector quantized, on the CPU, with native kernels for their types."""
+    every = [merger, mm1, mm2] + [w for b in blocks for w in (b.q, b.k, b.v, b.o, b.gate, b.up, b.down)]
+    return cpu_native.AVAILABLE and all(
+        w.is_quantized and w.data.is_cpu and cpu_native.supports(w.ggml_type) for w in every)
+
+
 class VisionTower:
     """Pixtral encoder + projector. `encode(pixels)` / `encode_images(...)` / `encode_image(part)`."""
 
@@ -181,6 +195,7 @@ class VisionTower:
         self.device = torch.device(device)
         self.dtype = dtype
         self.bf16 = bf16  # the CPU's bf16 weights (None: the float32 / `linear` path only)
+        self.native = bf16 is None and self.device.type == "cpu" and quantized_native(blocks, merger, mm1, mm2)
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.cache_hits = 0
@@ -400,6 +415,8 @@ class VisionTower:
         patches = torch.cat(patches, dim=0)
         if self.bf16 is not None and not CPU.exact:
             y = self._forward_bf16(patches, spans, ropes, grids, cpu_native.threads() if cpu_native.AVAILABLE else 1)
+        elif self.native and not CPU.exact:
+            y = self._forward_native(patches, spans, ropes, grids, cpu_native.threads())
         else:
             y = self._forward(patches, spans, ropes, grids)
         sizes = [(hp // m) * (wp // m) for hp, wp in grids]
@@ -464,6 +481,43 @@ class VisionTower:
         split_run(project_out, split_ranges(merged.shape[0], threads))
         return y
 
+    def _forward_native(self, patches: torch.Tensor, spans, ropes, grids, threads: int) -> torch.Tensor:
+        """`_forward` on a quantized file's weights as they are: the native kernels' matmuls (which
+        split rows over the pool themselves) with the RMSNorm, SwiGLU and residual add inside
+        their calls; float32 attention split by heads over `threads` one-core torch threads."""
+        h, hd, eps = self.cfg.hidden, self.cfg.head_dim, self.cfg.eps
+        heads = [(a * hd, b * hd) for a, b in split_ranges(self.cfg.n_heads, threads)]
+        n = patches.shape[0]
+        x = self._linear(patches, self.patch).float()
+        if self.patch_bias is not None:
+            x = x + self.patch_bias
+        x = cpu_native.rms_norm(x, self.pre_norm, eps)
+        attn = torch.empty(n, h)
+        for blk in self.blocks:
+            q, k, v = cpu_native.norm_matmuls(x, blk.attn_norm, eps, native_plans((blk.q, blk.k, blk.v), x))
+
+            def attend(c, q=q, k=k, v=v):
+                a, b = c
+                attn[:, a:b] = self._attend(q[:, a:b], k[:, a:b], v[:, a:b], spans, ropes, torch.float32)
+
+            split_run(attend, heads)
+            x = cpu_native.matmul_add(attn, native_plans((blk.o,), attn)[0], x)
+            gate_plan, up_plan = native_plans((blk.gate, blk.up), x)
+            if self.cfg.activation == "silu":
+                act = cpu_native.norm_swiglu(x, blk.ffn_norm, eps, gate_plan, up_plan)
+            else:
+                gate, act = cpu_native.norm_matmuls(x, blk.ffn_norm, eps, [gate_plan, up_plan])
+
+                def gelu_mul(r, gate=gate, act=act):
+                    act[r[0]:r[1]] *= F.gelu(gate[r[0]:r[1]])
+
+                split_run(gelu_mul, split_ranges(n, threads))
+            x = cpu_native.matmul_add(act, native_plans((blk.down,), act)[0], x)
+        x = cpu_native.rms_norm(x, self.mm_norm, eps)
+        y = linear(self._merged(x, spans, grids).contiguous(), self.merger)
+        y = linear(y, self.mm1)
+        return linear(F.gelu(y), self.mm2)
+
     def _merged(self, x: torch.Tensor, spans, grids) -> torch.Tensor:
         return torch.cat([self._merge(x[a:b], hp, wp) for (a, b), (hp, wp) in zip(spans, grids)], dim=0)
 
@@ -516,4 +570,5 @@ class VisionTower:
         return (f"VisionTower({self.path.name}, {c.layout} layout, {c.n_layers}x{c.hidden} "
                 f"heads {c.n_heads}, {c.activation}, image {c.image_size}/patch {c.patch_size}/merge "
                 f"{c.merge} → {c.text_hidden}, {self.device}, {self.dtype}"
-                f"{', bf16 matmuls on the CPU' if self.bf16 is not None else ''})")
+                f"{', bf16 matmuls on the CPU' if self.bf16 is not None else ''}"
+                f"{', quantized matmuls on the native kernels' if self.native else ''})")
