@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ...kernels import cpu_native
-from ...kernels.ggml_types import BF16, F16
+from ...kernels.ggml_types import BF16, F16, F32
 from ...kernels.linear import CPU, QWeight, linear, native_plans
 from ..api import EngineError, ImagePart
 from ..gguf import GGUFError, GGUFFile, open_gguf
@@ -157,6 +157,18 @@ def _bf16_stack(weights: list[QWeight]) -> torch.Tensor:
         if w.mapped and cpu_native.AVAILABLE:  # the file's pages are not needed any more
             cpu_native.drop_pages(w.data)
     return out
+
+
+_GGML_FLOAT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
+_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def in_dtype(w: QWeight, dtype: torch.dtype) -> QWeight:
+    """A float weight (F32/F16/BF16) converted once, at load, to the tower's matmul dtype, so no
+    call casts it again; a quantized weight, or one already in `dtype`, as it is."""
+    if w.is_quantized or w.data.dtype == dtype or dtype not in _GGML_FLOAT:
+        return w
+    return QWeight(_GGML_FLOAT[dtype], w.shape, w.data.to(dtype))
 
 
 def bf16_weights(patch: QWeight, blocks: list[_Block], merger: QWeight, mm1: QWeight,
@@ -290,6 +302,13 @@ class VisionTower:
         bf16 = bf16_weights(patch, blocks, merger, mm1, mm2) if cpu_bf16 and device.type == "cpu" else None
         if dtype is None:
             dtype = tower_dtype(device)
+        if bf16 is None and not (device.type == "cpu" and dtype == torch.float32):
+            # a GPU (or an asked-for half dtype): float weights in the tower's dtype from now on.
+            # The CPU's float32 path reads 16-bit weights in place (native kernels) and keeps them.
+            patch, merger, mm1, mm2 = (in_dtype(w, dtype) for w in (patch, merger, mm1, mm2))
+            for b in blocks:
+                for name in _MATRICES:
+                    setattr(b, name, in_dtype(getattr(b, name), dtype))
         return cls(cfg, gf.path, patch, patch_bias, pre_norm, blocks, mm_norm, merger, mm1, mm2,
                    device, dtype, cache_bytes, bf16)
 
@@ -330,12 +349,9 @@ class VisionTower:
 
     # -- forward ------------------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
-        x = x.to(self.dtype)
-        if not w.is_quantized and w.data.dtype != self.dtype and not w.data.is_cpu:
-            # f16 weights (mmproj-f16) under bf16 / float32 math: the weight is cast for the call,
-            # not the activations to f16, whose range they can overflow
-            return F.linear(x, w.data.to(self.dtype))
-        return linear(x, w)
+        # off the CPU's float32 path, float weights are in self.dtype since load (in_dtype): the
+        # activations are never cast to a file's f16, whose range they can overflow
+        return linear(x.to(self.dtype), w)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x32 = x.float()

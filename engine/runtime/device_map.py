@@ -19,10 +19,12 @@ counted (the KV cache for the plan's `context_length`, nothing from "what is lef
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
+from ...kernels.ggml_types import BF16, F16, F32
 from .. import host
 from ..api import EngineError
 from ..mistral3.config import TextConfig, VisionConfig
@@ -130,6 +132,8 @@ class ModelSizes:
     context_length: int = 0  # the file's; 0 = not known
     vision_heads: int = 16
     vision_head_dim: int = 64
+    vision_float_values: int = 0  # values of its float (F32/F16/BF16) matrices, kept in the tower's dtype
+    vision_float_bytes: int = 0  # those matrices' bytes in the file
 
     @property
     def n_layers(self) -> int:
@@ -163,13 +167,17 @@ def model_sizes(cfg: TextConfig, tensors: Mapping[str, object], name: str = "mod
     if vision is None:
         return sizes
     vbytes = sum(t.nbytes for t in (vision_tensors or {}).values())
+    matrices = [t for t in (vision_tensors or {}).values()
+                if getattr(t, "ggml_type", None) in (F32, F16, BF16) and len(getattr(t, "shape", ())) >= 2]
     return ModelSizes(name, tuple(layers), embedding, head, cfg.tied_embeddings, kv_width, row_width,
                       vision_bytes=vbytes, vision_name=vision_name,
                       # as row_width: 4 residual-sized + q, k, v + gate, up, gate*up per patch
                       vision_row_width=7 * vision.hidden + 3 * vision.ffn,
                       vision_patch=vision.patch_size, vision_merge=vision.merge,
                       vision_image_size=vision.image_size, vision_heads=vision.n_heads,
-                      vision_head_dim=vision.hidden // vision.n_heads, **text)
+                      vision_head_dim=vision.hidden // vision.n_heads,
+                      vision_float_values=sum(math.prod(t.shape) for t in matrices),
+                      vision_float_bytes=sum(t.nbytes for t in matrices), **text)
 
 
 def sizes_of_files(model_gf, mmproj_gf=None) -> ModelSizes:
@@ -576,8 +584,19 @@ def _add_embedding_and_head(embed_p: Placement, head_p: Placement, sizes: ModelS
         head_p.parts["output head + norm"] = sizes.head_bytes
 
 
+def vision_tower_bytes(sizes: ModelSizes, device_kind: str) -> int:
+    """The tower's weights as kept there: on the CPU the file's (its float32 path reads 16-bit
+    weights in place, its bf16 path keeps 16-bit ones at 2 bytes); on a GPU float matrices in
+    the compute dtype (bf16; a GPU without bf16 runs the tower in float32, twice that, which
+    the plan does not know: DeviceInfo has no compute capability)."""
+    if device_kind == "cpu":
+        return sizes.vision_bytes
+    return mem.vision_tower_bytes(sizes.vision_bytes, sizes.vision_float_values, sizes.vision_float_bytes,
+                                  compute_bytes(device_kind))
+
+
 def _add_vision(p: Placement, sizes: ModelSizes, budget: Budget) -> Placement:
-    p.parts["vision tower"] = sizes.vision_bytes
+    p.parts["vision tower"] = vision_tower_bytes(sizes, p.device.kind)
     p.vision_activations = vision_activation_bytes(sizes, budget, p.device.kind)
     if p.device.kind == "cuda":
         _add_runtime(p, graphs=False)
@@ -631,5 +650,5 @@ def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
 
 __all__ = ["Budget", "DeviceInfo", "Machine", "ModelSizes", "Placement", "DevicePlan", "PlanError",
            "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "plan_for_files", "parse_device_map",
-           "gpu_layers_map", "kv_bytes_per_layer", "activation_bytes", "vision_activation_bytes",
+           "gpu_layers_map", "kv_bytes_per_layer", "vision_tower_bytes", "activation_bytes", "vision_activation_bytes",
            "image_patches", "context_of", "prefill_scratch_bytes", "STAGES"]

@@ -131,6 +131,13 @@ def matmul_scratch_bytes() -> int:
     return PREFILL_CHUNK_BYTES
 
 
+def vision_tower_bytes(file_bytes: int, float_values: int, float_file_bytes: int, value_bytes: int) -> int:
+    """What the vision tower keeps on a device off the CPU: its file's tensors, except its float
+    matrices (F32/F16/BF16: `float_values` values, `float_file_bytes` in the file), which the
+    loader converts once to the tower's matmul dtype (`value_bytes` a value, vision.in_dtype)."""
+    return file_bytes - float_file_bytes + float_values * value_bytes
+
+
 def vision_stage_bytes(patches: int, row_width: int, n_heads: int, head_dim: int, value_bytes: int) -> int:
     """One image through the tower: its rows (float32 residual + compute-dtype matmuls) and
     the attention's per-row state."""
