@@ -91,7 +91,9 @@ def decode_image(data: bytes, source: str = "image") -> Image.Image:
     except Exception as exc:
         raise EngineError(f"{source}: cannot decode image (truncated or corrupt file?): {exc}") from exc
     try:
-        img = ImageOps.exif_transpose(img)
+        # exif_transpose copies an upright image; only a turned or mirrored one needs it
+        if img.getexif().get(ORIENTATION_TAG, 1) in (2, 3, 4, 5, 6, 7, 8):
+            img = ImageOps.exif_transpose(img)
     except Exception:
         pass  # unreadable EXIF: keep the pixels as stored rather than refuse the picture
     try:
@@ -188,18 +190,28 @@ def _resize(pick, src_w: int, src_h: int, width: int, height: int, mean=None, st
     value the same way, bit for bit: (((0 + t0) + t1) + t2) + t3 with t_k = pixel · weight in
     float32, cv2's sum.
     """
+    if native and _resample is not None:
+        # The same size too: its taps weigh (0, 1, 0, 0), so each value is its pixel, exactly.
+        x_idx, x_w, x_all = _native_taps(src_w, width)
+        y_idx, y_w, y_all = _native_taps(src_h, height)
+        used_rows = np.arange(src_h) if y_all else np.unique(y_idx)
+        used_cols = np.arange(src_w) if x_all else np.unique(x_idx)
+        picked = np.ascontiguousarray(pick(used_rows, used_cols))  # uint8 (R, C, ch)
+        if not x_all:  # taps as indices into the picked block (taps only move forward)
+            x_idx = np.searchsorted(used_cols, x_idx).astype(np.int32)
+        if not y_all:
+            y_idx = np.searchsorted(used_rows, y_idx).astype(np.int32)
+        return _resize_native(picked, x_idx, x_w, y_idx, y_w, width, height, mean, std)
     x_idx, x_w = _cubic_taps(src_w, width)
     y_idx, y_w = _cubic_taps(src_h, height)
     used_rows, used_cols = np.unique(y_idx), np.unique(x_idx)
     picked = np.ascontiguousarray(pick(used_rows, used_cols))  # uint8 (R, C, ch)
     if (src_w, src_h) == (width, height):
-        out = torch.from_numpy(picked).permute(2, 0, 1).contiguous().float()
+        out = torch.tensor(picked).permute(2, 0, 1).contiguous().float()
         return out if mean is None else _normalize(out, mean, std)
-    # the taps as indices into the picked block (taps only move forward, so searchsorted)
     x_idx = np.searchsorted(used_cols, x_idx)
     y_idx = np.searchsorted(used_rows, y_idx)
-    if native and _resample is not None:
-        return _resize_native(picked, x_idx, x_w, y_idx, y_w, width, height, mean, std)
+    picked = picked if picked.flags.writeable else picked.copy()  # torch warns on read-only arrays
     out = _resize_torch(torch.from_numpy(picked), x_idx, x_w, y_idx, y_w, width, height)
     return out if mean is None else _normalize(out, mean, std)
 
@@ -210,6 +222,14 @@ def _normalize(pixels: torch.Tensor, mean, std) -> torch.Tensor:
     pixels -= torch.tensor(mean, dtype=torch.float32)[:, None, None]
     pixels /= torch.tensor(std, dtype=torch.float32)[:, None, None]
     return pixels
+
+
+def _native_taps(src_len: int, dst_len: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """_cubic_taps by the native module, bit for bit (int32 indices), and whether every source
+    position is read (then no pixel is skipped, and the indices need no remapping)."""
+    idx = np.empty((dst_len, 4), dtype=np.int32)
+    weights = np.empty((dst_len, 4), dtype=np.float32)
+    return idx, weights, _resample.taps(src_len, dst_len, idx.ctypes.data, weights.ctypes.data)
 
 
 def _resize_native(picked: np.ndarray, x_idx, x_w, y_idx, y_w, width: int, height: int, mean, std) -> torch.Tensor:
@@ -257,6 +277,8 @@ def _pick_pixels(img: Image.Image, rows: np.ndarray, cols: np.ndarray) -> np.nda
     tiles of at most _TILE_PIXELS: no full-size copy, and no single Pillow call on a line too
     long for it (`tobytes` refuses a row of ~89 Mpx)."""
     w, h = img.size
+    if w * h <= _TILE_PIXELS and len(rows) == h and len(cols) == w:
+        return np.asarray(img)  # every pixel is read: one copy, read-only
     out = np.empty((len(rows), len(cols), 3), dtype=np.uint8)
     band, span = max(1, _TILE_PIXELS // w), min(w, _TILE_PIXELS)
     for y0 in range(0, h, band):

@@ -263,7 +263,8 @@ def test_limit_is_below_pillows_hard_limit():
 
 @pytest.mark.parametrize("shape", [(480, 640, 504, 644, 3), (2000, 3000, 1036, 1540, 3), (3000, 400, 1176, 168, 3),
                                    (1, 1, 28, 28, 3), (7, 5, 28, 28, 3), (5, 9, 30, 14, 1), (33, 17, 56, 84, 4),
-                                   (100, 100, 28, 28, 2), (1, 5000, 28, 1540, 3)])
+                                   (100, 100, 28, 28, 2), (1, 5000, 28, 1540, 3), (504, 644, 504, 644, 3),
+                                   (28, 28, 28, 28, 1)])
 @pytest.mark.parametrize("normalised", [False, True], ids=["raw", "normalised"])
 def test_native_resampler_equals_torch_path_bit_for_bit(shape, normalised):
     from tramontane.engine.mistral3 import image as image_module
@@ -292,3 +293,21 @@ def test_native_resampler_refuses_a_tap_outside_the_source():
     with pytest.raises(ValueError, match="outside the source"):
         image_module._resample.cubic(src.ctypes.data, 4, 4, 3, idx.ctypes.data, w.ctypes.data, 2,
                                      np.zeros((2, 4), np.int32).ctypes.data, w.ctypes.data, 2, out.data_ptr(), 0, 0)
+
+
+def test_native_taps_equal_numpy_taps_bit_for_bit():
+    """Indices, weights (as bits) and the every-position-read flag, over shrinking, growing and
+    same sizes, small and large."""
+    from tramontane.engine.mistral3 import image as image_module
+
+    if image_module._resample is None:
+        pytest.skip("the native resampler is not built")
+    rng = np.random.default_rng(5)
+    pairs = [(s, d) for s in range(1, 60) for d in range(1, 60)]
+    pairs += [(int(s), int(d)) for s, d in rng.integers(1, 20000, (400, 2))] + [(6000, 1540), (1541, 1540), (89_000, 28)]
+    for src_len, dst_len in pairs:
+        idx, weights = image_module._cubic_taps(src_len, dst_len)
+        n_idx, n_weights, every = image_module._native_taps(src_len, dst_len)
+        assert np.array_equal(idx, n_idx), (src_len, dst_len)
+        assert np.array_equal(weights.view(np.int32), n_weights.view(np.int32)), (src_len, dst_len)
+        assert every == (len(np.unique(idx)) == src_len), (src_len, dst_len)
