@@ -8,6 +8,13 @@ to an mmproj GGUF the way llama.cpp's converter lays it out (Q/K rows permuted),
 `VisionTower`, and both encode the same preprocessed 640×480 and 1540×1540 images. Prints
 median and min times (runs interleaved), our/HF ratios and the per-token cosine of the two outputs (a sanity check).
 Preprocessing (decode + resize + normalise) is timed too, against mistral-common when present.
+
+    python bench/vision.py --preprocess-only     # preprocessing vs mistral-common, every size
+
+--preprocess-only builds no tower: it times our preprocessing against mistral-common's
+ImageEncoder on the same file bytes (photo-like JPEG and PNG: gradients + noise; a grey and an
+RGBA PNG too) as CPU time (time.process_time, torch at 1 thread), in paired alternating rounds,
+and prints the medians and their ratio (below 1: ours is faster).
 """
 from __future__ import annotations
 
@@ -62,6 +69,77 @@ def image_bytes(w: int, h: int) -> bytes:
     return buf.getvalue()
 
 
+PREPROCESS_SIZES = "64x64,200x150,320x240,640x480,1024x768,1540x1540,3000x2000"
+
+
+def photo_bytes(w: int, h: int, fmt: str = "PNG", mode: str = "RGB") -> bytes:
+    """A photo-like image (gradients + noise) as a JPEG (quality 90) or PNG file; mode L or RGBA
+    converts it (RGBA with a horizontal alpha ramp)."""
+    rng = np.random.default_rng(w * 7 + h)
+    yy, xx = np.mgrid[0:h, 0:w]
+    arr = np.stack([(xx * 255 // w), (yy * 255 // h), ((xx + yy) * 127 // (w + h))], -1)
+    arr = np.clip(arr + rng.integers(-20, 20, arr.shape), 0, 255).astype(np.uint8)
+    img = Image.fromarray(arr)
+    if mode == "L":
+        img = img.convert("L")
+    elif mode == "RGBA":
+        img = Image.fromarray(np.dstack([arr, (xx * 255 // w).astype(np.uint8)]), "RGBA")
+    buf = io.BytesIO()
+    img.save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+def _cpu_per_call(fn, data: bytes, calls: int) -> float:
+    t0 = time.process_time()
+    for _ in range(calls):
+        fn(data)
+    return (time.process_time() - t0) / calls
+
+
+def preprocess_vs_mistral_common(cases, rounds: int) -> list[tuple[str, float, float]]:
+    """[(name, ours s, mistral-common s)]: CPU-time medians of `rounds` paired alternating
+    rounds per (name, file bytes) case; each round repeats a call for ~50 ms of CPU."""
+    from mistral_common.protocol.instruct.chunk import ImageChunk
+    from mistral_common.tokens.tokenizers.image import ImageConfig, ImageEncoder, SpecialImageIDs
+
+    enc = ImageEncoder(ImageConfig(PATCH, IMAGE_SIZE, MERGE), SpecialImageIDs(10, 12, 13))
+    ours = lambda d: preprocess(d, image_size=IMAGE_SIZE, patch_size=PATCH, merge=MERGE, mean=MEAN, std=STD)  # noqa: E731
+    theirs = lambda d: enc(ImageChunk(image=Image.open(io.BytesIO(d))))  # noqa: E731
+    results = []
+    for name, data in cases:
+        ours(data), theirs(data)  # warm-up
+        calls = max(1, int(0.05 / max(_cpu_per_call(theirs, data, 1), 1e-5)))
+        a, b = [], []
+        for _ in range(rounds):
+            a.append(_cpu_per_call(ours, data, calls))
+            b.append(_cpu_per_call(theirs, data, calls))
+        results.append((name, statistics.median(a), statistics.median(b)))
+    return results
+
+
+def preprocess_table(sizes: str, rounds: int) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        import cv2
+        cv2_threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)  # mistral-common resizes with cv2: one thread, like ours
+    except ImportError:
+        cv2 = None
+    cases = [(f"{fmt} {size}", photo_bytes(*(int(v) for v in size.split("x")), fmt))
+             for fmt in ("JPEG", "PNG") for size in sizes.split(",")]
+    cases += [(f"PNG {mode} 640x480", photo_bytes(640, 480, "PNG", mode)) for mode in ("L", "RGBA")]
+    print(f"preprocessing, CPU time per image (median of {rounds} paired rounds, torch and cv2 at 1 thread)")
+    print(f"{'image':18} {'ours ms':>9} {'mistral-common ms':>18} {'ratio':>6}")
+    try:
+        for name, ours_s, mc_s in preprocess_vs_mistral_common(cases, rounds):
+            print(f"{name:18} {ours_s * 1e3:9.2f} {mc_s * 1e3:18.2f} {ours_s / mc_s:6.2f}", flush=True)
+    finally:
+        torch.set_num_threads(threads)
+        if cv2 is not None:
+            cv2.setNumThreads(cv2_threads)
+
+
 def _once(fn, device: str) -> tuple[float, object]:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -90,8 +168,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["f32", "f16"], default=None, help="file/compute dtype (default f32 CPU, f16 CUDA)")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--sizes", default="640x480,1540x1540")
+    ap.add_argument("--sizes", default=None,
+                    help=f"WxH,... (default 640x480,1540x1540; with --preprocess-only {PREPROCESS_SIZES})")
+    ap.add_argument("--preprocess-only", action="store_true",
+                    help="only preprocessing against mistral-common, CPU time, no tower")
     args = ap.parse_args(argv)
+    if args.preprocess_only:
+        preprocess_table(args.sizes or PREPROCESS_SIZES, max(args.repeat, 7))
+        return 0
+    args.sizes = args.sizes or "640x480,1540x1540"
     shape_name = args.shape or ("real" if args.device == "cuda" else "tiny")
     ftype = args.dtype or ("f16" if args.device == "cuda" else "f32")
     shape = SHAPES[shape_name]
