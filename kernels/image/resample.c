@@ -77,6 +77,18 @@ static void horizontal_row(const uint8_t *row, int64_t src_w, int ch, int64_t wi
 VARIANTS
 static void vertical_row(const float *a, const float *b, const float *e, const float *f, float w0, float w1,
                          float w2, float w3, int64_t width, const float *m, const float *q, float *d) {
+    if (m) {  /* normalised in the same loop: one pass over the row */
+        const float mv = *m, qv = *q;
+        for (int64_t dx = 0; dx < width; dx++) {
+            float v = 0.0f;
+            v += a[dx] * w0;
+            v += b[dx] * w1;
+            v += e[dx] * w2;
+            v += f[dx] * w3;
+            d[dx] = (v / 255.0f - mv) / qv;
+        }
+        return;
+    }
     for (int64_t dx = 0; dx < width; dx++) {
         float v = 0.0f;
         v += a[dx] * w0;
@@ -84,10 +96,6 @@ static void vertical_row(const float *a, const float *b, const float *e, const f
         v += e[dx] * w2;
         v += f[dx] * w3;
         d[dx] = v;
-    }
-    if (m) {
-        const float mv = *m, qv = *q;
-        for (int64_t dx = 0; dx < width; dx++) d[dx] = (d[dx] / 255.0f - mv) / qv;
     }
 }
 
