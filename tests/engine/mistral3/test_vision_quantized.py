@@ -1,10 +1,12 @@
-"""The Pixtral tower's quantized CPU path (engine/mistral3/vision.py, `_forward_native`: a Q8_0
-mmproj on the native kernels) against HF transformers' PixtralVisionModel +
-Mistral3MultiModalProjector in float32 running the file's own numbers (gguf.quants.dequantize of
-every quantized matrix, Q/K rows un-permuted).
+"""The Pixtral tower on a Q8_0 mmproj on the CPU, both ways (engine/mistral3/vision.py): the
+native kernels' int8 path (`_forward_native`, cpu_bf16=False or a CPU without bf16 dot products)
+and the bf16 path on matrices dequantized once at load (the default where the CPU has bf16 dot
+products), against HF transformers' PixtralVisionModel + Mistral3MultiModalProjector in float32
+running the file's own numbers (gguf.quants.dequantize of every quantized matrix, Q/K rows
+un-permuted).
 
 The projector is a small random one (hidden 128, 4 heads of 32, ffn 256, 3 layers) written as an
-f32 llama.cpp-layout mmproj, then quantized to Q8_0 the way llama.cpp's clip quantizer picks its
+f16 llama.cpp-layout mmproj, then quantized to Q8_0 the way llama.cpp's clip quantizer picks its
 tensors (tests/support/quantize_mmproj.py: 2-D `*weight` matrices; the conv and norms stay).
 
 Tolerance, from the kernels' int8 activations (llama.cpp's method: each block of 32 inputs rounded
@@ -14,7 +16,8 @@ matmul's relative RMS error is at most sqrt(32)/(127·sqrt(12)) ≈ 0.013. The i
 deepest chain: 3 × (qkv, o, gate/up, down) + merger, linear_1, linear_2 = 15; independent errors
 add in quadrature: sqrt(15) · 0.013 ≈ 0.05 relative error per output token, the bound. It must
 also be above 2^-14: a path that silently ran float32 (error ~1e-7) would not be this test's
-subject.
+subject. The bf16 path's bound is test_vision_bf16.py's (bf16 rounding of each matmul's input,
+weight and output, 24 matmuls deep): 2 · sqrt(24) · 2^-9 ≈ 0.019.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ IMAGE_SIZE = 112
 INT8_MATMULS_DEEP = 4 * SHAPE["layers"] + 3  # see the docstring
 INT8_RMS = np.sqrt(32) / (127 * np.sqrt(12))  # one matmul's relative RMS error, at most
 BOUND = np.sqrt(INT8_MATMULS_DEEP) * INT8_RMS
+BF16_BOUND = 2 * np.sqrt(3 + 6 * SHAPE["layers"] + 3) * 2.0 ** -9
 
 
 def photo(w: int, h: int, seed: int) -> bytes:
@@ -81,11 +85,11 @@ def towers(request, tmp_path_factory):
     """(our tower on the Q8_0 file, HF float32 on the same file's numbers)."""
     hf = pixtral_hf.build_hf(SHAPE, IMAGE_SIZE, request.param, seed=2, attention="eager")
     folder = tmp_path_factory.mktemp("q8")
-    f32 = folder / f"mmproj-{request.param}-f32.gguf"
-    pixtral_hf.write_mmproj(f32, *hf, SHAPE, IMAGE_SIZE, request.param, np.float32)
-    q8 = quantized_mmproj_copy(f32, folder / f"mmproj-{request.param}-Q8_0.gguf")
+    f16 = folder / f"mmproj-{request.param}-f16.gguf"  # as llama.cpp converts, then quantizes
+    pixtral_hf.write_mmproj(f16, *hf, SHAPE, IMAGE_SIZE, request.param, np.float16)
+    q8 = quantized_mmproj_copy(f16, folder / f"mmproj-{request.param}-Q8_0.gguf")
     load_file_weights(hf, q8, SHAPE["heads"])
-    return VisionTower.load(q8), hf
+    return VisionTower.load(q8, cpu_bf16=False), hf, q8
 
 
 def hf_encode(hf, pixels: torch.Tensor) -> torch.Tensor:
@@ -101,7 +105,7 @@ def relative_errors(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 def test_q8_0_file_keeps_clips_tensor_choice(towers):
-    tower, _ = towers
+    tower, _, _ = towers
     q8 = int(gguf.GGMLQuantizationType.Q8_0)
     assert all(getattr(b, m).ggml_type == q8 for b in tower.blocks for m in ("q", "k", "v", "o", "gate", "up", "down"))
     assert tower.merger.ggml_type == tower.mm1.ggml_type == tower.mm2.ggml_type == q8
@@ -109,7 +113,7 @@ def test_q8_0_file_keeps_clips_tensor_choice(towers):
 
 
 def test_q8_0_tower_matches_hf_on_the_files_numbers(towers):
-    tower, hf = towers
+    tower, hf, _ = towers
     assert tower.native and tower.bf16 is None
     images = [photo(112, 84, 1), photo(60, 100, 2)]
     pixels = [tower.preprocess(d)[0] for d in images]
@@ -130,7 +134,7 @@ def test_q8_0_tower_matches_hf_on_the_files_numbers(towers):
 def test_heads_and_rows_split_over_threads_drop_nothing(monkeypatch, towers):
     """Attention split by heads (and GELU by rows) over 1 or 3 threads: every head and row is
     computed once, so the outputs are bit for bit the same (4 heads over 3 threads: 1, 1, 2)."""
-    tower, hf = towers
+    tower, hf, _ = towers
     pixels = tower.preprocess(photo(112, 84, 4))[0]
     monkeypatch.setattr(vision_module.cpu_native, "threads", lambda: 1)
     one = tower.encode(pixels)
@@ -152,7 +156,7 @@ def test_heads_and_rows_split_over_threads_drop_nothing(monkeypatch, towers):
 def test_a_dropped_head_is_caught(monkeypatch, towers):
     """The split test's check has teeth: leaving one head's attention out moves the output far
     outside the int8 bound."""
-    tower, hf = towers
+    tower, hf, _ = towers
     pixels = tower.preprocess(photo(112, 84, 4))[0]
     monkeypatch.setattr(vision_module.cpu_native, "threads", lambda: 3)
     monkeypatch.setattr(vision_module, "split_ranges", lambda n, parts: [(0, 1), (1, 2), (2, 3)] if n == 4
@@ -161,9 +165,28 @@ def test_a_dropped_head_is_caught(monkeypatch, towers):
     assert not relative_errors(broken, hf_encode(hf, pixels)).max().item() <= BOUND  # (NaN fails it too)
 
 
-def test_float_files_do_not_take_the_quantized_path(monkeypatch):
+def test_q8_0_tower_in_bf16_matches_hf_on_the_files_numbers(towers):
+    """The bf16 path on the Q8_0 file: its matrices dequantized once at load, then bf16 rounding
+    only (the reference holds the same dequantized numbers)."""
+    _, hf, path = towers
+    tower = VisionTower.load(path, cpu_bf16=True)
+    assert tower.bf16 is not None and not tower.native
+    assert tower.bf16.blocks[0].gate_up.shape == (2 * SHAPE["ffn"], SHAPE["hidden"])
+    for seed, (w, h) in enumerate([(112, 84), (60, 100)]):
+        px = tower.preprocess(photo(w, h, seed))[0]
+        err = relative_errors(tower.encode(px), hf_encode(hf, px))
+        assert 2.0 ** -14 < err.max().item() <= BF16_BOUND, (err.max().item(), BF16_BOUND)
+
+
+def test_which_path_a_file_takes(monkeypatch, towers):
     from support import FIXTURES
 
+    path = towers[2]
+    monkeypatch.setattr(vision_module, "cpu_has_bf16_dot", lambda: True)
+    q8 = VisionTower.load(path)
+    assert q8.bf16 is not None and not q8.native  # the faster path where bf16 dot products exist
     monkeypatch.setattr(vision_module, "cpu_has_bf16_dot", lambda: False)
+    q8 = VisionTower.load(path)
+    assert q8.bf16 is None and q8.native
     assert not VisionTower.load(FIXTURES / "mmproj-mistral3_tiny-f16.gguf").native
     assert not VisionTower.load(FIXTURES / "mmproj-mistral3_tiny-f32.gguf").native
