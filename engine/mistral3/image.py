@@ -277,8 +277,9 @@ def _pick_pixels(img: Image.Image, rows: np.ndarray, cols: np.ndarray) -> np.nda
     tiles of at most _TILE_PIXELS: no full-size copy, and no single Pillow call on a line too
     long for it (`tobytes` refuses a row of ~89 Mpx)."""
     w, h = img.size
-    if w * h <= _TILE_PIXELS and len(rows) == h and len(cols) == w:
-        return np.asarray(img)  # every pixel is read: one copy, read-only
+    if len(rows) == h and len(cols) == w and w * h <= 4 * _TILE_PIXELS:
+        # every pixel is read (a shrink by at most 4): one copy, read-only, instead of three
+        return np.asarray(img)
     out = np.empty((len(rows), len(cols), 3), dtype=np.uint8)
     band, span = max(1, _TILE_PIXELS // w), min(w, _TILE_PIXELS)
     for y0 in range(0, h, band):
