@@ -15,6 +15,10 @@ mistral-common (`ImageEncoder` + `transform_image`) is the reference, not HF's
    OpenCV's `INTER_CUBIC` (Keys a = -0.75, half-pixel centres, replicated border, no
    antialiasing, no clipping), implemented here so cv2 is not a runtime dependency;
 5. divide by 255, subtract mean, divide by std (float32, like mistral-common's `normalize`).
+
+Steps 4 and 5 run in one native pass (kernels/image/resample.c) when it is built, else as
+torch ops; both compute every value with the same float32 operations in the same order, so
+they agree bit for bit (tests/engine/mistral3/test_image.py checks it).
 """
 from __future__ import annotations
 

@@ -311,3 +311,22 @@ def test_native_taps_equal_numpy_taps_bit_for_bit():
         assert np.array_equal(idx, n_idx), (src_len, dst_len)
         assert np.array_equal(weights.view(np.int32), n_weights.view(np.int32)), (src_len, dst_len)
         assert every == (len(np.unique(idx)) == src_len), (src_len, dst_len)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("rgb-640x480-jpeg", "rgb-28x28-exact", "rgba-300x200",
+                                                               "rgb-2100x1000-over-max", "l-333x111")],
+                         ids=lambda c: c[0])
+def test_torch_path_without_the_native_module_matches_it(monkeypatch, case):
+    """An install without a C compiler: preprocess on the torch path gives the native path's
+    pixels exactly (and so mistral-common's)."""
+    from tramontane.engine.mistral3 import image as image_module
+
+    _, make, settings = case
+    data = make()
+    native, rows, cols = preprocess(data, mean=MEAN, std=STD, **settings)
+    monkeypatch.setattr(image_module, "_resample", None)
+    general, g_rows, g_cols = preprocess(data, mean=MEAN, std=STD, **settings)
+    assert (rows, cols) == (g_rows, g_cols)
+    assert torch.equal(native, general)
+    ref, _, _ = reference(Image.open(io.BytesIO(data)), **settings)
+    assert np.abs(general.numpy() - ref).max() <= PIXEL_TOL
