@@ -5,6 +5,7 @@
     python bench/cpu.py --micro               # per-matmul GB/s of weights vs memory copy
     python bench/cpu.py --depth 2048          # also decode after a 2048-token context (llama-bench -d)
     python bench/cpu.py --image-only          # only the one-image time to first token
+    python bench/cpu.py --image-only --mmproj-type Q8_0   # the same on the Q8_0 projector
 
 For each file: llama.cpp's llama-bench (-p 128 -n 32, the given threads, CPU only), then
 Tramontane end to end in a fresh subprocess (load, prefill of 128 random tokens from an empty
@@ -318,6 +319,22 @@ def ensure_q6k(bin_dir: Path, models: Path) -> Path | None:
     return q6 if q6.exists() else None
 
 
+def ensure_mmproj(models: Path, kind: str) -> Path:
+    """The bench projector of a type: mmproj-bench-f16.gguf, or its Q8_0 copy (made once, beside
+    it, by tests/support/quantize_mmproj.py: the 2-D matrices as llama.cpp's clip quantizer chose
+    them)."""
+    f16 = models / "mmproj-bench-f16.gguf"
+    if kind == "f16":
+        return f16
+    out = models / f"mmproj-bench-{kind}.gguf"
+    if not out.exists():
+        tool = Path(__file__).resolve().parents[1] / "tests" / "support" / "quantize_mmproj.py"
+        tmp = out.with_suffix(".tmp")
+        subprocess.run([sys.executable, str(tool), str(f16), str(tmp), "--type", kind], check=True, capture_output=True)
+        tmp.replace(out)
+    return out
+
+
 def copy_bandwidth_gbs(nbytes: int = 1 << 28, repeats: int = 5) -> float:
     import torch
 
@@ -399,6 +416,8 @@ def main() -> int:
     ap.add_argument("--image-only", action="store_true", help="only the one-image case")
     ap.add_argument("--image-model", help="text model of the image case (default: bench-Q4_K_M.gguf)")
     ap.add_argument("--mmproj", help="projector of the image case (default: mmproj-bench-f16.gguf)")
+    ap.add_argument("--mmproj-type", choices=["f16", "Q8_0"], default="f16",
+                    help="without --mmproj: the bench projector's type (Q8_0: made from the f16 one once)")
     ap.add_argument("--tramontane-only", metavar="GGUF", help=argparse.SUPPRESS)
     ap.add_argument("--image-run", nargs=3, metavar=("GGUF", "MMPROJ", "IMAGE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -424,8 +443,9 @@ def main() -> int:
             models_dir / "bench-Q4_K_M.gguf", models_dir / "bench-Q8_0.gguf", ensure_q6k(bin_dir, models_dir)]
     # the image case: by default, or when asked for (--models alone runs the text files only)
     image_model = Path(args.image_model) if args.image_model else models_dir and models_dir / "bench-Q4_K_M.gguf"
-    mmproj = Path(args.mmproj) if args.mmproj else models_dir and models_dir / "mmproj-bench-f16.gguf"
-    run_image = not args.no_image and (args.image_only or not args.models or args.image_model or args.mmproj)
+    mmproj = Path(args.mmproj) if args.mmproj else models_dir and ensure_mmproj(models_dir, args.mmproj_type)
+    run_image = not args.no_image and (args.image_only or not args.models or args.image_model or args.mmproj
+                                       or args.mmproj_type != "f16")
     rows = []
     for path in [p for p in paths if p]:
         # alternate the two, best of --rounds each: other work on a shared machine comes and goes
