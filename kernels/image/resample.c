@@ -99,6 +99,36 @@ static void vertical_row(const float *a, const float *b, const float *e, const f
     }
 }
 
+/* A same-size axis: its taps weigh (0, 1, 0, 0) with the middle one at the position itself,
+ * so the sum above is exactly the value it reads ((0 + v*0) + v*1 + ... = v: the sums never
+ * make -0), and the loops can copy instead. */
+static int is_identity(const int32_t *idx, const float *w, int64_t n, int64_t src_len) {
+    if (n != src_len) return 0;
+    for (int64_t d = 0; d < n; d++)
+        if (idx[4 * d + 1] != d || w[4 * d] != 0.0f || w[4 * d + 1] != 1.0f || w[4 * d + 2] != 0.0f ||
+            w[4 * d + 3] != 0.0f)
+            return 0;
+    return 1;
+}
+
+/* a same-width row: the pixels as float32 planes */
+VARIANTS
+static void identity_row(const uint8_t *row, int ch, int64_t width, float *dst) {
+    for (int c = 0; c < ch; c++)
+        for (int64_t dx = 0; dx < width; dx++) dst[c * width + dx] = (float)row[dx * ch + c];
+}
+
+/* a same-height output row: the horizontal row itself, normalised if m/q given */
+VARIANTS
+static void copy_row(const float *a, int64_t width, const float *m, const float *q, float *d) {
+    if (m) {
+        const float mv = *m, qv = *q;
+        for (int64_t dx = 0; dx < width; dx++) d[dx] = (a[dx] / 255.0f - mv) / qv;
+        return;
+    }
+    memcpy(d, a, sizeof(float) * (size_t)width);
+}
+
 static int check_indices(const int32_t *idx, int64_t n, int64_t limit) {
     for (int64_t j = 0; j < n; j++)
         if (idx[j] < 0 || idx[j] >= limit) return -1;
@@ -214,6 +244,7 @@ static PyObject *py_cubic(PyObject *self, PyObject *const *args, Py_ssize_t narg
     const float *yw = y_w, *mn = mean, *sd = std;
     float *o = out;
     int c_n = (int)ch;
+    const int same_w = is_identity(x_idx, x_w, width, src_w), same_h = is_identity(y_idx, y_w, height, src_h);
 
     Py_BEGIN_ALLOW_THREADS
     for (int64_t dy = 0; dy < height; dy++) {
@@ -222,12 +253,21 @@ static PyObject *py_cubic(PyObject *self, PyObject *const *args, Py_ssize_t narg
             int64_t r = yi[4 * dy + k];
             float *slot = ring + (size_t)(r & 3) * (size_t)ch * (size_t)width;
             if (tag[r & 3] != r) {
-                horizontal_row(s + r * src_w * ch, src_w, c_n, width, x_idx, x_w, row_f, slot);
+                if (same_w)
+                    identity_row(s + r * src_w * ch, c_n, width, slot);
+                else
+                    horizontal_row(s + r * src_w * ch, src_w, c_n, width, x_idx, x_w, row_f, slot);
                 tag[r & 3] = r;
             }
             h[k] = slot;
         }
         const float *w = yw + 4 * dy;
+        if (same_h) {  /* h[1] is row dy */
+            for (int c = 0; c < c_n; c++)
+                copy_row(h[1] + c * width, width, mn ? mn + c : NULL, mn ? sd + c : NULL,
+                         o + ((int64_t)c * height + dy) * width);
+            continue;
+        }
         for (int c = 0; c < c_n; c++)
             vertical_row(h[0] + c * width, h[1] + c * width, h[2] + c * width, h[3] + c * width, w[0], w[1],
                          w[2], w[3], width, mn ? mn + c : NULL, mn ? sd + c : NULL,

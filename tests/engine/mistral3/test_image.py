@@ -264,7 +264,7 @@ def test_limit_is_below_pillows_hard_limit():
 @pytest.mark.parametrize("shape", [(480, 640, 504, 644, 3), (2000, 3000, 1036, 1540, 3), (3000, 400, 1176, 168, 3),
                                    (1, 1, 28, 28, 3), (7, 5, 28, 28, 3), (5, 9, 30, 14, 1), (33, 17, 56, 84, 4),
                                    (100, 100, 28, 28, 2), (1, 5000, 28, 1540, 3), (504, 644, 504, 644, 3),
-                                   (28, 28, 28, 28, 1)])
+                                   (28, 28, 28, 28, 1), (480, 644, 504, 644, 3), (504, 640, 504, 644, 3)])
 @pytest.mark.parametrize("normalised", [False, True], ids=["raw", "normalised"])
 def test_native_resampler_equals_torch_path_bit_for_bit(shape, normalised):
     from tramontane.engine.mistral3 import image as image_module
