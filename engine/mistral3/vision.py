@@ -154,11 +154,18 @@ def split_ranges(n: int, parts: int) -> list[tuple[int, int]]:
 
 def _bf16_stack(weights: list[QWeight]) -> torch.Tensor:
     """16-bit float or quantized weights → one bf16 (sum of out, in) tensor (rows stacked),
-    converted once (a quantized one through float32, one weight at a time)."""
+    converted once (a quantized one through float32 in chunks of rows: one scratch that
+    the allocator reuses, not a whole float32 matrix per weight left behind in the heap)."""
     out = torch.empty(sum(w.shape[0] for w in weights), weights[0].shape[1], dtype=torch.bfloat16)
     row = 0
     for w in weights:
-        out[row:row + w.shape[0]].copy_(w.dequantize() if w.is_quantized else w.data)
+        if w.is_quantized:
+            step = max(1, (1 << 22) // w.shape[1])  # 16 MiB of float32 at a time
+            for a in range(0, w.shape[0], step):
+                b = min(a + step, w.shape[0])
+                out[row + a:row + b].copy_(w.rows(a, b).dequantize())
+        else:
+            out[row:row + w.shape[0]].copy_(w.data)
         row += w.shape[0]
         if w.mapped and cpu_native.AVAILABLE:  # the file's pages are not needed any more
             cpu_native.drop_pages(w.data)
