@@ -29,11 +29,14 @@ enum {
 #define TQ_QB 32  /* elements per legacy block */
 #define TQ_WIDE_MIN_ROWS 3 /* activation rows from which a matmul uses gemm_wide */
 
-/* Activation block for K-quants and IQ4_XS: 256 int8 quants, scale, sums of each 16. */
+/* Activation block for K-quants and IQ4_XS: 256 int8 quants, scale, sums of each 16; padded to
+ * 320 bytes (5 cache lines) so that in a 64-byte aligned buffer every block's quants start on a
+ * cache line: with 292-byte blocks most 64-byte loads of them straddled two lines. */
 typedef struct {
     int8_t qs[TQ_QK];
     float d;
     int16_t bsums[16];
+    uint8_t pad[28];
 } tq_q8k;
 
 /* Activation block for legacy 32-element types: 32 int8 quants, scale, d * sum(qs). */
