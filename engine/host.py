@@ -1,7 +1,9 @@
-"""What this machine can give us now: free RAM. Read by the model's loader (mistral3: whether
-float32 weight copies fit), the planner and the KV cache's check (runtime), so it sits below both."""
+"""What this machine can give us now: free RAM, and whether its CPU has bf16 dot products. Read
+by the model's loader (mistral3: whether float32 weight copies fit, which path the vision tower
+takes), the planner and the KV cache's check (runtime), so it sits below both."""
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -19,3 +21,18 @@ def available_ram() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not Linux: unknown
         return 0
+
+
+@functools.cache
+def cpu_has_bf16_dot() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512_BF16 or AMX tiles), where torch's
+    oneDNN bf16 matmul runs at about twice float32's rate (elsewhere it emulates bf16, slower).
+    The one probe for the vision tower's CPU path (mistral3.vision) and the planner's count of
+    what that tower keeps (runtime.device_map); asked once, the answer cannot change."""
+    import torch
+
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    try:
+        return any(probe is not None and probe() for probe in probes)
+    except Exception:  # a torch without the probes: keep float32
+        return False

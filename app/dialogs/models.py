@@ -33,7 +33,7 @@ from ...engine.library.fit import (Fit, catalog_bytes, catalog_size_text, fit_of
 from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.local import (LocalModel, catalog_files, delete_model, describe_model,
                                      import_model, scan_models)
-from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, DeviceInfo, Machine
+from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
 from ..model_places import find_models, usual_places
@@ -203,8 +203,7 @@ def without_the_loaded_model(machine: Machine, freed_bytes: int) -> Machine:
     cpu = machine.cpu
     if cpu is None or freed_bytes <= 0 or cpu.free_bytes >= UNKNOWN_RAM:
         return machine
-    return Machine(machine.gpus, DeviceInfo(cpu.name, cpu.free_bytes + freed_bytes, cpu.description),
-                   machine.unified)
+    return Machine(machine.gpus, replace(cpu, free_bytes=cpu.free_bytes + freed_bytes), machine.unified)
 
 
 class ModelManagerDialog(QDialog):

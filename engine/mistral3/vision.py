@@ -57,6 +57,7 @@ from ...kernels.ggml_types import BF16, F16, F32
 from ...kernels.linear import CPU, QWeight, linear, native_plans
 from ..api import EngineError, ImagePart
 from ..gguf import GGUFError, GGUFFile, open_gguf
+from ..host import cpu_has_bf16_dot  # the planner asks the same probe (device_map.DeviceInfo.bf16_dot)
 from .config import LAYOUTS, VisionConfig, _fail, read_config
 from .image import image_grid, image_size_of, preprocess
 
@@ -68,16 +69,6 @@ def tower_dtype(device) -> torch.dtype:
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
         return torch.bfloat16
     return torch.float32
-
-
-def cpu_has_bf16_dot() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512_BF16 or AMX tiles), where torch's
-    oneDNN bf16 matmul runs at about twice float32's rate (elsewhere it emulates bf16, slower)."""
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    try:
-        return any(probe is not None and probe() for probe in probes)
-    except Exception:  # a torch without the probes: keep float32
-        return False
 
 
 def unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
@@ -311,7 +302,8 @@ class VisionTower:
         mm2 = matrix("mm2", text_hidden, text_hidden)
 
         if cpu_bf16 is None:
-            cpu_bf16 = dtype is None and device.type == "cpu" and cpu_has_bf16_dot()
+            # not in exact mode, whose float32 path would never read them (the planner counts the same)
+            cpu_bf16 = dtype is None and device.type == "cpu" and cpu_has_bf16_dot() and not CPU.exact
         bf16 = bf16_weights(patch, blocks, merger, mm1, mm2) if cpu_bf16 and device.type == "cpu" else None
         if dtype is None:
             dtype = tower_dtype(device)

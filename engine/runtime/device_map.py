@@ -27,9 +27,10 @@ from typing import Mapping, Sequence
 from ...kernels.ggml_types import BF16, F16, F32
 from .. import host
 from ..api import EngineError
-from ..mistral3.config import TextConfig, VisionConfig
+from ..mistral3.config import LAYOUTS, LINEAR_ROLES, TextConfig, VisionConfig
 from . import memory as mem
 from .memory import CPU_HEADROOM_BYTES, CUDA_HEADROOM_BYTES, DEFAULT_CONTEXT, GiB, MiB
+BF16_BYTES = 2  # a value of the CPU vision tower's bf16 matrices
 UNKNOWN_RAM = 1 << 50  # a system that does not say: plan as if the CPU had room (as before planning)
 
 
@@ -59,6 +60,7 @@ class DeviceInfo:
     name: str  # "cuda:0", "cpu" (tests may add logical "cpu:1")
     free_bytes: int
     description: str = ""
+    bf16_dot: bool = False  # a CPU that multiplies bf16 in hardware (host.cpu_has_bf16_dot): the vision tower runs bf16 there
 
     @property
     def kind(self) -> str:
@@ -93,7 +95,7 @@ class Machine:
             if dev.name == name:
                 return dev
         if name.startswith("cpu:") and self.cpu is not None and self.cpu in self.devices:
-            return DeviceInfo(name, self.cpu.free_bytes, self.cpu.description)  # a logical CPU
+            return replace(self.cpu, name=name)  # a logical CPU
         return None
 
 
@@ -104,8 +106,9 @@ def detect_machine() -> Machine:
     for i, (free, _total, name, integrated, how) in enumerate(mem.gpu_free_memory()):
         unified = unified or integrated
         gpus.append(DeviceInfo(f"cuda:{i}", free, name if how in ("nvml", "torch") else f"{name}, {how}"))
-    ram = host.available_ram()
-    cpu = DeviceInfo("cpu", ram, "system memory") if ram else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown")
+    ram, bf16_dot = host.available_ram(), host.cpu_has_bf16_dot()
+    cpu = (DeviceInfo("cpu", ram, "system memory", bf16_dot) if ram
+           else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown", bf16_dot))
     return Machine(tuple(gpus), cpu, unified)
 
 
@@ -134,6 +137,9 @@ class ModelSizes:
     vision_head_dim: int = 64
     vision_float_values: int = 0  # values of its float (F32/F16/BF16) matrices, kept in the tower's dtype
     vision_float_bytes: int = 0  # those matrices' bytes in the file
+    vision_bf16_values: int = 0  # values of its matmul matrices where a bf16 CPU converts them (none F32), else 0
+    vision_bf16_bytes: int = 0  # those matrices' bytes in the file
+    vision_copied_bytes: int = 0  # matrices the loader copies to reorder their rows (llama.cpp's q/k), file bytes
 
     @property
     def n_layers(self) -> int:
@@ -169,6 +175,10 @@ def model_sizes(cfg: TextConfig, tensors: Mapping[str, object], name: str = "mod
     vbytes = sum(t.nbytes for t in (vision_tensors or {}).values())
     matrices = [t for t in (vision_tensors or {}).values()
                 if getattr(t, "ggml_type", None) in (F32, F16, BF16) and len(getattr(t, "shape", ())) >= 2]
+    matmul = _vision_matmul_tensors(vision, vision_tensors or {})
+    bf16 = [t for t in matmul.values() if getattr(t, "ggml_type", F32) != F32]
+    bf16 = bf16 if matmul and len(bf16) == len(matmul) else []  # one float32 matrix: the file keeps float32
+    copied = [t for n, t in matmul.items() if vision.layout == "llama.cpp" and n.endswith((".attn_q", ".attn_k"))]
     return ModelSizes(name, tuple(layers), embedding, head, cfg.tied_embeddings, kv_width, row_width,
                       vision_bytes=vbytes, vision_name=vision_name,
                       # as row_width: 4 residual-sized + q, k, v + gate, up, gate*up per patch
@@ -177,7 +187,25 @@ def model_sizes(cfg: TextConfig, tensors: Mapping[str, object], name: str = "mod
                       vision_image_size=vision.image_size, vision_heads=vision.n_heads,
                       vision_head_dim=vision.hidden // vision.n_heads,
                       vision_float_values=sum(math.prod(t.shape) for t in matrices),
-                      vision_float_bytes=sum(t.nbytes for t in matrices), **text)
+                      vision_float_bytes=sum(t.nbytes for t in matrices),
+                      vision_bf16_values=sum(math.prod(t.shape) for t in bf16),
+                      vision_bf16_bytes=sum(t.nbytes for t in bf16),
+                      vision_copied_bytes=sum(t.nbytes for t in copied), **text)
+
+
+def _vision_matmul_tensors(vision: VisionConfig, tensors: Mapping[str, object]) -> dict[str, object]:
+    """{role name: tensor} of every weight the tower multiplies by (the patch conv, the blocks'
+    q/k/v/o/gate/up/down, merger, mm1, mm2), as the loader names them; {} where the inventory
+    has no such tensors with shapes (a catalogue estimate)."""
+    names = LAYOUTS.get(vision.layout, {})
+    found = []
+    for role in ("patch",) + LINEAR_ROLES:
+        name = names.get(role, "")
+        found += [name.format(i=i) for i in range(vision.n_layers)] if "{i}" in name else [name]
+    out = {n: tensors.get(n + ".weight") for n in found}
+    if any(t is None or not getattr(t, "shape", None) for t in out.values()):
+        return {}
+    return out
 
 
 def sizes_of_files(model_gf, mmproj_gf=None) -> ModelSizes:
@@ -584,19 +612,33 @@ def _add_embedding_and_head(embed_p: Placement, head_p: Placement, sizes: ModelS
         head_p.parts["output head + norm"] = sizes.head_bytes
 
 
-def vision_tower_bytes(sizes: ModelSizes, device_kind: str) -> int:
-    """The tower's weights as kept there: on the CPU the file's (its float32 path reads 16-bit
-    weights in place, its bf16 path keeps 16-bit ones at 2 bytes); on a GPU float matrices in
-    the compute dtype (bf16; a GPU without bf16 runs the tower in float32, twice that, which
-    the plan does not know: DeviceInfo has no compute capability)."""
+def vision_tower_bytes(sizes: ModelSizes, device_kind: str, cpu_bf16: bool = False) -> int:
+    """The tower's weights as kept there. On a CPU whose tower runs the bf16 path (`cpu_bf16`,
+    see cpu_tower_runs_bf16) every matmul matrix dequantized / converted once to bf16, 2 bytes a
+    value, the file's pages given back, plus the row-reordered copies the loader keeps for exact
+    mode; on another CPU, or a file that keeps float32 there, the file's bytes (its float32 and
+    int8 paths read the weights in place); on a GPU float matrices in the compute dtype (bf16; a
+    GPU without bf16 runs the tower in float32, twice that, which the plan does not know:
+    DeviceInfo has no compute capability)."""
     if device_kind == "cpu":
-        return sizes.vision_bytes
+        if not (cpu_bf16 and sizes.vision_bf16_values):
+            return sizes.vision_bytes
+        return mem.vision_tower_bytes(sizes.vision_bytes, sizes.vision_bf16_values, sizes.vision_bf16_bytes,
+                                      BF16_BYTES) + sizes.vision_copied_bytes
     return mem.vision_tower_bytes(sizes.vision_bytes, sizes.vision_float_values, sizes.vision_float_bytes,
                                   compute_bytes(device_kind))
 
 
+def cpu_tower_runs_bf16(device: DeviceInfo) -> bool:
+    """Whether the vision tower loaded on `device` takes the CPU's bf16 path: a CPU with bf16 dot
+    products, outside exact mode (the loader's default, VisionTower.load)."""
+    from ...kernels.linear import CPU  # torch: only once a tower is planned
+
+    return device.kind == "cpu" and device.bf16_dot and not CPU.exact
+
+
 def _add_vision(p: Placement, sizes: ModelSizes, budget: Budget) -> Placement:
-    p.parts["vision tower"] = vision_tower_bytes(sizes, p.device.kind)
+    p.parts["vision tower"] = vision_tower_bytes(sizes, p.device.kind, cpu_tower_runs_bf16(p.device))
     p.vision_activations = vision_activation_bytes(sizes, budget, p.device.kind)
     if p.device.kind == "cuda":
         _add_runtime(p, graphs=False)
@@ -650,5 +692,5 @@ def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
 
 __all__ = ["Budget", "DeviceInfo", "Machine", "ModelSizes", "Placement", "DevicePlan", "PlanError",
            "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "plan_for_files", "parse_device_map",
-           "gpu_layers_map", "kv_bytes_per_layer", "vision_tower_bytes", "activation_bytes", "vision_activation_bytes",
-           "image_patches", "context_of", "prefill_scratch_bytes", "STAGES"]
+           "gpu_layers_map", "kv_bytes_per_layer", "vision_tower_bytes", "cpu_tower_runs_bf16", "activation_bytes",
+           "vision_activation_bytes", "image_patches", "context_of", "prefill_scratch_bytes", "STAGES"]
