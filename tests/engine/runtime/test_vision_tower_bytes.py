@@ -177,3 +177,13 @@ def test_elsewhere_the_plan_equals_the_files_bytes_the_tower_holds(q8_file, monk
         assert not cpu_tower_runs_bf16(cpu)
         sizes = _file_sizes(q8_file)
         assert vision_tower_bytes(sizes, "cpu", cpu_tower_runs_bf16(cpu)) == sizes.vision_bytes == _held_bytes(tower)
+
+
+def test_a_model_switch_keeps_the_cpus_flag():
+    """The Models dialog's machine for a switch (the loaded model's RAM counted free) is the same CPU."""
+    pytest.importorskip("PySide6")
+    from tramontane.app.dialogs.models import without_the_loaded_model
+
+    machine = Machine((), DeviceInfo("cpu", 8 * GiB, "simulated", bf16_dot=True))
+    switched = without_the_loaded_model(machine, GiB)
+    assert switched.cpu.free_bytes == 9 * GiB and switched.cpu.bf16_dot
