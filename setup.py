@@ -49,8 +49,9 @@ class BuildExt(build_ext):
         except Exception as exc:  # noqa: BLE001 - CompileError, LinkError, missing compiler
             if os.environ.get("TRAMONTANE_REQUIRE_NATIVE", "") not in ("", "0"):
                 raise
-            print(f"warning: the native CPU kernels ({ext.name}) were not built: {exc}; "
-                  "CPU inference will use the slower torch path", file=sys.stderr)
+            what = ("image preprocessing will use the slower torch path" if ext.name.endswith("_resample")
+                    else "CPU inference will use the slower torch path")
+            print(f"warning: the native extension {ext.name} was not built: {exc}; {what}", file=sys.stderr)
 
 
 setup(
