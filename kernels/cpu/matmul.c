@@ -97,9 +97,6 @@ void unit_dequant(void *arg, int u) {
 /* Temporaries of the fused calls (normalised rows, gate and up outputs), never seen by Python: kept
  * between calls up to TEMP_KEEP bytes (a decode step's: the same cache lines every token), larger
  * ones (prefill) freed after the call. Used under the call lock. */
-/* Temporaries of the fused calls (normalised rows, gate and up outputs), never seen by Python: kept
- * between calls up to TEMP_KEEP bytes (a decode step's: the same cache lines every token), larger
- * ones (prefill) freed after the call. Used under the call lock. */
 #define TEMP_KEEP ((size_t)4 << 20)
 static float *temp_buf = NULL;
 static size_t temp_size = 0;
@@ -121,8 +118,6 @@ void release_temp(void) {
     }
 }
 
-/* rms_norm of x into a temporary of n_x * k floats followed by `extra` more, then jobs (whose x is
- * the temporary; a NULL y is placed in the extra floats); the caller holds the call lock. -1: no memory */
 /* rms_norm of x into a temporary of n_x * k floats followed by `extra` more, then jobs (whose x is
  * the temporary; a NULL y is placed in the extra floats); the caller holds the call lock. -1: no memory */
 int run_norm_matmuls(const float *x, const float *nw, float eps, int n_x, int64_t k, mm_job *jobs, int n_w,
