@@ -2,6 +2,8 @@
 would write from it: the reference side of the vision tests and of bench/vision.py."""
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import torch
 
@@ -86,3 +88,27 @@ def write_mmproj(path, tower, projector, shape: dict, image_size: int, activatio
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def photo(w: int, h: int, seed: int) -> bytes:
+    """A photo-like PNG: random colour blocks, smoothly enlarged."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (max(h // 6, 2), max(w // 6, 2), 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(small).resize((w, h), Image.BILINEAR).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def hf_encode(hf, pixels: torch.Tensor) -> torch.Tensor:
+    """HF's tower + projector on one preprocessed image (3, H, W): its projected tokens."""
+    tower, projector = hf
+    sizes = torch.tensor([list(pixels.shape[1:])])
+    with torch.no_grad():
+        return projector(tower(pixels[None], image_sizes=sizes).last_hidden_state.squeeze(0), sizes)
+
+
+def relative_errors(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per token: |ours - ref| / |ref| (L2 over the features)."""
+    return (ours.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)

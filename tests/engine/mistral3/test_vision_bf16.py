@@ -17,19 +17,18 @@ above 2^-14: a path that silently ran float32 (error ~1e-7) would not be this te
 """
 from __future__ import annotations
 
-import io
 import threading
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from tramontane.engine.mistral3 import vision as vision_module
 from tramontane.engine.mistral3.vision import VisionTower, cpu_has_bf16_dot
 from tramontane.kernels.linear import cpu_exact
 
 from support import FIXTURES, pixtral_hf
+from support.pixtral_hf import hf_encode, photo, relative_errors
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -50,32 +49,12 @@ def write_mmproj(path, tower, projector, activation: str) -> None:
     pixtral_hf.write_mmproj(path, tower, projector, SHAPE, IMAGE_SIZE, activation)
 
 
-def photo(w: int, h: int, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    small = rng.integers(0, 256, (max(h // 6, 2), max(w // 6, 2), 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(small).resize((w, h), Image.BILINEAR).save(buf, "PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module", params=["silu", "gelu"])
 def towers(request, tmp_path_factory):
     hf = build_hf(request.param)
     path = tmp_path_factory.mktemp("bf16") / f"mmproj-{request.param}-f16.gguf"
     write_mmproj(path, *hf, request.param)
     return VisionTower.load(path, cpu_bf16=True), hf
-
-
-def hf_encode(hf, pixels: torch.Tensor) -> torch.Tensor:
-    tower, projector = hf
-    sizes = torch.tensor([list(pixels.shape[1:])])
-    with torch.no_grad():
-        return projector(tower(pixels[None], image_sizes=sizes).last_hidden_state.squeeze(0), sizes)
-
-
-def relative_errors(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Per token: |ours - ref| / |ref| (L2 over the features)."""
-    return (ours.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)
 
 
 def test_bf16_tower_matches_hf_float32_within_bf16_rounding(towers):

@@ -21,12 +21,10 @@ weight and output, 24 matmuls deep): 2 · sqrt(24) · 2^-9 ≈ 0.019.
 """
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from tramontane.engine.mistral3 import vision as vision_module
 from tramontane.engine.mistral3.vision import VisionTower
@@ -34,6 +32,7 @@ from tramontane.kernels import cpu_native
 from tramontane.kernels.linear import cpu_exact
 
 from support import pixtral_hf
+from support.pixtral_hf import hf_encode, photo, relative_errors
 from support.quantize_mmproj import quantized_mmproj_copy
 
 transformers = pytest.importorskip("transformers")
@@ -46,14 +45,6 @@ INT8_MATMULS_DEEP = 4 * SHAPE["layers"] + 3  # see the docstring
 INT8_RMS = np.sqrt(32) / (127 * np.sqrt(12))  # one matmul's relative RMS error, at most
 BOUND = np.sqrt(INT8_MATMULS_DEEP) * INT8_RMS
 BF16_BOUND = 2 * np.sqrt(3 + 6 * SHAPE["layers"] + 3) * 2.0 ** -9
-
-
-def photo(w: int, h: int, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    small = rng.integers(0, 256, (max(h // 6, 2), max(w // 6, 2), 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(small).resize((w, h), Image.BILINEAR).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def load_file_weights(hf, path, n_head: int) -> None:
@@ -90,18 +81,6 @@ def towers(request, tmp_path_factory):
     q8 = quantized_mmproj_copy(f16, folder / f"mmproj-{request.param}-Q8_0.gguf")
     load_file_weights(hf, q8, SHAPE["heads"])
     return VisionTower.load(q8, cpu_bf16=False), hf, q8
-
-
-def hf_encode(hf, pixels: torch.Tensor) -> torch.Tensor:
-    tower, projector = hf
-    sizes = torch.tensor([list(pixels.shape[1:])])
-    with torch.no_grad():
-        return projector(tower(pixels[None], image_sizes=sizes).last_hidden_state.squeeze(0), sizes)
-
-
-def relative_errors(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Per token: |ours - ref| / |ref| (L2 over the features)."""
-    return (ours.double() - ref.double()).norm(dim=-1) / ref.double().norm(dim=-1)
 
 
 def test_q8_0_file_keeps_clips_tensor_choice(towers):
