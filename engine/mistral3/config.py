@@ -252,7 +252,8 @@ LAYOUTS: dict[str, dict[str, str]] = {
         "mm2": "mm.linear_2",
     },
 }
-LINEAR_ROLES = ("q", "k", "v", "o", "gate", "up", "down", "merger", "mm1", "mm2")
+BLOCK_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")  # a tower block's matmul weights
+LINEAR_ROLES = BLOCK_MATRICES + ("merger", "mm1", "mm2")
 BLOCK_ROLES = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")
 
 

@@ -53,12 +53,12 @@ import torch
 import torch.nn.functional as F
 
 from ...kernels import cpu_native
-from ...kernels.ggml_types import BF16, F16, F32
-from ...kernels.linear import CPU, QWeight, linear, native_plans
+from ...kernels.ggml_types import BF16, F16
+from ...kernels.linear import CPU, FLOAT_DTYPES, QWeight, linear, native_plans
 from ..api import EngineError, ImagePart
 from ..gguf import GGUFError, GGUFFile, open_gguf
 from ..host import cpu_has_bf16_dot  # the planner asks the same probe (device_map.DeviceInfo.bf16_dot)
-from .config import LAYOUTS, VisionConfig, _fail, read_config
+from .config import BLOCK_MATRICES, LAYOUTS, VisionConfig, _fail, read_config
 from .image import image_grid, image_size_of, preprocess
 
 def tower_dtype(device) -> torch.dtype:
@@ -163,8 +163,7 @@ def _bf16_stack(weights: list[QWeight]) -> torch.Tensor:
     return out
 
 
-_GGML_FLOAT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
-_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+_GGML_FLOAT = {dtype: ggml for ggml, dtype in FLOAT_DTYPES.items()}
 
 
 def in_dtype(w: QWeight, dtype: torch.dtype) -> QWeight:
@@ -179,7 +178,7 @@ def bf16_weights(patch: QWeight, blocks: list[_Block], merger: QWeight, mm1: QWe
                  mm2: QWeight) -> _Bf16Weights | None:
     """The tower's matmul weights in bf16 when every one is a 16-bit float (F16/BF16) or
     quantized, on the CPU, else None (a float32 file keeps float32)."""
-    every = [patch, merger, mm1, mm2] + [w for b in blocks for w in (b.q, b.k, b.v, b.o, b.gate, b.up, b.down)]
+    every = [patch, merger, mm1, mm2] + [getattr(b, m) for b in blocks for m in BLOCK_MATRICES]
     if any((w.ggml_type not in (F16, BF16) and not w.is_quantized) or not w.data.is_cpu for w in every):
         return None
     return _Bf16Weights(
@@ -192,7 +191,7 @@ def bf16_weights(patch: QWeight, blocks: list[_Block], merger: QWeight, mm1: QWe
 def quantized_native(blocks: list[_Block], merger: QWeight, mm1: QWeight, mm2: QWeight) -> bool:
     """Whether the tower runs its quantized path (`_forward_native`): every block matrix and the
     projector quantized, on the CPU, with native kernels for their types."""
-    every = [merger, mm1, mm2] + [w for b in blocks for w in (b.q, b.k, b.v, b.o, b.gate, b.up, b.down)]
+    every = [merger, mm1, mm2] + [getattr(b, m) for b in blocks for m in BLOCK_MATRICES]
     return cpu_native.AVAILABLE and all(
         w.is_quantized and w.data.is_cpu and cpu_native.supports(w.ggml_type) for w in every)
 
@@ -312,7 +311,7 @@ class VisionTower:
             # The CPU's float32 path reads 16-bit weights in place (native kernels) and keeps them.
             patch, merger, mm1, mm2 = (in_dtype(w, dtype) for w in (patch, merger, mm1, mm2))
             for b in blocks:
-                for name in _MATRICES:
+                for name in BLOCK_MATRICES:
                     setattr(b, name, in_dtype(getattr(b, name), dtype))
         return cls(cfg, gf.path, patch, patch_bias, pre_norm, blocks, mm_norm, merger, mm1, mm2,
                    device, dtype, cache_bytes, bf16)
@@ -453,9 +452,11 @@ class VisionTower:
             x = x + self._attention(blk, self._rms(x, blk.attn_norm), spans, ropes).float()
             hn = self._rms(x, blk.ffn_norm)
             x = x + self._linear(self._act(self._linear(hn, blk.gate)) * self._linear(hn, blk.up), blk.down).float()
-        x = self._rms(x, self.mm_norm)
-        y = self._linear(self._merged(x, spans, grids), self.merger)
-        return self._linear(F.gelu(self._linear(y, self.mm1)), self.mm2)
+        return self._project(self._merged(self._rms(x, self.mm_norm), spans, grids))
+
+    def _project(self, merged: torch.Tensor) -> torch.Tensor:
+        """Merged patches → the text model's tokens: merger, mm1, GELU, mm2 (by `linear`)."""
+        return self._linear(F.gelu(self._linear(self._linear(merged, self.merger), self.mm1)), self.mm2)
 
     def _forward_bf16(self, patches: torch.Tensor, spans, ropes, grids, threads: int) -> torch.Tensor:
         """`_forward` on the CPU's bf16 weights: bf16 matmuls (q/k/v and gate/up one call each),
@@ -534,10 +535,7 @@ class VisionTower:
 
                 split_run(gelu_mul, split_ranges(n, threads))
             x = cpu_native.matmul_add(act, native_plans((blk.down,), act)[0], x)
-        x = cpu_native.rms_norm(x, self.mm_norm, eps)
-        y = linear(self._merged(x, spans, grids).contiguous(), self.merger)
-        y = linear(y, self.mm1)
-        return linear(F.gelu(y), self.mm2)
+        return self._project(self._merged(cpu_native.rms_norm(x, self.mm_norm, eps), spans, grids))
 
     def _merged(self, x: torch.Tensor, spans, grids) -> torch.Tensor:
         return torch.cat([self._merge(x[a:b], hp, wp) for (a, b), (hp, wp) in zip(spans, grids)], dim=0)
