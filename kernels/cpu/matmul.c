@@ -59,11 +59,12 @@ int run_matmul(mm_job *J) {
         J->xq = (uint8_t *)get_scratch(J->xq_stride * (size_t)J->n_x);
         if (!J->xq) return -1;
         J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
-        /* repacked rows: the wide tile for any row count, unless the type has a narrow one */
+        /* decode on a type with a narrow tile (every repacked type has one: its rows fit no other
+         * tile), prefill on the wide tiles */
         if (J->n_x < TQ_WIDE_MIN_ROWS && K->gemm_narrow[J->type]) {
             J->quant = K->quant_narrow[J->type];
             J->gemm = K->gemm_narrow[J->type];
-        } else if ((J->n_x >= TQ_WIDE_MIN_ROWS || K->repack[J->type]) && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
+        } else if (J->n_x >= TQ_WIDE_MIN_ROWS && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
             J->quant = K->quant_wide[J->type];
             J->gemm = K->gemm_wide[J->type];
         }
