@@ -127,6 +127,11 @@ def result_text(result) -> str:
     return text
 
 
+def _retrieve_when_done(future: asyncio.Future) -> None:
+    """Mark the future's exception as seen once it is set, whoever waits for it, or no one."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 class _Connection:
     """One open session with one server, owned by a task on the MCP loop (the SDK's contexts
     must be entered and left in the same task). Requests arrive through a queue."""
@@ -135,7 +140,7 @@ class _Connection:
         self.config = config
         self.requests: asyncio.Queue = asyncio.Queue()
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen by whoever waits, or no one
+        _retrieve_when_done(self.ready)  # seen by whoever waits, or no one
         self.task = asyncio.create_task(self._run())
 
     def _target(self):
@@ -179,6 +184,9 @@ class _Connection:
         if self.task.done():
             raise McpError(f"tool server {self.config.name!r} is not running")
         reply = asyncio.get_running_loop().create_future()
+        # a caller that timed out has gone; the server's late error must not be left for the
+        # garbage collector to log (in 3.11 that logging can break an ast.parse under way)
+        _retrieve_when_done(reply)
         await self.requests.put((job, reply))
         done, _ = await asyncio.wait({reply, self.task}, return_when=asyncio.FIRST_COMPLETED)
         if reply in done:

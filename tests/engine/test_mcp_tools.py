@@ -2,7 +2,9 @@
 (offline), and our own small server for what goes wrong (a tool error, a crash, a hang, a
 process answering garbage). Each failure is one ToolOutcome with an error, and the next call
 works again."""
+import gc
 import json
+import logging
 import shlex
 import shutil
 import sys
@@ -61,6 +63,20 @@ def test_a_tool_error_a_crash_and_a_hang_are_outcomes_and_the_server_comes_back(
     assert not hung.ok and "did not answer within 3 s" in hung.error
     assert time.monotonic() - start < 3 + 12
     assert tools.call("add", {"a": 5, "b": 5}).text == "10"
+
+
+def test_a_late_answer_to_a_caller_that_gave_up_is_not_left_for_the_garbage_collector(tools, caplog):
+    """The server's own timeout error arrives after the caller stopped waiting; left unretrieved,
+    asyncio logs it when the future is collected, anywhere (in CPython 3.11.7 that logging,
+    nested in an ast.parse, raised SystemError in an unrelated Triton test)."""
+    tools.set_configs([McpServerConfig("ours", command=OURS, timeout_s=1)])
+    tools.list_server_tools("ours")
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        assert not tools.call("hang", {}).ok
+        assert tools.call("add", {"a": 1, "b": 2}).text == "3"
+        tools.close()
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 def test_bad_arguments_and_unknown_tools_never_reach_a_server(tools):
