@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 
 from ..gguf import open_gguf
+from ..runtime.memory import KV_TYPE_BYTES
+
+KV_TYPES = tuple(KV_TYPE_BYTES)  # f32, f16: the choices of run's --kv-type
 
 
 def add_parsers(sub) -> None:
@@ -19,6 +22,9 @@ def add_parsers(sub) -> None:
                           ("max-image-length", 1024)):
         plan.add_argument(f"--{name}", type=int, default=default, metavar="N",
                           help=f"budget estimate, not a limit (default {default})")
+    plan.add_argument("--kv-type", choices=KV_TYPES, default="f32",
+                      help="the KV cache's elements for the layers on the CPU, as run/serve/bench take it: "
+                           "f16 plans half the KV bytes (GPU layers keep their own type) (default: %(default)s)")
     p.set_defaults(func=info_main)
 
     p = sub.add_parser("tokenize", help="token ids of TEXT (without BOS)")
@@ -65,7 +71,8 @@ def _plan(args, gf):
     for name in ("max_seq_len", "max_batch_size", "max_num_images", "max_image_length"):
         if getattr(args, name) < 1:
             raise PlanError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    budget = Budget(args.max_seq_len, args.max_batch_size, args.max_num_images, args.max_image_length)
+    budget = Budget(args.max_seq_len, args.max_batch_size, args.max_num_images, args.max_image_length,
+                    kv_type=args.kv_type)
     mmproj = args.mmproj or find_projector(args.model)
     return plan_for_files(gf, mmproj, args.device, args.device_map, budget)
 

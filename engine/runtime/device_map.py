@@ -400,6 +400,7 @@ class DevicePlan:
                 n = len(p.layers)
                 lines.append(f"  layers {p.layers.start}-{p.layers.stop - 1} ({n}){'':<7} "
                              f"{_gib(p.weights)} weights + {n} x {_mib(p.kv // n)} KV = {_gib(p.kv)}")
+                lines.append(f"  {'KV per layer':<22} {self._kv_arithmetic(p)}")
             transient = [("one fused weight at load", p.load_scratch), ("prefill chunk rows", p.activations),
                          ("prefill scratch", p.prefill_scratch), ("decode step", p.decode_scratch),
                          ("one image's activations", p.vision_activations)]
@@ -409,6 +410,16 @@ class DevicePlan:
         lines.extend(f"warning: {w}" for w in self.warnings)
         lines.append(f"=> {self.summary()}")
         return "\n".join(lines)
+
+
+    def _kv_arithmetic(self, p: Placement) -> str:
+        """One layer's KV as its factors: positions x values per position x bytes of the
+        element (the CPU's per kv_type, a GPU's its 16-bit compute dtype)."""
+        positions = self.context_length * self.budget.max_batch_size
+        value_bytes = mem.kv_value_bytes(p.device.kind, self.budget.kv_type)
+        width = p.kv // len(p.layers) // (positions * value_bytes)
+        element = self.budget.kv_type if p.device.kind == "cpu" else "16-bit"
+        return f"{positions} positions x {width} values x {value_bytes} B ({element})"
 
 
 def _gib(n: int) -> str:

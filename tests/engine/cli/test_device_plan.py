@@ -7,6 +7,7 @@ import pytest
 from support import FIXTURES
 from support.empty_gguf import write_empty_gguf
 from tramontane.engine.cli.main import main as cli_main
+from tramontane.engine.gguf import open_gguf
 from tramontane.engine.runtime import device_map
 
 GiB = 1 << 30
@@ -64,3 +65,31 @@ def test_perplexity_with_a_device_map_is_the_same_number(tmp_path, capsys):
     whole = json.loads(capsys.readouterr().out)
     assert cli_main(args + ["--device-map", "cpu:0=1,cpu:1=1"]) == 0
     assert json.loads(capsys.readouterr().out) == whole
+
+
+def test_info_plan_kv_type_f16_fits_twice_the_positions_of_f32(tmp_path, monkeypatch, capsys):
+    """--kv-type reaches the planner: Mistral-Small-3.1-24B (the planner's own hand-checked case,
+    tests/engine/runtime/test_device_map.py::test_f16_kv_fits_twice_the_context_of_f32_on_the_same_cpu)
+    on a CPU sized so that f32 KV fits exactly 8192 positions; KV is what limits there, so
+    f16 fits exactly 16384 and one position more fails either way."""
+    path = write_empty_gguf(tmp_path / "small.gguf", 40, 5120, 32768)
+    with open_gguf(path) as gf:
+        sizes = device_map.sizes_of_files(gf)
+    big = device_map.DeviceInfo("cpu", 1 << 50, "simulated")
+    need = device_map.plan_devices(sizes, device_map.Machine((), big),
+                                   device_map.Budget(max_seq_len=8192)).placements[0].total
+    cpu = device_map.DeviceInfo("cpu", need + big.headroom, "simulated")
+    monkeypatch.setattr(device_map, "detect_machine", lambda: device_map.Machine((), cpu))
+    per_layer = {"f32": 8192 * 8 * (128 + 128) * 4, "f16": 16384 * 8 * (128 + 128) * 2}  # both 64 MiB
+    for kv_type, fits in (("f32", 8192), ("f16", 16384)):
+        args = ["info", "--plan", "--device", "cpu", "--kv-type", kv_type, str(path)]
+        assert cli_main(args + ["--max-seq-len", str(fits)]) == 0
+        out = capsys.readouterr().out
+        assert f"40 x {per_layer[kv_type] / (1 << 20):.1f} MiB KV" in out
+        assert f"{fits} positions x 2048 values x {4 if kv_type == 'f32' else 2} B ({kv_type})" in out
+        assert out.rstrip().endswith("=> all 40 layers on the CPU")
+        assert cli_main(args + ["--max-seq-len", str(fits + 1)]) == 2
+        assert "does not fit this machine" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # argparse's own refusal, like run's
+        cli_main(["info", "--plan", "--kv-type", "q8", str(path)])
+    assert exited.value.code == 2 and "invalid choice: 'q8'" in capsys.readouterr().err

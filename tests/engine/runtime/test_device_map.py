@@ -304,6 +304,8 @@ def test_explain_shows_the_arithmetic(files):
     text = plan.explain()
     assert "cuda:0 (simulated): 16.00 GiB free - 1.00 GiB headroom = 15.00 GiB usable" in text
     assert "layers 1-39 (39)" in text and "39 x 16.0 MiB KV" in text
+    assert "KV per layer           4096 positions x 2048 values x 2 B (16-bit)" in text  # KV_GPU's factors
+    assert "KV per layer           4096 positions x 2048 values x 4 B (f32)" in text  # the CPU's layer 0
     assert "max_seq_len 4096 x max_batch_size 1, 1 image(s) of 1024x1024; context 4096" in text
     assert "stages: load " in text and "prefill chunk" in text and "vision encode" in text
     assert text.endswith("=> 39 of 40 layers on GPU, 1 on CPU")
