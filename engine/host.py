@@ -1,6 +1,7 @@
-"""What this machine can give us now: free RAM, and whether its CPU has bf16 dot products. Read
-by the model's loader (mistral3: whether float32 weight copies fit, which path the vision tower
-takes), the planner and the KV cache's check (runtime), so it sits below both."""
+"""What this machine can give us now: free RAM, whether its CPU has bf16 dot products, and which
+CUDA GPUs have bf16. Read by the model's loader (mistral3: whether float32 weight copies fit,
+which path and dtype the vision tower takes), the planner and the KV cache's check (runtime), so
+it sits below both."""
 from __future__ import annotations
 
 import functools
@@ -36,3 +37,14 @@ def cpu_has_bf16_dot() -> bool:
         return any(probe is not None and probe() for probe in probes)
     except Exception:  # a torch without the probes: keep float32
         return False
+
+
+CUDA_BF16_CAPABILITY = (8, 0)  # Ampere: the first CUDA GPUs with bf16 units
+
+
+def cuda_has_bf16(capability: tuple[int, int]) -> bool:
+    """Whether a CUDA GPU of this compute capability (major, minor) has bf16 units. Older ones
+    (T4 7.5, V100 7.0) run the vision tower in float32. The one rule for the tower's dtype
+    (mistral3.vision.tower_dtype) and the planner's count of that tower (runtime.device_map,
+    DeviceInfo.capability)."""
+    return tuple(capability) >= CUDA_BF16_CAPABILITY

@@ -10,7 +10,7 @@ tensor inventory (its file size spread over its tensors by parameter count) hand
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,7 +49,7 @@ def machine_for_a_switch(machine: Machine | None = None, reserved=None) -> Machi
     """This machine as the next load will find it: the engine unloads the current model first,
     so the GPU memory this process holds (`reserved(index)`, torch's caching allocator) counts
     as free. Without it a loaded 14B would make every other model look too big."""
-    from ..runtime.device_map import DeviceInfo, detect_machine
+    from ..runtime.device_map import detect_machine
 
     machine = machine or detect_machine()
     if not machine.gpus:
@@ -58,8 +58,8 @@ def machine_for_a_switch(machine: Machine | None = None, reserved=None) -> Machi
         import torch
 
         reserved = torch.cuda.memory_reserved
-    gpus = tuple(DeviceInfo(d.name, d.free_bytes + int(reserved(int(d.name.split(":")[1]))), d.description)
-                 for d in machine.gpus)
+    gpus = tuple(replace(d, free_bytes=d.free_bytes + int(reserved(int(d.name.split(":")[1]))))
+                 for d in machine.gpus)  # the rest (its capability) as detected
     return Machine(gpus, machine.cpu, machine.unified)
 
 

@@ -57,7 +57,8 @@ from ...kernels.ggml_types import BF16, F16
 from ...kernels.linear import CPU, FLOAT_DTYPES, QWeight, linear, native_plans
 from ..api import EngineError, ImagePart
 from ..gguf import GGUFError, GGUFFile, open_gguf
-from ..host import cpu_has_bf16_dot  # the planner asks the same probe (device_map.DeviceInfo.bf16_dot)
+# the planner asks the same questions (device_map.DeviceInfo.bf16_dot, DeviceInfo.capability)
+from ..host import cpu_has_bf16_dot, cuda_has_bf16
 from .config import BLOCK_MATRICES, LAYOUTS, VisionConfig, _fail, read_config
 from .image import image_grid, image_size_of, preprocess
 
@@ -66,7 +67,7 @@ def tower_dtype(device) -> torch.dtype:
     (Ampere and newer); float32 on older GPUs, never fp16: Pixtral's MLP activations and
     outputs pass 65504 on real images (fp16's largest), which would make them inf."""
     device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+    if device.type == "cuda" and cuda_has_bf16(torch.cuda.get_device_capability(device)):
         return torch.bfloat16
     return torch.float32
 

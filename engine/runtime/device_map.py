@@ -30,7 +30,8 @@ from ..api import EngineError
 from ..mistral3.config import LAYOUTS, LINEAR_ROLES, TextConfig, VisionConfig
 from . import memory as mem
 from .memory import CPU_HEADROOM_BYTES, CUDA_HEADROOM_BYTES, DEFAULT_CONTEXT, GiB, MiB
-BF16_BYTES = 2  # a value of the CPU vision tower's bf16 matrices
+BF16_BYTES = 2  # a value of the vision tower's bf16 matrices (a bf16 CPU's, a GPU's with bf16)
+F32_BYTES = 4  # a value of its float32 matrices (a GPU without bf16)
 UNKNOWN_RAM = 1 << 50  # a system that does not say: plan as if the CPU had room (as before planning)
 
 
@@ -61,6 +62,9 @@ class DeviceInfo:
     free_bytes: int
     description: str = ""
     bf16_dot: bool = False  # a CPU that multiplies bf16 in hardware (host.cpu_has_bf16_dot): the vision tower runs bf16 there
+    # a CUDA GPU's compute capability (detect_machine): without bf16 (host.cuda_has_bf16) the vision
+    # tower runs float32 there; None: not known (a simulated GPU), planned as one with bf16
+    capability: tuple[int, int] | None = None
 
     @property
     def kind(self) -> str:
@@ -103,9 +107,10 @@ def detect_machine() -> Machine:
     """This machine: free memory of every CUDA GPU now (NVML: no CUDA context is created on a
     GPU only to ask, see memory.gpu_free_memory), and MemAvailable of the system."""
     gpus, unified = [], False
-    for i, (free, _total, name, integrated, how) in enumerate(mem.gpu_free_memory()):
+    for i, (free, _total, name, integrated, how, capability) in enumerate(mem.gpu_free_memory()):
         unified = unified or integrated
-        gpus.append(DeviceInfo(f"cuda:{i}", free, name if how in ("nvml", "torch") else f"{name}, {how}"))
+        gpus.append(DeviceInfo(f"cuda:{i}", free, name if how in ("nvml", "torch") else f"{name}, {how}",
+                               capability=capability))
     ram, bf16_dot = host.available_ram(), host.cpu_has_bf16_dot()
     cpu = (DeviceInfo("cpu", ram, "system memory", bf16_dot) if ram
            else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown", bf16_dot))
@@ -623,21 +628,20 @@ def _add_embedding_and_head(embed_p: Placement, head_p: Placement, sizes: ModelS
         head_p.parts["output head + norm"] = sizes.head_bytes
 
 
-def vision_tower_bytes(sizes: ModelSizes, device_kind: str, cpu_bf16: bool = False) -> int:
+def vision_tower_bytes(sizes: ModelSizes, device_kind: str, cpu_bf16: bool = False, gpu_bf16: bool = True) -> int:
     """The tower's weights as kept there. On a CPU whose tower runs the bf16 path (`cpu_bf16`,
     see cpu_tower_runs_bf16) every matmul matrix dequantized / converted once to bf16, 2 bytes a
     value, the file's pages given back, plus the row-reordered copies the loader keeps for exact
     mode; on another CPU, or a file that keeps float32 there, the file's bytes (its float32 and
-    int8 paths read the weights in place); on a GPU float matrices in the compute dtype (bf16; a
-    GPU without bf16 runs the tower in float32, twice that, which the plan does not know:
-    DeviceInfo has no compute capability)."""
+    int8 paths read the weights in place); on a GPU float matrices in the tower's dtype: bf16
+    where the GPU has it (`gpu_bf16`, see gpu_tower_runs_bf16), else float32 (vision.tower_dtype)."""
     if device_kind == "cpu":
         if not (cpu_bf16 and sizes.vision_bf16_values):
             return sizes.vision_bytes
         return mem.vision_tower_bytes(sizes.vision_bytes, sizes.vision_bf16_values, sizes.vision_bf16_bytes,
                                       BF16_BYTES) + sizes.vision_copied_bytes
     return mem.vision_tower_bytes(sizes.vision_bytes, sizes.vision_float_values, sizes.vision_float_bytes,
-                                  compute_bytes(device_kind))
+                                  BF16_BYTES if gpu_bf16 else F32_BYTES)
 
 
 def cpu_tower_runs_bf16(device: DeviceInfo) -> bool:
@@ -648,8 +652,16 @@ def cpu_tower_runs_bf16(device: DeviceInfo) -> bool:
     return device.kind == "cpu" and device.bf16_dot and not CPU.exact
 
 
+def gpu_tower_runs_bf16(device: DeviceInfo) -> bool:
+    """Whether the vision tower loaded on GPU `device` multiplies in bf16: the question
+    vision.tower_dtype asks of the GPU itself (host.cuda_has_bf16), asked of its capability;
+    a GPU whose capability is not known (simulated) is taken to have bf16."""
+    return device.kind == "cuda" and (device.capability is None or host.cuda_has_bf16(device.capability))
+
+
 def _add_vision(p: Placement, sizes: ModelSizes, budget: Budget) -> Placement:
-    p.parts["vision tower"] = vision_tower_bytes(sizes, p.device.kind, cpu_tower_runs_bf16(p.device))
+    p.parts["vision tower"] = vision_tower_bytes(sizes, p.device.kind, cpu_tower_runs_bf16(p.device),
+                                                 gpu_tower_runs_bf16(p.device))
     p.vision_activations = vision_activation_bytes(sizes, budget, p.device.kind)
     if p.device.kind == "cuda":
         _add_runtime(p, graphs=False)
@@ -703,5 +715,6 @@ def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
 
 __all__ = ["Budget", "DeviceInfo", "Machine", "ModelSizes", "Placement", "DevicePlan", "PlanError",
            "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "plan_for_files", "parse_device_map",
-           "gpu_layers_map", "kv_bytes_per_layer", "vision_tower_bytes", "cpu_tower_runs_bf16", "activation_bytes",
+           "gpu_layers_map", "kv_bytes_per_layer", "vision_tower_bytes", "cpu_tower_runs_bf16", "gpu_tower_runs_bf16",
+           "activation_bytes",
            "vision_activation_bytes", "image_patches", "context_of", "prefill_scratch_bytes", "STAGES"]

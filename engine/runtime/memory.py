@@ -146,11 +146,12 @@ def vision_stage_bytes(patches: int, row_width: int, n_heads: int, head_dim: int
 
 # ----------------------------------------------------------------------------- GPU memory
 
-def gpu_free_memory() -> list[tuple[int, int, str, bool, str]]:
-    """(free, total, name, integrated, how) of every CUDA device torch sees, in torch's order,
-    without creating a CUDA context on any of them: free memory from NVML (nvidia-ml-py),
-    matched to torch's devices by UUID; where NVML is missing, torch.cuda.mem_get_info only on
-    devices this process already uses, and the total elsewhere (said in `how`)."""
+def gpu_free_memory() -> list[tuple[int, int, str, bool, str, tuple[int, int]]]:
+    """(free, total, name, integrated, how, compute capability) of every CUDA device torch sees,
+    in torch's order, without creating a CUDA context on any of them: free memory from NVML
+    (nvidia-ml-py), matched to torch's devices by UUID; where NVML is missing,
+    torch.cuda.mem_get_info only on devices this process already uses, and the total elsewhere
+    (said in `how`). The capability decides the vision tower's dtype (host.cuda_has_bf16)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -161,13 +162,15 @@ def gpu_free_memory() -> list[tuple[int, int, str, bool, str]]:
     for i, p in enumerate(props):
         integrated = bool(getattr(p, "is_integrated", False))
         uuid = str(getattr(p, "uuid", "")).lower().removeprefix("gpu-")
+        capability = (int(p.major), int(p.minor))
         if uuid and uuid in nvml:
-            out.append((nvml[uuid], int(p.total_memory), p.name, integrated, "nvml"))
+            out.append((nvml[uuid], int(p.total_memory), p.name, integrated, "nvml", capability))
         elif torch.cuda.is_initialized() and torch.cuda.memory_reserved(i) > 0:
             free, total = torch.cuda.mem_get_info(i)  # a context exists there already
-            out.append((int(free), int(total), p.name, integrated, "torch"))
+            out.append((int(free), int(total), p.name, integrated, "torch", capability))
         else:
-            out.append((int(p.total_memory), int(p.total_memory), p.name, integrated, "total (free unknown)"))
+            out.append((int(p.total_memory), int(p.total_memory), p.name, integrated, "total (free unknown)",
+                        capability))
     return out
 
 

@@ -115,10 +115,12 @@ def test_gpu_layers_setting_becomes_the_manual_map():
 def test_a_switch_counts_the_loaded_models_gpu_memory_as_free(catalog):
     from tramontane.engine.library.fit import machine_for_a_switch
 
-    two = Machine((DeviceInfo("cuda:0", 2 * GiB, "a"), DeviceInfo("cuda:1", 3 * GiB, "b")), CPU64)
+    two = Machine((DeviceInfo("cuda:0", 2 * GiB, "a", capability=(8, 9)),
+                   DeviceInfo("cuda:1", 3 * GiB, "b", capability=(7, 5))), CPU64)
     held = {0: 10 * GiB, 1: 0}
     after = machine_for_a_switch(two, reserved=held.__getitem__)
     assert [d.free_bytes for d in after.gpus] == [12 * GiB, 3 * GiB]
+    assert [d.capability for d in after.gpus] == [(8, 9), (7, 5)]  # the tower's dtype there is planned as before
     assert after.cpu == CPU64 and [d.description for d in after.gpus] == ["a", "b"]
     # Ministral 3 14B: partly on the CPU with 2 GB free, on the GPU once the loaded model's 10 GB count
     e = catalog["ministral-3-14b-instruct"]

@@ -19,8 +19,9 @@ from PIL import Image
 
 from support import FIXTURES
 from tramontane.engine.gguf import open_gguf
-from tramontane.engine.mistral3.vision import VisionTower
-from tramontane.engine.runtime.device_map import sizes_of_files, vision_tower_bytes
+from tramontane.engine.mistral3.vision import VisionTower, in_dtype, tower_dtype
+from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, plan_devices, sizes_of_files,
+                                                  vision_tower_bytes)
 from tramontane.kernels.linear import linear
 
 pytestmark = pytest.mark.usefixtures("float32_cpu_path")
@@ -107,11 +108,38 @@ def test_the_planner_counts_what_the_tower_keeps(kind, dtype, device_kind):
     """A GPU's tower (bf16, the planner's GPU compute dtype) and the CPU's float32 one: the
     bytes of every tensor the loaded tower holds equal the plan's "vision tower" part."""
     tower = VisionTower.load(_path(kind), dtype=dtype, cpu_bf16=False)
-    vectors = [tower.pre_norm, tower.mm_norm] + [t for b in tower.blocks for t in (b.attn_norm, b.ffn_norm)]
-    vectors += [tower.patch_bias] if tower.patch_bias is not None else []
-    kept = sum(w.nbytes for w in _matrices(tower)) + sum(v.numel() * v.element_size() for v in vectors)
+    kept = sum(w.nbytes for w in _matrices(tower)) + _vector_bytes(tower)
     with open_gguf(f"{FIXTURES}/mistral3_tiny-f32.gguf") as gf, open_gguf(_path(kind)) as mm:
         sizes = sizes_of_files(gf, mm)
     assert vision_tower_bytes(sizes, device_kind) == kept
     if kind == "f32" and device_kind == "cuda":
         assert kept < sizes.vision_bytes  # the float32 file's matrices are kept at half their size
+
+
+def _vector_bytes(tower) -> int:
+    vectors = [tower.pre_norm, tower.mm_norm] + [t for b in tower.blocks for t in (b.attn_norm, b.ffn_norm)]
+    vectors += [tower.patch_bias] if tower.patch_bias is not None else []
+    return sum(v.numel() * v.element_size() for v in vectors)
+
+
+@pytest.mark.parametrize("kind", ["f16", "f32"])
+@pytest.mark.parametrize("capability, want", [((7, 0), torch.float32), ((7, 5), torch.float32),
+                                              ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_a_gpus_capability_gives_the_tower_dtype_the_planner_counts(monkeypatch, kind, capability, want):
+    """V100 (7.0) and T4 (7.5) have no bf16: the tower runs float32 there, and the planner, given
+    the capability in DeviceInfo, counts its float matrices at 4 bytes a value; Ampere (8.0) and
+    Hopper (9.0) run bf16, 2 bytes. No GPU here: the capability is faked for tower_dtype, and the
+    GPU's conversion is the loader's own in_dtype applied to the file's weights (what _load does
+    to every matrix off the CPU's float32 path)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    dtype = tower_dtype("cuda:0")
+    assert dtype == want
+    tower = VisionTower.load(_path(kind), dtype=torch.float32, cpu_bf16=False)  # the file's weights as read
+    kept = sum(in_dtype(w, dtype).nbytes for w in _matrices(tower)) + _vector_bytes(tower)
+    with open_gguf(f"{FIXTURES}/mistral3_tiny-f32.gguf") as gf, open_gguf(_path(kind)) as mm:
+        sizes = sizes_of_files(gf, mm)
+    gpu = DeviceInfo("cuda:0", 24 << 30, "simulated", capability=capability)
+    plan = plan_devices(sizes, Machine((gpu,), DeviceInfo("cpu", 64 << 30, "simulated")))
+    assert plan.vision_device == "cuda:0" and plan.placements[0].parts["vision tower"] == kept
+    if kind == "f16" and want == torch.float32:
+        assert kept > sizes.vision_bytes  # twice the file's f16 matrices: what the plan used to miss

@@ -259,13 +259,15 @@ def test_eviction_and_drop_give_buffers_back():
 # ----------------------------------------------------------------------------- GPU memory
 
 class _Props:
-    def __init__(self, name, uuid, total):
+    def __init__(self, name, uuid, total, major, minor):
         self.name, self.uuid, self.total_memory, self.is_integrated = name, uuid, total, False
+        self.major, self.minor = major, minor
 
 
 def _fake_gpus(monkeypatch, nvml_devices):
-    """Two torch devices; a fake NVML listing `nvml_devices` (uuid, free) in its own order."""
-    props = [_Props("A", "GPU-aaaa", 24 * GiB), _Props("B", "GPU-bbbb", 16 * GiB)]
+    """Two torch devices (an Ampere A and a T4-like B without bf16); a fake NVML listing
+    `nvml_devices` (uuid, free) in its own order."""
+    props = [_Props("A", "GPU-aaaa", 24 * GiB, 8, 6), _Props("B", "GPU-bbbb", 16 * GiB, 7, 5)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
@@ -293,12 +295,14 @@ def _fake_gpus(monkeypatch, nvml_devices):
 def test_gpu_memory_comes_from_nvml_matched_by_uuid_without_a_context(monkeypatch):
     contexts = _fake_gpus(monkeypatch, [("GPU-bbbb", 7 * GiB), ("GPU-aaaa", 20 * GiB)])  # NVML's own order
     out = memory.gpu_free_memory()
-    assert [(free, name, how) for free, _total, name, _i, how in out] == [(20 * GiB, "A", "nvml"), (7 * GiB, "B", "nvml")]
+    assert [(free, name, how, cc) for free, _total, name, _i, how, cc in out] == [
+        (20 * GiB, "A", "nvml", (8, 6)), (7 * GiB, "B", "nvml", (7, 5))]
     assert contexts == []  # torch.cuda.mem_get_info (a context on that GPU) never called
     from tramontane.engine.runtime.device_map import detect_machine
 
     m = detect_machine()
-    assert [(d.name, d.free_bytes) for d in m.gpus] == [("cuda:0", 20 * GiB), ("cuda:1", 7 * GiB)]
+    assert [(d.name, d.free_bytes, d.capability) for d in m.gpus] == [("cuda:0", 20 * GiB, (8, 6)),
+                                                                        ("cuda:1", 7 * GiB, (7, 5))]
 
 
 def test_without_nvml_only_gpus_in_use_are_asked(monkeypatch):
@@ -306,7 +310,7 @@ def test_without_nvml_only_gpus_in_use_are_asked(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i=None: (1 << 20) if i == 1 else 0)
     out = memory.gpu_free_memory()
-    assert [(free, how) for free, _t, _n, _i, how in out] == [(24 * GiB, "total (free unknown)"), (5 * GiB, "torch")]
+    assert [(free, how) for free, _t, _n, _i, how, _cc in out] == [(24 * GiB, "total (free unknown)"), (5 * GiB, "torch")]
     assert contexts == [1]  # only the GPU this process already uses
 
 
