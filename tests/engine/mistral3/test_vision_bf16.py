@@ -17,14 +17,17 @@ above 2^-14: a path that silently ran float32 (error ~1e-7) would not be this te
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 import pytest
 import torch
 
+from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3 import vision as vision_module
 from tramontane.engine.mistral3.vision import VisionTower, cpu_has_bf16_dot
+from tramontane.kernels import cpu_native
 from tramontane.kernels.linear import cpu_exact
 
 from support import FIXTURES, pixtral_hf
@@ -132,3 +135,38 @@ def test_split_ranges_cover_every_row_once():
         ranges = split_ranges(n, parts)
         assert len(ranges) == min(n, parts) and ranges[0][0] == 0 and ranges[-1][1] == n
         assert all(a < b and b == c for (a, b), (c, _) in zip(ranges, ranges[1:] + [(n, n)]))
+
+
+def _pages_present(view: np.ndarray) -> list[bool]:
+    """Whether each whole page inside `view`'s bytes is mapped in this process now
+    (/proc/self/pagemap, bit 63: present; readable without privileges). A file page given
+    back with madvise(DONTNEED) is not present until it is read again."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, end = -(-view.ctypes.data // page), (view.ctypes.data + view.nbytes) // page
+    with open("/proc/self/pagemap", "rb") as fh:
+        fh.seek(first * 8)
+        entries = np.frombuffer(fh.read((end - first) * 8), dtype="<u8")
+    return [bool(e >> 63) for e in entries]
+
+
+@pytest.mark.skipif(not (cpu_native.AVAILABLE and os.path.exists("/proc/self/pagemap")),
+                    reason="page release needs the native module and Linux's pagemap")
+def test_the_reordered_q_k_give_their_file_pages_back(tmp_path):
+    """llama.cpp's layout: the loader copies attn_q / attn_k with their rows reordered, reading
+    the file's pages, which nothing reads again; they are given back, like the pages of the
+    matrices the bf16 path converts (every whole page of them is unmapped after the load)."""
+    path = tmp_path / "mmproj-f16.gguf"
+    write_mmproj(path, *build_hf("silu"), "silu")
+    gf = open_gguf(path)  # the tower keeps it mapped; the views below are of that same mapping
+    tower = VisionTower.load(gf, cpu_bf16=True)
+    assert tower.bf16 is not None
+    names = [f"v.blk.{i}.attn_{r}.weight" for i in range(SHAPE["layers"]) for r in "qk"]
+    for name in names:
+        pages = _pages_present(gf.raw(name))
+        assert len(pages) >= 7 and not any(pages), (name, pages)  # 32 KiB of f16 each
+    # the observation can see pages: read again from the file, the same bytes as gguf-py reads
+    reader = gguf.GGUFReader(path)
+    want = next(t for t in reader.tensors if t.name == names[0]).data
+    again = gf.raw(names[0])
+    assert np.array_equal(again.view(np.float16), want.reshape(-1))
+    assert all(_pages_present(again))
