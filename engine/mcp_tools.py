@@ -366,3 +366,5 @@ class McpTools:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+            if not self._thread.is_alive():
+                self._loop.close()
