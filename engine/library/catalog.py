@@ -8,7 +8,7 @@ from importlib import resources
 from typing import Any
 
 from .hub import Hub, HubError, HubFile, pair_projectors
-from .projector import SHARD_RE
+from .projector import SHARD_RE, quant_from_name
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,12 @@ class CatalogEntry:
     gated: bool = False
     notes: str = ""
     shape: ModelShape | None = None
+
+    @property
+    def mmproj_type(self) -> str | None:
+        """The projector's tensor type as its file name says ("F16", "BF16", "Q8_0"); None where
+        it says none. What its vision tower keeps once loaded depends on it (library/fit.py)."""
+        return quant_from_name(self.mmproj_file) if self.mmproj_file else None
 
     def variant(self, quant: str | None = None) -> CatalogVariant:
         if quant is None:

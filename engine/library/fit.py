@@ -4,18 +4,22 @@ not yet downloaded from the catalogue's sizes and shapes; and Settings' "GPU lay
 the planner's manual map.
 
 Nothing here does its own memory arithmetic: an entry not yet downloaded becomes an estimated
-tensor inventory (its file size spread over its tensors by parameter count) handed to the same
-`model_sizes` and `plan_devices` a loaded file goes through.
+tensor inventory (its file size spread over its tensors by parameter count; its projector's
+tensors typed as the projector's file name says, so the planner's rule for what the vision tower
+keeps applies: a Q8_0 projector expanded to bf16 on a bf16 CPU) handed to the same `model_sizes`
+and `plan_devices` a loaded file goes through.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
+from ...kernels.ggml_types import F16, F32, TYPES, type_info
 from ..api import EngineError
-from ..mistral3.config import TextConfig, VisionConfig
+from ..mistral3.config import LAYOUTS, TextConfig, VisionConfig
 from ..runtime.device_map import (Budget, Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
                                   plan_devices, plan_for_files)
 from .catalog import CatalogEntry
@@ -158,8 +162,37 @@ def catalog_sizes(entry: CatalogEntry, model_bytes: int, mmproj_bytes: int | Non
         return model_sizes(cfg, tensors, name)
     vision = VisionConfig(eps=1e-5, mean=(0.5,) * 3, std=(0.5,) * 3, activation="silu", rope_theta=1e4,
                           text_hidden=s.hidden, layout="llama.cpp", **PIXTRAL)
-    return model_sizes(cfg, tensors, name, vision, {"mmproj": _nbytes(mmproj_bytes)},
+    return model_sizes(cfg, tensors, name, vision, projector_inventory(vision, mmproj_bytes, entry.mmproj_type),
                        entry.mmproj_file or "projector")
+
+
+def projector_inventory(vision: VisionConfig, mmproj_bytes: int, type_name: str | None) -> dict[str, SimpleNamespace]:
+    """An estimated inventory of a llama.cpp-layout projector not yet downloaded: its tensors by
+    name and shape, the matrices in `type_name` (the file's, e.g. "Q8_0"), the 4-D patch conv
+    16-bit beside quantized matrices and the norms f32 (as llama.cpp's clip quantizer leaves
+    them), `mmproj_bytes` spread over the matrices by their type's bytes a value. An unknown
+    type gives one opaque tensor of the file's size (the planner then counts the file's bytes)."""
+    matrix_type = {t.name: t.id for t in TYPES.values()}.get((type_name or "").upper())
+    if matrix_type is None:
+        return {"mmproj": _nbytes(mmproj_bytes)}
+    names, h, ffn, out = LAYOUTS["llama.cpp"], vision.hidden, vision.ffn, vision.text_hidden
+    patch_type = F16 if type_info(matrix_type).block_size > 1 else matrix_type
+    matrices = {names["patch"]: ((h, 3, vision.patch_size, vision.patch_size), patch_type),
+                names["merger"]: ((h, h * vision.merge ** 2), matrix_type),
+                names["mm1"]: ((out, h), matrix_type), names["mm2"]: ((out, out), matrix_type)}
+    shapes = {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "gate": (ffn, h), "up": (ffn, h), "down": (h, ffn)}
+    matrices.update({names[role].format(i=i): (shape, matrix_type)
+                     for i in range(vision.n_layers) for role, shape in shapes.items()})
+    norms = [names["pre_norm"], names["mm_norm"]] + [names[role].format(i=i) for i in range(vision.n_layers)
+                                                      for role in ("attn_norm", "ffn_norm")]
+    nominal = {name: math.prod(shape) * type_info(t).type_size / type_info(t).block_size
+               for name, (shape, t) in matrices.items()}
+    scale = max(mmproj_bytes - 4 * h * len(norms), 0) / sum(nominal.values())
+    inventory = {name + ".weight": SimpleNamespace(shape=shape, ggml_type=t, nbytes=int(nominal[name] * scale))
+                 for name, (shape, t) in matrices.items()}
+    inventory.update({name + ".weight": SimpleNamespace(shape=(h,), ggml_type=F32, nbytes=4 * h) for name in norms})
+    inventory[names["mm2"] + ".weight"].nbytes += max(mmproj_bytes - sum(t.nbytes for t in inventory.values()), 0)
+    return inventory  # the file's bytes to the byte (what truncating each share lost, on one matrix)
 
 
 def _nbytes(n: float) -> SimpleNamespace:

@@ -7,7 +7,8 @@ import pytest
 
 from support import FIXTURES
 from support.empty_gguf import write_empty_gguf
-from tramontane.engine.library.fit import catalog_sizes, fit_of_file, fit_of_sizes, gpu_layers_device_map
+from tramontane.engine.library.fit import (catalog_bytes, catalog_sizes, fit_of_catalog_entry, fit_of_file,
+                                           fit_of_sizes, gpu_layers_device_map)
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.library.catalog import load_catalog
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, parse_device_map, plan_devices,
@@ -129,3 +130,78 @@ def test_a_switch_counts_the_loaded_models_gpu_memory_as_free(catalog):
     assert fit_of_sizes(sizes, Machine(after.gpus[:1], CPU64)).kind == "gpu"
     cpu_only = Machine((), CPU64)
     assert machine_for_a_switch(cpu_only, reserved=None) is cpu_only  # no GPU: torch not asked
+
+
+# A Q8_0 Pixtral projector for a 5120-wide decoder (Mistral Small 3.1's tower), by hand:
+# block matrices 24 x (4 x 1024² + 3 x 1024 x 4096) = 402,653,184 values, merger 1024 x 4096,
+# mm.1 5120 x 1024, mm.2 5120² = 35,651,584: 438,304,768 Q8_0 values (34 bytes / 32); the 4-D
+# patch conv 1024 x 3 x 14 x 14 = 602,112 values kept f16; 50 f32 norms of 1024.
+Q8_VALUES, PATCH_VALUES, NORMS = 438_304_768, 602_112, 4 * 1024 * 50
+Q8_PROJECTOR = Q8_VALUES // 32 * 34 + 2 * PATCH_VALUES + NORMS  # 467,107,840 bytes of tensors
+QK_COPIES = 2 * 24 * 1024 * 1024 // 32 * 34  # attn_q / attn_k reordered at load, Q8_0: 53,477,376
+Q8_ON_BF16_CPU = 2 * (Q8_VALUES + PATCH_VALUES) + NORMS + QK_COPIES  # 931,495,936: ~2x the file
+
+
+def _q8_entry(catalog):
+    """Mistral Small 3.1 as the catalogue has it, but with a Q8_0 projector."""
+    from dataclasses import replace
+
+    small = catalog["mistral-small-3.1-24b-instruct"]
+    return replace(small, mmproj_file="mmproj-Mistral-Small-3.1-24B-Instruct-2503-Q8_0.gguf",
+                   mmproj_size_gb=Q8_PROJECTOR / 1e9)
+
+
+def _q8_reference_inventory():
+    """The same projector's tensors with gguf-py's block sizes, as a downloaded file's header lists them."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import GGML_QUANT_SIZES
+
+    shapes = {"v.patch_embd": ((1024, 3, 14, 14), T.F16), "v.pre_ln": ((1024,), T.F32),
+              "mm.input_norm": ((1024,), T.F32), "mm.patch_merger": ((1024, 4096), T.Q8_0),
+              "mm.1": ((5120, 1024), T.Q8_0), "mm.2": ((5120, 5120), T.Q8_0)}
+    for i in range(24):
+        shapes.update({f"v.blk.{i}.{n}": ((1024, 1024), T.Q8_0) for n in ("attn_q", "attn_k", "attn_v", "attn_out")})
+        shapes.update({f"v.blk.{i}.ffn_gate": ((4096, 1024), T.Q8_0), f"v.blk.{i}.ffn_up": ((4096, 1024), T.Q8_0),
+                       f"v.blk.{i}.ffn_down": ((1024, 4096), T.Q8_0), f"v.blk.{i}.ln1": ((1024,), T.F32),
+                       f"v.blk.{i}.ln2": ((1024,), T.F32)})
+    return {name + ".weight": SimpleNamespace(shape=shape, ggml_type=int(t),
+                                              nbytes=int(np.prod(shape)) // GGML_QUANT_SIZES[t][0] * GGML_QUANT_SIZES[t][1])
+            for name, (shape, t) in shapes.items()}
+
+
+@pytest.mark.parametrize("bf16_dot, tower", [(True, Q8_ON_BF16_CPU), (False, Q8_PROJECTOR)])
+def test_a_q8_0_projector_not_yet_downloaded_is_planned_as_the_tower_will_hold_it(catalog, bf16_dot, tower):
+    """The estimate types the projector's tensors from its file name, so the planner's own rule
+    applies: on a CPU with bf16 dot products the loader expands Q8_0 to bf16 (2 bytes a value,
+    plus the reordered q/k copies), ~2x the file; elsewhere the file's bytes. Equal to the hand
+    numbers above and to the plan of the real inventory (gguf-py's sizes)."""
+    from tramontane.engine.mistral3.config import VisionConfig, text_config
+    from tramontane.engine.runtime.device_map import model_sizes, vision_tower_bytes
+    from tramontane.kernels.linear import cpu_exact
+
+    entry = _q8_entry(catalog)
+    assert entry.mmproj_type == "Q8_0" and sum(t.nbytes for t in _q8_reference_inventory().values()) == Q8_PROJECTOR
+    model_bytes, mmproj_bytes = catalog_bytes(entry, "Q4_K_M")
+    estimate = catalog_sizes(entry, model_bytes, mmproj_bytes)
+    assert estimate.vision_bytes == Q8_PROJECTOR
+    cpu = DeviceInfo("cpu", 64 * GiB, "simulated", bf16_dot=bf16_dot)
+    with cpu_exact(False):
+        plan = plan_devices(estimate, Machine((), cpu))
+        assert plan.placements[0].parts["vision tower"] == tower
+        pixtral = VisionConfig(1540, 14, 2, 1024, 4096, 24, 16, 1e-5, (0.5,) * 3, (0.5,) * 3, "silu", 1e4, 5120,
+                               "llama.cpp")
+        with open_gguf(TINY) as gf:  # any decoder: only the tower's count is compared
+            real = model_sizes(text_config(gf), gf.tensors, "real", pixtral, _q8_reference_inventory())
+        assert vision_tower_bytes(real, "cpu", bf16_dot) == tower
+        # the verdict changes with it: a CPU sized between the two needs
+        need = plan.placements[0].total
+        other = DeviceInfo("cpu", 64 * GiB, "simulated", bf16_dot=not bf16_dot)
+        other_need = plan_devices(estimate, Machine((), other)).placements[0].total
+        assert abs(other_need - need) == Q8_ON_BF16_CPU - Q8_PROJECTOR
+        between = (need + other_need) // 2 + cpu.headroom
+        fit = fit_of_catalog_entry(entry, (model_bytes, mmproj_bytes), (None, None),
+                                   Machine((), DeviceInfo("cpu", between, "simulated", bf16_dot=bf16_dot)))
+        assert fit.words == ("too big" if bf16_dot else "on the CPU")
