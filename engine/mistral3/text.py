@@ -28,6 +28,7 @@ from ...kernels.linear import QWeight, linear, linear_add, linears
 from ...kernels.triton_compat import triton_usable
 from ..api import EngineError
 from ..gguf import GGUFError, GGUFFile, open_gguf
+from ..host import cuda_has_bf16
 from .config import CPU_PREFILL_CHUNK, PREFILL_CHUNK, TextConfig, text_config
 from .rope import RopeTables, build_rope_tables
 from .weights import LayerWeights, TokenEmbedding, load_weights, native_cpu, want_dense
@@ -55,7 +56,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     checkpoints are trained in), f16 on GPUs older than Ampere, which have no bf16 units."""
     if device.type == "cpu":
         return torch.float32
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
+    if device.type == "cuda" and not cuda_has_bf16(torch.cuda.get_device_capability(device)):
         return torch.float16
     return torch.bfloat16
 

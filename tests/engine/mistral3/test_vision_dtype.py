@@ -143,3 +143,14 @@ def test_a_gpus_capability_gives_the_tower_dtype_the_planner_counts(monkeypatch,
     assert plan.vision_device == "cuda:0" and plan.placements[0].parts["vision tower"] == kept
     if kind == "f16" and want == torch.float32:
         assert kept > sizes.vision_bytes  # twice the file's f16 matrices: what the plan used to miss
+
+
+@pytest.mark.parametrize("capability, text_dtype, tower", [((7, 5), torch.float16, torch.float32),
+                                                           ((8, 0), torch.bfloat16, torch.bfloat16)])
+def test_the_text_model_and_the_tower_ask_the_same_question_of_a_gpu(monkeypatch, capability, text_dtype, tower):
+    """One rule for "has this GPU bf16 units" (host.cuda_has_bf16): the text model falls back to
+    f16 where the tower falls back to float32 (its activations overflow f16), on the same GPUs."""
+    from tramontane.engine.mistral3.text import default_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert default_dtype(torch.device("cuda:0")) == text_dtype and tower_dtype("cuda:0") == tower
