@@ -17,6 +17,12 @@ row's logits, and all decode as rows of the same steps. Prefix reuse: a slot kee
 held (the next turn of a conversation reuses it in place), and every sequence's full blocks go to
 the shared `PrefixCache`, from which a new sequence copies its longest known prefix (a known
 system prompt). On a GPU the slots are carved out of the engine's planned KV (`carve_kv`).
+
+Time to first token under a burst of clients: requests the server has taken but not yet queued
+(their prompt being encoded) are announced (`arrival`); a step that starts reading a new prompt
+waits for them a little (at most `gather_s`), so the burst is read in one step instead of the
+first prompt alone and the others a whole step later; those queued while a step is being set up
+join it too.
 Sampling, stop strings and stats follow `generate.generate` step for step.
 """
 from __future__ import annotations
@@ -43,6 +49,11 @@ log = logging.getLogger(__name__)
 
 STEP_ROWS_CPU = 128  # prompt rows per step, on top of the decode rows (~0.5 s of CPU prefill)
 STEP_ROWS_GPU = 512
+# How long a new prompt's step waits for announced requests (a fraction of a short prompt's step:
+# ~70 ms on 2 CPU threads for the bench model); 0 turns gathering off.
+GATHER_S_CPU = 0.02
+GATHER_S_GPU = 0.005
+GATHER_QUIET_S = 0.003  # a burst has ended when no request came for this long (the server takes them one by one)
 DEFAULT_SLOTS = 8
 SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cached prefix must cover to be preferred
 PREFIX_CACHE_BYTES = 1 << 30
@@ -68,6 +79,24 @@ class _Request:
     # waiting requests with this very prompt: they start from its KV once it is read
     followers: list["_Request"] = field(default_factory=list)
     gate: "Gate | None" = None  # admitted only once it is open (see Gate)
+
+
+class Arrival:
+    """A request on its way to the scheduler's queue (taken by the server, its prompt still being
+    encoded): while it is, a step that starts reading a new prompt may wait for it (gather_s).
+    `done()` once it is queued or has given up (idempotent)."""
+
+    def __init__(self, cond: threading.Condition, scheduler: "BatchScheduler"):
+        self._cond = cond
+        self._scheduler = scheduler
+        self._open = True
+
+    def done(self) -> None:
+        with self._cond:
+            if self._open:
+                self._open = False
+                self._scheduler._arriving -= 1
+                self._cond.notify_all()
 
 
 class Gate:
@@ -134,7 +163,7 @@ class BatchScheduler:
     def __init__(self, model, tokenizer, vision=None, *, slots: int = DEFAULT_SLOTS, priority_slots: int = 1,
                  context_length: int | None = None, step_rows: int | None = None,
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES, prefix_cache: PrefixCache | None = None,
-                 caches: list[KVCache] | None = None):
+                 caches: list[KVCache] | None = None, gather_s: float | None = None):
         """`caches`: the slots' KV caches, made by the caller (e.g. `carve_kv` of the engine's
         planned one), the first `slots` for any request, the rest kept for priority ones; by
         default each slot gets a new cache of `context_length`. `prefix_cache`: one shared with
@@ -148,6 +177,7 @@ class BatchScheduler:
         self.vision = vision
         on_gpu = any(seg.device.type == "cuda" for seg in model.segments)
         self.step_rows = step_rows or (STEP_ROWS_GPU if on_gpu else STEP_ROWS_CPU)
+        self.gather_s = gather_s if gather_s is not None else (GATHER_S_GPU if on_gpu else GATHER_S_CPU)
         if caches is None:
             caches = [new_cache(model, context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
         self.slots = [_Slot(cache, reserved=i >= slots) for i, cache in enumerate(caches)]
@@ -162,6 +192,8 @@ class BatchScheduler:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._closed_error = EngineError("the engine was closed: load the model again")
+        self._arriving = 0  # announced requests not yet queued (Arrival)
+        self._last_news = -1.0  # when the last request was announced or queued (perf_counter)
         self.steps = 0  # forward passes run (a clock in steps, for tests and measurements)
 
     @property
@@ -199,19 +231,30 @@ class BatchScheduler:
             if self._closed:
                 raise self._closed_error
             self._waiting.append(req)
-            self._cond.notify()
+            self._last_news = time.perf_counter()
+            self._cond.notify_all()
         return future
 
     def generate(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                  cancel: threading.Event | None = None, priority: bool = False,
-                 on_prompt_progress: PromptProgress | None = None, gate: Gate | None = None) -> GenerationResult:
+                 on_prompt_progress: PromptProgress | None = None, gate: Gate | None = None,
+                 arrival: Arrival | None = None) -> GenerationResult:
         """submit() and wait (the scheduler must be started, or driven by another thread)."""
         try:
             future = self.submit(prompt, params, on_piece, cancel, priority, on_prompt_progress, gate)
         finally:
             if gate is not None:
                 gate.pass_one()  # in the queue, or refused
+            if arrival is not None:
+                arrival.done()
         return future.result()
+
+    def arrival(self) -> Arrival:
+        """Announce a request on its way (see Arrival); call its done() once it is queued."""
+        with self._cond:
+            self._arriving += 1
+            self._last_news = time.perf_counter()
+        return Arrival(self._cond, self)
 
     def gate(self, n: int) -> Gate:
         """A gate for `n` requests submitted together."""
@@ -270,7 +313,9 @@ class BatchScheduler:
         for seq in list(self._running):
             if seq.req.cancel is not None and seq.req.cancel.is_set():
                 self._finish(seq, "cancelled")  # first: those that waited for its prompt are admitted now
-        self._admit()
+        if self._admit_arrived() and self._gathering():
+            self._gather()
+            self._admit_arrived()
         if not self._running:
             return False
         decoding = [s for s in self._running if not s.reading]
@@ -333,10 +378,46 @@ class BatchScheduler:
         return True
 
     # -- admission ------------------------------------------------------------------------------------
-    def _admit(self) -> None:
+    def _admit_arrived(self) -> int:
+        """Admit what fits, again while requests came meanwhile (a burst of clients: those queued
+        while the first were being set up join this step instead of waiting a whole step for the
+        next); how many left the queue. Every pass but the last takes a slot or a follower."""
+        taken = 0
+        for _ in range(len(self.slots) + 1):
+            n = self._admit()
+            taken += n
+            if not n or not self._waiting:
+                break
+        return taken
+
+    def _gathering(self) -> bool:
+        """This step starts a new prompt while announced requests could join it: not the
+        window's prompt (read alone), and only while a slot is free for them."""
+        if self.gather_s <= 0 or not (self._arriving or time.perf_counter() < self._last_news + GATHER_QUIET_S):
+            return False
+        if any(s.req.priority and s.reading for s in self._running):
+            return False
+        return any(not s.busy and not s.reserved for s in self.slots)
+
+    def _gather(self) -> None:
+        """Wait (at most gather_s) until the announced requests are queued and no other has come
+        for GATHER_QUIET_S (the server takes a burst's requests one by one)."""
+        start = time.perf_counter()
+        deadline = start + self.gather_s
+        with self._cond:
+            while not self._closed:
+                now = time.perf_counter()
+                quiet_until = self._last_news + GATHER_QUIET_S
+                if now >= deadline or (self._arriving <= 0 and now >= quiet_until):
+                    break
+                self._cond.wait(min(deadline, quiet_until if self._arriving <= 0 else deadline) - now)
+
+    def _admit(self) -> int:
+        """Start what fits from the queue; how many requests left it."""
         with self._cond:
             queue = sorted(self._waiting, key=lambda r: (not r.priority, r.order))
             admitted = []
+            before = len(self._waiting)
             for req in queue:
                 if req.cancel is not None and req.cancel.is_set():  # its client left while it waited
                     self._waiting.remove(req)
@@ -356,6 +437,7 @@ class BatchScheduler:
                 slot.busy = True
                 admitted.append((req, slot))
                 self._waiting.remove(req)
+            taken = before - len(self._waiting)
         for req, slot in admitted:
             try:
                 self._start(req, slot)
@@ -365,6 +447,7 @@ class BatchScheduler:
                 slot.keys = []
                 self._requeue(req)
                 req.future.set_exception(exc)
+        return taken
 
     def _reading_the_same(self, req: _Request, admitted: list[_Request]) -> _Request | None:
         """A request of the same lane with this very prompt whose prompt is still to be read
@@ -624,15 +707,24 @@ def _carved(t: torch.Tensor, start: int, positions: int) -> torch.Tensor:
 class BatchedEngine:
     """What a server job gets from a BatchExecutor: LocalEngine's `chat` / `complete`, callable
     from many threads at once, each call one sequence of the scheduler (it blocks until done).
-    `priority`: the lane of its calls (`prioritized()`: the window's own replies)."""
+    `priority`: the lane of its calls (`prioritized()`: the window's own replies). `arrival`: the
+    announcement of a server job's request (`for_job`), done once its first generation is queued."""
 
-    def __init__(self, engine, scheduler: BatchScheduler, priority: bool = False, gate: Gate | None = None):
+    def __init__(self, engine, scheduler: BatchScheduler, priority: bool = False, gate: Gate | None = None,
+                 arrival: Arrival | None = None):
         self.engine = engine
         self.scheduler = scheduler
         self.priority = priority
         self._gate = gate  # its first generation is one of a group (run_together)
+        self.arrival = arrival
         self.model_path = engine.model_path
         self.tokenizer = engine.tokenizer
+
+    def for_job(self) -> "BatchedEngine":
+        """The same engine for one server job, its request announced to the scheduler from now
+        on (call `arrival.done()` when the job ends: a job that never generates must not be
+        waited for)."""
+        return BatchedEngine(self.engine, self.scheduler, self.priority, arrival=self.scheduler.arrival())
 
     def prioritized(self) -> "BatchedEngine":
         """The same engine whose calls go on the priority lane (a kept slot, prompt read first)."""
@@ -668,7 +760,7 @@ class BatchedEngine:
                       on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         """Reply to an encoded prompt (from `encode`)."""
         return self.scheduler.generate(prompt, params, on_piece, cancel, self._lane(priority), on_prompt_progress,
-                                       self._take_gate())
+                                       self._take_gate(), self.arrival)
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None, tools=None,
@@ -684,7 +776,7 @@ class BatchedEngine:
                 gate.pass_one()
             raise
         return self.scheduler.generate(prompt, params, on_piece, cancel, self._lane(priority), on_prompt_progress,
-                                       gate)
+                                       gate, self.arrival)
 
     def complete(self, prompt_ids: list[int], params: SamplingParams, on_piece=None,
                  cancel: threading.Event | None = None, session_key: str | None = None,
@@ -701,7 +793,7 @@ class BatchedEngine:
                 gate.pass_one()
             raise
         return self.scheduler.generate(EncodedPrompt(list(prompt_ids)), params, on_piece, cancel,
-                                       self._lane(priority), on_prompt_progress, gate)
+                                       self._lane(priority), on_prompt_progress, gate, self.arrival)
 
     def run_together(self, fn: Callable[["BatchedEngine", int], T], n: int) -> list[T]:
         """fn(engine, i) for i in range(n) at once, each on a thread of its own with an engine
@@ -710,6 +802,8 @@ class BatchedEngine:
         as rows of the same steps. Their results in order, or the first failure in that order."""
         if n <= 1:
             return [fn(self, i) for i in range(n)]
+        if self.arrival is not None:
+            self.arrival.done()  # the gate holds its choices until all are queued
         gate = self.scheduler.gate(n)
         views = [BatchedEngine(self.engine, self.scheduler, self.priority, gate) for _ in range(n)]
 
@@ -733,5 +827,5 @@ class BatchedEngine:
         return gate
 
 
-__all__ = ["BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "Gate", "MIN_SLOT_CONTEXT", "STEP_ROWS_CPU", "STEP_ROWS_GPU",
+__all__ = ["Arrival", "BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "Gate", "MIN_SLOT_CONTEXT", "STEP_ROWS_CPU", "STEP_ROWS_GPU",
            "carve_kv", "copy_positions", "planned_slot_sizes"]

@@ -93,7 +93,11 @@ class BatchExecutor:
         return self._model
 
     def submit(self, job: Job) -> Future:
-        return self._pool.submit(job, self.engine)
+        # announced from now on: a burst of requests is read in one step (BatchScheduler.gather_s)
+        engine = self.engine.for_job()
+        future = self._pool.submit(job, engine)
+        future.add_done_callback(lambda _: engine.arrival.done())  # it never generated, or was cancelled queued
+        return future
 
     def shutdown(self) -> None:
         """Fail what runs or waits (the scheduler stops: a 503 for the clients, who may send it
