@@ -9,7 +9,11 @@ run; the clients are threads of this process (plain http.client, streamed chat c
 greedy, ignore_eos, so every reply is exactly --tokens long). Rounds are paired: for each N,
 round r runs ours then theirs (the order flips every round), so slow spells of a shared machine
 fall on both; medians over rounds are reported, TTFT p50/p95 over every request at that N, and
-the load average before and after.
+the load average before and after. Both read the same prompts: a file whose chat template is a
+llama.cpp template name (the bench model's "mistral-v7-tekken") is given to llama-server as that
+built-in template, since its Jinja engine renders the bare name as the whole prompt (every
+request the same 8 tokens, 7 of them cached: a one-token prefill); the prompt tokens of both
+sides are printed.
 
 --priority-prompt P (in this process, after the servers stop): the time to first token of a
 priority request (the window's reply) with a P-token prompt, idle and while --parallel API
@@ -47,8 +51,23 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
     sys.exit(f"the server on port {port} did not come up in {timeout:.0f} s")
 
 
-def one_request(port: int, prompt: str, tokens: int) -> tuple[float, float, int]:
-    """(ttft, total seconds, completion tokens) of one streamed greedy reply."""
+def llama_template_args(model: str) -> list[str]:
+    """llama-server's arguments for the file's chat template when it is a built-in name, not
+    Jinja text (llama-server's Jinja engine would render the name itself as the prompt)."""
+    from tramontane.engine.gguf import open_gguf
+
+    gf = open_gguf(model)
+    try:
+        template = gf.string("tokenizer.chat_template", default="").strip()
+    finally:
+        gf.close()
+    if template and "{" not in template and len(template) < 64:
+        return ["--no-jinja", "--chat-template", template]
+    return []
+
+
+def one_request(port: int, prompt: str, tokens: int) -> tuple[float, float, int, int]:
+    """(ttft, total seconds, completion tokens, prompt tokens) of one streamed greedy reply."""
     body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
@@ -58,13 +77,14 @@ def one_request(port: int, prompt: str, tokens: int) -> tuple[float, float, int]
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"port {port}: HTTP {resp.status}: {resp.read()[:300]!r}")
-    ttft, chunks, usage = None, 0, None
+    ttft, chunks, usage, prompt_tokens = None, 0, None, 0
     for line in resp:
         if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
             continue
         event = json.loads(line[6:])
         if event.get("usage"):
             usage = event["usage"]["completion_tokens"]
+            prompt_tokens = event["usage"].get("prompt_tokens", 0)
         for choice in event.get("choices") or []:
             if (choice.get("delta") or {}).get("content"):
                 chunks += 1
@@ -72,11 +92,11 @@ def one_request(port: int, prompt: str, tokens: int) -> tuple[float, float, int]
                     ttft = time.perf_counter() - t0
     total = time.perf_counter() - t0
     conn.close()
-    return ttft if ttft is not None else total, total, usage if usage is not None else chunks
+    return ttft if ttft is not None else total, total, usage if usage is not None else chunks, prompt_tokens
 
 
-def run_round(port: int, n: int, tokens: int, tag: str) -> tuple[float, list[float]]:
-    """n clients at once, each one request: (aggregate tok/s, their TTFTs)."""
+def run_round(port: int, n: int, tokens: int, tag: str) -> tuple[float, list[float], list[int]]:
+    """n clients at once, each one request: (aggregate tok/s, their TTFTs, their prompt tokens)."""
     results: list = [None] * n
     errors: list = []
 
@@ -95,7 +115,7 @@ def run_round(port: int, n: int, tokens: int, tag: str) -> tuple[float, list[flo
     wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    return sum(r[2] for r in results) / wall, [r[0] for r in results]
+    return sum(r[2] for r in results) / wall, [r[0] for r in results], [r[3] for r in results]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -163,15 +183,18 @@ def main(argv=None) -> int:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     theirs = subprocess.Popen([args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(theirs_port),
                                "-np", str(args.parallel), "-c", str(args.context * args.parallel),
-                               "-t", str(args.threads), "-tb", str(args.threads), "-ngl", "0"],
+                               "-t", str(args.threads), "-tb", str(args.threads), "-ngl", "0",
+                               *llama_template_args(args.model)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(ours_port, ours)
         wait_ready(theirs_port, theirs)
+        prompt_tokens = {}
         for port in (ours_port, theirs_port):  # warm-up: first-touch of the weights, threads
-            run_round(port, 2, 8, "warm")
+            prompt_tokens[port] = run_round(port, 2, 8, "warm")[2]
         print(f"model {os.path.basename(args.model)}, {args.threads} threads, {args.tokens} tokens a reply, "
-              f"{args.rounds} paired rounds, -np {args.parallel} on both")
+              f"{args.rounds} paired rounds, -np {args.parallel} on both; prompt tokens ours "
+              f"{prompt_tokens[ours_port]}, llama-server {prompt_tokens[theirs_port]}")
         print(f"load average before: {os.getloadavg()[0]:.2f}")
         print(f"{'N':>3} | {'tok/s ours':>10} {'llama':>8} {'ratio':>6} | {'TTFT p50 ours':>13} {'llama':>7} | "
               f"{'p95 ours':>8} {'llama':>7}")
@@ -181,7 +204,7 @@ def main(argv=None) -> int:
             for r in range(args.rounds):
                 order = [("ours", ours_port), ("theirs", theirs_port)]
                 for name, port in (order if r % 2 == 0 else order[::-1]):
-                    rate, firsts = run_round(port, n, args.tokens, f"{n}-{r}-{name}")
+                    rate, firsts, _ = run_round(port, n, args.tokens, f"{n}-{r}")  # the same prompts on both
                     rates[name].append(rate)
                     ttfts[name] += firsts
             a, b = statistics.median(rates["ours"]), statistics.median(rates["theirs"])
