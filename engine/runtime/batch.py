@@ -285,6 +285,11 @@ class BatchScheduler:
             req.future.set_exception(closed)
 
     @property
+    def arriving(self) -> int:
+        """Requests announced (`arrival`) and not yet queued."""
+        return self._arriving
+
+    @property
     def active(self) -> int:
         """Sequences running now (reading their prompt or decoding)."""
         return len(self._running)
@@ -313,7 +318,8 @@ class BatchScheduler:
         for seq in list(self._running):
             if seq.req.cancel is not None and seq.req.cancel.is_set():
                 self._finish(seq, "cancelled")  # first: those that waited for its prompt are admitted now
-        if self._admit_arrived() and self._gathering():
+        taken = self._admit_arrived()
+        if taken and self._gathering(taken):
             self._gather()
             self._admit_arrived()
         if not self._running:
@@ -390,10 +396,11 @@ class BatchScheduler:
                 break
         return taken
 
-    def _gathering(self) -> bool:
-        """This step starts a new prompt while announced requests could join it: not the
-        window's prompt (read alone), and only while a slot is free for them."""
-        if self.gather_s <= 0 or not (self._arriving or time.perf_counter() < self._last_news + GATHER_QUIET_S):
+    def _gathering(self, taken: int) -> bool:
+        """This step starts new prompts while others could join it (announced ones, or more of a
+        burst when it took several): not the window's prompt (read alone), and only while a slot
+        is free for them. A lone request never waits."""
+        if self.gather_s <= 0 or not (self._arriving or taken > 1):
             return False
         if any(s.req.priority and s.reading for s in self._running):
             return False

@@ -1,0 +1,161 @@
+"""Time to first token under continuous batching: a burst of clients is read in one step (the
+requests the server has taken are announced, and a new prompt's step waits a little for them;
+those queued while a step is set up join it), a request that arrives while streams decode gets
+its first token at the end of the next step, and neither a lone request nor the window's
+priority lane waits for anyone. Replies stay what each request gets alone (the reference:
+LocalEngine's own prefill and decode, tied to HF and llama.cpp by other tests)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler
+from tramontane.engine.runtime.local import LocalEngine
+from tramontane.engine.server.executor import BatchExecutor
+
+from support import FIXTURES
+from support.batch_runs import Recorder, alone, greedy, random_prompts
+
+MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = LocalEngine(MODEL, None, device="cpu", context_length=512)
+    yield e
+    e.close()
+
+
+def eventually(condition, timeout=10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within 10 s"
+        time.sleep(0.01)
+
+
+def test_a_burst_of_announced_requests_is_read_in_one_step(engine):
+    prompts = random_prompts(engine, [21, 9, 30], seed=31)
+    expected = [alone(engine, p, greedy(6)).token_ids for p in prompts]
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=128,
+                           gather_s=30.0)  # bounded by the arrivals here, not by the clock
+    arrivals = [sched.arrival() for _ in prompts]  # three requests taken by the server
+    rec = Recorder(engine.model)
+    sched.start()
+    try:
+        first = sched.submit(prompts[0], greedy(6))
+        arrivals[0].done()
+        time.sleep(0.3)  # the others are still being encoded: the first must not be read alone
+        assert rec.steps == []
+        later = []
+        for p, a in zip(prompts[1:], arrivals[1:]):
+            later.append(sched.submit(p, greedy(6)))
+            a.done()
+        results = [f.result(timeout=60) for f in [first, *later]]
+    finally:
+        sched.close()
+        rec.close()
+    assert rec.steps[0] == [21, 9, 30]  # one step read the whole burst
+    assert all(s == [1, 1, 1] for s in rec.steps[1:])
+    assert [r.token_ids for r in results] == expected
+
+
+def test_a_request_queued_while_the_step_is_set_up_joins_it(engine):
+    prompts = random_prompts(engine, [17, 12], seed=32)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=128,
+                           gather_s=0.0)
+    second = []
+
+    def queue_another(read, total):  # on the step's thread, while the first is being admitted
+        if not second:
+            second.append(sched.submit(prompts[1], greedy(4)))
+
+    rec = Recorder(engine.model)
+    try:
+        first = sched.submit(prompts[0], greedy(4), on_prompt_progress=queue_another)
+        while sched.step():
+            pass
+    finally:
+        rec.close()
+    assert rec.steps[0] == [17, 12]
+    assert first.result().token_ids == alone(engine, prompts[0], greedy(4)).token_ids
+    assert second[0].result().token_ids == alone(engine, prompts[1], greedy(4)).token_ids
+
+
+def test_a_request_arriving_mid_stream_gets_its_first_token_from_the_next_step(engine):
+    prompts = random_prompts(engine, [40, 25], seed=33)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=64)
+    stream_pieces, new_pieces = [], []
+    stream = sched.submit(prompts[0], greedy(30), on_piece=stream_pieces.append)
+    for _ in range(5):
+        sched.step()
+    assert not stream.done()
+    new = sched.submit(prompts[1], greedy(1), on_piece=new_pieces.append)
+    sched.step()
+    # its prompt was read beside the stream's decode row, and its token sampled then
+    assert new.done() and len(new.result().token_ids) == 1
+    assert new.result().token_ids == alone(engine, prompts[1], greedy(1)).token_ids
+    while sched.step():
+        pass
+    assert stream.result().token_ids == alone(engine, prompts[0], greedy(30)).token_ids
+
+
+def test_a_lone_request_and_the_window_do_not_wait_for_announced_ones(engine):
+    prompts = random_prompts(engine, [15, 15], seed=34)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=1, context_length=512,
+                           gather_s=0.4)
+    # nothing announced: the step starts at once
+    sched.submit(prompts[0], greedy(1))
+    t0 = time.perf_counter()
+    sched.step()
+    assert time.perf_counter() - t0 < 0.3
+    # announced but never queued (its encoding is slow): waited for at most gather_s
+    late = sched.arrival()
+    sched.submit(prompts[1], greedy(1))
+    t0 = time.perf_counter()
+    sched.step()
+    assert 0.4 <= time.perf_counter() - t0 < 2.0
+    # the window's prompt is read alone, at once, whatever is announced
+    window = sched.submit(prompts[0], greedy(1), priority=True)
+    t0 = time.perf_counter()
+    sched.step()
+    assert time.perf_counter() - t0 < 0.3 and window.done()
+    late.done()
+    late.done()  # idempotent
+    assert sched.arriving == 0
+
+
+def test_a_server_job_that_never_generates_is_not_waited_for(engine):
+    executor = BatchExecutor(engine, slots=2, workers=1)
+    try:
+        release = threading.Event()
+        blocking = executor.submit(lambda e: release.wait(30))
+        queued = executor.submit(lambda e: e.complete([1, 2, 3], greedy(1)))
+        assert executor.scheduler.arriving == 2
+        assert queued.cancel()  # its client left before it ran
+        failing = executor.submit(lambda e: 1 / 0)
+        release.set()
+        blocking.result(timeout=30)
+        with pytest.raises(ZeroDivisionError):
+            failing.result(timeout=30)
+        eventually(lambda: executor.scheduler.arriving == 0)  # the done callbacks run after result()
+        prompt = random_prompts(engine, [8], seed=36)[0]
+        reply = executor.submit(lambda e: e.complete(prompt.ids, greedy(2))).result(timeout=60)
+        assert reply.token_ids == alone(engine, prompt, greedy(2)).token_ids
+        eventually(lambda: executor.scheduler.arriving == 0)
+    finally:
+        executor.shutdown()
+
+
+def test_the_choices_of_a_job_release_its_announcement(engine):
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=3, context_length=512).start()
+    try:
+        job_engine = BatchedEngine(engine, sched).for_job()
+        assert sched.arriving == 1
+        prompt = random_prompts(engine, [11], seed=35)[0]
+        results = job_engine.run_together(lambda e, i: e.generate_from(prompt, greedy(3)), 2)
+        assert sched.arriving == 0
+        assert results[0].token_ids == results[1].token_ids == alone(engine, prompt, greedy(3)).token_ids
+    finally:
+        sched.close()
