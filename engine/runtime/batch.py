@@ -5,7 +5,8 @@ Every step runs one row for each sequence that is decoding plus chunks of the pr
 read (at most `step_rows` prompt rows), through `Mistral3Text.forward_batch` (the matmuls on all
 rows at once, attention per sequence over its own cache); new requests join at step
 boundaries and finished ones leave, so a long prompt is read a chunk per step while the other
-streams keep getting a token every step. Decode is bound by reading the weights: eight rows
+streams keep getting a token every step; prompts being read share a step's prompt rows equally
+(a short one behind a long one is read at once). Decode is bound by reading the weights: eight rows
 cost about what one does.
 
 A priority request (the window's own reply) has a slot kept for it and its prompt is read
@@ -339,18 +340,15 @@ class BatchScheduler:
                 logit_rows.append(row)
                 sampled.append(s)
                 row += 1
-        budget = self.step_rows  # prompt rows, on top of the decode rows: a prompt reads as fast as alone
         stepped = list(decoding)
         read_now = []
-        for s in reading:
-            if budget <= 0:
-                break
-            n = min(budget, s.embeds.shape[0] - s.read)
+        for s, n in zip(reading, self._prompt_shares(reading)):
+            if n == 0:
+                continue
             parts.append(s.embeds[s.read:s.read + n])
             groups.append((s.slot.cache, s.slot.cache.length, n))
             s.read += n
             row += n
-            budget -= n
             stepped.append(s)
             read_now.append(s)
             if not s.reading:
@@ -382,6 +380,27 @@ class BatchScheduler:
             except BaseException as exc:  # noqa: BLE001 - a callback or NaN fails its own sequence
                 self._fail(s, exc)
         return True
+
+    def _prompt_shares(self, reading: list[_Sequence]) -> list[int]:
+        """The prompt rows each reading sequence gets this step (step_rows in all, on top of the
+        decode rows: a prompt reads as fast as alone). The window's prompts take what they need
+        first; the others share the rest equally, one needing less than its share leaving the
+        difference to the others: a short prompt behind a long one is read in the next step,
+        not after the whole long one (which loses those few rows of a step)."""
+        budget = self.step_rows
+        shares = [0] * len(reading)
+        others = []
+        for i, s in enumerate(reading):
+            if s.req.priority:
+                shares[i] = min(budget, s.embeds.shape[0] - s.read)
+                budget -= shares[i]
+            else:
+                others.append(i)
+        others.sort(key=lambda i: reading[i].embeds.shape[0] - reading[i].read)  # stable: in order on ties
+        for k, i in enumerate(others):
+            shares[i] = min(budget // (len(others) - k), reading[i].embeds.shape[0] - reading[i].read)
+            budget -= shares[i]
+        return shares
 
     # -- admission ------------------------------------------------------------------------------------
     def _admit_arrived(self) -> int:

@@ -159,3 +159,43 @@ def test_the_choices_of_a_job_release_its_announcement(engine):
         assert results[0].token_ids == results[1].token_ids == alone(engine, prompt, greedy(3)).token_ids
     finally:
         sched.close()
+
+
+def test_a_short_prompt_behind_a_long_one_is_read_in_the_next_step(engine):
+    prompts = random_prompts(engine, [200, 10, 12], seed=37)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=32)
+    rec = Recorder(engine.model)
+    try:
+        long = sched.submit(prompts[0], greedy(3))
+        sched.step()
+        sched.step()
+        short = sched.submit(prompts[1], greedy(1))
+        sched.step()
+        # the short one's whole prompt and its first token in the step after it came; the long
+        # one kept reading in that step with the rest of the budget
+        assert short.done() and rec.steps[2] == [22, 10]
+        other = sched.submit(prompts[2], greedy(2))
+        sched.step()
+        assert rec.steps[3] == [20, 12]  # in arrival order; the long one gets what the short leaves
+        while sched.step():
+            pass
+    finally:
+        rec.close()
+    assert sum(n for step in rec.steps for n in step if n > 1) == 200 + 10 + 12  # each prompt read once
+    for f, p, n in ((long, prompts[0], 3), (short, prompts[1], 1), (other, prompts[2], 2)):
+        assert f.result().token_ids == alone(engine, p, greedy(n)).token_ids
+
+
+def test_prompts_being_read_share_the_step_equally(engine):
+    prompts = random_prompts(engine, [100, 90, 80], seed=38)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=60)
+    rec = Recorder(engine.model)
+    try:
+        futures = [sched.submit(p, greedy(2)) for p in prompts]
+        while sched.step():
+            pass
+    finally:
+        rec.close()
+    assert rec.steps[0] == [20, 20, 20]  # none waits for the others to be read
+    for f, p in zip(futures, prompts):
+        assert f.result().token_ids == alone(engine, p, greedy(2)).token_ids
