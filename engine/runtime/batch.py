@@ -5,8 +5,9 @@ Every step runs one row for each sequence that is decoding plus chunks of the pr
 read (at most `step_rows` prompt rows), through `Mistral3Text.forward_batch` (the matmuls on all
 rows at once, attention per sequence over its own cache); new requests join at step
 boundaries and finished ones leave, so a long prompt is read a chunk per step while the other
-streams keep getting a token every step; prompts being read share a step's prompt rows equally
-(a short one behind a long one is read at once). Decode is bound by reading the weights: eight rows
+streams keep getting a token every step; among prompts being read the oldest always advances
+and the rest of a step goes to those closest to their first token (a short one behind a long
+one is read at once). Decode is bound by reading the weights: eight rows
 cost about what one does.
 
 A priority request (the window's own reply) has a slot kept for it and its prompt is read
@@ -382,24 +383,31 @@ class BatchScheduler:
         return True
 
     def _prompt_shares(self, reading: list[_Sequence]) -> list[int]:
-        """The prompt rows each reading sequence gets this step (step_rows in all, on top of the
-        decode rows: a prompt reads as fast as alone). The window's prompts take what they need
-        first; the others share the rest equally, one needing less than its share leaving the
-        difference to the others: a short prompt behind a long one is read in the next step,
-        not after the whole long one (which loses those few rows of a step)."""
+        """The prompt rows each reading sequence (in lane order) gets this step: step_rows in all,
+        on top of the decode rows (a prompt reads as fast as alone). The window's prompts take
+        what they need first. Of the others, the oldest is sure of an equal share (it always
+        advances: nobody starves) and the rest goes to those with the fewest rows left first (the
+        most first tokens soonest): a short question behind a long document is read in the next
+        step, not after the whole document, and a burst of prompts that does not fit in one step
+        leaves one for the next, not every one a last row short."""
         budget = self.step_rows
+        left = [s.embeds.shape[0] - s.read for s in reading]
         shares = [0] * len(reading)
         others = []
         for i, s in enumerate(reading):
             if s.req.priority:
-                shares[i] = min(budget, s.embeds.shape[0] - s.read)
+                shares[i] = min(budget, left[i])
                 budget -= shares[i]
             else:
                 others.append(i)
-        others.sort(key=lambda i: reading[i].embeds.shape[0] - reading[i].read)  # stable: in order on ties
-        for k, i in enumerate(others):
-            shares[i] = min(budget // (len(others) - k), reading[i].embeds.shape[0] - reading[i].read)
-            budget -= shares[i]
+        if others:
+            oldest = others[0]
+            shares[oldest] = min(left[oldest], budget // len(others))
+            budget -= shares[oldest]
+            for i in sorted(others, key=lambda i: left[i]):  # stable: in order on ties
+                more = min(budget, left[i] - shares[i])
+                shares[i] += more
+                budget -= more
         return shares
 
     # -- admission ------------------------------------------------------------------------------------

@@ -186,7 +186,7 @@ def test_a_short_prompt_behind_a_long_one_is_read_in_the_next_step(engine):
         assert f.result().token_ids == alone(engine, p, greedy(n)).token_ids
 
 
-def test_prompts_being_read_share_the_step_equally(engine):
+def test_the_oldest_prompt_advances_and_the_rest_goes_to_the_closest_to_its_first_token(engine):
     prompts = random_prompts(engine, [100, 90, 80], seed=38)
     sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512, step_rows=60)
     rec = Recorder(engine.model)
@@ -196,6 +196,25 @@ def test_prompts_being_read_share_the_step_equally(engine):
             pass
     finally:
         rec.close()
-    assert rec.steps[0] == [20, 20, 20]  # none waits for the others to be read
+    # the oldest gets its third of the step, the one with the fewest rows left the rest
+    assert rec.steps[:2] == [[20, 40], [20, 40]]  # the 80-row prompt's first token after two steps
+    assert rec.steps[2] == [1, 60]  # its second token; the oldest, now also the closest, read to its end
+    assert rec.steps[3] == [1, 60]  # the oldest's second token; the 90-row one alone, a whole step
     for f, p in zip(futures, prompts):
         assert f.result().token_ids == alone(engine, p, greedy(2)).token_ids
+
+
+def test_a_burst_too_big_for_one_step_finishes_all_but_the_last_in_it(engine):
+    prompts = random_prompts(engine, [17] * 8, seed=39)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=8, context_length=512, step_rows=128)
+    rec = Recorder(engine.model)
+    try:
+        futures = [sched.submit(p, greedy(1)) for p in prompts]
+        sched.step()
+        assert rec.steps[0] == [17] * 7 + [9] and sum(f.done() for f in futures) == 7
+        while sched.step():
+            pass
+    finally:
+        rec.close()
+    for f, p in zip(futures, prompts):
+        assert f.result().token_ids == alone(engine, p, greedy(1)).token_ids
