@@ -301,6 +301,42 @@ def test_repacked_decode_rows_do_not_depend_on_their_neighbours(ggml_type):
                                    full[j:j + 1])
 
 
+@pytest.mark.parametrize("variant", ["avx2", "avxvnni"])
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
+def test_avx2_decode_rows_do_not_depend_on_their_neighbours(variant, ggml_type):
+    """The AVX2 / AVX-VNNI builds (file-layout rows, no repacking) decode K > 16384 on tiles of 8
+    weight rows for one or two activation rows, and a tail of fewer one at a time. Each weight
+    row's output is the one-row tile's steps wherever it lands: bit for bit the same inside a
+    tile, in the tail, alone, with 1 or 3 threads, and as a row of a 3-activation-row call (the
+    prefill side's tile, which the decode tiles do not run); the gguf.quants bounds hold too. At
+    K = 16384 rows are still read one at a time, the same checks hold."""
+    if variant not in cpu_native.variants():
+        pytest.skip(f"this CPU does not run the {variant} variant")
+    cpu_native.use_variant(variant)
+    rng = np.random.default_rng(70 + ggml_type)
+    # 29 rows at 1 thread: units of 8 rows (tiles of 8) and one of 5 (one at a time); 3 threads,
+    # 28, 24 or 9 rows: units of 4 or a tail, one row at a time
+    n_w = 29
+    for k in (64 * 256, 65 * 256):
+        raw, deq = make_weight(ggml_type, n_w, k, rng)
+        w = torch.from_numpy(raw)
+        x3 = torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32) * np.float32(rng.uniform(0.01, 10)))
+        three = cpu_native.matmul(x3, ggml_type, w, n_w, k)
+        for n in (1, 2):
+            x = x3[:n].contiguous()
+            cpu_native.set_threads(1)
+            full = cpu_native.matmul(x, ggml_type, w, n_w, k)
+            _check(ggml_type, raw, deq, x.numpy(), full.numpy())
+            assert torch.equal(full, three[:n])
+            for first in (1, 5, 20):
+                tail = cpu_native.matmul(x, ggml_type, w[first:].contiguous(), n_w - first, k)
+                assert torch.equal(tail, full[:, first:])
+            for r in (0, 7, 12, 28):
+                assert torch.equal(cpu_native.matmul(x, ggml_type, w[r:r + 1].contiguous(), 1, k), full[:, r:r + 1])
+            cpu_native.set_threads(3)
+            assert torch.equal(cpu_native.matmul(x, ggml_type, w, n_w, k), full)
+
+
 @NEEDS_REPACKING
 @pytest.mark.parametrize("ggml_type,byte", [(gt.Q4_K, 16 + 40), (gt.Q6_K, 100), (gt.Q6_K, 128 + 33)],
                          ids=["Q4_K-quants", "Q6_K-low-bits", "Q6_K-high-bits"])
