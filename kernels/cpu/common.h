@@ -140,8 +140,8 @@ typedef struct {
      * quant_wide[t] into a lane-transposed order that gemm_wide[t] expects (NULL: use gemm) */
     tq_gemm_fn gemm_wide[TQ_NTYPES];
     tq_quant_fn quant_wide[TQ_NTYPES];
-    /* decode (fewer than TQ_WIDE_MIN_ROWS rows) of a repacked type that has its own narrow tile
-     * (NULL: the wide tile runs every row count), with its activation quantizer */
+    /* decode (fewer than TQ_WIDE_MIN_ROWS rows) of a type that has its own narrow tile (the
+     * repacked types; the AVX2 builds' Q4_K and Q6_K), with its activation quantizer (NULL: gemm) */
     tq_gemm_fn gemm_narrow[TQ_NTYPES];
     tq_quant_fn quant_narrow[TQ_NTYPES];
     /* [repacked type]: file rows -> that type's rows (n_rows, nb blocks each), where the variant
