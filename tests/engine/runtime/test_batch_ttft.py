@@ -1,16 +1,20 @@
 """Time to first token under continuous batching: a burst of clients is read in one step (the
 requests the server has taken are announced, and a new prompt's step waits a little for them;
-those queued while a step is set up join it), a request that arrives while streams decode gets
-its first token at the end of the next step, and neither a lone request nor the window's
-priority lane waits for anyone. Replies stay what each request gets alone (the reference:
-LocalEngine's own prefill and decode, tied to HF and llama.cpp by other tests)."""
+those queued while a step is set up join it); a request that arrives while streams decode gets
+its first token at the end of the next step, drawn before the streams' tokens; prompts being
+read share a step (the oldest always advances, the rest goes to the closest to a first token);
+neither a lone request nor the window's priority lane waits for anyone. Replies stay what each
+request gets alone (the reference: LocalEngine's own prefill and decode, tied to HF and
+llama.cpp by other tests)."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
 import pytest
 
+from tramontane.engine.api import SamplingParams
 from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler
 from tramontane.engine.runtime.local import LocalEngine
 from tramontane.engine.server.executor import BatchExecutor
@@ -218,3 +222,32 @@ def test_a_burst_too_big_for_one_step_finishes_all_but_the_last_in_it(engine):
         rec.close()
     for f, p in zip(futures, prompts):
         assert f.result().token_ids == alone(engine, p, greedy(1)).token_ids
+
+
+def test_a_new_requests_first_token_is_drawn_before_the_streams_tokens(engine, monkeypatch):
+    from tramontane.engine.runtime import batch
+
+    prompts = random_prompts(engine, [12, 14, 9], seed=40)
+    sampled = SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
+    streams = [dataclasses.replace(sampled, seed=i) for i in range(2)]
+    new = dataclasses.replace(sampled, seed=99, max_tokens=2)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, context_length=512)
+    futures = [sched.submit(p, params) for p, params in zip(prompts[:2], streams)]
+    sched.step()
+    sched.step()
+    drawn = []
+    inner = batch.draw_token
+
+    def spy(logits, params, *args):
+        drawn.append(params)
+        return inner(logits, params, *args)
+
+    monkeypatch.setattr(batch, "draw_token", spy)
+    late = sched.submit(prompts[2], new)
+    sched.step()  # the two streams' rows and the new prompt in one step
+    assert drawn[0] is new and drawn[1:] == streams
+    while sched.step():
+        pass
+    monkeypatch.undo()
+    for f, p, params in zip((*futures, late), prompts, (*streams, new)):
+        assert f.result().token_ids == alone(engine, p, params).token_ids
