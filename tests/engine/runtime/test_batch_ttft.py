@@ -251,3 +251,24 @@ def test_a_new_requests_first_token_is_drawn_before_the_streams_tokens(engine, m
     monkeypatch.undo()
     for f, p, params in zip((*futures, late), prompts, (*streams, new)):
         assert f.result().token_ids == alone(engine, p, params).token_ids
+
+
+def test_server_jobs_are_announced_when_taken_so_a_slow_to_encode_burst_is_read_together(engine):
+    prompts = random_prompts(engine, [13, 19, 8], seed=41)
+    executor = BatchExecutor(engine, slots=4, gather_s=30.0)
+    rec = Recorder(engine.model)
+    try:
+        def job(prompt, encoding_s):
+            def run(e):
+                time.sleep(encoding_s)  # a long conversation being encoded
+                return e.complete(prompt.ids, greedy(3))
+            return run
+
+        futures = [executor.submit(job(p, delay)) for p, delay in zip(prompts, (0.0, 0.3, 0.5))]
+        results = [f.result(timeout=60) for f in futures]
+    finally:
+        rec.close()
+        executor.shutdown()
+    assert rec.steps[0] == [13, 19, 8]
+    for r, p in zip(results, prompts):
+        assert r.token_ids == alone(engine, p, greedy(3)).token_ids
