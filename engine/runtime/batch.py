@@ -7,8 +7,8 @@ rows at once, attention per sequence over its own cache); new requests join at s
 boundaries and finished ones leave, so a long prompt is read a chunk per step while the other
 streams keep getting a token every step; among prompts being read the oldest always advances
 and the rest of a step goes to those closest to their first token (a short one behind a long
-one is read at once). Decode is bound by reading the weights: eight rows
-cost about what one does.
+one is read at once). Decode is bound by reading the weights: eight rows cost about what one
+does.
 
 A priority request (the window's own reply) has a slot kept for it and its prompt is read
 before anyone else's, with the other streams paused for those steps, so it never queues behind
@@ -19,13 +19,14 @@ row's logits, and all decode as rows of the same steps. Prefix reuse: a slot kee
 held (the next turn of a conversation reuses it in place), and every sequence's full blocks go to
 the shared `PrefixCache`, from which a new sequence copies its longest known prefix (a known
 system prompt). On a GPU the slots are carved out of the engine's planned KV (`carve_kv`).
+Sampling, stop strings and stats follow `generate.generate` step for step; a step draws its new
+requests' first tokens before the streams' next ones.
 
 Time to first token under a burst of clients: requests the server has taken but not yet queued
 (their prompt being encoded) are announced (`arrival`); a step that starts reading a new prompt
 waits for them a little (at most `gather_s`), so the burst is read in one step instead of the
 first prompt alone and the others a whole step later; those queued while a step is being set up
 join it too.
-Sampling, stop strings and stats follow `generate.generate` step for step.
 """
 from __future__ import annotations
 
@@ -88,17 +89,16 @@ class Arrival:
     encoded): while it is, a step that starts reading a new prompt may wait for it (gather_s).
     `done()` once it is queued or has given up (idempotent)."""
 
-    def __init__(self, cond: threading.Condition, scheduler: "BatchScheduler"):
-        self._cond = cond
+    def __init__(self, scheduler: "BatchScheduler"):
         self._scheduler = scheduler
         self._open = True
 
     def done(self) -> None:
-        with self._cond:
+        with self._scheduler._cond:
             if self._open:
                 self._open = False
                 self._scheduler._arriving -= 1
-                self._cond.notify_all()
+                self._scheduler._cond.notify_all()
 
 
 class Gate:
@@ -256,7 +256,7 @@ class BatchScheduler:
         with self._cond:
             self._arriving += 1
             self._last_news = time.perf_counter()
-        return Arrival(self._cond, self)
+        return Arrival(self)
 
     def gate(self, n: int) -> Gate:
         """A gate for `n` requests submitted together."""
@@ -440,15 +440,14 @@ class BatchScheduler:
     def _gather(self) -> None:
         """Wait (at most gather_s) until the announced requests are queued and no other has come
         for GATHER_QUIET_S (the server takes a burst's requests one by one)."""
-        start = time.perf_counter()
-        deadline = start + self.gather_s
+        deadline = time.perf_counter() + self.gather_s
         with self._cond:
             while not self._closed:
                 now = time.perf_counter()
-                quiet_until = self._last_news + GATHER_QUIET_S
-                if now >= deadline or (self._arriving <= 0 and now >= quiet_until):
+                until = deadline if self._arriving > 0 else min(deadline, self._last_news + GATHER_QUIET_S)
+                if now >= until:
                     break
-                self._cond.wait(min(deadline, quiet_until if self._arriving <= 0 else deadline) - now)
+                self._cond.wait(until - now)
 
     def _admit(self) -> int:
         """Start what fits from the queue; how many requests left it."""
