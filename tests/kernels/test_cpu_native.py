@@ -304,12 +304,13 @@ def test_repacked_decode_rows_do_not_depend_on_their_neighbours(ggml_type):
 @pytest.mark.parametrize("variant", ["avx2", "avxvnni"])
 @pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
 def test_avx2_decode_rows_do_not_depend_on_their_neighbours(variant, ggml_type):
-    """The AVX2 / AVX-VNNI builds (file-layout rows, no repacking) decode K > 16384 on tiles of 8
-    weight rows for one or two activation rows, and a tail of fewer one at a time. Each weight
-    row's output is the one-row tile's steps wherever it lands: bit for bit the same inside a
-    tile, in the tail, alone, with 1 or 3 threads, and as a row of a 3-activation-row call (the
-    prefill side's tile, which the decode tiles do not run); the gguf.quants bounds hold too. At
-    K = 16384 rows are still read one at a time, the same checks hold."""
+    """The AVX2 / AVX-VNNI builds (file-layout rows, no repacking) decode long rows (quantized
+    activations over 16 KiB, 24 on AVX-VNNI: K = 65 x 256 on both) on tiles of 8 weight rows for
+    one or two activation rows, and a tail of fewer one at a time. Each weight row's output is the
+    one-row tile's steps wherever it lands: bit for bit the same inside a tile, in the tail, alone,
+    with 1 or 3 threads, and as a row of a 3-activation-row call (the prefill side's tile, which
+    the decode tiles do not run); the gguf.quants bounds hold too. At K = 48 x 256 rows are read
+    one at a time (and at 56 x 256 on AVX-VNNI), the same checks hold."""
     if variant not in cpu_native.variants():
         pytest.skip(f"this CPU does not run the {variant} variant")
     cpu_native.use_variant(variant)
@@ -317,7 +318,7 @@ def test_avx2_decode_rows_do_not_depend_on_their_neighbours(variant, ggml_type):
     # 29 rows at 1 thread: units of 8 rows (tiles of 8) and one of 5 (one at a time); 3 threads,
     # 28, 24 or 9 rows: units of 4 or a tail, one row at a time
     n_w = 29
-    for k in (64 * 256, 65 * 256):
+    for k in (48 * 256, 56 * 256, 65 * 256):
         raw, deq = make_weight(ggml_type, n_w, k, rng)
         w = torch.from_numpy(raw)
         x3 = torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32) * np.float32(rng.uniform(0.01, 10)))
