@@ -302,9 +302,9 @@ def test_repacked_decode_rows_do_not_depend_on_their_neighbours(ggml_type):
 
 
 @pytest.mark.parametrize("variant", ["avx2", "avxvnni"])
-@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q5_K, gt.Q6_K], ids=gt.type_name)
 def test_avx2_decode_rows_do_not_depend_on_their_neighbours(variant, ggml_type):
-    """The AVX2 / AVX-VNNI builds (file-layout rows, no repacking) decode long rows (quantized
+    """The AVX2 / AVX-VNNI builds decode long Q4_K, Q5_K and Q6_K rows (quantized
     activations over 16 KiB, 24 on AVX-VNNI: K = 65 x 256 on both) on tiles of 8 weight rows for
     one or two activation rows, and a tail of fewer one at a time. Each weight row's output is the
     one-row tile's steps wherever it lands: bit for bit the same inside a tile, in the tail, alone,
