@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ...kernels import cpu_native
@@ -56,12 +57,22 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     the most likely token always stays). top_p >= 1 = off."""
     if top_p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, descending=False)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    drop_sorted = cumulative <= (1 - top_p)
-    drop_sorted[..., -1:] = False
-    drop = drop_sorted.scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    ascending = _ascending(logits)
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # HF's very numbers: same values, same order
+    # the dropped ones are a prefix (the cumulative mass never decreases); the largest always stays
+    n_drop = (cumulative <= (1 - top_p)).sum(dim=-1, keepdim=True).clamp(max=logits.shape[-1] - 1)
+    # HF drops by sorted position, so of tokens tied with the smallest kept value it keeps those
+    # its sort happened to put last; here the whole tie stays
+    return logits.masked_fill(logits < ascending.gather(-1, n_drop), float("-inf"))
+
+
+def _ascending(logits: torch.Tensor) -> torch.Tensor:
+    """The values sorted ascending along the last axis, without the order (nothing needs it).
+    On the CPU numpy's vectorised sort: 3 ms on the 131072-token vocabulary against torch.sort's
+    11 ms with indices; the values are the same whichever sort made them."""
+    if logits.is_cpu and logits.dtype == torch.float32 and not logits.requires_grad:
+        return torch.from_numpy(np.sort(logits.contiguous().numpy(), axis=-1))
+    return torch.sort(logits, descending=False).values
 
 
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
@@ -106,17 +117,28 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
             if bad:
                 raise InvalidLogitsError(_INVALID_LOGITS)
             return token
-        scores = logits
+        token = torch.argmax(logits)
     else:
-        # A draw from softmax(logits): argmax of p / E with E ~ Exp(1) (the exponential race,
-        # same distribution as torch.multinomial, but no device-side assert on NaN on CUDA).
-        probs = torch.softmax(logits, dim=-1)
-        race = torch.empty_like(probs).exponential_(1.0, generator=generator)
-        scores = probs / race
-    token, bad = torch.stack((torch.argmax(scores), torch.isnan(logits).any().long())).tolist()
+        token = _draw(torch.softmax(logits, dim=-1), generator)
+    token, bad = torch.stack((token, torch.isnan(logits).any().long())).tolist()
     if bad:  # one host sync for both answers
         raise InvalidLogitsError(_INVALID_LOGITS)
+    if token == logits.shape[-1]:  # u * total rounded up to the total: the last token not filtered out
+        token = int(torch.nonzero(logits > float("-inf"))[-1])
     return int(token)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index of a (vocab,) distribution: the inverse of its cumulative sum at one uniform
+    number, as torch.multinomial does (on the CPU torch accumulates a float cumsum in double and rounds
+    each partial sum, so a token's share is off by at most one float32 step, ~6e-8). One random
+    number a draw, not one per token: the exponential race this replaced spent 2.5 ms of a 3.7 ms
+    draw filling 131072 of them. No device-side assert on NaN on CUDA (torch.multinomial's): the
+    caller's isnan check says what went wrong. A filtered token (probability 0) spans no
+    interval, so it never comes out."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(1, dtype=cdf.dtype, generator=generator, device=cdf.device)
+    return torch.searchsorted(cdf, u * cdf[-1], right=True)[0]
 
 
 class InvalidLogitsError(EngineError):

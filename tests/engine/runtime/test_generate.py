@@ -138,6 +138,17 @@ def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
     assert sample(logits, SamplingParams(temperature=5.0, top_k=1), make_generator(0, "cpu")) == int(logits.argmax())
 
 
+def test_the_draw_never_lands_on_a_filtered_token_at_either_end_of_the_unit_interval(monkeypatch):
+    """The draw inverts the cumulative sum at one uniform number u in [0, 1): at u = 0 and at
+    u * total rounded up to the total (u = 1 here, forced), the token is still one that the
+    filters kept, never a masked one before, between or after them."""
+    logits = torch.tensor([float("-inf"), 0.0, float("-inf"), 1.0, float("-inf"), float("-inf")])
+    params = SamplingParams(temperature=1.0)
+    for u in (0.0, 1.0):
+        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.full((1,), u, dtype=k.get("dtype")))
+        assert sample(logits, params, make_generator(0, "cpu")) == (1 if u == 0.0 else 3)
+
+
 def test_bad_params_are_one_clear_error():
     with pytest.raises(EngineError, match="top_p"):
         generate(None, None, [1], SamplingParams(top_p=0.0), None)
