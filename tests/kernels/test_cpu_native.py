@@ -302,15 +302,16 @@ def test_repacked_decode_rows_do_not_depend_on_their_neighbours(ggml_type):
 
 
 @pytest.mark.parametrize("variant", ["avx2", "avxvnni"])
-@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q5_K, gt.Q6_K], ids=gt.type_name)
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q5_K, gt.Q6_K, gt.Q8_0], ids=gt.type_name)
 def test_avx2_decode_rows_do_not_depend_on_their_neighbours(variant, ggml_type):
-    """The AVX2 / AVX-VNNI builds decode long Q4_K, Q5_K and Q6_K rows (quantized
+    """The AVX2 / AVX-VNNI builds decode long Q4_K, Q5_K, Q6_K and Q8_0 rows (quantized
     activations over 16 KiB, 24 on AVX-VNNI: K = 65 x 256 on both) on tiles of 8 weight rows for
     one or two activation rows, and a tail of fewer one at a time. Each weight row's output is the
     one-row tile's steps wherever it lands: bit for bit the same inside a tile, in the tail, alone,
     with 1 or 3 threads, and as a row of a 3-activation-row call (the prefill side's tile, which
     the decode tiles do not run); the gguf.quants bounds hold too. At K = 48 x 256 rows are read
-    one at a time (and at 56 x 256 on AVX-VNNI), the same checks hold."""
+    one at a time (and at 56 x 256 on AVX-VNNI; Q8_0 rows of K not a multiple of 256 too), the
+    same checks hold."""
     if variant not in cpu_native.variants():
         pytest.skip(f"this CPU does not run the {variant} variant")
     cpu_native.use_variant(variant)
@@ -318,7 +319,7 @@ def test_avx2_decode_rows_do_not_depend_on_their_neighbours(variant, ggml_type):
     # 29 rows at 1 thread: units of 8 rows (tiles of 8) and one of 5 (one at a time); 3 threads,
     # 28, 24 or 9 rows: units of 4 or a tail, one row at a time
     n_w = 29
-    for k in (48 * 256, 56 * 256, 65 * 256):
+    for k in (48 * 256, 56 * 256, 65 * 256) + ((65 * 256 + 32,) if ggml_type == gt.Q8_0 else ()):
         raw, deq = make_weight(ggml_type, n_w, k, rng)
         w = torch.from_numpy(raw)
         x3 = torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32) * np.float32(rng.uniform(0.01, 10)))
