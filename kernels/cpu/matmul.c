@@ -83,7 +83,7 @@ int run_matmul(mm_job *J) {
     }
     if (rpu > cap) rpu = cap;
     if (rpu < 16) rpu = 16;
-    rpu &= ~3;
+    rpu &= ~7; /* whole decode tiles of 8 weight rows (long rows: tiles.inc's narrow_rows, decode_rows) */
     while (rpu > 4 && (J->n_out + rpu - 1) / rpu < 4 * n_threads) rpu /= 2;
     J->rows_per_unit = rpu;
     pool_for(unit_gemm, J, (J->n_out + rpu - 1) / rpu);
