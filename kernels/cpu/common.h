@@ -141,7 +141,7 @@ typedef struct {
     tq_gemm_fn gemm_wide[TQ_NTYPES];
     tq_quant_fn quant_wide[TQ_NTYPES];
     /* decode (fewer than TQ_WIDE_MIN_ROWS rows) of a type that has its own narrow tile (the
-     * repacked types; the AVX2 builds' Q4_K and Q6_K), with its activation quantizer (NULL: gemm) */
+     * repacked types; the AVX2 builds' Q4_K, Q5_K, Q6_K, Q8_0), with its activation quantizer (NULL: gemm) */
     tq_gemm_fn gemm_narrow[TQ_NTYPES];
     tq_quant_fn quant_narrow[TQ_NTYPES];
     /* [repacked type]: file rows -> that type's rows (n_rows, nb blocks each), where the variant

@@ -60,7 +60,7 @@ int run_matmul(mm_job *J) {
         if (!J->xq) return -1;
         J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
         /* decode on a type with a narrow tile (every repacked type has one: its rows fit no other
-         * tile; the AVX2 builds' file-layout Q4_K and Q6_K read long rows several at a time),
+         * tile; the AVX2 builds' Q4_K, Q5_K, Q6_K and Q8_0 read long rows several at a time),
          * prefill on the wide tiles */
         if (J->n_x < TQ_WIDE_MIN_ROWS && K->gemm_narrow[J->type]) {
             J->quant = K->quant_narrow[J->type];
