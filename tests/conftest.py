@@ -23,6 +23,33 @@ from support import FIXTURES  # noqa: E402,F401  (kept importable from conftest)
 import pytest  # noqa: E402
 
 
+# -- CPython 3.11's ast.parse is not reentrant (gh-106905) -----------------------------------------
+# A traceback printed while ast.parse builds its tree (asyncio logging a never-retrieved exception
+# when the collector frees its future, an "Exception ignored in __del__") computes its caret
+# anchors with a nested ast.parse, and the outer one fails with "SystemError: AST constructor
+# recursion depth mismatch". Triton's interpreter parses every kernel's source, so a test far from
+# the guilty object failed (CI, 3.11.7). While a parse runs, tracebacks go without carets.
+if sys.version_info[:2] == (3, 11) and hasattr(traceback, "_extract_caret_anchors_from_line_segment"):
+    import ast  # noqa: E402
+
+    _parses_running = [0]
+    _ast_parse = ast.parse
+    _caret_anchors = traceback._extract_caret_anchors_from_line_segment
+
+    def _counted_parse(*args, **kwargs):
+        _parses_running[0] += 1
+        try:
+            return _ast_parse(*args, **kwargs)
+        finally:
+            _parses_running[0] -= 1
+
+    def _anchors_unless_parsing(segment):
+        return None if _parses_running[0] else _caret_anchors(segment)
+
+    ast.parse = _counted_parse
+    traceback._extract_caret_anchors_from_line_segment = _anchors_unless_parsing
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "cpu_variants: run once per native CPU kernel variant this CPU can force "
