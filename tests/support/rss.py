@@ -1,4 +1,5 @@
-"""Peak memory of this process on Linux, for tests that bound it: reset the peak, read it."""
+"""Memory of this process on Linux, for tests that bound it: reset the peak RSS, read it; which
+pages of a mapping are resident."""
 from __future__ import annotations
 
 import os
@@ -32,3 +33,17 @@ def reset_peak() -> int:
 def peak_since(base: int) -> int:
     """Bytes the peak RSS rose above `base` (what reset_peak returned)."""
     return status_bytes("VmHWM") - base
+
+
+def pages_present(view) -> list[bool]:
+    """Whether each whole page inside a numpy array's bytes is mapped in this process now
+    (/proc/self/pagemap, bit 63: present; readable without privileges). A file page given
+    back with madvise(DONTNEED) is not present until it is read again."""
+    import numpy as np
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, end = -(-view.ctypes.data // page), (view.ctypes.data + view.nbytes) // page
+    with open("/proc/self/pagemap", "rb") as fh:
+        fh.seek(first * 8)
+        entries = np.frombuffer(fh.read((end - first) * 8), dtype="<u8")
+    return [bool(e >> 63) for e in entries]

@@ -32,6 +32,7 @@ from tramontane.kernels.linear import cpu_exact
 
 from support import FIXTURES, pixtral_hf
 from support.pixtral_hf import hf_encode, photo, relative_errors
+from support.rss import pages_present
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -137,18 +138,6 @@ def test_split_ranges_cover_every_row_once():
         assert all(a < b and b == c for (a, b), (c, _) in zip(ranges, ranges[1:] + [(n, n)]))
 
 
-def _pages_present(view: np.ndarray) -> list[bool]:
-    """Whether each whole page inside `view`'s bytes is mapped in this process now
-    (/proc/self/pagemap, bit 63: present; readable without privileges). A file page given
-    back with madvise(DONTNEED) is not present until it is read again."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    first, end = -(-view.ctypes.data // page), (view.ctypes.data + view.nbytes) // page
-    with open("/proc/self/pagemap", "rb") as fh:
-        fh.seek(first * 8)
-        entries = np.frombuffer(fh.read((end - first) * 8), dtype="<u8")
-    return [bool(e >> 63) for e in entries]
-
-
 @pytest.mark.skipif(not (cpu_native.AVAILABLE and os.path.exists("/proc/self/pagemap")),
                     reason="page release needs the native module and Linux's pagemap")
 def test_the_reordered_q_k_give_their_file_pages_back(tmp_path):
@@ -162,11 +151,11 @@ def test_the_reordered_q_k_give_their_file_pages_back(tmp_path):
     assert tower.bf16 is not None
     names = [f"v.blk.{i}.attn_{r}.weight" for i in range(SHAPE["layers"]) for r in "qk"]
     for name in names:
-        pages = _pages_present(gf.raw(name))
+        pages = pages_present(gf.raw(name))
         assert len(pages) >= 7 and not any(pages), (name, pages)  # 32 KiB of f16 each
     # the observation can see pages: read again from the file, the same bytes as gguf-py reads
     reader = gguf.GGUFReader(path)
     want = next(t for t in reader.tensors if t.name == names[0]).data
     again = gf.raw(names[0])
     assert np.array_equal(again.view(np.float16), want.reshape(-1))
-    assert all(_pages_present(again))
+    assert all(pages_present(again))
