@@ -119,16 +119,31 @@ def repacked_type(ggml_type: int) -> int | None:
     return t if t is not None and variant() in repacking_variants() else None
 
 
-def repack(ggml_type: int, data: torch.Tensor) -> torch.Tensor:
+# bytes of a file-mapped weight repacked between two give-backs of its pages (repack)
+GIVE_BACK_CHUNK = 16 << 20
+
+
+def repack(ggml_type: int, data: torch.Tensor, give_back: bool = False) -> torch.Tensor:
     """A Q4_K or Q6_K weight's rows (uint8 (rows, row bytes)) in its repacked order (Q4_K_REPACKED,
-    Q6_K_REPACKED) for the variant in use: a new tensor, multithreaded, once per weight."""
+    Q6_K_REPACKED) for the variant in use: a new tensor, multithreaded, once per weight.
+    give_back: `data` views a read-only file mapping whose pages nothing reads again; they are
+    given back (drop_pages) every GIVE_BACK_CHUNK bytes, so a load holds one chunk of the file
+    beside the copies, not the whole matrix (a 131072-row Q6_K output head is 220 MB at 1.1 B
+    parameters, 551 MB at 24 B: it was the load's peak)."""
     t = _REPACKED.get(int(ggml_type))
     if t is None:
         raise ValueError(f"ggml type {ggml_type} has no repacked order (Q4_K and Q6_K do)")
     rows, cols = data.shape[0], data.shape[1] // type_info(ggml_type).type_size * 256
     src, stride = _weight_rows(data)
     out = torch.empty(rows, data.shape[1], dtype=torch.uint8)
-    _cpu.repack(t, src, stride, rows, cols, out.data_ptr(), out.stride(0))
+    step = max(1, GIVE_BACK_CHUNK // stride) if give_back else max(rows, 1)
+    for r0 in range(0, rows, step):
+        n = min(step, rows - r0)
+        _cpu.repack(t, src + r0 * stride, stride, n, cols, out.data_ptr() + r0 * out.stride(0), out.stride(0))
+        if give_back:
+            _cpu.drop_pages(src + r0 * stride, n * stride)
+    if give_back:
+        _cpu.drop_pages(src, rows * stride)  # the pages two chunks shared
     return out
 
 

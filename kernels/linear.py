@@ -338,9 +338,7 @@ def _native_plan(w: QWeight) -> tuple | bool:
     repacked = cpu_native.repacked_type(w.ggml_type)
     if repacked is not None and w.shape[1] % 256 == 0:
         if w._repacked is None:
-            w._repacked = cpu_native.repack(w.ggml_type, w.data)
-            if w.mapped and w.data.is_contiguous():
-                cpu_native.drop_pages(w.data)
+            w._repacked = cpu_native.repack(w.ggml_type, w.data, give_back=w.mapped and w.data.is_contiguous())
         return (repacked, w._repacked.data_ptr(), w._repacked.stride(0), w.shape[0])
     return (w.ggml_type, w.data.data_ptr(), w.data.stride(0) * w.data.element_size(), w.shape[0])
 

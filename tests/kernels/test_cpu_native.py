@@ -13,6 +13,7 @@ many blocks), 1 and many activation rows, 1 and several threads. Two checks per 
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -400,4 +401,55 @@ def test_drop_pages_gives_back_a_file_mappings_pages_and_keeps_its_bytes(tmp_pat
     assert dropped == sys.platform.startswith(("linux", "darwin"))
     assert np.array_equal(data.numpy(), payload)  # read again from the file
     del data
+    mm.close()
+
+
+@pytest.mark.skipif(not (os.path.exists("/proc/self/pagemap") and cpu_native.variant() in cpu_native.repacking_variants()),
+                    reason="needs Linux's pagemap and a variant that repacks")
+def test_repack_gives_back_a_mapped_weights_pages_chunk_by_chunk(tmp_path, monkeypatch):
+    """A file-mapped Q6_K weight repacked with give_back: the same rows as from memory, and the
+    file's pages leave while it is copied, chunk by chunk, and none is left after: the load's peak is one chunk of the file beside the copies, not a whole matrix."""
+    import mmap
+
+    from support.rss import pages_present
+
+    rows, cols = 96, 2048
+    row_bytes = cols // 256 * gt.type_info(gt.Q6_K).type_size
+    raw, _ = make_weight(gt.Q6_K, rows, cols, np.random.default_rng(11))
+    want = cpu_native.repack(gt.Q6_K, torch.from_numpy(raw))
+    path = tmp_path / "weight.bin"
+    path.write_bytes(raw.tobytes())
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        data = torch.frombuffer(mm, dtype=torch.uint8).reshape(rows, row_bytes)
+    view = data.numpy()
+    assert int(data.sum()) == int(raw.astype(np.int64).sum()) and all(pages_present(view))
+    chunk_rows = 8
+    monkeypatch.setattr(cpu_native, "GIVE_BACK_CHUNK", chunk_rows * row_bytes)
+    present_at_chunk = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def repack(self, *args):
+            present_at_chunk.append(sum(pages_present(view)))
+            return real.repack(*args)
+
+    real = cpu_native._cpu
+    monkeypatch.setattr(cpu_native, "_cpu", Recording())
+    got = cpu_native.repack(gt.Q6_K, data, give_back=True)
+    monkeypatch.setattr(cpu_native, "_cpu", real)
+    assert torch.equal(got, want)
+    assert len(present_at_chunk) == rows // chunk_rows
+    total = len(pages_present(view))
+    assert present_at_chunk[0] == total
+    # each chunk's whole pages leave before the next chunk is read (those two chunks share stay)
+    assert all(b < a for a, b in zip(present_at_chunk, present_at_chunk[1:])), present_at_chunk
+    assert present_at_chunk[-1] <= total // 2, present_at_chunk
+    assert not any(pages_present(view))
+    assert np.array_equal(view, raw)  # read again from the file
+    del data, view
     mm.close()
