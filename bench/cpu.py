@@ -10,7 +10,7 @@
 For each file: llama.cpp's llama-bench (-p 128 -n 32, the given threads, CPU only), then
 Tramontane end to end in a fresh subprocess (load, prefill of 128 random tokens from an empty
 cache, 32 greedy decode steps after one warm-up step, as llama-bench's tg32 does from an empty
-context), with its peak RSS. Prints the tok/s, the ratios and RSS / file size. Then the image
+context); both programs' peak RSS. Prints the tok/s, the ratios and RSS / file size. Then the image
 case: one 640x480 photo-like JPEG (generated, the same bytes every run) with a short prompt, 1
 token: llama-mtmd-cli from its image encode's start to its first token (its log's timestamps)
 against Tramontane's whole chat call in a fresh process (decode + preprocessing + encode +
@@ -31,6 +31,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,10 +54,17 @@ def llama_bench(bin_dir: Path, path: Path, threads: int, p: int, n: int, depth: 
     runs = [(["-p", str(p), "-n", str(n)], 0)] + ([(["-p", "0", "-n", str(n), "-d", str(depth)], depth)] if depth else [])
     for extra, d in runs:
         cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(threads), *extra, "-ngl", "0", "-o", "json"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode:
-            return {"error": res.stderr.strip()[-500:]}
-        for row in json.loads(res.stdout):
+        with tempfile.TemporaryFile(mode="w+") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+            stdout = proc.stdout.read()
+            proc.stdout.close()
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (Linux: KiB)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode:
+                err.seek(0)
+                return {"error": err.read().strip()[-500:]}
+        out["peak_rss_bytes"] = max(out.get("peak_rss_bytes", 0), usage.ru_maxrss * 1024)
+        for row in json.loads(stdout):
             if row.get("n_depth", 0) != d:
                 continue
             if row.get("n_prompt") == p and not row.get("n_gen") and not d:
@@ -515,9 +523,12 @@ def _print_row(r: dict) -> None:
         label = f"decode @ d{r['depth']}" if what == "decode_at_depth" else what
         print(f"  {label:8} tramontane {mine:7.1f} tok/s   llama.cpp {theirs_s} tok/s   best/best {ratio}{rounds}")
     model_rss = ours['peak_rss_bytes'] - ours['rss_before_load_bytes']
+    theirs_rss = ref.get("peak_rss_bytes")
+    versus = (f", llama-bench {theirs_rss / 1e9:.2f} GB: {ours['peak_rss_bytes'] / theirs_rss:.2f}x its"
+              if theirs_rss else "")
     print(f"  peak RSS {ours['peak_rss_bytes'] / 1e9:.2f} GB = {ours['peak_rss_bytes'] / ours['file_bytes']:.2f}x "
-          f"the file ({ours['file_bytes'] / 1e9:.2f} GB); of it {ours['rss_before_load_bytes'] / 1e9:.2f} GB before "
-          f"loading (Python, torch, imports): the model's own {model_rss / 1e9:.2f} GB = "
+          f"the file ({ours['file_bytes'] / 1e9:.2f} GB){versus}; of it {ours['rss_before_load_bytes'] / 1e9:.2f} GB "
+          f"before loading (Python, torch, imports): the model's own {model_rss / 1e9:.2f} GB = "
           f"{model_rss / ours['file_bytes']:.2f}x the file")
     if "file_resident_bytes" in ours:
         print(f"  resident at the end: {ours['file_resident_bytes'] / 1e9:.2f} GB of the mapped file, "
