@@ -56,11 +56,8 @@ def llama_template_args(model: str) -> list[str]:
     Jinja text (llama-server's Jinja engine would render the name itself as the prompt)."""
     from tramontane.engine.gguf import open_gguf
 
-    gf = open_gguf(model)
-    try:
+    with open_gguf(model) as gf:
         template = gf.string("tokenizer.chat_template", default="").strip()
-    finally:
-        gf.close()
     if template and "{" not in template and len(template) < 64:
         return ["--no-jinja", "--chat-template", template]
     return []
