@@ -91,9 +91,7 @@ def allow_always(store, chat_id: int, tool_name: str) -> None:
 
 def uses_tools(engine) -> bool:
     """Tools need the local engine (its tokenizer writes and reads the calls)."""
-    from ..engine.remote.client import RemoteEngine
-
-    return not isinstance(engine, RemoteEngine) and getattr(engine, "tokenizer", None) is not None
+    return engine.writes_tool_calls
 
 
 def text_before_calls(on_piece: Callable[[str], None]) -> Callable[[str], None]:

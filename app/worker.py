@@ -114,13 +114,8 @@ def memory_words(device: str) -> str:
 
 
 def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context_asked: int = 0) -> EngineInfo:
-    from ..engine.remote.client import RemoteEngine
-
-    if isinstance(engine, RemoteEngine):
-        device = "remote"
-    else:
-        device = getattr(getattr(getattr(engine, "model", None), "device", None), "type", "") or "?"
-    plan = getattr(engine, "placement", None) or {}
+    device = engine.device_kind
+    plan = engine.placement
     return EngineInfo(
         description=engine.description,
         has_vision=bool(engine.has_vision),
@@ -128,8 +123,8 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
         mmproj_path=mmproj_path,
         device=device,
         memory=memory_words(device) if device != "remote" else "",
-        context_size=int(getattr(engine, "context_size", 0) or 0),
-        context_limit=int(getattr(getattr(getattr(engine, "model", None), "cfg", None), "context_length", 0) or 0),
+        context_size=int(engine.context_size),
+        context_limit=int(engine.context_limit),
         context_asked=context_asked,
         remote=device == "remote",
         placement=str(plan.get("summary", "")),
@@ -146,18 +141,17 @@ def too_long_words(engine, messages) -> str:
     """When the prompt does not fit the context: advice that can work, in words ('' when it
     fits or cannot be counted). One message longer than the context cannot be helped by a new
     chat; a conversation can; raising the context only below the file's own limit."""
-    encode = getattr(engine, "encode", None)
-    size = int(getattr(engine, "context_size", 0) or 0)
-    if encode is None or not size or not messages:
+    size = int(engine.context_size)
+    if not size or not messages:
         return ""
     try:
-        total = len(encode(messages).ids)
-        if total < size:
+        total = engine.count_tokens(messages)
+        if total is None or total < size:
             return ""
-        last = len(encode([m for m in messages if m.role == "system"] + [messages[-1]]).ids)
+        last = engine.count_tokens([m for m in messages if m.role == "system"] + [messages[-1]])
     except Exception:  # noqa: BLE001 - the engine's own message stands then
         return ""
-    limit = int(getattr(getattr(getattr(engine, "model", None), "cfg", None), "context_length", 0) or 0)
+    limit = int(engine.context_limit)
     raise_it = (f"raise the context length in Settings (this model allows up to {limit} tokens)"
                 if can_grow_context(size, limit) and limit else
                 "raise the context length in Settings" if can_grow_context(size, limit) else "")
@@ -371,13 +365,13 @@ class EngineWorker(QObject):
 
     @Slot(str, object)
     def _forget(self, key: str, messages: list) -> None:
-        for name, arg in (("forget_session", key), ("forget_chat", messages)):
-            forget = getattr(self.engine, name, None)  # a remote engine has neither
-            if forget is not None:
-                try:
-                    forget(arg)
-                except Exception:  # noqa: BLE001 - the chat is deleted from the store either way
-                    log.exception("%s failed", name)
+        if self.engine is None:
+            return
+        for forget, arg in ((self.engine.forget_session, key), (self.engine.forget_chat, messages)):
+            try:
+                forget(arg)
+            except Exception:  # noqa: BLE001 - the chat is deleted from the store either way
+                log.exception("%s failed", forget.__name__)
 
     @Slot(object)
     def _chat(self, req: ChatRequest) -> None:

@@ -147,14 +147,46 @@ PieceCallback = Callable[[str], None]
 
 
 class Engine(Protocol):
-    """What the GUI and sessions need from an engine; implementations are not thread-safe and
-    are owned by one worker thread."""
+    """Every member the window, the CLI and the server use of an engine, implemented by
+    `LocalEngine` (and its batched view) and `RemoteEngine`; nobody outside engine/ probes an
+    engine for anything else. Implementations are owned by one worker thread unless they say
+    otherwise (the batched view is callable from many)."""
 
     @property
     def description(self) -> str: ...
 
     @property
     def has_vision(self) -> bool: ...
+
+    @property
+    def device_kind(self) -> str:
+        """Where the replies are computed: "cpu", "cuda" (the output head's device) or "remote"."""
+        ...
+
+    @property
+    def context_size(self) -> int:
+        """The longest conversation (prompt and reply) this engine takes, in tokens (0: unknown)."""
+        ...
+
+    @property
+    def context_limit(self) -> int:
+        """The model file's own context limit (0: unknown, e.g. a remote server's)."""
+        ...
+
+    @property
+    def placement(self) -> dict:
+        """Where the model runs, as data (LocalEngine.placement); {} where it is not known."""
+        ...
+
+    @property
+    def writes_tool_calls(self) -> bool:
+        """Whether tool calls are written and read here (the local tokenizer's format)."""
+        ...
+
+    def count_tokens(self, messages: list[ChatMessage]) -> int | None:
+        """The prompt tokens of `messages` as `chat` would send them; None where the engine
+        cannot count (a remote server)."""
+        ...
 
     def chat(
         self,
@@ -163,13 +195,53 @@ class Engine(Protocol):
         on_piece: PieceCallback | None = None,
         cancel: threading.Event | None = None,
         session_key: str | None = None,
+        tools=None,
         on_prompt_progress: Callable[[int, int], None] | None = None,
     ) -> GenerationResult:
         """Generate the assistant reply to `messages` (the last one is the user's).
 
-        `session_key` names the chat so a local engine can reuse that chat's KV cache.
-        `on_prompt_progress(read, total)`: prompt tokens read so far, where the engine knows it
-        (a remote server does not say). Raises EngineError with a readable message on any failure."""
+        `session_key` names the chat (a local engine finds its KV by content either way).
+        `tools`: the ToolSpecs the model may call. `on_prompt_progress(read, total)`: prompt
+        tokens read so far, where the engine knows it (a remote server does not say). Raises
+        EngineError with a readable message on any failure."""
+        ...
+
+    def forget_chat(self, messages: list[ChatMessage]) -> None:
+        """A deleted chat's content leaves every cache the engine keeps (a no-op where none)."""
+        ...
+
+    def forget_session(self, session_key: str) -> None:
+        """A deleted chat's KV is dropped (a no-op where none is kept)."""
         ...
 
     def close(self) -> None: ...
+
+
+class LocalModelEngine(Engine, Protocol):
+    """An engine on a model file of this machine: what the local API server and the CLI use on
+    top of `Engine` (LocalEngine, and BatchedEngine on its scheduler)."""
+
+    model_path: Path
+    mmproj_path: Path | None
+
+    @property
+    def tokenizer(self): ...
+
+    def encode(self, messages: list[ChatMessage], tools=None):
+        """The chat format's ids (an EncodedPrompt), as `chat` would send them."""
+        ...
+
+    def complete(self, prompt_ids: list[int], params: SamplingParams, on_piece: PieceCallback | None = None,
+                 cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+        """Continue raw prompt ids (no chat format)."""
+        ...
+
+    def generate_from(self, prompt, params: SamplingParams, on_piece: PieceCallback | None = None,
+                      cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
+        """Reply to an encoded prompt (from `encode`)."""
+        ...
+
+    def run_together(self, fn: Callable[["LocalModelEngine", int], object], n: int) -> list:
+        """fn(engine, i) for i in range(n), batched together where the engine can (a request's
+        `n` choices); their results in order."""
+        ...

@@ -271,6 +271,36 @@ class RemoteEngine:
         return self._vision
 
     @property
+    def device_kind(self) -> str:
+        return "remote"
+
+    @property
+    def context_size(self) -> int:
+        """The server's max_model_len for this model once /v1/models said it (0 before)."""
+        return self._context_size or 0
+
+    @property
+    def context_limit(self) -> int:
+        return 0  # the server's model file is not ours to read
+
+    @property
+    def placement(self) -> dict:
+        return {}
+
+    @property
+    def writes_tool_calls(self) -> bool:
+        return False  # the tool loop writes and reads calls with the local tokenizer's format
+
+    def count_tokens(self, messages: list[ChatMessage]) -> None:
+        return None  # an OpenAI-compatible server has no token count endpoint
+
+    def forget_chat(self, messages: list[ChatMessage]) -> None:
+        pass  # nothing of a chat is kept here
+
+    def forget_session(self, session_key: str) -> None:
+        pass
+
+    @property
     def base_url(self) -> str:
         return self._endpoint.display
 

@@ -45,7 +45,7 @@ from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .decoder import new_cache
 from .kv_cache import KVCache
 from .generate import StopStringFilter, check_params, draw_token, make_generator, seen_mask
-from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
+from .prefix_cache import PrefixCache, ReplyMemory, block_hashes
 from .session import Key, common_prefix, position_keys, reusable_prefix
 
 log = logging.getLogger(__name__)
@@ -165,11 +165,13 @@ class BatchScheduler:
     def __init__(self, model, tokenizer, vision=None, *, slots: int = DEFAULT_SLOTS, priority_slots: int = 1,
                  context_length: int | None = None, step_rows: int | None = None,
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES, prefix_cache: PrefixCache | None = None,
-                 caches: list[KVCache] | None = None, gather_s: float | None = None):
+                 caches: list[KVCache] | None = None, gather_s: float | None = None,
+                 replies: ReplyMemory | None = None):
         """`caches`: the slots' KV caches, made by the caller (e.g. `carve_kv` of the engine's
         planned one), the first `slots` for any request, the rest kept for priority ones; by
         default each slot gets a new cache of `context_length`. `prefix_cache`: one shared with
-        the engine's own chats; by default one of `prefix_cache_bytes` of its own."""
+        the engine's own chats; by default one of `prefix_cache_bytes` of its own. `replies`: the
+        reply ids the engine keeps (shared with it, on disk with its blocks); by default its own."""
         if slots < 1 or priority_slots < 0:
             raise EngineError(f"a batch needs at least one slot, got {slots} (+{priority_slots} for priority)")
         if caches is not None and len(caches) != slots + priority_slots:
@@ -184,7 +186,7 @@ class BatchScheduler:
             caches = [new_cache(model, context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
         self.slots = [_Slot(cache, reserved=i >= slots) for i, cache in enumerate(caches)]
         self.prefix = prefix_cache if prefix_cache is not None else PrefixCache(prefix_cache_bytes)
-        self.replies = ReplyMemory()
+        self.replies = replies if replies is not None else ReplyMemory()
         self._img_id = tokenizer.token_id("[IMG]") if vision is not None else None
         self._running: list[_Sequence] = []
         self._waiting: list[_Request] = []
@@ -780,16 +782,44 @@ class BatchedEngine:
         return self.scheduler.lane_context(self.priority)
 
     @property
+    def mmproj_path(self):
+        return self.engine.mmproj_path
+
+    @property
+    def context_limit(self) -> int:
+        return self.engine.context_limit
+
+    @property
+    def device_kind(self) -> str:
+        return self.engine.device_kind
+
+    @property
+    def placement(self) -> dict:
+        return self.engine.placement
+
+    @property
+    def writes_tool_calls(self) -> bool:
+        return True
+
+    def count_tokens(self, messages: list[ChatMessage]) -> int:
+        return len(self.encode(messages).ids)
+
+    def forget_chat(self, messages: list[ChatMessage]) -> None:
+        self.engine.forget_chat(messages)  # the prefix cache and reply ids are the engine's, shared
+
+    def forget_session(self, session_key: str) -> None:
+        """Nothing of its own: the scheduler finds KV by content (forget_chat drops it)."""
+
+    def close(self) -> None:
+        """The scheduler and the engine belong to their owner (BatchExecutor.shutdown)."""
+
+    @property
     def description(self) -> str:
         n = sum(not s.reserved for s in self.scheduler.slots)
         return f"{self.engine.description}, {n} sequences at once of {self.context_size} tokens each"
 
     def encode(self, messages: list[ChatMessage], tools=None) -> EncodedPrompt:
-        vision = self.engine.vision
-        grid = vision.grid if vision is not None else None
-        if tools:
-            return encode_chat(self.tokenizer, messages, grid, tools)
-        return encode_reusing_replies(self.tokenizer, messages, grid, self.scheduler.replies)
+        return self.engine.encode(messages, tools)  # the engine's reply ids are the scheduler's too
 
     def generate_from(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                       cancel: threading.Event | None = None, session_key: str | None = None,

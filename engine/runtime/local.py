@@ -143,6 +143,25 @@ class LocalEngine:
     def context_size(self) -> int:
         return self.cache.capacity
 
+    @property
+    def context_limit(self) -> int:
+        return self.model.cfg.context_length
+
+    @property
+    def device_kind(self) -> str:
+        return self.model.device.type
+
+    @property
+    def writes_tool_calls(self) -> bool:
+        return True
+
+    def count_tokens(self, messages: list[ChatMessage]) -> int:
+        return len(self.encode(messages).ids)
+
+    def run_together(self, fn, n: int) -> list:
+        """One at a time: this engine has one KV cache (BatchedEngine batches them)."""
+        return [fn(self, i) for i in range(n)]
+
     def close(self) -> None:
         """Give the memory back now: the weights (and their repacked copies), the KV cache, parked
         chats, and glibc's freed heap to the system. (No gc.collect() here: close runs on the

@@ -39,12 +39,11 @@ class EngineExecutor(Protocol):
 
 
 def served_model_of(engine) -> ServedModel | None:
-    """What /v1/models shows for a local engine (None for anything else, e.g. a remote one).
-    Call it on the engine's owner thread."""
-    path = getattr(engine, "model_path", None)
-    if path is None or not hasattr(engine, "complete"):
+    """What /v1/models shows for a local engine (None for a remote one). Call it on the
+    engine's owner thread."""
+    if engine.device_kind == "remote":
         return None
-    return ServedModel(Path(path).stem, bool(engine.has_vision), int(engine.context_size),
+    return ServedModel(Path(engine.model_path).stem, bool(engine.has_vision), int(engine.context_size),
                        max_token_bytes=longest_token_bytes(engine.tokenizer))
 
 
@@ -76,14 +75,11 @@ class BatchExecutor:
             engine.forget_session(engine.session_key)  # its cache's positions now belong to the slots
         else:
             scheduler_options.setdefault("context_length", engine.context_size)
-        shared = getattr(engine, "prefix_cache", None)  # one prefix cache for the engine's chats and the batch
-        if shared is not None:
-            scheduler_options.setdefault("prefix_cache", shared)
+        # one prefix cache and one reply memory (kept on disk with its blocks) for the engine's chats and the batch
+        scheduler_options.setdefault("prefix_cache", engine.prefix_cache)
+        scheduler_options.setdefault("replies", engine.replies)
         self.scheduler = BatchScheduler(engine.model, engine.tokenizer, engine.vision, slots=slots,
                                         priority_slots=priority_slots, **scheduler_options).start()
-        replies = getattr(engine, "replies", None)  # the engine's reply ids (kept on disk with its blocks)
-        if replies is not None:
-            self.scheduler.replies = replies
         self.engine = BatchedEngine(engine, self.scheduler)
         self.priority = self.engine.prioritized()
         self._model = served_model_of(self.engine)
