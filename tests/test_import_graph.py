@@ -21,6 +21,7 @@ LAYER = {"tramontane": 0, "resources": 0, "kernels": 1, "engine": 2, "app": 3}
 ENGINE_RANK = {
     "cli": 4, "server": 4, "library": 4,          # front ends and the models folder
     "runtime": 3, "remote": 3, "mcp_tools": 3,    # engines and what they call out to
+    "documents": 3,                               # attached documents: text, bounded
     "mistral3": 2,                                # the model: math on a file's tensors
     "gguf": 1,
     "api": 0, "private_files": 0, "host": 0,

@@ -1,0 +1,86 @@
+"""Extraction of PDFs written by fpdf2 (a PDF library nobody here wrote) and of text files: page
+text with numbers, scans marked, and hostile files refused in one sentence, bounded in time."""
+import io
+import threading
+import time
+
+import pytest
+
+from tramontane.engine.documents.extract import DocumentError, Limits, extract
+
+fpdf = pytest.importorskip("fpdf")
+
+
+def make_pdf(pages: list[str], password: str | None = None) -> bytes:
+    pdf = fpdf.FPDF()
+    pdf.set_font("helvetica", size=12)
+    for text in pages:
+        pdf.add_page()
+        pdf.multi_cell(0, 8, text)
+    if password is not None:
+        pdf.set_encryption(owner_password="owner", user_password=password)
+    return bytes(pdf.output())
+
+
+def make_scanned_pdf() -> bytes:
+    from PIL import Image
+
+    image = io.BytesIO()
+    Image.new("RGB", (200, 100), (250, 250, 250)).save(image, format="PNG")
+    pdf = fpdf.FPDF()
+    pdf.add_page()
+    pdf.image(io.BytesIO(image.getvalue()), x=10, y=10, w=100)
+    return bytes(pdf.output())
+
+
+def test_pdf_pages_keep_their_text_and_numbers():
+    doc = extract(make_pdf(["The ferry leaves at noon.", "Lighthouse keeper Ada Vance."]), "notes.pdf")
+    assert [p.number for p in doc.pages] == [1, 2]
+    assert "ferry leaves at noon" in doc.pages[0].text
+    assert "Ada Vance" in doc.pages[1].text and "ferry" not in doc.pages[1].text
+    assert doc.scanned_pages == []
+
+
+def test_an_image_only_page_is_marked_as_a_scan():
+    doc = extract(make_scanned_pdf(), "scan.pdf")
+    assert doc.scanned_pages == [1] and doc.pages[0].text.strip() == ""
+
+
+def test_an_encrypted_pdf_is_one_sentence():
+    with pytest.raises(DocumentError, match=r"^secret\.pdf: the PDF is encrypted with a password"):
+        extract(make_pdf(["hidden"], password="pw"), "secret.pdf")
+
+
+def test_a_corrupt_pdf_is_one_sentence():
+    data = make_pdf(["x"])
+    with pytest.raises(DocumentError, match=r"^broken\.pdf: the file is not a readable PDF"):
+        extract(data[: len(data) // 3], "broken.pdf")
+
+
+def test_a_2000_page_pdf_is_refused_before_its_pages_are_read():
+    data = make_pdf(["p"] * 2000)
+    started = time.monotonic()
+    with pytest.raises(DocumentError, match=r"^big\.pdf: the PDF has 2000 pages, more than the 1000"):
+        extract(data, "big.pdf")
+    assert time.monotonic() - started < 5.0
+
+
+def test_the_time_budget_and_cancel_are_checked_between_pages():
+    data = make_pdf(["page"] * 20)
+    with pytest.raises(DocumentError, match="took longer than 0 s"):
+        extract(data, "slow.pdf", Limits(time_budget_s=0.0))
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(DocumentError, match="^c.pdf: reading the document was cancelled"):
+        extract(data, "c.pdf", cancel=cancel)
+
+
+def test_a_binary_renamed_txt_is_one_sentence():
+    with pytest.raises(DocumentError, match=r"^photo\.txt: the file holds binary data"):
+        extract(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(100), "photo.txt")
+    assert extract("héllo\r\nworld".encode(), "a.md").pages[0].text == "héllo\nworld"
+
+
+def test_a_file_over_the_byte_cap_is_refused():
+    with pytest.raises(DocumentError, match=r"^a\.txt: the file is .* MiB, more than"):
+        extract(b"a" * 2048, "a.txt", Limits(max_bytes=1024))
