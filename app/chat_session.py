@@ -26,7 +26,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal, Slot
 
 from ..engine.api import GenerationResult, GenerationStats
-from .dialogs.settings import AppSettings
+from .config import AppSettings
 from .store import Store, StoreError
 from .engine_info import EngineInfo
 from .worker import NO_MODEL_LOADED, ChatRequest, EngineWorker

@@ -24,7 +24,8 @@ from .model_files import why_not_a_model
 from .single_instance import InstanceServer
 from .tools import REMOTE_TIP, ToolBroker, chat_tools_on, set_chat_tools
 from .dialogs.servers import EngineChoiceCombo, ServersDialog
-from .dialogs.settings import AppSettings, SettingsDialog
+from .config import AppSettings
+from .dialogs.settings import SettingsDialog
 from ..engine.runtime.threads import apply_threads
 from .servers import EngineChoice, ServerList, engine_for_choice
 from .store import Store, StoreError

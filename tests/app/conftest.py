@@ -54,7 +54,7 @@ def worker(qtbot):
 @pytest.fixture
 def settings(tmp_path):
     """The app's settings in a fresh data folder."""
-    from tramontane.app.dialogs.settings import AppSettings
+    from tramontane.app.config import AppSettings
     from tramontane.app.store import Store
 
     store = Store(tmp_path / "data")

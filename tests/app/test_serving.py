@@ -12,7 +12,8 @@ openai = pytest.importorskip("openai", reason="the official client is the refere
 from PySide6.QtCore import QObject, Slot  # noqa: E402
 from PySide6.QtWidgets import QLabel  # noqa: E402
 
-from tramontane.app.dialogs.settings import AppSettings, SettingsDialog  # noqa: E402
+from tramontane.app.config import AppSettings  # noqa: E402
+from tramontane.app.dialogs.settings import SettingsDialog  # noqa: E402
 from tramontane.app.serving import WindowServer  # noqa: E402
 from tramontane.app.store import Store  # noqa: E402
 

@@ -37,7 +37,7 @@ def run(args, tmp_path) -> str:
 
 def test_the_window_shows_before_the_engine_is_imported(tmp_path):
     from support.app_window import MMPROJ, MODEL
-    from tramontane.app.dialogs.settings import AppSettings
+    from tramontane.app.config import AppSettings
     from tramontane.app.store import Store
 
     with Store(tmp_path / "data") as store:  # a last model to autoload, as after a first session

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 from support import FIXTURES  # noqa: E402
 from support.fakehub import FakeHub, tiny_repos  # noqa: E402
 from tramontane.app.dialogs.models import ModelManagerDialog  # noqa: E402
-from tramontane.app.dialogs.settings import AppSettings  # noqa: E402
+from tramontane.app.config import AppSettings  # noqa: E402
 from tramontane.app.widgets.theme import apply_color_scheme  # noqa: E402
 from tramontane.app.store import Store  # noqa: E402
 from tramontane.engine.library.hub import Hub  # noqa: E402

@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from tramontane.app.dialogs.settings import Sampling, SettingsDialog  # noqa: E402
+from tramontane.app.config import Sampling  # noqa: E402
+from tramontane.app.dialogs.settings import SettingsDialog  # noqa: E402
 from tramontane.engine.runtime.generate import check_params  # noqa: E402
 
 

@@ -1,0 +1,248 @@
+"""The app's settings remembered across runs (the store's settings table), typed.
+
+Everything lives under keys starting with `app.` so other parts (servers, model manager) can
+keep their own keys in the same table. Values are validated on read: a hand-edited or old
+database never crashes the window, it falls back to the default for that field. The Settings
+dialog (dialogs/settings.py) is one editor of them; the chat session and the window read them.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..engine.api import SamplingParams
+
+DEVICES = ("auto", "cuda", "cpu")
+RECENT_MODELS = 10  # files the Models dialog lists as opened lately
+MAX_GPU_LAYERS = 999  # more than any model has; the engine keeps to the model's count
+MAX_CPU_THREADS = 256
+DEFAULT_SERVE_PORT = 8080
+
+
+# The engine needs top_p in (0, 1]: 0 would keep no token at all.
+TOP_P_MIN = 0.01
+
+
+@dataclass
+class Sampling:
+    """The sampling knobs the GUI exposes (a subset of SamplingParams)."""
+
+    temperature: float = SamplingParams.temperature
+    top_p: float = SamplingParams.top_p
+    top_k: int = SamplingParams.top_k
+    repetition_penalty: float = SamplingParams.repetition_penalty
+    max_tokens: int = SamplingParams.max_tokens
+    seed: int | None = None  # None: a new random draw each time
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "Sampling":
+        out = cls()
+        if not isinstance(raw, dict):
+            return out
+        checks = {
+            "temperature": (float, 0.0, 5.0), "top_p": (float, TOP_P_MIN, 1.0), "top_k": (int, 0, 100000),
+            "repetition_penalty": (float, 0.5, 5.0), "max_tokens": (int, 1, 1 << 20),
+        }
+        for name, (kind, lo, hi) in checks.items():
+            value = raw.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi:
+                setattr(out, name, kind(value))
+        seed = raw.get("seed")
+        if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+            out.seed = seed
+        return out
+
+    def params(self, **overrides: Any) -> SamplingParams:
+        values = asdict(self)
+        values.update(overrides)
+        return SamplingParams(**values)
+
+
+class AppSettings:
+    """Typed access to the `app.*` settings of a Store (anything with get_setting/set_setting)."""
+
+    def __init__(self, store: Any):
+        self.store = store
+
+    def _get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self.store.get_setting(f"app.{key}", default)
+        except Exception:  # noqa: BLE001 - unreadable value: use the default
+            return default
+
+    def _set(self, key: str, value: Any) -> None:
+        self.store.set_setting(f"app.{key}", value)
+
+    # sampling
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling.from_dict(self._get("sampling"))
+
+    @sampling.setter
+    def sampling(self, value: Sampling) -> None:
+        self._set("sampling", asdict(value))
+
+    def _str(self, key: str, default: str = "") -> str:
+        value = self._get(key, default)
+        return value if isinstance(value, str) else default
+
+    def _int(self, key: str, default: int = 0) -> int:
+        value = self._get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    # the folder a file dialog of each kind ("models", "images", "chats") was last used in
+    def last_folder(self, kind: str) -> str:
+        folder = self.store.get_setting(f"folder.{kind}", "")
+        return folder if isinstance(folder, str) and folder and Path(folder).is_dir() else ""
+
+    def remember_folder(self, kind: str, path: str) -> None:
+        """`path`: a file (its folder is kept) or a folder."""
+        folder = str(Path(path).parent if Path(path).suffix else Path(path))
+        if folder != self.last_folder(kind):
+            self.store.set_setting(f"folder.{kind}", folder)
+
+    @property
+    def default_system_prompt(self) -> str:
+        return self._str("default_system_prompt")
+
+    @default_system_prompt.setter
+    def default_system_prompt(self, text: str) -> None:
+        self._set("default_system_prompt", text)
+
+    @property
+    def context_length(self) -> int:
+        """0: the model's own length."""
+        return max(0, self._int("context_length"))
+
+    @context_length.setter
+    def context_length(self, n: int) -> None:
+        self._set("context_length", int(n))
+
+    @property
+    def device(self) -> str:
+        value = self._str("device", "auto")
+        return value if value in DEVICES else "auto"
+
+    @device.setter
+    def device(self, value: str) -> None:
+        self._set("device", value if value in DEVICES else "auto")
+
+    @property
+    def models_dir(self) -> str:
+        """'' means the default (engine.local_models.default_models_dir())."""
+        return self._str("models_dir")
+
+    @models_dir.setter
+    def models_dir(self, path: str) -> None:
+        self._set("models_dir", str(path))
+
+    @property
+    def last_model(self) -> tuple[str, str]:
+        """(model path, projector path or '') loaded last; ('', '') when none."""
+        value = self._get("last_model")
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+            return value[0], value[1]
+        return "", ""
+
+    @last_model.setter
+    def last_model(self, paths: tuple[str, str]) -> None:
+        """Also remembered in `recent_models`, which the Models dialog lists."""
+        self._set("last_model", [str(paths[0]), str(paths[1] or "")])
+        self.recent_models = [str(paths[0])] + [p for p in self.recent_models if p != str(paths[0])]
+
+    @property
+    def recent_models(self) -> list[str]:
+        """Model files loaded lately (File → Open model included), newest first."""
+        value = self._get("recent_models")
+        if not isinstance(value, list):
+            return []
+        return [p for p in value if isinstance(p, str) and p][:RECENT_MODELS]
+
+    @recent_models.setter
+    def recent_models(self, paths: list[str]) -> None:
+        self._set("recent_models", [str(p) for p in paths][:RECENT_MODELS])
+
+    @property
+    def gpu_layers(self) -> int | None:
+        """Settings' "GPU layers: N" (the last N layers on the GPU, the rest on the CPU);
+        None: the planner decides (auto)."""
+        n = self._int("gpu_layers", -1)
+        return n if n >= 0 else None
+
+    @gpu_layers.setter
+    def gpu_layers(self, n: int | None) -> None:
+        self._set("gpu_layers", -1 if n is None or n < 0 else int(n))
+
+    @property
+    def cpu_threads(self) -> int | None:
+        """Threads for the layers that run on the CPU; None: the physical cores (auto)."""
+        n = self._int("cpu_threads", 0)
+        return n if n > 0 else None
+
+    @cpu_threads.setter
+    def cpu_threads(self, n: int | None) -> None:
+        self._set("cpu_threads", 0 if n is None or n < 1 else int(n))
+
+    @property
+    def models_tab(self) -> int:
+        """The Models dialog's tab shown last."""
+        return max(0, self._int("models_tab"))
+
+    @models_tab.setter
+    def models_tab(self, index: int) -> None:
+        self._set("models_tab", int(index))
+
+    @property
+    def import_copy(self) -> bool:
+        """The Models dialog's "copy into the models folder" choice for imports."""
+        return self._get("import_copy", False) is True
+
+    @import_copy.setter
+    def import_copy(self, copy: bool) -> None:
+        self._set("import_copy", bool(copy))
+
+    @property
+    def last_chat_id(self) -> int | None:
+        value = self._get("last_chat_id")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @last_chat_id.setter
+    def last_chat_id(self, chat_id: int | None) -> None:
+        self._set("last_chat_id", chat_id)
+
+    @property
+    def font_size(self) -> int:
+        """Conversation font size in points; 0: the system's."""
+        size = self._int("font_size")
+        return size if 6 <= size <= 48 else 0
+
+    @font_size.setter
+    def font_size(self, size: int) -> None:
+        self._set("font_size", int(size))
+
+    @property
+    def serve(self) -> bool:
+        """Settings' "Serve the loaded model on localhost:PORT" switch (OpenAI-compatible API)."""
+        return self._get("serve", False) is True
+
+    @serve.setter
+    def serve(self, on: bool) -> None:
+        self._set("serve", bool(on))
+
+    @property
+    def serve_port(self) -> int:
+        port = self._int("serve_port", DEFAULT_SERVE_PORT)
+        return port if 1 <= port <= 65535 else DEFAULT_SERVE_PORT
+
+    @serve_port.setter
+    def serve_port(self, port: int) -> None:
+        self._set("serve_port", int(port))
+
+    @property
+    def geometry(self) -> str:
+        return self._str("geometry")
+
+    @geometry.setter
+    def geometry(self, value: str) -> None:
+        self._set("geometry", value)
