@@ -262,7 +262,9 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
             state.setdefault("reply", res.text)
             detail = ""
             engine = state[key]
-            if _on_gpu(engine.model) and _graphs_wanted():
+            from ..runtime.decoder import graphs_wanted
+
+            if engine.model.on_gpu and graphs_wanted():
                 graphs = getattr(getattr(engine.cache, "decode_graphs", None), "graphs", None)
                 if not graphs:
                     raise SelfTestFailure("the reply was decoded without a CUDA graph")
@@ -337,10 +339,12 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
                                                     context_length=512)
         except EngineError as exc:
             raise SelfTestFailure(str(exc)) from None
-        if not _on_gpu(eng.model):
+        if not eng.model.on_gpu:
             raise SelfTestFailure(f"asked for the GPU, the model was loaded on the CPU ({name}: "
                                   f"torch {torch.__version__}, CUDA {torch.version.cuda})")
-        if _graphs_wanted() and eng.cache.decode_graphs is None:
+        from ..runtime.decoder import graphs_wanted
+
+        if graphs_wanted() and eng.cache.decode_graphs is None:
             raise SelfTestFailure("CUDA graph decoding is off for a model on the GPU")
         graphs = "on" if eng.cache.decode_graphs is not None else "off (TRAMONTANE_CUDA_GRAPHS=0)"
         return f"{name}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
@@ -377,20 +381,6 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
         return 1
     print("OK", file=out, flush=True)
     return 0
-
-
-def _on_gpu(model) -> bool:
-    """Whether any of the model's layers run on a CUDA device (a model may be split across the
-    GPU and the CPU by segments)."""
-    segments = getattr(model, "segments", None)
-    if segments:
-        return any(seg.device.type == "cuda" for seg in segments)
-    return model.device.type == "cuda"
-
-
-def _graphs_wanted() -> bool:
-    """CUDA graph decoding is on unless the user turned it off (the engine's switch)."""
-    return os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
 
 
 def add_parsers(sub) -> None:

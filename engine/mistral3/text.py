@@ -183,6 +183,8 @@ class KVRows(Protocol):
     layer_k: list[torch.Tensor]
     layer_v: list[torch.Tensor]
     length: int
+    # the native whole-step decode made over these tensors, per segment (Mistral3Text._native_decode)
+    native_steps: dict
 
     @property
     def capacity(self) -> int: ...
@@ -202,6 +204,7 @@ class PassKV:
         self.layer_k, self.layer_v = zeros(cfg.head_dim), zeros(cfg.v_head_dim)
         self.capacity = positions
         self.length = 0
+        self.native_steps = {}
 
 
 @dataclass
@@ -250,6 +253,11 @@ class Mistral3Text:
         self.planned_context = 0  # the device plan's context (0: no plan; runtime.decoder's default)
         # Prompt rows per pass: bounds activation memory, and how often a cancel is seen.
         self.prefill_chunk = PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether any layer runs on a CUDA device (a model may be split across GPUs and the CPU)."""
+        return any(seg.device.type == "cuda" for seg in self.segments)
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
@@ -432,14 +440,14 @@ class Mistral3Text:
         if seg.device.type != "cpu" or not native_cpu():
             return None
         key = _linear_mod.cpu_native.VARIANT_EPOCH
-        made = cache.__dict__.setdefault("_native_decode", {})  # id(seg) -> (key, step)
-        if made.get(id(seg), (None,))[0] != key:
+        made = cache.native_steps  # the segment's first layer -> (variant epoch, step)
+        if made.get(seg.layers.start, (None,))[0] != key:
             cfg = self.cfg
-            made[id(seg)] = (key, _linear_mod.native_decode_layers(
+            made[seg.layers.start] = (key, _linear_mod.native_decode_layers(
                 [(ly.attn_norm, ly.ffn_norm, (ly.wq, ly.wk, ly.wv, ly.wo, ly.w_gate, ly.w_up, ly.w_down),
                   cache.layer_k[i], cache.layer_v[i]) for i in seg.layers for ly in (self.layers[i],)],
                 cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, cfg.norm_eps))
-        return made[id(seg)][1]
+        return made[seg.layers.start][1]
 
     def _qkv(self, layer: LayerWeights, x: torch.Tensor):
         """q, k, v (T, heads, d) of attn_norm(x)."""

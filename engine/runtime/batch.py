@@ -40,12 +40,13 @@ from typing import Callable, TypeVar
 
 import torch
 
-from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams
-from ..mistral3.chat_format import EncodedPrompt, encode_chat
+from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, SamplingParams
+from ..mistral3.chat_format import EncodedPrompt
 from .decoder import new_cache
 from .kv_cache import KVCache
-from .generate import StopStringFilter, check_params, draw_token, make_generator, seen_mask
+from .generate import StopStringFilter, check_params, draw_token, make_generator, reply_stats, seen_mask, stop_reason
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes
+from .prompts import check_fits, check_prompt_ids, image_features, prompt_rows
 from .session import Key, common_prefix, position_keys, reusable_prefix
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class BatchScheduler:
         self.model = model
         self.tokenizer = tokenizer
         self.vision = vision
-        on_gpu = any(seg.device.type == "cuda" for seg in model.segments)
+        on_gpu = model.on_gpu
         self.step_rows = step_rows or (STEP_ROWS_GPU if on_gpu else STEP_ROWS_CPU)
         self.gather_s = gather_s if gather_s is not None else (GATHER_S_GPU if on_gpu else GATHER_S_CPU)
         if caches is None:
@@ -222,12 +223,8 @@ class BatchScheduler:
         n = len(prompt.ids)
         if n == 0:
             raise EngineError("the prompt is empty: give at least one token")
-        room = 1 if params.max_tokens > 0 else 0
-        context = self.lane_context(priority)
-        if n + room > context:
-            raise EngineError(f"the conversation is {n} tokens, more than the context length of "
-                              f"{context}: start a new chat or raise the context length")
-        features = self._image_features(prompt)
+        check_fits(n, params.max_tokens, self.lane_context(priority), self.model.cfg.context_length)
+        features = image_features(self.vision, prompt, lock=self._vision_lock)
         future: Future = Future()
         req = _Request(prompt, position_keys(prompt.ids, prompt.image_spans), params, on_piece, cancel,
                        priority, features, future, t0, next(self._order), on_prompt_progress, gate=gate)
@@ -585,30 +582,9 @@ class BatchScheduler:
         except Exception:  # noqa: BLE001 - a display must not stop the reply
             log.exception("the prompt progress callback failed")
 
-    def _image_features(self, prompt: EncodedPrompt) -> list[torch.Tensor]:
-        if not prompt.image_spans:
-            return []
-        if self.vision is None:
-            raise EngineError("this model has no vision projector: load one to send images")
-        with self._vision_lock:
-            return self.vision.encode_image_parts([s.image for s in prompt.image_spans])
-
     def _embeddings(self, req: _Request, start: int) -> torch.Tensor:
-        """Input rows for prompt positions [start, end): token embeddings with each image's
-        features in place of its [IMG] rows (as LocalEngine._embeddings)."""
-        ids = req.prompt.ids[start:]
-        embeds = self.model.embed(ids)
-        for span, feats in zip(req.prompt.image_spans, req.features):
-            if span.end <= start:
-                continue
-            lo, hi = span.start - start, span.end - start
-            ids_t = torch.tensor(ids[lo:hi], device=embeds.device)
-            rows = (ids_t == self._img_id).nonzero().squeeze(1) + lo
-            if rows.numel() != feats.shape[0]:
-                raise EngineError(f"{span.image.name}: the image gives {feats.shape[0]} features for "
-                                  f"{rows.numel()} [IMG] tokens")
-            embeds[rows] = feats.to(device=embeds.device, dtype=embeds.dtype)
-        return embeds
+        """Input rows for prompt positions [start, end), image features spliced in (prompts.prompt_rows)."""
+        return prompt_rows(self.model, self._img_id, req.prompt, start, req.features)
 
     # -- sampling and the end of a sequence -------------------------------------------------------
     def _take(self, s: _Sequence, logits: torch.Tensor) -> None:
@@ -626,18 +602,11 @@ class BatchScheduler:
         s.t_last = time.perf_counter()
         if s.t_first is None:
             s.t_first = s.t_last
-        if token is None:
-            return self._finish(s, "stop")
-        self._emit(s, s.stop.feed(s.decoder.push(token)))
-        cache = s.slot.cache
-        if s.stop.stopped:
-            return self._finish(s, "stop_string")
-        if len(s.generated) >= params.max_tokens:
-            return self._finish(s, "length")
-        if s.req.cancel is not None and s.req.cancel.is_set():
-            return self._finish(s, "cancelled")
-        if cache.length >= cache.capacity:
-            return self._finish(s, "length")
+        if token is not None:
+            self._emit(s, s.stop.feed(s.decoder.push(token)))
+        reason = stop_reason(token, s.stop, len(s.generated), params, s.req.cancel, s.slot.cache)
+        if reason is not None:
+            return self._finish(s, reason)
         s.pending = token
 
     @staticmethod
@@ -679,15 +648,8 @@ class BatchScheduler:
 
     @staticmethod
     def _result(req: _Request, generated, text, reused, cache, reason, t_first, t_last, n_sampled) -> GenerationResult:
-        n_prompt = len(req.prompt.ids)
-        stats = GenerationStats(prompt_tokens=n_prompt, reused_tokens=reused, prefilled_tokens=n_prompt - reused,
-                                generated_tokens=len(generated), context_used=cache.length,
-                                context_size=cache.capacity, finish_reason=reason)
-        if t_first is not None:
-            stats.ttft_s = t_first - req.t0
-            stats.prefill_tok_s = (n_prompt - reused) / max(stats.ttft_s, 1e-9)
-            if n_sampled > 1:
-                stats.decode_tok_s = (n_sampled - 1) / max(t_last - t_first, 1e-9)
+        stats = reply_stats(len(req.prompt.ids), reused, len(generated), cache, reason, req.t0, t_first, t_last,
+                            n_sampled)
         return GenerationResult(text, list(generated), list(req.prompt.ids), stats)
 
 
@@ -819,7 +781,7 @@ class BatchedEngine:
         return f"{self.engine.description}, {n} sequences at once of {self.context_size} tokens each"
 
     def encode(self, messages: list[ChatMessage], tools=None) -> EncodedPrompt:
-        return self.engine.encode(messages, tools)  # the engine's reply ids are the scheduler's too
+        return self.engine.encode(messages, tools, self.scheduler.replies)  # the engine's, when it built the scheduler
 
     def generate_from(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                       cancel: threading.Event | None = None, session_key: str | None = None,
@@ -851,10 +813,7 @@ class BatchedEngine:
         gate = self._take_gate()
         try:
             check_params(params)
-            vocab = self.tokenizer.vocab_size
-            bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise EngineError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+            check_prompt_ids(prompt_ids, self.tokenizer.vocab_size)
         except BaseException:
             if gate is not None:
                 gate.pass_one()

@@ -26,11 +26,14 @@ def default_context_length(model) -> int:
     return min(model.planned_context or DEFAULT_CONTEXT, model.cfg.context_length)
 
 
+def graphs_wanted() -> bool:
+    """CUDA graph decoding is on unless the user turned it off (TRAMONTANE_CUDA_GRAPHS=0): the one reader of that switch."""
+    return os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
+
+
 def graphs_enabled(model) -> bool:
-    """Capture decode graphs for a model with a GPU segment, unless TRAMONTANE_CUDA_GRAPHS=0."""
-    if os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") == "0":
-        return False
-    return any(seg.device.type == "cuda" for seg in model.segments)
+    """Capture decode graphs for a model with a GPU segment, unless they were turned off."""
+    return graphs_wanted() and model.on_gpu
 
 
 def cpu_kv_dtype(kv_type: str) -> torch.dtype:

@@ -18,6 +18,7 @@ import torch
 from ...kernels import cpu_native
 from ..api import EngineError, FinishReason, GenerationStats, SamplingParams, TokenLogprob
 from .decoder import decode
+from .prompts import check_fits
 
 # ----------------------------------------------------------------------------- sampling
 
@@ -301,6 +302,41 @@ def draw_token(logits: torch.Tensor, params: SamplingParams, tokenizer, generate
     return token
 
 
+# ----------------------------------------------------------------------------- one rule for every loop
+
+def stop_reason(token: int | None, stop: StopStringFilter, n_generated: int, params: SamplingParams,
+                cancel: threading.Event | None, cache) -> FinishReason | None:
+    """Why a reply ends after the token just drawn (its piece already fed to `stop`), or None
+    while it goes on: EOS, a stop string, max_tokens, a cancel, a full context. The one rule of
+    generate() and of the batch scheduler."""
+    if token is None:
+        return "stop"
+    if stop.stopped:
+        return "stop_string"
+    if n_generated >= params.max_tokens:
+        return "length"
+    if cancel is not None and cancel.is_set():
+        return "cancelled"
+    if cache.length >= cache.capacity:  # context full
+        return "length"
+    return None
+
+
+def reply_stats(n_prompt: int, reused: int, n_generated: int, cache, reason: FinishReason, t0: float,
+                t_first: float | None, t_last: float | None, n_sampled: int) -> GenerationStats:
+    """A reply's stats: its prompt (`reused` of its tokens from the cache), time to the first
+    token from t0, prefill and decode rates (every caller computes them here)."""
+    stats = GenerationStats(prompt_tokens=n_prompt, reused_tokens=reused, prefilled_tokens=n_prompt - reused,
+                            generated_tokens=n_generated, context_used=cache.length,
+                            context_size=cache.capacity, finish_reason=reason)
+    if t_first is not None:
+        stats.ttft_s = t_first - t0
+        stats.prefill_tok_s = (n_prompt - reused) / max(stats.ttft_s, 1e-9)
+        if n_sampled > 1:
+            stats.decode_tok_s = (n_sampled - 1) / max(t_last - t_first, 1e-9)
+    return stats
+
+
 # ----------------------------------------------------------------------------- the loop
 
 @dataclass
@@ -363,8 +399,6 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     cache.truncate(start_pos)
     embeds, prompt_ids = _prompt_embeds(model, prompt)
     n_prompt = embeds.shape[-2]
-    stats = GenerationStats(prompt_tokens=start_pos + n_prompt, reused_tokens=start_pos,
-                            prefilled_tokens=n_prompt, context_size=cache.capacity)
     decoder = tokenizer.stream(skip_special=False) if params.control_text else tokenizer.stream()
     logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
     stop_filter = StopStringFilter(params.stop)
@@ -376,21 +410,13 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
     def finish(reason: FinishReason, generated: list[int], cached: list[int], t_first, t_last, n_sampled):
         if not stop_filter.stopped:
             emit(stop_filter.feed(decoder.flush(), final=True))
-        stats.generated_tokens = len(generated)
-        stats.finish_reason = reason
-        stats.context_used = cache.length
-        if t_first is not None:
-            stats.ttft_s = t_first - t0
-            stats.prefill_tok_s = n_prompt / max(t_first - t0, 1e-9)
-            if n_sampled > 1:
-                stats.decode_tok_s = (n_sampled - 1) / max(t_last - t_first, 1e-9)
+        stats = reply_stats(start_pos + n_prompt, start_pos, len(generated), cache, reason, t0, t_first, t_last,
+                            n_sampled)
         return GenerationOutput(generated, stop_filter.text, stats, cached, logprobs)
 
     if cancel is not None and cancel.is_set():
         return finish("cancelled", [], [], None, None, 0)
-    if start_pos + n_prompt > cache.capacity:
-        raise EngineError(f"the prompt ({start_pos + n_prompt} tokens) does not fit the context "
-                          f"length {cache.capacity}")
+    check_fits(start_pos + n_prompt, 0, cache.capacity)
     logits = prefill(model, embeds, start_pos, cache, cancel, on_prompt_progress)
     if logits is None:  # cancelled between prefill chunks: the cache holds a prefix
         return finish("cancelled", [], [], None, None, 0)
@@ -414,17 +440,11 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
-        if token is None:
-            return finish("stop", generated, cached, t_first, t_last, n_sampled)
-        emit(stop_filter.feed(decoder.push(token)))
-        if stop_filter.stopped:
-            return finish("stop_string", generated, cached, t_first, t_last, n_sampled)
-        if len(generated) >= params.max_tokens:
-            return finish("length", generated, cached, t_first, t_last, n_sampled)
-        if cancel is not None and cancel.is_set():
-            return finish("cancelled", generated, cached, t_first, t_last, n_sampled)
-        if cache.length >= cache.capacity:  # context full
-            return finish("length", generated, cached, t_first, t_last, n_sampled)
+        if token is not None:
+            emit(stop_filter.feed(decoder.push(token)))
+        reason = stop_reason(token, stop_filter, len(generated), params, cancel, cache)
+        if reason is not None:
+            return finish(reason, generated, cached, t_first, t_last, n_sampled)
         logits = decode(model, token, cache)
         cached.append(token)
 
@@ -432,4 +452,4 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
 __all__ = ["InvalidLogitsError", "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
            "process_logits", "sample", "make_generator", "check_params", "StopStringFilter",
            "GenerationOutput", "prefill", "generate", "ScriptedLogits", "apply_processors", "token_logprob",
-           "seen_mask", "draw_token", "MAX_TOP_LOGPROBS"]
+           "seen_mask", "draw_token", "MAX_TOP_LOGPROBS", "stop_reason", "reply_stats"]

@@ -63,6 +63,8 @@ class KVCache:
         self.layer_k = [layer for k in self.ks for layer in k]
         self.layer_v = [layer for v in self.vs for layer in v]
         self.length = 0
+        # the native whole-step decode over these tensors, per segment (made by the model on first use)
+        self.native_steps: dict = {}
         self.decode_graphs = None  # CUDA graphs bound to these tensors (runtime.decoder.new_cache captures them)
 
     @property

@@ -26,6 +26,7 @@ from .decoder import cpu_kv_dtype, new_cache
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
 from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
+from .prompts import check_fits, check_prompt_ids, image_features, prompt_rows
 from .prefix_disk import DEFAULT_DISK_BYTES, PrefixDisk, block_layout, model_identity, usable_folder
 from .session import HostKVStore, Session, position_keys, reusable_prefix
 from .threads import settle_torch_threads
@@ -176,12 +177,13 @@ class LocalEngine:
             torch.cuda.empty_cache()
         release_freed_heap()
 
-    def encode(self, messages: list[ChatMessage], tools=None) -> EncodedPrompt:
-        """The chat format's ids, with the replies this engine generated as the ids it sampled."""
+    def encode(self, messages: list[ChatMessage], tools=None, replies: ReplyMemory | None = None) -> EncodedPrompt:
+        """The chat format's ids, with the replies this engine generated as the ids it sampled
+        (`replies`: another memory of them, a scheduler's of its own)."""
         grid = self.vision.grid if self.vision is not None else None
         if tools:
             return encode_chat(self.tokenizer, messages, grid, tools=tools)
-        return encode_reusing_replies(self.tokenizer, messages, grid, self.replies)
+        return encode_reusing_replies(self.tokenizer, messages, grid, self.replies if replies is None else replies)
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams, on_piece=None,
              cancel: threading.Event | None = None, session_key: str | None = None,
@@ -197,12 +199,7 @@ class LocalEngine:
                  cancel: threading.Event | None = None, session_key: str | None = None) -> GenerationResult:
         """Continue raw prompt ids (no chat format; the caller adds BOS if it wants one)."""
         self._check_ready(params)
-        if not prompt_ids:
-            raise EngineError("the prompt is empty: give at least one token")
-        vocab = self.tokenizer.vocab_size
-        bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise EngineError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        check_prompt_ids(prompt_ids, self.tokenizer.vocab_size)
         return self.generate_from(EncodedPrompt(list(prompt_ids)), params, on_piece, cancel, session_key)
 
     def generate_from(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
@@ -210,11 +207,7 @@ class LocalEngine:
                       on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
         """Reply to an encoded prompt in `session_key`'s KV (what `chat` and `complete` share)."""
         n_prompt = len(prompt.ids)
-        room = 1 if params.max_tokens > 0 else 0  # the first reply token's position
-        if n_prompt + room > self.cache.capacity:
-            needs = f"{n_prompt} tokens" + (f" (needs {n_prompt + room} positions with the reply)" if room else "")
-            raise EngineError(f"{self.model_path}: the conversation is {needs}, more than the context length "
-                              f"of {self.cache.capacity}: start a new chat or raise the context length")
+        check_fits(n_prompt, params.max_tokens, self.cache.capacity, self.context_limit, self.model_path)
         self._activate(session_key)
         t0 = time.perf_counter()
         keys = position_keys(prompt.ids, prompt.image_spans)
@@ -324,26 +317,9 @@ class LocalEngine:
             self.session = Session()
 
     def _embeddings(self, prompt: EncodedPrompt, start: int) -> torch.Tensor:
-        """Input rows for prompt positions [start, end): token embeddings with each image's
-        features in place of its [IMG] rows ([IMG_BREAK]/[IMG_END] keep their embeddings)."""
-        ids = prompt.ids[start:]
-        embeds = self.model.embed(ids)
-        spans = [s for s in prompt.image_spans if s.end > start]
-        if not spans:
-            return embeds
-        if self.vision is None:
-            raise EngineError("this model has no vision projector: load one to send images")
-        img_id = self.tokenizer.token_id("[IMG]")
-        features = self.vision.encode_image_parts([s.image for s in spans])
-        ids_t = torch.tensor(ids, device=embeds.device)
-        for span, feats in zip(spans, features):
-            lo, hi = span.start - start, span.end - start
-            rows = (ids_t[lo:hi] == img_id).nonzero().squeeze(1) + lo
-            if rows.numel() != feats.shape[0]:
-                raise EngineError(f"{span.image.name}: the image gives {feats.shape[0]} features for "
-                                  f"{rows.numel()} [IMG] tokens")
-            embeds[rows] = feats.to(device=embeds.device, dtype=embeds.dtype)
-        return embeds
+        """Input rows for prompt positions [start, end), image features spliced in (prompts.prompt_rows)."""
+        image_token = self.tokenizer.token_id("[IMG]") if prompt.image_spans else None
+        return prompt_rows(self.model, image_token, prompt, start, image_features(self.vision, prompt, start))
 
 
 def _scaled(progress: LoadProgress | None, lo: float, hi: float) -> LoadProgress | None:

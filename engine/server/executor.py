@@ -68,7 +68,7 @@ class BatchExecutor:
 
         self._engine = engine
         if share_planned_kv is None:
-            share_planned_kv = any(seg.device.type == "cuda" for seg in engine.model.segments)
+            share_planned_kv = engine.model.on_gpu
         if share_planned_kv:
             sizes = planned_slot_sizes(engine.cache.capacity, slots, priority_slots)
             scheduler_options["caches"] = carve_kv(engine.cache, sizes)

@@ -199,7 +199,7 @@ def test_the_kept_slots_get_half_of_the_planned_context_and_the_lanes_their_own_
         sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=1, step_rows=128,
                                caches=carve_kv(engine.cache, sizes, min_context=64))
         long_prompt = random_prompts(engine, [200], seed=17)[0]
-        with pytest.raises(EngineError, match="200 tokens, more than the context length of 128"):
+        with pytest.raises(EngineError, match=r"200 tokens \(needs 201 positions with the reply\), more than the context length of 128"):
             sched.submit(long_prompt, greedy(4))
         want = alone(engine, long_prompt, greedy(4)).token_ids
         sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=1, step_rows=128,

@@ -327,7 +327,7 @@ def test_context_full_ends_with_length(model, tok):
     cache = new_cache(model, len(PROMPT) + 3)
     out = generate(model, cache, PROMPT, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), tok)
     assert out.stats.finish_reason == "length" and len(out.token_ids) == 4 and cache.length == cache.capacity
-    with pytest.raises(EngineError, match="does not fit"):
+    with pytest.raises(EngineError, match="more than the context length of 4"):
         generate(model, new_cache(model, 4), PROMPT, SamplingParams(), tok)
 
 
