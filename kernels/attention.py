@@ -55,24 +55,30 @@ def _dot(a, b, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, stat_ptr, pos_ptr,
-                      T, S, n_rep, n_rows, keys_per_split,
-                      stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_ot, stride_oh,
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, stat_ptr, pos_ptr, table_ptr,
+                      T, S, n_rep, n_rows, keys_per_split, block_size,
+                      stride_qt, stride_qh, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                      stride_ot, stride_oh, stride_tr,
                       qk_scale,
                       HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       POS_FROM_PTR: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr):
-    pid_m = tl.program_id(0)
+    row_blocks = tl.cdiv(n_rows, BLOCK_M)
+    seq = tl.program_id(0) // row_blocks  # batched decode: one sequence per row block group; else 0
+    pid_m = tl.program_id(0) % row_blocks
     g = tl.program_id(1)  # KV head
     split = tl.program_id(2)
     n_kv = tl.num_programs(1)
-    if POS_FROM_PTR:  # decode: one row at the device position; S is the key count it sees
-        S = tl.load(pos_ptr).to(tl.int32) + 1
+    n_seqs = tl.num_programs(0) // row_blocks
+    if POS_FROM_PTR:  # decode: sequence seq's row at its device position, at most S (max_keys) keys
+        S = tl.minimum(tl.load(pos_ptr + seq).to(tl.int32) + 1, S)
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = m < n_rows
     t = m // n_rep
     head = g * n_rep + m % n_rep
     last_key = S - T + t  # lower-right causal: row t sees keys [0, S - T + t]
+    t = seq * T + t  # the row of q / out
+    table = table_ptr + seq * stride_tr
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
 
@@ -92,7 +98,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, stat_ptr, pos_ptr,
     for start_n in range(lo, hi, BLOCK_N):
         j = start_n + tl.arange(0, BLOCK_N)
         key_ok = j < hi
-        k = tl.load(k_base + j[None, :] * stride_ks + d[:, None],
+        # position j lives in block table[j // block_size], row j % block_size
+        blk = tl.load(table + j // block_size, mask=key_ok, other=0)
+        row = j % block_size
+        k = tl.load(k_base + (blk * stride_kb + row * stride_ks)[None, :] + d[:, None],
                     mask=key_ok[None, :] & (d[:, None] < HEAD_DIM), other=0.0)  # (BLOCK_D, BLOCK_N)
         s = _dot(q, k, DOT_F32) * qk_scale
         s = tl.where(j[None, :] <= last_key[:, None], s, float("-inf"))
@@ -102,19 +111,19 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, stat_ptr, pos_ptr,
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + j[:, None] * stride_vs + dv[None, :],
+        v = tl.load(v_base + (blk * stride_vb + row * stride_vs)[:, None] + dv[None, :],
                     mask=key_ok[:, None] & (dv[None, :] < V_HEAD_DIM), other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_F32)
         m_i = m_new
 
     if SPLIT:  # float32 partials (split, kv head, row): merged by _combine_kernel
-        slot = (split * n_kv + g) * n_rows + m
+        slot = (split * n_kv + g) * (n_seqs * n_rows) + seq * n_rows + m
         tl.store(part_ptr + slot[:, None] * V_HEAD_DIM + dv[None, :], acc,
                  mask=row_ok[:, None] & (dv[None, :] < V_HEAD_DIM))
         tl.store(stat_ptr + 2 * slot, m_i, mask=row_ok)
         tl.store(stat_ptr + 2 * slot + 1, l_i, mask=row_ok)
     else:
-        out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # padding rows saw nothing: no 0/0
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # rows that saw no key (padding, position < 0): 0
         tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < V_HEAD_DIM))
 
@@ -148,7 +157,7 @@ def _combine_kernel(part_ptr, stat_ptr, o_ptr, n_rep, n_rows, n_splits, stride_o
     t = m // n_rep
     head = g * n_rep + m % n_rep
     tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :],
-             (acc / tl.where(row_ok, l_run, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
+             (acc / tl.where(l_run > 0, l_run, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
 
 def split_plan(n_programs: int, n_keys: int, device: torch.device) -> tuple[int, int]:
@@ -167,13 +176,14 @@ def _tile_width(d: int) -> int:
 
 
 def launch_plan(T: int, n_rep: int, n_kv: int, n_keys: int, device: torch.device,
-                n_splits: int | None = None) -> tuple[int, int, int]:
-    """(BLOCK_M, n_splits, keys_per_split) of one call: T * n_rep rows of each of n_kv heads
-    over n_keys keys (the bucket for decode). Up to 16 rows (decode, T = 1) take the small tile."""
+                n_splits: int | None = None, n_seqs: int = 1) -> tuple[int, int, int]:
+    """(BLOCK_M, n_splits, keys_per_split) of one call: T * n_rep rows of each of n_kv heads, for
+    each of n_seqs sequences (batched decode), over n_keys keys (max_keys for decode). Up to 16
+    rows per sequence (decode, T = 1) take the small tile."""
     n_rows = T * n_rep
     block_m = DECODE_BLOCK_M if n_rows <= DECODE_BLOCK_M else PREFILL_BLOCK_M
     if n_splits is None:
-        return (block_m, *split_plan(triton.cdiv(n_rows, block_m) * n_kv, n_keys, device))
+        return (block_m, *split_plan(n_seqs * triton.cdiv(n_rows, block_m) * n_kv, n_keys, device))
     keys_per_split = triton.cdiv(triton.cdiv(n_keys, BLOCK_N), n_splits) * BLOCK_N
     return block_m, triton.cdiv(n_keys, keys_per_split), keys_per_split
 
@@ -182,9 +192,124 @@ def scratch_bytes(T: int, n_heads: int, n_kv: int, v_head_dim: int, elem_size: i
     """Most memory one call allocates, for the memory plan: the output (T, heads, d_v) and, when
     the keys are split, float32 partials (d_v + max + sum) for splits x rows x KV heads, which
     is under 4 * BLOCK_M * SMs (splits only while row blocks x KV heads < 2 x SMs) and under
-    MAX_SPLITS x T x heads; independent of the key count."""
+    MAX_SPLITS x T x heads; independent of the key count. Batched decode of R rows: T = R."""
     partial_rows = min(4 * PREFILL_BLOCK_M * sm_count, MAX_SPLITS * T * n_heads)
     return T * n_heads * v_head_dim * elem_size + partial_rows * (v_head_dim + 2) * 4
+
+
+def _check_pools(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_size: int) -> None:
+    if q.dim() != 3 or k_pool.dim() != 4 or v_pool.dim() != 4:
+        raise ValueError(f"paged attention wants q (rows, heads, d) and one layer's pools (n_blocks, kv_heads, "
+                         f"block_size, d), got {tuple(q.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}")
+    if (q.shape[1] % k_pool.shape[1] or q.shape[2] != k_pool.shape[3] or v_pool.shape[:3] != k_pool.shape[:3]):
+        raise ValueError(f"query heads/size {tuple(q.shape[1:])} do not fit the cache's K {tuple(k_pool.shape)} "
+                         f"/ V {tuple(v_pool.shape)}")
+    if k_pool.shape[2] != block_size:
+        raise ValueError(f"block_size {block_size} is not the pools' {k_pool.shape[2]} rows per block")
+    if q.stride(-1) != 1 or k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
+        raise ValueError("attention wants rows contiguous in head_dim")
+    for pool in (k_pool, v_pool):  # the kernel's offsets are 32-bit
+        if sum((n - 1) * st for n, st in zip(pool.shape, pool.stride())) >= 2 ** 31:
+            raise ValueError(f"a KV pool of shape {tuple(pool.shape)} is past 32-bit element offsets")
+
+
+def _check_table(table: torch.Tensor, q: torch.Tensor, dims: int, what: str) -> None:
+    if table.dtype != torch.int32 or table.dim() != dims or table.device != q.device or table.stride(-1) != 1:
+        raise ValueError(f"{what} must be a contiguous {dims}-D int32 tensor on {q.device}, got "
+                         f"{table.dtype} {tuple(table.shape)} on {table.device}")
+
+
+def _launch(q, k_pool, v_pool, table, block_size: int, T: int, n_keys: int, pos, n_splits: int | None) -> torch.Tensor:
+    """Shared by every entry point: T rows per sequence (decode: 1 per sequence, q.shape[0]
+    sequences), n_keys is the key count (prefill) or max_keys (decode, keys > each row's
+    position hidden in the kernel); pos None or the device positions."""
+    n_blocks, n_kv, _, head_dim = k_pool.shape
+    n_heads, v_head_dim = q.shape[1], v_pool.shape[3]
+    n_rep = n_heads // n_kv
+    n_seqs = q.shape[0] // T
+    n_rows = T * n_rep  # per sequence
+    out = torch.empty(q.shape[0], n_heads, v_head_dim, dtype=q.dtype, device=q.device)
+    block_m, n_splits, keys_per_split = launch_plan(T, n_rep, n_kv, n_keys, q.device, n_splits, n_seqs)
+    row_blocks = triton.cdiv(n_rows, block_m)
+    split = n_splits > 1
+    if split:
+        part = torch.empty(n_splits, n_kv, n_seqs * n_rows, v_head_dim, dtype=torch.float32, device=q.device)
+        stat = torch.empty(n_splits, n_kv, n_seqs * n_rows, 2, dtype=torch.float32, device=q.device)
+    else:
+        part = stat = out  # unused
+    block_d, block_dv = _tile_width(head_dim), _tile_width(v_head_dim)
+    qk_scale = LOG2E / head_dim ** 0.5
+    launch(
+        _attention_kernel, (n_seqs * row_blocks, n_kv, n_splits),
+        q, k_pool, v_pool, out, part, stat, pos if pos is not None else out, table,
+        T, n_keys, n_rep, n_rows, keys_per_split, block_size,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+        out.stride(0), out.stride(1), table.stride(0) if table.dim() == 2 else 0, qk_scale,
+        HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N, POS_FROM_PTR=pos is not None, SPLIT=split,
+        DOT_F32=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and interpreting()),
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if split:
+        launch(_combine_kernel, (triton.cdiv(n_seqs * n_rows, COMBINE_BLOCK_R), n_kv),
+               part, stat, out, n_rep, n_seqs * n_rows, n_splits, out.stride(0), out.stride(1),
+               V_HEAD_DIM=v_head_dim, BLOCK_DV=block_dv, BLOCK_R=COMBINE_BLOCK_R, num_warps=NUM_WARPS, num_stages=1)
+    return out
+
+
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor,
+                    start: int, block_size: int, n_splits: int | None = None) -> torch.Tensor:
+    """One sequence's rows q (T, heads, d) at positions [start, start + T), their K/V already in
+    the pools: k_pool (n_blocks, kv_heads, block_size, d), v_pool (n_blocks, kv_heads,
+    block_size, d_v); position p is row p % block_size of block block_table[p // block_size]
+    (block_table: int32 (M,) on q's device). Row t sees positions [0, start + t]. Returns
+    (T, heads, d_v) in q.dtype. n_splits: key ranges (default: split_plan)."""
+    _check_pools(q, k_pool, v_pool, block_size)
+    _check_table(block_table, q, 1, "block_table")
+    T = q.shape[0]
+    if start < 0 or start + T > block_table.shape[0] * block_size:
+        raise ValueError(f"rows [{start}, {start + T}) outside a block table of {block_table.shape[0]} blocks "
+                         f"of {block_size}")
+    return _launch(q, k_pool, v_pool, block_table, block_size, T, start + T, None, n_splits)
+
+
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                           block_tables: torch.Tensor, positions: torch.Tensor, block_size: int,
+                           max_keys: int, n_splits: int | None = None) -> torch.Tensor:
+    """R sequences, one row each: q (R, heads, d), row r at the device position positions[r]
+    (an (R,) int32 or int64 tensor on q's device) attends to its positions [0, positions[r]],
+    read through block_tables[r] (int32 (R, M) on q's device). Shapes, launches and splits
+    depend on R, M and max_keys only (a CUDA graph body): max_keys bounds the keys any row
+    reads (<= M * block_size; a row past it sees its first max_keys keys), and a row with a
+    negative position sees nothing and gets zeros (padding rows of a graph bucket). Returns
+    (R, heads, d_v) in q.dtype."""
+    _check_pools(q, k_pool, v_pool, block_size)
+    _check_table(block_tables, q, 2, "block_tables")
+    R = q.shape[0]
+    if block_tables.shape[0] != R or positions.shape != (R,) or positions.device != q.device \
+            or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"decode of {R} rows wants block_tables (R, M) and int32/int64 positions (R,) on "
+                         f"{q.device}, got {tuple(block_tables.shape)} and {positions.dtype} "
+                         f"{tuple(positions.shape)} on {positions.device}")
+    if not 0 < max_keys <= block_tables.shape[1] * block_size:
+        raise ValueError(f"max_keys {max_keys} outside (0, {block_tables.shape[1] * block_size}] "
+                         f"(a table of {block_tables.shape[1]} blocks of {block_size})")
+    return _launch(q, k_pool, v_pool, block_tables, block_size, 1, max_keys, positions, n_splits)
+
+
+# The contiguous forms: a cache (kv_heads, capacity, d) is one block of `capacity` rows, the
+# table [[0]]. Kept as thin wrappers until every caller uses the paged form.
+_ONE_BLOCK_TABLES: dict = {}
+
+
+def _one_block_table(device: torch.device) -> torch.Tensor:
+    table = _ONE_BLOCK_TABLES.get(device)
+    if table is None:
+        table = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        # made during a CUDA graph capture it belongs to the graph's pool: not kept
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _ONE_BLOCK_TABLES[device] = table
+    return table
 
 
 def _check(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
@@ -194,66 +319,32 @@ def _check(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> Non
     if q.shape[1] % cache_k.shape[0] or q.shape[2] != cache_k.shape[2] or cache_v.shape[:2] != cache_k.shape[:2]:
         raise ValueError(f"query heads/size {tuple(q.shape[1:])} do not fit the cache's K {tuple(cache_k.shape)} "
                          f"/ V {tuple(cache_v.shape)}")
-    if q.stride(-1) != 1 or cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
-        raise ValueError("attention wants rows contiguous in head_dim")
-
-
-def _launch(q, cache_k, cache_v, T: int, n_keys: int, pos, n_splits: int | None) -> torch.Tensor:
-    """Shared by both entry points: n_keys is the key count (prefill) or the bucket (decode,
-    keys > pos masked in the kernel); pos None or the device position tensor."""
-    n_kv, _, head_dim = cache_k.shape
-    n_heads, v_head_dim = q.shape[1], cache_v.shape[2]
-    n_rep = n_heads // n_kv
-    n_rows = T * n_rep
-    out = torch.empty(T, n_heads, v_head_dim, dtype=q.dtype, device=q.device)
-    block_m, n_splits, keys_per_split = launch_plan(T, n_rep, n_kv, n_keys, q.device, n_splits)
-    row_blocks = triton.cdiv(n_rows, block_m)
-    split = n_splits > 1
-    if split:
-        part = torch.empty(n_splits, n_kv, n_rows, v_head_dim, dtype=torch.float32, device=q.device)
-        stat = torch.empty(n_splits, n_kv, n_rows, 2, dtype=torch.float32, device=q.device)
-    else:
-        part = stat = out  # unused
-    block_d, block_dv = _tile_width(head_dim), _tile_width(v_head_dim)
-    qk_scale = LOG2E / head_dim ** 0.5
-    launch(
-        _attention_kernel, (row_blocks, n_kv, n_splits),
-        q, cache_k, cache_v, out, part, stat, pos if pos is not None else out, T, n_keys, n_rep, n_rows, keys_per_split,
-        q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1), cache_v.stride(0), cache_v.stride(1),
-        out.stride(0), out.stride(1), qk_scale,
-        HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N, POS_FROM_PTR=pos is not None, SPLIT=split,
-        DOT_F32=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and interpreting()),
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    if split:
-        launch(_combine_kernel, (triton.cdiv(n_rows, COMBINE_BLOCK_R), n_kv),
-               part, stat, out, n_rep, n_rows, n_splits, out.stride(0), out.stride(1),
-               V_HEAD_DIM=v_head_dim, BLOCK_DV=block_dv, BLOCK_R=COMBINE_BLOCK_R, num_warps=NUM_WARPS, num_stages=1)
-    return out
 
 
 def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int,
               n_splits: int | None = None) -> torch.Tensor:
     """q (T, heads, d): rows at positions [start, start + T), already in the cache with their
     K/V. cache_k / cache_v: one layer's (kv_heads, capacity, d) views. Returns (T, heads, d_v)
-    in q.dtype. n_splits: key ranges (default: split_plan)."""
+    in q.dtype. n_splits: key ranges (default: split_plan). paged_attention over one block."""
     _check(q, cache_k, cache_v)
-    T = q.shape[0]
-    if start < 0 or start + T > cache_k.shape[1]:
-        raise ValueError(f"rows [{start}, {start + T}) outside a cache of {cache_k.shape[1]} positions")
-    return _launch(q, cache_k, cache_v, T, start + T, None, n_splits)
+    if start < 0 or start + q.shape[0] > cache_k.shape[1]:
+        raise ValueError(f"rows [{start}, {start + q.shape[0]}) outside a cache of {cache_k.shape[1]} positions")
+    return paged_attention(q, cache_k.unsqueeze(0), cache_v.unsqueeze(0), _one_block_table(q.device)[0],
+                           start, cache_k.shape[1], n_splits)
 
 
 def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, pos: torch.Tensor,
                      bucket: int, n_splits: int | None = None) -> torch.Tensor:
     """q (1, heads, d) at the device position pos (a (1,) integer tensor on q's device): attends
     to keys [0, pos] of the first `bucket` cache positions. Shapes and launches depend on
-    bucket only, and pos is read by the kernel: capturable in a CUDA graph."""
+    bucket only, and pos is read by the kernel: capturable in a CUDA graph.
+    paged_decode_attention over one block."""
     _check(q, cache_k, cache_v)
     if q.shape[0] != 1 or bucket > cache_k.shape[1]:
         raise ValueError(f"decode attention takes one row over at most the cache's {cache_k.shape[1]} "
                          f"positions, got {q.shape[0]} rows over {bucket}")
-    return _launch(q, cache_k, cache_v, 1, bucket, pos, n_splits)
+    return paged_decode_attention(q, cache_k.unsqueeze(0), cache_v.unsqueeze(0), _one_block_table(q.device),
+                                  pos.reshape(1), cache_k.shape[1], bucket, n_splits)
 
 
 def attention_reference(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, start: int) -> torch.Tensor:
@@ -276,26 +367,32 @@ def _compile_specs() -> list[dict]:
     `aligned`: arguments a real launch passes 16-byte aligned / divisible by 16."""
     specs = []
     for dtype in ("bf16", "fp16"):
-        for block_m, decode in ((PREFILL_BLOCK_M, False), (DECODE_BLOCK_M, False), (DECODE_BLOCK_M, True)):
+        for block_m, pos_type in ((PREFILL_BLOCK_M, None), (DECODE_BLOCK_M, None), (DECODE_BLOCK_M, "i64"),
+                                  (DECODE_BLOCK_M, "i32")):
+            decode = pos_type is not None
             for split in (False, True):
                 sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "o_ptr": f"*{dtype}",
                        "part_ptr": "*fp32" if split else f"*{dtype}", "stat_ptr": "*fp32" if split else f"*{dtype}",
-                       "pos_ptr": "*i64" if decode else f"*{dtype}",
+                       "pos_ptr": f"*{pos_type}" if decode else f"*{dtype}", "table_ptr": "*i32",
                        "T": "i32", "S": "i32", "n_rep": "i32", "n_rows": "i32", "keys_per_split": "i32",
-                       "stride_qt": "i32", "stride_qh": "i32", "stride_kh": "i32", "stride_ks": "i32",
-                       "stride_vh": "i32", "stride_vs": "i32", "stride_ot": "i32", "stride_oh": "i32",
+                       "block_size": "i32",
+                       "stride_qt": "i32", "stride_qh": "i32", "stride_kb": "i32", "stride_kh": "i32",
+                       "stride_ks": "i32", "stride_vb": "i32", "stride_vh": "i32", "stride_vs": "i32",
+                       "stride_ot": "i32", "stride_oh": "i32", "stride_tr": "i32",
                        "qk_scale": "fp32",
                        "HEAD_DIM": "constexpr", "V_HEAD_DIM": "constexpr", "BLOCK_D": "constexpr",
                        "BLOCK_DV": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                        "POS_FROM_PTR": "constexpr", "SPLIT": "constexpr", "DOT_F32": "constexpr"}
                 specs.append({
-                    "name": f"attention_{'decode' if decode else 'prefill'}_m{block_m}{'_split' if split else ''}_{dtype}",
+                    "name": f"attention_{'decode_' + pos_type if decode else 'prefill'}_m{block_m}"
+                            f"{'_split' if split else ''}_{dtype}",
                     "kernel": _attention_kernel, "signature": sig,
                     "constexprs": {"HEAD_DIM": 128, "V_HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_DV": 128,
                                    "BLOCK_M": block_m, "BLOCK_N": BLOCK_N,
                                    "POS_FROM_PTR": decode, "SPLIT": split, "DOT_F32": False},
                     "num_warps": NUM_WARPS, "num_stages": NUM_STAGES,
-                    "aligned": [n for n in sig if sig[n].startswith("*")]
+                    # the table and positions are gathered (a table row may start anywhere): no claims
+                    "aligned": [n for n in sig if sig[n].startswith("*") and n not in ("pos_ptr", "table_ptr")]
                     + ["keys_per_split", "stride_qt", "stride_qh", "stride_kh", "stride_ks", "stride_vh",
                        "stride_vs", "stride_ot", "stride_oh"]})
         specs.append({

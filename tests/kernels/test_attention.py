@@ -293,7 +293,8 @@ def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_f
         assert err <= 1e-4
 
 
-_TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64"}
+_TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
+                 torch.int32: "*i32"}
 
 
 def _launch_matches(spec: dict, args: tuple, kwargs: dict) -> bool:
