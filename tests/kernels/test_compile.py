@@ -173,6 +173,15 @@ def test_specs_cover_real_attention_launches(recorded, monkeypatch, dtype, cc, s
     pos = torch.tensor([300], dtype=torch.int64)
     for bucket in (256, 1024, 8192):
         attention.decode_attention(torch.empty(1, Q_HEADS, HEAD_DIM, dtype=dtype), cache_k, cache_v, pos, bucket)
+    # the paged forms: a pool of 32-row blocks, one sequence's rows, batched decode at 1-16 rows
+    k_pool = torch.empty(300, KV_HEADS, 32, HEAD_DIM, dtype=dtype)
+    table = torch.arange(256, dtype=torch.int32)
+    for T, start in ((1, 0), (7, 40), (600, 3000), (2048, 4096)):
+        attention.paged_attention(torch.empty(T, Q_HEADS, HEAD_DIM, dtype=dtype), k_pool, k_pool, table, start, 32)
+    for R in (1, 2, 8, 16):
+        for max_keys in (512, 8192):
+            attention.paged_decode_attention(torch.empty(R, Q_HEADS, HEAD_DIM, dtype=dtype), k_pool, k_pool,
+                                             table.repeat(R, 1), torch.zeros(R, dtype=torch.int32), 32, max_keys)
     assert recorded
     missing = _uncovered(recorded, specs, cc)
     assert not missing, f"{len(missing)} of {len(recorded)} launches have no COMPILE_SPECS entry, e.g. {missing[:3]}"
