@@ -243,8 +243,10 @@ def _launch(q, k_pool, v_pool, table, block_size: int, T: int, n_keys: int, pos,
         _attention_kernel, (n_seqs * row_blocks, n_kv, n_splits),
         q, k_pool, v_pool, out, part, stat, pos if pos is not None else out, table,
         T, n_keys, n_rep, n_rows, keys_per_split, block_size,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+        # a pool of one block (the contiguous forms) is only ever read at block 0: stride 0, which
+        # keeps the compiled claim "block stride a multiple of 16" (16-byte row loads) true
+        q.stride(0), q.stride(1), k_pool.stride(0) if n_blocks > 1 else 0, k_pool.stride(1), k_pool.stride(2),
+        v_pool.stride(0) if n_blocks > 1 else 0, v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1), table.stride(0) if table.dim() == 2 else 0, qk_scale,
         HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
         BLOCK_N=BLOCK_N, POS_FROM_PTR=pos is not None, SPLIT=split,
@@ -393,8 +395,8 @@ def _compile_specs() -> list[dict]:
                     "num_warps": NUM_WARPS, "num_stages": NUM_STAGES,
                     # the table and positions are gathered (a table row may start anywhere): no claims
                     "aligned": [n for n in sig if sig[n].startswith("*") and n not in ("pos_ptr", "table_ptr")]
-                    + ["keys_per_split", "stride_qt", "stride_qh", "stride_kh", "stride_ks", "stride_vh",
-                       "stride_vs", "stride_ot", "stride_oh"]})
+                    + ["keys_per_split", "stride_qt", "stride_qh", "stride_kb", "stride_kh", "stride_ks",
+                       "stride_vb", "stride_vh", "stride_vs", "stride_ot", "stride_oh"]})
         specs.append({
             "name": f"attention_combine_{dtype}", "kernel": _combine_kernel,
             "signature": {"part_ptr": "*fp32", "stat_ptr": "*fp32", "o_ptr": f"*{dtype}", "n_rep": "i32",
