@@ -25,14 +25,14 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
                                QProgressBar, QPushButton, QScrollArea, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from ...engine.library.downloads import (DownloadManager, DownloadRequest, DownloadState,
-                                         DownloadStatus, size_text)
+from ...engine.library.downloads import DownloadManager, DownloadRequest, DownloadState, DownloadStatus
 from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalog_entry
 from ...engine.library.fit import (Fit, catalog_bytes, catalog_size_text, fit_of_catalog_entry,
                                   fit_of_file, machine_for, machine_for_a_switch)
 from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.local import (LocalModel, catalog_files, delete_model, describe_model,
                                      import_model, scan_models)
+from ...engine.library.sizes import size_text
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs

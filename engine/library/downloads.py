@@ -28,6 +28,7 @@ from typing import Callable
 
 from ..private_files import create_private_file, make_private_dir
 from .hub import Hub, HubError, translate_error
+from .sizes import size_text
 
 PART_SUFFIX = ".part"
 SIDECAR_SUFFIX = ".part.json"
@@ -642,16 +643,6 @@ def _existing_parent(path: Path) -> Path:
     while not p.exists() and p != p.parent:
         p = p.parent
     return p
-
-
-def size_text(n: int | float | None) -> str:
-    """A byte count for people, in decimal units (as the hub lists sizes); "?" when not known."""
-    if n is None:
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def verify_file(path: str | os.PathLike, sha256: str) -> bool:

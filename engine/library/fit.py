@@ -23,7 +23,7 @@ from ..mistral3.config import LAYOUTS, TextConfig, VisionConfig
 from ..runtime.device_map import (Budget, Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
                                   plan_devices, plan_for_files)
 from .catalog import CatalogEntry
-from .downloads import size_text
+from .sizes import size_text
 
 # The dialog's words for the planner's DevicePlan.fit, and for a PlanError.
 FIT_WORDS = {"gpu": "on the GPU", "partial": "partly on the CPU", "cpu": "on the CPU",
