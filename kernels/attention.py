@@ -1,5 +1,13 @@
 """Causal attention over the KV cache on the GPU: one Triton flash-attention kernel.
 
+Paged: `paged_attention(q, k_pool, v_pool, block_table, start, block_size)` (one sequence's T
+rows) and `paged_decode_attention(q, k_pool, v_pool, block_tables, positions, block_size,
+max_keys)` (R rows, one per sequence, each at its device position; out (R, heads, d_v)) read
+K/V from one layer's pools (n_blocks, kv_heads, block_size, d) through int32 block tables:
+position p is row p % block_size of block table[p // block_size] (a key tile may span blocks).
+The contiguous `attention` / `decode_attention` below are the same kernel over one block of
+`capacity` rows (table [[0]]), thin wrappers until every caller is paged.
+
 `attention(q, cache_k, cache_v, start)`: T new query rows at positions [start, start + T)
 attend to the cache's first S = start + T keys, causal aligned to the bottom right (row t sees
 keys <= S - T + t). `decode_attention(q, cache_k, cache_v, pos, bucket)`: one row at the device
@@ -22,10 +30,16 @@ Scratch: the output (T, heads, d) and, when split, float32 partials bounded by t
 (scratch_bytes): O(T x head_dim), never O(T x S).
 
 Tiles: BLOCK_M = 64 rows (prefill) / 16 (T * n_rep <= 16: decode; tl.dot's smallest M),
-BLOCK_N = 64 keys, 4 warps, 2 stages. Offline compile at head_dim 128, bf16 (ptxas, sm_90):
-64-row tile 223 registers (168 split), 16-row 102 (96 split), combine 48, no spills; shared
-memory 80 KiB (sm_90/100) / 56 KiB (sm_80-89, 120) / 64 KiB (sm_75, fp16). No GPU was lent
-while writing this: tile sizes and warps to be confirmed on one.
+BLOCK_N = 64 keys, 4 warps, 2 stages. Offline compile of the paged kernel at head_dim 128, bf16
+(ptxas, Triton 3.9): sm_90 64-row tile 204 registers (184 split), 16-row decode 115 (93 split),
+no spills; decode spills nowhere from sm_80 (fp16 on sm_75: 832 B), the 64-row prefill tile
+without split 56-80 B on sm_80-89 / 120; shared memory 81 KiB (sm_90/100) / 56 KiB (sm_80-89,
+120) for prefill, 38-40 KiB for decode. The block stride must be a multiple of 16 elements for
+the compiled claims (16-byte row loads). No GPU was lent while writing this: tile sizes, warps
+and the gather's cost to be confirmed on one.
+
+Interpreter caveat: Triton 3.9's interpreter multiplies bf16 tiles wrongly, so under it bf16
+products go through float32 (DOT_F32, exact products as on a tensor core).
 """
 from __future__ import annotations
 

@@ -176,14 +176,14 @@ kernels_tests() {
     # flash attention (prefill and the graph's decode step), the references they are checked against
     pytest_allow_none -q -p no:cacheprovider --junitxml="$RESULTS/kernels.xml" tests/kernels/test_cuda.py \
         tests/kernels/test_triton.py tests/kernels/test_qmatmul_rows.py tests/kernels/test_attention.py \
-        tests/kernels/test_reference.py tests/kernels/test_fixtures.py
+        tests/kernels/test_attention_paged.py tests/kernels/test_reference.py tests/kernels/test_fixtures.py
 }
 
 cuda_tests() {
     pytest_allow_none -q -m cuda -p no:cacheprovider --junitxml="$RESULTS/cuda.xml" --continue-on-collection-errors \
         --ignore=tests/kernels/test_cuda.py --ignore=tests/kernels/test_triton.py \
         --ignore=tests/kernels/test_qmatmul_rows.py --ignore=tests/kernels/test_attention.py \
-        --ignore=tests/kernels/test_reference.py --ignore=tests/kernels/test_fixtures.py tests/
+        --ignore=tests/kernels/test_attention_paged.py --ignore=tests/kernels/test_reference.py --ignore=tests/kernels/test_fixtures.py tests/
 }
 
 engine_bench() {
