@@ -11,14 +11,14 @@ import json
 import os
 import shutil
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..api import EngineError
 from .catalog import CatalogEntry
 from ..private_files import create_private_file
 from .downloads import PART_SUFFIX, SIDECAR_SUFFIX, repo_folder
-from .projector import find_projector, is_projector_name
+from .projector import find_projector, is_projector_name, model_folder_path, pair_projector
 
 IMPORTS_FILE = "imported.json"
 ENV_MODELS_DIR = "TRAMONTANE_MODELS_DIR"
@@ -55,6 +55,8 @@ class LocalModel:
     error: str | None  # why the header could not be read (the file is still listed)
     imported_in_place: bool  # lives outside the models folder, referenced from imported.json
     mmproj: Path | None  # for a model: the projector beside it, if any
+    # for a model without one: which projectors beside it were refused and why ('' if none was)
+    projector_note: str = ""
 
     @property
     def is_projector(self) -> bool:
@@ -122,6 +124,7 @@ def _save_imports(models_dir: Path, paths: list[Path]) -> None:
 
 
 def _describe(path: Path, imported: bool) -> LocalModel:
+    """`path` as the user sees it (a link kept a link): the projector is looked for beside it."""
     try:
         header, error = read_header(path), None
     except LocalModelError as exc:
@@ -129,28 +132,31 @@ def _describe(path: Path, imported: bool) -> LocalModel:
     size = path.stat().st_size
     lm = LocalModel(path, size, header, error, imported, None)
     if not lm.is_projector:
-        lm = LocalModel(path, size, header, error, imported, find_projector(path))
+        pairing = pair_projector(path)
+        lm = replace(lm, mmproj=pairing.projector, projector_note=pairing.note)
     return lm
 
 
 def describe_model(path: str | os.PathLike) -> LocalModel:
-    """One GGUF outside the models folder (a file opened from elsewhere) as the list shows it."""
-    return _describe(Path(path).expanduser().resolve(), True)
+    """One GGUF outside the models folder (a file opened from elsewhere) as the list shows it,
+    under the path it was given (a Hugging Face snapshot's link, not its blob)."""
+    return _describe(model_folder_path(path), True)
 
 
 def scan_models(models_dir: str | os.PathLike | None = None) -> list[LocalModel]:
     """Every finished `.gguf` in the models folder (sub-folders too) and every imported one
-    that still exists. `.part` downloads are not listed: they are not ready."""
+    that still exists, each once (two links to one file: the first). `.part` downloads are not
+    listed: they are not ready. Read afresh on every call (Refresh looks again)."""
     models_dir = Path(models_dir) if models_dir else default_models_dir()
-    found: dict[Path, bool] = {}
+    found: dict[Path, tuple[Path, bool]] = {}  # resolved -> (as the user sees it, imported)
     if models_dir.is_dir():
         for p in sorted(models_dir.rglob("*")):
             if p.is_file() and p.suffix.lower() == ".gguf":
-                found[p.resolve()] = False
+                found.setdefault(p.resolve(), (model_folder_path(p), False))
     for p in _load_imports(models_dir):
         if p.is_file():
-            found.setdefault(p.resolve(), True)
-    return [_describe(p, imported) for p, imported in found.items()]
+            found.setdefault(p.resolve(), (model_folder_path(p), True))
+    return [_describe(p, imported) for p, imported in found.values()]
 
 
 def import_model(src: str | os.PathLike, models_dir: str | os.PathLike | None = None,
@@ -179,13 +185,13 @@ def import_model(src: str | os.PathLike, models_dir: str | os.PathLike | None = 
             part.unlink(missing_ok=True)
             raise LocalModelError(f"{src}: cannot copy into {dest_dir}: {exc.strerror or exc}") from exc
         return _describe(dest, False)
-    resolved = src.resolve()
-    if _inside(resolved, models_dir):
-        return _describe(resolved, False)
+    seen = model_folder_path(src)  # remembered as the user sees it: its projector is beside it
+    if _inside(seen, models_dir):
+        return _describe(seen, False)
     imports = _load_imports(models_dir)
-    if resolved not in [p.resolve() for p in imports]:
-        _save_imports(models_dir, imports + [resolved])
-    return _describe(resolved, True)
+    if seen.resolve() not in [p.resolve() for p in imports]:
+        _save_imports(models_dir, imports + [seen])
+    return _describe(seen, True)
 
 
 def catalog_files(models_dir: str | os.PathLike, entry: CatalogEntry,

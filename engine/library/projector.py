@@ -8,17 +8,19 @@ folder": the projector's name with `mmproj` and the quantization taken out equal
 names that merely contain the model's name or mention Mistral; then any other. Ties go to f16
 (what converters write by default), then bf16, f32, q8_0, then the name. A projector of another
 width is never paired, and never loaded (`mistral3.config.check_pair` refuses it, naming both
-files).
+files). "Beside" means in the folder the user sees: a Hugging Face snapshot's links, not the
+blobs they point to.
 """
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..api import EngineError
 from ..gguf import GGUFError
-from ..mistral3.config import model_hidden_size, projector_output_width
+from ..mistral3.config import ProjectorMismatchError, check_pair, model_hidden_size
 
 CONVENTIONAL_NAME = "mistral3-mmproj.gguf"
 PROJECTOR_NAME_RE = re.compile(r"mmproj", re.IGNORECASE)
@@ -68,29 +70,111 @@ def name_rank(model_name: str, projector_name: str) -> tuple:
     return (match, preference, projector_name)
 
 
+def model_folder_path(path: str | os.PathLike) -> Path:
+    """A file's path as the user sees it: absolute, `..` folded, symbolic links kept (a Hugging
+    Face snapshot's `model.gguf`, not the blob in `blobs/` it links to)."""
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
 def projector_candidates(model_path: str | os.PathLike) -> list[Path]:
-    """Every projector-looking GGUF beside the model, best name first (widths unchecked)."""
-    model = Path(model_path)
-    folder = model.resolve().parent
+    """Every projector-looking GGUF beside the model, best name first (widths unchecked).
+
+    "Beside" is the folder the user sees (a Hugging Face snapshot: links into `blobs/`, where
+    the names are hashes); a linked model's target folder is looked in after it."""
+    model = model_folder_path(model_path)
+    folders = [model.parent]
+    target = model.resolve().parent
+    if target != model.parent:
+        folders.append(target)
+    seen, out = {model.resolve()}, []
+    for folder in folders:
+        try:
+            files = [p for p in folder.iterdir() if p.is_file()
+                     and (is_projector_name(p.name) or p.name.lower() == CONVENTIONAL_NAME)]
+        except OSError:
+            continue
+        for p in sorted(files, key=lambda p: name_rank(model.name, p.name)):
+            if p.resolve() not in seen:
+                seen.add(p.resolve())
+                out.append(p)
+    return out
+
+
+@dataclass(frozen=True)
+class ProjectorCheck:
+    """One projector for one model: `reason` is '' when it fits, else why it was refused (one
+    sentence naming the file)."""
+
+    path: Path
+    reason: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return not self.reason
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """What the pairing rule found for a model: the projector (None: text only) and the
+    projectors beside it that were refused, each with its reason."""
+
+    projector: Path | None
+    refused: tuple[ProjectorCheck, ...] = ()
+
+    @property
+    def note(self) -> str:
+        """'' when a projector was paired or none was beside the model; else which projectors
+        were refused and why, for the window to show (the model then loads text only)."""
+        if self.projector is not None or not self.refused:
+            return ""
+        return " ".join(c.reason for c in self.refused) + " The model loads without vision."
+
+
+def check_projector(model_path: str | os.PathLike, projector_path: str | os.PathLike,
+                    hidden: int | None = None) -> ProjectorCheck:
+    """Whether a projector (beside the model or picked by hand) fits the model: the width rule
+    of `mistral3.config.check_pair`, its refusal's words as the reason."""
+    projector = Path(projector_path)
     try:
-        files = [p for p in folder.iterdir() if p.is_file() and p.name != model.name
-                 and (is_projector_name(p.name) or p.name.lower() == CONVENTIONAL_NAME)]
-    except OSError:
-        return []
-    return sorted(files, key=lambda p: name_rank(model.name, p.name))
+        check_pair(model_path, projector, hidden)
+    except ProjectorMismatchError as exc:
+        return ProjectorCheck(projector, f"{exc}.")
+    except (GGUFError, EngineError, OSError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return ProjectorCheck(projector, f"{projector.name} is not a vision projector this app "
+                                         f"reads ({why}).")
+    return ProjectorCheck(projector)
+
+
+def pair_projector(model_path: str | os.PathLike) -> Pairing:
+    """The projector that belongs to the model, from the files beside it, with the ones refused
+    on the way; none when none fits (or the model itself cannot be read: loading it says why)."""
+    try:
+        hidden = model_hidden_size(model_path)
+    except (GGUFError, EngineError, OSError):
+        return Pairing(None)
+    refused = []
+    for candidate in projector_candidates(model_path):
+        check = check_projector(model_path, candidate, hidden)
+        if check.fits:
+            return Pairing(candidate, tuple(refused))
+        refused.append(check)
+    return Pairing(None, tuple(refused))
 
 
 def find_projector(model_path: str | os.PathLike) -> Path | None:
     """The projector that belongs to the model, from the files beside it; None when none does
-    (or the model itself cannot be read: loading it will say why)."""
+    (or the model itself cannot be read: loading it says why)."""
+    return pair_projector(model_path).projector
+
+
+def projector_choices(model_path: str | os.PathLike) -> list[ProjectorCheck | None]:
+    """What a user may choose for a model by hand: every projector beside it that fits, the
+    rule's own choice first, then None ("none": text only). A file picked from elsewhere is
+    checked with `check_projector` before it is offered."""
     try:
         hidden = model_hidden_size(model_path)
     except (GGUFError, EngineError, OSError):
-        return None
-    for candidate in projector_candidates(model_path):
-        try:
-            if projector_output_width(candidate) == hidden:
-                return candidate
-        except (GGUFError, EngineError, OSError):
-            continue  # broken or not a Pixtral projector: never paired
-    return None
+        return [None]
+    checks = [check_projector(model_path, p, hidden) for p in projector_candidates(model_path)]
+    return [c for c in checks if c.fits] + [None]

@@ -87,3 +87,66 @@ def test_name_rank_orders_own_name_then_f16():
     assert ranked[:2] == ["mmproj-Mistral-Small-3.1-24B-Instruct-2503-f16.gguf",
                           "mmproj-Mistral-Small-3.1-24B-Instruct-2503-f32.gguf"]
     assert name_rank(model, "mistral3-mmproj.gguf")[0] == 0  # the conventional name
+
+
+def hf_snapshot(root, files: dict[str, str]):
+    """A Hugging Face cache repo as the hub client lays it out: the snapshot folder holds links
+    named as in the repository, pointing into blobs/ (files named by their hash)."""
+    repo = root / "hub" / "models--x--y"
+    snapshot, blobs = repo / "snapshots" / "abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, (name, fixture) in enumerate(files.items()):
+        blob = blobs / f"{i:064x}"
+        shutil.copy(FIXTURES / fixture, blob)
+        (snapshot / name).symlink_to(blob)
+    return snapshot
+
+
+def test_a_model_in_the_hugging_face_cache_keeps_its_projector(tmp_path, capsys):
+    """Issue 35, item 1: paired by the folder the user sees, not the link's target in blobs/."""
+    from tramontane.engine.library.local import describe_model
+
+    snapshot = hf_snapshot(tmp_path, {"model.gguf": TINY, "mmproj-model-f16.gguf": TINY_PROJ})
+    assert find_projector(snapshot / "model.gguf") == snapshot / "mmproj-model-f16.gguf"
+    m = describe_model(snapshot / "model.gguf")
+    assert m.path == snapshot / "model.gguf" and m.mmproj == snapshot / "mmproj-model-f16.gguf"
+    assert cli_projector(capsys, snapshot / "model.gguf") == str(snapshot / "mmproj-model-f16.gguf")
+    # a models folder that links a snapshot's files in: listed under the link's name, paired
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("model.gguf", "mmproj-model-f16.gguf"):
+        (models / name).symlink_to(snapshot / name)
+    assert gui_projector(models, "model.gguf") == str(models / "mmproj-model-f16.gguf")
+
+
+def test_a_refused_projector_is_named_with_its_reason(tmp_path):
+    """Issue 35, item 6: a projector of another width is not dropped without a word."""
+    from tramontane.engine.library.local import scan_models
+    from tramontane.engine.library.projector import pair_projector
+
+    d = folder_with(tmp_path, Q256, TINY_PROJ)
+    pairing = pair_projector(d / Q256)
+    assert pairing.projector is None and [c.path for c in pairing.refused] == [d / TINY_PROJ]
+    note = {m.path.name: m for m in scan_models(d)}[Q256].projector_note
+    assert note == pairing.note
+    assert TINY_PROJ in note and "outputs 64 features" in note and "hidden size 256" in note
+    assert note.endswith("The model loads without vision.")
+    (tmp_path / "paired").mkdir()
+    d2 = folder_with(tmp_path / "paired", TINY, TINY_PROJ)
+    assert {m.path.name: m for m in scan_models(d2)}[TINY].projector_note == ""
+
+
+def test_projector_choices_list_those_that_fit_then_none(tmp_path):
+    """The library side of choosing a projector by hand: the ones that fit, best first, then
+    "none"; a file from elsewhere is checked with the same rule."""
+    from tramontane.engine.library.projector import check_projector, projector_choices
+
+    d = folder_with(tmp_path, TINY, Q256, TINY_PROJ, GELU_PROJ)
+    assert [c and c.path for c in projector_choices(d / TINY)] == [d / TINY_PROJ, d / GELU_PROJ, None]
+    assert projector_choices(d / Q256) == [None]
+    assert check_projector(d / TINY, d / GELU_PROJ).fits
+    refused = check_projector(d / Q256, d / TINY_PROJ)
+    assert not refused.fits and TINY_PROJ in refused.reason and Q256 in refused.reason
+    not_one = check_projector(d / TINY, d / Q256)
+    assert not not_one.fits and Q256 in not_one.reason
