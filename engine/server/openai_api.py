@@ -20,6 +20,7 @@ from typing import Any
 
 from ..api import ChatMessage, EngineError, GenerationResult, ImagePart, SamplingParams, ToolSpec
 from ..remote.client import image_mime
+from .errors import ApiError, bad  # noqa: F401 - ApiError: the callers' one import
 from .tools_api import (ToolRequest, logprobs_json, parse_tool_calls_field, parse_tool_message,
                         parse_tool_request, tool_calls_json)
 
@@ -30,29 +31,6 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_CHOICES = 8  # `n`: each choice is one more generation after the shared prompt
 MAX_PROMPTS = 32  # a list of prompts on /v1/completions
-
-
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error"}  # else by status class
-
-
-class ApiError(Exception):
-    """A refusal in OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict:
-        kind = _ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-
-def bad(param: str, message: str, status: int = 400, code: str | None = None) -> ApiError:
-    return ApiError(status, f"{param}: {message}", param, code)
 
 
 @dataclass(frozen=True)
@@ -158,9 +136,10 @@ _COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "echo": False, "suffix": ("",)
                            "logprobs": (False, 0), "top_logprobs": 0}
 
 
-def _sampling(body: dict, context_size: int) -> SamplingParams:
+def sampling_params(body: dict, context_size: int) -> SamplingParams:
     """OpenAI's sampling fields, plus the extensions Tramontane's own client and vLLM send
-    (top_k, min_p, repetition_penalty, ignore_eos)."""
+    (top_k, min_p, repetition_penalty, ignore_eos). Other APIs pass their fields under these
+    names (their own names in a refusal: `ApiError.param`)."""
     # At least one token: a request for none would only spend a prefill (OpenAI refuses it too).
     max_tokens = _integer(body, "max_completion_tokens", lo=1)
     if max_tokens is None:
@@ -294,26 +273,48 @@ def message_text_bytes(messages: list[ChatMessage], in_bytes: bool = True) -> in
 
 def _data_url_image(url: str, where: str, index: int, limits: RequestLimits) -> ImagePart:
     if not url.startswith("data:"):
-        scheme = url.split(":", 1)[0] if ":" in url[:12] else "a"
-        raise bad(where, f"only data: URLs are accepted, not {scheme} URLs (this server is offline "
-                         "and never fetches anything): send the image inline as "
-                         "data:image/png;base64,...", code="invalid_image_url")
+        raise remote_image(where, url, "data: URLs", "send the image inline as data:image/png;base64,...")
     header, comma, payload = url.partition(",")
     if not comma or not header.endswith(";base64"):
         raise bad(where, "a data URL needs ';base64,' before the image bytes", code="invalid_image_url")
+    return decoded_image(payload, where, index, limits)
+
+
+def remote_image(where: str, url: str, accepted: str, how: str) -> ApiError:
+    """An image by URL, refused: the server is offline."""
+    scheme = url.split(":", 1)[0] if ":" in url[:12] else "a"
+    return bad(where, f"only {accepted} are accepted, not {scheme} URLs (this server is offline "
+                      f"and never fetches anything): {how}", code="invalid_image_url")
+
+
+def decoded_image(payload: str, where: str, index: int, limits: RequestLimits) -> ImagePart:
+    """An image sent as base64 (a data URL's payload, Anthropic's base64 source, Ollama's
+    `images`), its size bounded before decoding and its format read from its own bytes."""
     if len(payload) * 3 // 4 > limits.max_image_bytes + 3:
         raise bad(where, f"image is larger than the limit of {limits.max_image_bytes >> 20} MiB",
                   413, "image_too_large")
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise bad(where, "the data URL is not valid base64", code="invalid_image_url") from None
+        raise bad(where, "the image is not valid base64", code="invalid_image_url") from None
     image = ImagePart(data, f"image {index + 1}")
     try:
         image_mime(image)  # the bytes' own header: PNG, JPEG, WebP, GIF, BMP or TIFF
     except EngineError as exc:
         raise bad(where, str(exc), code="invalid_image") from None
     return image
+
+
+def check_image_count(images: list, where: str, limits: RequestLimits) -> None:
+    if len(images) >= limits.max_images:
+        raise bad(where, f"at most {limits.max_images} images per request", 413, "too_many_images")
+
+
+def check_vision(messages: list[ChatMessage], model: "ServedModel", param: str = "messages") -> None:
+    if not model.has_vision and any(m.images for m in messages):
+        raise ApiError(400, f"{param}: {model.id} has no vision projector, so it cannot read "
+                            "images (start the server with its mmproj file)", param,
+                       "model_has_no_vision")
 
 
 def _content_parts(content, where: str, role: str, images: list, limits: RequestLimits) -> list:
@@ -339,8 +340,7 @@ def _content_parts(content, where: str, role: str, images: list, limits: Request
             url = spec.get("url") if isinstance(spec, dict) else spec
             if not isinstance(url, str):
                 raise bad(f"{at}.image_url.url", "must be a string")
-            if len(images) >= limits.max_images:
-                raise bad(at, f"at most {limits.max_images} images per request", 413, "too_many_images")
+            check_image_count(images, at, limits)
             image = _data_url_image(url, f"{at}.image_url.url", len(images), limits)
             images.append(image)
             parts.append(image)
@@ -380,16 +380,22 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
     check_model(body, model)
     _refuse_unsupported(body, _CHAT_UNSUPPORTED)
     messages = parse_messages(body.get("messages"), limits)
-    if not model.has_vision and any(m.images for m in messages):
-        raise ApiError(400, f"messages: {model.id} has no vision projector, so it cannot read "
-                            "images (start the server with its mmproj file)", "messages",
-                       "model_has_no_vision")
-    check_text_fits("messages", lambda in_bytes: message_text_bytes(messages, in_bytes), model)
     stream, include_usage = _stream_flags(body)
-    tool_request = parse_tool_request(body)
-    return ChatJob(_sampling(body, model.context_size), stream, include_usage, messages=messages,
-                   n=_choice_count(body), continue_final=messages[-1].role == "assistant",
-                   tool_request=tool_request)
+    return chat_job(messages, model, sampling_params(body, model.context_size), stream,
+                    parse_tool_request(body), include_usage=include_usage, n=_choice_count(body))
+
+
+def chat_job(messages: list[ChatMessage], model: ServedModel, params: SamplingParams, stream: bool,
+             tool_request: ToolRequest | None, include_usage: bool = False, n: int = 1,
+             param: str = "messages") -> ChatJob:
+    """The one request model of every chat-shaped API, its conversation checked against the
+    model (images need vision; a text too long for the context is refused before tokenizing)."""
+    if not messages:
+        raise bad(param, "must hold at least one message")
+    check_vision(messages, model, param)
+    check_text_fits(param, lambda in_bytes: message_text_bytes(messages, in_bytes), model)
+    return ChatJob(params, stream, include_usage, messages=messages, n=n,
+                   continue_final=messages[-1].role == "assistant", tool_request=tool_request)
 
 
 def _is_token_list(value) -> bool:
@@ -421,7 +427,7 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
         elif len(p) + 1 > model.context_size:
             raise context_exceeded(where, len(p), model)
     stream, include_usage = _stream_flags(body)
-    return ChatJob(_sampling(body, model.context_size), stream, include_usage, prompt=prompts[0],
+    return ChatJob(sampling_params(body, model.context_size), stream, include_usage, prompt=prompts[0],
                    n=_choice_count(body), prompts=prompts)
 
 

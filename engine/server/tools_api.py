@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from ..api import GenerationResult, SamplingParams, TokenLogprob, ToolCall, ToolSpec
+from .errors import bad
 
 MAX_TOOLS = 128
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
@@ -20,8 +21,6 @@ MARKER = "[TOOL_CALLS]"
 
 
 def _bad(param: str, message: str, code: str | None = None):
-    from .openai_api import bad  # the one error shape
-
     return bad(param, message, code=code)
 
 
@@ -49,9 +48,8 @@ def parse_tools(raw) -> list[ToolSpec]:
         return []
     if not isinstance(raw, list):
         raise _bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}} objects")
-    if len(raw) > MAX_TOOLS:
-        raise _bad("tools", f"at most {MAX_TOOLS} tools, got {len(raw)}")
-    specs, names = [], set()
+    check_tool_count(raw)
+    specs = []
     for i, tool in enumerate(raw):
         at = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
@@ -59,20 +57,32 @@ def parse_tools(raw) -> list[ToolSpec]:
         fn = tool.get("function")
         if not isinstance(fn, dict):
             raise _bad(f"{at}.function", "must be an object with name, description and parameters")
-        name = fn.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-            raise _bad(f"{at}.function.name", f"must be 1-64 letters, digits, _ or -, got {name!r}")
-        if name in names:
-            raise _bad(f"{at}.function.name", f"{name!r} is given twice")
-        names.add(name)
-        description = fn.get("description", "")
-        if not isinstance(description, str):
-            raise _bad(f"{at}.function.description", "must be a string")
-        parameters = fn.get("parameters", {})
-        if not isinstance(parameters, dict):
-            raise _bad(f"{at}.function.parameters", "must be a JSON Schema object")
-        specs.append(ToolSpec(name, description or "", parameters))
+        specs.append(tool_spec(fn, f"{at}.function", specs))
     return specs
+
+
+def check_tool_count(raw: list) -> None:
+    if len(raw) > MAX_TOOLS:
+        raise _bad("tools", f"at most {MAX_TOOLS} tools, got {len(raw)}")
+
+
+def tool_spec(fn: dict, at: str, earlier: list[ToolSpec], schema_field: str = "parameters") -> ToolSpec:
+    """One function tool (`name`, `description`, its JSON Schema under `schema_field`: OpenAI's
+    `parameters`, Anthropic's `input_schema`), checked against the tools before it."""
+    name = fn.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise _bad(f"{at}.name", f"must be 1-64 letters, digits, _ or -, got {name!r}")
+    if any(t.name == name for t in earlier):
+        raise _bad(f"{at}.name", f"{name!r} is given twice")
+    description = fn.get("description", "")
+    if description is not None and not isinstance(description, str):
+        raise _bad(f"{at}.description", "must be a string")
+    parameters = fn.get(schema_field, {})
+    if parameters is None:
+        parameters = {}
+    if not isinstance(parameters, dict):
+        raise _bad(f"{at}.{schema_field}", "must be a JSON Schema object")
+    return ToolSpec(name, description or "", parameters)
 
 
 def parse_tool_choice(raw, tools: list[ToolSpec]) -> tuple[str, str | None]:
@@ -94,8 +104,6 @@ def parse_tool_choice(raw, tools: list[ToolSpec]) -> tuple[str, str | None]:
 
 def parse_response_format(raw) -> str | None:
     """The grammar for `response_format` (None for text)."""
-    from ..runtime import grammar
-
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -104,8 +112,8 @@ def parse_response_format(raw) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        text = grammar.json_object_grammar()
-    elif kind == "json_schema":
+        return output_grammar(None, "response_format")
+    if kind == "json_schema":
         spec = raw.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
@@ -113,12 +121,24 @@ def parse_response_format(raw) -> str | None:
         strict = spec.get("strict", False)
         if not isinstance(strict, bool) and strict is not None:
             raise _bad("response_format.json_schema.strict", "must be true or false")
-        text = grammar.json_schema_grammar(schema, strict=bool(strict))
-    else:
-        raise _bad("response_format.type", f"must be text, json_object or json_schema, got {kind!r}")
+        return output_grammar(schema, "response_format")
+    raise _bad("response_format.type", f"must be text, json_object or json_schema, got {kind!r}")
+
+
+def output_grammar(schema: dict | None, where: str) -> str:
+    """The grammar of a reply that is JSON: any object (None), or valid against `schema`.
+
+    Objects are closed by default, strict or not: an object schema that lists `properties`
+    and leaves `additionalProperties` unset admits no other keys (vLLM's default grammar
+    backend, xgrammar, does the same). Every pydantic model's schema leaves it unset, and a
+    random or small model would otherwise add keys until the token limit. A schema that wants
+    more keys says so (`additionalProperties: true` or a schema)."""
+    from ..runtime import grammar
+
+    text = grammar.json_object_grammar() if schema is None else grammar.json_schema_grammar(schema, strict=True)
     problem = grammar.check_grammar(text)
     if problem:
-        raise _bad("response_format", f"the schema cannot be used: {problem}", code="invalid_schema")
+        raise _bad(where, f"the schema cannot be used: {problem}", code="invalid_schema")
     return text
 
 
@@ -143,6 +163,14 @@ def parse_tool_request(body: dict) -> ToolRequest:
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise _bad("parallel_tool_calls", f"must be true or false, got {parallel!r}")
+    return tool_request(tools, choice, named, parallel, parse_response_format(body.get("response_format")),
+                        parse_logprobs(body))
+
+
+def tool_request(tools: list[ToolSpec], choice: str = "auto", named: str | None = None, parallel: bool = True,
+                 grammar_text: str | None = None, top_logprobs: int | None = None) -> ToolRequest:
+    """A checked ToolRequest from any API's tool fields: a forced call's schemas are checked
+    by the grammar library here, before any work."""
     if choice in ("required", "named"):  # their grammar is built per model (its wire format)
         from ..runtime import grammar
 
@@ -151,8 +179,7 @@ def parse_tool_request(body: dict) -> ToolRequest:
             if problem:
                 raise _bad("tools", f"{t.name}'s parameters cannot be used: {problem}", code="invalid_schema")
     return ToolRequest(tools=tools if choice != "none" else [], choice=choice, named=named,
-                       parallel=parallel, grammar=parse_response_format(body.get("response_format")),
-                       top_logprobs=parse_logprobs(body))
+                       parallel=parallel, grammar=grammar_text, top_logprobs=top_logprobs)
 
 
 def _content_text(content, where: str) -> str:

@@ -361,15 +361,15 @@ def test_a_full_queue_is_503_and_a_client_that_leaves_the_queue_costs_nothing():
         with pytest.raises(openai.APITimeoutError):
             client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         deadline = time.monotonic() + 10
-        while server._pending and time.monotonic() < deadline:
+        while server.tasks.pending and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server._pending == 0
+        assert server.tasks.pending == 0
         # Now one waits (in a thread) and the next is refused with 503.
         waiting = threading.Thread(target=lambda: openai.OpenAI(base_url=server.url, api_key="x", max_retries=0)
                                    .chat.completions.create(model=NAME, messages=[{"role": "user", "content": "a"}],
                                                             max_tokens=2))
         waiting.start()
-        while not server._pending and time.monotonic() < deadline:
+        while not server.tasks.pending and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(openai.InternalServerError) as info:
             client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "b"}], max_tokens=2)

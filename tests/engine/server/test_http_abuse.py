@@ -269,9 +269,9 @@ def test_cors_echoes_the_sdks_headers_and_matches_origins_without_case(serve):
         allowed = {h.strip().lower() for h in resp.getheader("Access-Control-Allow-Headers").split(",")}
         assert set(asked.split(",")) <= allowed
     resp = preflight(server, "http://localhost:3000", None)
-    assert resp.getheader("Access-Control-Allow-Headers") == "Authorization, Content-Type"
+    assert resp.getheader("Access-Control-Allow-Headers") == "Authorization, Content-Type, x-api-key"
     resp = preflight(server, "http://localhost:3000", "x-ok, bad header(1)")
-    assert resp.getheader("Access-Control-Allow-Headers") == "Authorization, Content-Type"
+    assert resp.getheader("Access-Control-Allow-Headers") == "Authorization, Content-Type, x-api-key"
     assert preflight(server, "http://localhost:3001", asked).status == 403
     assert preflight(server, "http://evil.example", asked).status == 403
     # The actual request from the page, with the SDK's headers.

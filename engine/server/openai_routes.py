@@ -1,0 +1,146 @@
+"""OpenAI's API over the one request model: /v1/chat/completions, /v1/completions,
+/v1/models and /health (also without /v1). The bodies are read by `openai_api` and
+`tools_api`; the engine work is `tasks.Tasks`; this module only joins them to routes and
+writes OpenAI's replies and stream chunks."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from .errors import ApiError
+from .openai_api import Reply, model_not_found, model_object, models_response, parse_chat_request, \
+    parse_completion_request, usage_of
+from .streaming import SSE_TYPE, open_stream, sse
+from .tasks import Generation
+from .tools_api import ToolStream
+
+
+class OpenAIRoutes:
+    name = "openai"
+    prefixes = ("/v1/", "/")  # the fallback: every path no other API claims
+
+    def __init__(self, server):
+        self.server = server
+
+    def routes(self) -> list[tuple[str, str, object]]:
+        out = []
+        for prefix in ("/v1", ""):  # clients given the base URL without /v1 too
+            out += [("GET", f"{prefix}/health", self.health),
+                    ("GET", f"{prefix}/models", self.models),
+                    ("GET", f"{prefix}/models/{{name}}", self.one_model),
+                    ("POST", f"{prefix}/chat/completions", self.chat),
+                    ("POST", f"{prefix}/completions", self.completions)]
+        return out
+
+    public = ("health",)  # answered without the API key (a load balancer's probe)
+
+    @staticmethod
+    def error_response(exc: ApiError) -> web.Response:
+        headers = {}
+        if exc.status == 503:
+            headers["Retry-After"] = "1"
+        elif exc.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        return web.json_response(exc.body(), status=exc.status, headers=headers)
+
+    # -- endpoints ------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        """llama-server's shape: 200 {"status": "ok"} once a model is loaded, 503 before."""
+        if self.server.executor.served_model() is None:
+            return web.json_response({"error": {"code": 503, "message": "Loading model",
+                                                "type": "unavailable_error"}}, status=503,
+                                     headers={"Retry-After": "1"})
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(models_response(self.server.model()))
+
+    async def one_model(self, request: web.Request) -> web.Response:
+        model = self.server.model()
+        name = request.match_info["name"]
+        if name not in model.ids:
+            raise model_not_found(name, model)
+        return web.json_response(model_object(model, name))
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        model = self.server.model()
+        job = parse_chat_request(await self.server.read_json(request), model, self.server.limits)
+        return await self._answer(request, "chat", self.server.tasks.chat(job, model), model)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        model = self.server.model()
+        job = parse_completion_request(await self.server.read_json(request), model, self.server.limits)
+        return await self._answer(request, "completions", self.server.tasks.completion(job, model), model)
+
+    # -- one answer -----------------------------------------------------------------------------
+    async def _answer(self, request, endpoint: str, generation: Generation, model) -> web.StreamResponse:
+        """Every choice of every prompt in one engine job: choice i of prompt p is number p * n + i."""
+        job = generation.job
+        try:
+            if job.stream:
+                return await self._stream(request, endpoint, generation, model)
+            outcomes = await generation.outcomes()
+            reply = Reply(endpoint, model)
+            bodies = [reply.whole(*outcome) for outcome in outcomes]
+            body = bodies[0]
+            body["choices"] = [dict(b["choices"][0], index=index) for index, b in enumerate(bodies)]
+            body["usage"] = usage_of([result for result, _ in outcomes], job.n)
+            return web.json_response(body)
+        except (asyncio.CancelledError, ConnectionError):
+            # The client went away (aiohttp cancels the handler, or a write fails).
+            generation.cancel()
+            raise
+
+    async def _stream(self, request, endpoint, generation: Generation, model):
+        job = generation.job
+        first = await generation.first_event()
+        response = await open_stream(request, SSE_TYPE)
+        reply = Reply(endpoint, model, job.include_usage)
+        opening = reply.opening()
+        if opening is not None:
+            await response.write(b"".join(sse(_indexed(opening, i))
+                                          for i in range(len(job.prompts or [None]) * job.n)))
+        results = []
+        usage_chunks: list[dict] = []
+        tool_mode = job.tool_request is not None and job.tool_request.calls_tools
+        tool_streams: dict[int, ToolStream] = {}  # per choice: content live, calls once whole
+        async for batch in generation.batches(first):
+            out = []
+            for kind, index, data in batch:
+                if kind == "text" and tool_mode:
+                    stream = tool_streams.setdefault(index, ToolStream())
+                    out += [_indexed(_delta(reply.piece(""), d), index) for d in stream.feed(data)]
+                elif kind == "text":
+                    out.append(_indexed(reply.piece(data), index))
+                else:
+                    result, reason = data
+                    results.append(result)
+                    if tool_mode:
+                        stream = tool_streams.setdefault(index, ToolStream())
+                        out += [_indexed(_delta(reply.piece(""), d), index) for d in stream.finish(result)]
+                    finish, *usage_chunks = reply.closing(result, reason)
+                    out.append(_indexed(finish, index))
+            await response.write(b"".join(sse(chunk) for chunk in out))
+        try:
+            generation.result()
+        except ApiError as exc:  # after the headers: an error event, as vLLM sends
+            await response.write(sse(exc.body()))
+        else:
+            if usage_chunks:  # the usage of every choice, after the last one
+                usage_chunks[-1]["usage"] = usage_of(results, job.n)
+                await response.write(b"".join(sse(chunk) for chunk in usage_chunks))
+        await response.write(sse("[DONE]"))
+        await response.write_eof()
+        return response
+
+
+def _delta(chunk: dict, delta: dict) -> dict:
+    chunk["choices"][0]["delta"] = delta
+    return chunk
+
+
+def _indexed(chunk: dict, index: int) -> dict:
+    for choice in chunk.get("choices", ()):
+        choice["index"] = index
+    return chunk
