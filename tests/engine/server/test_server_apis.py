@@ -1,0 +1,128 @@
+"""Anthropic's Messages API and Ollama's API through their official clients, unmodified, on the
+tiny model: whole and streamed replies, and a tool round (the scripted-logits hook makes the
+random model write the call)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+anthropic = pytest.importorskip("anthropic", reason="the official client is the reference (test extra)")
+ollama = pytest.importorskip("ollama", reason="the official client is the reference (test extra)")
+pytest.importorskip("llguidance")
+
+from tramontane.engine.runtime import generate as gen  # noqa: E402
+from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
+from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
+from tramontane.engine.server.http import OpenAIServer  # noqa: E402
+
+from support import FIXTURES  # noqa: E402
+
+MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
+CALL_TEXT = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = LocalEngine(MODEL, device="cpu", context_length=2048)
+    executor = ThreadExecutor(engine)
+    server = OpenAIServer(executor, port=0, ollama_port=0).start()
+    server.engine = engine
+    yield server
+    server.stop()
+    executor.shutdown()
+    engine.close()
+
+
+@pytest.fixture
+def script(served, monkeypatch):
+    tok = served.engine.tokenizer
+
+    def set_reply(*pieces):
+        ids = []
+        for piece in pieces:
+            ids += [tok.token_id(piece)] if piece == "[TOOL_CALLS]" else tok.encode(piece)
+        monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", gen.ScriptedLogits(ids, tok.eos_id))
+
+    return set_reply
+
+
+def claude(served):
+    return anthropic.Anthropic(base_url=served.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=60)
+
+
+def test_anthropic_message_whole_and_streamed(served, script):
+    script("Bonjour.")
+    m = claude(served).messages.create(model="m", max_tokens=20, system="Be brief.",
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert m.type == "message" and m.role == "assistant" and m.stop_reason == "end_turn"
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text == "Bonjour."
+    assert m.usage.input_tokens > 0 and m.usage.output_tokens > 0
+    script("Bonjour.")
+    with claude(served).messages.stream(model="m", max_tokens=20,
+                                        messages=[{"role": "user", "content": "hi"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "Bonjour." and final.content[0].text == "Bonjour." and final.stop_reason == "end_turn"
+
+
+def test_anthropic_tool_round(served, script):
+    tools = [{"name": "get_weather", "description": "Weather", "input_schema": SCHEMA}]
+    script("[TOOL_CALLS]", CALL_TEXT)
+    c = claude(served)
+    first = c.messages.create(model="m", max_tokens=60, tools=tools,
+                              messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert first.stop_reason == "tool_use"
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.input == {"city": "Paris"}
+    script("21 degrees.")
+    second = c.messages.create(model="m", max_tokens=20, tools=tools, messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 C"}]}])
+    assert second.content[0].text == "21 degrees."
+    assert c.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi"}]).input_tokens > 0
+
+
+def test_anthropic_errors_in_anthropic_shape(served):
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude(served).messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}])
+    assert info.value.body["type"] == "error" and "offline" in info.value.body["error"]["message"]
+
+
+def test_ollama_chat_generate_and_listing(served, script):
+    c = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}")
+    script("Bonjour.")
+    r = c.chat(model="m", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 20})
+    assert r.message.content == "Bonjour." and r.done and r.done_reason == "stop"
+    script("Bonjour.")
+    pieces = list(c.chat(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert "".join(p.message.content for p in pieces) == "Bonjour." and pieces[-1].done
+    script("Bonjour.")
+    assert c.generate(model="m", prompt="hi").response == "Bonjour."
+    assert [m.model for m in c.list().models] == ["mistral3_tiny-f32"]
+    assert "tools" in c.show("m").capabilities
+    with pytest.raises(ollama.ResponseError):
+        c.pull("llama3")
+
+
+def test_ollama_tool_round_and_format(served, script):
+    c = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]
+    script("[TOOL_CALLS]", CALL_TEXT)
+    r = c.chat(model="m", messages=[{"role": "user", "content": "Weather?"}], tools=tools)
+    (call,) = r.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments == {"city": "Paris"}
+    script("21 degrees.")
+    r2 = c.chat(model="m", tools=tools, messages=[{"role": "user", "content": "Weather?"}, r.message,
+                                                  {"role": "tool", "content": "21 C", "tool_name": "get_weather"}])
+    assert r2.message.content == "21 degrees."
+
+
+def test_ollama_format_schema_is_closed_by_default(served):
+    c = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}")
+    out = c.chat(model="m", messages=[{"role": "user", "content": "x"}], format=SCHEMA,
+                 options={"temperature": 1.0, "seed": 3, "num_predict": 200})
+    assert set(json.loads(out.message.content)) == {"city"}  # closed by default: no invented keys
