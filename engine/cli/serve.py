@@ -19,6 +19,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; another needs --allow-network and a key)")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--ollama-port", type=int, metavar="PORT",
+                   help="also listen on PORT (Ollama's is 11434) for clients that only speak to Ollama's "
+                        "port; every port serves every API (OpenAI's, Anthropic's /v1/messages, Ollama's /api)")
     key = p.add_mutually_exclusive_group()
     key.add_argument("--api-key", metavar="K", help="require 'Authorization: Bearer K' "
                                                     "(visible to other users in the process list: "
@@ -64,6 +67,8 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     check_bind(args.host, args.allow_network, api_key)  # before the minutes of loading
     if not 0 <= args.port <= 65535:
         raise EngineError(f"--port must be 0-65535, got {args.port}")
+    if args.ollama_port is not None and not 0 <= args.ollama_port <= 65535:
+        raise EngineError(f"--ollama-port must be 0-65535, got {args.ollama_port}")
     for name in ("max_body_mb", "max_image_mb", "max_queue", "max_connections", "parallel"):
         if getattr(args, name) < 1:
             raise EngineError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -86,10 +91,11 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     server = OpenAIServer(executor, host=args.host, port=args.port, api_key=api_key,
                           allow_network=args.allow_network, cors_origins=tuple(args.cors_origin),
                           limits=limits, aliases=aliases, strict_model=args.strict_model,
-                          connection_limits=connection_limits)
+                          connection_limits=connection_limits, ollama_port=args.ollama_port)
     try:
         server.start()
-        print(f"serving {executor.served_model().id} ({executor.engine.description}) at {server.url}"
+        also = f" and Ollama's API at http://{args.host}:{server.ollama_port}" if server.ollama_port else ""
+        print(f"serving {executor.served_model().id} ({executor.engine.description}) at {server.url}{also}"
               f"{' (API key required)' if api_key else ''}; Ctrl-C stops", file=sys.stderr, flush=True)
         stop = stop or threading.Event()
         while not stop.wait(1.0):  # a timed wait, so Ctrl-C is seen on every platform
