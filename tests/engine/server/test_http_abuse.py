@@ -281,3 +281,12 @@ def test_cors_echoes_the_sdks_headers_and_matches_origins_without_case(serve):
     assert resp.status == 200 and resp.getheader("Access-Control-Allow-Origin") == "http://LOCALHOST:3000"
     resp.read()
     conn.close()
+
+
+def test_a_connection_that_never_sends_a_byte_is_closed_at_the_header_timeout(serve):
+    """nginx's client_header_timeout: a silent new connection holds a slot no longer than a
+    trickling header (0.5 s here), not the idle timeout of a kept-alive one (1.5 s)."""
+    server = serve(connection_limits=FAST)
+    silent = socket.create_connection(address(server))
+    waited = closed_within(silent, 5)
+    assert waited is not None and 0.4 < waited < 1.2, waited
