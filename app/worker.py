@@ -31,6 +31,7 @@ from typing import Callable
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from ..engine.api import ChatMessage, EngineError, GenerationResult, GenerationStats, SamplingParams
+from ..engine.host import private_ram
 from .engine_info import EngineInfo
 
 NO_MODEL_LOADED = "No model is loaded: load one from the model bar first."
@@ -327,7 +328,7 @@ class EngineWorker(QObject):
         from ..engine.runtime.local import LocalEngine
 
         self._close_engine()
-        before = _process_rss()
+        before = private_ram()  # not the RSS: the mapped file's pages count as available already
         try:
             engine = LocalEngine(model_path, mmproj_path or None, device=device,
                                  context_length=context_length or None,
@@ -347,7 +348,7 @@ class EngineWorker(QObject):
         self.engine = engine
         self._start_batch()
         info = describe_engine(engine, model_path, mmproj_path, context_length)
-        self.loaded.emit(replace(info, resident_bytes=max(0, _process_rss() - before) if before else 0))
+        self.loaded.emit(replace(info, resident_bytes=max(0, private_ram() - before) if before else 0))
 
     @Slot(object)
     def _use_engine(self, engine) -> None:

@@ -1,7 +1,7 @@
-"""What this machine can give us now: free RAM, whether its CPU has bf16 dot products, and which
-CUDA GPUs have bf16. Read by the model's loader (mistral3: whether float32 weight copies fit,
-which path and dtype the vision tower takes), the planner and the KV cache's check (runtime), so
-it sits below both."""
+"""What this machine can give us now: free RAM (and the RAM only this process holds), whether
+its CPU has bf16 dot products, and which CUDA GPUs have bf16. Read by the model's loader
+(mistral3: whether float32 weight copies fit, which path and dtype the vision tower takes), the
+planner and the KV cache's check (runtime), so it sits below both."""
 from __future__ import annotations
 
 import functools
@@ -21,6 +21,20 @@ def available_ram() -> int:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not Linux: unknown
+        return 0
+
+
+def private_ram() -> int:
+    """Bytes of RAM only this process holds (its anonymous and shared-memory pages), which an
+    exit or an unload gives back; 0 when unknown. Not its RSS: a memory-mapped model file's
+    resident pages are page cache, which `available_ram` counts as available already (adding
+    them back counted a mapped 24B twice)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in fh)
+                   if k in ("RssAnon", "RssShmem")}
+        return sum(kib.values()) * 1024
+    except (OSError, ValueError, IndexError):
         return 0
 
 

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
 from ...engine.library.downloads import DownloadManager, DownloadRequest, DownloadState, DownloadStatus
 from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalog_entry
 from ...engine.library.fit import (Fit, catalog_bytes, catalog_size_text, fit_of_catalog_entry,
-                                  fit_of_file, machine_for, machine_for_a_switch)
+                                  fit_of_file, machine_for, machine_for_a_switch, without_the_loaded_model)
 from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.local import (LocalModel, catalog_files, delete_model, describe_model,
                                      import_model, scan_models)
@@ -191,19 +191,10 @@ def describe_machine(machine: Machine, context: int = 0, in_use: bool = False) -
     parts = []
     for d in machine.devices:
         name = f"{d.name} {d.description}" if d.kind == "cuda" else d.description or d.name
-        parts.append(name if d.free_bytes >= UNKNOWN_RAM else f"{name}: {d.free_bytes / (1 << 30):.1f} GB free")
+        parts.append(name if d.free_bytes >= UNKNOWN_RAM else f"{name}: {size_text(d.free_bytes)} free")
     which = " (the one in use)" if in_use else ""
     return (f"This machine: {' · '.join(parts)}. Planned for a {context or Budget().max_seq_len}-token "
             f"context{which}.")
-
-
-def without_the_loaded_model(machine: Machine, freed_bytes: int) -> Machine:
-    """The machine as a switch finds it: loading a model unloads the current one first, so the
-    RAM it holds counts as free (the GPU's is counted by machine_for_a_switch)."""
-    cpu = machine.cpu
-    if cpu is None or freed_bytes <= 0 or cpu.free_bytes >= UNKNOWN_RAM:
-        return machine
-    return Machine(machine.gpus, replace(cpu, free_bytes=cpu.free_bytes + freed_bytes), machine.unified)
 
 
 class ModelManagerDialog(QDialog):
@@ -709,8 +700,8 @@ class ModelManagerDialog(QDialog):
             return fit_of()
 
         def plan() -> tuple[int, Machine, dict]:
-            detected = without_the_loaded_model(known or machine_for_a_switch(), freed)
-            machine = machine_for(detected, device)
+            detected = known or machine_for_a_switch()  # kept as detected: re-plans add `freed` once
+            machine = machine_for(without_the_loaded_model(detected, freed), device)
             fits: dict[tuple, Fit | None] = {}  # ("catalog", id, quant) / ("local", path) -> fit
             for entry, quant, sizes, files in catalog:
                 fits["catalog", entry.id, quant] = fit_or_running(files[0], lambda: fit_of_catalog_entry(

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 from ...kernels.ggml_types import F16, F32, TYPES, type_info
 from ..api import EngineError
 from ..mistral3.config import LAYOUTS, TextConfig, VisionConfig
-from ..runtime.device_map import (Budget, Machine, ModelSizes, PlanError, gpu_layers_map, model_sizes,
-                                  plan_devices, plan_for_files)
+from ..runtime.device_map import (UNKNOWN_RAM, Budget, Machine, ModelSizes, PlanError, gpu_layers_map,
+                                  model_sizes, plan_devices, plan_for_files)
 from .catalog import CatalogEntry
 from .sizes import size_text
 
@@ -65,6 +65,17 @@ def machine_for_a_switch(machine: Machine | None = None, reserved=None) -> Machi
     gpus = tuple(replace(d, free_bytes=d.free_bytes + int(reserved(int(d.name.split(":")[1]))))
                  for d in machine.gpus)  # the rest (its capability) as detected
     return Machine(gpus, machine.cpu, machine.unified)
+
+
+def without_the_loaded_model(machine: Machine, freed_bytes: int) -> Machine:
+    """The machine as a switch finds it: loading a model unloads the current one first, so the
+    RAM only it holds (`freed_bytes`: its private pages, host.private_ram; its mapped file's
+    pages are free already) counts as free; the GPU's is counted by machine_for_a_switch. Apply
+    it once to a detected machine: a machine it returned has the RAM in already."""
+    cpu = machine.cpu
+    if cpu is None or freed_bytes <= 0 or cpu.free_bytes >= UNKNOWN_RAM:
+        return machine
+    return Machine(machine.gpus, replace(cpu, free_bytes=cpu.free_bytes + freed_bytes), machine.unified)
 
 
 def machine_for(machine: Machine, device: str) -> Machine:

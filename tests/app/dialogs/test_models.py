@@ -273,7 +273,7 @@ def test_every_catalogue_entry_has_a_size_and_says_whether_it_fits(qtbot, fake, 
     qtbot.waitUntil(lambda: all(_column(t, r, "On this machine") for r in rows.values()), timeout=TIMEOUT)
     words = {key: _column(t, r, "On this machine") for key, r in rows.items()}
     assert dlg.machine_label.text().startswith(
-        "This machine: cuda:0 simulated 8 GB: 8.0 GB free · simulated: 64.0 GB free. Planned for a 4096")
+        "This machine: cuda:0 simulated 8 GB: 8.59 GB free · simulated: 68.72 GB free. Planned for a 4096")
     assert words == {("mistral-small-3.1-24b-instruct", "Q4_K_M"): "partly on the CPU",
                      ("mistral-small-3.1-24b-instruct", "Q8_0"): "partly on the CPU",
                      ("ministral-3-3b-instruct", "Q4_K_M"): "on the GPU",
@@ -428,3 +428,19 @@ def test_the_hub_is_asked_for_open_sizes_once_per_session(qtbot, fake, tmp_path)
         dlg.close()
     assert len(listings()) == 1
     downloads.shutdown()
+
+
+def test_the_loaded_models_ram_is_counted_free_once(qtbot, fake, tmp_path, monkeypatch):
+    """Issue 35, item 2: with a model loaded the dialog said 35.9 GB free on a 23.5 GB machine:
+    the RAM the loaded model holds was added to the planned machine, then again for the label,
+    and once more by every later plan (a refresh)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    machine = Machine((), DeviceInfo("cpu", 10 * 10**9, "system memory"))
+    dlg = _open(qtbot, tmp_path, Hub(endpoint=fake.endpoint), machine=machine, freed_bytes=4 * 10**9)
+    qtbot.waitUntil(lambda: "free" in dlg.machine_label.text(), timeout=TIMEOUT)
+    assert dlg.machine_label.text().startswith("This machine: system memory: 14.00 GB free.")
+    dlg.machine_label.setText("")
+    dlg.refresh_local()  # plans again
+    qtbot.waitUntil(lambda: "free" in dlg.machine_label.text(), timeout=TIMEOUT)
+    assert dlg.machine_label.text().startswith("This machine: system memory: 14.00 GB free.")
+    dlg.close()

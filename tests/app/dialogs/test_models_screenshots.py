@@ -80,7 +80,7 @@ def test_models_dialog_screenshots(qtbot, tmp_path, scheme):
                         and all(local.item(r, 5).text() for r in range(local.rowCount())
                                 if local.item(r, 1).text() == "model")
                         and all(cat.item(r, 2).toolTip() for r in range(cat.rowCount())), timeout=30_000)
-        assert dlg.machine_label.text().startswith("This machine: cuda:0 GPU with 8 GB (simulated): 8.0 GB free")
+        assert dlg.machine_label.text().startswith("This machine: cuda:0 GPU with 8 GB (simulated): 8.59 GB free")
         verdicts = {cat.item(r, 1).text() + " " + cat.item(r, 0).text().split(" (")[0]: cat.item(r, 3)
                     for r in range(cat.rowCount())}
         assert {k: v.text() for k, v in verdicts.items()} == {

@@ -205,3 +205,29 @@ def test_a_q8_0_projector_not_yet_downloaded_is_planned_as_the_tower_will_hold_i
         fit = fit_of_catalog_entry(entry, (model_bytes, mmproj_bytes), (None, None),
                                    Machine((), DeviceInfo("cpu", between, "simulated", bf16_dot=bf16_dot)))
         assert fit.words == ("too big" if bf16_dot else "on the CPU")
+
+
+def test_an_unload_frees_private_ram_not_a_mapped_files_pages(tmp_path):
+    """Issue 35, item 2: a memory-mapped model's resident pages are page cache, which
+    MemAvailable counts already; the RAM a switch counts free is the private kind only."""
+    import mmap
+
+    import numpy as np
+
+    from support.rss import status_bytes
+    from tramontane.engine.host import private_ram
+
+    if not private_ram():
+        pytest.skip("/proc/self/status has no RssAnon here")
+    size = 64 << 20
+    path = tmp_path / "weights.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).tobytes())
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        rss, private = status_bytes("VmRSS"), private_ram()
+        assert int(np.frombuffer(mapped, dtype=np.uint8)[::4096].sum()) > 0  # every page read
+        assert status_bytes("VmRSS") - rss > size // 2  # the RSS the worker used to count
+        assert private_ram() - private < size // 8
+    held = np.ones(size, dtype=np.uint8)
+    assert private_ram() - private > size * 7 // 8
+    del held
+

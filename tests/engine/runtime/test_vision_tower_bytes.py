@@ -181,8 +181,7 @@ def test_elsewhere_the_plan_equals_the_files_bytes_the_tower_holds(q8_file, monk
 
 def test_a_model_switch_keeps_the_cpus_flag():
     """The Models dialog's machine for a switch (the loaded model's RAM counted free) is the same CPU."""
-    pytest.importorskip("PySide6")
-    from tramontane.app.dialogs.models import without_the_loaded_model
+    from tramontane.engine.library.fit import without_the_loaded_model
 
     machine = Machine((), DeviceInfo("cpu", 8 * GiB, "simulated", bf16_dot=True))
     switched = without_the_loaded_model(machine, GiB)
