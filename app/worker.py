@@ -32,6 +32,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from ..engine.api import ChatMessage, EngineError, GenerationResult, GenerationStats, SamplingParams
 from ..engine.host import private_ram
+from ..engine.library.sizes import size_text
 from .engine_info import EngineInfo
 
 NO_MODEL_LOADED = "No model is loaded: load one from the model bar first."
@@ -85,13 +86,6 @@ def warm_up_imports() -> None:
     Image.init()  # Pillow loads its format plugins lazily otherwise
 
 
-def _human_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n / 1024)} KB"
-
-
 def _process_rss() -> int:
     """Resident memory of this process in bytes (0 when the OS does not say cheaply)."""
     try:
@@ -109,9 +103,9 @@ def memory_words(device: str) -> str:
         if torch.cuda.is_available():
             used = torch.cuda.memory_allocated()
             total = torch.cuda.get_device_properties(0).total_memory
-            return f"{_human_bytes(used)} of {_human_bytes(total)} GPU"
+            return f"{size_text(used)} of {size_text(total)} GPU"
     rss = _process_rss()
-    return f"{_human_bytes(rss)} RAM (process)" if rss else ""
+    return f"{size_text(rss)} RAM (process)" if rss else ""
 
 
 def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context_asked: int = 0) -> EngineInfo:

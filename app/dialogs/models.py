@@ -38,7 +38,7 @@ from ..downloads import Downloads
 from ..jobs import Jobs
 from ..model_places import find_models, usual_places
 from ..widgets.model_bar import quant_of
-from .settings import AppSettings
+from ..config import AppSettings
 
 
 def human_eta(seconds: float | None) -> str:
