@@ -49,6 +49,16 @@ class ServedModel:
     def ids(self) -> tuple[str, ...]:
         return (self.id, *(a for a in self.aliases if a != self.id))
 
+    @property
+    def fingerprint(self) -> str:
+        """OpenAI's `system_fingerprint`: a string naming the backend configuration (this build
+        and this model), the same for every reply while it is served; clients compare it to tell
+        a change of backend (llama-server sends its build, OpenAI an `fp_` string)."""
+        from tramontane import __version__
+
+        digest = hashlib.blake2b(f"tramontane {__version__} {self.id} {self.context_size}".encode(), digest_size=5)
+        return f"fp_{digest.hexdigest()}"
+
 
 @dataclass(frozen=True)
 class RequestLimits:
@@ -535,7 +545,7 @@ class Reply:
     def _body(self, streamed: bool, choices: list) -> dict:
         kind = ("chat.completion.chunk" if streamed else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model.id,
-                "system_fingerprint": None, "choices": choices}
+                "system_fingerprint": self.model.fingerprint, "choices": choices}
 
     def _choice(self, streamed: bool, text: str, finish: str | None = None,
                 reason: str | None = None) -> dict:

@@ -121,6 +121,8 @@ def test_non_streaming_reply_equals_the_in_process_reply(served, reference):
                               {"role": "user", "content": "Name three rivers."}],
         max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
     assert r.object == "chat.completion" and r.model == NAME
+    # a string, as OpenAI and llama-server send (about ten of llama.cpp's own server tests read it)
+    assert isinstance(r.system_fingerprint, str) and r.system_fingerprint.startswith("fp_")
     assert r.choices[0].message.content == want.text and r.choices[0].message.role == "assistant"
     assert r.choices[0].finish_reason == "length"
     assert r.usage.prompt_tokens == len(want.prompt_token_ids)
@@ -144,6 +146,7 @@ def test_streaming_reply_equals_the_in_process_reply_piece_by_piece(served, refe
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
     assert all(c.usage is None for c in chunks[:-1])
     assert len({c.id for c in chunks}) == 1
+    assert len({c.system_fingerprint for c in chunks}) == 1 and chunks[0].system_fingerprint.startswith("fp_")
 
 
 def test_a_growing_conversation_prefills_only_its_new_tokens(served):
