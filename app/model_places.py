@@ -3,6 +3,7 @@ browsers put them (Downloads, the Hugging Face cache, LM Studio, Jan, Ollama's b
 are GGUF files named by their hash). Looked for as a job, off the UI thread."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,22 +13,71 @@ MAX_DEPTH = 6  # the Hugging Face cache nests models--org--name/snapshots/<hash>
 MAX_FILES = 200
 
 
+def hub_cache(home: Path, env=os.environ) -> Path:
+    """The Hugging Face hub cache, found as huggingface_hub finds it: HF_HUB_CACHE, else
+    HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    cache = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else home / ".cache"
+    return cache / "huggingface" / "hub"
+
+
 def usual_places(home: Path | None = None, env=os.environ) -> list[tuple[str, Path]]:
     """(what, folder) of every place looked in, existing or not."""
     if PLACES_ENV in env:
         return [("elsewhere", Path(p)) for p in env[PLACES_ENV].split(os.pathsep) if p]
     home = home or Path.home()
-    hf_home = Path(env.get("HF_HOME") or home / ".cache" / "huggingface")
+    config = Path(env["XDG_CONFIG_HOME"]).expanduser() if env.get("XDG_CONFIG_HOME") else home / ".config"
     return [
         ("Downloads", home / "Downloads"),
-        ("the Hugging Face cache", Path(env.get("HF_HUB_CACHE") or hf_home / "hub")),
+        ("the Hugging Face cache", hub_cache(home, env)),
         ("LM Studio", home / ".lmstudio" / "models"),
         ("LM Studio", home / ".cache" / "lm-studio" / "models"),
         ("Jan", home / "jan" / "models"),
         ("Jan", home / ".local" / "share" / "Jan" / "data" / "models"),
+        ("Jan", config / "Jan" / "data" / "llamacpp" / "models"),  # Jan's Linux app (llama.cpp engine)
         ("Ollama", home / ".ollama" / "models" / "blobs"),
         ("Ollama", Path("/usr/share/ollama/.ollama/models/blobs")),
     ]
+
+
+OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+def ollama_name(blob: Path) -> str | None:
+    """The model name Ollama shows for one of its blobs (`blobs/sha256-<hex>`), from its
+    manifests (`manifests/<registry>/<namespace>/<model>/<tag>`, JSON whose model layer's
+    digest is `sha256:<hex>`): "model:tag", or "namespace/model:tag" outside the library
+    namespace; None when no manifest names it."""
+    if not blob.name.startswith("sha256-"):
+        return None
+    digest = "sha256:" + blob.name[len("sha256-"):]
+    manifests = blob.parent.parent / "manifests"
+    if not manifests.is_dir():
+        return None
+    for path in sorted(manifests.rglob("*")):
+        rel = path.relative_to(manifests).parts
+        if len(rel) != 4 or not path.is_file():
+            continue
+        try:
+            if path.stat().st_size > MAX_MANIFEST_BYTES:
+                continue
+            layers = json.loads(path.read_text(encoding="utf-8")).get("layers") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        if any(isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_MODEL_LAYER
+               and layer.get("digest") == digest for layer in layers):
+            _registry, namespace, model, tag = rel
+            return f"{model}:{tag}" if namespace == "library" else f"{namespace}/{model}:{tag}"
+    return None
+
+
+def shown_name(path: Path) -> str:
+    """The name a found model file is listed by: Ollama's model name for its blobs, else the file's."""
+    return ollama_name(path) or path.name
 
 
 def is_gguf(path: Path) -> bool:

@@ -36,7 +36,7 @@ from ...engine.library.sizes import size_text
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
-from ..model_places import find_models, usual_places
+from ..model_places import find_models, shown_name, usual_places
 from ..widgets.model_bar import quant_of
 from ..config import AppSettings
 
@@ -232,7 +232,7 @@ class ModelManagerDialog(QDialog):
         self.machine = machine
         self.listed = self.downloads.catalog_sizes  # the hub's sizes, kept by the app's downloads
         self._recent: set[Path] = set()  # rows from settings.recent_models
-        self._found: list[tuple[str, LocalModel]] = []  # (where, model) found elsewhere (model_places)
+        self._found: list[tuple[str, LocalModel, str]] = []  # (where, model, shown name) found elsewhere (model_places)
         self._found_in: dict[Path, str] = {}
         self._looked_elsewhere = False
         self._plans = 0  # planning jobs started: only the latest one's results are shown
@@ -597,7 +597,7 @@ class ModelManagerDialog(QDialog):
         self.local_import.clicked.connect(self._import_dialog)
         self.local_delete.clicked.connect(self._delete_local)
         self.local_open.clicked.connect(self._open_folder)
-        self.local_refresh.clicked.connect(self.refresh_local)
+        self.local_refresh.clicked.connect(self.look_again)
         buttons = QHBoxLayout()
         for b in (self.local_import, self.local_copy):
             buttons.addWidget(b)
@@ -610,6 +610,13 @@ class ModelManagerDialog(QDialog):
         layout.addLayout(buttons)
         return w
 
+    def look_again(self) -> None:
+        """Refresh: the models folder and the other apps' places read again (a file downloaded
+        or deleted since the dialog opened shows up or goes)."""
+        self._looked_elsewhere = False
+        self._found = []
+        self.refresh_local()
+
     def refresh_local(self) -> None:
         """The models folder, imported files, and the files loaded lately from elsewhere."""
         self.local_models = scan_models(self.models_dir)
@@ -621,18 +628,20 @@ class ModelManagerDialog(QDialog):
                 self.local_models.append(describe_model(resolved))
                 listed.add(resolved)
                 self._recent.add(resolved)
-        for what, m in self._found:  # elsewhere on this computer (looked for as a job)
+        shown = {}
+        for what, m, name in self._found:  # elsewhere on this computer (looked for as a job)
             if m.path not in listed and m.path.is_file():
                 self.local_models.append(m)
                 listed.add(m.path)
                 self._found_in[m.path] = what
+                shown[m.path] = name
         t = self.local_table
         t.setRowCount(0)
         for m in self.local_models:
             row = t.rowCount()
             t.insertRow(row)
             loaded = m.path == self.loaded_model
-            t.setItem(row, 0, _item(m.path.name + ("  (loaded)" if loaded else ""), m))
+            t.setItem(row, 0, _item(shown.get(m.path, m.path.name) + ("  (loaded)" if loaded else ""), m))
             t.setItem(row, 1, _item("projector" if m.is_projector else "model"))
             t.setItem(row, 2, _item(m.architecture or ("unreadable" if m.error else "?")))
             # The file's own name says Q4_K_M; the header's commonest type only Q4_K.
@@ -657,7 +666,7 @@ class ModelManagerDialog(QDialog):
             self._looked_elsewhere = True
             skip = set(listed)
             # Listed by the name people know: a cache's link, not the blob it points to.
-            self.jobs.run(lambda: [(what, replace(describe_model(path), path=path))
+            self.jobs.run(lambda: [(what, replace(describe_model(path), path=path), shown_name(path))
                                    for what, path in find_models(usual_places(), skip)],
                           self._on_found_elsewhere)
 

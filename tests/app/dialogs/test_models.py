@@ -444,3 +444,39 @@ def test_the_loaded_models_ram_is_counted_free_once(qtbot, fake, tmp_path, monke
     qtbot.waitUntil(lambda: "free" in dlg.machine_label.text(), timeout=TIMEOUT)
     assert dlg.machine_label.text().startswith("This machine: system memory: 14.00 GB free.")
     dlg.close()
+
+
+def test_refresh_looks_in_the_other_apps_places_again_and_names_ollama_blobs(qtbot, fake, tmp_path, monkeypatch):
+    """Issue 35, item 8: Refresh finds a model put in another app's folder after the dialog
+    opened (it only looked once), and an Ollama blob is listed by its manifest's name."""
+    import json
+    import os
+
+    from support.fakehub import make_gguf_bytes
+    downloads = tmp_path / "Downloads"
+    downloads.mkdir()
+    blobs = tmp_path / "ollama" / "models" / "blobs"
+    blobs.mkdir(parents=True)
+    make_gguf_bytes(blobs / ("sha256-" + "ab" * 32), quant="Q4_0", seed=3)
+    manifest = tmp_path / "ollama" / "models" / "manifests" / "registry.ollama.ai" / "library" / "ministral-3" / "3b"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                                "digest": "sha256:" + "ab" * 32}]}))
+    monkeypatch.setenv("TRAMONTANE_MODEL_PLACES", os.pathsep.join(map(str, (downloads, blobs))))
+    dlg = ModelManagerDialog(tmp_path / "models", hub=Hub(endpoint=fake.endpoint, token=False), catalog=tiny_catalog())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    dlg.tabs.setCurrentIndex(2)
+    table = dlg.local_table
+
+    def names():
+        return sorted(table.item(r, 0).text() for r in range(table.rowCount()))
+
+    qtbot.waitUntil(lambda: names() == ["ministral-3:3b"], timeout=TIMEOUT)
+    make_gguf_bytes(downloads / "later-Q4_0.gguf", quant="Q4_0", seed=4)
+    qtbot.mouseClick(dlg.local_refresh, qtbot_left())
+    qtbot.waitUntil(lambda: names() == ["later-Q4_0.gguf", "ministral-3:3b"], timeout=TIMEOUT)
+    (downloads / "later-Q4_0.gguf").unlink()
+    qtbot.mouseClick(dlg.local_refresh, qtbot_left())
+    qtbot.waitUntil(lambda: names() == ["ministral-3:3b"], timeout=TIMEOUT)
+    dlg.close()
