@@ -16,6 +16,9 @@ def why_not_a_model(path: str | Path) -> str:
     except OSError as exc:
         return f"Cannot open “{name}”: {exc.strerror or exc}."
     if magic != GGUF_MAGIC:
+        if name.lower().endswith(".gguf"):  # the name says GGUF, the bytes do not: advice about the name would not help
+            return (f"“{name}” is not a GGUF file: it ends in .gguf but its contents are something else "
+                    "(an unfinished download, or another kind of file renamed). Download it again or choose another.")
         return f"“{name}” is not a GGUF model file. Choose a model file ending in .gguf."
     from ..engine.library.local import LocalModelError, read_header
 

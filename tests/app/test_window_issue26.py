@@ -46,7 +46,7 @@ def test_opening_a_wrong_file_keeps_the_loaded_model(qtbot, window, monkeypatch,
         return model_files.why_not_a_model(path)
 
     monkeypatch.setattr(app_window_module, "why_not_a_model", why_not_a_model)
-    for path, words in ((text_file, "is not a GGUF model file"), (MMPROJ, "is a vision projector")):
+    for path, words in ((text_file, "is not a GGUF file"), (MMPROJ, "is a vision projector")):
         open_file(window, monkeypatch, path)
         qtbot.waitUntil(lambda: window.checking_model is None, timeout=30000)
         qtbot.wait(200)  # a load or unload would have reached the worker by now
