@@ -3,6 +3,7 @@ scheduler): does it fit the context, are its raw ids in the vocabulary, and its 
 (token embeddings with each image's features spliced into its [IMG] positions)."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -48,11 +49,8 @@ def image_features(vision, prompt: EncodedPrompt, start: int = 0,
         return [None] * len(spans)
     if vision is None:
         raise EngineError("this model has no vision projector: load one to send images")
-    if lock is None:
+    with lock if lock is not None else contextlib.nullcontext():
         encoded = vision.encode_image_parts([s.image for s in needed])
-    else:
-        with lock:
-            encoded = vision.encode_image_parts([s.image for s in needed])
     it = iter(encoded)
     return [next(it) if s.end > start else None for s in spans]
 
