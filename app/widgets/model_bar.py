@@ -31,7 +31,9 @@ class ModelBar(QFrame):
         self.projector_label = QLabel()
         self.projector_label.setObjectName("quantChip")
         self.projector_label.hide()
-        self.device_label = ElidedLabel()
+        # Where it runs first, then the memory and context figures: cut from the left, the
+        # figures are the last to go.
+        self.device_label = ElidedLabel(mode=Qt.TextElideMode.ElideLeft)
         self.quant_label = QLabel()  # Q4_K_M, F16...: how the weights are stored
         self.quant_label.setObjectName("quantChip")
         self.quant_label.hide()
@@ -56,31 +58,36 @@ class ModelBar(QFrame):
         self.unload_button.setToolTip("Free the memory the model uses")
         self.unload_button.setEnabled(False)
         self.model_combo = None  # the servers' model picker, added by the window when available
-        layout = QHBoxLayout(self)
+        # Two rows: the name, the load's progress and the buttons; under them, across the whole
+        # bar, the projector chip, where it runs, the memory and the context. Beside the
+        # buttons the second row had ~200 px at a width of 800 and its figures were cut to
+        # nothing; the name elides instead (its path is in the tooltip).
+        layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 4)
-        text = QVBoxLayout()
-        text.setSpacing(0)
+        layout.setSpacing(0)
         top = QHBoxLayout()
         top.setSpacing(8)
         top.addWidget(self.model_label)
         top.addWidget(self.quant_label)
         top.addStretch(1)
-        text.addLayout(top)
+        top.addWidget(self.progress)
+        self.buttons = QHBoxLayout()
+        self.buttons.addWidget(self.models_button)
+        self.buttons.addWidget(self.open_button)
+        self.buttons.addWidget(self.unload_button)
+        top.addLayout(self.buttons)
+        layout.addLayout(top)
         line = QHBoxLayout()
         line.setSpacing(16)
         line.addWidget(self.projector_label, 0)  # here, not beside the name: the name comes first
         line.addWidget(self.device_label, 1)
         line.addWidget(self.context_meter, 0, Qt.AlignmentFlag.AlignVCenter)
-        text.addLayout(line)
-        layout.addLayout(text, 1)
-        layout.addWidget(self.progress)
-        self.buttons = QHBoxLayout()
-        self.buttons.addWidget(self.models_button)
-        self.buttons.addWidget(self.open_button)
-        self.buttons.addWidget(self.unload_button)
-        layout.addLayout(self.buttons)
+        layout.addLayout(line)
 
     def show_loading(self, name: str) -> None:
+        """The model `name` is loading: what the bar said about the previous one goes (its
+        quant, "vision"/"text only", device and memory, context meter)."""
+        self._clear_badges()
         self._loading_name = name
         self.model_label.setText(f"Loading {name}…")
         self.model_label.setToolTip("")
@@ -106,13 +113,7 @@ class ModelBar(QFrame):
         if info is None:
             self.model_label.setText("No model loaded")
             self.model_label.setToolTip("")
-            self.projector_label.setText("")
-            self.projector_label.hide()
-            self.device_label.setText("")
-            self.device_label.setToolTip("")
-            self.quant_label.hide()
-            self.show_context(0, 0)
-            self.unload_button.setEnabled(False)
+            self._clear_badges()
             return
         if info.remote:
             self.model_label.setText(f"<b>{escape(info.description)}</b>")
@@ -148,6 +149,18 @@ class ModelBar(QFrame):
             self.device_label.setToolTip(device_tip(info))
         self.unload_button.setEnabled(True)
         self.unload_button.setToolTip("Free the memory the model uses")
+
+    def _clear_badges(self) -> None:
+        """No model's quant, projector chip, device line or context meter."""
+        self.projector_label.setText("")
+        self.projector_label.setToolTip("")
+        self.projector_label.hide()
+        self.device_label.setText("")
+        self.device_label.setToolTip("")
+        self.quant_label.setText("")
+        self.quant_label.hide()
+        self.show_context(0, 0)
+        self.unload_button.setEnabled(False)
 
     def show_context(self, used: int, size: int) -> None:
         """The meter of the context the open chat takes (hidden without a model or a size)."""
