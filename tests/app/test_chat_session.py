@@ -14,7 +14,8 @@ from support.app_window import MMPROJ, MODEL, close_window, make_window, send  #
 pytestmark = pytest.mark.usefixtures("isolated")
 
 WRITES = ("create_chat", "add_message", "begin_reply", "checkpoint_reply", "finish_reply",
-          "delete_message", "truncate_after", "edit_message", "edit_as_version")
+          "delete_message", "truncate_after", "edit_message", "edit_as_version", "abandon_reply",
+          "regenerate_reply")
 
 
 def record_writes(store, monkeypatch) -> list[tuple[str, str]]:
@@ -37,17 +38,17 @@ def test_reply_writes_happen_on_the_worker(qtbot, window, monkeypatch):
     send(qtbot, window, "Hello")
     send(qtbot, window, "And again")
     with qtbot.waitSignal(window.replyFinished, timeout=30000):
-        window.regenerate()
-    user = next(m.id for m in window.store.get_chat(window.current_chat_id).messages if m.role == "user")
+        window.replies.regenerate()
+    user = next(m.id for m in window.store.get_chat(window.session.current_chat_id).messages if m.role == "user")
     with qtbot.waitSignal(window.replyFinished, timeout=30000):
-        window.edit_and_resend(user, "Hello there")
+        window.replies.edit_and_resend(user, "Hello there")
     names = {name for name, _ in calls}
     assert {"create_chat", "add_message", "begin_reply", "checkpoint_reply", "finish_reply",
             "edit_as_version"} <= names
     on_ui = [(name, thread) for name, thread in calls if thread == ui]
     assert on_ui == [], on_ui
     # What was written is what was shown, and complete.
-    last = window.store.get_chat(window.current_chat_id).messages[-1]
+    last = window.store.get_chat(window.session.current_chat_id).messages[-1]
     assert last.state == "complete" and last.text == window.view.widgets[-1].text
 
 
@@ -57,17 +58,17 @@ def test_failed_reply_is_saved_on_the_worker(qtbot, tmp_path, monkeypatch):
     window = make_window(qtbot, tmp_path / "data")
     try:
         window.settings.context_length = 32
-        window.load_model(str(MODEL), str(MMPROJ))
-        qtbot.waitUntil(lambda: window.engine_info is not None and window.engine_info.context_size == 32,
+        window.model_loading.load_model(str(MODEL), str(MMPROJ))
+        qtbot.waitUntil(lambda: window.session.engine_info is not None and window.session.engine_info.context_size == 32,
                         timeout=30000)
         calls = record_writes(window.store, monkeypatch)
         window.composer.edit.setPlainText("word " * 60)
         with qtbot.waitSignal(window.replyFailed, timeout=30000):
             window.composer.submit()
-        assert ("delete_message", threading.current_thread().name) not in calls
-        assert any(name == "delete_message" for name, _ in calls)
-        assert [m.role for m in window.store.get_chat(window.current_chat_id).messages] == ["user"]
-        assert "context length" in window.notices[window.current_chat_id]
+        assert ("abandon_reply", threading.current_thread().name) not in calls
+        assert any(name == "abandon_reply" for name, _ in calls)  # the empty reply goes
+        assert [m.role for m in window.store.get_chat(window.session.current_chat_id).messages] == ["user"]
+        assert "context length" in window.session.notices[window.session.current_chat_id]
     finally:
         close_window(window)
 
@@ -77,29 +78,29 @@ def test_drafts_stay_with_their_chat_across_restarts(qtbot, tmp_path):
     window = make_window(qtbot, data)
     try:
         send(qtbot, window, "First chat")
-        first = window.current_chat_id
-        window.new_chat()
+        first = window.session.current_chat_id
+        window.navigation.new_chat()
         send(qtbot, window, "Second chat")
-        second = window.current_chat_id
+        second = window.session.current_chat_id
         window.composer.edit.setPlainText("half-typed for the second")
-        window.open_chat(first)
+        window.navigation.open_chat(first)
         assert window.composer.edit.toPlainText() == ""
         window.composer.edit.setPlainText("half-typed for the first")
-        window.open_chat(second)
+        window.navigation.open_chat(second)
         assert window.composer.edit.toPlainText() == "half-typed for the second"
-        window.new_chat()
+        window.navigation.new_chat()
         assert window.composer.edit.toPlainText() == ""
-        window.open_chat(first)
+        window.navigation.open_chat(first)
     finally:
         close_window(window)
     window = make_window(qtbot, data, load=False)  # restarted on the last chat
     try:
-        assert window.current_chat_id == first
+        assert window.session.current_chat_id == first
         assert window.composer.edit.toPlainText() == "half-typed for the first"
-        window.open_chat(second)
+        window.navigation.open_chat(second)
         assert window.composer.edit.toPlainText() == "half-typed for the second"
-        window.delete_chat(second)  # a deleted chat's draft goes with it (once Undo is over)
-        window.commit_deletes()
+        window.chats.delete_chat(second)  # a deleted chat's draft goes with it (once Undo is over)
+        window.chats.commit_deletes()
         assert window.store.get_setting(f"draft.{second}") is None
     finally:
         close_window(window)

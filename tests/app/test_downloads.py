@@ -97,35 +97,35 @@ def test_the_window_owns_the_downloads(qtbot, fake, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
     window = make_window(qtbot, tmp_path / "data", load=False)
     window.settings.models_dir = str(tmp_path / "models")
-    window.open_model_manager()
-    dialog = window.model_manager
-    assert dialog.downloads is window.downloads and dialog.models_dir == tmp_path / "models"
+    window.dialogs.open_model_manager()
+    dialog = window.dialogs.model_manager
+    assert dialog.downloads is window.dialogs.downloads and dialog.models_dir == tmp_path / "models"
     data = fake.repos[REPO].files[MODEL_FILE]
     fake.faults.stall_at[MODEL_FILE] = len(data) // 2
     dialog.start_pair(dialog.hub.file_info(REPO, MODEL_FILE), None)
     key = DownloadRequest(REPO, MODEL_FILE).key
-    qtbot.waitUntil(lambda: window.downloads.manager.status(key).done_bytes > 0, timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: window.dialogs.downloads.manager.status(key).done_bytes > 0, timeout=TIMEOUT)
     dialog.reject()  # Esc / Close: the dialog goes (WA_DeleteOnClose)
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
     qtbot.wait(300)
-    assert window.downloads.state(key) is DownloadState.RUNNING
+    assert window.dialogs.downloads.state(key) is DownloadState.RUNNING
     fake.faults.release.set()
-    qtbot.waitUntil(lambda: window.downloads.state(key) is DownloadState.DONE, timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: window.dialogs.downloads.state(key) is DownloadState.DONE, timeout=TIMEOUT)
     assert fake.served(MODEL_FILE) == len(data)
 
-    window.open_model_manager()  # reopened: the same downloads, the finished one listed
-    assert window.model_manager.downloads is window.downloads
-    assert window.model_manager._rows[key].state is DownloadState.DONE
+    window.dialogs.open_model_manager()  # reopened: the same downloads, the finished one listed
+    assert window.dialogs.model_manager.downloads is window.dialogs.downloads
+    assert window.dialogs.model_manager._rows[key].state is DownloadState.DONE
 
     # Quitting pauses what still runs; its part stays for the next session.
     fake.faults.release.clear()
     other = "Tiny-Vision-Q4_0.gguf"
     fake.faults.stall_at[other] = 1000
-    window.model_manager.start_pair(window.downloads.hub.file_info(REPO, other), None)
+    window.dialogs.model_manager.start_pair(window.dialogs.downloads.hub.file_info(REPO, other), None)
     other_key = DownloadRequest(REPO, other).key
-    qtbot.waitUntil(lambda: window.downloads.manager.status(other_key).done_bytes > 0,
+    qtbot.waitUntil(lambda: window.dialogs.downloads.manager.status(other_key).done_bytes > 0,
                     timeout=TIMEOUT)
-    downloads = window.downloads
+    downloads = window.dialogs.downloads
     close_window(window)
     assert downloads.state(other_key) is DownloadState.PAUSED
     assert [r.key for r in downloads.manager.unfinished_requests()] == [other_key]

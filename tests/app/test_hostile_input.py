@@ -33,7 +33,7 @@ def black_strip(width: int, height: int) -> bytes:
 
 
 def chat_snapshot(window) -> list[tuple]:
-    chat = window.store.get_chat(window.current_chat_id)
+    chat = window.store.get_chat(window.session.current_chat_id)
     return [(m.role, m.text, m.state, [im.sha256 for im in m.images]) for m in chat.messages]
 
 
@@ -96,7 +96,7 @@ def test_the_issues_strip_is_read_within_bounded_memory(qtbot, window, tmp_path)
     send(qtbot, window, "what is this?")
     grown = peak_since(base)
     assert grown < 600 << 20, f"{grown / 2**20:.0f} MiB"
-    messages = window.store.get_chat(window.current_chat_id).messages
+    messages = window.store.get_chat(window.session.current_chat_id).messages
     assert [m.role for m in messages] == ["user", "assistant"] and messages[0].images
     assert messages[1].state == "complete"
 
@@ -129,7 +129,7 @@ def test_a_large_undecodable_image_is_taken_off_before_it_joins_the_chat(qtbot, 
     qtbot.waitUntil(lambda: not window.composer.checking, timeout=10000)
     message = window.composer.message.text()
     assert window.composer.images == [] and "big-cut.png" in message and "truncated" in message, message
-    assert window.pending is None and window.composer.edit.toPlainText() == "and this?"
+    assert window.session.pending is None and window.composer.edit.toPlainText() == "and this?"
     assert chat_snapshot(window) == before
     send(qtbot, window, " again")  # the next turn works
     assert chat_snapshot(window)[: len(before)] == before
@@ -143,7 +143,7 @@ def test_a_send_pressed_while_a_good_image_is_checked_goes_out_after(qtbot, wind
     window.composer.edit.setPlainText("look")
     with qtbot.waitSignal(window.replyFinished, timeout=30000):
         window.composer.submit()
-    messages = window.store.get_chat(window.current_chat_id).messages
+    messages = window.store.get_chat(window.session.current_chat_id).messages
     assert [m.role for m in messages] == ["user", "assistant"] and len(messages[0].images) == 1
 
 
@@ -158,29 +158,29 @@ HOSTILE_MODELS = {
 
 def test_hostile_models_are_refused_and_the_chat_is_unchanged(qtbot, window, tmp_path):
     send(qtbot, window, "hello")
-    chat_id = window.current_chat_id
+    chat_id = window.session.current_chat_id
     before = chat_snapshot(window)
     beat = Heartbeat()
     try:
         for name, (edit, key) in HOSTILE_MODELS.items():
             path = rewrite_gguf(MODEL, tmp_path / name, set_kv=edit)
             t0 = time.perf_counter()
-            window.load_model(str(path))
-            qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
+            window.model_loading.load_model(str(path))
+            qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
             assert time.perf_counter() - t0 < 10
-            assert window.engine_info is None
+            assert window.session.engine_info is None
             shown = window.model_bar.model_label.text() + window.model_bar.model_label.toolTip()
             assert name in shown, shown
-            assert key in window.notices[chat_id], window.notices[chat_id]
-            assert "Traceback" not in window.notices[chat_id]
+            assert key in window.session.notices[chat_id], window.session.notices[chat_id]
+            assert "Traceback" not in window.session.notices[chat_id]
         ticks = beat.ticks
         qtbot.waitUntil(lambda: beat.ticks >= ticks + 5, timeout=5000)
     finally:
         beat.stop()
-    assert window.current_chat_id == chat_id and chat_snapshot(window) == before
+    assert window.session.current_chat_id == chat_id and chat_snapshot(window) == before
     # The window goes on: the good model loads again and the chat continues.
-    window.load_model(str(MODEL), str(MMPROJ))
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    window.model_loading.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
     send(qtbot, window, "back again")
     assert chat_snapshot(window)[: len(before)] == before
 
@@ -190,9 +190,9 @@ def test_a_hostile_projector_is_refused_naming_its_key(qtbot, window, tmp_path):
     before = chat_snapshot(window)
     path = rewrite_gguf(MMPROJ, tmp_path / "mmproj-bad.gguf",
                         set_kv={"clip.vision.block_count": (2**40, T.UINT64)})
-    window.load_model(str(MODEL), str(path))
-    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
-    notice = window.notices.get(window.current_chat_id, "")
+    window.model_loading.load_model(str(MODEL), str(path))
+    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
+    notice = window.session.notices.get(window.session.current_chat_id, "")
     assert "mmproj-bad.gguf" in notice and "clip.vision.block_count" in notice, notice
     assert chat_snapshot(window) == before
 
@@ -202,14 +202,14 @@ def test_hostile_files_in_the_models_folder(qtbot, window, tmp_path):
     key in its tooltip, and will not load it; a file whose header reads but whose counts are
     hostile loads into one message. The open chat is unchanged either way."""
     send(qtbot, window, "hello")
-    chat_id = window.current_chat_id
+    chat_id = window.session.current_chat_id
     before = chat_snapshot(window)
     folder = tmp_path / "models" / "org__Tiny-GGUF"
     folder.mkdir(parents=True)
     rewrite_gguf(MODEL, folder / "name.gguf", set_kv={"general.name": ([1, 2], T.ARRAY, T.UINT8)})
     rewrite_gguf(MODEL, folder / "blocks.gguf", set_kv={"mistral3.block_count": (2**31, T.UINT64)})
-    window.open_model_manager(tab=2)
-    dialog = window.model_manager
+    window.dialogs.open_model_manager(tab=2)
+    dialog = window.dialogs.model_manager
     table = dialog.local_table
     qtbot.waitUntil(lambda: table.rowCount() >= 2, timeout=10000)  # and the model loaded lately
     rows = {table.item(r, 0).text(): r for r in range(table.rowCount())}
@@ -221,7 +221,7 @@ def test_hostile_files_in_the_models_folder(qtbot, window, tmp_path):
     table.selectRow(rows["blocks.gguf"])
     assert dialog.local_load.isEnabled()
     dialog.local_load.click()
-    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None
-                    and window.engine_info is None, timeout=30000)
-    assert "mistral3.block_count" in window.notices[chat_id] and "blocks.gguf" in window.notices[chat_id]
-    assert window.current_chat_id == chat_id and chat_snapshot(window) == before
+    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None
+                    and window.session.engine_info is None, timeout=30000)
+    assert "mistral3.block_count" in window.session.notices[chat_id] and "blocks.gguf" in window.session.notices[chat_id]
+    assert window.session.current_chat_id == chat_id and chat_snapshot(window) == before

@@ -57,7 +57,7 @@ def test_drop_image_type_send_streams_pieces(qtbot, window, tmp_path):
     edit.setFocus()
     qtbot.keyClicks(edit, "What is in")
     qtbot.keyClick(edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)  # a new line, no send
-    assert window.pending is None and edit.toPlainText() == "What is in\n"
+    assert window.session.pending is None and edit.toPlainText() == "What is in\n"
     qtbot.keyClicks(edit, "this picture?")
     with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
         qtbot.keyClick(edit, Qt.Key.Key_Return)
@@ -65,7 +65,7 @@ def test_drop_image_type_send_streams_pieces(qtbot, window, tmp_path):
     reply_id = blocker.args[0]
 
     assert len(counter.pieces) > 1  # streamed, not delivered at once
-    chat = window.store.get_chat(window.current_chat_id)
+    chat = window.store.get_chat(window.session.current_chat_id)
     user, reply = chat.messages
     assert user.text == "What is in\nthis picture?"
     assert [im.sha256 for im in user.images] == [ImagePart(image_path.read_bytes()).sha256]
@@ -116,8 +116,8 @@ def test_stop_mid_reply_keeps_text_and_checkpoints(qtbot, window):
     def stop_after_three():  # on the UI thread, after the window has handled the piece
         if len(counter.pieces) == 3 and not seen:
             # The partial reply is already in the database while it streams.
-            seen["saved"] = window.store.get_message(window.pending.message_id)
-            seen["pending_text"] = window.pending.text
+            seen["saved"] = window.store.get_message(window.session.pending.message_id)
+            seen["pending_text"] = window.session.pending.text
             seen["t0"] = time.monotonic()
             window.composer.stop_button.click()
 
@@ -147,7 +147,7 @@ def test_regenerate_replaces_last_reply_and_reuses_cache(qtbot, window):
     with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
         window.composer.regenerate_button.click()
     second = blocker.args[0]
-    messages = window.store.get_chat(window.current_chat_id).messages
+    messages = window.store.get_chat(window.session.current_chat_id).messages
     assert [m.role for m in messages] == ["user", "assistant"]
     # The reply is written again in its place; the first version is kept (‹ 2/2 ›).
     assert messages[1].id == second == first and (messages[1].versions, messages[1].version) == (2, 1)
@@ -158,20 +158,20 @@ def test_regenerate_replaces_last_reply_and_reuses_cache(qtbot, window):
     # The per-message Regenerate button does the same.
     with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
         window.view.widgets[-1].buttons["regenerate"].click()
-    assert [m.id for m in window.store.get_chat(window.current_chat_id).messages][-1] == blocker.args[0]
+    assert [m.id for m in window.store.get_chat(window.session.current_chat_id).messages][-1] == blocker.args[0]
 
 
 def test_edit_an_earlier_message_and_resend(qtbot, window):
     send(qtbot, window, "First question")
     send(qtbot, window, "Second question")
-    assert len(window.store.get_chat(window.current_chat_id).messages) == 4
+    assert len(window.store.get_chat(window.session.current_chat_id).messages) == 4
     first_user = window.view.widgets[0]
     first_user.buttons["edit"].click()
     assert first_user.editor is not None and first_user.editor.toPlainText() == "First question"
     first_user.editor.setPlainText("A better first question")
     with qtbot.waitSignal(window.replyFinished, timeout=30000) as blocker:
         first_user.edit_send.click()
-    messages = window.store.get_chat(window.current_chat_id).messages
+    messages = window.store.get_chat(window.session.current_chat_id).messages
     assert [(m.role, m.text if m.role == "user" else None) for m in messages] == [
         ("user", "A better first question"), ("assistant", None)]
     assert messages[1].id == blocker.args[0] and messages[1].state == "complete"
@@ -185,24 +185,24 @@ def test_chat_and_model_restored_after_restart(qtbot, tmp_path):
     drop_files(window_composer := w1.composer, [image])
     assert len(window_composer.images) == 1
     reply_id = send(qtbot, w1, "Describe it")
-    w1.new_chat()
+    w1.navigation.new_chat()
     send(qtbot, w1, "Another chat")
-    chat_id = w1.current_chat_id
+    chat_id = w1.session.current_chat_id
     texts = [m.text for m in w1.store.get_chat(chat_id).messages]
     first_chat = w1.store.get_message(reply_id).chat_id
     close_window(w1)
 
     w2 = make_window(qtbot, data, load=False, autoload=True)  # the last model loads by itself
     try:
-        assert w2.current_chat_id == chat_id
+        assert w2.session.current_chat_id == chat_id
         assert [w.text for w in w2.view.widgets] == texts
         assert w2.stack.currentWidget() is w2.view
         assert w2.chat_model.rowCount() == 2
-        qtbot.waitUntil(lambda: w2.engine_info is not None, timeout=30000)
-        assert Path(w2.engine_info.model_path) == MODEL and Path(w2.engine_info.mmproj_path) == MMPROJ
+        qtbot.waitUntil(lambda: w2.session.engine_info is not None, timeout=30000)
+        assert Path(w2.session.engine_info.model_path) == MODEL and Path(w2.session.engine_info.mmproj_path) == MMPROJ
         assert w2.composer.attach_button.isEnabled()
         w2.chat_list.setCurrentIndex(w2.chat_model.index(w2.chat_model.row_of(first_chat)))
-        assert w2.current_chat_id == first_chat
+        assert w2.session.current_chat_id == first_chat
         assert len(w2.view.widgets[0].thumbs) == 1
     finally:
         close_window(w2)
@@ -259,7 +259,7 @@ def test_several_images_by_paste_and_drop(qtbot, window, tmp_path):
     window.composer.chips[1].remove_button.click()
     assert [im.name for im in window.composer.images] == ["img0.png", "pasted.png"]
     send(qtbot, window, "Compare")
-    user = window.store.get_chat(window.current_chat_id).messages[0]
+    user = window.store.get_chat(window.session.current_chat_id).messages[0]
     assert [im.name for im in user.images] == ["img0.png", "pasted.png"]
     assert len(window.view.widgets[0].thumbs) == 2
 
@@ -294,8 +294,8 @@ def test_ui_stays_responsive_while_loading_and_generating(qtbot, tmp_path):
                                              tramontane.kernels, allowed=[tramontane.engine.mistral3.image])
         ui.timer.start()
         with engine_code:
-            window.load_model(str(MODEL), str(MMPROJ))
-            qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+            window.model_loading.load_model(str(MODEL), str(MMPROJ))
+            qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
             load = ui.copy()
             window.session.param_overrides["max_tokens"] = 480
             counter = PieceCounter(window)
@@ -342,7 +342,7 @@ def test_a_long_chat_with_code_scrolls_and_rerenders_without_a_gap(qtbot, tmp_pa
         ui.timer.start()
         window.chat_model.refresh()
         ui.restart()  # no tick yet: the refresh is not counted
-        window.open_chat(chat)
+        window.navigation.open_chat(chat)
         qtbot.waitUntil(lambda: not window.view.building, timeout=60000)
         assert len(window.view.widgets) == 200
         assert [w.message.id for w in window.view.widgets] == [m.id for m in store.get_chat(chat).messages]
@@ -350,7 +350,7 @@ def test_a_long_chat_with_code_scrolls_and_rerenders_without_a_gap(qtbot, tmp_pa
         for value in range(0, bar.maximum() + 1, max(1, bar.maximum() // 60)):
             bar.setValue(value)
             qtbot.wait(2)
-        apply_color_scheme(app, dark=not window.dark)  # every message is drawn again
+        apply_color_scheme(app, dark=not window.appearance.dark)  # every message is drawn again
         qtbot.waitUntil(lambda: not window.view.building and len(window.view.widgets) == 200, timeout=60000)
         qtbot.wait(20)
         ui.timer.stop()
@@ -359,7 +359,7 @@ def test_a_long_chat_with_code_scrolls_and_rerenders_without_a_gap(qtbot, tmp_pa
         assert len(ui.cpu) >= 50  # the event loop kept turning throughout
         # A zoom is drawn in slices too (not timed: the first use of a font size costs the
         # font system a one-off lookup, whatever the chat).
-        window.zoom(+1)
+        window.appearance.zoom(+1)
         qtbot.waitUntil(lambda: not window.view.building and len(window.view.widgets) == 200
                         and window.view.widgets[0].font().pointSize() == window.settings.font_size, timeout=60000)
     finally:
@@ -373,9 +373,9 @@ def test_engine_errors_are_messages_in_the_chat(qtbot, tmp_path):
     try:
         bad = tmp_path / "broken.gguf"
         bad.write_bytes(b"GGUF\x03\x00\x00\x00 truncated")
-        window.load_model(str(bad))  # refused before loading, in words
+        window.model_loading.load_model(str(bad))  # refused before loading, in words
         qtbot.waitUntil(lambda: "broken.gguf" in window.composer.message.text(), timeout=30000)
-        assert window.engine_info is None and window.loading is None and window.checking_model is None
+        assert window.session.engine_info is None and window.session.loading is None and window.model_loading.checking_model is None
 
         # Sending without a model says so and keeps the text.
         window.composer.edit.setPlainText("anyone?")
@@ -386,17 +386,17 @@ def test_engine_errors_are_messages_in_the_chat(qtbot, tmp_path):
         # A conversation longer than the context: the engine's EngineError is shown in the
         # chat, the app goes on, and the user's message is kept.
         window.settings.context_length = 32
-        window.load_model(str(MODEL), str(MMPROJ))
-        qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
-        assert window.engine_info.context_size == 32
+        window.model_loading.load_model(str(MODEL), str(MMPROJ))
+        qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
+        assert window.session.engine_info.context_size == 32
         window.composer.edit.setPlainText("word " * 60)
         with qtbot.waitSignal(window.replyFailed, timeout=30000) as blocker:
             window.composer.submit()
         assert "context length" in blocker.args[0]
         assert window.view.notice.isVisible() and "context length" in window.view.notice.text()
-        messages = window.store.get_chat(window.current_chat_id).messages
+        messages = window.store.get_chat(window.session.current_chat_id).messages
         assert [m.role for m in messages] == ["user"]
-        assert window.composer.send_button.isEnabled() and window.pending is None
+        assert window.composer.send_button.isEnabled() and window.session.pending is None
     finally:
         close_window(window)
 
@@ -412,8 +412,8 @@ def test_without_projector_images_are_disabled_with_a_hint(qtbot, tmp_path):
         image.write_bytes(png_bytes(8, 8))
         drop_files(window.composer, [image])
         assert window.composer.images == [] and "projector" in window.composer.message.text()
-        window.unload_model()
-        qtbot.waitUntil(lambda: window.engine_info is None, timeout=10000)
+        window.model_loading.unload_model()
+        qtbot.waitUntil(lambda: window.session.engine_info is None, timeout=10000)
         assert window.model_bar.model_label.text() == "No model loaded"
     finally:
         close_window(window)
@@ -426,12 +426,12 @@ def test_first_run_empty_state_leads_to_models(qtbot, tmp_path, monkeypatch):
         assert window.empty.title.text() == "No model loaded"
         assert window.empty.recommended_button.isVisible()
         window.empty.recommended_button.click()
-        dialog = window.model_manager
+        dialog = window.dialogs.model_manager
         qtbot.waitUntil(dialog.isVisible)
         assert dialog.tabs.tabText(dialog.tabs.currentIndex()) == "Recommended"
         # The dialog's load request loads the model.
         dialog.load_requested.emit(str(MODEL), str(MMPROJ))
-        qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+        qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
         assert window.settings.last_model == (str(MODEL), str(MMPROJ))
     finally:
         close_window(window)
@@ -448,8 +448,8 @@ def test_first_run_empty_state_leads_to_models(qtbot, tmp_path, monkeypatch):
         buttons = window.empty.local_buttons
         assert [b.text() for b in buttons] == [f"Load {MODEL.name} + projector"]
         buttons[0].click()
-        qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
-        assert window.engine_info.has_vision
+        qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
+        assert window.session.engine_info.has_vision
         assert window.empty.title.text() == "Start a conversation"
     finally:
         close_window(window)
@@ -457,11 +457,11 @@ def test_first_run_empty_state_leads_to_models(qtbot, tmp_path, monkeypatch):
 
 def test_chat_list_new_search_rename_branch_delete(qtbot, window):
     send(qtbot, window, "alpha question")
-    alpha = window.current_chat_id
-    window.new_chat()
+    alpha = window.session.current_chat_id
+    window.navigation.new_chat()
     assert window.stack.currentWidget() is window.empty
     send(qtbot, window, "beta question")
-    beta = window.current_chat_id
+    beta = window.session.current_chat_id
     assert window.chat_model.rowCount() == 2 and window.chat_model.chat_id(0) == beta
 
     window.search.setText("alpha")
@@ -469,35 +469,35 @@ def test_chat_list_new_search_rename_branch_delete(qtbot, window):
     window.search.clear()
     assert window.chat_model.rowCount() == 2
 
-    window.rename_chat(beta, "Renamed")
+    window.chats.rename_chat(beta, "Renamed")
     assert window.chat_model.data(window.chat_model.index(window.chat_model.row_of(beta))) == "Renamed"
     assert "Renamed" in window.windowTitle()
 
     user_id = window.view.widgets[0].message.id
     window.view.widgets[0].buttons["branch"].click()
-    branched = window.current_chat_id
+    branched = window.session.current_chat_id
     assert branched not in (alpha, beta)
     assert [m.text for m in window.store.get_chat(branched).messages] == ["beta question"]
     assert window.store.get_message(user_id).chat_id == beta
 
-    window.delete_chat(branched)
-    assert window.current_chat_id is None and window.chat_model.row_of(branched) == -1
+    window.chats.delete_chat(branched)
+    assert window.session.current_chat_id is None and window.chat_model.row_of(branched) == -1
     # Keyboard: the chat list takes focus and arrows move between chats.
     window.chat_list.setFocus()
     window.chat_list.setCurrentIndex(window.chat_model.index(0))
     qtbot.keyClick(window.chat_list, Qt.Key.Key_Down)
-    assert window.current_chat_id == window.chat_model.chat_id(1)
+    assert window.session.current_chat_id == window.chat_model.chat_id(1)
 
 
 def test_system_prompt_per_chat_and_settings_persist(qtbot, window, tmp_path):
-    window.set_system_prompt("Default prompt")  # no chat yet: the default for new chats
+    window.chats.set_system_prompt("Default prompt")  # no chat yet: the default for new chats
     assert window.settings.default_system_prompt == "Default prompt"
     send(qtbot, window, "hi")
-    chat = window.store.get_chat_info(window.current_chat_id)
+    chat = window.store.get_chat_info(window.session.current_chat_id)
     assert chat.system_prompt == "Default prompt"
-    window.set_system_prompt("Only this chat")
-    assert window.store.get_chat_info(window.current_chat_id).system_prompt == "Only this chat"
-    assert window.store.engine_messages(window.current_chat_id)[0].text_content == "Only this chat"
+    window.chats.set_system_prompt("Only this chat")
+    assert window.store.get_chat_info(window.session.current_chat_id).system_prompt == "Only this chat"
+    assert window.store.engine_messages(window.session.current_chat_id)[0].text_content == "Only this chat"
 
     from tramontane.app.dialogs.settings import SettingsDialog
 
@@ -516,7 +516,7 @@ def test_system_prompt_per_chat_and_settings_persist(qtbot, window, tmp_path):
     dialog.accept()
     assert "Seed" in dialog.error.text() and window.settings.sampling.seed == 12
 
-    window.zoom(+2)
+    window.appearance.zoom(+2)
     size = window.settings.font_size
     assert size and window.view.font().pointSize() == size
 
@@ -526,27 +526,27 @@ def test_switch_to_remote_server(qtbot, window):
 
     with FakeVLLM(models=["served-model"], reply="Hi from the server.") as fake:
         combo = pick_server(qtbot, window, fake)
-        assert window.engine_info.remote and "served-model" in window.model_bar.model_label.text()
+        assert window.session.engine_info.remote and "served-model" in window.model_bar.model_label.text()
         reply_id = send(qtbot, window, "hello server")
         assert window.store.get_message(reply_id).text == "Hi from the server."
-        remote_chat = window.current_chat_id
+        remote_chat = window.session.current_chat_id
         info = window.store.get_chat_info(remote_chat)
         assert (info.remote_url, info.remote_model) == (fake.url, "served-model")
 
         # A new chat on the local model; each chat then brings its own model source back.
-        window.new_chat()
+        window.navigation.new_chat()
         with qtbot.waitSignal(window.modelLoaded, timeout=30000):
             combo.setCurrentIndex(combo.findText("Local model"))
-        assert not window.engine_info.remote
+        assert not window.session.engine_info.remote
         send(qtbot, window, "hello local")
-        local_chat = window.current_chat_id
+        local_chat = window.session.current_chat_id
         assert window.store.get_chat_info(local_chat).remote_url is None
         with qtbot.waitSignal(window.modelLoaded, timeout=10000):
-            window.open_chat(remote_chat)
-        assert window.engine_info.remote and combo.current_choice().model == "served-model"
+            window.navigation.open_chat(remote_chat)
+        assert window.session.engine_info.remote and combo.current_choice().model == "served-model"
         with qtbot.waitSignal(window.modelLoaded, timeout=30000):
-            window.open_chat(local_chat)
-        assert not window.engine_info.remote and combo.current_choice().is_local
+            window.navigation.open_chat(local_chat)
+        assert not window.session.engine_info.remote and combo.current_choice().is_local
 
 
 def test_keyboard_only(qtbot, window):
@@ -575,7 +575,7 @@ def test_keyboard_only(qtbot, window):
     assert reply.finish_reason == "length" and reply.generated_tokens == 8
 
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
-    assert window.current_chat_id is None and window.stack.currentWidget() is window.empty
+    assert window.session.current_chat_id is None and window.stack.currentWidget() is window.empty
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
     assert window.search.hasFocus()
     # Every button says what it does.
@@ -594,8 +594,8 @@ def test_closing_mid_reply_keeps_the_partial_reply(qtbot, tmp_path):
 
     def close_on_third_piece():
         if len(counter.pieces) == 3 and not closed:
-            closed["text"] = window.pending.text
-            closed["id"] = window.pending.message_id
+            closed["text"] = window.session.pending.text
+            closed["id"] = window.session.pending.message_id
             window.close()  # stops the worker, keeps what was written
 
     counter = PieceCounter(window, then=close_on_third_piece)
@@ -625,24 +625,24 @@ def test_pin_export_import(qtbot, window, tmp_path):
     image.write_bytes(png_bytes(10, 10, seed=9))
     drop_files(window.composer, [image])
     send(qtbot, window, "first chat")
-    first = window.current_chat_id
-    window.new_chat()
+    first = window.session.current_chat_id
+    window.navigation.new_chat()
     send(qtbot, window, "second chat")
     assert window.chat_model.chat_id(0) != first
-    window.set_pinned(first, True)
+    window.chats.set_pinned(first, True)
     assert window.chat_model.chat_id(0) == first
     pinned = window.chat_model.index(0)  # first, under "Pinned", with the pin icon (no emoji font needed)
     assert pinned.data(HeadingRole) == "Pinned" and not pinned.data(Qt.ItemDataRole.DecorationRole).isNull()
 
-    out = window.export_chat(first, tmp_path / "first.json")
+    out = window.chats.export_chat(first, tmp_path / "first.json")
     assert out is not None and out.is_file()
-    md_out = window.export_chat(first, tmp_path / "first.md")
+    md_out = window.chats.export_chat(first, tmp_path / "first.md")
     assert "first chat" in md_out.read_text()
-    imported = window.import_chat(out)
-    assert imported not in (None, first) and window.current_chat_id == imported
+    imported = window.chats.import_chat(out)
+    assert imported not in (None, first) and window.session.current_chat_id == imported
     original = window.store.get_chat(first).messages
     copy = window.store.get_chat(imported).messages
     assert [(m.role, m.text, [i.sha256 for i in m.images]) for m in copy] == \
         [(m.role, m.text, [i.sha256 for i in m.images]) for m in original]
-    assert window.import_chat(tmp_path / "missing.json") is None
+    assert window.chats.import_chat(tmp_path / "missing.json") is None
     assert "missing.json" in window.status_label.text()

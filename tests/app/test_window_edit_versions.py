@@ -24,7 +24,7 @@ def test_edit_and_resend_keeps_the_old_conversation_as_a_version(qtbot, tmp_path
     send(qtbot, w1, "Second question")
     with qtbot.waitSignal(w1.replyFinished, timeout=30000):
         w1.view.widgets[-1].buttons["regenerate"].click()  # the last reply gets versions 1/2, 2/2
-    chat_id = w1.current_chat_id
+    chat_id = w1.session.current_chat_id
     before = shown(w1.store, chat_id)
     assert len(before) == 4 and before[3][3:] == (2, 1)
 
@@ -57,7 +57,7 @@ def test_edit_and_resend_keeps_the_old_conversation_as_a_version(qtbot, tmp_path
 
     w2 = make_window(qtbot, data, load=False)
     try:
-        assert w2.current_chat_id == chat_id
+        assert w2.session.current_chat_id == chat_id
         assert shown(w2.store, chat_id) == after
         w2.view.widgets[0].version_buttons["previous"].click()
         assert shown(w2.store, chat_id) == old

@@ -21,8 +21,8 @@ def window(qtbot, idle_window):
     w.activateWindow()
     qtbot.waitUntil(lambda: QApplication.focusWidget() is not None)
     w.session.param_overrides = dict(GREEDY, max_tokens=6, ignore_eos=True)
-    w.load_model(str(MODEL), str(MMPROJ))
-    qtbot.waitUntil(lambda: w.engine_info is not None, timeout=30000)
+    w.model_loading.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: w.session.engine_info is not None, timeout=30000)
     return w
 
 

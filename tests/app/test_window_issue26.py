@@ -11,14 +11,14 @@ pytest.importorskip("pytestqt")
 from PySide6.QtWidgets import QFileDialog  # noqa: E402
 
 from support.app_window import MMPROJ, MODEL, pick_server, send  # noqa: E402
-from tramontane.app import model_files, window as app_window_module  # noqa: E402
+from tramontane.app import model_files, model_loading  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def open_file(window, monkeypatch, path) -> None:
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), GGUF))
-    window.open_model_file()
+    window.model_loading.open_model_file()
 
 
 def open_stored_chat(window, title: str, question: str, answer: str, images=()) -> int:
@@ -26,8 +26,8 @@ def open_stored_chat(window, title: str, question: str, answer: str, images=()) 
     chat = window.store.create_chat(title)
     window.store.add_message(chat, "user", question, images)
     window.store.add_message(chat, "assistant", answer)
-    window.refresh_chat_list()
-    window.open_chat(chat)
+    window.navigation.refresh_chat_list()
+    window.navigation.open_chat(chat)
     return chat
 
 
@@ -45,13 +45,13 @@ def test_opening_a_wrong_file_keeps_the_loaded_model(qtbot, window, monkeypatch,
         read_on.append(threading.current_thread())
         return model_files.why_not_a_model(path)
 
-    monkeypatch.setattr(app_window_module, "why_not_a_model", why_not_a_model)
+    monkeypatch.setattr(model_loading, "why_not_a_model", why_not_a_model)
     for path, words in ((text_file, "is not a GGUF file"), (MMPROJ, "is a vision projector")):
         open_file(window, monkeypatch, path)
-        qtbot.waitUntil(lambda: window.checking_model is None, timeout=30000)
+        qtbot.waitUntil(lambda: window.model_loading.checking_model is None, timeout=30000)
         qtbot.wait(200)  # a load or unload would have reached the worker by now
-        assert window.engine_info is not None and window.loading is None
-        assert window.engine_info.model_path == str(MODEL)
+        assert window.session.engine_info is not None and window.session.loading is None
+        assert window.session.engine_info.model_path == str(MODEL)
         message = window.composer.message.text()
         assert words in message and f"{MODEL.name} stays loaded" in message, message
         assert "magic" not in message and "--mmproj" not in message
@@ -70,13 +70,13 @@ def test_regenerate_is_off_without_a_model(qtbot, idle_window):
     assert not window.composer.regenerate_button.isEnabled()
     assert not reply.buttons["regenerate"].isEnabled() and not question.buttons["edit"].isEnabled()
     assert "load a model first" in reply.buttons["regenerate"].toolTip()
-    window.regenerate(None)
-    assert window.pending is None
+    window.replies.regenerate(None)
+    assert window.session.pending is None
     assert "Load a model first" in window.view.notice.text()
     assert [m.text for m in window.store.get_chat(chat).messages] == ["Hello", "Hi"]
 
-    window.load_model(str(MODEL), str(MMPROJ))
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    window.model_loading.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
     assert window.regenerate_action.isEnabled() and window.composer.regenerate_button.isEnabled()
     assert window.view.widgets[-1].buttons["regenerate"].isEnabled()
     assert window.view.widgets[0].buttons["edit"].isEnabled()
@@ -90,13 +90,13 @@ def test_model_hints_go_when_a_model_loads(qtbot, idle_window):
 
     window = idle_window
     open_stored_chat(window, "Picture chat", "Look", "A cat.", [ImagePart(png_bytes(8, 8), "cat.png")])
-    window.load_model(str(MODEL), "")  # text only
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    window.model_loading.load_model(str(MODEL), "")  # text only
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
     window.composer.edit.setPlainText("And now?")
     window.composer.send_button.click()
     assert "no vision projector" in window.composer.message.text()
-    window.load_model(str(MODEL), str(MMPROJ))
-    qtbot.waitUntil(lambda: window.engine_info is not None and window.engine_info.has_vision, timeout=30000)
+    window.model_loading.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None and window.session.engine_info.has_vision, timeout=30000)
     assert not window.composer.message.isVisible() and window.composer.message.text() == ""
     assert window.composer.edit.toPlainText() == "And now?"  # kept for the user to send
 
@@ -112,9 +112,9 @@ def test_server_and_local_states_do_not_mix(qtbot, window):
         pick_server(qtbot, window, fake)
         assert not bar.quant_label.isVisible()
         assert not bar.unload_button.isEnabled() and not window.unload_action.isEnabled()
-        window.unload_model()
+        window.model_loading.unload_model()
         qtbot.wait(200)
-        assert window.engine_info is not None and window.engine_info.remote
+        assert window.session.engine_info is not None and window.session.engine_info.remote
         assert "served-model" in bar.model_label.text()
         with qtbot.waitSignal(window.modelLoaded, timeout=30000):
             bar.model_combo.setCurrentIndex(bar.model_combo.findText("Local model"))
@@ -131,17 +131,17 @@ def test_stop_belongs_to_the_chat_that_is_writing(qtbot, window):
     window.session.param_overrides["max_tokens"] = 400
     window.composer.edit.setPlainText("A long answer, please")
     window.composer.send_button.click()
-    qtbot.waitUntil(lambda: window.pending.message_id is not None, timeout=30000)  # the chat exists
-    writing = window.current_chat_id
+    qtbot.waitUntil(lambda: window.session.pending.message_id is not None, timeout=30000)  # the chat exists
+    writing = window.session.current_chat_id
     assert window.composer.stop_button.isVisible() and window.stop_action.isEnabled()
 
-    window.new_chat()
+    window.navigation.new_chat()
     assert not window.composer.stop_button.isVisible() and window.composer.send_button.isVisible()
     assert not window.stop_action.isEnabled()
     model = window.chat_model
     row = model.index(model.row_of(writing))
     assert row.data(ChatIdRole) == writing and "writing" in row.data(Qt.ItemDataRole.DisplayRole)
-    window.stop()  # Esc / Stop here: not this chat's reply
+    window.replies.stop()  # Esc / Stop here: not this chat's reply
     qtbot.keyClicks(window.composer.edit, "hello")
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
     assert "still writing its reply" in window.composer.message.text()
@@ -161,9 +161,9 @@ def test_context_advice_that_can_work(qtbot, idle_window):
 
     window = idle_window
     window.settings.context_length = 0  # the default: the file's 512
-    window.load_model(str(MODEL), str(MMPROJ))
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
-    assert window.engine_info.context_size == window.engine_info.context_limit == 512
+    window.model_loading.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
+    assert window.session.engine_info.context_size == window.session.engine_info.context_limit == 512
     window.session.param_overrides = dict(window.session.param_overrides, max_tokens=1024)  # ignore_eos: fills it
     send(qtbot, window, "Hi")
     status = window.view.widgets[-1].status.text()
@@ -171,7 +171,7 @@ def test_context_advice_that_can_work(qtbot, idle_window):
     assert "context 512 / 512" in status, status
     assert "512 of 512" in window.model_bar.context_meter.toolTip()
 
-    window.new_chat()
+    window.navigation.new_chat()
     window.composer.edit.setPlainText("word " * 700)
     with qtbot.waitSignal(window.replyFailed, timeout=30000) as blocker:
         window.composer.submit()
@@ -199,7 +199,7 @@ def test_a_message_sent_while_the_model_loads_shows_at_once(qtbot, idle_window, 
     monkeypatch.setattr(local.LocalEngine, "__init__", slow_init)
     window = idle_window
     # unchecked: the load starts now, before the worker's first progress is delivered
-    window.load_model(str(MODEL), str(MMPROJ), check=False)
+    window.model_loading.load_model(str(MODEL), str(MMPROJ), check=False)
     window.composer.edit.setPlainText("Are you there?")
     window.composer.send_button.click()
     qtbot.waitUntil(lambda: window.view.queued is not None and "40 %" in window.view.queued.status.text())
@@ -227,16 +227,16 @@ def test_settings_offer_a_reload_and_the_theme(qtbot, window, monkeypatch):
         return 1
 
     monkeypatch.setattr(SettingsDialog, "exec", user_sets)
-    assert window.engine_info.context_size == 512 and not window.reload_button.isVisible()
-    window.open_settings()
+    assert window.session.engine_info.context_size == 512 and not window.reload_button.isVisible()
+    window.dialogs.open_settings()
     assert window.reload_button.isVisible()
-    assert window.theme == "dark" and window.theme_actions["dark"].isChecked()
+    assert window.appearance.theme == "dark" and window.theme_actions["dark"].isChecked()
     group = window.theme_actions["dark"].actionGroup()
     assert group is not None and group.isExclusive()
     assert not window.theme_actions["light"].isChecked()
     with qtbot.waitSignal(window.modelLoaded, timeout=30000):
         window.reload_button.click()
-    assert window.engine_info.context_size == 128 and not window.reload_button.isVisible()
+    assert window.session.engine_info.context_size == 128 and not window.reload_button.isVisible()
 
 
 def test_missing_cpu_kernels_are_said_at_start(qtbot, idle_window, monkeypatch):
@@ -258,10 +258,10 @@ def test_rough_edges_of_the_sidebar_and_the_bar(qtbot, window, monkeypatch):
     from PySide6.QtGui import QGuiApplication
     from PySide6.QtWidgets import QInputDialog
 
-    from tramontane.app import window as window_module
+    from tramontane.app import model_loading
 
     send(qtbot, window, "Hi")
-    chat = window.current_chat_id
+    chat = window.session.current_chat_id
     seen = {}
 
     def rename(dialog):
@@ -270,25 +270,25 @@ def test_rough_edges_of_the_sidebar_and_the_bar(qtbot, window, monkeypatch):
         return 1
 
     monkeypatch.setattr(QInputDialog, "exec", rename)
-    window.rename_selected()
+    window.chats.rename_selected()
     assert seen["width"] >= 400
     assert window.store.get_chat_info(chat).title.startswith("A title of several")
 
     assert window.pin_action.text().replace("&", "") == "Pin"
-    window.toggle_pin_selected()
-    window.refresh_chat_list()
+    window.chats.toggle_pin_selected()
+    window.navigation.refresh_chat_list()
     assert window.pin_action.text().replace("&", "") == "Unpin"
     assert {window.branch_action, window.export_action, window.pin_action} <= set(window.chat_list.actions())
 
     window.store.add_message(chat, "user", "code?")
     window.store.add_message(chat, "assistant", "```python\nprint(1)\n```")
-    window.refresh_view()
+    window.conversation.refresh_view()
     body = window.view.widgets[-1].body
     body.anchorClicked.emit(__import__("PySide6.QtCore", fromlist=["QUrl"]).QUrl("copy-code:0"))
     assert QGuiApplication.clipboard().text() == "print(1)" and body.copied_block == 0
 
-    monkeypatch.setattr(window_module, "memory_words", lambda device: "9.9 GB RAM (process)")
-    window._refresh_memory()
+    monkeypatch.setattr(model_loading, "memory_words", lambda device: "9.9 GB RAM (process)")
+    window.model_loading.refresh_memory()
     assert "9.9 GB RAM" in window.model_bar.device_label.text()
 
     window.session.param_overrides["max_tokens"] = 200
@@ -301,7 +301,7 @@ def test_rough_edges_of_the_sidebar_and_the_bar(qtbot, window, monkeypatch):
     assert any("tok/s" in n for n in notes), notes[-3:]
 
     window.session.live_stats.clear()  # as after a restart: the stored numbers only
-    window.refresh_view()
+    window.conversation.refresh_view()
     assert "/ 512" in window.view.widgets[-1].status.text()
 
 
@@ -317,8 +317,8 @@ def test_model_bar_fits_1100_px_with_a_server_and_the_limit_note(qtbot, idle_win
     window.model_bar.model_combo.reload()
     window.settings.context_length = 4096  # above the file's 512: the bar says "file limit"
     window.resize(1100, 760)
-    window.load_model(str(MODEL), str(MMPROJ))
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    window.model_loading.load_model(str(MODEL), str(MMPROJ))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
     qtbot.wait(50)
     bar = window.model_bar
     assert "file limit" in bar.device_label.text()
@@ -367,19 +367,19 @@ def test_a_deleted_chat_can_be_brought_back(qtbot, window, monkeypatch):
     send(qtbot, window, "Keep me")
     user = window.view.widgets[0].message.id
     with qtbot.waitSignal(window.replyFinished, timeout=30000):
-        window.edit_and_resend(user, "Keep me, edited")
-    chat = window.current_chat_id
+        window.replies.edit_and_resend(user, "Keep me, edited")
+    chat = window.session.current_chat_id
     before = [(m.id, m.text, m.versions) for m in window.store.get_chat(chat).messages]
-    window.delete_selected()
-    assert window.chat_model.row_of(chat) == -1 and window.current_chat_id is None
+    window.chats.delete_selected()
+    assert window.chat_model.row_of(chat) == -1 and window.session.current_chat_id is None
     assert window.undo_button.isVisible() and "Keep me" in window.undo_button.text()
     window.undo_button.click()
-    assert window.current_chat_id == chat and window.chat_model.row_of(chat) >= 0
+    assert window.session.current_chat_id == chat and window.chat_model.row_of(chat) >= 0
     assert [(m.id, m.text, m.versions) for m in window.store.get_chat(chat).messages] == before
 
-    window.delete_chat(chat)
-    window.undo_timer.setInterval(10)
-    window.undo_timer.start()
+    window.chats.delete_chat(chat)
+    window.undo_button.timer.setInterval(10)
+    window.undo_button.timer.start()
     qtbot.waitUntil(lambda: not window.undo_button.isVisible(), timeout=5000)
     assert [c.id for c in window.store.list_chats()] == []
 
@@ -399,13 +399,13 @@ def test_dragging_images_over_the_window_shows_where_they_go(qtbot, window, tmp_
     mime.setUrls([QUrl.fromLocalFile(str(image))])
     args = (Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     QApplication.sendEvent(window, QDragEnterEvent(QPoint(300, 300), *args))
-    assert window.drop_overlay.isVisible() and "Drop images" in window.drop_overlay.text()
+    assert window.drops.overlay.isVisible() and "Drop images" in window.drops.overlay.text()
     window.grab().save(str(tmp_path / "drop.png"))
     QApplication.sendEvent(window, QDragLeaveEvent())
-    assert not window.drop_overlay.isVisible()
+    assert not window.drops.overlay.isVisible()
     QApplication.sendEvent(window, QDragEnterEvent(QPoint(300, 300), *args))
     QApplication.sendEvent(window, QDropEvent(QPointF(300, 300), *args))
-    assert not window.drop_overlay.isVisible() and len(window.composer.images) == 1
+    assert not window.drops.overlay.isVisible() and len(window.composer.images) == 1
 
 
 def test_the_inline_editor_opens_unscrolled(qtbot, window):
@@ -455,8 +455,8 @@ def test_a_branch_is_named_as_one(qtbot, window):
     from PySide6.QtCore import Qt
 
     send(qtbot, window, "A question long enough to be cut off in the sidebar")
-    source = window.current_chat_id
-    branch = window.branch_at(None, source)
+    source = window.session.current_chat_id
+    branch = window.chats.branch_at(None, source)
     title = window.store.get_chat_info(branch).title
     assert title == "Branch: A question long enough to be cut off in the sidebar"
     row = window.chat_model.index(window.chat_model.row_of(branch))

@@ -22,7 +22,7 @@ def test_reopened_chat_reuses_blocks_from_disk_after_restart(qtbot, tmp_path):
     data = tmp_path / "data"
     w1 = make_window(qtbot, data)
     send(qtbot, w1, LONG)
-    chat_id = w1.current_chat_id
+    chat_id = w1.session.current_chat_id
     close_window(w1)  # closing the engine writes what its writer still held
 
     folder = data / KV_CACHE_FOLDER
@@ -33,7 +33,7 @@ def test_reopened_chat_reuses_blocks_from_disk_after_restart(qtbot, tmp_path):
 
     w2 = make_window(qtbot, data)  # a relaunch: a new engine, nothing in memory
     try:
-        w2.open_chat(chat_id)
+        w2.navigation.open_chat(chat_id)
         results = []
         w2.worker.finished.connect(lambda _rid, result: results.append(result))
         send(qtbot, w2, "and then?")
@@ -52,11 +52,11 @@ def test_deleting_a_chat_deletes_what_the_cache_kept_of_it(qtbot, tmp_path):
     w = make_window(qtbot, data)
     try:
         send(qtbot, w, LONG)
-        chat_id = w.current_chat_id
+        chat_id = w.session.current_chat_id
         engine = w.worker.engine
         qtbot.waitUntil(lambda: len(engine.prefix_cache) > 0, timeout=30000)
-        w.delete_chat(chat_id)
-        w.commit_deletes()  # the Undo offer ends: deleted from the store
+        w.chats.delete_chat(chat_id)
+        w.chats.commit_deletes()  # the Undo offer ends: deleted from the store
         folder = data / KV_CACHE_FOLDER
         qtbot.waitUntil(lambda: not any(folder.iterdir()), timeout=30000)  # the worker deletes them
         assert len(engine.prefix_cache) == 0

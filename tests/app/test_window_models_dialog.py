@@ -29,12 +29,12 @@ def test_a_file_opened_from_elsewhere_is_listed_marked_and_double_click_loads_it
     elsewhere.mkdir()
     model = elsewhere / "mine.gguf"
     shutil.copyfile(MODEL, model)
-    window.load_model(str(model))  # what File → Open model does once a file is picked
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=TIMEOUT)
+    window.model_loading.load_model(str(model))  # what File → Open model does once a file is picked
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=TIMEOUT)
     assert window.settings.recent_models[0] == str(model)
 
-    window.open_model_manager()
-    dialog = window.model_manager
+    window.dialogs.open_model_manager()
+    dialog = window.dialogs.model_manager
     assert dialog.settings is window.settings
     table = dialog.local_table
     row = _row_of(table, "mine.gguf")
@@ -44,11 +44,11 @@ def test_a_file_opened_from_elsewhere_is_listed_marked_and_double_click_loads_it
     assert table.item(row, 5).text() in ("on the CPU", "on the GPU", "partly on the CPU")
 
     # another model, then back by a double-click in the dialog
-    window.load_model(str(MODEL))
-    qtbot.waitUntil(lambda: window.engine_info is not None and window.engine_info.model_path == str(MODEL),
+    window.model_loading.load_model(str(MODEL))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None and window.session.engine_info.model_path == str(MODEL),
                     timeout=TIMEOUT)
-    window.open_model_manager()
-    dialog = window.model_manager
+    window.dialogs.open_model_manager()
+    dialog = window.dialogs.model_manager
     table = dialog.local_table
     row = _row_of(table, "mine.gguf")
     assert table.item(row, 0).text() == "mine.gguf"  # no longer the loaded one
@@ -56,7 +56,7 @@ def test_a_file_opened_from_elsewhere_is_listed_marked_and_double_click_loads_it
     rect = table.visualRect(table.model().index(row, 0))
     qtbot.mouseClick(table.viewport(), Qt.LeftButton, pos=rect.center())
     qtbot.mouseDClick(table.viewport(), Qt.LeftButton, pos=rect.center())
-    qtbot.waitUntil(lambda: window.engine_info is not None and window.engine_info.model_path == str(model.resolve()),
+    qtbot.waitUntil(lambda: window.session.engine_info is not None and window.session.engine_info.model_path == str(model.resolve()),
                     timeout=TIMEOUT)
     import shiboken6
     assert not shiboken6.isValid(dialog) or not dialog.isVisible()  # loading from it closes the dialog
@@ -64,13 +64,13 @@ def test_a_file_opened_from_elsewhere_is_listed_marked_and_double_click_loads_it
 
 def test_gpu_layers_setting_reaches_the_engine(qtbot, window):
     window.settings.gpu_layers = 0
-    window.load_model(str(MODEL))
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=TIMEOUT)
+    window.model_loading.load_model(str(MODEL))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=TIMEOUT)
     placement = window.worker.engine.placement
     assert placement["manual"] and placement["gpu_layers"] == 0
     window.settings.gpu_layers = None
-    window.load_model(str(MODEL))
-    qtbot.waitUntil(lambda: window.engine_info is not None and not window.worker.engine.placement["manual"],
+    window.model_loading.load_model(str(MODEL))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None and not window.worker.engine.placement["manual"],
                     timeout=TIMEOUT)
 
 
@@ -86,13 +86,13 @@ def test_the_running_model_is_not_called_too_big(qtbot, window, tmp_path, monkey
     other.parent.mkdir()
     shutil.copyfile(MODEL, other)
     window.settings.context_length = 256
-    window.load_model(str(MODEL))
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=TIMEOUT)
+    window.model_loading.load_model(str(MODEL))
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=TIMEOUT)
     freed = 64 << 20
     import dataclasses
 
-    assert window.engine_info.resident_bytes >= 0  # measured by the load (a tiny model: little)
-    window.session.engine_info = dataclasses.replace(window.engine_info, resident_bytes=freed)
+    assert window.session.engine_info.resident_bytes >= 0  # measured by the load (a tiny model: little)
+    window.session.engine_info = dataclasses.replace(window.session.engine_info, resident_bytes=freed)
     # Free memory: the planner's 2 GiB headroom and nothing more (the tiny model needs 2.6 MiB
     # beyond it), until the loaded model's RAM counts as free.
     tight = Machine((), DeviceInfo("cpu", 2 << 30, "simulated"))
@@ -102,14 +102,14 @@ def test_the_running_model_is_not_called_too_big(qtbot, window, tmp_path, monkey
     monkeypatch.setattr(dialog_module, "machine_for_a_switch", lambda: tight)
     window.settings.device = "cpu"
 
-    window.open_model_manager(tab=2)
-    table = window.model_manager.local_table
+    window.dialogs.open_model_manager(tab=2)
+    table = window.dialogs.model_manager.local_table
     loaded, spare = _row_of(table, MODEL.name), _row_of(table, "other.gguf")
     qtbot.waitUntil(lambda: table.item(loaded, 5).text() != "" and table.item(spare, 5).text() != "",
                     timeout=TIMEOUT)
     assert table.item(loaded, 5).text() == "on the CPU" and "Loaded now" in table.item(loaded, 5).toolTip()
     assert table.item(spare, 5).text() == "on the CPU"  # planned with the loaded model's RAM free
-    assert "256-token context (the one in use)" in window.model_manager.machine_label.text()
+    assert "256-token context (the one in use)" in window.dialogs.model_manager.machine_label.text()
 
 
 def test_models_dialog_chooses_nothing_for_the_user(qtbot, window, tmp_path):
@@ -123,8 +123,8 @@ def test_models_dialog_chooses_nothing_for_the_user(qtbot, window, tmp_path):
     models = tmp_path / "models"
     models.mkdir(exist_ok=True)
     shutil.copyfile(FIXTURES / "mistral3_q256-Q4_K_M.gguf", models / "mistral3_q256-Q4_K_M.gguf")
-    window.open_model_manager(tab=0)
-    dialog = window.model_manager
+    window.dialogs.open_model_manager(tab=0)
+    dialog = window.dialogs.model_manager
     assert dialog.catalog_table.selectedItems() == [] and not dialog.catalog_download.isEnabled()
     assert not [b.text() for b in dialog.findChildren(QPushButton) if b.isDefault() or b.autoDefault()]
     table = dialog.local_table
@@ -160,8 +160,8 @@ def test_models_already_on_this_computer_are_found(qtbot, window, tmp_path, monk
     places = [p for _what, p in usual_places(home=home, env={})]
     monkeypatch.setenv("TRAMONTANE_MODEL_PLACES", os.pathsep.join(map(str, places)))
 
-    window.open_model_manager(tab=2)
-    table = window.model_manager.local_table
+    window.dialogs.open_model_manager(tab=2)
+    table = window.dialogs.model_manager.local_table
     qtbot.waitUntil(lambda: table.rowCount() == 3, timeout=TIMEOUT)
     names = sorted(table.item(r, 0).text() for r in range(table.rowCount()))
     assert names == ["sha256-4f2a", "tiny-Q8_0.gguf", "tiny-from-the-browser.gguf"]

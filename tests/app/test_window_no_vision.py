@@ -23,10 +23,10 @@ def window(idle_window):
 
 
 def load(qtbot, window, mmproj: Path | None) -> None:
-    window.load_model(str(MODEL), str(mmproj) if mmproj else "")
-    qtbot.waitUntil(lambda: window.checking_model is None and window.engine_info is not None
-                    and window.loading is None, timeout=30000)
-    assert window.engine_info.has_vision == (mmproj is not None)
+    window.model_loading.load_model(str(MODEL), str(mmproj) if mmproj else "")
+    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.engine_info is not None
+                    and window.session.loading is None, timeout=30000)
+    assert window.session.engine_info.has_vision == (mmproj is not None)
 
 
 def test_attached_images_are_kept_and_refused_on_a_text_only_model(qtbot, window, tmp_path):
@@ -39,7 +39,7 @@ def test_attached_images_are_kept_and_refused_on_a_text_only_model(qtbot, window
     window.composer.edit.setPlainText("What is in it?")
     window.composer.submit()
     qtbot.wait(200)
-    assert window.pending is None
+    assert window.session.pending is None
     assert window.store.list_chats() == []  # nothing saved
     assert window.composer.images and window.composer.edit.toPlainText() == "What is in it?"
     assert window.composer.message.isVisible() and "projector" in window.composer.message.text()
@@ -56,22 +56,22 @@ def test_regenerate_in_an_image_chat_on_a_text_only_model_keeps_the_reply(qtbot,
     store.add_message(chat_id, "user", "What is this?", [ImagePart(png_bytes(30, 20), "a.png")])
     reply_id = store.begin_reply(chat_id)
     store.finish_reply(reply_id, "A striped square.", None)
-    window.refresh_chat_list()
-    window.open_chat(chat_id)
+    window.navigation.refresh_chat_list()
+    window.navigation.open_chat(chat_id)
     load(qtbot, window, None)
 
-    window.regenerate(None)
+    window.replies.regenerate(None)
     qtbot.wait(300)
-    assert window.pending is None
+    assert window.session.pending is None
     messages = store.get_chat(chat_id).messages
     assert [m.text for m in messages] == ["What is this?", "A striped square."]
-    assert "projector" in window.notices.get(chat_id, "")
+    assert "projector" in window.session.notices.get(chat_id, "")
 
     # A new message in that chat is refused the same way, before it is saved.
     window.composer.edit.setPlainText("and now?")
     window.composer.submit()
     qtbot.wait(200)
-    assert window.pending is None and len(store.get_chat(chat_id).messages) == 2
+    assert window.session.pending is None and len(store.get_chat(chat_id).messages) == 2
     assert "projector" in window.composer.message.text()
 
 

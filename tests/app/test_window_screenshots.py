@@ -105,8 +105,8 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
     try:
         window.resize(1180, 760)
         window.show()
-        window.load_model(str(MODEL), str(MMPROJ))
-        qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+        window.model_loading.load_model(str(MODEL), str(MMPROJ))
+        qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
         window.session.param_overrides = dict(temperature=0.0, max_tokens=48, ignore_eos=True)
 
         image = tmp_path / "lake.png"
@@ -120,15 +120,15 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
         store.edit_message(reply_id, DEMO_REPLY)  # readable text; the numbers stay real
         for title in ("Packing list for the Alps", "Fix my regex", "Sourdough timing"):
             store.create_chat(title)
-        window.refresh_chat_list()
-        window.refresh_view()
+        window.navigation.refresh_chat_list()
+        window.conversation.refresh_view()
         window.composer.edit.setPlainText("Now make it count cool colours too")
         qtbot.wait(100)
 
         shots = {}
         for scheme in ("light", "dark"):
             apply_color_scheme(app, dark=scheme == "dark")
-            qtbot.waitUntil(lambda: window.dark == (scheme == "dark"), timeout=5000)
+            qtbot.waitUntil(lambda: window.appearance.dark == (scheme == "dark"), timeout=5000)
             window.view.verticalScrollBar().setValue(0)
             qtbot.wait(100)
             shot = window.grab()
@@ -148,17 +148,17 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
 
         # The Models dialog over the window, and the first-run empty state, in light.
         apply_color_scheme(app, dark=False)
-        qtbot.waitUntil(lambda: not window.dark, timeout=5000)
-        window.open_model_manager()
-        dialog = window.model_manager
+        qtbot.waitUntil(lambda: not window.appearance.dark, timeout=5000)
+        window.dialogs.open_model_manager()
+        dialog = window.dialogs.model_manager
         qtbot.waitUntil(dialog.isVisible, timeout=5000)
         dialog.resize(900, 600)
         qtbot.wait(200)
         save(dialog.grab(), "screenshot-models.png")
         dialog.close()
-        window.new_chat()
-        window.unload_model()
-        qtbot.waitUntil(lambda: window.engine_info is None, timeout=30000)
+        window.navigation.new_chat()
+        window.model_loading.unload_model()
+        qtbot.waitUntil(lambda: window.session.engine_info is None, timeout=30000)
         qtbot.wait(100)
         assert window.stack.currentWidget() is window.empty
         save(window.grab(), "screenshot-empty.png")

@@ -24,8 +24,8 @@ OTHER_MODEL = FIXTURES / "mistral3_q256-Q4_K_M.gguf"  # hidden size 256: the tin
 
 
 def load(qtbot, window, model, mmproj=""):
-    window.load_model(str(model), str(mmproj))
-    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
+    window.model_loading.load_model(str(model), str(mmproj))
+    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
 
 
 def shown(label) -> str:
@@ -43,10 +43,10 @@ def test_a_failed_load_leaves_no_stale_header(qtbot, window, tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00 truncated")
     load(qtbot, window, bad)  # refused before anything is unloaded (issue 26, item 2)
-    assert window.engine_info is not None and "broken.gguf" in window.composer.message.text()
+    assert window.session.engine_info is not None and "broken.gguf" in window.composer.message.text()
     load(qtbot, window, OTHER_MODEL, MMPROJ)  # a load that fails on the worker
     bar = window.model_bar
-    assert window.engine_info is None
+    assert window.session.engine_info is None
     assert "projector" in bar.model_label.text()
     assert bar.projector_label.text() == "" and bar.device_label.text() == ""
     assert not bar.unload_button.isEnabled() and not window.unload_action.isEnabled()
@@ -59,11 +59,11 @@ def test_a_failed_load_leaves_no_stale_header(qtbot, window, tmp_path):
 def test_a_load_error_in_the_chat_goes_once_a_model_loads(qtbot, window):
     send(qtbot, window, "Hi")
     load(qtbot, window, OTHER_MODEL, MMPROJ)  # a projector of another model: refused
-    assert window.engine_info is None
+    assert window.session.engine_info is None
     assert window.view.notice.isVisible() and "projector" in window.view.notice.text()
     load(qtbot, window, MODEL, MMPROJ)
-    assert window.engine_info is not None
-    assert not window.view.notice.isVisible() and window.notices == {}
+    assert window.session.engine_info is not None
+    assert not window.view.notice.isVisible() and window.session.notices == {}
 
 
 def test_the_composer_hint_does_not_outlive_a_chat_action(qtbot, tmp_path, monkeypatch):
@@ -71,8 +71,8 @@ def test_the_composer_hint_does_not_outlive_a_chat_action(qtbot, tmp_path, monke
     try:
         image = tmp_path / "photo.png"
         image.write_bytes(png_bytes(16, 16))
-        first = (send(qtbot, window, "Hi"), window.current_chat_id)[1]
-        window.new_chat()
+        first = (send(qtbot, window, "Hi"), window.session.current_chat_id)[1]
+        window.navigation.new_chat()
         send(qtbot, window, "Hello")
 
         def hint_shown() -> bool:
@@ -81,15 +81,15 @@ def test_the_composer_hint_does_not_outlive_a_chat_action(qtbot, tmp_path, monke
 
         monkeypatch.setattr(QInputDialog, "exec", lambda self: (self.setTextValue("Renamed"), 1)[1])
         actions = {
-            "switch chat": lambda: window.open_chat(first),
-            "new chat": window.new_chat,
-            "rename": window.rename_selected,
-            "branch": window.branch_selected,
-            "export": lambda: window.export_chat(window.current_chat_id, tmp_path / "chat.json"),
+            "switch chat": lambda: window.navigation.open_chat(first),
+            "new chat": window.navigation.new_chat,
+            "rename": window.chats.rename_selected,
+            "branch": window.chats.branch_selected,
+            "export": lambda: window.chats.export_chat(window.session.current_chat_id, tmp_path / "chat.json"),
         }
         for what, act in actions.items():
-            if window.current_chat_id is None:
-                window.open_chat(first)
+            if window.session.current_chat_id is None:
+                window.navigation.open_chat(first)
             assert hint_shown(), what
             act()
             assert window.composer.message.text() == "", what
@@ -102,7 +102,7 @@ def test_the_chat_list_menu_has_no_unlabelled_entry_and_del_still_deletes(qtbot,
     send(qtbot, window, "Hi")
     assert [a.text() for a in window.chat_list.actions() if not a.text()] == []
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
-    chat = window.current_chat_id
+    chat = window.session.current_chat_id
     window.chat_list.setFocus()
     qtbot.keyClick(window.chat_list, Qt.Key.Key_Delete)
     assert window.chat_model.row_of(chat) < 0
@@ -131,7 +131,7 @@ def test_context_count_and_context_full_are_the_same_live_and_reopened(qtbot, tm
         assert "context full" in live and "max tokens" not in live
         assert "/ 48" in live
         window.session.param_overrides = dict(window.session.param_overrides, max_tokens=3)
-        window.new_chat()
+        window.navigation.new_chat()
         send(qtbot, window, "Hi")
         live_short = window.view.widgets[-1].status.text()
         assert "max tokens reached" in live_short
@@ -140,10 +140,10 @@ def test_context_count_and_context_full_are_the_same_live_and_reopened(qtbot, tm
         close_window(window)
     window = make_window(qtbot, data)  # a restart: no live numbers; the same model and context
     try:
-        assert window.engine_info.context_size == 48
+        assert window.session.engine_info.context_size == 48
         reopened = {}
         for chat_id in chats:
-            window.open_chat(chat_id)
+            window.navigation.open_chat(chat_id)
             reopened[chat_id] = window.view.widgets[-1].status.text()
         full, short = (reopened[c] for c in sorted(reopened, key=lambda c: "context full" not in reopened[c]))
         assert context_count(full) == context_count(live) and "context full" in full
@@ -157,7 +157,7 @@ def test_a_context_length_above_the_files_limit_is_said(qtbot, window):
     window.settings.context_length = 4096
     load(qtbot, window, MODEL, MMPROJ)
     label = window.model_bar.device_label
-    assert window.engine_info.context_size == 512
+    assert window.session.engine_info.context_size == 512
     assert "context 512" in label.text() and "limit" in label.text()
     assert "4096" in label.toolTip() and "512" in label.toolTip()
 
@@ -173,10 +173,10 @@ def test_unload_and_regenerate_are_enabled_only_when_they_can_act(qtbot, tmp_pat
         assert not window.regenerate_action.isEnabled()  # an empty chat: nothing to regenerate
         send(qtbot, window, "Hi")
         assert window.regenerate_action.isEnabled()
-        window.new_chat()
+        window.navigation.new_chat()
         assert not window.regenerate_action.isEnabled()
         window.unload_action.trigger()
-        qtbot.waitUntil(lambda: window.engine_info is None, timeout=30000)
+        qtbot.waitUntil(lambda: window.session.engine_info is None, timeout=30000)
         assert not window.unload_action.isEnabled()
     finally:
         close_window(window)
@@ -224,12 +224,12 @@ def test_a_leftover_socket_of_a_crashed_run_does_not_block_the_next(qtbot, tmp_p
 
 # Help, theme and folders ---------------------------------------------------------------------
 def test_help_lists_the_shortcuts_and_about_says_where_things_are(qtbot, window):
-    dialog = window.show_shortcuts()
+    dialog = window.dialogs.show_shortcuts()
     text = dialog.findChild(QLabel).text()
     for keys, what in (("Ctrl+N", "New chat"), ("Ctrl+R", "Regenerate the last reply"), ("F1", "Keyboard shortcuts")):
         assert keys in text and what in text
     dialog.close()
-    dialog = window.show_about()
+    dialog = window.dialogs.show_about()
     text = dialog.findChild(QLabel).text()
     assert str(window.store.data_dir) in text and MODEL.name in text and "Apache-2.0" in text
     dialog.close()
@@ -243,9 +243,9 @@ def test_theme_switch_in_the_app_is_kept(qtbot, tmp_path):
     data = tmp_path / "data"
     window = make_window(qtbot, data, load=False)
     try:
-        start_dark = window.dark
+        start_dark = window.appearance.dark
         window.theme_actions["light" if start_dark else "dark"].trigger()
-        qtbot.waitUntil(lambda: window.dark != start_dark, timeout=5000)
+        qtbot.waitUntil(lambda: window.appearance.dark != start_dark, timeout=5000)
         assert window.theme_actions["light" if start_dark else "dark"].isChecked()
         assert not window.theme_actions["system"].isChecked()
     finally:
@@ -253,7 +253,7 @@ def test_theme_switch_in_the_app_is_kept(qtbot, tmp_path):
         app.setPalette(old)
     window = make_window(qtbot, data, load=False)  # restarted: the choice holds
     try:
-        qtbot.waitUntil(lambda: window.dark != start_dark, timeout=5000)
+        qtbot.waitUntil(lambda: window.appearance.dark != start_dark, timeout=5000)
         window.theme_actions["system"].trigger()
     finally:
         close_window(window)
@@ -277,17 +277,17 @@ def test_file_dialogs_start_in_the_last_folder(qtbot, window, tmp_path, monkeypa
     window.composer.choose_files()
     window.composer.choose_files()
     assert starts[1] == str(pictures)
-    assert window.last_folder("images") == str(pictures)
+    assert window.settings.last_folder("images") == str(pictures)
     models = tmp_path / "elsewhere"
     models.mkdir()
     shutil.copy(MODEL, models / MODEL.name)
     opened = []
     monkeypatch.setattr(QFileDialog, "getOpenFileName",
                         lambda _p, _t, start, _f: (opened.append(start), (str(models / MODEL.name), ""))[1])
-    window.open_model_file()
-    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
-    window.open_model_file()
-    qtbot.waitUntil(lambda: window.checking_model is None and window.loading is None, timeout=30000)
+    window.model_loading.open_model_file()
+    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
+    window.model_loading.open_model_file()
+    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
     assert opened[1] == str(models)
 
 

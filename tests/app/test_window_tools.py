@@ -92,7 +92,7 @@ def waiting_card(qtbot, window, n: int) -> ToolCard:
 
 
 def stored(window):
-    return window.store.get_chat(window.current_chat_id).messages
+    return window.store.get_chat(window.session.current_chat_id).messages
 
 
 def test_allow_once_runs_the_call_and_the_model_answers_with_its_result(qtbot, tool_window):
@@ -134,21 +134,21 @@ def test_allow_once_runs_the_call_and_the_model_answers_with_its_result(qtbot, t
     # the second reply was given the call and its result, as the chat format writes them
     engine = w.worker.engine
     specs = w.tools.offered_tools()
-    expected = engine.encode(w.store.engine_messages(w.current_chat_id)[:-1],
+    expected = engine.encode(w.store.engine_messages(w.session.current_chat_id)[:-1],
                              [ToolSpec(t.name, t.description, t.parameters) for t in specs]).ids
     assert finished[-1].prompt_token_ids == expected
 
     # a restart shows the same cards, not waiting
-    chat_id, data = w.current_chat_id, w.store.data_dir
+    chat_id, data = w.session.current_chat_id, w.store.data_dir
     close_window(w)
     w.closed_by_test = True
     w2 = make_window(qtbot, data, load=False)
     try:
-        w2.open_chat(chat_id)
+        w2.navigation.open_chat(chat_id)
         (again,) = cards(w2)
         assert again.result.text() == "42" and not again.buttons
         assert again.status.text() == card.status.text()
-        branch = w2.branch_at(None, chat_id)
+        branch = w2.chats.branch_at(None, chat_id)
         assert [m.tool for m in w2.store.get_chat(branch).messages] == [m.tool for m in rows]
     finally:
         close_window(w2)
@@ -209,7 +209,7 @@ def test_the_step_cap_ends_the_loop_and_always_allows_later_calls(qtbot, tool_wi
     assert rows[4].tool["decision"] == "always"  # not asked again
     assert rows[4].tool["note"] == cap_note(2) and cards(w)[-1].note.text() == cap_note(2)
     assert rows[-1].text == "Done adding."
-    assert w.store.get_chat_info(w.current_chat_id).settings["tools_always"] == ["add"]
+    assert w.store.get_chat_info(w.session.current_chat_id).settings["tools_always"] == ["add"]
 
 
 def test_stop_while_a_card_waits_ends_the_reply(qtbot, tool_window):
@@ -218,19 +218,19 @@ def test_stop_while_a_card_waits_ends_the_reply(qtbot, tool_window):
     type_and_send(qtbot, w, "add")
     waiting_card(qtbot, w, 1)
     with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
-        w.stop()
+        w.replies.stop()
     rows = stored(w)
     assert [m.role for m in rows] == ["user", "assistant", "tool"]
     assert rows[2].text == STOPPED and rows[2].tool["status"] == "stopped"
-    assert not cards(w)[0].buttons and w.pending is None
+    assert not cards(w)[0].buttons and w.session.pending is None
 
 
 def test_a_remote_engine_turns_tools_off_with_the_reason(qtbot, tool_window):
     from dataclasses import replace
 
     w = tool_window
-    w.session.engine_info = replace(w.engine_info, remote=True)
-    w._update_tools_button()
+    w.session.engine_info = replace(w.session.engine_info, remote=True)
+    w.tools_switch.update()
     assert not w.tools_button.isEnabled() and w.tools_button.toolTip() == REMOTE_TIP
 
 
@@ -299,7 +299,7 @@ def test_regenerating_the_answer_after_a_tool_call_keeps_the_card_and_the_result
         qtbot.mouseClick(waiting_card(qtbot, w, 1).buttons["once"], Qt.MouseButton.LeftButton)
     w.script(("It is 4.",))
     with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
-        w.regenerate(None)
+        w.replies.regenerate(None)
     rows = stored(w)
     assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"]
     assert rows[2].text == "4" and rows[3].text == "It is 4." and rows[3].tool is None

@@ -37,13 +37,13 @@ def test_zoom_reaches_messages_and_the_message_box(qtbot, tmp_path, monkeypatch)
     store.add_message(chat, "user", "hello", [])
     reply = store.begin_reply(chat)
     store.finish_reply(reply, "a **reply**\n\n```python\nx = 1\n```", None)
-    w.refresh_chat_list()
-    w.open_chat(chat)
+    w.navigation.refresh_chat_list()
+    w.navigation.open_chat(chat)
     qtbot.wait(20)
     assert sizes(w) == {base}
     height = w.view.widgets[1].body.height()
 
-    w.zoom(+4)
+    w.appearance.zoom(+4)
     qtbot.wait(20)
     assert sizes(w) == {base + 4}
     assert w.view.widgets[1].body.height() > height  # re-fitted to the bigger text
@@ -51,8 +51,8 @@ def test_zoom_reaches_messages_and_the_message_box(qtbot, tmp_path, monkeypatch)
     # Messages built after the zoom (another chat, an edit box) get it too.
     other = store.create_chat("Other")
     store.add_message(other, "user", "second chat", [])
-    w.refresh_chat_list()
-    w.open_chat(other)
+    w.navigation.refresh_chat_list()
+    w.navigation.open_chat(other)
     qtbot.wait(20)
     assert sizes(w) == {base + 4}
     w.view.widgets[0]._start_edit()
@@ -63,7 +63,7 @@ def test_zoom_reaches_messages_and_the_message_box(qtbot, tmp_path, monkeypatch)
     w, store = open_window(qtbot, tmp_path / "data")  # the zoom is remembered
     qtbot.wait(20)
     assert w.view.widgets and sizes(w) == {base + 4}
-    w.zoom(0)  # back to the system size
+    w.appearance.zoom(0)  # back to the system size
     assert sizes(w) == {base}
     w.close()
     store.close()

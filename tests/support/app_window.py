@@ -103,8 +103,8 @@ def make_window(qtbot, data_dir, *, load=True, mmproj=True, autoload=False):
     window.show()
     window.session.param_overrides = dict(GREEDY, max_tokens=12, ignore_eos=True)
     if load:
-        window.load_model(str(MODEL), str(MMPROJ) if mmproj else "")
-        qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+        window.model_loading.load_model(str(MODEL), str(MMPROJ) if mmproj else "")
+        qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
     return window
 
 

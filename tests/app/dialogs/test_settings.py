@@ -93,10 +93,10 @@ def test_cpu_threads_is_auto_by_default_and_reaches_the_cpu_kernels(qtbot, setti
 
     monkeypatch.setattr(SettingsDialog, "exec", user_sets)
     try:
-        window.open_settings()
+        window.dialogs.open_settings()
         assert window.settings.cpu_threads == 1
         assert cpu_native.threads() == 1 or not cpu_native.AVAILABLE
-        window.open_settings()  # back to auto: one thread per physical core
+        window.dialogs.open_settings()  # back to auto: one thread per physical core
         assert window.settings.cpu_threads is None
         assert cpu_native.threads() == cpu_native.default_threads() or not cpu_native.AVAILABLE
     finally:

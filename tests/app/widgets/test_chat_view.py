@@ -67,7 +67,7 @@ def test_regenerate_keeps_the_replies_as_versions(qtbot, window):
     reply_id = window.view.widgets[-1].message.id
     for _ in range(2):
         with qtbot.waitSignal(window.replyFinished, timeout=30000):
-            window.regenerate()
+            window.replies.regenerate()
     reply = window.view.widgets[-1]
     assert reply.message.id == reply_id and reply.versions_label.text() == "3/3"
     assert not reply.version_buttons["next"].isEnabled()

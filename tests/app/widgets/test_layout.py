@@ -50,8 +50,8 @@ def test_long_model_names_do_not_widen_the_window(qtbot, window):
 
 def test_long_chat_title_does_not_widen_the_window(qtbot, window):
     chat_id = window.store.create_chat("A very long chat title that goes on and on " * 6)
-    window.refresh_chat_list()
-    window.open_chat(chat_id)
+    window.navigation.refresh_chat_list()
+    window.navigation.open_chat(chat_id)
     _shrink_to_laptop(qtbot, window, "title_800.png")
     assert window.minimumSizeHint().width() <= 800
     assert window.width() == 800

@@ -30,13 +30,13 @@ def test_quant_and_context_meter(qtbot, window):
     used, size = map(int, re.search(r"context (\d+) / (\d+)", status).groups())
     assert (bar.context_meter.value(), bar.context_meter.maximum()) == (used, size) == (used, 512)
     assert f"{used} of 512" in bar.context_meter.toolTip()
-    window.new_chat()
+    window.navigation.new_chat()
     assert bar.context_meter.value() == 0
 
 
 def test_the_bar_says_where_the_layers_run(qtbot, window):
     """The loaded engine's plan reaches the bar: its tooltip names where the layers run."""
-    info = window.engine_info
+    info = window.session.engine_info
     n_layers = window.worker.engine.model.cfg.n_layers
     assert info.placement == f"all {n_layers} layers on the CPU" and not info.split
     assert f"Layers: all {n_layers} layers on the CPU" in window.model_bar.device_label.toolTip()
@@ -61,12 +61,12 @@ def test_a_model_loading_shows_nothing_of_the_previous_one(qtbot, window):
 
     bar = window.model_bar
     assert bar.quant_label.text() == "F32" and bar.projector_label.text() == "vision"
-    window.load_model(str(MODEL), "", check=False)  # the same file, text only this time
+    window.model_loading.load_model(str(MODEL), "", check=False)  # the same file, text only this time
     assert bar.model_label.text().startswith("Loading ")
     for badge in (bar.quant_label, bar.projector_label, bar.context_meter):
         assert badge.isHidden(), badge
     assert bar.device_label.text() == "" and bar.projector_label.toolTip() == ""
-    qtbot.waitUntil(lambda: window.engine_info is not None, timeout=30000)
+    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
     assert bar.projector_label.text() == "text only" and bar.quant_label.text() == "F32"
 
 

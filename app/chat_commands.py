@@ -1,0 +1,174 @@
+"""The chat actions of the Chat menu and the chat list: rename, delete (with Undo), branch, pin,
+export, import, the system prompt. Each asks what it needs (a title, a confirmation, a file)
+and hands the change to `ChatSession`.
+
+`window` is the main window: its widgets and its other parts (not imported here, so the
+arrows point from the window to its parts only).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QObject
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QInputDialog, QLabel, QMessageBox,
+                               QPlainTextEdit, QVBoxLayout)
+
+from .store import StoreError
+
+
+class ChatCommands(QObject):
+    """The highlighted chat's actions; a deleted chat stays undoable until the Undo offer ends."""
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.window = window
+        self.store = window.store
+        self.session = window.session
+        self.doomed: int | None = None  # a deleted chat that Undo can still bring back
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self.session.rename_chat(chat_id, title)
+        self.window.conversation.update_header()
+
+    def rename_selected(self) -> None:
+        chat_id = self.window.navigation.selected_chat_id()
+        if chat_id is None:
+            return
+        old = self.store.get_chat_info(chat_id).title
+        dialog = QInputDialog(self.window)
+        dialog.setWindowTitle("Rename chat")
+        dialog.setLabelText("Title:")
+        dialog.setTextValue(old)
+        dialog.setMinimumWidth(460)  # a title of a few words fits without scrolling
+        self.rename_dialog = dialog
+        if dialog.exec():
+            self.rename_chat(chat_id, dialog.textValue())
+
+    def delete_chat(self, chat_id: int) -> None:
+        """Gone from the list at once; deleted from the store when the Undo offer ends (after
+        UNDO_DELETE_MS, at the next delete, or at quit)."""
+        w = self.window
+        self.commit_deletes()  # one undo at a time: the one before goes for good
+        try:
+            title = self.store.get_chat_info(chat_id).title
+        except StoreError as exc:
+            w.conversation.show_status(str(exc))
+            return
+        pending = self.session.pending
+        if pending is not None and pending.chat_id == chat_id:
+            pending.cancel.set()
+        self.doomed = chat_id
+        w.chat_model.hidden = {chat_id}
+        if self.session.current_chat_id == chat_id:
+            w.navigation.open_chat(None)
+        w.navigation.refresh_chat_list()
+        w.undo_button.offer(title)
+
+    def undo_delete(self) -> None:
+        """Bring the chat deleted last back, as it was."""
+        chat_id, self.doomed = self.doomed, None
+        self.window.undo_button.withdraw()
+        self.window.chat_model.hidden = set()
+        if chat_id is not None:
+            self.window.navigation.refresh_chat_list()
+            self.window.navigation.open_chat(chat_id)
+
+    def commit_deletes(self) -> None:
+        chat_id, self.doomed = self.doomed, None
+        self.window.undo_button.withdraw()
+        self.window.chat_model.hidden = set()
+        if chat_id is not None and self.session.delete_chat(chat_id):
+            self.window.conversation.refresh_view()
+
+    def delete_selected(self) -> None:
+        chat_id = self.window.navigation.selected_chat_id()
+        if chat_id is None:
+            return
+        title = self.store.get_chat_info(chat_id).title
+        answer = QMessageBox.question(self.window, "Delete chat", f"Delete “{title}” and its messages?")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.delete_chat(chat_id)
+
+    def branch_at(self, message_id: int | None = None, chat_id: int | None = None) -> int | None:
+        chat_id = chat_id if chat_id is not None else self.session.current_chat_id
+        if chat_id is None:
+            return None
+        new_id = self.session.branch(chat_id, message_id)
+        if new_id is not None:
+            self.window.navigation.open_chat(new_id)
+        return new_id
+
+    def branch_selected(self) -> None:
+        chat_id = self.window.navigation.selected_chat_id()
+        if chat_id is not None:
+            self.branch_at(None, chat_id)
+
+    def set_pinned(self, chat_id: int, pinned: bool) -> None:
+        self.session.set_pinned(chat_id, pinned)
+
+    def toggle_pin_selected(self) -> None:
+        chat_id = self.window.navigation.selected_chat_id()
+        if chat_id is not None:
+            self.session.toggle_pin(chat_id)
+
+    def export_chat(self, chat_id: int, path: str | Path) -> Path | None:
+        """JSON (re-importable) or, for a .md path, Markdown with the images beside it."""
+        result = self.session.export_chat(chat_id, path)
+        self.window.composer.show_message("")
+        if result is not None:
+            self.window.conversation.show_status(f"Saved {result}")
+        return result
+
+    def import_chat(self, path: str | Path) -> int | None:
+        chat_id = self.session.import_chat(path)
+        if chat_id is not None:
+            self.window.navigation.open_chat(chat_id)
+        return chat_id
+
+    def export_selected(self) -> None:
+        chat_id = self.window.navigation.selected_chat_id()
+        if chat_id is None:
+            return
+        title = self.store.get_chat_info(chat_id).title
+        safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "chat"
+        start = Path(self.window.settings.last_folder("chats") or Path.home())
+        path, _ = QFileDialog.getSaveFileName(self.window, "Export chat", str(start / f"{safe}.json"),
+                                              "Chat JSON (*.json);;Markdown (*.md)")
+        if path:
+            self.window.conversation.remember_folder("chats", path)
+            self.export_chat(chat_id, path)
+
+    def import_selected(self) -> None:
+        start = self.window.settings.last_folder("chats") or str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self.window, "Import chat", start, "Chat JSON (*.json)")
+        if path:
+            self.window.conversation.remember_folder("chats", path)
+            self.import_chat(path)
+
+    def edit_system_prompt(self) -> None:
+        current = self.session.system_prompt()
+        dialog = QDialog(self.window)
+        new_chat = self.session.current_chat_id is None
+        # No chat yet: what is edited is the default every new chat starts with; say so.
+        dialog.setWindowTitle("Default system prompt" if new_chat else "System prompt")
+        edit = QPlainTextEdit(current)
+        edit.setAccessibleName("System prompt")
+        edit.setTabChangesFocus(True)
+        box = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        box.accepted.connect(dialog.accept)
+        box.rejected.connect(dialog.reject)
+        layout = QVBoxLayout(dialog)
+        layout.addWidget(QLabel("Instructions the model reads before every new chat (the default, "
+                                "also in Settings):" if new_chat else
+                                "Instructions the model reads before this chat:"))
+        layout.addWidget(edit)
+        layout.addWidget(box)
+        dialog.resize(520, 260)
+        if dialog.exec() == QDialog.DialogCode.Accepted:
+            self.set_system_prompt(edit.toPlainText())
+
+    def set_system_prompt(self, text: str) -> None:
+        self.session.set_system_prompt(text)
+
+
+__all__ = ["ChatCommands"]

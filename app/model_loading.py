@@ -1,0 +1,193 @@
+"""Loading and unloading the local model from the window: check a picked file first (off the UI
+thread), then load it on the engine worker; the worker's answers shown on the model bar, the
+composer and the chats.
+
+`window` is the main window: its widgets and its other parts (not imported here, so the
+arrows point from the window to its parts only).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import QObject, QTimer, Slot
+from PySide6.QtWidgets import QFileDialog
+
+from .engine_info import EngineInfo
+from .model_files import why_not_a_model
+from .widgets.model_bar import device_line, device_tip
+from .worker import memory_words
+
+GGUF_FILTER = "GGUF models (*.gguf)"
+MEMORY_REFRESH_MS = 2000
+
+
+class ModelLoading(QObject):
+    """The check-then-load flow and the worker's load signals, on the UI thread."""
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.window = window
+        self.session = window.session
+        self.settings = window.settings
+        self.worker = window.worker
+        self.checking_model: str | None = None  # a picked file whose header a job is reading
+        self.load_errors: set[str] = set()  # load failures shown as chat notices
+        self.worker.loadProgress.connect(self.on_load_progress)
+        self.worker.loaded.connect(self.on_loaded)
+        self.worker.loadFailed.connect(self.on_load_failed)
+        self.worker.unloaded.connect(self.on_unloaded)
+        # The model bar's memory figure follows the process (it grows as pages are touched).
+        self.memory_timer = QTimer(self)
+        self.memory_timer.setInterval(MEMORY_REFRESH_MS)
+        self.memory_timer.timeout.connect(self.refresh_memory)
+        self.memory_timer.start()
+
+    def refresh_memory(self) -> None:
+        info = self.session.engine_info
+        if info is None or info.remote:
+            return
+        memory = memory_words(info.device)
+        if memory and memory != info.memory:
+            self.session.engine_info = info = replace(info, memory=memory)
+            self.window.model_bar.device_label.setText(device_line(info))
+            self.window.model_bar.device_label.setToolTip(device_tip(info))
+
+    def load_last_model(self) -> bool:
+        model, mmproj = self.settings.last_model
+        if model and Path(model).is_file():
+            # Loaded before: not read again here (at start that would import the GGUF reader
+            # before the window shows); the worker says it in words if the file changed.
+            self.load_model(model, mmproj if mmproj and Path(mmproj).is_file() else "", check=False)
+            return True
+        return False
+
+    def load_model(self, model_path: str, mmproj_path: str = "", check: bool = True) -> None:
+        """Load a local GGUF (and its projector) on the worker; the bar shows progress. With
+        `check`, a file that is not a model is refused first, in words, and the loaded model
+        stays (check_then_load)."""
+        if check:
+            self.check_then_load(model_path, lambda: mmproj_path)
+        else:
+            self.start_load(model_path, mmproj_path)
+
+    def check_then_load(self, model_path: str, projector: Callable[[], str]) -> None:
+        """Read the file's header, and `projector()` when it is a model, on a job: a slow or
+        network disk must not freeze the window. Then load it, or refuse it in words with the
+        loaded model kept. A model chosen meanwhile wins over this one."""
+        self.checking_model = model_path
+
+        def check() -> tuple[str, str]:
+            why_not = why_not_a_model(model_path)
+            return why_not, "" if why_not else projector()
+
+        self.window.jobs.run(
+            check, lambda outcome: self.checked(model_path, *outcome),
+            lambda error: self.checked(model_path, f"Cannot read “{Path(model_path).name}”: {error}", ""))
+
+    def checked(self, model_path: str, why_not: str, mmproj_path: str) -> None:
+        if self.checking_model != model_path:
+            return  # another model was chosen while this one was read
+        self.checking_model = None
+        if why_not:
+            info = self.session.engine_info
+            if info is not None:
+                why_not += f" {Path(info.model_path).name if not info.remote else info.description} stays loaded."
+            self.window.composer.show_message(why_not)
+            return
+        self.start_load(model_path, mmproj_path)
+
+    def start_load(self, model_path: str, mmproj_path: str) -> None:
+        w = self.window
+        self.checking_model = None
+        if self.session.pending is not None:
+            self.session.pending.cancel.set()
+        self.session.loading = str(model_path)
+        self.session.engine_info = None
+        w.reload_button.hide()
+        if w.model_bar.model_combo is not None:
+            combo = w.model_bar.model_combo
+            combo.blockSignals(True)
+            combo.setCurrentIndex(0)
+            combo.blockSignals(False)
+        w.model_bar.show_loading(Path(model_path).name)
+        w.conversation.update_model_state()
+        self.worker.load(model_path, mmproj_path or None, self.settings.device,
+                         self.settings.context_length or None, self.settings.gpu_layers)
+
+    def open_model_file(self) -> None:
+        start = self.settings.last_folder("models") or self.settings.models_dir or str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self.window, "Open a GGUF model", start, GGUF_FILTER)
+        if path:
+            self.window.conversation.remember_folder("models", path)
+            from ..engine.library.projector import find_projector
+
+            self.check_then_load(path, lambda: str(find_projector(path) or ""))
+
+    def unload_model(self) -> None:
+        info = self.session.engine_info
+        if info is not None and info.remote:
+            return  # nothing to free here (the button and menu item are off)
+        if self.session.pending is not None:
+            self.session.pending.cancel.set()
+        self.worker.unload()
+
+    def reload_model(self) -> None:
+        """Load the model again, with the settings that apply at a load."""
+        info = self.session.engine_info
+        if info is not None and not info.remote:
+            self.load_model(info.model_path, info.mmproj_path)
+
+    @Slot(float, str)
+    def on_load_progress(self, frac: float, what: str) -> None:
+        if self.session.loading:
+            self.window.model_bar.show_progress(frac, what)
+            if self.window.view.queued is not None:
+                self.window.conversation.show_queued(frac)
+
+    @Slot(object)
+    def on_loaded(self, info: EngineInfo) -> None:
+        w = self.window
+        self.session.loading = None
+        self.session.engine_info = info
+        if not info.remote:
+            self.settings.last_model = (info.model_path, info.mmproj_path)
+        w.model_bar.show_info(info)
+        w.conversation.update_context_meter()
+        # What was said about the missing model (no model, no projector, a failed load) is no
+        # longer true: in the composer and in every chat.
+        stale = self.session.model_hints(info) | self.load_errors
+        if w.composer.message.text() in stale:
+            w.composer.show_message("")
+        notices = self.session.notices
+        for chat_id, text in list(notices.items()):
+            if text in stale:
+                del notices[chat_id]
+        self.load_errors.clear()
+        w.conversation.refresh_view()
+        w.conversation.update_model_state()
+        w.modelLoaded.emit(info)
+
+    @Slot(str)
+    def on_load_failed(self, message: str) -> None:
+        w = self.window
+        self.session.loading = None
+        self.session.engine_info = None
+        w.model_bar.show_info(None)  # the previous model is gone: no stale projector/device line
+        w.model_bar.show_error(message)
+        self.session.notices[self.session.current_chat_id] = message
+        self.load_errors.add(message)
+        w.conversation.update_model_state()
+        w.conversation.refresh_view()
+
+    @Slot()
+    def on_unloaded(self) -> None:
+        if self.session.loading:
+            return  # a new model is on its way
+        self.session.engine_info = None
+        self.window.model_bar.show_info(None)
+        self.window.conversation.update_model_state()
+
+
+__all__ = ["GGUF_FILTER", "ModelLoading"]
