@@ -270,8 +270,9 @@ def _rows(t: torch.Tensor, heads: int, d: int) -> int:
     return s[0]
 
 
-def _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start: int) -> list:
-    """rope_kv's arguments, every shape and stride checked (the kernel trusts them)."""
+def _rope_rows(q, k, v, cos_q, sin_q, cos_k, sin_k) -> tuple[list, list, tuple]:
+    """rope_kv's rows and tables checked: (their pointers, [T, Hq, Hkv, d, dv] and the rows' strides
+    [q_row, k_row, v_row]); the kernel trusts them."""
     T, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[2]
     q_row, k_row, v_row = _rows(q, hq, d), _rows(k, hkv, d), _rows(v, hkv, dv)
@@ -281,14 +282,23 @@ def _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start: 
             or not (cos_q.is_contiguous() and sin_q.is_contiguous() and cos_k.is_contiguous()
                     and sin_k.is_contiguous())):
         raise ValueError(f"rope tables must be contiguous float32 ({T}, {d})")
+    if k.shape[0] != T or v.shape[0] != T:
+        raise ValueError(f"rope_kv: {T} query rows but {k.shape[0]} key and {v.shape[0]} value rows")
+    ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), cos_q.data_ptr(), sin_q.data_ptr(), cos_k.data_ptr(),
+            sin_k.data_ptr()]
+    return ptrs, [T, hq, hkv, d, dv], (q_row, k_row, v_row)
+
+
+def _rope_kv_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, start: int) -> list:
+    """rope_kv's arguments, every shape and stride checked (the kernel trusts them)."""
+    ptrs, (T, hq, hkv, d, dv), row_strides = _rope_rows(q, k, v, cos_q, sin_q, cos_k, sin_k)
     ks, vs = k_cache.stride(), v_cache.stride()
     elem = _kv_elem_size(k_cache, v_cache, "rope_kv")
     if (k_cache.device.type != "cpu" or v_cache.device.type != "cpu" or k_cache.shape[0] != hkv
             or v_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape[2] != dv or ks[2] != 1 or vs[2] != 1
-            or k.shape[0] != T or v.shape[0] != T or not 0 <= start <= min(k_cache.shape[1], v_cache.shape[1]) - T):
+            or not 0 <= start <= min(k_cache.shape[1], v_cache.shape[1]) - T):
         raise ValueError("rope_kv: caches must be (Hkv, capacity, d) with room for the rows")
-    return [q.data_ptr(), k.data_ptr(), v.data_ptr(), cos_q.data_ptr(), sin_q.data_ptr(), cos_k.data_ptr(),
-            sin_k.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), T, hq, hkv, d, dv, start, q_row, k_row, v_row,
+    return [*ptrs, k_cache.data_ptr(), v_cache.data_ptr(), T, hq, hkv, d, dv, start, *row_strides,
             ks[0], ks[1], vs[0], vs[1], elem]
 
 
@@ -337,6 +347,152 @@ def attend_causal(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         _cpu.attend_causal(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), T, H, hkv, d, dv,
                            start, q_row, H * dv, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
                            v_cache.stride(1), float(scale if scale is not None else d ** -0.5), elem)
+    return out
+
+
+# ---------------------------------------------------------------------------- paged KV
+# K/V in pools of fixed-size blocks, one pool pair per layer: k_pool (n_blocks, Hkv, B, d), v_pool
+# (n_blocks, Hkv, B, dv), float32 or float16 (KV_ELEM_SIZES); a sequence's position p is row p % B of
+# block table[p // B] (an int32 block table; int64 is converted). The kernels are those of the
+# contiguous calls above, which read their cache as a pool of one block (B = capacity, table [0]) through
+# the same row loop: a paged result is bit for bit the contiguous one over the same rows.
+
+def _pool_args(k_pool: torch.Tensor, v_pool: torch.Tensor, d: int, block_size: int, name: str) -> tuple:
+    """(Hkv, dv, [k_head, k_row, v_head, v_row] strides, [k_block, v_block, n_blocks], element size) of two
+    pools, checked (the kernels trust them)."""
+    elem = _kv_elem_size(k_pool, v_pool, name)
+    if (k_pool.dim() != 4 or v_pool.dim() != 4 or block_size < 1 or k_pool.device.type != "cpu"
+            or v_pool.device.type != "cpu" or k_pool.shape[1:3] != v_pool.shape[1:3]
+            or k_pool.shape[0] != v_pool.shape[0] or k_pool.shape[2] != block_size or k_pool.shape[3] != d
+            or k_pool.shape[0] < 1 or k_pool.stride(3) != 1 or v_pool.stride(3) != 1):
+        raise ValueError(f"{name}: pools must be (n_blocks, Hkv, {block_size}, {d}) and (n_blocks, Hkv, "
+                         f"{block_size}, dv) with contiguous rows, got {tuple(k_pool.shape)} and "
+                         f"{tuple(v_pool.shape)}")
+    ks, vs = k_pool.stride(), v_pool.stride()
+    return (k_pool.shape[1], v_pool.shape[3], [ks[1], ks[2], vs[1], vs[2]], [ks[0], vs[0], k_pool.shape[0]],
+            elem)
+
+
+def _block_table(table: torch.Tensor, dims: int, name: str) -> torch.Tensor:
+    """A CPU block table (1-D for a sequence, 2-D (R, M) for R rows) as contiguous int32."""
+    if (table.dim() != dims or table.device.type != "cpu" or table.dtype not in (torch.int32, torch.int64)
+            or table.shape[-1] == 0):
+        raise ValueError(f"{name}: the block table must be a non-empty {dims}-D int32 CPU tensor, got "
+                         f"{table.dtype} {tuple(table.shape)} on {table.device}")
+    return table.to(torch.int32).contiguous()
+
+
+def _paged_tail(table: torch.Tensor, block_size: int, blocks: list) -> list:
+    """The kernels' paged arguments: table, its length per sequence, B, block strides, blocks in the pool."""
+    return [table.data_ptr(), table.shape[-1], block_size, blocks[0], blocks[1], blocks[2]]
+
+
+def paged_attend_causal(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor,
+                        start: int, block_size: int, scale: float | None = None) -> torch.Tensor:
+    """attend_causal over pools: one sequence's rows q (T, H, d) at positions [start, start + T), row t
+    seeing its positions [0, start + t] through block_table. Returns (T, H * dv)."""
+    T, H, d = q.shape
+    q_row = _rows(q, H, d)
+    hkv, dv, strides, blocks, elem = _pool_args(k_pool, v_pool, d, block_size, "paged_attend_causal")
+    table = _block_table(block_table, 1, "paged_attend_causal")
+    if H % hkv or start < 0:
+        raise ValueError(f"paged_attend_causal: {H} heads over {hkv} KV heads, start {start}")
+    out = torch.empty(T, H * dv, dtype=torch.float32)
+    if T:
+        _cpu.attend_causal(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), out.data_ptr(), T, H, hkv, d, dv,
+                           start, q_row, H * dv, *strides, float(scale if scale is not None else d ** -0.5), elem,
+                           *_paged_tail(table, block_size, blocks))
+    return out
+
+
+def _paged_rope_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_pool, v_pool, block_size: int, name: str) -> tuple:
+    ptrs, dims, row_strides = _rope_rows(q, k, v, cos_q, sin_q, cos_k, sin_k)
+    hkv, dv, strides, blocks, elem = _pool_args(k_pool, v_pool, dims[3], block_size, name)
+    if (hkv, dv) != (dims[2], dims[4]) or dims[1] % hkv:
+        raise ValueError(f"{name}: k {tuple(k.shape)} and v {tuple(v.shape)} do not fit pools of {hkv} KV heads "
+                         f"of {dv} values, or {dims[1]} query heads do not share them evenly")
+    return ptrs, dims, row_strides, strides, blocks, elem
+
+
+def paged_rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                        cos_k: torch.Tensor, sin_k: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                        block_table: torch.Tensor, start: int, block_size: int) -> None:
+    """rope_kv_write into pools: q rotated in place, the rows' K/V written at positions [start, start + T)
+    through block_table."""
+    ptrs, dims, rows, strides, blocks, elem = _paged_rope_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_pool, v_pool,
+                                                               block_size, "paged_rope_kv_write")
+    table = _block_table(block_table, 1, "paged_rope_kv_write")
+    if start < 0:
+        raise ValueError(f"paged_rope_kv_write: start {start} < 0")
+    _cpu.rope_kv(*ptrs, k_pool.data_ptr(), v_pool.data_ptr(), *dims, start, *rows, *strides, elem,
+                 *_paged_tail(table, block_size, blocks))
+
+
+def paged_rope_kv_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                         cos_k: torch.Tensor, sin_k: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                         block_table: torch.Tensor, start: int, block_size: int,
+                         scale: float | None = None) -> torch.Tensor:
+    """rope_kv_attend over pools (one sequence): paged_rope_kv_write then paged_attend_causal in one call,
+    (T, Hq * dv). q is rotated in place."""
+    ptrs, dims, rows, strides, blocks, elem = _paged_rope_args(q, k, v, cos_q, sin_q, cos_k, sin_k, k_pool, v_pool,
+                                                               block_size, "paged_rope_kv_attend")
+    table = _block_table(block_table, 1, "paged_rope_kv_attend")
+    if start < 0:
+        raise ValueError(f"paged_rope_kv_attend: start {start} < 0")
+    T, hq, _, d, dv = dims
+    out = torch.empty(T, hq * dv, dtype=torch.float32)
+    if T:
+        _cpu.rope_kv_attend(*ptrs, k_pool.data_ptr(), v_pool.data_ptr(), *dims, start, *rows, *strides,
+                            out.data_ptr(), float(scale if scale is not None else d ** -0.5), elem,
+                            *_paged_tail(table, block_size, blocks))
+    return out
+
+
+def _decode_rows(q, block_tables, positions, name: str) -> tuple:
+    R, H, d = q.shape
+    tables = _block_table(block_tables, 2, name)
+    if (tables.shape[0] != R or positions.shape != (R,) or positions.device.type != "cpu"
+            or positions.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"{name}: {R} rows want block tables (R, M) and int32 positions (R,), got "
+                         f"{tuple(block_tables.shape)} and {positions.dtype} {tuple(positions.shape)}")
+    return tables, positions.to(torch.int32).contiguous()
+
+
+def paged_attend_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                        positions: torch.Tensor, block_size: int, scale: float | None = None) -> torch.Tensor:
+    """Decode attention of R independent sequences in one call: q (R, H, d), row r at positions[r] attends
+    to its positions [0, positions[r]] through block_tables[r] ((R, M) int32); a negative position is a
+    padding row (zeros, nothing read). (row, KV head) pairs run on the pool. Returns (R, H * dv)."""
+    R, H, d = q.shape
+    q_row = _rows(q, H, d)
+    hkv, dv, strides, blocks, elem = _pool_args(k_pool, v_pool, d, block_size, "paged_attend_decode")
+    tables, pos = _decode_rows(q, block_tables, positions, "paged_attend_decode")
+    if H % hkv:
+        raise ValueError(f"paged_attend_decode: {H} heads over {hkv} KV heads")
+    out = torch.empty(R, H * dv, dtype=torch.float32)
+    if R:
+        _cpu.attend_rows(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), out.data_ptr(), R, H, hkv, d, dv, q_row,
+                         H * dv, *strides, float(scale if scale is not None else d ** -0.5), elem,
+                         *_paged_tail(tables, block_size, blocks), pos.data_ptr())
+    return out
+
+
+def paged_rope_kv_attend_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_q: torch.Tensor,
+                                sin_q: torch.Tensor, cos_k: torch.Tensor, sin_k: torch.Tensor, k_pool: torch.Tensor,
+                                v_pool: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
+                                block_size: int, scale: float | None = None) -> torch.Tensor:
+    """A batched decode step's attention in one call: each of the R rows (q (R, Hq, d), k, v, RoPE tables
+    (R, d) of each row's own position) rotated, its K/V written at positions[r] through block_tables[r],
+    then paged_attend_decode. A negative position: nothing written, zeros out. q is rotated in place.
+    Returns (R, Hq * dv)."""
+    ptrs, (R, hq, hkv, d, dv), (q_row, k_row, v_row), strides, blocks, elem = _paged_rope_args(
+        q, k, v, cos_q, sin_q, cos_k, sin_k, k_pool, v_pool, block_size, "paged_rope_kv_attend_decode")
+    tables, pos = _decode_rows(q, block_tables, positions, "paged_rope_kv_attend_decode")
+    out = torch.empty(R, hq * dv, dtype=torch.float32)
+    if R:
+        _cpu.attend_rows(ptrs[0], k_pool.data_ptr(), v_pool.data_ptr(), out.data_ptr(), R, hq, hkv, d, dv, q_row,
+                         hq * dv, *strides, float(scale if scale is not None else d ** -0.5), elem,
+                         *_paged_tail(tables, block_size, blocks), pos.data_ptr(), *ptrs[1:], k_row, v_row)
     return out
 
 

@@ -1,6 +1,7 @@
 /* RoPE with the KV-cache write, and causal attention over the cache on the pool: prefill rows
- * against keys transposed once per call, the decode step one KV group per unit. The cache is
- * float32, or binary16 (kv_f16: written rounded to nearest even, read back into float32 math). */
+ * against keys transposed once per call, the decode step one (row, KV group) per unit. The cache is
+ * float32, or binary16 (kv_f16: written rounded to nearest even, read back into float32 math), and
+ * a pool of blocks read through a block table (paged KV; the contiguous cache is one block). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,30 +28,35 @@ static inline void rope_row_f16(const float *x, const float *c, const float *s, 
     }
 }
 
+const int32_t tq_one_block[1] = {0};
+
+/* row t's K/V rows into the pools: at pos + t of the one sequence, or (positions) at positions[t] of
+ * sequence t's own table, nothing for a negative position (a padding row) */
 void unit_rope_kv(void *arg, int u) {
     rkv_job *J = (rkv_job *)arg;
     int t0 = (int)((int64_t)J->T * u / J->n_units), t1 = (int)((int64_t)J->T * (u + 1) / J->n_units);
     for (int t = t0; t < t1; ++t) {
-        const size_t row = (size_t)J->pos + (size_t)t;
         float *q = J->q + (size_t)t * J->q_row;
         for (int h = 0; h < J->hq; ++h) /* in place: each pair is read before it is written */
             rope_row(q + (size_t)h * J->d, J->cq + (size_t)t * J->d, J->sq + (size_t)t * J->d, q + (size_t)h * J->d,
                      J->d);
-        if (J->kv_f16) {
-            for (int h = 0; h < J->hkv; ++h) {
-                const float *vs = J->v + (size_t)t * J->v_row + (size_t)h * J->dv;
-                uint16_t *vd = (uint16_t *)J->vc + (size_t)h * J->vh + row * J->vr;
-                rope_row_f16(J->k + (size_t)t * J->k_row + (size_t)h * J->d, J->ck + (size_t)t * J->d,
-                             J->sk + (size_t)t * J->d, (uint16_t *)J->kc + (size_t)h * J->kh + row * J->kr, J->d);
-                for (int e = 0; e < J->dv; ++e) vd[e] = tq_f32_to_f16(vs[e]);
-            }
-            continue;
-        }
+        const ptrdiff_t p = J->positions ? J->positions[t] : J->pos + t;
+        if (p < 0) continue;
+        tq_kv_blocks b = J->blocks;
+        if (J->positions) b.table += (size_t)t * J->table_row;
+        const size_t ko = tq_kv_row(&b, b.k_block, J->kr, p), vo = tq_kv_row(&b, b.v_block, J->vr, p);
+        const float *kt = J->k + (size_t)t * J->k_row, *vt = J->v + (size_t)t * J->v_row;
+        const float *ck = J->ck + (size_t)t * J->d, *sk = J->sk + (size_t)t * J->d;
         for (int h = 0; h < J->hkv; ++h) {
-            rope_row(J->k + (size_t)t * J->k_row + (size_t)h * J->d, J->ck + (size_t)t * J->d, J->sk + (size_t)t * J->d,
-                     (float *)J->kc + (size_t)h * J->kh + row * J->kr, J->d);
-            memcpy((float *)J->vc + (size_t)h * J->vh + row * J->vr, J->v + (size_t)t * J->v_row + (size_t)h * J->dv,
-                   sizeof(float) * (size_t)J->dv);
+            const float *ks = kt + (size_t)h * J->d, *vs = vt + (size_t)h * J->dv;
+            if (J->kv_f16) {
+                uint16_t *vd = (uint16_t *)J->vc + vo + (size_t)h * J->vh;
+                rope_row_f16(ks, ck, sk, (uint16_t *)J->kc + ko + (size_t)h * J->kh, J->d);
+                for (int e = 0; e < J->dv; ++e) vd[e] = tq_f32_to_f16(vs[e]);
+            } else {
+                rope_row(ks, ck, sk, (float *)J->kc + ko + (size_t)h * J->kh, J->d);
+                memcpy((float *)J->vc + vo + (size_t)h * J->vh, vs, sizeof(float) * (size_t)J->dv);
+            }
         }
     }
 }
@@ -66,14 +72,14 @@ static void unit_transpose_keys(void *arg, int g) {
     const ac_job *J = P->J;
     const int n = (int)(J->start + J->T);
     const float *k = (const float *)J->k + (size_t)g * J->kh;
-    const uint16_t *kh = (const uint16_t *)J->k + (size_t)g * J->kh;
+    const uint16_t *k16 = (const uint16_t *)J->k + (size_t)g * J->kh;
     float *kt = P->kt + (size_t)g * J->d * P->n_pad;
     for (int e = 0; e < J->d; ++e) {
         float *row = kt + (size_t)e * P->n_pad;
         if (J->kv_f16) /* converted here, once per call: the row kernel reads float32 keys */
-            for (int s = 0; s < n; ++s) row[s] = tq_f16_to_f32(kh[(size_t)s * J->kr + e]);
+            TQ_KV_ROWS(uint16_t, kr, s, k16 + e, J->kr, J->blocks.k_block, &J->blocks, n) row[s] = tq_f16_to_f32(*kr);
         else
-            for (int s = 0; s < n; ++s) row[s] = k[(size_t)s * J->kr + e];
+            TQ_KV_ROWS(float, kr, s, k + e, J->kr, J->blocks.k_block, &J->blocks, n) row[s] = *kr;
         for (int s = n; s < P->n_pad; ++s) row[s] = 0.0f;
     }
 }
@@ -94,10 +100,10 @@ static void unit_prefill_row(void *arg, int u) {
     float *out = J->out + (size_t)t * J->out_row + (size_t)g * J->n_rep * J->dv;
     if (J->kv_f16)
         K->attn_prefill_row_f16(q, J->n_rep, J->d, kt, P->n_pad, (const uint16_t *)J->v + (size_t)g * J->vh, J->vr,
-                                J->dv, (int)(J->start + t + 1), J->scale, out, scores);
+                                &J->blocks, J->dv, (int)(J->start + t + 1), J->scale, out, scores);
     else
-        K->attn_prefill_row(q, J->n_rep, J->d, kt, P->n_pad, (const float *)J->v + (size_t)g * J->vh, J->vr, J->dv,
-                            (int)(J->start + t + 1), J->scale, out, scores);
+        K->attn_prefill_row(q, J->n_rep, J->d, kt, P->n_pad, (const float *)J->v + (size_t)g * J->vh, J->vr,
+                            &J->blocks, J->dv, (int)(J->start + t + 1), J->scale, out, scores);
     if (scores != stack_scores) free(scores);
 }
 
@@ -116,9 +122,20 @@ static void attend_prefill(ac_job *J) {
     free(P.kt);
 }
 
-static void unit_decode_group(void *arg, int g) {
+/* unit (row r, KV group g) of a decode: row r's query at its position over its own blocks */
+static void unit_decode_group(void *arg, int u) {
     ac_job *J = (ac_job *)arg;
-    const int n_keys = (int)(J->start + 1);
+    const int r = u / J->n_kv, g = u % J->n_kv;
+    const ptrdiff_t p = J->positions ? J->positions[r] : J->start;
+    float *out = J->out + (size_t)r * J->out_row + (size_t)g * J->n_rep * J->dv;
+    if (p < 0) { /* a padding row: zeros, nothing read */
+        memset(out, 0, sizeof(float) * (size_t)J->n_rep * (size_t)J->dv);
+        return;
+    }
+    tq_kv_blocks b = J->blocks;
+    b.table += (size_t)r * J->table_row;
+    const float *q = J->q + (size_t)r * J->q_row + (size_t)g * J->n_rep * J->d;
+    const int n_keys = (int)(p + 1);
     const int n_pad = (n_keys + TQ_ATT_PAD - 1) / TQ_ATT_PAD * TQ_ATT_PAD;
     float stack_scores[4096];
     float *scores = 4 * (size_t)n_pad <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * 4 * (size_t)n_pad);
@@ -127,13 +144,12 @@ static void unit_decode_group(void *arg, int g) {
         return;
     }
     if (J->kv_f16)
-        K->attn_decode_f16(J->q + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, (const uint16_t *)J->k + (size_t)g * J->kh,
-                           J->kr, (const uint16_t *)J->v + (size_t)g * J->vh, J->vr, J->dv, n_keys, n_pad, J->scale,
-                           J->out + (size_t)g * J->n_rep * J->dv, scores);
+        K->attn_decode_f16(q, J->n_rep, J->d, (const uint16_t *)J->k + (size_t)g * J->kh, J->kr,
+                           (const uint16_t *)J->v + (size_t)g * J->vh, J->vr, &b, J->dv, n_keys, n_pad, J->scale, out,
+                           scores);
     else
-        K->attn_decode(J->q + (size_t)g * J->n_rep * J->d, J->n_rep, J->d, (const float *)J->k + (size_t)g * J->kh,
-                       J->kr, (const float *)J->v + (size_t)g * J->vh, J->vr, J->dv, n_keys, n_pad, J->scale,
-                       J->out + (size_t)g * J->n_rep * J->dv, scores);
+        K->attn_decode(q, J->n_rep, J->d, (const float *)J->k + (size_t)g * J->kh, J->kr,
+                       (const float *)J->v + (size_t)g * J->vh, J->vr, &b, J->dv, n_keys, n_pad, J->scale, out, scores);
     if (scores != stack_scores) free(scores);
 }
 
@@ -142,5 +158,5 @@ void run_attend(ac_job *J) {
     if (J->T > 1)
         attend_prefill(J);
     else
-        pool_for(unit_decode_group, J, J->n_kv);
+        pool_for(unit_decode_group, J, J->n_seqs * J->n_kv);
 }

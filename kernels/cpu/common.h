@@ -98,23 +98,51 @@ typedef void (*tq_quant_fn)(const float *x, void *out, int64_t k);
 typedef void (*tq_repack_fn)(const uint8_t *src, size_t src_stride, int n_rows, int nb, uint8_t *dst,
                              size_t dst_stride);
 
+/* Where a KV head's cached rows live (paged KV): position s is row s % rows of block table[s / rows],
+ * blocks k_block / v_block elements apart in the key / value pool (the head's offset is in the row
+ * pointer the kernels get). The contiguous cache (Hkv, capacity, d) is a pool of one block: table {0},
+ * rows >= every position, so one loop serves both and reads the rows in the same order. */
+typedef struct {
+    const int32_t *table;
+    int rows;
+    size_t k_block, v_block;
+} tq_kv_blocks;
+
+/* The element offset of position s's row in a pool (block stride bs, row stride rs) */
+static inline size_t tq_kv_row(const tq_kv_blocks *b, size_t bs, size_t rs, int64_t s) {
+    return (size_t)b->table[s / b->rows] * bs + (size_t)(s % b->rows) * rs;
+}
+
+/* The one loop over a head's cached rows: for s = 0 .. n - 1 in increasing order, R (const ET *) the
+ * row of position s: the blocks in table order, the rows of each block in order (so a paged cache is
+ * summed exactly as the contiguous one). base: the head's rows in block 0's place; rs, bs: row and
+ * block strides in elements. The statement after the macro is the body; s and R are declared here. */
+#define TQ_KV_ROWS(ET, R, s, base, rs, bs, blocks, n)                                                      \
+    for (int tq_b_ = 0, s = 0, tq_e_; s < (n); ++tq_b_)                                                     \
+        for (const ET *R = (tq_e_ = (n) - s < (blocks)->rows ? (n) : s + (blocks)->rows,                     \
+                            (base) + (size_t)(blocks)->table[tq_b_] * (bs));                                 \
+             s < tq_e_; R += (rs), ++s)
+
 /* The element-wise kernels (vec.inc), at the variant's vector width: */
 /* decode attention (one query row) of one KV group: its n_rep heads' rows q (d floats each) against
  * keys k + s * ks (d floats), values v + s * vs (dv floats), s < n_keys; out: n_rep rows of dv floats;
  * scores: 4 * n_pad floats, n_pad a multiple of TQ_ATT_PAD past n_keys */
 typedef void (*tq_attn_decode_fn)(const float *q, int n_rep, int d, const float *k, size_t ks, const float *v,
-                                  size_t vs, int dv, int n_keys, int n_pad, float scale, float *out, float *scores);
+                                  size_t vs, const tq_kv_blocks *kvb, int dv, int n_keys, int n_pad, float scale,
+                                  float *out, float *scores);
 /* prefill attention, one query row of a KV group (as above) against its keys transposed: kt holds d
  * rows of n_pad floats, zero past n_keys; scores: n_rep * n_pad floats */
 typedef void (*tq_attn_row_fn)(const float *q, int n_rep, int d, const float *kt, int n_pad, const float *v,
-                               size_t vs, int dv, int n_keys, float scale, float *out, float *scores);
+                               size_t vs, const tq_kv_blocks *kvb, int dv, int n_keys, float scale, float *out,
+                               float *scores);
 /* the same two over a float16 cache (keys and values binary16, converted to float32 as loaded; the
  * prefill row's transposed keys are float32, converted when transposed) */
 typedef void (*tq_attn_decode_f16_fn)(const float *q, int n_rep, int d, const uint16_t *k, size_t ks,
-                                      const uint16_t *v, size_t vs, int dv, int n_keys, int n_pad, float scale,
-                                      float *out, float *scores);
+                                      const uint16_t *v, size_t vs, const tq_kv_blocks *kvb, int dv, int n_keys,
+                                      int n_pad, float scale, float *out, float *scores);
 typedef void (*tq_attn_row_f16_fn)(const float *q, int n_rep, int d, const float *kt, int n_pad, const uint16_t *v,
-                                   size_t vs, int dv, int n_keys, float scale, float *out, float *scores);
+                                   size_t vs, const tq_kv_blocks *kvb, int dv, int n_keys, float scale, float *out,
+                                   float *scores);
 /* out = silu(g) * u over n floats */
 typedef void (*tq_swiglu_fn)(const float *g, const float *u, float *out, int64_t n);
 /* the first index of the largest of n floats (as torch.argmax); *has_nan: whether any is NaN */

@@ -45,10 +45,10 @@ int run_decode_layers(const int64_t *table, int n_layers, float *x, ptrdiff_t po
         rkv_job R = {q, k, v, tab[0], tab[1], tab[2], tab[3], (void *)(uintptr_t)row[DL_KC],
                      (void *)(uintptr_t)row[DL_VC], 1, hq, hkv, d, dv, 1, (size_t)hq * d, (size_t)hkv * d,
                      (size_t)hkv * dv, (size_t)row[DL_KH], (size_t)row[DL_KR], (size_t)row[DL_VH], (size_t)row[DL_VR], pos,
-                     kv_f16};
+                     kv_f16, TQ_ONE_BLOCK, NULL, 0};
         pool_for(unit_rope_kv, &R, 1);
         ac_job A = {q, R.kc, R.vc, o, 1, hkv, hq / hkv, d, dv, (size_t)hq * d, (size_t)hq * dv,
-                    R.kh, R.kr, R.vh, R.vr, pos, scale, 0, kv_f16};
+                    R.kh, R.kr, R.vh, R.vr, pos, scale, 0, kv_f16, R.blocks, NULL, 0, 1};
         run_attend(&A);
         if (A.failed) return -1;
         dl_job(&J[0], row, DL_O, o, (int64_t)hq * dv, y);

@@ -217,16 +217,66 @@ static PyObject *py_rope_pairs(PyObject *self, PyObject *const *args, Py_ssize_t
  * torch ops: RoPE + KV-cache write, causal attention over the cache, SwiGLU, a gather of embedding rows,
  * greedy argmax. Rows go to the pool when there are enough of them (prefill). */
 
+/* The paged tail of the KV-cache calls: table_ptr (int32), table_len, block_rows, k_block, v_block (the
+ * pools' block strides in elements), n_blocks -> *b. Absent (nargs == base): the contiguous cache, which
+ * is a pool of one block. -1 with an exception set when the sizes do not fit. */
+static int get_blocks(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t base, const char *name, tq_kv_blocks *b,
+                      Py_ssize_t *table_len, Py_ssize_t *n_blocks) {
+    *b = TQ_ONE_BLOCK;
+    *table_len = 1;
+    *n_blocks = 1;
+    if (nargs <= base) return 0;
+    void *t;
+    Py_ssize_t s[5];
+    if (get_ptr(args[base], &t)) return -1;
+    for (int i = 0; i < 5; ++i)
+        if (get_ssize(args[base + 1 + i], &s[i])) return -1;
+    if (!t || s[0] < 1 || s[1] < 1 || s[1] > INT32_MAX || s[2] < 0 || s[3] < 0 || s[4] < 1 || s[4] > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: null block table or inconsistent block sizes", name);
+        return -1;
+    }
+    b->table = (const int32_t *)t;
+    b->rows = (int)s[1];
+    b->k_block = (size_t)s[2];
+    b->v_block = (size_t)s[3];
+    *table_len = s[0];
+    *n_blocks = s[4];
+    return 0;
+}
+
+/* positions [0, n_pos) of a table: within it, and every entry they use a block of the pool (the kernels
+ * trust the table); -1 with ValueError otherwise */
+static int check_table(const tq_kv_blocks *b, Py_ssize_t table_len, Py_ssize_t n_blocks, Py_ssize_t n_pos,
+                       const char *name) {
+    if (n_pos <= 0) return 0;
+    const Py_ssize_t used = (n_pos - 1) / b->rows + 1;
+    if (used > table_len) {
+        PyErr_Format(PyExc_ValueError, "%s: position %zd is past a block table of %zd blocks of %d", name, n_pos - 1,
+                     table_len, b->rows);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < used; ++i)
+        if (b->table[i] < 0 || b->table[i] >= n_blocks) {
+            PyErr_Format(PyExc_ValueError, "%s: block table entry %zd is %d, not a block of the pool's %zd", name, i,
+                         (int)b->table[i], n_blocks);
+            return -1;
+        }
+    return 0;
+}
+
 PyDoc_STRVAR(rope_kv_doc,
              "rope_kv(q, k, v, cos_q, sin_q, cos_k, sin_k, k_cache, v_cache, T, Hq, Hkv, d, dv, pos, q_row, k_row, "
-             "v_row, kc_head, kc_row, vc_head, vc_row[, kv_elem_size])\n"
+             "v_row, kc_head, kc_row, vc_head, vc_row[, kv_elem_size[, table, table_len, block_rows, k_block, "
+             "v_block, n_blocks]])\n"
              "Pointers then sizes, strides in floats. For each row t < T: q[t] (Hq heads of d) rotated in place with "
              "tables row t (as rope_pairs); k[t] rotated into k_cache[h, pos + t]; v[t] copied to v_cache[h, pos + t]. "
              "kv_elem_size 4 (default): float32 caches; 2: float16 caches (rounded to nearest even), cache strides in "
-             "elements.");
+             "elements. The paged tail: the caches are pools of blocks (strides k_block / v_block), position p at row "
+             "p % block_rows of block table[p // block_rows] (int32).");
 
-/* rope_kv's 22 arguments into its job; -1 with an exception set when they do not fit */
-static int parse_rope_kv(PyObject *const *args, rkv_job *J) {
+/* rope_kv's 22 arguments (and its optional tail from 22 on) into its job; -1 with an exception set when
+ * they do not fit */
+static int parse_rope_kv(PyObject *const *args, Py_ssize_t nargs, rkv_job *J) {
     void *p[9];
     Py_ssize_t s[13];
     for (int i = 0; i < 9; ++i)
@@ -243,20 +293,25 @@ static int parse_rope_kv(PyObject *const *args, rkv_job *J) {
     rkv_job j = {(float *)p[0], (const float *)p[1], (const float *)p[2], (const float *)p[3], (const float *)p[4],
                  (const float *)p[5], (const float *)p[6], p[7], p[8], (int)s[0], (int)s[1],
                  (int)s[2], (int)s[3], (int)s[4], 1, (size_t)s[6], (size_t)s[7], (size_t)s[8], (size_t)s[9],
-                 (size_t)s[10], (size_t)s[11], (size_t)s[12], s[5], 0};
+                 (size_t)s[10], (size_t)s[11], (size_t)s[12], s[5], 0, TQ_ONE_BLOCK, NULL, 0};
     j.n_units = pool_units(j.T, (Py_ssize_t)(j.hq + 2 * j.hkv) * j.d);
+    Py_ssize_t table_len, n_blocks;
+    if (get_kv_f16(args, nargs, 22, "rope_kv", &j.kv_f16) ||
+        get_blocks(args, nargs, 23, "rope_kv", &j.blocks, &table_len, &n_blocks) ||
+        check_table(&j.blocks, table_len, n_blocks, j.pos + j.T, "rope_kv"))
+        return -1;
     *J = j;
     return 0;
 }
 
 static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 22 && nargs != 23) {
-        PyErr_SetString(PyExc_TypeError, "rope_kv takes 22 or 23 arguments");
+    if (nargs != 22 && nargs != 23 && nargs != 29) {
+        PyErr_SetString(PyExc_TypeError, "rope_kv takes 22, 23 or 29 arguments");
         return NULL;
     }
     rkv_job J;
-    if (parse_rope_kv(args, &J) || get_kv_f16(args, nargs, 22, "rope_kv", &J.kv_f16)) return NULL;
+    if (parse_rope_kv(args, nargs, &J)) return NULL;
     if (J.T == 0) Py_RETURN_NONE;
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
@@ -266,56 +321,162 @@ static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(attend_causal_doc,
-             "attend_causal(q, k_cache, v_cache, out, T, n_heads, n_kv_heads, d, dv, start, q_row, out_row, k_head, "
-             "k_row, v_head, v_row, scale[, kv_elem_size])\n"
-             "Causal attention of T query rows at positions start..start+T-1 over the cached keys/values "
-             "[0, start + t] of each (float32, strides in floats; a row's heads contiguous): query head h reads KV "
-             "head h // (n_heads / n_kv_heads). out[t]: (n_heads, dv). The decode step is T = 1. kv_elem_size 2: "
-             "float16 caches (converted to float32 as read).");
-
-static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 17 && nargs != 18) {
-        PyErr_SetString(PyExc_TypeError, "attend_causal takes 17 or 18 arguments");
-        return NULL;
-    }
-    void *p[4];
-    Py_ssize_t s[12];
-    for (int i = 0; i < 4; ++i)
-        if (get_ptr(args[i], &p[i])) return NULL;
-    for (int i = 0; i < 12; ++i)
-        if (get_ssize(args[4 + i], &s[i])) return NULL;
-    double scale = PyFloat_AsDouble(args[16]);
-    if (scale == -1.0 && PyErr_Occurred()) return NULL;
-    int ok = p[0] && p[1] && p[2] && p[3] && s[1] > 0 && s[2] > 0 && s[1] % s[2] == 0 && s[3] > 0 && s[4] > 0;
-    for (int i = 0; i < 12; ++i) ok = ok && s[i] >= 0 && s[i] <= INT32_MAX;
-    if (!ok || s[0] * s[2] > INT32_MAX || s[0] + s[5] > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "attend_causal: inconsistent sizes or null pointers");
-        return NULL;
-    }
+/* the attention job of q rows (row stride q_row) over the caches: s = n_heads, n_kv, d, dv, q_row, out_row,
+ * k_head, k_row, v_head, v_row; the caller sets T, start and the blocks */
+static ac_job attend_job(void *const p[4], const Py_ssize_t s[10], double scale, int kv_f16) {
     ac_job J;
-    if (get_kv_f16(args, nargs, 17, "attend_causal", &J.kv_f16)) return NULL;
+    memset(&J, 0, sizeof(J));
     J.q = (const float *)p[0];
     J.k = p[1];
     J.v = p[2];
     J.out = (float *)p[3];
-    J.T = (int)s[0];
-    J.n_kv = (int)s[2];
-    J.n_rep = (int)(s[1] / s[2]);
-    J.d = (int)s[3];
-    J.dv = (int)s[4];
-    J.start = s[5];
-    J.q_row = (size_t)s[6];
-    J.out_row = (size_t)s[7];
-    J.kh = (size_t)s[8];
-    J.kr = (size_t)s[9];
-    J.vh = (size_t)s[10];
-    J.vr = (size_t)s[11];
+    J.n_kv = (int)s[1];
+    J.n_rep = (int)(s[0] / s[1]);
+    J.d = (int)s[2];
+    J.dv = (int)s[3];
+    J.q_row = (size_t)s[4];
+    J.out_row = (size_t)s[5];
+    J.kh = (size_t)s[6];
+    J.kr = (size_t)s[7];
+    J.vh = (size_t)s[8];
+    J.vr = (size_t)s[9];
     J.scale = (float)scale;
-    J.failed = 0;
+    J.kv_f16 = kv_f16;
+    J.n_seqs = 1;
+    J.blocks = TQ_ONE_BLOCK;
+    return J;
+}
+
+/* args[0..3] pointers, then n_rows, the 10 sizes of attend_job around `start` when has_start, scale: -1 with
+ * an exception set when they do not fit */
+static int parse_attend(PyObject *const *args, int has_start, const char *name, void *p[4], Py_ssize_t *n_rows,
+                        Py_ssize_t *start, Py_ssize_t s[10], double *scale) {
+    Py_ssize_t v[12];
+    const int n = 11 + has_start;
+    for (int i = 0; i < 4; ++i)
+        if (get_ptr(args[i], &p[i])) return -1;
+    for (int i = 0; i < n; ++i)
+        if (get_ssize(args[4 + i], &v[i])) return -1;
+    *scale = PyFloat_AsDouble(args[4 + n]);
+    if (*scale == -1.0 && PyErr_Occurred()) return -1;
+    *n_rows = v[0];
+    *start = has_start ? v[5] : 0;
+    for (int i = 0, j = 1; i < 10; ++i, ++j) {
+        if (has_start && j == 5) ++j;
+        s[i] = v[j];
+    }
+    int ok = p[0] && p[1] && p[2] && p[3] && s[0] > 0 && s[1] > 0 && s[0] % s[1] == 0 && s[2] > 0 && s[3] > 0;
+    for (int i = 0; i < n; ++i) ok = ok && v[i] >= 0 && v[i] <= INT32_MAX;
+    if (!ok || *n_rows * s[1] > INT32_MAX || *n_rows + *start > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: inconsistent sizes or null pointers", name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *run_attend_released(ac_job *J) {
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
+    run_attend(J);
+    UNLOCK_CALLS();
+    Py_END_ALLOW_THREADS
+    if (J->failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(attend_causal_doc,
+             "attend_causal(q, k_cache, v_cache, out, T, n_heads, n_kv_heads, d, dv, start, q_row, out_row, k_head, "
+             "k_row, v_head, v_row, scale[, kv_elem_size[, <rope_kv's paged tail>]])\n"
+             "Causal attention of T query rows at positions start..start+T-1 over the cached keys/values "
+             "[0, start + t] of each (float32, strides in floats; a row's heads contiguous): query head h reads KV "
+             "head h // (n_heads / n_kv_heads). out[t]: (n_heads, dv). The decode step is T = 1. kv_elem_size 2: "
+             "float16 caches (converted to float32 as read). The paged tail reads the rows through a block table.");
+
+static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 17 && nargs != 18 && nargs != 24) {
+        PyErr_SetString(PyExc_TypeError, "attend_causal takes 17, 18 or 24 arguments");
+        return NULL;
+    }
+    void *p[4];
+    Py_ssize_t T, start, s[10], table_len, n_blocks;
+    double scale;
+    int kv_f16;
+    if (parse_attend(args, 1, "attend_causal", p, &T, &start, s, &scale) ||
+        get_kv_f16(args, nargs, 17, "attend_causal", &kv_f16))
+        return NULL;
+    ac_job J = attend_job(p, s, scale, kv_f16);
+    J.T = (int)T;
+    J.start = start;
+    if (get_blocks(args, nargs, 18, "attend_causal", &J.blocks, &table_len, &n_blocks) ||
+        check_table(&J.blocks, table_len, n_blocks, start + T, "attend_causal"))
+        return NULL;
+    if (T == 0) Py_RETURN_NONE;
+    return run_attend_released(&J);
+}
+
+PyDoc_STRVAR(attend_rows_doc,
+             "attend_rows(q, k_pool, v_pool, out, R, n_heads, n_kv_heads, d, dv, q_row, out_row, k_head, k_row, "
+             "v_head, v_row, scale, kv_elem_size, tables, table_len, block_rows, k_block, v_block, n_blocks, "
+             "positions[, k, v, cos_q, sin_q, cos_k, sin_k, k_row_in, v_row_in])\n"
+             "Decode attention of R independent rows: row r (its query at q + r * q_row) at position positions[r] "
+             "(int32) attends to its positions [0, positions[r]] read through its block table (tables + r * "
+             "table_len, int32); a negative position is a padding row: zeros, nothing read. With the rope tail, "
+             "first rope_kv of each row at its own position (q rotated in place, k/v written through its table; "
+             "tables rows r of R).");
+
+static PyObject *py_attend_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 24 && nargs != 32) {
+        PyErr_SetString(PyExc_TypeError, "attend_rows takes 24 or 32 arguments");
+        return NULL;
+    }
+    void *p[4], *pos_p, *r[6];
+    Py_ssize_t R, unused, s[10], table_len, n_blocks, rows_in[2] = {0, 0};
+    double scale;
+    int kv_f16;
+    if (parse_attend(args, 0, "attend_rows", p, &R, &unused, s, &scale) ||
+        get_kv_f16(args, nargs, 16, "attend_rows", &kv_f16) || get_ptr(args[23], &pos_p))
+        return NULL;
+    ac_job J = attend_job(p, s, scale, kv_f16);
+    if (get_blocks(args, nargs, 17, "attend_rows", &J.blocks, &table_len, &n_blocks)) return NULL;
+    if (!pos_p) {
+        PyErr_SetString(PyExc_ValueError, "attend_rows: null positions");
+        return NULL;
+    }
+    J.T = 1;
+    J.n_seqs = (int)R;
+    J.positions = (const int32_t *)pos_p;
+    J.table_row = (size_t)table_len;
+    for (Py_ssize_t i = 0; i < R; ++i) {
+        tq_kv_blocks b = J.blocks;
+        b.table += (size_t)i * J.table_row;
+        if (check_table(&b, table_len, n_blocks, (Py_ssize_t)J.positions[i] + 1, "attend_rows")) return NULL;
+    }
+    rkv_job W;
+    const int rope = nargs == 32;
+    if (rope) {
+        for (int i = 0; i < 6; ++i)
+            if (get_ptr(args[24 + i], &r[i])) return NULL;
+        for (int i = 0; i < 2; ++i)
+            if (get_ssize(args[30 + i], &rows_in[i])) return NULL;
+        int ok = s[2] % 2 == 0 && rows_in[0] >= 0 && rows_in[1] >= 0;
+        for (int i = 0; i < 6; ++i) ok = ok && r[i];
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "attend_rows: inconsistent rope sizes or null pointers");
+            return NULL;
+        }
+        rkv_job w = {(float *)J.q, (const float *)r[0], (const float *)r[1], (const float *)r[2], (const float *)r[3],
+                     (const float *)r[4], (const float *)r[5], (void *)J.k, (void *)J.v, (int)R,
+                     J.n_kv * J.n_rep, J.n_kv, J.d, J.dv, 1, J.q_row, (size_t)rows_in[0], (size_t)rows_in[1], J.kh,
+                     J.kr, J.vh, J.vr, 0, kv_f16, J.blocks, J.positions, J.table_row};
+        w.n_units = pool_units(w.T, (Py_ssize_t)(w.hq + 2 * w.hkv) * w.d);
+        W = w;
+    }
+    if (R == 0) Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    LOCK_CALLS();
+    if (rope) pool_for(unit_rope_kv, &W, W.n_units);
     run_attend(&J);
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS
@@ -324,20 +485,23 @@ static PyObject *py_attend_causal(PyObject *self, PyObject *const *args, Py_ssiz
 }
 
 PyDoc_STRVAR(rope_kv_attend_doc,
-             "rope_kv_attend(<rope_kv's 22 arguments>, out_ptr, scale[, kv_elem_size])\n"
+             "rope_kv_attend(<rope_kv's 22 arguments>, out_ptr, scale[, kv_elem_size[, <rope_kv's paged tail>]])\n"
              "rope_kv, then attend_causal of the rotated q over the caches (out: T rows of Hq * dv floats): a "
              "layer's attention before its output projection, one call.");
 
 static PyObject *py_rope_kv_attend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 24 && nargs != 25) {
-        PyErr_SetString(PyExc_TypeError, "rope_kv_attend takes 24 or 25 arguments");
+    if (nargs != 24 && nargs != 25 && nargs != 31) {
+        PyErr_SetString(PyExc_TypeError, "rope_kv_attend takes 24, 25 or 31 arguments");
         return NULL;
     }
+    /* rope_kv's tail sits two arguments later here (after out_ptr and scale): parse it apart */
+    PyObject *head[29];
+    for (int i = 0; i < 22; ++i) head[i] = args[i];
+    for (Py_ssize_t i = 24; i < nargs; ++i) head[i - 2] = args[i];
     rkv_job R;
     void *out;
-    if (parse_rope_kv(args, &R) || get_ptr(args[22], &out) || get_kv_f16(args, nargs, 24, "rope_kv_attend", &R.kv_f16))
-        return NULL;
+    if (parse_rope_kv(head, nargs - 2, &R) || get_ptr(args[22], &out)) return NULL;
     double scale = PyFloat_AsDouble(args[23]);
     if (scale == -1.0 && PyErr_Occurred()) return NULL;
     if (!out || R.hq % R.hkv) {
@@ -346,7 +510,7 @@ static PyObject *py_rope_kv_attend(PyObject *self, PyObject *const *args, Py_ssi
     }
     if (R.T == 0) Py_RETURN_NONE;
     ac_job A = {R.q, R.kc, R.vc, (float *)out, R.T, R.hkv, R.hq / R.hkv, R.d, R.dv, R.q_row, (size_t)R.hq * R.dv,
-                R.kh, R.kr, R.vh, R.vr, R.pos, (float)scale, 0, R.kv_f16};
+                R.kh, R.kr, R.vh, R.vr, R.pos, (float)scale, 0, R.kv_f16, R.blocks, NULL, 0, 1};
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
     pool_for(unit_rope_kv, &R, R.n_units);
@@ -863,6 +1027,7 @@ static PyMethodDef methods[] = {
     {"rope_kv", (PyCFunction)(void (*)(void))py_rope_kv, METH_FASTCALL, rope_kv_doc},
     {"attend_causal", (PyCFunction)(void (*)(void))py_attend_causal, METH_FASTCALL, attend_causal_doc},
     {"rope_kv_attend", (PyCFunction)(void (*)(void))py_rope_kv_attend, METH_FASTCALL, rope_kv_attend_doc},
+    {"attend_rows", (PyCFunction)(void (*)(void))py_attend_rows, METH_FASTCALL, attend_rows_doc},
     {"swiglu", (PyCFunction)(void (*)(void))py_swiglu, METH_FASTCALL, swiglu_doc},
     {"dequantize_rows", (PyCFunction)(void (*)(void))py_dequantize_rows, METH_FASTCALL, dequantize_rows_doc},
     {"argmax", (PyCFunction)(void (*)(void))py_argmax, METH_FASTCALL, argmax_doc},

@@ -99,6 +99,8 @@ typedef struct {
 void unit_gather(void *arg, int u);
 
 /* ------------------------------------------------------------------------------ attention.c */
+/* The caches are pools of blocks (tq_kv_blocks, common.h): kc/vc + block * k_block/v_block + head * kh/vh
+ * + row * kr/vr; the contiguous cache (Hkv, capacity, d) is one block (table {0}, rows >= capacity). */
 typedef struct {
     float *q;
     const float *k, *v, *cq, *sq, *ck, *sk;
@@ -107,6 +109,9 @@ typedef struct {
     size_t q_row, k_row, v_row, kh, kr, vh, vr; /* strides in elements (floats; the caches' in their own) */
     ptrdiff_t pos;
     int kv_f16; /* 1: the caches hold binary16, written rounded to nearest even */
+    tq_kv_blocks blocks; /* blocks.table: the sequence's; with positions, T tables table_row ints apart */
+    const int32_t *positions; /* NULL: row t at pos + t; else row t (its own sequence) at positions[t], none if < 0 */
+    size_t table_row;
 } rkv_job;
 void unit_rope_kv(void *arg, int u);
 
@@ -120,7 +125,14 @@ typedef struct {
     float scale;
     int failed; /* a unit could not allocate its scores */
     int kv_f16;
+    tq_kv_blocks blocks; /* blocks.table: the sequence's; in a decode of n_seqs rows, row r's is r * table_row on */
+    const int32_t *positions; /* decode (T = 1): row r at positions[r] (< 0: a padding row, zeros); NULL: start */
+    size_t table_row;
+    int n_seqs; /* decode rows (T = 1); 1 otherwise */
 } ac_job;
+/* the blocks of a contiguous cache: one block of every row */
+extern const int32_t tq_one_block[1];
+#define TQ_ONE_BLOCK ((tq_kv_blocks){tq_one_block, INT32_MAX, 0, 0})
 void run_attend(ac_job *J);
 
 /* ------------------------------------------------------------------------------ decode.c */

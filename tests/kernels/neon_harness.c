@@ -252,6 +252,8 @@ static int check_quant_edges(const tq_kernels *v) {
 
 static int check_attention(const tq_kernels *v) {
     int bad = 0;
+    static const int32_t one_block[1] = {0}; /* the contiguous rows: one block of every row */
+    const tq_kv_blocks one = {one_block, INT32_MAX, 0, 0};
     const int shapes[2][3] = {{128, 128, 37}, {67, 70, 5}}; /* d, dv, keys: vector body and tails */
     for (int s = 0; s < 2; ++s) {
         const int d = shapes[s][0], dv = shapes[s][1], n_keys = shapes[s][2], n_rep = 4;
@@ -263,8 +265,8 @@ static int check_attention(const tq_kernels *v) {
         fill_x(q, (int64_t)n_rep * d), fill_x(k, (int64_t)ks * n_keys), fill_x(vv, (int64_t)vs * n_keys);
         float vmax = 0.0f;
         for (size_t i = 0; i < vs * n_keys; ++i) vmax = fabsf(vv[i]) > vmax ? fabsf(vv[i]) : vmax;
-        tq_kernels_generic.attn_decode(q, n_rep, d, k, ks, vv, vs, dv, n_keys, n_pad, 1.0f / sqrtf((float)d), og, sc);
-        v->attn_decode(q, n_rep, d, k, ks, vv, vs, dv, n_keys, n_pad, 1.0f / sqrtf((float)d), ov, sc);
+        tq_kernels_generic.attn_decode(q, n_rep, d, k, ks, vv, vs, &one, dv, n_keys, n_pad, 1.0f / sqrtf((float)d), og, sc);
+        v->attn_decode(q, n_rep, d, k, ks, vv, vs, &one, dv, n_keys, n_pad, 1.0f / sqrtf((float)d), ov, sc);
         for (int i = 0; i < n_rep * dv; ++i) {
             if (!(fabsf(ov[i] - og[i]) <= REL_TOL * vmax)) {
                 bad |= fail(v->name, "attention", "decode attention differs");
@@ -277,11 +279,11 @@ static int check_attention(const tq_kernels *v) {
         for (size_t i = 0; i < ks * n_keys; ++i) k[i] = tq_f16_to_f32(kh[i] = tq_f32_to_f16(k[i]));
         for (size_t i = 0; i < vs * n_keys; ++i) vv[i] = tq_f16_to_f32(vh[i] = tq_f32_to_f16(vv[i]));
         const float scale = 1.0f / sqrtf((float)d);
-        v->attn_decode(q, n_rep, d, k, ks, vv, vs, dv, n_keys, n_pad, scale, og, sc);
-        v->attn_decode_f16(q, n_rep, d, kh, ks, vh, vs, dv, n_keys, n_pad, scale, ov, sc);
+        v->attn_decode(q, n_rep, d, k, ks, vv, vs, &one, dv, n_keys, n_pad, scale, og, sc);
+        v->attn_decode_f16(q, n_rep, d, kh, ks, vh, vs, &one, dv, n_keys, n_pad, scale, ov, sc);
         if (memcmp(og, ov, sizeof(float) * n_rep * dv)) bad |= fail(v->name, "attention", "f16 cache differs");
-        tq_kernels_generic.attn_decode_f16(q, n_rep, d, kh, ks, vh, vs, dv, n_keys, n_pad, scale, ov, sc);
-        tq_kernels_generic.attn_decode(q, n_rep, d, k, ks, vv, vs, dv, n_keys, n_pad, scale, og, sc);
+        tq_kernels_generic.attn_decode_f16(q, n_rep, d, kh, ks, vh, vs, &one, dv, n_keys, n_pad, scale, ov, sc);
+        tq_kernels_generic.attn_decode(q, n_rep, d, k, ks, vv, vs, &one, dv, n_keys, n_pad, scale, og, sc);
         if (memcmp(og, ov, sizeof(float) * n_rep * dv)) bad |= fail("generic", "attention", "f16 cache differs");
         free(kh), free(vh);
         free(q), free(k), free(vv), free(og), free(ov), free(sc);
