@@ -5,15 +5,14 @@ that act (each a module of its own, none importing this one): `ChatNavigation` (
 open), `ChatCommands` (rename, delete, branch, pin, export...), `ReplyCommands` (send, stop,
 regenerate), `Conversation` (what is shown of the open chat), `ModelLoading` (check, then load
 on the worker), `ServerBinding` (local model or a server's, per chat), `ToolsSwitch`,
-`Appearance` (theme, zoom), `DropsToComposer` and `WindowDialogs`. What happens to the chats
-is `ChatSession`'s; models are loaded by the engine worker.
+`Appearance` (theme, zoom), `DropsToComposer`, `WindowDialogs` and `WarmUp` (the first turn
+on screen). What happens to the chats is `ChatSession`'s; models are loaded by the engine worker.
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QHBoxLayout, QLabel, QLineEdit, QListView, QMainWindow,
                                QSizePolicy, QSplitter, QStackedWidget, QToolButton, QVBoxLayout, QWidget)
@@ -35,7 +34,7 @@ from .single_instance import InstanceServer
 from .store import Store, StoreError
 from .tools import ToolBroker
 from .tools_switch import ToolsSwitch
-from .widgets import markdown
+from .warm_up import WarmUp
 from .widgets.chat_list import ChatListDelegate, ChatListModel
 from .widgets.chat_view import ChatView
 from .widgets.composer import Composer
@@ -47,8 +46,6 @@ from .widgets.reload_button import ReloadButton
 from .widgets.undo_button import UndoButton
 from .window_dialogs import WindowDialogs
 from .worker import KV_CACHE_FOLDER, EngineWorker
-
-log = logging.getLogger(__name__)
 
 
 class MainWindow(QMainWindow):
@@ -69,17 +66,15 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Tramontane")
         self.jobs = Jobs(self)
         self.worker = EngineWorker(kv_disk_dir=self.store.data_dir / KV_CACHE_FOLDER)
-        self.worker.warmedUp.connect(self._on_warmed_up)
         self.session = ChatSession(self.store, self.settings, self.worker, self)
         # MCP tool servers (Settings → Tools); a chat with tools on runs its tool loop on the worker
         self.tools = ToolBroker(self.store, self)
         self.session.tools = self.tools
         self._make_parts()
         self._connect_session()
-        self.worker.start()
+        self.warm_up = WarmUp(self, autoload)  # once the window is on screen
         self._shown_once = False
-        self._warming = 2  # the engine's imports and the lexers', after the window shows
-        self._autoload = autoload
+        self.worker.start()
         # A second launch on this data dir asks us to come to the front (see main.run_app).
         self.instance_server = InstanceServer(self.store.data_dir, self)
         self.instance_server.raiseRequested.connect(self.bring_to_front)
@@ -132,42 +127,7 @@ class MainWindow(QMainWindow):
         super().showEvent(event)
         if not self._shown_once:
             self._shown_once = True
-            QTimer.singleShot(0, self._first_turn)
-
-    def _first_turn(self) -> None:
-        """Once the window is on screen: the engine (torch...) is imported on the worker and
-        the last model loads behind it, so the window never waits for them."""
-        self.firstShown.emit()
-        self.worker.warm_up()
-        # A chat bound to a server has asked for it already (open_chat): the last local model
-        # would take its place and answer its next message.
-        session = self.session
-        if (self._autoload and self.binding.chosen().is_local and session.engine_info is None
-                and not session.loading):
-            self.model_loading.load_last_model()
-        # the first code block's lexer, off the UI thread
-        self.jobs.run(markdown.warm_up, self._warmed, lambda _error: self._warmed())
-
-    @property
-    def warmed_up(self) -> bool:
-        """The start-up imports (the engine on the worker, the lexers) are done."""
-        return self._warming == 0
-
-    def _warmed(self, _result=None) -> None:
-        self._warming -= 1
-
-    @Slot(float)
-    def _on_warmed_up(self, seconds: float) -> None:
-        """The engine is imported: say it when the native CPU kernels are missing (replies on
-        the CPU then run on torch's much slower path), not silently."""
-        self._warmed()
-        log.info("engine imported on the worker in %.2f s", seconds)
-        from ..kernels import cpu_native
-
-        if not cpu_native.AVAILABLE:
-            text = f"The native CPU kernels are not built, so CPU replies are slow: {cpu_native.NO_KERNELS_FIX}."
-            log.warning("%s (%s)", text, cpu_native.IMPORT_ERROR)
-            self.status_label.setText(text)
+            QTimer.singleShot(0, self.warm_up.first_turn)
 
     # ------------------------------------------------------------------ building
     def _build(self) -> None:

@@ -285,7 +285,7 @@ def test_ui_stays_responsive_while_loading_and_generating(qtbot, tmp_path):
 
     window = make_window(qtbot, tmp_path / "data", load=False)
     try:
-        qtbot.waitUntil(lambda: window.warmed_up, timeout=30000)  # the imports after the window shows
+        qtbot.waitUntil(lambda: window.warm_up.done, timeout=30000)  # the imports after the window shows
         ui = UiTurns()
         # The model's work: loading, encoding the image, generating. The UI itself reads a GGUF
         # header (to refuse a bad file in words) and decodes a dropped image (to refuse a
@@ -329,7 +329,7 @@ def test_a_long_chat_with_code_scrolls_and_rerenders_without_a_gap(qtbot, tmp_pa
     from PySide6.QtWidgets import QApplication
 
     window = make_window(qtbot, tmp_path / "data", load=False)
-    qtbot.waitUntil(lambda: window.warmed_up, timeout=30000)  # the imports after the window shows
+    qtbot.waitUntil(lambda: window.warm_up.done, timeout=30000)  # the imports after the window shows
     app = QApplication.instance()
     old_palette = app.palette()
     store = window.store
