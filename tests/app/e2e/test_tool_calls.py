@@ -22,7 +22,7 @@ from tramontane.engine.runtime import generate as gen  # noqa: E402
 
 from support.app_window import GREEDY, close_window, make_window  # noqa: E402
 
-SERVER = Path(__file__).resolve().parents[1] / "support" / "mcp_test_server.py"
+SERVER = Path(__file__).resolve().parents[2] / "support" / "mcp_test_server.py"
 OURS = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))}"
 WAIT_MS = 60000
 
