@@ -76,7 +76,7 @@ def test_kill9_loop_loses_nothing_finished(tmp_path):
 
     with Store(tmp_path) as store:
         assert store.integrity_check() == "ok"
-        assert store._rows("PRAGMA foreign_key_check") == []
+        assert store.db.rows("PRAGMA foreign_key_check") == []
         messages = {m.id: m for c in store.list_chats() for m in store.get_chat(c.id).messages}
 
         assert len(finished) >= 10, f"the children finished only {len(finished)} replies"

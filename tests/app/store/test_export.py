@@ -45,7 +45,7 @@ def rich_chat(s: Store) -> int:
     cut = s.begin_reply(chat)
     s.checkpoint_reply(cut, "It was cut he", force=True)
     s.set_pinned(chat, True)
-    s._conn.execute("UPDATE messages SET state = 'interrupted', finish_reason = 'interrupted' WHERE id = ?", (cut,))
+    s.db.conn.execute("UPDATE messages SET state = 'interrupted', finish_reason = 'interrupted' WHERE id = ?", (cut,))
     s.add_message(chat, "tool", '{"result": 42}')
     return chat
 

@@ -73,7 +73,7 @@ def test_v1_database_opens_intact_and_upgraded(tmp_path):
     data = tmp_path / "data"
     sha = make_v1(data)
     with Store(data) as s:
-        assert s._conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 5
+        assert s.db.conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 5
         assert s.integrity_check() == "ok"
         assert [(c.id, c.title, c.pinned) for c in s.list_chats()] == [(1, "Old chat", False), (2, "Remote chat", False)]
         old = s.get_chat(1)
@@ -114,8 +114,8 @@ def _schema(conn) -> dict:
 def test_migrated_schema_equals_a_fresh_one(tmp_path):
     make_v1(tmp_path / "old")
     with Store(tmp_path / "old") as old, Store(tmp_path / "new") as new:
-        assert _schema(old._conn) == _schema(new._conn)
-        assert len(_schema(new._conn)) == 7  # with reply_versions (v3), message_versions (v4)
+        assert _schema(old.db.conn) == _schema(new.db.conn)
+        assert len(_schema(new.db.conn)) == 7  # with reply_versions (v3), message_versions (v4)
 
 
 def test_failed_migration_rolls_back_and_keeps_data(tmp_path, monkeypatch):

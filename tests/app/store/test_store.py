@@ -51,7 +51,7 @@ def test_data_dir_from_argument_env_and_platform(tmp_path, monkeypatch):
 
 
 def test_durability_pragmas(store):
-    conn = store._conn
+    conn = store.db.conn
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
@@ -198,7 +198,7 @@ def test_reopen_marks_cut_reply_interrupted_keeping_text(tmp_path):
     s.finish_reply(done, "full answer")
     cut = s.begin_reply(chat)
     s.checkpoint_reply(cut, "half an ans")
-    s._conn.close()  # like a crash: no finish, no clean close
+    s.db.conn.close()  # like a crash: no finish, no clean close
     s._dir_lock.release()
     with Store(tmp_path) as again:
         msgs = again.get_chat(chat).messages
@@ -307,7 +307,7 @@ def test_images_stored_once_by_content_and_collected(store):
     assert png_path.exists()  # m2 still refers to it
     store.delete_message(m2)
     assert image_files(store) == set()
-    assert store._rows("SELECT count(*) AS n FROM images")[0]["n"] == 0
+    assert store.db.rows("SELECT count(*) AS n FROM images")[0]["n"] == 0
     with pytest.raises(StoreError, match="empty"):
         store.add_message(chat, "user", "x", [ImagePart(b"", "void.png")])
 
@@ -446,7 +446,7 @@ def test_search_index_rebuilt_after_an_open_without_fts5(tmp_path, monkeypatch):
         assert [c.id for c in s.search_chats("after")] == [chat]
         assert [c.id for c in s.search_chats("another")] == [chat]
         assert s.integrity_check() == "ok"
-        s._conn.execute("INSERT INTO message_search(message_search) VALUES ('integrity-check')")
+        s.db.conn.execute("INSERT INTO message_search(message_search) VALUES ('integrity-check')")
 
 
 # ---------------------------------------------------------------- settings
@@ -483,10 +483,10 @@ def test_a_failing_write_rolls_back_and_names_the_database(store):
     chat = store.create_chat()
     store.add_message(chat, "user", "kept")
     # Stand in for "disk full" and friends: SQLite aborts the insert of the image reference.
-    store._conn.execute(
+    store.db.conn.execute(
         "CREATE TEMP TRIGGER fail AFTER INSERT ON message_images BEGIN SELECT RAISE(ABORT, 'disk is full'); END")
     with pytest.raises(StoreError, match=r"chats\.sqlite3: disk is full"):
         store.add_message(chat, "user", "lost", [ImagePart(PNG, "p.png")])
-    store._conn.execute("DROP TRIGGER fail")
+    store.db.conn.execute("DROP TRIGGER fail")
     assert [m.text for m in store.get_chat(chat).messages] == ["kept"]  # no half message
     assert store.add_message(chat, "user", "next") and store.integrity_check() == "ok"

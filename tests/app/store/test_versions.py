@@ -116,5 +116,5 @@ def test_edit_versions_nest_and_their_images_go_with_the_chat(tmp_path):
         assert image.path.is_file()
         store.truncate_after(q1, inclusive=True)  # q1 and every version after it go
         assert not image.path.exists()
-        assert store._conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+        assert store.db.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
         assert store.integrity_check() == "ok"

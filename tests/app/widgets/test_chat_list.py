@@ -28,11 +28,11 @@ def test_a_heading_above_the_first_chat_of_each_group(qtbot, tmp_path):
         ids = {}
         for title, days in (("old", 30), ("last week", 3), ("yesterday", 1), ("today a", 0), ("today b", 0)):
             ids[title] = store.create_chat(title)
-            store._conn.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now - days * 86400, ids[title]))
-        store._conn.commit()
+            store.db.conn.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now - days * 86400, ids[title]))
+        store.db.conn.commit()
         store.set_pinned(ids["old"], True)
-        store._conn.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now - 30 * 86400, ids["old"]))
-        store._conn.commit()
+        store.db.conn.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now - 30 * 86400, ids["old"]))
+        store.db.conn.commit()
         model = ChatListModel(store)
         model.refresh()
         rows = [(model.index(r).data(), model.index(r).data(HeadingRole)) for r in range(model.rowCount())]
