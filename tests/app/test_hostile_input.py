@@ -13,7 +13,7 @@ pytest.importorskip("pytestqt")
 from gguf import GGUFValueType as T  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
 
-from support.app_window import MMPROJ, MODEL, drop_files, png_with_idat, send  # noqa: E402
+from support.app_window import MMPROJ, MODEL, drop_files, png_with_idat, send, wait_for_load  # noqa: E402
 from support.gguf_edit import rewrite_gguf  # noqa: E402
 from support.rss import peak_since, reset_peak  # noqa: E402
 
@@ -166,7 +166,7 @@ def test_hostile_models_are_refused_and_the_chat_is_unchanged(qtbot, window, tmp
             path = rewrite_gguf(MODEL, tmp_path / name, set_kv=edit)
             t0 = time.perf_counter()
             window.model_loading.load_model(str(path))
-            qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
+            wait_for_load(qtbot, window)
             assert time.perf_counter() - t0 < 10
             assert window.session.engine_info is None
             shown = window.model_bar.model_label.text() + window.model_bar.model_label.toolTip()
@@ -191,7 +191,7 @@ def test_a_hostile_projector_is_refused_naming_its_key(qtbot, window, tmp_path):
     path = rewrite_gguf(MMPROJ, tmp_path / "mmproj-bad.gguf",
                         set_kv={"clip.vision.block_count": (2**40, T.UINT64)})
     window.model_loading.load_model(str(MODEL), str(path))
-    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
+    wait_for_load(qtbot, window)
     notice = window.session.notices.get(window.session.current_chat_id, "")
     assert "mmproj-bad.gguf" in notice and "clip.vision.block_count" in notice, notice
     assert chat_snapshot(window) == before

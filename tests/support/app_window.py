@@ -108,6 +108,19 @@ def make_window(qtbot, data_dir, *, load=True, mmproj=True, autoload=False):
     return window
 
 
+def wait_for_load(qtbot, window) -> None:
+    """Until the window has its answer to a picked model: the file checked and the load over,
+    loaded or refused."""
+    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None,
+                    timeout=30000)
+
+
+def load_and_wait(qtbot, window, model, mmproj="") -> None:
+    """Pick `model` (and `mmproj`) as the user does and wait for the answer (wait_for_load)."""
+    window.model_loading.load_model(str(model), str(mmproj) if mmproj else "")
+    wait_for_load(qtbot, window)
+
+
 def close_window(window) -> None:
     window.close()
     window._test_store.close()

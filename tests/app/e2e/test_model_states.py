@@ -1,5 +1,6 @@
-"""What a user hit when trying the window again (issue 26): each test drives the real window
-on the tiny model the way the report did."""
+"""The window around a model that loads, fails, is refused or is a server's: what the bar, the
+composer, the actions and the chat say at each step (first found by a user trying the window
+again, issue 26). Each test drives the real window on the tiny model the way the report did."""
 from __future__ import annotations
 
 import threading

@@ -14,18 +14,14 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QInputDialog, QLabel, QMessageBox  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
-from support.app_window import MMPROJ, MODEL, close_window, make_window, png_bytes, send  # noqa: E402
+from support.app_window import (MMPROJ, MODEL, close_window, load_and_wait, make_window, png_bytes,  # noqa: E402
+                                send, wait_for_load)
 from tramontane.app import main as app_main  # noqa: E402
 from tramontane.app.chat_session import LOAD_FIRST_HINT  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
 OTHER_MODEL = FIXTURES / "mistral3_q256-Q4_K_M.gguf"  # hidden size 256: the tiny projector is foreign
-
-
-def load(qtbot, window, model, mmproj=""):
-    window.model_loading.load_model(str(model), str(mmproj))
-    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
 
 
 def shown(label) -> str:
@@ -42,9 +38,9 @@ def test_a_failed_load_leaves_no_stale_header(qtbot, window, tmp_path):
     assert window.model_bar.projector_label.text() and window.model_bar.device_label.text()
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00 truncated")
-    load(qtbot, window, bad)  # refused before anything is unloaded (issue 26, item 2)
+    load_and_wait(qtbot, window, bad)  # refused before anything is unloaded (issue 26, item 2)
     assert window.session.engine_info is not None and "broken.gguf" in window.composer.message.text()
-    load(qtbot, window, OTHER_MODEL, MMPROJ)  # a load that fails on the worker
+    load_and_wait(qtbot, window, OTHER_MODEL, MMPROJ)  # a load that fails on the worker
     bar = window.model_bar
     assert window.session.engine_info is None
     assert "projector" in bar.model_label.text()
@@ -58,10 +54,10 @@ def test_a_failed_load_leaves_no_stale_header(qtbot, window, tmp_path):
 # 2 -------------------------------------------------------------------------------------------
 def test_a_load_error_in_the_chat_goes_once_a_model_loads(qtbot, window):
     send(qtbot, window, "Hi")
-    load(qtbot, window, OTHER_MODEL, MMPROJ)  # a projector of another model: refused
+    load_and_wait(qtbot, window, OTHER_MODEL, MMPROJ)  # a projector of another model: refused
     assert window.session.engine_info is None
     assert window.view.notice.isVisible() and "projector" in window.view.notice.text()
-    load(qtbot, window, MODEL, MMPROJ)
+    load_and_wait(qtbot, window, MODEL, MMPROJ)
     assert window.session.engine_info is not None
     assert not window.view.notice.isVisible() and window.session.notices == {}
 
@@ -124,7 +120,7 @@ def test_context_count_and_context_full_are_the_same_live_and_reopened(qtbot, tm
     window = make_window(qtbot, data, load=False)
     try:
         window.settings.context_length = 48
-        load(qtbot, window, MODEL, MMPROJ)
+        load_and_wait(qtbot, window, MODEL, MMPROJ)
         window.session.param_overrides = dict(window.session.param_overrides, max_tokens=1024)
         send(qtbot, window, "Hi")  # ignore_eos: it writes until the context is full
         live = window.view.widgets[-1].status.text()
@@ -155,7 +151,7 @@ def test_context_count_and_context_full_are_the_same_live_and_reopened(qtbot, tm
 # 7 -------------------------------------------------------------------------------------------
 def test_a_context_length_above_the_files_limit_is_said(qtbot, window):
     window.settings.context_length = 4096
-    load(qtbot, window, MODEL, MMPROJ)
+    load_and_wait(qtbot, window, MODEL, MMPROJ)
     label = window.model_bar.device_label
     assert window.session.engine_info.context_size == 512
     assert "context 512" in label.text() and "limit" in label.text()
@@ -168,7 +164,7 @@ def test_unload_and_regenerate_are_enabled_only_when_they_can_act(qtbot, tmp_pat
     try:
         assert not window.unload_action.isEnabled()
         assert not window.regenerate_action.isEnabled()
-        load(qtbot, window, MODEL, MMPROJ)
+        load_and_wait(qtbot, window, MODEL, MMPROJ)
         assert window.unload_action.isEnabled()
         assert not window.regenerate_action.isEnabled()  # an empty chat: nothing to regenerate
         send(qtbot, window, "Hi")
@@ -285,9 +281,9 @@ def test_file_dialogs_start_in_the_last_folder(qtbot, window, tmp_path, monkeypa
     monkeypatch.setattr(QFileDialog, "getOpenFileName",
                         lambda _p, _t, start, _f: (opened.append(start), (str(models / MODEL.name), ""))[1])
     window.model_loading.open_model_file()
-    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
+    wait_for_load(qtbot, window)
     window.model_loading.open_model_file()
-    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.loading is None, timeout=30000)
+    wait_for_load(qtbot, window)
     assert opened[1] == str(models)
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("pytestqt")
 
 from tramontane.engine.api import ImagePart  # noqa: E402
 
-from support.app_window import GREEDY, MMPROJ, MODEL, png_bytes  # noqa: E402
+from support.app_window import GREEDY, MMPROJ, MODEL, load_and_wait, png_bytes  # noqa: E402
 
 
 @pytest.fixture
@@ -23,9 +23,8 @@ def window(idle_window):
 
 
 def load(qtbot, window, mmproj: Path | None) -> None:
-    window.model_loading.load_model(str(MODEL), str(mmproj) if mmproj else "")
-    qtbot.waitUntil(lambda: window.model_loading.checking_model is None and window.session.engine_info is not None
-                    and window.session.loading is None, timeout=30000)
+    load_and_wait(qtbot, window, MODEL, mmproj)
+    assert window.session.engine_info is not None
     assert window.session.engine_info.has_vision == (mmproj is not None)
 
 
