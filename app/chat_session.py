@@ -486,6 +486,6 @@ class ChatSession(QObject):
             self._guard(self.store.update_chat, self.current_chat_id, system_prompt=text)
 
     def bind_current_chat(self, binding: dict) -> None:
-        """Remember what the current chat runs on (see MainWindow._chat_binding)."""
+        """Remember what the current chat runs on (see ServerBinding.chat_binding)."""
         if self.current_chat_id is not None:
             self._guard(self.store.update_chat, self.current_chat_id, **binding)

@@ -50,7 +50,7 @@ class ChatListModel(QAbstractListModel):
         self.query = ""
         self.chats = []
         self.writing_id: int | None = None  # the chat whose reply is being written
-        self.hidden: set[int] = set()  # deleted, still undoable (see MainWindow.delete_chat)
+        self.hidden: set[int] = set()  # deleted, still undoable (see ChatCommands.delete_chat)
 
     def set_writing(self, chat_id: int | None) -> None:
         """Mark the chat that is writing a reply (its row says so), or none."""
