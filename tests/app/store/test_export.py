@@ -25,12 +25,6 @@ PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 3
 JPG = b"\xff\xd8\xff\xe0" + b"\x00jpeg" * 50
 
 
-@pytest.fixture
-def store(tmp_path):
-    with Store(tmp_path / "data") as s:
-        yield s
-
-
 def rich_chat(s: Store) -> int:
     chat = s.create_chat("Vacances à Perpignan — [draft]", model_path="/models/Ministral-3-3B.gguf",
                          projector_path="/models/mmproj.gguf", system_prompt="Line one.\n\nLine three.",
