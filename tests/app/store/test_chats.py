@@ -41,6 +41,7 @@ def test_create_get_update_list_delete(store):
     # ids are never reused, so stale ids in the GUI or an engine session key cannot alias
     assert store.create_chat() > b
 
+
 def test_bad_chat_fields_are_refused(store):
     with pytest.raises(StoreError, match="'colour': unknown"):
         store.create_chat("x", colour="red")
@@ -50,6 +51,7 @@ def test_bad_chat_fields_are_refused(store):
         store.create_chat("x", settings={"f": object()})
     with pytest.raises(StoreError, match="'title': expected text"):
         store.create_chat(None)
+
 
 def test_branch_copies_up_to_message_and_shares_images(store):
     chat = store.create_chat("Trip", model_path="/m.gguf", system_prompt="sys", settings={"seed": 3})
@@ -70,6 +72,7 @@ def test_branch_copies_up_to_message_and_shares_images(store):
     assert len(image_files(store)) == 2  # only the branch's two questions remain
     with pytest.raises(NotFoundError, match="does not exist in chat"):
         store.branch_chat(branch, ids[0])  # a message of another chat
+
 
 def test_engine_messages_keep_images_in_place(store):
     chat = store.create_chat(system_prompt="You describe images.")

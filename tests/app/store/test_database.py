@@ -16,12 +16,14 @@ def test_durability_pragmas(store):
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 5
 
+
 def test_closed_store_says_so(tmp_path):
     s = Store(tmp_path)
     s.close()
     with pytest.raises(StoreError, match="closed"):
         s.create_chat()
     s.close()  # twice is fine
+
 
 def test_a_failing_write_rolls_back_and_names_the_database(store):
     chat = store.create_chat()

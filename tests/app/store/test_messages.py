@@ -25,6 +25,7 @@ def test_messages_in_order_with_stats(store):
     with pytest.raises(StoreError, match="role 'robot'"):
         store.add_message(chat, "robot", "hi")
 
+
 def test_edit_and_truncate_for_resend_and_regenerate(store):
     chat = store.create_chat()
     ids = conversation(store, chat, 3)
@@ -47,6 +48,7 @@ def test_edit_and_truncate_for_resend_and_regenerate(store):
         store.edit_message(streaming, "no")
     with pytest.raises(NotFoundError):
         store.truncate_after(10_000)
+
 
 def test_missing_image_file_is_a_clear_error(store):
     chat = store.create_chat()

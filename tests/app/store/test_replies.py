@@ -40,6 +40,7 @@ def test_reply_streams_checkpoints_and_finishes(tmp_path):
         assert not s.checkpoint_reply(gone, "x", force=True)
         assert not s.finish_reply(gone, "x")
 
+
 def test_checkpoints_from_a_worker_thread_while_reading(store):
     chat = store.create_chat()
     reply = store.begin_reply(chat)

@@ -23,12 +23,15 @@ def _corpus(s: Store, rng: random.Random) -> dict[int, list[str]]:
             texts[chat].append(text)
     return texts
 
+
 QUERIES = ["mistral", "TRAMONTANE", "wörld", "WÖRLD", "école", "50%", "%", "_", "a_b", '"hi"', "kv c",
            "gpu", "fill", "naï", "北風", "北", "x", "zzz", "Mistral tramontane", "  vent  "]
+
 
 def _expected(texts: dict[int, list[str]], query: str) -> set[int]:
     q = query.strip().lower()
     return {chat for chat, parts in texts.items() if any(q in p.lower() for p in parts)}
+
 
 @pytest.mark.parametrize("fts", [True, False], ids=["fts5", "scan"])
 def test_search_is_case_insensitive_substring_in_title_and_text(tmp_path, monkeypatch, fts):
@@ -46,6 +49,7 @@ def test_search_is_case_insensitive_substring_in_title_and_text(tmp_path, monkey
             assert found == [c for c in order if c in found]  # same order as the list
         assert [c.id for c in s.search_chats("   ")] == order
 
+
 def test_search_index_follows_edits_deletes_and_checkpoints(store):
     chat = store.create_chat("plain")
     m = store.add_message(chat, "user", "alpha beta")
@@ -61,6 +65,7 @@ def test_search_index_follows_edits_deletes_and_checkpoints(store):
     assert store.search_chats("zeta") == []
     store.delete_chat(chat)
     assert store.search_chats("gamma") == []
+
 
 def test_search_index_rebuilt_after_an_open_without_fts5(tmp_path, monkeypatch):
     if not schema.fts5_trigram_available():
@@ -81,3 +86,27 @@ def test_search_index_rebuilt_after_an_open_without_fts5(tmp_path, monkeypatch):
         assert [c.id for c in s.search_chats("another")] == [chat]
         assert s.integrity_check() == "ok"
         s.db.conn.execute("INSERT INTO message_search(message_search) VALUES ('integrity-check')")
+
+
+@pytest.mark.parametrize("fts", [True, False], ids=["fts5", "scan"])
+def test_search_finds_text_only_in_a_version_not_shown(tmp_path, monkeypatch, fts):
+    """Issue 35, item 9: an edited message's first text, a regenerated reply's other reply and
+    what followed a version not shown are still the chat's; search finds their chat."""
+    if not fts:
+        monkeypatch.setattr(schema, "fts5_trigram_available", lambda: False)
+    elif not schema.fts5_trigram_available():
+        pytest.skip("this SQLite has no FTS5 trigram tokenizer")
+    with Store(tmp_path) as s:
+        other = s.create_chat("other")
+        s.add_message(other, "user", "nothing to see")
+        chat = s.create_chat("trip")
+        question = s.add_message(chat, "user", "first Perpignan question")
+        reply = s.add_message(chat, "assistant", "an answer about Collioure")
+        s.regenerate_reply(reply)
+        s.finish_reply(reply, "a shorter answer")
+        s.edit_as_version(question, "the edited question")
+        shown = [m.text for m in s.get_chat(chat).messages]
+        assert shown == ["the edited question"]  # the rest is in versions not shown
+        for query in ("perpignan", "Collioure", "shorter answer", "edited"):
+            assert [c.id for c in s.search_chats(query)] == [chat], query
+        assert s.search_chats("absent words") == []

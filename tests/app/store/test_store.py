@@ -23,6 +23,7 @@ def test_data_dir_from_argument_env_and_platform(tmp_path, monkeypatch):
     with Store(tmp_path / "explicit") as s:  # an explicit path beats the environment
         assert s.db_path == tmp_path / "explicit" / "chats.sqlite3"
 
+
 def test_lock_second_instance_refused_until_first_closes(tmp_path):
     first = Store(tmp_path)
     with pytest.raises(StoreLockedError, match="Another Tramontane is running") as info:
@@ -35,6 +36,7 @@ def test_lock_second_instance_refused_until_first_closes(tmp_path):
     with Store(tmp_path) as again:
         assert again.get_chat(chat).title == "still usable"
 
+
 def test_refused_open_releases_the_lock(tmp_path):
     (tmp_path / "chats.sqlite3").write_bytes(b"this is not sqlite at all" * 100)
     with pytest.raises(StoreError, match="chats.sqlite3"):
@@ -43,6 +45,7 @@ def test_refused_open_releases_the_lock(tmp_path):
     lock = DirLock(tmp_path / "tramontane.lock")
     lock.acquire()
     lock.release()
+
 
 def test_reopen_marks_cut_reply_interrupted_keeping_text(tmp_path):
     s = Store(tmp_path, checkpoint_interval_s=0)
@@ -61,6 +64,7 @@ def test_reopen_marks_cut_reply_interrupted_keeping_text(tmp_path):
         assert msgs[2].finish_reason == "interrupted"
         assert again.engine_messages(chat)[-1].text_content == "half an ans"
 
+
 def test_orphan_image_files_removed_on_open(tmp_path):
     with Store(tmp_path) as s:
         s.add_message(s.create_chat(), "user", "keep", [ImagePart(PNG, "k.png")])
@@ -73,6 +77,7 @@ def test_orphan_image_files_removed_on_open(tmp_path):
     with Store(tmp_path) as s:
         assert image_files(s) == kept
         assert not stray.exists() and not partial.exists()
+
 
 def test_no_qt_import(tmp_path):
     # The worker thread and the CLI use the store: it must not pull Qt in.

@@ -103,7 +103,7 @@ def test_edit_versions_nest_and_their_images_go_with_the_chat(tmp_path):
         store.edit_as_version(q1, "q1 edited")  # q1: 2 versions; a1, q2 (with its versions) hidden
         assert [m.text for m in store.get_chat(chat).messages] == ["q1 edited"]
         assert store.get_chat_info(chat).message_count == 1
-        assert store.search_chats("a2 for") == []  # hidden text is not what the chat shows
+        assert [c.id for c in store.search_chats("a2 for")] == [chat]  # a hidden version is still the chat's
         store.show_version(q1, 0)
         got = store.get_chat(chat).messages
         assert [(m.text, m.versions, m.version) for m in got] == [
