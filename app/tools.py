@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from PySide6.QtCore import QObject, Signal
@@ -29,6 +30,13 @@ log = logging.getLogger(__name__)
 
 SERVERS_KEY = "tools.mcp_servers"
 MAX_STEPS = 8  # rounds of tool calls in one reply
+# A reply waits this long for tool servers still starting, then goes on without their tools
+# (they keep starting in the background: the next reply has them). A server that never
+# answered cost every message its whole timeout before (~30 s, plus the 20 s to connect).
+LIST_WAIT_S = 10.0
+# A server that failed is tried again after this, in the background: no reply waits for it
+# again until it has answered once (or its settings change).
+RETRY_FAILED_S = 300.0
 ANSWER_POLL_S = 0.05  # how often a waiting card looks at Stop
 
 ALLOW_ONCE, ALWAYS, DENY, STOP = "once", "always", "deny", "stop"
@@ -114,22 +122,37 @@ def text_before_calls(on_piece: Callable[[str], None]) -> Callable[[str], None]:
 
 # ----------------------------------------------------------------------------- the broker
 
+@dataclass(frozen=True)
+class ServerFailure:
+    """Why a tool server's tools could not be listed, and when (time.monotonic())."""
+
+    reason: str
+    at: float
+
+
 class ToolBroker(QObject):
     """The app's tool servers and the cards waiting for an answer."""
 
     cardChanged = Signal(object)  # chat id: a card was added, is waiting, or has its result
     serverFailed = Signal(str)  # a tool server that could not be listed for a reply, in words
+    serversChanged = Signal()  # a background listing ended (listed or failed)
 
     def __init__(self, store, parent: QObject | None = None, *, max_steps: int = MAX_STEPS,
-                 mcp: McpTools | None = None):
+                 mcp: McpTools | None = None, list_wait_s: float = LIST_WAIT_S,
+                 retry_failed_s: float = RETRY_FAILED_S):
         super().__init__(parent)
         self.store = store
         self.max_steps = max_steps
+        self.list_wait_s = list_wait_s
+        self.retry_failed_s = retry_failed_s
         self._mcp = mcp
         self._mcp_lock = threading.Lock()
         self._lock = threading.Lock()
         self._waiting: dict[int, tuple[threading.Event, list[str]]] = {}
         self._listed: set[str] = set()  # servers whose tools were listed since their last change
+        self._starting: dict[str, threading.Event] = {}  # listings under way in the background
+        self._waited: set[str] = set()  # of those, the ones a reply has already waited for
+        self._failed: dict[str, ServerFailure] = {}  # the last listing of these failed
 
     @property
     def mcp(self) -> McpTools:
@@ -143,31 +166,106 @@ class ToolBroker(QObject):
 
     # -- configuration (any thread; set_configs may wait for a server to stop)
     def apply_servers(self, configs: list[McpServerConfig]) -> None:
+        old = {c.name: c for c in self.mcp.configs}
         save_servers(self.store, configs)
         self.mcp.set_configs(configs)
-        changed = {c.name for c in configs}
+        unchanged = {c.name for c in configs if old.get(c.name) == c}
         with self._lock:
-            self._listed &= changed
+            self._listed &= unchanged
+            self._failed = {n: f for n, f in self._failed.items() if n in unchanged}
+            # a listing of the old settings still under way says nothing about the new ones
+            self._starting = {n: e for n, e in self._starting.items() if n in unchanged}
+            self._waited &= unchanged
+
+    def _config(self, name: str) -> McpServerConfig | None:
+        return next((c for c in self.mcp.configs if c.name == name), None)
 
     def list_tools(self, name: str):
-        """One server's tools (blocking: run it off the UI thread)."""
-        tools = self.mcp.list_server_tools(name)
-        with self._lock:
-            self._listed.add(name)
-        return tools
-
-    def offered_tools(self):
-        """The tools a reply may call: every enabled server listed once (on the worker), minus
-        the tools switched off. A server that cannot be listed offers nothing (logged)."""
+        """One server's tools (blocking: run it off the UI thread). A failure is remembered
+        (`failure`) and raised; neither is, when the server's settings changed meanwhile."""
         from ..engine.mcp_tools import McpError
 
-        for config in self.mcp.configs:
-            if config.enabled and config.name not in self._listed:
-                try:
-                    self.list_tools(config.name)
-                except McpError as exc:  # the reply goes on with the other servers' tools
-                    log.warning("%s", exc)
-                    self.serverFailed.emit(f"{exc} (its tools are left out of this reply)")
+        config = self._config(name)
+        try:
+            tools = self.mcp.list_server_tools(name)
+        except McpError as exc:
+            with self._lock:
+                if self._config(name) == config:
+                    self._failed[name] = ServerFailure(str(exc), time.monotonic())
+                    self._listed.discard(name)
+            raise
+        with self._lock:
+            if self._config(name) == config:
+                self._listed.add(name)
+                self._failed.pop(name, None)
+        return tools
+
+    def failure(self, name: str) -> str:
+        """Why the server's last listing failed ('' when it did not, or it has not been tried)."""
+        with self._lock:
+            failed = self._failed.get(name)
+        return failed.reason if failed else ""
+
+    def start_listing(self) -> None:
+        """List every enabled server's tools in the background (the app's thread pool), the
+        ones not listed yet, not under way and not failed lately; any thread. The window calls
+        it when a chat's tools are switched on, so servers start before the first message."""
+        from .jobs import shared_pool
+
+        now = time.monotonic()
+        with self._lock:
+            names = [c.name for c in self.mcp.configs
+                     if c.enabled and c.name not in self._listed and c.name not in self._starting
+                     and (c.name not in self._failed or now - self._failed[c.name].at >= self.retry_failed_s)]
+            for name in names:
+                self._starting[name] = threading.Event()
+            events = {name: self._starting[name] for name in names}
+        for name, event in events.items():
+            shared_pool().start(lambda name=name, event=event: self._list_in_background(name, event))
+
+    def _list_in_background(self, name: str, done: threading.Event) -> None:
+        """One listing on the pool; `done` is set when it ends (its entry in `_starting`, unless
+        the server's settings changed meanwhile and a newer listing took its place)."""
+        from ..engine.mcp_tools import McpError
+
+        try:
+            self.list_tools(name)
+        except McpError as exc:
+            log.warning("%s", exc)
+            with self._lock:
+                current = self._starting.get(name) is done
+                waited = name in self._waited
+            if current:
+                self.serverFailed.emit(f"{exc} (its tools are left out of "
+                                       f"{'this reply' if waited else 'replies until it answers'})")
+        except Exception:  # noqa: BLE001 - a pool job must not raise; logged in full
+            log.exception("listing the tools of %s failed", name)
+        finally:
+            with self._lock:
+                if self._starting.get(name) is done:
+                    del self._starting[name]
+                    self._waited.discard(name)
+            done.set()
+            self.serversChanged.emit()
+
+    def offered_tools(self):
+        """The tools a reply may call (on the worker): every enabled server's, as listed, minus
+        the tools switched off. Servers not listed yet start listing in the background; the
+        reply waits for them at most `list_wait_s`, once per listing (never for a server that
+        failed before), and goes on without the ones still starting or failed."""
+        self.start_listing()
+        deadline = time.monotonic() + self.list_wait_s
+        with self._lock:
+            waits = {n: e for n, e in self._starting.items() if n not in self._waited and n not in self._failed}
+            self._waited |= set(waits)
+        late = []
+        for name, event in waits.items():
+            if not event.wait(max(0.0, deadline - time.monotonic())):
+                late.append(name)
+        if late:
+            self.serverFailed.emit(f"tool server{'s' * (len(late) > 1)} {', '.join(map(repr, late))} "
+                                   f"still starting: {'their' if len(late) > 1 else 'its'} tools are left "
+                                   "out of this reply")
         return self.mcp.enabled_tools()
 
     # -- answers (UI thread)

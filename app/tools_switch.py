@@ -33,6 +33,8 @@ class ToolsSwitch(QObject):
             on = button.isChecked()
         button.setEnabled(not remote)
         button.setChecked(on and not remote)
+        if on and not remote:  # its servers start now, not when the first message waits for them
+            self.window.tools.start_listing()
         button.setToolTip(REMOTE_TIP if remote else
                           "This chat may call the tools of Settings → Tools (each call asks first)")
 

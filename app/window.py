@@ -196,6 +196,7 @@ class MainWindow(QMainWindow):
         header.setContentsMargins(12, 2, 12, 2)
         self.tools_button = _tool("Tools", "", self.tools_switch.toggle)
         self.tools_button.setCheckable(True)
+        self.tools_button.setObjectName("toolsSwitch")  # its on state in the accent (theme.py)
         header.addWidget(self.chat_title, 1)
         header.addWidget(self.tools_button)
         header.addWidget(self.system_button)

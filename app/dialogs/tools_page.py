@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout, QWidget)
 
@@ -25,6 +26,7 @@ class ToolsDialog(QDialog):
         self.listed: dict[str, list] = {}  # server -> its tools, as last listed
         self._filling = False
         self._asking: set[str] = set()  # servers whose tools are being listed
+        broker.serversChanged.connect(self._mark_failures)  # a chat's background listing ended
 
         self.servers = QListWidget()
         self.servers.setAccessibleName("Tool servers")
@@ -90,13 +92,27 @@ class ToolsDialog(QDialog):
             item = QListWidgetItem(config.name)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             item.setCheckState(Qt.CheckState.Checked if config.enabled else Qt.CheckState.Unchecked)
-            item.setToolTip(config.command or config.url)
             self.servers.addItem(item)
+        self._mark_failures()
         self._filling = False
         names = [c.name for c in self.configs]
         self.servers.setCurrentRow(names.index(current) if current in names else (0 if names else -1))
         self.remove_button.setEnabled(bool(names))
         self._show_tools()
+
+    def _mark_failures(self) -> None:
+        """A server whose last listing failed is red, "failed: why" in its tooltip and its
+        accessible description (a command that does not exist stayed listed with no mark)."""
+        filling, self._filling = self._filling, True  # not a switch of the user's
+        for row in range(self.servers.count()):
+            item = self.servers.item(row)
+            config = self._config(item.text())
+            reason = self.broker.failure(item.text()) if config is not None else ""
+            where = config.command or config.url if config is not None else ""
+            item.setToolTip(f"{where}\nFailed: {reason}" if reason else where)
+            item.setData(Qt.ItemDataRole.AccessibleDescriptionRole, f"failed: {reason}" if reason else "")
+            item.setForeground(QBrush(QColor("#c62828")) if reason else QBrush())
+        self._filling = filling
 
     def _config(self, name: str) -> McpServerConfig | None:
         return next((c for c in self.configs if c.name == name), None)
@@ -136,11 +152,13 @@ class ToolsDialog(QDialog):
         def done(tools) -> None:
             self._asking.discard(name)
             self.listed[name] = tools
+            self._mark_failures()
             if self._selected() is not None and self._selected().name == name:
                 self._show_tools()
 
         def failed(message: str) -> None:
             self._asking.discard(name)
+            self._mark_failures()
             if self._selected() is not None and self._selected().name == name:
                 self.tools_status.setText(message)
 

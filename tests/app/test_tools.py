@@ -2,7 +2,13 @@
 switches, and the stream filter that keeps a reply's tool calls out of its text."""
 from __future__ import annotations
 
+import shlex
+import sys
+import time
+from pathlib import Path
+
 import pytest
+from PySide6.QtCore import Qt
 
 from tramontane.app.store import Store
 from tramontane.app.tools import (SERVERS_KEY, allow_always, always_allowed, chat_tools_on, load_servers,
@@ -52,3 +58,82 @@ def test_tool_calls_are_kept_out_of_the_streamed_text(pieces, shown):
     for p in pieces:
         piece(p)
     assert out == shown
+
+
+# --------------------------------------------------------------------------- the broker's servers
+# Issue 35, item 4: a tool server that never answered cost every message its whole timeout
+# (~30 s) before the reply, and one whose command does not exist stayed listed with no mark.
+
+SERVER = Path(__file__).resolve().parents[1] / "support" / "mcp_test_server.py"
+OURS = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))}"
+SILENT = f"{shlex.quote(sys.executable)} -c {shlex.quote('import time; time.sleep(600)')}"  # starts, never speaks
+
+
+@pytest.fixture
+def broker(store, qapp):
+    from tramontane.app.tools import ToolBroker
+
+    b = ToolBroker(store, list_wait_s=1.0)
+    yield b
+    b.close()
+
+
+def test_a_server_that_never_answers_delays_a_reply_once_by_the_short_wait(broker):
+    broker.apply_servers([McpServerConfig("silent", command=SILENT, timeout_s=5)])
+    said: list[str] = []
+    broker.serverFailed.connect(said.append, Qt.ConnectionType.DirectConnection)
+    t0 = time.monotonic()
+    assert broker.offered_tools() == []
+    first = time.monotonic() - t0
+    t0 = time.monotonic()
+    assert broker.offered_tools() == []  # still starting: this reply does not wait again
+    second = time.monotonic() - t0
+    assert 0.9 <= first < 3.0 and second < 0.3, (first, second)
+    assert said == ["tool server 'silent' still starting: its tools are left out of this reply"]
+
+
+def test_a_missing_command_is_remembered_as_failed_with_its_reason(broker, tmp_path, qtbot):
+    missing = tmp_path / "no-such-mcp-server"
+    broker.apply_servers([McpServerConfig("gone", command=str(missing), timeout_s=5)])
+    t0 = time.monotonic()
+    assert broker.offered_tools() == []
+    assert time.monotonic() - t0 < 1.0
+    assert broker.failure("gone") == f"tool server 'gone': command not found: {missing}"
+    t0 = time.monotonic()
+    assert broker.offered_tools() == [] and time.monotonic() - t0 < 0.1  # not started again
+    broker.apply_servers([McpServerConfig("gone", command=OURS, timeout_s=5)])  # fixed in Settings
+    assert broker.failure("gone") == ""
+    with qtbot.waitSignal(broker.serversChanged, timeout=30000):
+        broker.start_listing()
+    assert {t.remote_name for t in broker.offered_tools()} == {"add", "fail", "crash", "hang"}
+
+
+def test_switching_tools_on_starts_the_servers_before_the_first_message(broker, qtbot):
+    broker.apply_servers([McpServerConfig("ours", command=OURS, timeout_s=10)])
+    with qtbot.waitSignal(broker.serversChanged, timeout=30000):
+        broker.start_listing()
+    calls = []
+    real = broker.mcp.list_server_tools
+    broker.mcp.list_server_tools = lambda name: calls.append(name) or real(name)
+    assert "add" in {t.remote_name for t in broker.offered_tools()}
+    assert calls == []  # listed once, in the background: the reply found it ready
+
+
+def test_the_tools_page_marks_a_server_whose_command_does_not_exist(broker, qtbot, tmp_path):
+    from tramontane.app.dialogs.tools_page import ToolsDialog
+
+    missing = tmp_path / "no-such-mcp-server"
+    broker.apply_servers([McpServerConfig("ours", command=OURS, timeout_s=10),
+                          McpServerConfig("gone", command=str(missing), timeout_s=5)])
+    with qtbot.waitSignal(broker.serversChanged, timeout=30000,
+                          check_params_cb=lambda: bool(broker.failure("gone"))):
+        broker.start_listing()  # a chat's tools switched on: both start in the background
+    dialog = ToolsDialog(broker)
+    qtbot.addWidget(dialog)
+    ours, gone = (dialog.servers.item(i) for i in range(2))
+    assert gone.text() == "gone" and gone.toolTip() == f"{missing}\nFailed: {broker.failure('gone')}"
+    assert gone.data(Qt.ItemDataRole.AccessibleDescriptionRole).startswith("failed: tool server 'gone': command not found")
+    assert gone.foreground().color().name() == "#c62828"
+    assert ours.toolTip() == OURS and ours.foreground().style() == Qt.BrushStyle.NoBrush
+    dialog.servers.setCurrentRow(1)  # its own line says why too
+    qtbot.waitUntil(lambda: "command not found" in dialog.tools_status.text(), timeout=30000)
