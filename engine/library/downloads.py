@@ -160,6 +160,45 @@ class _Restart(Exception):
     """The server's file changed or ignored our Range: start from byte 0."""
 
 
+@dataclass(frozen=True)
+class _Expected:
+    """What a download must turn out to be, as the hub described it."""
+
+    label: str  # repo_id/filename, for messages
+    size: int
+    etag: str | None
+    sha256: str | None
+    git_oid: str | None  # checked instead of sha256 for a plain git file
+    location: str
+    sidecar: dict  # written beside the part, to resume only this version of the file
+
+
+def _etag(raw: str | None) -> str | None:
+    return (raw or "").strip('"').lower() or None
+
+
+def _resume_offset(part: Path, side: Path, want: _Expected) -> int:
+    """Continue a part only if it belongs to exactly this version of the file."""
+    if not part.exists():
+        return 0
+    try:
+        old = json.loads(side.read_text("utf-8"))
+    except (OSError, ValueError):
+        old = {}
+    same = all(old.get(k) == want.sidecar[k] for k in ("size", "sha256", "etag"))
+    offset = part.stat().st_size if same else 0
+    return 0 if offset > want.size else offset
+
+
+def _check_space(want: _Expected, final: Path, offset: int) -> None:
+    free = shutil.disk_usage(final.parent if final.parent.exists() else _existing_parent(final)).free
+    needed = want.size - offset
+    if free < needed + SPACE_RESERVE:
+        raise HubError(
+            f"{want.label}: not enough disk space in {final.parent}: needs "
+            f"{size_text(needed + SPACE_RESERVE)} free, {size_text(free)} available.", "no_space")
+
+
 class _Task:
     def __init__(self, request: DownloadRequest, path: Path):
         self.request = request
@@ -403,17 +442,39 @@ class DownloadManager:
             self._notify(task)
 
     def _download(self, task: _Task) -> None:
-        req, final = task.request, task.path
+        """Download, check and name one file: the steps below, in order."""
+        final = task.path
         part, side = part_path(final), sidecar_path(final)
         if final.exists() and not part.exists():
             # Only verified files ever get the final name, so this one is ready.
-            if req.size is None or final.stat().st_size == req.size:
+            if task.request.size is None or final.stat().st_size == task.request.size:
                 task.done_bytes = task.total_bytes = final.stat().st_size
                 return
+        want = self._expected(task.request)
+        task.total_bytes = want.size
+        offset = _resume_offset(part, side, want)
+        _check_space(want, final, offset)
+        make_private_dir(final.parent, tighten_existing=False)
+        with os.fdopen(create_private_file(side), "w", encoding="utf-8") as f:
+            f.write(json.dumps(want.sidecar, indent=1))
+        self._start_part(task, part, offset)
+        self._fetch_all(task, want, part)
+        task.state = DownloadState.VERIFYING
+        self._notify(task)
+        self._verify(task, want, part)
+        os.replace(part, final)
+        try:
+            side.unlink()
+        except FileNotFoundError:
+            pass
+        record_download(self.models_dir, final, {**want.sidecar, "sha256": want.sha256, "git_oid": want.git_oid})
+
+    def _expected(self, req: DownloadRequest) -> _Expected:
+        """Ask the hub what the file is: its size, where to fetch it and how to check it."""
         label = f"{req.repo_id}/{req.filename}"
         remote = self.hub.remote_file(req.repo_id, req.filename, req.revision)
         size = remote.size if remote.size is not None else req.size
-        etag = (remote.etag or "").strip('"').lower() or None
+        etag = _etag(remote.etag)
         sha256 = (req.sha256 or "").lower() or None
         if sha256 is None and etag and _SHA256_RE.match(etag):
             sha256 = etag  # LFS files: the etag is the content's sha256
@@ -430,35 +491,16 @@ class DownloadManager:
         if size is None:
             raise HubError(f"{label}: the hub did not tell the file size; refusing to download "
                            "a file that cannot be checked.", "bad_data")
-        task.total_bytes = size
         sidecar = {"repo_id": req.repo_id, "filename": req.filename, "revision": req.revision,
                    "url": remote.url, "size": size, "sha256": sha256, "etag": etag,
                    "commit": remote.commit}
+        return _Expected(label, size, etag, sha256, git_oid, remote.location, sidecar)
 
-        # Continue a part only if it belongs to exactly this version of the file.
-        offset = 0
-        if part.exists():
-            try:
-                old = json.loads(side.read_text("utf-8"))
-            except (OSError, ValueError):
-                old = {}
-            same = all(old.get(k) == sidecar[k] for k in ("size", "sha256", "etag"))
-            offset = part.stat().st_size if same else 0
-            if offset > size:
-                offset = 0
-        free = shutil.disk_usage(final.parent if final.parent.exists() else
-                                 _existing_parent(final)).free
-        needed = size - offset
-        if free < needed + SPACE_RESERVE:
-            raise HubError(
-                f"{label}: not enough disk space in {final.parent}: needs "
-                f"{size_text(needed + SPACE_RESERVE)} free, {size_text(free)} available.", "no_space")
-        make_private_dir(final.parent, tighten_existing=False)
-        with os.fdopen(create_private_file(side), "w", encoding="utf-8") as f:
-            f.write(json.dumps(sidecar, indent=1))
-        self._start_part(task, part, offset)
-
-        location = remote.location
+    def _fetch_all(self, task: _Task, want: _Expected, part: Path) -> None:
+        """Fetch the rest of the file into the part, retrying network trouble with backoff
+        (failures in a row; an attempt that moved forward resets the count)."""
+        req, size = task.request, want.size
+        location = want.location
         retries = 0
         while task.done_bytes < size:
             if task.stop.is_set():
@@ -474,11 +516,10 @@ class DownloadManager:
             except Exception as exc:  # noqa: BLE001 - network trouble: retry, then report
                 if task.stop.is_set():
                     raise _Interrupted() from exc
-                # Retries count failures in a row; an attempt that moved forward resets them.
                 retries = 1 if task.done_bytes > before else retries + 1
                 if retries > self.max_retries:
                     raise HubError(
-                        f"{label}: the connection keeps failing ({type(exc).__name__}); "
+                        f"{want.label}: the connection keeps failing ({type(exc).__name__}); "
                         f"{size_text(task.done_bytes)} of {size_text(size)} are kept and the download "
                         "can be resumed later.", "network") from exc
                 if task.stop.wait(self.retry_delay_s * 2 ** (retries - 1)):
@@ -491,36 +532,30 @@ class DownloadManager:
                     if hub_exc.kind != "network":
                         raise
                     continue
-                if ((fresh.etag or "").strip('"').lower() or None) != etag or fresh.size != size:
-                    raise HubError(f"{label}: the file changed on the hub during the download; "
+                if _etag(fresh.etag) != want.etag or fresh.size != size:
+                    raise HubError(f"{want.label}: the file changed on the hub during the download; "
                                    "start it again.", "changed")
                 location = fresh.location
 
-        task.state = DownloadState.VERIFYING
-        self._notify(task)
+    def _verify(self, task: _Task, want: _Expected, part: Path) -> None:
+        """The part's size and checksum are the expected ones, or it is deleted."""
         got_size = part.stat().st_size
-        if got_size != size:
-            self._discard_part(final)
-            raise HubError(f"{label}: size mismatch: expected {size} bytes, got {got_size}; the "
+        if got_size != want.size:
+            self._discard_part(task.path)
+            raise HubError(f"{want.label}: size mismatch: expected {want.size} bytes, got {got_size}; the "
                            "partial file was deleted.", "checksum")
-        if sha256 is not None:
+        if want.sha256 is not None:
             digest = task.hasher.hexdigest()
-            if digest != sha256:
-                self._discard_part(final)
-                raise HubError(f"{label}: checksum mismatch: expected sha256 {sha256}, got "
+            if digest != want.sha256:
+                self._discard_part(task.path)
+                raise HubError(f"{want.label}: checksum mismatch: expected sha256 {want.sha256}, got "
                                f"{digest}; the downloaded data was deleted.", "checksum")
-        elif git_oid is not None:
+        elif want.git_oid is not None:
             digest = git_blob_oid(part)
-            if digest != git_oid:
-                self._discard_part(final)
-                raise HubError(f"{label}: checksum mismatch: expected git oid {git_oid}, got "
+            if digest != want.git_oid:
+                self._discard_part(task.path)
+                raise HubError(f"{want.label}: checksum mismatch: expected git oid {want.git_oid}, got "
                                f"{digest}; the downloaded data was deleted.", "checksum")
-        os.replace(part, final)
-        try:
-            side.unlink()
-        except FileNotFoundError:
-            pass
-        record_download(self.models_dir, final, {**sidecar, "sha256": sha256, "git_oid": git_oid})
 
     def _start_part(self, task: _Task, part: Path, offset: int) -> None:
         """Hash the bytes already in the part (no network), or empty it when offset is 0."""
