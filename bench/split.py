@@ -70,7 +70,7 @@ def split_seconds(model: Mistral3Text, repeats: int = 2000) -> float:
         empty = replace(seg, layers=range(0))
 
         def cross_and_enter():
-            return model.run_segment(empty, _cross(x, seg), 5, cache)
+            return model.run_segment(empty, _cross(x, seg), [(cache, 5, 1)])
 
         for _ in range(10):
             cross_and_enter()
@@ -174,7 +174,7 @@ def run_cuda(args) -> int:
     times = []
     for i in range(3 + args.steps):
         t0 = time.perf_counter()
-        split.run_segment(cpu_seg, x, args.prompt, cache)
+        split.run_segment(cpu_seg, x, [(cache, args.prompt, 1)])
         if i >= 3:
             times.append(time.perf_counter() - t0)
     m_cpu_part = report("its CPU segment alone", times)

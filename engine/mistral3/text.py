@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -188,6 +188,10 @@ class KVRows(Protocol):
 
     @property
     def capacity(self) -> int: ...
+
+
+Group = tuple["KVRows", int, int]  # (cache, start, n): n rows of one sequence at positions [start, start + n)
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # layer i's attention(q, k, v)
 
 
 class PassKV:
@@ -376,21 +380,21 @@ class Mistral3Text:
             raise EngineError(f"context full: {start_pos} + {T} tokens exceed the context length "
                               f"{cache.capacity}")
         self.ensure_rope(cache.capacity)
-        first = self.segments[0]
-        embeds = embeds.to(device=first.device, dtype=first.dtype)
         outs = []
         for lo in range(0, T, self.prefill_chunk):
             if lo and cancel is not None and cancel.is_set():
                 return None
             chunk = embeds[lo:lo + self.prefill_chunk]
-            last = lo + chunk.shape[0] == T
+            n = chunk.shape[0]
+            last = lo + n == T
             # Only the last row's logits wanted: the last layer finishes that row alone.
-            hidden = self._layers(chunk, start_pos + lo, cache, last_row_only=last and not all_logits)
-            cache.length = start_pos + lo + chunk.shape[0]
+            keep = None if all_logits else ([n - 1] if last else [])
+            hidden = self._layers(chunk, [(cache, start_pos + lo, n)], keep)
+            cache.length = start_pos + lo + n
             if all_logits:
                 outs.append(self.output_logits(hidden))
             elif last:
-                outs.append(self.output_logits(hidden[-1:])[0])
+                outs.append(self.output_logits(hidden)[0])
         return torch.cat(outs, 0) if all_logits else outs[0]
 
     def logits(self, ids, start_pos: int = 0, cache: KVRows | None = None,
@@ -403,35 +407,106 @@ class Mistral3Text:
         with on_device(self.device):
             return norm_linears(hidden, self.output_norm, self.cfg.norm_eps, (self.head,))[0].float()
 
-    def _layers(self, x: torch.Tensor, start: int, cache: KVRows, last_row_only: bool = False) -> torch.Tensor:
+    # -- the layer loop -----------------------------------------------------------------------
+    def _layers(self, x: torch.Tensor, groups: Sequence[Group], keep: Sequence[int] | None = None) -> torch.Tensor:
+        """Every segment on rows x of `groups` (see forward_batch); `keep`: the rows the model's
+        last layer finishes (None: all), the hidden state of those rows is returned."""
+        first = self.segments[0]
+        x = x.to(device=first.device, dtype=first.dtype)
         for k, seg in enumerate(self.segments):
             if k:
                 x = _cross(x, seg)
             with on_device(seg.device):
-                x = self.run_segment(seg, x, start, cache, last_row_only)
+                x = self.run_segment(seg, x, groups, keep)
         return x
 
-    def run_segment(self, seg: Segment, x: torch.Tensor, start: int, cache: KVRows,
-                    last_row_only: bool = False) -> torch.Tensor:
-        """The segment's layers on rows x at positions start..; with last_row_only, the model's last
-        layer writes every row's K/V but finishes only the last row (its output projection and
-        FFN), as llama.cpp's inp_out_ids does: a prompt's other rows feed nothing after it."""
-        T = x.shape[0]
-        rope = seg.rope
-        if T == 1 and x.dtype == torch.float32 and (step := self._native_decode(seg, cache)) is not None:
-            # CPU decode: the segment's layers in one native call (the per-op path below, bit for bit)
-            return step.run(x, start, rope.cos_q, rope.sin_q, rope.cos_k, rope.sin_k)
-        sl = slice(start, start + T)
-        tables = (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])
+    def run_segment(self, seg: Segment, x: torch.Tensor, groups: Sequence[Group],
+                    keep: Sequence[int] | None = None) -> torch.Tensor:
+        """The segment's layers on rows x of `groups` (each (cache, start, n): n rows at positions
+        [start, start + n) of its own cache). One decode row on the CPU runs as the native
+        whole-step decode (the same math, bit for bit, in one call); every other shape through
+        `layer_loop` with the eager attention of `rows_attention`."""
+        if len(groups) == 1 and groups[0][2] == 1 and x.dtype == torch.float32:
+            cache, start, _ = groups[0]
+            if (step := self._native_decode(seg, cache)) is not None:
+                rope = seg.rope
+                return step.run(x, start, rope.cos_q, rope.sin_q, rope.cos_k, rope.sin_k)
+        return self.layer_loop(seg, x, self.rows_attention(seg, groups, x.device), keep)
+
+    def layer_loop(self, seg: Segment, x: torch.Tensor, attend: Attend,
+                   keep: Sequence[int] | None = None) -> torch.Tensor:
+        """THE layer loop (llama.cpp's mistral3.cpp): pre-norm residual blocks, x + W_o attention(norm(x)),
+        x + W_down swiglu(norm(x)). `attend(i, q, k, v)` is layer i's attention before W_o (it
+        writes the rows' K/V): eager over each sequence's cache, or the static body a CUDA graph
+        captures. With `keep`, the model's last layer writes every row's K/V but finishes only
+        those rows (its output projection and FFN), as llama.cpp's inp_out_ids does."""
+        last = self.cfg.n_layers - 1
         for i in seg.layers:
             layer = self.layers[i]
-            # pre-norm residual blocks: x + W_o attention(norm(x)), x + W_down swiglu(norm(x))
-            attn = self._attention(i, layer, x, start, tables, cache)
-            if last_row_only and i == self.cfg.n_layers - 1:
-                attn, x = attn[-1:], x[-1:]
+            q, k, v = self._qkv(layer, x)
+            attn = attend(i, q, k, v)
+            if keep is not None and i == last:
+                if not keep:  # prompt chunks that end no prompt: nothing after their K/V
+                    return x[:0]
+                rows = list(keep)
+                attn, x = attn[rows], x[rows]
             x = linear_add(attn, layer.wo, x)
             x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
         return x
+
+    def rows_attention(self, seg: Segment, groups: Sequence[Group], device: torch.device) -> Attend:
+        """Eager attention for rows of several sequences: RoPE, the K/V write and causal attention
+        per group, over that group's cache only."""
+        rope = seg.rope
+        spans, lo = [], 0
+        for cache, start, n in groups:
+            sl = slice(start, start + n)
+            spans.append((lo, lo + n, cache, start, (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])))
+            lo += n
+        flash = flash_attention_on(device)  # once per pass, not per layer and sequence
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if len(spans) == 1:
+                _, _, cache, start, tables = spans[0]
+                return self._attend_rows(q, k, v, tables, cache.layer_k[i], cache.layer_v[i], start, flash)
+            outs = [self._attend_rows(q[a:b], k[a:b], v[a:b], tables, cache.layer_k[i], cache.layer_v[i], start,
+                                      flash)
+                    for a, b, cache, start, tables in spans]
+            return torch.cat(outs, 0)
+
+        return attend
+
+    def static_attention(self, seg: Segment, x: torch.Tensor, pos: torch.Tensor, cache: KVRows,
+                         bucket: int) -> Attend:
+        """One row at the device position `pos` (1,) with shapes fixed by `bucket`: no host syncs,
+        no data-dependent shapes (what a CUDA graph captures). Writes K/V at pos, attends over
+        [0, bucket) hiding positions > pos."""
+        cfg = self.cfg
+        n_rep = cfg.n_heads // cfg.n_kv_heads
+        rope = seg.rope
+        cos_q, sin_q = rope.cos_q.index_select(0, pos), rope.sin_q.index_select(0, pos)
+        cos_k, sin_k = rope.cos_k.index_select(0, pos), rope.sin_k.index_select(0, pos)
+        # The Triton kernel reads pos and hides keys > pos itself. sdpa (CPU, no Triton) takes an
+        # additive mask, made once per segment (a bool mask would be converted in every layer).
+        flash = flash_attention_on(x.device)
+        visible = None if flash else torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
+            torch.arange(bucket, device=x.device) > pos, float("-inf"))
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            q = apply_rope_pairs(q, cos_q, sin_q)
+            k = apply_rope_pairs(k, cos_k, sin_k)
+            cache.layer_k[i].index_copy_(1, pos, k.transpose(0, 1))
+            cache.layer_v[i].index_copy_(1, pos, v.transpose(0, 1))
+            if flash:
+                o = _attention_mod.decode_attention(q, cache.layer_k[i], cache.layer_v[i], pos, bucket)
+            else:
+                keys = cache.layer_k[i][:, :bucket].unsqueeze(0)
+                values = cache.layer_v[i][:, :bucket].unsqueeze(0)
+                o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
+                                                   keys, values, attn_mask=visible)
+            return o.reshape(1, cfg.n_heads * cfg.v_head_dim)
+
+        return attend
 
     def _native_decode(self, seg: Segment, cache: KVRows):
         """The segment's decode step as one native call (kernels.linear.native_decode_layers), made
@@ -462,13 +537,6 @@ class Mistral3Text:
         return (q.reshape(T, cfg.n_heads, cfg.head_dim), k.reshape(T, cfg.n_kv_heads, cfg.head_dim),
                 v.reshape(T, cfg.n_kv_heads, cfg.v_head_dim))
 
-    def _attention(self, i: int, layer: LayerWeights, x: torch.Tensor, start: int, tables,
-                   cache: KVRows) -> torch.Tensor:
-        """Attention of attn_norm(x) over the cache (K/V of these rows written first), before W_o."""
-        q, k, v = self._qkv(layer, x)
-        return self._attend_rows(q, k, v, tables, cache.layer_k[i], cache.layer_v[i], start,
-                                 flash_attention_on(q.device))
-
     def _mlp_hidden(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of ffn_norm(x): the down projection's input."""
         eps = self.cfg.norm_eps
@@ -480,55 +548,24 @@ class Mistral3Text:
     # -- one-token decode with static shapes (runtime/cuda_graphs.py captures it) ---------------
     def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVRows, bucket: int,
                       segment: int | None = None) -> torch.Tensor:
-        """One row at the device position `pos` (1,) with shapes fixed by `bucket`: no host
-        syncs, no data-dependent shapes — the body that a CUDA graph captures.
+        """One row at the device position `pos` (1,) with shapes fixed by `bucket` (the layer
+        loop with `static_attention`): the body that a CUDA graph captures.
 
-        x: (1, hidden) input row. Writes K/V at pos, attends over [0, bucket) with a mask
-        hiding positions > pos. Returns float32 logits (vocab,) — or, for one `segment` that
+        x: (1, hidden) input row. Returns float32 logits (vocab,) — or, for one `segment` that
         is not the last, its output row (a graph per GPU segment). Does not touch cache.length."""
         segs = self.segments if segment is None else [self.segments[segment]]
         for n, seg in enumerate(segs):
             if n:
                 x = _cross(x, seg)
             with on_device(seg.device):
-                x = self._segment_static(seg, x, pos.to(seg.device), cache, bucket)
+                x = self.layer_loop(seg, x, self.static_attention(seg, x, pos.to(seg.device), cache, bucket))
         if segs[-1] is not self.segments[-1]:
             return x
         return self.output_logits(x)[0]
 
-    def _segment_static(self, seg: Segment, x: torch.Tensor, pos: torch.Tensor, cache: KVRows,
-                        bucket: int) -> torch.Tensor:
-        cfg = self.cfg
-        n_rep = cfg.n_heads // cfg.n_kv_heads
-        rope = seg.rope
-        cos_q, sin_q = rope.cos_q.index_select(0, pos), rope.sin_q.index_select(0, pos)
-        cos_k, sin_k = rope.cos_k.index_select(0, pos), rope.sin_k.index_select(0, pos)
-        # The Triton kernel reads pos and hides keys > pos itself. sdpa (CPU, no Triton) takes an
-        # additive mask, made once per segment (a bool mask would be converted in every layer).
-        flash = flash_attention_on(x.device)
-        visible = None if flash else torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
-            torch.arange(bucket, device=x.device) > pos, float("-inf"))
-        for i in seg.layers:
-            layer = self.layers[i]
-            q, k, v = self._qkv(layer, x)
-            q = apply_rope_pairs(q, cos_q, sin_q)
-            k = apply_rope_pairs(k, cos_k, sin_k)
-            cache.layer_k[i].index_copy_(1, pos, k.transpose(0, 1))
-            cache.layer_v[i].index_copy_(1, pos, v.transpose(0, 1))
-            if flash:
-                o = _attention_mod.decode_attention(q, cache.layer_k[i], cache.layer_v[i], pos, bucket)
-            else:
-                keys = cache.layer_k[i][:, :bucket].unsqueeze(0)
-                values = cache.layer_v[i][:, :bucket].unsqueeze(0)
-                o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
-                                                   keys, values, attn_mask=visible)
-            x = linear_add(o.reshape(1, cfg.n_heads * cfg.v_head_dim), layer.wo, x)
-            x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
-        return x
-
     # -- several sequences in one pass (continuous batching: runtime/batch.py) ------------------
     @torch.inference_mode()
-    def forward_batch(self, embeds: torch.Tensor, groups: Sequence[tuple[KVRows, int, int]],
+    def forward_batch(self, embeds: torch.Tensor, groups: Sequence[Group],
                       logits_of: Sequence[int]) -> torch.Tensor:
         """Rows of several sequences in one pass over the weights.
 
@@ -548,37 +585,12 @@ class Mistral3Text:
             if start + n > cache.capacity:
                 raise EngineError(f"context full: {start} + {n} tokens exceed the context length {cache.capacity}")
         self.ensure_rope(max(cache.capacity for cache, _, _ in groups))
-        first = self.segments[0]
-        x = embeds.to(device=first.device, dtype=first.dtype)
-        for k, seg in enumerate(self.segments):
-            if k:
-                x = _cross(x, seg)
-            with on_device(seg.device):
-                x = self._segment_batch(seg, x, groups)
+        x = self._layers(embeds, groups, list(logits_of))
         for cache, start, n in groups:
             cache.length = start + n
         if not logits_of:  # only prompt chunks that do not end their prompt
             return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=self.device)
-        return self.output_logits(x[list(logits_of)])
-
-    def _segment_batch(self, seg: Segment, x: torch.Tensor, groups) -> torch.Tensor:
-        rope = seg.rope
-        spans, lo = [], 0
-        for cache, start, n in groups:
-            sl = slice(start, start + n)
-            spans.append((lo, lo + n, cache, start, (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])))
-            lo += n
-        flash = flash_attention_on(x.device)  # once per pass, not per layer and sequence
-        for i in seg.layers:
-            layer = self.layers[i]
-            q, k, v = self._qkv(layer, x)
-            outs = [self._attend_rows(q[a:b], k[a:b], v[a:b], tables, cache.layer_k[i], cache.layer_v[i], start,
-                                      flash)
-                    for a, b, cache, start, tables in spans]
-            o = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-            x = linear_add(o, layer.wo, x)
-            x = linear_add(self._mlp_hidden(layer, x), layer.w_down, x)
-        return x
+        return self.output_logits(x)
 
     def _attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables, cache_k: torch.Tensor,
                      cache_v: torch.Tensor, start: int, flash: bool) -> torch.Tensor:

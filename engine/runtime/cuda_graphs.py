@@ -106,7 +106,7 @@ class DecodeGraphs:
             row, at = self.inputs[k]
             row.copy_(x)
             if not graphed:
-                x = model.run_segment(seg, row, pos, cache)
+                x = model.run_segment(seg, row, [(cache, pos, 1)])
                 x = model.output_logits(x)[0] if k == last else x
                 replayed = False
                 continue

@@ -283,10 +283,10 @@ def test_decode_layers_are_the_per_op_path_bit_for_bit(name):
         with linear_mod.cpu_exact(False):  # the per-op native path
             layers = [(model.layers[i], i) for i in seg.layers]
             want = x
-            sl = slice(pos, pos + 1)
-            tables = (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])
+            attend = model.rows_attention(seg, [(per_op, pos, 1)], want.device)
             for layer, i in layers:
-                want = linear_mod.linear_add(model._attention(i, layer, want, pos, tables, per_op), layer.wo, want)
+                q, k, v = model._qkv(layer, want)
+                want = linear_mod.linear_add(attend(i, q, k, v), layer.wo, want)
                 want = linear_mod.linear_add(model._mlp_hidden(layer, want), layer.w_down, want)
         got = step.run(x, pos, rope.cos_q, rope.sin_q, rope.cos_k, rope.sin_k)
         assert torch.equal(got, want), float((got - want).abs().max())

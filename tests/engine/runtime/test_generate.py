@@ -362,10 +362,10 @@ def test_cancel_during_a_long_prefill_keeps_a_valid_prefix(model, tok):
     real_layers = model._layers
     passes = []
 
-    def layers_then_cancel(x, start, cache, **kw):
-        passes.append(start)
+    def layers_then_cancel(x, groups, keep=None):
+        passes.append(groups[0][1])
         cancel.set()  # set by "another thread" while the first chunk runs
-        return real_layers(x, start, cache, **kw)
+        return real_layers(x, groups, keep)
 
     model._layers = layers_then_cancel
     old_chunk = model.prefill_chunk
