@@ -150,224 +150,14 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
     r = _Runner(out)
     state: dict = {}
     skipped_why = skipped_why or {}
-
-    def version() -> str:
-        if not __version__ or __version__.startswith("0+unknown"):
-            raise SelfTestFailure("the package metadata is missing (version unknown)")
-        return __version__
-
-    def load() -> str:
-        if model is not None:
-            from ..library.projector import find_projector
-
-            paths = (Path(model), Path(mmproj) if mmproj else find_projector(model))
-        else:
-            paths = find_model()
-        for p in paths:
-            if p is not None and not p.is_file():
-                raise SelfTestFailure(f"{p}: no such file")
-        from ..api import EngineError
-        from ..runtime.local import LocalEngine
-
-        try:
-            state["engine"] = LocalEngine(paths[0], paths[1], device="cpu", context_length=512)
-        except EngineError as exc:
-            raise SelfTestFailure(str(exc)) from None
-        import torch
-
-        return f"{state['engine'].description}, torch {torch.__version__}"
-
-    def kernels() -> str:
-        import torch
-
-        from ...kernels import cpu_native
-        from ...kernels.ggml_types import F32
-
-        if not cpu_native.AVAILABLE:
-            why = f"the native CPU kernels are not built ({cpu_native.IMPORT_ERROR})"
-            if getattr(sys, "frozen", False):
-                raise SelfTestFailure(f"{why}: this build lacks tramontane.kernels._cpu")
-            return (f"{why}: torch's slower CPU path runs; {cpu_native.NO_KERNELS_FIX}")
-        gen = torch.Generator().manual_seed(0)
-        x, w = torch.randn(3, 64, generator=gen), torch.randn(32, 64, generator=gen)
-        y = cpu_native.matmul(x, F32, w, 32, 64)
-        if not torch.allclose(y, x @ w.T, rtol=1e-4, atol=1e-4):
-            raise SelfTestFailure(f"the native {cpu_native.variant()} matmul differs from torch's "
-                                  f"by {(y - x @ w.T).abs().max().item():.3g}")
-        return f"native CPU kernels {cpu_native.variant()} on {cpu_native.threads()} thread(s)"
-
-    def vision() -> str:
-        engine = state["engine"]
-        if not engine.has_vision:
-            raise SelfTestFailure("the model was loaded without a vision projector")
-        import torch
-
-        state["image"] = image = sample_image()
-        feats = engine.vision.encode_image(image)
-        rows, cols = engine.vision.grid(image)
-        expected = rows * cols
-        if tuple(feats.shape) != (expected, engine.model.cfg.hidden):
-            raise SelfTestFailure(f"projector gave features of shape {tuple(feats.shape)}, "
-                                  f"expected ({expected}, {engine.model.cfg.hidden})")
-        if not torch.isfinite(feats).all():
-            raise SelfTestFailure("projector output has NaN/inf values")
-        return f"{rows}x{cols} image tokens -> {tuple(feats.shape)}"
-
-    def conversation(key: str, prefix: str = "") -> None:
-        """A user's first minutes on the engine in state[key], as the app's worker drives it
-        (steps named prefix + turn1, turn2, stop, new-chat, regenerate)."""
-        import threading
-
-        from ..api import ChatMessage, SamplingParams
-
-        conv: dict = {}
-
-        def ask(messages, session: str, max_tokens: int = GEN_TOKENS, stop_after: int = 0):
-            """engine.chat as the worker calls it; checks what every reply must satisfy."""
-            engine = state[key]
-            pieces: list[str] = []
-            cancel = threading.Event()
-
-            def on_piece(piece: str) -> None:
-                pieces.append(piece)
-                if stop_after and len(pieces) >= stop_after:
-                    cancel.set()  # the Stop button: the UI thread sets the request's event
-
-            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, seed=0)
-            res = engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session)
-            if "".join(pieces) != res.text:
-                raise SelfTestFailure("the streamed pieces differ from the reply's text")
-            vocab = getattr(engine.model.cfg, "vocab_size", None)
-            if vocab and not all(0 <= t < vocab for t in res.token_ids):
-                raise SelfTestFailure(f"token ids out of range: {res.token_ids}")
-            return res
-
-        def expect_tokens(res, n: int, what: str) -> None:
-            if len(res.token_ids) != n or res.finish_reason != "length":
-                raise SelfTestFailure(f"{what}: asked for {n} tokens, got {len(res.token_ids)} "
-                                      f"(finish reason {res.finish_reason})")
-
-        def speed(res) -> str:
-            tps = res.stats.decode_tok_s
-            return f", {tps:.0f} tok/s" if tps and math.isfinite(tps) else ""
-
-        def turn1() -> str:
-            msgs = [ChatMessage("user", [state["image"], QUESTIONS[0]])]
-            res = ask(msgs, FIRST_CHAT)
-            expect_tokens(res, GEN_TOKENS, "first turn")
-            if res.stats.reused_tokens:
-                raise SelfTestFailure(f"a new chat reused {res.stats.reused_tokens} cached tokens")
-            conv["msgs"] = msgs + [ChatMessage.text("assistant", res.text)]
-            conv["first_prompt"] = res.stats.prompt_tokens
-            state.setdefault("reply", res.text)
-            detail = ""
-            engine = state[key]
-            from ..runtime.decoder import graphs_wanted
-
-            if engine.model.on_gpu and graphs_wanted():
-                graphs = getattr(getattr(engine.cache, "decode_graphs", None), "graphs", None)
-                if not graphs:
-                    raise SelfTestFailure("the reply was decoded without a CUDA graph")
-                detail = f", decoded in {len(graphs)} CUDA graph(s)"
-            return (f"image + question: {res.stats.prompt_tokens} prompt tokens, "
-                    f"{len(res.token_ids)} generated{speed(res)}{detail}")
-
-        def turn2() -> str:
-            msgs = conv["msgs"] + [ChatMessage.text("user", QUESTIONS[1])]
-            res = ask(msgs, FIRST_CHAT)
-            expect_tokens(res, GEN_TOKENS, "second turn")
-            reused, first = res.stats.reused_tokens, conv["first_prompt"]
-            if reused <= 0:
-                raise SelfTestFailure("no prompt token came from the KV cache: the second turn "
-                                      "recomputed the whole chat")
-            if reused < first:
-                raise SelfTestFailure(f"only {reused} prompt tokens came from the KV cache; the first "
-                                      f"turn's {first} (image included) should have")
-            conv["msgs"] = msgs + [ChatMessage.text("assistant", res.text)]
-            return (f"follow-up: {reused} of {res.stats.prompt_tokens} prompt tokens cached, "
-                    f"{len(res.token_ids)} generated{speed(res)}")
-
-        def stop() -> str:
-            msgs = conv["msgs"] + [ChatMessage.text("user", QUESTIONS[2])]
-            res = ask(msgs, FIRST_CHAT, max_tokens=STOP_MAX_TOKENS, stop_after=1)
-            if res.finish_reason != "cancelled":
-                raise SelfTestFailure(f"the reply was not stopped (finish reason {res.finish_reason}, "
-                                      f"{len(res.token_ids)} tokens)")
-            if not 0 < len(res.token_ids) < STOP_MAX_TOKENS:
-                raise SelfTestFailure(f"stopped after {len(res.token_ids)} of {STOP_MAX_TOKENS} tokens")
-            if res.stats.reused_tokens <= 0:
-                raise SelfTestFailure("the third turn took nothing from the KV cache")
-            conv["stopped"] = msgs  # regenerate replaces the stopped reply
-            return f"reply stopped after {len(res.token_ids)} of {STOP_MAX_TOKENS} tokens"
-
-        def new_chat() -> str:
-            res = ask([ChatMessage.text("user", "Hello!")], SECOND_CHAT)
-            expect_tokens(res, GEN_TOKENS, "second chat")
-            if res.stats.reused_tokens:
-                raise SelfTestFailure(f"a new chat reused {res.stats.reused_tokens} cached tokens")
-            if FIRST_CHAT not in state[key].host_kv:
-                raise SelfTestFailure("the first chat's KV cache was not kept in host memory")
-            return f"second chat: {res.stats.prompt_tokens} prompt tokens; the first chat's KV parked"
-
-        def regenerate() -> str:
-            res = ask(conv["stopped"], FIRST_CHAT)
-            expect_tokens(res, GEN_TOKENS, "regenerate")
-            reused, prompt = res.stats.reused_tokens, res.stats.prompt_tokens
-            if reused <= 0:
-                raise SelfTestFailure("nothing came back from the parked KV cache")
-            return (f"stopped reply again: {reused} of {prompt} prompt tokens cached, "
-                    f"{len(res.token_ids)} generated{speed(res)}")
-
-        r.step(f"{prefix}turn1", turn1)
-        r.step(f"{prefix}turn2", turn2)
-        r.step(f"{prefix}stop", stop)
-        r.step(f"{prefix}new-chat", new_chat)
-        r.step(f"{prefix}regenerate", regenerate)
-
-    def on_gpu() -> str:
-        """Load the same files on the GPU (torch's CUDA build, the Triton kernels where they
-        apply, CUDA graphs for decoding); the conversation steps then run on it."""
-        import torch
-
-        from ..api import EngineError
-        from ..runtime.local import LocalEngine
-
-        cpu = state["engine"]
-        name = torch.cuda.get_device_name(0)
-        try:
-            state["gpu_engine"] = eng = LocalEngine(cpu.model_path, cpu.mmproj_path, device="cuda",
-                                                    context_length=512)
-        except EngineError as exc:
-            raise SelfTestFailure(str(exc)) from None
-        if not eng.model.on_gpu:
-            raise SelfTestFailure(f"asked for the GPU, the model was loaded on the CPU ({name}: "
-                                  f"torch {torch.__version__}, CUDA {torch.version.cuda})")
-        from ..runtime.decoder import graphs_wanted
-
-        if graphs_wanted() and eng.cache.decode_graphs is None:
-            raise SelfTestFailure("CUDA graph decoding is off for a model on the GPU")
-        graphs = "on" if eng.cache.decode_graphs is not None else "off (TRAMONTANE_CUDA_GRAPHS=0)"
-        return f"{name}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
-
-    r.step("version", version)
-    r.step("model", load)
-    r.step("kernels", kernels)
-    r.step("vision", vision)
+    r.step("version", lambda: _check_version(__version__))
+    r.step("model", lambda: _load(state, model, mmproj))
+    r.step("kernels", _check_kernels)
+    r.step("vision", lambda: _check_vision(state))
     if not r.failed:
-        conversation("engine")
+        _Conversation(state, "engine").run(r)
     if gpu is not False and not r.failed:
-        import torch
-
-        if torch.cuda.is_available():
-            try:
-                if r.step("gpu", on_gpu):
-                    conversation("gpu_engine", "gpu-")
-            finally:
-                if state.get("gpu_engine") is not None:
-                    state.pop("gpu_engine").close()
-        else:
-            why = "a CPU build of torch" if torch.version.cuda is None else "no CUDA device or driver"
-            print(f"  gpu        skipped ({why}: models run on the CPU)", file=out, flush=True)
+        _gpu_steps(r, state, out)
     for name, step in more_steps:  # the app's: the store, the window
         if step is None:
             print(f"  {name:<10} skipped ({skipped_why.get(name, 'not asked for')})", file=out, flush=True)
@@ -381,6 +171,244 @@ def run_self_test(model: str | Path | None = None, mmproj: str | Path | None = N
         return 1
     print("OK", file=out, flush=True)
     return 0
+
+
+def _check_version(version: str) -> str:
+    if not version or version.startswith("0+unknown"):
+        raise SelfTestFailure("the package metadata is missing (version unknown)")
+    return version
+
+
+def _load(state: dict, model: str | Path | None, mmproj: str | Path | None) -> str:
+    """The model and its projector on the CPU, as state["engine"]."""
+    if model is not None:
+        from ..library.projector import find_projector
+
+        paths = (Path(model), Path(mmproj) if mmproj else find_projector(model))
+    else:
+        paths = find_model()
+    for p in paths:
+        if p is not None and not p.is_file():
+            raise SelfTestFailure(f"{p}: no such file")
+    from ..api import EngineError
+    from ..runtime.local import LocalEngine
+
+    try:
+        state["engine"] = LocalEngine(paths[0], paths[1], device="cpu", context_length=512)
+    except EngineError as exc:
+        raise SelfTestFailure(str(exc)) from None
+    import torch
+
+    return f"{state['engine'].description}, torch {torch.__version__}"
+
+
+def _check_kernels() -> str:
+    import torch
+
+    from ...kernels import cpu_native
+    from ...kernels.ggml_types import F32
+
+    if not cpu_native.AVAILABLE:
+        why = f"the native CPU kernels are not built ({cpu_native.IMPORT_ERROR})"
+        if getattr(sys, "frozen", False):
+            raise SelfTestFailure(f"{why}: this build lacks tramontane.kernels._cpu")
+        return (f"{why}: torch's slower CPU path runs; {cpu_native.NO_KERNELS_FIX}")
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 64, generator=gen), torch.randn(32, 64, generator=gen)
+    y = cpu_native.matmul(x, F32, w, 32, 64)
+    if not torch.allclose(y, x @ w.T, rtol=1e-4, atol=1e-4):
+        raise SelfTestFailure(f"the native {cpu_native.variant()} matmul differs from torch's "
+                              f"by {(y - x @ w.T).abs().max().item():.3g}")
+    return f"native CPU kernels {cpu_native.variant()} on {cpu_native.threads()} thread(s)"
+
+
+def _check_vision(state: dict) -> str:
+    """The sample image through the projector; it is kept as state["image"] for turn1."""
+    engine = state["engine"]
+    if not engine.has_vision:
+        raise SelfTestFailure("the model was loaded without a vision projector")
+    import torch
+
+    state["image"] = image = sample_image()
+    feats = engine.vision.encode_image(image)
+    rows, cols = engine.vision.grid(image)
+    expected = rows * cols
+    if tuple(feats.shape) != (expected, engine.model.cfg.hidden):
+        raise SelfTestFailure(f"projector gave features of shape {tuple(feats.shape)}, "
+                              f"expected ({expected}, {engine.model.cfg.hidden})")
+    if not torch.isfinite(feats).all():
+        raise SelfTestFailure("projector output has NaN/inf values")
+    return f"{rows}x{cols} image tokens -> {tuple(feats.shape)}"
+
+
+def _gpu_steps(r: _Runner, state: dict, out: TextIO) -> None:
+    """The GPU step and the conversation on it when torch sees a CUDA device; else why not."""
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "a CPU build of torch" if torch.version.cuda is None else "no CUDA device or driver"
+        print(f"  gpu        skipped ({why}: models run on the CPU)", file=out, flush=True)
+        return
+    try:
+        if r.step("gpu", lambda: _load_on_gpu(state)):
+            _Conversation(state, "gpu_engine").run(r, "gpu-")
+    finally:
+        if state.get("gpu_engine") is not None:
+            state.pop("gpu_engine").close()
+
+
+def _load_on_gpu(state: dict) -> str:
+    """Load the same files on the GPU (torch's CUDA build, the Triton kernels where they
+    apply, CUDA graphs for decoding), as state["gpu_engine"]; the conversation steps then run on it."""
+    import torch
+
+    from ..api import EngineError
+    from ..runtime.local import LocalEngine
+
+    cpu = state["engine"]
+    name = torch.cuda.get_device_name(0)
+    try:
+        state["gpu_engine"] = eng = LocalEngine(cpu.model_path, cpu.mmproj_path, device="cuda",
+                                                context_length=512)
+    except EngineError as exc:
+        raise SelfTestFailure(str(exc)) from None
+    if not eng.model.on_gpu:
+        raise SelfTestFailure(f"asked for the GPU, the model was loaded on the CPU ({name}: "
+                              f"torch {torch.__version__}, CUDA {torch.version.cuda})")
+    from ..runtime.decoder import graphs_wanted
+
+    if graphs_wanted() and eng.cache.decode_graphs is None:
+        raise SelfTestFailure("CUDA graph decoding is off for a model on the GPU")
+    graphs = "on" if eng.cache.decode_graphs is not None else "off (TRAMONTANE_CUDA_GRAPHS=0)"
+    return f"{name}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
+
+
+class _Conversation:
+    """A user's first minutes on the engine in state[key], as the app's worker drives it
+    (steps turn1, turn2, stop, new-chat, regenerate; each needs the one before)."""
+
+    def __init__(self, state: dict, key: str):
+        self.state = state
+        self.key = key
+        self.msgs: list = []
+        self.first_prompt = 0
+        self.stopped: list = []
+
+    def run(self, r: _Runner, prefix: str = "") -> None:
+        r.step(f"{prefix}turn1", self.turn1)
+        r.step(f"{prefix}turn2", self.turn2)
+        r.step(f"{prefix}stop", self.stop)
+        r.step(f"{prefix}new-chat", self.new_chat)
+        r.step(f"{prefix}regenerate", self.regenerate)
+
+    def ask(self, messages, session: str, max_tokens: int = GEN_TOKENS, stop_after: int = 0):
+        """engine.chat as the worker calls it; checks what every reply must satisfy."""
+        import threading
+
+        from ..api import SamplingParams
+
+        engine = self.state[self.key]
+        pieces: list[str] = []
+        cancel = threading.Event()
+
+        def on_piece(piece: str) -> None:
+            pieces.append(piece)
+            if stop_after and len(pieces) >= stop_after:
+                cancel.set()  # the Stop button: the UI thread sets the request's event
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, seed=0)
+        res = engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session)
+        if "".join(pieces) != res.text:
+            raise SelfTestFailure("the streamed pieces differ from the reply's text")
+        vocab = getattr(engine.model.cfg, "vocab_size", None)
+        if vocab and not all(0 <= t < vocab for t in res.token_ids):
+            raise SelfTestFailure(f"token ids out of range: {res.token_ids}")
+        return res
+
+    def turn1(self) -> str:
+        from ..api import ChatMessage
+        from ..runtime.decoder import graphs_wanted
+
+        msgs = [ChatMessage("user", [self.state["image"], QUESTIONS[0]])]
+        res = self.ask(msgs, FIRST_CHAT)
+        _expect_tokens(res, GEN_TOKENS, "first turn")
+        if res.stats.reused_tokens:
+            raise SelfTestFailure(f"a new chat reused {res.stats.reused_tokens} cached tokens")
+        self.msgs = msgs + [ChatMessage.text("assistant", res.text)]
+        self.first_prompt = res.stats.prompt_tokens
+        self.state.setdefault("reply", res.text)
+        detail = ""
+        engine = self.state[self.key]
+        if engine.model.on_gpu and graphs_wanted():
+            graphs = getattr(getattr(engine.cache, "decode_graphs", None), "graphs", None)
+            if not graphs:
+                raise SelfTestFailure("the reply was decoded without a CUDA graph")
+            detail = f", decoded in {len(graphs)} CUDA graph(s)"
+        return (f"image + question: {res.stats.prompt_tokens} prompt tokens, "
+                f"{len(res.token_ids)} generated{_speed(res)}{detail}")
+
+    def turn2(self) -> str:
+        from ..api import ChatMessage
+
+        msgs = self.msgs + [ChatMessage.text("user", QUESTIONS[1])]
+        res = self.ask(msgs, FIRST_CHAT)
+        _expect_tokens(res, GEN_TOKENS, "second turn")
+        reused, first = res.stats.reused_tokens, self.first_prompt
+        if reused <= 0:
+            raise SelfTestFailure("no prompt token came from the KV cache: the second turn "
+                                  "recomputed the whole chat")
+        if reused < first:
+            raise SelfTestFailure(f"only {reused} prompt tokens came from the KV cache; the first "
+                                  f"turn's {first} (image included) should have")
+        self.msgs = msgs + [ChatMessage.text("assistant", res.text)]
+        return (f"follow-up: {reused} of {res.stats.prompt_tokens} prompt tokens cached, "
+                f"{len(res.token_ids)} generated{_speed(res)}")
+
+    def stop(self) -> str:
+        from ..api import ChatMessage
+
+        msgs = self.msgs + [ChatMessage.text("user", QUESTIONS[2])]
+        res = self.ask(msgs, FIRST_CHAT, max_tokens=STOP_MAX_TOKENS, stop_after=1)
+        if res.finish_reason != "cancelled":
+            raise SelfTestFailure(f"the reply was not stopped (finish reason {res.finish_reason}, "
+                                  f"{len(res.token_ids)} tokens)")
+        if not 0 < len(res.token_ids) < STOP_MAX_TOKENS:
+            raise SelfTestFailure(f"stopped after {len(res.token_ids)} of {STOP_MAX_TOKENS} tokens")
+        if res.stats.reused_tokens <= 0:
+            raise SelfTestFailure("the third turn took nothing from the KV cache")
+        self.stopped = msgs  # regenerate replaces the stopped reply
+        return f"reply stopped after {len(res.token_ids)} of {STOP_MAX_TOKENS} tokens"
+
+    def new_chat(self) -> str:
+        from ..api import ChatMessage
+
+        res = self.ask([ChatMessage.text("user", "Hello!")], SECOND_CHAT)
+        _expect_tokens(res, GEN_TOKENS, "second chat")
+        if res.stats.reused_tokens:
+            raise SelfTestFailure(f"a new chat reused {res.stats.reused_tokens} cached tokens")
+        if FIRST_CHAT not in self.state[self.key].host_kv:
+            raise SelfTestFailure("the first chat's KV cache was not kept in host memory")
+        return f"second chat: {res.stats.prompt_tokens} prompt tokens; the first chat's KV parked"
+
+    def regenerate(self) -> str:
+        res = self.ask(self.stopped, FIRST_CHAT)
+        _expect_tokens(res, GEN_TOKENS, "regenerate")
+        reused, prompt = res.stats.reused_tokens, res.stats.prompt_tokens
+        if reused <= 0:
+            raise SelfTestFailure("nothing came back from the parked KV cache")
+        return (f"stopped reply again: {reused} of {prompt} prompt tokens cached, "
+                f"{len(res.token_ids)} generated{_speed(res)}")
+
+
+def _expect_tokens(res, n: int, what: str) -> None:
+    if len(res.token_ids) != n or res.finish_reason != "length":
+        raise SelfTestFailure(f"{what}: asked for {n} tokens, got {len(res.token_ids)} "
+                              f"(finish reason {res.finish_reason})")
+
+
+def _speed(res) -> str:
+    tps = res.stats.decode_tok_s
+    return f", {tps:.0f} tok/s" if tps and math.isfinite(tps) else ""
 
 
 def add_parsers(sub) -> None:
