@@ -27,8 +27,21 @@ class SettingsDialog(QDialog):
         self.settings = settings
         self.theme_choice = theme
         self.reload_needed = False
-        s = settings.sampling
+        self._sampling_fields(settings)
+        self._loading_fields(settings)
+        folder = self._models_folder_row(settings)
+        serving = self._serving_row(settings)
+        self.error = QLabel()
+        self.error.setStyleSheet("color: #c62828;")
+        form = self._form(folder, serving, theme)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.error)
+        layout.addWidget(self._buttons(servers_dialog))
 
+    def _sampling_fields(self, settings: AppSettings) -> None:
+        """The default system prompt and how replies are sampled."""
+        s = settings.sampling
         self.system_prompt = QPlainTextEdit(settings.default_system_prompt)
         self.system_prompt.setPlaceholderText("Used by new chats; each chat can change its own.")
         self.system_prompt.setTabChangesFocus(True)
@@ -43,6 +56,9 @@ class SettingsDialog(QDialog):
         self.seed = QLineEdit("" if s.seed is None else str(s.seed))
         self.seed.setPlaceholderText("random")
         self.seed.setToolTip("A number makes replies repeatable; empty = random")
+
+    def _loading_fields(self, settings: AppSettings) -> None:
+        """Context length, device, GPU layers (applied at the next load) and CPU threads."""
         self.context_length = self._int(0, 1 << 20, settings.context_length,
                                         "KV cache length in tokens; 0 = the model's own. "
                                         "Applies at the next model load.")
@@ -62,6 +78,8 @@ class SettingsDialog(QDialog):
                                      "Threads for the layers that run on the CPU; auto = one per "
                                      "physical core. Applies at once.")
         self.cpu_threads.setSpecialValueText("auto")
+
+    def _models_folder_row(self, settings: AppSettings) -> QWidget:
         self.models_dir = QLineEdit(settings.models_dir)
         self.models_dir.setPlaceholderText("default")
         browse = QPushButton("Browse…")
@@ -71,6 +89,9 @@ class SettingsDialog(QDialog):
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.models_dir, 1)
         row.addWidget(browse)
+        return folder
+
+    def _serving_row(self, settings: AppSettings) -> QWidget:
         self.serve = QCheckBox("Serve the loaded model on localhost, port")
         self.serve.setChecked(settings.serve)
         self.serve.setToolTip("Other programs on this computer can use the loaded model through an "
@@ -83,9 +104,10 @@ class SettingsDialog(QDialog):
         row.addWidget(self.serve)
         row.addWidget(self.serve_port)
         row.addStretch(1)
-        self.error = QLabel()
-        self.error.setStyleSheet("color: #c62828;")
+        return serving
 
+    def _form(self, folder: QWidget, serving: QWidget, theme: str | None) -> QFormLayout:
+        """Every field in its row; the theme's only when the window gave one."""
         form = QFormLayout()
         form.addRow("Default &system prompt:", self.system_prompt)
         form.addRow("&Temperature:", self.temperature)
@@ -110,16 +132,16 @@ class SettingsDialog(QDialog):
             self.theme.setCurrentIndex(max(0, self.theme.findData(theme)))
             self.theme.setToolTip("Light or dark colours, or the desktop's (also in View → Theme)")
             form.addRow("Theme:", self.theme)  # its letters are all other rows' shortcuts
+        return form
+
+    def _buttons(self, servers_dialog) -> QDialogButtonBox:
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         if servers_dialog is not None:
             servers = buttons.addButton("Servers…", QDialogButtonBox.ButtonRole.ActionRole)
             servers.clicked.connect(servers_dialog)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(self.error)
-        layout.addWidget(buttons)
+        return buttons
 
     @staticmethod
     def _double(lo: float, hi: float, step: float, value: float, tip: str) -> QDoubleSpinBox:
