@@ -240,7 +240,11 @@ class ModelManagerDialog(QDialog):
         self.downloads.pair_ready.connect(self._on_pair_ready)
         self.downloads.started.connect(self._on_started)
         self.downloads.notice.connect(self.show_message)
+        self._build()
+        self._fill_and_restore(settings)
 
+    def _build(self) -> None:
+        """The tabs over the downloads, the machine line above, the message and folder below."""
         self.message = QLabel()
         self.message.setWordWrap(True)
         self.message.setTextInteractionFlags(Qt.TextSelectableByMouse)
@@ -248,23 +252,9 @@ class ModelManagerDialog(QDialog):
         self.tabs.addTab(self._build_catalog_tab(), "Recommended")
         self.tabs.addTab(self._build_search_tab(), "Search the hub")
         self.tabs.addTab(self._build_local_tab(), "On this computer")
-
-        self.downloads_box = QWidget()
-        self.downloads_layout = QVBoxLayout(self.downloads_box)
-        self.downloads_layout.addStretch(1)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setWidget(self.downloads_box)
-        scroll.setMinimumHeight(120)
-        downloads_pane = QWidget()
-        dl = QVBoxLayout(downloads_pane)
-        dl.setContentsMargins(0, 0, 0, 0)
-        dl.addWidget(QLabel("<b>Downloads</b>"))
-        dl.addWidget(scroll)
-
         split = QSplitter(Qt.Vertical)
         split.addWidget(self.tabs)
-        split.addWidget(downloads_pane)
+        split.addWidget(self._build_downloads_pane())
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 1)
 
@@ -291,6 +281,24 @@ class ModelManagerDialog(QDialog):
         layout.addWidget(self.message)
         layout.addLayout(bottom)
 
+    def _build_downloads_pane(self) -> QWidget:
+        self.downloads_box = QWidget()
+        self.downloads_layout = QVBoxLayout(self.downloads_box)
+        self.downloads_layout.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(self.downloads_box)
+        scroll.setMinimumHeight(120)
+        downloads_pane = QWidget()
+        dl = QVBoxLayout(downloads_pane)
+        dl.setContentsMargins(0, 0, 0, 0)
+        dl.addWidget(QLabel("<b>Downloads</b>"))
+        dl.addWidget(scroll)
+        return downloads_pane
+
+    def _fill_and_restore(self, settings: AppSettings | None) -> None:
+        """The lists filled, the tab and copy choice restored, offline mode's buttons off; then
+        the user's later choices kept in `settings`."""
         self.refresh_local()
         self._show_downloads()
         self._refresh_catalog_status()
