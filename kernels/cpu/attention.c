@@ -77,9 +77,11 @@ static void unit_transpose_keys(void *arg, int g) {
     for (int e = 0; e < J->d; ++e) {
         float *row = kt + (size_t)e * P->n_pad;
         if (J->kv_f16) /* converted here, once per call: the row kernel reads float32 keys */
-            TQ_KV_ROWS(uint16_t, kr, s, k16 + e, J->kr, J->blocks.k_block, &J->blocks, n) row[s] = tq_f16_to_f32(*kr);
+            TQ_KV_SPANS(uint16_t, kr, s0, len, k16 + e, J->kr, J->blocks.k_block, &J->blocks, n, INT32_MAX)
+            for (int j = 0; j < len; ++j) row[s0 + j] = tq_f16_to_f32(kr[(size_t)j * J->kr]);
         else
-            TQ_KV_ROWS(float, kr, s, k + e, J->kr, J->blocks.k_block, &J->blocks, n) row[s] = *kr;
+            TQ_KV_SPANS(float, kr, s0, len, k + e, J->kr, J->blocks.k_block, &J->blocks, n, INT32_MAX)
+            for (int j = 0; j < len; ++j) row[s0 + j] = kr[(size_t)j * J->kr];
         for (int s = n; s < P->n_pad; ++s) row[s] = 0.0f;
     }
 }
@@ -89,7 +91,7 @@ static void unit_prefill_row(void *arg, int u) {
     ac_job *J = P->J;
     const int t = J->T - 1 - u / J->n_kv, g = u % J->n_kv; /* the longest rows first: they finish last */
     float stack_scores[4096];
-    const size_t n_scores = (size_t)J->n_rep * (size_t)P->n_pad;
+    const size_t n_scores = (size_t)J->n_rep * (size_t)P->n_pad + 4 * (size_t)J->dv; /* + the value sums */
     float *scores = n_scores <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * n_scores);
     if (!scores) {
         J->failed = 1;
@@ -138,7 +140,8 @@ static void unit_decode_group(void *arg, int u) {
     const int n_keys = (int)(p + 1);
     const int n_pad = (n_keys + TQ_ATT_PAD - 1) / TQ_ATT_PAD * TQ_ATT_PAD;
     float stack_scores[4096];
-    float *scores = 4 * (size_t)n_pad <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * 4 * (size_t)n_pad);
+    const size_t n_scores = 4 * ((size_t)n_pad + (size_t)J->dv); /* the scores, then the value sums */
+    float *scores = n_scores <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * n_scores);
     if (!scores) {
         J->failed = 1;
         return;

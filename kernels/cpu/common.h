@@ -113,25 +113,41 @@ static inline size_t tq_kv_row(const tq_kv_blocks *b, size_t bs, size_t rs, int6
     return (size_t)b->table[s / b->rows] * bs + (size_t)(s % b->rows) * rs;
 }
 
-/* The one loop over a head's cached rows: for s = 0 .. n - 1 in increasing order, R (const ET *) the
- * row of position s: the blocks in table order, the rows of each block in order (so a paged cache is
- * summed exactly as the contiguous one). base: the head's rows in block 0's place; rs, bs: row and
- * block strides in elements. The statement after the macro is the body; s and R are declared here. */
-#define TQ_KV_ROWS(ET, R, s, base, rs, bs, blocks, n)                                                      \
-    for (int tq_b_ = 0, s = 0, tq_e_; s < (n); ++tq_b_)                                                     \
-        for (const ET *R = (tq_e_ = (n) - s < (blocks)->rows ? (n) : s + (blocks)->rows,                     \
+/* The one walk over a head's cached rows, for positions 0 .. n - 1 in increasing order: the blocks in
+ * table order, each cut in spans of at most `span` consecutive rows; per span R (const ET *) is its
+ * first row, s0 its first position, len its rows (so a paged cache is summed exactly as the contiguous
+ * one, whose one block is spans of the whole cache). base: the head's rows in block 0's place; rs, bs:
+ * row and block strides in elements. The statement after the macro is the body; R, s0 and len are
+ * declared here. */
+#define TQ_KV_SPANS(ET, R, s0, len, base, rs, bs, blocks, n, span)                                        \
+    for (int tq_b_ = 0, s0 = 0, len = 0, tq_e_; s0 < (n); ++tq_b_)                                          \
+        for (const ET *R = (tq_e_ = (n) - s0 < (blocks)->rows ? (n) : s0 + (blocks)->rows,                   \
                             (base) + (size_t)(blocks)->table[tq_b_] * (bs));                                 \
-             s < tq_e_; R += (rs), ++s)
+             s0 < tq_e_ && ((len = tq_e_ - s0 < (span) ? tq_e_ - s0 : (span)), 1);                           \
+             s0 += len, R += (size_t)len * (rs))
+
+/* Inside TQ_KV_SPANS (same arguments): the first row of the next span, NULL after the last: the rows a
+ * kernel prefetches while it works on this span (a block's successor is elsewhere in the pool, where
+ * the hardware's stream prefetch does not follow) */
+#define TQ_KV_NEXT_SPAN(ET, R, s0, len, base, rs, bs, blocks, n)                                           \
+    (s0 + len < tq_e_ ? R + (size_t)len * (rs)                                                              \
+                      : tq_e_ < (n) ? (base) + (size_t)(blocks)->table[tq_b_ + 1] * (bs) : (const ET *)0)
+#if defined(__GNUC__) || defined(__clang__)
+#define TQ_PREFETCH(p) __builtin_prefetch((const void *)(p))
+#else
+#define TQ_PREFETCH(p) ((void)(p))
+#endif
 
 /* The element-wise kernels (vec.inc), at the variant's vector width: */
 /* decode attention (one query row) of one KV group: its n_rep heads' rows q (d floats each) against
  * keys k + s * ks (d floats), values v + s * vs (dv floats), s < n_keys; out: n_rep rows of dv floats;
- * scores: 4 * n_pad floats, n_pad a multiple of TQ_ATT_PAD past n_keys */
+ * scores: 4 * n_pad + 4 * dv floats (the scores, then the value sums), n_pad a multiple of TQ_ATT_PAD
+ * past n_keys */
 typedef void (*tq_attn_decode_fn)(const float *q, int n_rep, int d, const float *k, size_t ks, const float *v,
                                   size_t vs, const tq_kv_blocks *kvb, int dv, int n_keys, int n_pad, float scale,
                                   float *out, float *scores);
 /* prefill attention, one query row of a KV group (as above) against its keys transposed: kt holds d
- * rows of n_pad floats, zero past n_keys; scores: n_rep * n_pad floats */
+ * rows of n_pad floats, zero past n_keys; scores: n_rep * n_pad + 4 * dv floats */
 typedef void (*tq_attn_row_fn)(const float *q, int n_rep, int d, const float *kt, int n_pad, const float *v,
                                size_t vs, const tq_kv_blocks *kvb, int dv, int n_keys, float scale, float *out,
                                float *scores);

@@ -261,7 +261,7 @@ static int check_attention(const tq_kernels *v) {
         float *q = malloc(sizeof(float) * n_rep * d), *k = malloc(sizeof(float) * ks * n_keys);
         float *vv = malloc(sizeof(float) * vs * n_keys), *og = malloc(sizeof(float) * n_rep * dv);
         const int n_pad = (n_keys + TQ_ATT_PAD - 1) / TQ_ATT_PAD * TQ_ATT_PAD;
-        float *ov = malloc(sizeof(float) * n_rep * dv), *sc = malloc(sizeof(float) * 4 * n_pad);
+        float *ov = malloc(sizeof(float) * n_rep * dv), *sc = malloc(sizeof(float) * 4 * (n_pad + dv));
         fill_x(q, (int64_t)n_rep * d), fill_x(k, (int64_t)ks * n_keys), fill_x(vv, (int64_t)vs * n_keys);
         float vmax = 0.0f;
         for (size_t i = 0; i < vs * n_keys; ++i) vmax = fabsf(vv[i]) > vmax ? fabsf(vv[i]) : vmax;
