@@ -129,6 +129,7 @@ class Conversation(QObject):
         info = self.session.engine_info
         vision = info is not None and info.has_vision
         w.unload_action.setEnabled(info is not None and not info.remote)
+        w.projector_action.setEnabled(info is not None and not info.remote)
         w.view.set_can_reply(self.session.can_reply())
         if info is None or info.remote:  # a server's context is not ours to raise
             w.view.set_context(0, info is None)

@@ -20,6 +20,14 @@ from .widgets.model_bar import device_line, device_tip
 from .worker import memory_words
 
 GGUF_FILTER = "GGUF models (*.gguf)"
+
+
+def pairing_note(model_path: str) -> str:
+    """Which projectors beside the model were refused and why ('' none), for a model that
+    loads without one (runs as a job: it reads their headers)."""
+    from ..engine.library.projector import pair_projector
+
+    return pair_projector(model_path).note
 MEMORY_REFRESH_MS = 2000
 
 
@@ -33,7 +41,14 @@ class ModelLoading(QObject):
         self.settings = window.settings
         self.worker = window.worker
         self.checking_model: str | None = None  # a picked file whose header a job is reading
-        self.load_errors: set[str] = set()  # load failures shown as chat notices
+        # What was said about the model that stops being true once another loads: load
+        # failures, a refused file ("… stays loaded"), replies that failed on this model
+        # ("more than the model's context of 256"), in the composer and as chat notices.
+        self.load_errors: set[str] = set()
+        self.session.replyFailed.connect(self.load_errors.add)
+        self.projector_note = ("", "")  # (model, why its neighbours were refused) of the load under way
+        self.projector_picker = None  # Model ▸ Projector…'s dialog while it is open
+        self.model_offer = None  # "open it as the model?" for a dropped .gguf, while it asks
         self.worker.loadProgress.connect(self.on_load_progress)
         self.worker.loaded.connect(self.on_loaded)
         self.worker.loadFailed.connect(self.on_load_failed)
@@ -78,15 +93,17 @@ class ModelLoading(QObject):
         loaded model kept. A model chosen meanwhile wins over this one."""
         self.checking_model = model_path
 
-        def check() -> tuple[str, str]:
+        def check() -> tuple[str, str, str]:
             why_not = why_not_a_model(model_path)
-            return why_not, "" if why_not else projector()
+            mmproj = "" if why_not else projector()
+            return why_not, mmproj, "" if why_not or mmproj else pairing_note(model_path)
 
         self.window.jobs.run(
             check, lambda outcome: self.checked(model_path, *outcome),
             lambda error: self.checked(model_path, f"Cannot read “{Path(model_path).name}”: {error}", ""))
 
-    def checked(self, model_path: str, why_not: str, mmproj_path: str) -> None:
+    def checked(self, model_path: str, why_not: str, mmproj_path: str, note: str = "") -> None:
+        """`note`: why the projectors beside a model that loads without one were refused."""
         if self.checking_model != model_path:
             return  # another model was chosen while this one was read
         self.checking_model = None
@@ -94,13 +111,16 @@ class ModelLoading(QObject):
             info = self.session.engine_info
             if info is not None:
                 why_not += f" {Path(info.model_path).name if not info.remote else info.description} stays loaded."
+            self.load_errors.add(why_not)
             self.window.composer.show_message(why_not)
             return
         self.start_load(model_path, mmproj_path)
+        self.projector_note = (model_path, note)
 
     def start_load(self, model_path: str, mmproj_path: str) -> None:
         w = self.window
         self.checking_model = None
+        self.projector_note = ("", "")
         if self.session.pending is not None:
             self.session.pending.cancel.set()
         self.session.loading = str(model_path)
@@ -121,9 +141,63 @@ class ModelLoading(QObject):
         path, _ = QFileDialog.getOpenFileName(self.window, "Open a GGUF model", start, GGUF_FILTER)
         if path:
             self.window.conversation.remember_folder("models", path)
-            from ..engine.library.projector import find_projector
+            self.open_as_model(path)
 
-            self.check_then_load(path, lambda: str(find_projector(path) or ""))
+    def open_as_model(self, path: str) -> None:
+        """Load `path` with the projector the pairing rule finds beside it (the refused ones
+        named when it loads)."""
+        from ..engine.library.projector import find_projector
+
+        self.check_then_load(path, lambda: str(find_projector(path) or ""))
+
+    def offer_model_file(self, path: str) -> None:
+        """A .gguf dropped on the window: ask whether to load it as the model."""
+        from PySide6.QtWidgets import QMessageBox
+
+        box = QMessageBox(QMessageBox.Icon.Question, "Open as the model?",
+                          f"{Path(path).name} is a model file, not an image. Load it as the model?",
+                          QMessageBox.StandardButton.Open | QMessageBox.StandardButton.Cancel, self.window)
+        box.setDefaultButton(QMessageBox.StandardButton.Open)
+        box.finished.connect(lambda result: self._offer_answered(path, result))
+        self.model_offer = box
+        box.open()
+
+    def _offer_answered(self, path: str, result: int) -> None:
+        from PySide6.QtWidgets import QMessageBox
+
+        self.model_offer = None
+        if result == QMessageBox.StandardButton.Open:
+            self.window.conversation.remember_folder("models", path)
+            self.open_as_model(path)
+
+    def choose_projector(self) -> None:
+        """Model ▸ Projector…: the projectors that fit the loaded model (read off the UI
+        thread), or none; the model loads again with the one chosen."""
+        info = self.session.engine_info
+        if info is None or info.remote or self.projector_picker is not None:
+            return
+        from ..engine.library.projector import projector_choices
+
+        model = info.model_path
+        self.window.jobs.run(lambda: projector_choices(model), lambda choices: self._pick_projector(model, choices),
+                             self.window.conversation.show_status)
+
+    def _pick_projector(self, model: str, choices: list) -> None:
+        from .widgets.projector_picker import ProjectorPicker
+
+        info = self.session.engine_info
+        if info is None or info.model_path != model:
+            return  # another model was loaded meanwhile
+        picker = ProjectorPicker(model, info.mmproj_path, choices, self.window)
+        picker.accepted.connect(lambda: self._projector_chosen(model, picker.chosen()))
+        picker.finished.connect(lambda _result: setattr(self, "projector_picker", None))
+        self.projector_picker = picker
+        picker.open()
+
+    def _projector_chosen(self, model: str, mmproj: str) -> None:
+        info = self.session.engine_info
+        if info is not None and info.model_path == model and info.mmproj_path != mmproj:
+            self.start_load(model, mmproj)  # chosen by hand: no note about the neighbours
 
     def unload_model(self) -> None:
         info = self.session.engine_info
@@ -154,6 +228,11 @@ class ModelLoading(QObject):
         if not info.remote:
             self.settings.last_model = (info.model_path, info.mmproj_path)
         w.model_bar.show_info(info)
+        noted_model, note = self.projector_note
+        self.projector_note = ("", "")
+        if note and noted_model == info.model_path and not info.mmproj_path:
+            w.model_bar.show_projector_note(note)
+            w.statusBar().showMessage(note, 30000)
         w.conversation.update_context_meter()
         # What was said about the missing model (no model, no projector, a failed load) is no
         # longer true: in the composer and in every chat.

@@ -217,6 +217,7 @@ class MainWindow(QMainWindow):
         self.stack.addWidget(self.view)
 
         self.composer = Composer()
+        self.composer.modelFileOffered.connect(self.model_loading.offer_model_file)
         self.composer.start_folder = self.settings.last_folder("images")
         self.composer.folderUsed.connect(lambda folder: self.conversation.remember_folder("images", folder))
         self.composer.sendRequested.connect(self.replies.send)
@@ -291,6 +292,9 @@ class MainWindow(QMainWindow):
         action(model, "&Open GGUF file…", self.model_loading.open_model_file, "Ctrl+O")
         self.unload_action = action(model, "&Unload", self.model_loading.unload_model)
         self.unload_action.setEnabled(False)
+        self.projector_action = action(model, "&Projector…", self.model_loading.choose_projector,
+                                       tip="Choose or change the loaded model's vision projector, or none")
+        self.projector_action.setEnabled(False)
 
         view = self.menuBar().addMenu("&View")
         zoom = self.appearance.zoom

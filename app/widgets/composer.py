@@ -194,6 +194,7 @@ class Composer(QFrame):
     stopRequested = Signal()
     regenerateRequested = Signal()
     folderUsed = Signal(str)  # the folder images were attached from (file dialogs start there)
+    modelFileOffered = Signal(str)  # a .gguf dropped or chosen: the window offers to load it
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -357,8 +358,11 @@ class Composer(QFrame):
     def add_files(self, paths: list[str]) -> int:
         """Attach image files; returns how many were accepted. Errors are shown, joined."""
         errors, added = [], 0
+        models = [path for path in paths if Path(path).suffix.lower() == ".gguf" and Path(path).is_file()]
         for path in paths:
             p = Path(path)
+            if path in models:
+                continue  # a model, not an image: offered as the model (modelFileOffered)
             try:
                 if p.is_dir():
                     raise AttachmentError(f"{p.name}: is a folder, not an image")
@@ -380,6 +384,8 @@ class Composer(QFrame):
             self.show_message("\n".join(errors))
         elif added:
             self.show_message("")
+        if models:
+            self.modelFileOffered.emit(models[0])  # one model at a time
         return added
 
     def add_mime(self, mime: QMimeData) -> int:

@@ -150,10 +150,17 @@ class ModelBar(QFrame):
         self.unload_button.setEnabled(True)
         self.unload_button.setToolTip("Free the memory the model uses")
 
+    def show_projector_note(self, note: str) -> None:
+        """The model loaded without vision because the projectors beside it do not fit it:
+        which, and why, in the "text only" chip's tooltip."""
+        self.projector_label.setToolTip(f"{note}\n{NO_VISION_HINT}")
+        self.projector_label.setAccessibleDescription(note)
+
     def _clear_badges(self) -> None:
         """No model's quant, projector chip, device line or context meter."""
         self.projector_label.setText("")
         self.projector_label.setToolTip("")
+        self.projector_label.setAccessibleDescription("")
         self.projector_label.hide()
         self.device_label.setText("")
         self.device_label.setToolTip("")
