@@ -589,10 +589,12 @@ class DecodeLayers:
     trusts; the tensors are held so that the pointers stay valid. `layers`: per layer
     (attn_norm, ffn_norm, plans, k_cache, v_cache) with `plans` the 7 (ggml_type, pointer, row
     bytes, out_features, in_features) of q, k, v, o, gate, up, down, caches (n_kv_heads,
-    capacity, d / dv) with contiguous rows, every layer's float32 or every layer's float16."""
+    capacity, d / dv) with contiguous rows, every layer's float32 or every layer's float16.
+    block_size: the caches are pools (n_blocks, n_kv_heads, block_size, d / dv) instead (paged KV,
+    every layer's of n_blocks blocks), and each run reads and writes them through a block table."""
 
     def __init__(self, layers, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
-                 eps: float, scale: float | None = None, keep=()):
+                 eps: float, scale: float | None = None, keep=(), block_size: int | None = None):
         if not layers or n_heads % n_kv_heads or head_dim % 2:
             raise ValueError("DecodeLayers: no layers, or heads not a multiple of the KV heads, or odd head_dim")
         ffn = layers[0][2][4][3]
@@ -608,29 +610,43 @@ class DecodeLayers:
             if len(plans) != 7 or [(p[3], p[4]) for p in plans] != want:
                 raise ValueError(f"DecodeLayers: layer {i}'s weights are {[(p[3], p[4]) for p in plans]}, "
                                  f"expected (out, in) {want}")
+            paged = block_size is not None  # a pool's dims: (n_blocks, heads, B, d); a cache's: (heads, capacity, d)
             for cache, dd in ((k_cache, head_dim), (v_cache, v_head_dim)):
-                if (cache.dtype != kv_dtype or kv_dtype not in KV_ELEM_SIZES or cache.dim() != 3
-                        or cache.shape[0] != n_kv_heads or cache.shape[2] != dd or cache.stride(2) != 1 or cache.device.type != "cpu"):
+                head, rows = cache.shape[paged:2 + paged] if cache.dim() == 3 + paged else (None, None)
+                if (cache.dtype != kv_dtype or kv_dtype not in KV_ELEM_SIZES or cache.dim() != 3 + paged
+                        or head != n_kv_heads or cache.shape[-1] != dd or cache.stride(-1) != 1
+                        or cache.device.type != "cpu" or (paged and (rows != block_size
+                                                                     or cache.shape[0] != layers[0][3].shape[0]))):
+                    shape = f"(n_blocks, {n_kv_heads}, {block_size}, {dd})" if paged else f"({n_kv_heads}, capacity, {dd})"
                     raise ValueError(f"DecodeLayers: layer {i}'s KV cache must be {kv_dtype} (float32 or float16) "
-                                     f"({n_kv_heads}, capacity, {dd}) with contiguous rows, like layer 0's")
-            cap = min(k_cache.shape[1], v_cache.shape[1])
+                                     f"{shape} with contiguous rows, like layer 0's")
+            cap = min(k_cache.shape[1], v_cache.shape[1]) if not paged else k_cache.shape[0] * block_size
             capacity = cap if capacity is None else min(capacity, cap)
             row = [attn_norm.data_ptr(), ffn_norm.data_ptr()]
             for p in plans:
                 row += [p[0], p[1], p[2], p[3]]
-            row += [k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
-                    v_cache.stride(0), v_cache.stride(1)]
+            ks, vs = k_cache.stride(), v_cache.stride()
+            row += [k_cache.data_ptr(), v_cache.data_ptr(), *ks[paged:2 + paged], *vs[paged:2 + paged],
+                    ks[0] if paged else 0, vs[0] if paged else 0]
             table[i] = torch.tensor(row, dtype=torch.int64)
         self.table, self.n_layers, self.capacity, self.hidden = table, len(layers), capacity, hidden
+        self.block_size, self.n_blocks = block_size, (layers[0][3].shape[0] if block_size is not None else None)
         self._dims = (hidden, n_heads, n_kv_heads, head_dim, v_head_dim, ffn, float(eps),
                       float(scale if scale is not None else head_dim ** -0.5), KV_ELEM_SIZES[kv_dtype])
         self._keep = (layers, keep)  # the norms, caches and weights the table points into
 
     def run(self, x: torch.Tensor, pos: int, cos_q: torch.Tensor, sin_q: torch.Tensor, cos_k: torch.Tensor,
-            sin_k: torch.Tensor) -> torch.Tensor:
+            sin_k: torch.Tensor, block_table: torch.Tensor | None = None) -> torch.Tensor:
         """x (1, hidden) float32 at position pos (its K/V written there) -> the row after the layers
-        (a new tensor). RoPE tables (positions, head_dim) contiguous float32; row pos is used."""
+        (a new tensor). RoPE tables (positions, head_dim) contiguous float32; row pos is used.
+        block_table: the sequence's blocks in the pools (int32 (M,)), when made with block_size."""
         d = self._dims[3]
+        if (block_table is None) != (self.block_size is None):
+            raise ValueError("DecodeLayers: a block table goes with pools (block_size), and only with them")
+        paged = []
+        if block_table is not None:
+            table = _block_table(block_table, 1, "DecodeLayers")
+            paged = [table.data_ptr(), table.numel(), self.block_size, self.n_blocks]
         if not 0 <= pos < self.capacity:
             raise ValueError(f"DecodeLayers: position {pos} outside the KV cache's {self.capacity}")
         for t in (cos_q, sin_q, cos_k, sin_k):
@@ -641,5 +657,5 @@ class DecodeLayers:
         x = x.contiguous().clone()
         off = pos * d * 4
         _cpu.decode_layers(self.table.data_ptr(), self.n_layers, x.data_ptr(), pos, cos_q.data_ptr() + off,
-                           sin_q.data_ptr() + off, cos_k.data_ptr() + off, sin_k.data_ptr() + off, *self._dims)
+                           sin_q.data_ptr() + off, cos_k.data_ptr() + off, sin_k.data_ptr() + off, *self._dims, *paged)
         return x

@@ -24,10 +24,12 @@ static void dl_job(mm_job *J, const int64_t *row, int w, const float *x, int64_t
     J->ldy = (size_t)p[3];
 }
 
-/* x (hidden floats) in place through n_layers, the caches float32 or (kv_f16) binary16; -1: no memory.
+/* x (hidden floats) in place through n_layers, the caches float32 or (kv_f16) binary16, contiguous or
+ * pools read through `blocks`; -1: no memory.
  * The caller holds the call lock. */
 int run_decode_layers(const int64_t *table, int n_layers, float *x, ptrdiff_t pos, const float *tab[4],
-                      int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale, int kv_f16) {
+                      int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale, int kv_f16,
+                      tq_kv_blocks blocks) {
     const size_t need = (size_t)hq * d + (size_t)hkv * (d + dv) + (size_t)hq * dv + 3 * (size_t)ffn + (size_t)hidden;
     if (need * sizeof(float) > dl_size) {
         free(dl_buf);
@@ -42,10 +44,12 @@ int run_decode_layers(const int64_t *table, int n_layers, float *x, ptrdiff_t po
         mm_job J[3];
         for (int w = 0; w < 3; ++w) dl_job(&J[w], row, DL_Q + w, x, hidden, w == 0 ? q : w == 1 ? k : v);
         if (run_norm_matmuls(x, (const float *)(uintptr_t)row[DL_ATTN_NORM], eps, 1, hidden, J, 3, 0)) return -1;
+        blocks.k_block = (size_t)row[DL_KB];
+        blocks.v_block = (size_t)row[DL_VB];
         rkv_job R = {q, k, v, tab[0], tab[1], tab[2], tab[3], (void *)(uintptr_t)row[DL_KC],
                      (void *)(uintptr_t)row[DL_VC], 1, hq, hkv, d, dv, 1, (size_t)hq * d, (size_t)hkv * d,
                      (size_t)hkv * dv, (size_t)row[DL_KH], (size_t)row[DL_KR], (size_t)row[DL_VH], (size_t)row[DL_VR], pos,
-                     kv_f16, TQ_ONE_BLOCK, NULL, 0};
+                     kv_f16, blocks, NULL, 0};
         pool_for(unit_rope_kv, &R, 1);
         ac_job A = {q, R.kc, R.vc, o, 1, hkv, hq / hkv, d, dv, (size_t)hq * d, (size_t)hq * dv,
                     R.kh, R.kr, R.vh, R.vr, pos, scale, 0, kv_f16, R.blocks, NULL, 0, 1};

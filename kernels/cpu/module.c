@@ -810,15 +810,17 @@ static PyObject *py_matmul_add(PyObject *self, PyObject *const *args, Py_ssize_t
 
 PyDoc_STRVAR(decode_layers_doc,
              "decode_layers(table_ptr, n_layers, x_ptr, pos, cos_q, sin_q, cos_k, sin_k, hidden, n_heads, n_kv_heads, "
-             "d, dv, ffn, eps, scale[, kv_elem_size])\n"
+             "d, dv, ffn, eps, scale[, kv_elem_size[, block_table, table_len, block_rows, n_blocks]])\n"
              "One token's hidden row (float32, in place) through n_layers pre-norm layers whose pointers are the "
              "int64 table's rows (cpu_native.DecodeLayers builds and checks it; the kernel trusts it). Tables: the "
-             "RoPE rows of position pos (d floats each).");
+             "RoPE rows of position pos (d floats each). The paged tail: every layer's caches are pools of "
+             "n_blocks blocks of block_rows rows (block strides in the layer rows), read and written through the "
+             "sequence's int32 block table.");
 
 static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 16 && nargs != 17) {
-        PyErr_SetString(PyExc_TypeError, "decode_layers takes 16 or 17 arguments");
+    if (nargs != 16 && nargs != 17 && nargs != 21) {
+        PyErr_SetString(PyExc_TypeError, "decode_layers takes 16, 17 or 21 arguments");
         return NULL;
     }
     int kv_f16;
@@ -839,12 +841,27 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_ValueError, "decode_layers: inconsistent sizes or null pointers");
         return NULL;
     }
+    tq_kv_blocks blocks = TQ_ONE_BLOCK;
+    if (nargs == 21) {
+        void *t;
+        Py_ssize_t b[3];
+        if (get_ptr(args[17], &t)) return NULL;
+        for (int i = 0; i < 3; ++i)
+            if (get_ssize(args[18 + i], &b[i])) return NULL;
+        if (!t || b[0] < 1 || b[1] < 1 || b[1] > INT32_MAX || b[2] < 1) {
+            PyErr_SetString(PyExc_ValueError, "decode_layers: null block table or inconsistent block sizes");
+            return NULL;
+        }
+        blocks.table = (const int32_t *)t;
+        blocks.rows = (int)b[1];
+        if (check_table(&blocks, b[0], b[2], pos + 1, "decode_layers")) return NULL;
+    }
     const float *tab[4] = {(const float *)p[2], (const float *)p[3], (const float *)p[4], (const float *)p[5]};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     LOCK_CALLS();
     rc = run_decode_layers((const int64_t *)p[0], (int)n_layers, (float *)p[1], pos, tab, (int)s[0], (int)s[1],
-                           (int)s[2], (int)s[3], (int)s[4], (int)s[5], (float)eps, (float)scale, kv_f16);
+                           (int)s[2], (int)s[3], (int)s[4], (int)s[5], (float)eps, (float)scale, kv_f16, blocks);
     release_temp();
     UNLOCK_CALLS();
     Py_END_ALLOW_THREADS

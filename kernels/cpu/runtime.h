@@ -146,10 +146,14 @@ enum {
     DL_ATTN_NORM, DL_FFN_NORM,
     DL_W, /* 7 weights (q, k, v, o, gate, up, down) of 4: ggml type, pointer, row bytes, rows */
     DL_KC = DL_W + 28, DL_VC, DL_KH, DL_KR, DL_VH, DL_VR, /* caches: pointers, head and row strides (elements) */
+    DL_KB, DL_VB, /* the caches' block strides (elements; 0 for a contiguous cache) */
     DL_FIELDS
 };
+/* blocks: the sequence's block table and rows per block (every layer's pools alike; the block strides
+ * come from each layer's row), TQ_ONE_BLOCK for contiguous caches */
 int run_decode_layers(const int64_t *table, int n_layers, float *x, ptrdiff_t pos, const float *tab[4],
-                      int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale, int kv_f16);
+                      int hidden, int hq, int hkv, int d, int dv, int ffn, float eps, float scale, int kv_f16,
+                      tq_kv_blocks blocks);
 
 /* ------------------------------------------------------------------------------ repack.c */
 void repack_rows(tq_repack_fn fn, const uint8_t *src, size_t src_stride, int n_rows, int nb, uint8_t *dst,

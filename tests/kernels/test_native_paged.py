@@ -226,3 +226,51 @@ def test_paged_calls_refuse_what_does_not_fit():
     with pytest.raises(ValueError, match="not a block of the pool"):
         cpu_native.paged_rope_kv_write(q, k, v, *_rope_tables(g, 3, 32), k_pool, v_pool,
                                        torch.tensor([0, 9], dtype=torch.int32), 15, 16)
+
+
+def _f32_plan(g, out_features, in_features, keep):
+    """A float32 weight as DecodeLayers takes it: (ggml type, pointer, row bytes, out, in)."""
+    from tramontane.kernels import ggml_types as gt
+
+    w = torch.randn(out_features, in_features, generator=g) * in_features ** -0.5
+    keep.append(w)
+    return (gt.F32, w.data_ptr(), in_features * 4, out_features, in_features)
+
+
+@pytest.mark.cpu_variants
+@pytest.mark.parametrize("dtype", KV_DTYPES)
+def test_paged_decode_layers_are_the_contiguous_steps(cpu_variant, dtype):
+    """The whole-step decode over pools and a block table: every step's hidden row and every written
+    K/V row bit for bit the contiguous DecodeLayers', across block edges (B = 16, positions 0..40)."""
+    cpu_native.set_threads(2)
+    g = torch.Generator().manual_seed(8)
+    hidden, H, hkv, d, ffn, B, n_pos = 64, 8, 2, 16, 96, 16, 41
+    keep = []
+    shapes = [(H * d, hidden), (hkv * d, hidden), (hkv * d, hidden), (hidden, H * d), (ffn, hidden), (ffn, hidden),
+              (hidden, ffn)]
+    n_blocks = (n_pos + B - 1) // B + 2
+    table = _table(g, n_blocks, n_blocks - 1)
+    contig, paged, pools = [], [], []
+    for _ in range(2):
+        plans = [_f32_plan(g, o, i, keep) for o, i in shapes]
+        norms = (1 + 0.1 * torch.randn(hidden, generator=g), 1 + 0.1 * torch.randn(hidden, generator=g))
+        caches = [torch.zeros(hkv, n_pos, d, dtype=dtype) for _ in range(2)]
+        layer_pools = list(_pools(g, n_blocks, hkv, B, d, d, dtype))
+        contig.append((*norms, plans, *caches))
+        paged.append((*norms, plans, *layer_pools))
+        pools.append((caches, layer_pools))
+    step_c = cpu_native.DecodeLayers(contig, hidden, H, hkv, d, d, 1e-5)
+    step_p = cpu_native.DecodeLayers(paged, hidden, H, hkv, d, d, 1e-5, block_size=B)
+    tabs = [torch.randn(n_pos, d, generator=g) for _ in range(4)]
+    for pos in range(n_pos):
+        x = torch.randn(1, hidden, generator=g)
+        want = step_c.run(x, pos, *tabs)
+        got = step_p.run(x, pos, *tabs, block_table=table)
+        assert torch.equal(got, want), (pos, float((got - want).abs().max()))
+    for caches, layer_pools in pools:
+        for cache, pool in zip(caches, layer_pools):
+            assert torch.equal(_gather(pool, table, n_pos), cache)
+    with pytest.raises(ValueError, match="block table"):
+        step_p.run(x, 3, *tabs)
+    with pytest.raises(ValueError, match="not a block of the pool"):
+        step_p.run(x, 3, *tabs, block_table=torch.full((4,), n_blocks, dtype=torch.int32))
