@@ -114,3 +114,48 @@ def find_models(places: list[tuple[str, Path]], skip: set[Path] = frozenset()) -
                 if len(found) >= MAX_FILES:
                     return found
     return found
+
+
+def _folder_labels(path: Path) -> list[str]:
+    """The folders above a file, nearest first, as a person would tell them apart: a Hugging
+    Face snapshot (models--org--name/snapshots/<hash>/) is its repository, "org/name"."""
+    parents = list(path.parents)[:-1]  # not the root
+    labels = [p.name for p in parents]
+    if len(parents) >= 3 and parents[1].name == "snapshots" and parents[2].name.startswith("models--"):
+        repo = parents[2].name[len("models--"):].replace("--", "/")
+        labels = [repo] + labels[3:]
+    return labels
+
+
+def distinct_names(rows: list[tuple[str, Path]]) -> list[str]:
+    """The names to list (name, file) rows by, each told apart from the others of the same
+    name by the nearest folders that differ ("model.gguf — org/name"), whole, never cut."""
+    out = [name for name, _path in rows]
+    by_name: dict[str, list[int]] = {}
+    for i, (name, _path) in enumerate(rows):
+        by_name.setdefault(name, []).append(i)
+    for name, indexes in by_name.items():
+        if len(indexes) < 2:
+            continue
+        labels = {i: _folder_labels(rows[i][1]) for i in indexes}
+
+        def chain(i: int, depth: int) -> str:
+            return "/".join(reversed(labels[i][:depth]))
+
+        for i in indexes:  # each as few folders as tell it from the others of its name
+            depth = next((k for k in range(1, len(labels[i]) + 1)
+                          if all(chain(i, k) != chain(j, k) for j in indexes if j != i)), len(labels[i]))
+            out[i] = f"{name} — {chain(i, depth)}" if depth else name
+    return out
+
+
+def looked_in_words(models_dir: Path | None, places: list[tuple[str, Path]]) -> str:
+    """Where models were looked for, for an empty list: "No GGUF models found. Looked in the
+    models folder (…), Downloads (…), …"."""
+    seen, parts = set(), []
+    for what, folder in ([("the models folder", models_dir)] if models_dir else []) + list(places):
+        if folder in seen:
+            continue
+        seen.add(folder)
+        parts.append(f"{what} ({folder})")
+    return "No GGUF models found. Looked in " + ", ".join(parts) + "." if parts else "No GGUF models found."

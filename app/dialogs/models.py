@@ -36,7 +36,7 @@ from ...engine.library.sizes import size_text
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
-from ..model_places import find_models, shown_name, usual_places
+from ..model_places import distinct_names, find_models, looked_in_words, shown_name, usual_places
 from ..widgets.model_bar import quant_of
 from ..config import AppSettings
 
@@ -612,9 +612,15 @@ class ModelManagerDialog(QDialog):
         buttons.addStretch(1)
         for b in (self.local_refresh, self.local_open, self.local_delete, self.local_load):
             buttons.addWidget(b)
+        # An empty list says where it looked (once the other apps' places have been read).
+        self.local_empty = QLabel()
+        self.local_empty.setWordWrap(True)
+        self.local_empty.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.local_empty.hide()
         w = QWidget()
         layout = QVBoxLayout(w)
         layout.addWidget(self.local_table)
+        layout.addWidget(self.local_empty)
         layout.addLayout(buttons)
         return w
 
@@ -623,6 +629,7 @@ class ModelManagerDialog(QDialog):
         or deleted since the dialog opened shows up or goes)."""
         self._looked_elsewhere = False
         self._found = []
+        self.local_empty.hide()
         self.refresh_local()
 
     def refresh_local(self) -> None:
@@ -645,11 +652,13 @@ class ModelManagerDialog(QDialog):
                 shown[m.path] = name
         t = self.local_table
         t.setRowCount(0)
-        for m in self.local_models:
+        # two "model.gguf" (two Hugging Face snapshots) told apart by their folders, whole
+        names = distinct_names([(shown.get(m.path, m.path.name), m.path) for m in self.local_models])
+        for m, name in zip(self.local_models, names):
             row = t.rowCount()
             t.insertRow(row)
             loaded = m.path == self.loaded_model
-            t.setItem(row, 0, _item(shown.get(m.path, m.path.name) + ("  (loaded)" if loaded else ""), m))
+            t.setItem(row, 0, _item(name + ("  (loaded)" if loaded else ""), m))
             t.setItem(row, 1, _item("projector" if m.is_projector else "model"))
             t.setItem(row, 2, _item(m.architecture or ("unreadable" if m.error else "?")))
             # The file's own name says Q4_K_M; the header's commonest type only Q4_K.
@@ -683,6 +692,8 @@ class ModelManagerDialog(QDialog):
         self._found = found
         if found:
             self.refresh_local()
+        self.local_empty.setText(looked_in_words(Path(self.models_dir) if self.models_dir else None, usual_places()))
+        self.local_empty.setVisible(not self.local_models)
 
     def set_loaded_model(self, path: str | None) -> None:
         """Mark another model as the loaded one (or none)."""

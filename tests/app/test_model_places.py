@@ -82,3 +82,89 @@ def test_a_blob_pulled_from_a_user_namespace_keeps_the_namespace(tmp_path):
     moved.parent.mkdir(parents=True)
     path.rename(moved)
     assert ollama_name(blob) == "someone/ministral-3-gguf:Q4_K_M"
+
+
+def test_two_files_of_the_same_name_are_told_apart_by_their_folders(tmp_path):
+    """Issue 35, item 8: two rows both "model.gguf", the folder cut in the middle."""
+    from tramontane.app.model_places import distinct_names
+
+    hub = tmp_path / "hub"
+    a = hub / "models--org--tiny" / "snapshots" / "abc" / "model.gguf"
+    b = hub / "models--org--small" / "snapshots" / "def" / "model.gguf"
+    c = tmp_path / "Downloads" / "one" / "x" / "model.gguf"
+    d = tmp_path / "Downloads" / "two" / "x" / "model.gguf"
+    rows = [("model.gguf", a), ("model.gguf", b), ("other.gguf", c), ("model.gguf", c), ("model.gguf", d)]
+    assert distinct_names(rows) == ["model.gguf — org/tiny", "model.gguf — org/small", "other.gguf",
+                                    "model.gguf — one/x", "model.gguf — two/x"]
+    assert distinct_names([("llama3:8b", a)]) == ["llama3:8b"]  # alone: as it is
+
+
+def test_an_empty_list_says_where_it_looked(tmp_path):
+    from tramontane.app.model_places import looked_in_words
+
+    home = tmp_path / "home"
+    places = usual_places(home=home, env={})
+    words = looked_in_words(tmp_path / "models", places)
+    assert words.startswith(f"No GGUF models found. Looked in the models folder ({tmp_path / 'models'}), "
+                            f"Downloads ({home / 'Downloads'}), the Hugging Face cache (")
+    for what, folder in places:
+        assert f"{what} ({folder})" in words
+    assert looked_in_words(None, []) == "No GGUF models found."
+
+
+@pytest.fixture
+def models_dialog(qtbot, tmp_path, monkeypatch):
+    """The real Models dialog on its local tab, looking in `places` (set before it opens)."""
+    pytest.importorskip("pytestqt")
+    from support.fakehub import FakeHub, tiny_repos
+
+    from tramontane.app.dialogs.models import ModelManagerDialog
+    from tramontane.engine.library.catalog import parse_catalog
+    from tramontane.engine.library.hub import Hub
+
+    def open_with(*places):
+        monkeypatch.setenv("TRAMONTANE_MODEL_PLACES", os.pathsep.join(map(str, places)))
+        hub = stack.enter_context(FakeHub(tiny_repos(tmp_path / "src")))
+        dlg = ModelManagerDialog(tmp_path / "models", hub=Hub(endpoint=hub.endpoint, token=False),
+                                 catalog=parse_catalog({"models": []}))
+        qtbot.addWidget(dlg)
+        dlg.show()
+        dlg.tabs.setCurrentIndex(2)
+        opened.append(dlg)
+        return dlg
+
+    import contextlib
+
+    opened: list = []
+    with contextlib.ExitStack() as stack:
+        yield open_with
+        for dlg in opened:
+            dlg.close()
+
+
+def test_the_models_dialog_tells_two_snapshots_model_gguf_apart(qtbot, tmp_path, models_dialog):
+    hub = tmp_path / "hub"
+    for repo in ("models--org--tiny", "models--org--small"):
+        snapshot = hub / repo / "snapshots" / "abc"
+        snapshot.mkdir(parents=True)
+        shutil.copyfile(MODEL, snapshot / "model.gguf")
+    dlg = models_dialog(hub)
+    table = dlg.local_table
+
+    def names():
+        return sorted(table.item(r, 0).text() for r in range(table.rowCount()))
+
+    qtbot.waitUntil(lambda: table.rowCount() == 2, timeout=30000)
+    assert names() == ["model.gguf — org/small", "model.gguf — org/tiny"]
+    assert not dlg.local_empty.isVisible()
+
+
+def test_the_models_dialog_says_where_it_looked_when_it_found_nothing(qtbot, tmp_path, models_dialog):
+    from tramontane.app.model_places import looked_in_words
+
+    nowhere = tmp_path / "Downloads"
+    dlg = models_dialog(nowhere)
+    qtbot.waitUntil(dlg.local_empty.isVisible, timeout=30000)
+    assert dlg.local_table.rowCount() == 0
+    assert dlg.local_empty.text() == looked_in_words(tmp_path / "models", [("elsewhere", nowhere)])
+    assert str(nowhere) in dlg.local_empty.text() and str(tmp_path / "models") in dlg.local_empty.text()
