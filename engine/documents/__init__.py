@@ -1,2 +1,2 @@
-"""Documents in the chat (issue 37): text from PDF and plain-text files, bounded in bytes, pages
-and time, with one-sentence errors (`extract.py`)."""
+"""Documents in the chat (issue 37): text out of PDF, Word, HTML, CSV, Markdown, text and source
+files, bounded in bytes, pages and time, with one-sentence errors (`extract.py`)."""
