@@ -80,6 +80,7 @@ class Conversation(QObject):
             live = self.session.live_stats.get(last.id)
             used = context_used(live if live is not None else last, size)
         self.window.model_bar.show_context(used, size)
+        self.window.composer.set_context_room(size - used if size else None)
 
     def show_empty_state(self) -> None:
         w, info, loading = self.window, self.session.engine_info, self.session.loading
@@ -140,9 +141,17 @@ class Conversation(QObject):
             w.composer.set_vision(False, "The model is still loading")
         else:
             w.composer.set_vision(vision, "" if vision else NO_VISION_HINT)
+        w.composer.set_image_geometry(info.image_geometry if info is not None else None)
         if w.stack.currentWidget() is w.empty:
             self.show_empty_state()
         w.tools_switch.update()
+
+    @Slot(int, int)
+    def on_images_reading(self, request_id: int, count: int) -> None:
+        """The reply being written in the chat on screen reads its images first."""
+        p = self.session.pending
+        if p is not None and p.request_id == request_id and p.chat_id == self.session.current_chat_id:
+            self.window.view.show_images_reading(count)
 
     @Slot(object)
     def on_chat_changed(self, chat_id) -> None:

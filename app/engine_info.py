@@ -22,3 +22,6 @@ class EngineInfo:
     remote: bool = False
     placement: str = ""  # where the layers run, e.g. "34 of 40 layers on GPU, 6 on CPU"
     split: bool = False  # some layers on a GPU, some on the CPU
+    # the vision tower's (image_size, patch_size, merge): what an image costs in tokens
+    # (composer chips); None without a projector or on a server
+    image_geometry: tuple[int, int, int] | None = None

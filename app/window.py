@@ -207,6 +207,7 @@ class MainWindow(QMainWindow):
         self.view.branchRequested.connect(self.chats.branch_at)
         self.view.versionRequested.connect(self.session.show_version)
         self.session.promptRead.connect(self.view.show_prompt_progress)
+        self.worker.imagesReading.connect(self.conversation.on_images_reading)
         self.view.tool_waiting = self.tools.waiting
         self.view.toolDecided.connect(self.tools.answer)
         self.empty = EmptyState()

@@ -111,6 +111,7 @@ def memory_words(device: str) -> str:
 def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context_asked: int = 0) -> EngineInfo:
     device = engine.device_kind
     plan = engine.placement
+    vision = getattr(engine, "vision", None)  # a local engine's tower; a server has none to read
     return EngineInfo(
         description=engine.description,
         has_vision=bool(engine.has_vision),
@@ -124,7 +125,18 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
         remote=device == "remote",
         placement=str(plan.get("summary", "")),
         split=bool(plan.get("gpu_layers")) and bool(plan.get("cpu_layers")),
+        image_geometry=(int(vision.image_size), int(vision.patch_size), int(vision.merge)) if vision is not None else None,
     )
+
+
+def new_images(messages) -> int:
+    """The images of the turn being answered (after the last reply): the ones the vision tower
+    reads before the prompt (earlier turns' are in the KV cache or the tower's own cache)."""
+    from ..engine.api import ImagePart
+
+    last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+    parts = [m.parts if isinstance(m.parts, list) else [m.parts] for m in messages[last_reply + 1:]]
+    return sum(isinstance(part, ImagePart) for turn in parts for part in turn)
 
 
 def can_grow_context(context_size: int, context_limit: int) -> bool:
@@ -173,6 +185,7 @@ class EngineWorker(QObject):
     finished = Signal(int, object)  # request id, GenerationResult (stats inside)
     failed = Signal(int, str)  # request id, readable message
     promptProgress = Signal(int, int, int)  # request id, prompt tokens read, of how many (before the first piece)
+    imagesReading = Signal(int, int)  # request id, images of the new turn the vision tower reads first
 
     # -- requests, queued into the worker thread ---------------------------------------------
     _loadRequested = Signal(str, str, str, int, int)  # model, mmproj ('' none), device, context (0 default), GPU layers (-1 auto)
@@ -409,6 +422,10 @@ class EngineWorker(QObject):
         def on_prompt_progress(read: int, total: int) -> None:
             self.promptProgress.emit(rid, int(read), int(total))
 
+        images = new_images(req.messages) if getattr(self.engine, "vision", None) is not None else 0
+        if images:  # encoded before the prompt is read: minutes on a CPU for large photos
+            self.imagesReading.emit(rid, images)
+
         def new_reply(reply_id: int) -> None:
             """A round of tool calls is saved; the reply goes on in a new row."""
             nonlocal message_id
@@ -442,7 +459,19 @@ class EngineWorker(QObject):
         self._finish(req, message_id, result, "".join(so_far))
 
     def _finish(self, req: ChatRequest, message_id: int | None, result: GenerationResult, so_far: str) -> None:
-        """Save the reply (here, on the worker), then say it is done; a failed save is a failure."""
+        """Save the reply (here, on the worker), then say it is done; a failed save is a failure.
+        A reply stopped before its first token (while the prompt was read, or waiting behind a
+        load) is not kept: no empty "stopped" bubble, and a regenerated one is back to its
+        previous version (`fail` with nothing written drops it)."""
+        stopped_empty = (result.stats.finish_reason == "cancelled" and not result.text
+                         and not result.token_ids and not so_far)
+        if stopped_empty and req.fail is not None and message_id is not None:
+            try:
+                req.fail(message_id, "")
+            except Exception:  # noqa: BLE001 - the stop stands; the empty row is only untidy
+                log.exception("dropping the stopped reply failed")
+            self.finished.emit(req.request_id, result)
+            return
         if req.finish is not None and message_id is not None:
             try:
                 req.finish(message_id, result, so_far)

@@ -425,12 +425,21 @@ class MessageWidget(QFrame):
             self.body.set_markdown(text, self.dark)
         if text and self.prompt_bar is not None:  # the first words: the prompt was read
             self.prompt_bar.hide()
-            if self.status.text().startswith("Reading the prompt"):
+            if self.status.text().startswith("Reading "):
                 self.status.setText("writing…")
 
-    def set_prompt_progress(self, read: int, total: int) -> None:
-        """A reply being written, before its first words: how much of the prompt the model has
-        read (a bar, and 'Reading the prompt… 340 / 1,000 tokens' in the status line)."""
+    def set_images_reading(self, count: int) -> None:
+        """A reply being written, before its prompt is read: the vision tower reads `count`
+        images first (a busy bar and 'Reading 3 images…'; the prompt's progress follows)."""
+        if self.text:
+            return
+        self._prompt_bar()
+        self.prompt_bar.setRange(0, 0)  # busy: the tower does not say how far it is
+        self.prompt_bar.setVisible(True)
+        self.status.setText(f"Reading {count} image{'s' * (count != 1)}…")
+        self.status.setVisible(True)
+
+    def _prompt_bar(self) -> None:
         if self.prompt_bar is None:
             bar = QProgressBar()
             bar.setObjectName("promptProgress")
@@ -440,6 +449,11 @@ class MessageWidget(QFrame):
             layout = self.layout()
             layout.insertWidget(layout.indexOf(self.status), bar)
             self.prompt_bar = bar
+
+    def set_prompt_progress(self, read: int, total: int) -> None:
+        """A reply being written, before its first words: how much of the prompt the model has
+        read (a bar, and 'Reading the prompt… 340 / 1,000 tokens' in the status line)."""
+        self._prompt_bar()
         reading = 0 <= read < total and not self.text
         self.prompt_bar.setRange(0, max(total, 1))
         self.prompt_bar.setValue(min(read, total))
@@ -760,6 +774,11 @@ class ChatView(QScrollArea):
         if self.streaming is not None:
             self.streaming.status.setText(text)
             self.streaming.status.setVisible(bool(text))
+
+    def show_images_reading(self, count: int) -> None:
+        """The reply being written waits for its images to be read (before the prompt)."""
+        if self.streaming is not None:
+            self.streaming.set_images_reading(count)
 
     def show_prompt_progress(self, read: int, total: int) -> None:
         """How much of its prompt the reply being written has read (before its first piece)."""

@@ -152,12 +152,27 @@ class PromptEdit(QPlainTextEdit):
             super().dropEvent(event)
 
 
+def image_tokens_of(size: tuple[int, int], geometry: tuple[int, int, int] | None) -> int | None:
+    """The prompt tokens an image of `size` (width, height) takes with a vision tower of
+    `geometry` (image_size, patch_size, merge): the encoder's grid (image.image_grid) in the
+    chat format's layout (chat_format.image_token_count). None without a tower."""
+    if geometry is None:
+        return None
+    from ...engine.mistral3.chat_format import image_token_count
+    from ...engine.mistral3.image import image_grid
+
+    image_size, patch_size, merge = geometry
+    return image_token_count(*image_grid(size, image_size, patch_size, merge))
+
+
 class AttachmentChip(QFrame):
     removed = Signal(object)  # self
 
     def __init__(self, image: ImagePart, size: tuple[int, int], parent: QWidget | None = None):
         super().__init__(parent)
         self.image = image
+        self.size_wh = size
+        self.tokens: int | None = None  # what it takes of the context (set_tokens)
         self.setObjectName("attachment")
         self.setFrameShape(QFrame.Shape.StyledPanel)
         picture = QLabel()
@@ -173,6 +188,10 @@ class AttachmentChip(QFrame):
             picture.setObjectName("statusLine")
         self.picture = picture
         picture.setToolTip(f"{image.name} ({size[0]}×{size[1]})")
+        self.cost = QLabel()  # "1,540 tokens": the image's share of the context
+        self.cost.setObjectName("statusLine")
+        self.cost.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.cost.hide()
         self.remove_button = QToolButton()
         self.remove_button.setIcon(icon("close"))
         self.remove_button.setText("✕")
@@ -183,8 +202,21 @@ class AttachmentChip(QFrame):
         self.remove_button.clicked.connect(lambda: self.removed.emit(self))
         layout = QHBoxLayout(self)
         layout.setContentsMargins(2, 2, 2, 2)
-        layout.addWidget(picture)
+        column = QVBoxLayout()
+        column.setSpacing(0)
+        column.addWidget(picture)
+        column.addWidget(self.cost)
+        layout.addLayout(column)
         layout.addWidget(self.remove_button, 0, Qt.AlignmentFlag.AlignTop)
+
+    def set_tokens(self, tokens: int | None) -> None:
+        """Show what the image costs in prompt tokens (None: not known, e.g. on a server)."""
+        self.tokens = tokens
+        self.cost.setVisible(tokens is not None)
+        words = f"{tokens:,} tokens" if tokens is not None else ""
+        self.cost.setText(words)
+        w, h = self.size_wh
+        self.picture.setToolTip(f"{self.image.name} ({w}×{h})" + (f": {words} of the context" if words else ""))
 
 
 class Composer(QFrame):
@@ -208,6 +240,8 @@ class Composer(QFrame):
         self.jobs = Jobs(self)
         self.checking: set[str] = set()  # sha256 of attached images still being decoded
         self.send_when_checked = False
+        self.image_geometry: tuple[int, int, int] | None = None  # the loaded tower's (set_image_geometry)
+        self.context_room: int | None = None  # tokens the open chat leaves in the context
 
         self.edit = PromptEdit()
         self.edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
@@ -233,6 +267,13 @@ class Composer(QFrame):
         self.chip_row = QHBoxLayout()
         self.chip_row.setContentsMargins(0, 0, 0, 0)
         self.chip_row.addStretch(1)
+        # What the images take together and what the context has left: a large photo took
+        # ~2,350 of 4,096 tokens and nothing said so when it was attached.
+        self.images_cost = QLabel()
+        self.images_cost.setObjectName("statusLine")
+        self.images_cost.setWordWrap(True)
+        self.images_cost.hide()
+        self.chip_row.addWidget(self.images_cost, 0, Qt.AlignmentFlag.AlignBottom)
         self.chip_box = QWidget()
         self.chip_box.setLayout(self.chip_row)
         self.chip_box.hide()
@@ -298,6 +339,36 @@ class Composer(QFrame):
         self.attach_button.setToolTip("Attach images (or drop / paste them here)" if enabled else hint)
         self.attach_button.setIcon(icon("attach"))  # the palette may have changed
 
+    def set_image_geometry(self, geometry: tuple[int, int, int] | None) -> None:
+        """The loaded vision tower's (image_size, patch_size, merge), for the chips' token cost."""
+        if geometry != self.image_geometry:
+            self.image_geometry = geometry
+            for chip in self.chips:
+                chip.set_tokens(image_tokens_of(chip.size_wh, geometry))
+            self._show_images_cost()
+
+    def set_context_room(self, tokens: int | None) -> None:
+        """What the open chat leaves of the context (None: no local model's context to count)."""
+        if tokens != self.context_room:
+            self.context_room = tokens
+            self._show_images_cost()
+
+    def _show_images_cost(self) -> None:
+        costs = [c.tokens for c in self.chips if c.tokens is not None]
+        self.images_cost.setVisible(bool(costs))
+        if not costs:
+            return
+        total = sum(costs)
+        words = f"{len(costs)} image{'s' * (len(costs) != 1)}: {total:,} tokens"
+        room = self.context_room
+        if room is not None:
+            words += (f" of the {room:,} the context has left" if total <= room else
+                      f", more than the {room:,} the context has left")
+        self.images_cost.setText(words)
+        self.images_cost.setObjectName("errorLine" if room is not None and total > room else "statusLine")
+        self.images_cost.style().unpolish(self.images_cost)
+        self.images_cost.style().polish(self.images_cost)
+
     def show_message(self, text: str, error: bool = True) -> None:
         self.message.setProperty("error", error)
         self.message.setStyleSheet("color: #c62828;" if error else "")
@@ -327,11 +398,13 @@ class Composer(QFrame):
                 self.show_message(str(exc))
                 return False
         chip = AttachmentChip(image, size)
+        chip.set_tokens(image_tokens_of(size, self.image_geometry))
         chip.removed.connect(self.remove_chip)
-        self.chip_row.insertWidget(self.chip_row.count() - 1, chip)
+        self.chip_row.insertWidget(len(self.chips), chip)  # before the stretch and the cost line
         self.chips.append(chip)
         self.images.append(image)
         self.chip_box.show()
+        self._show_images_cost()
         if size[0] * size[1] > DECODE_NOW_PIXELS:
             self._decode_in_background(image)
         return True
@@ -414,6 +487,7 @@ class Composer(QFrame):
         self.chip_row.removeWidget(chip)
         chip.deleteLater()
         self.chip_box.setVisible(bool(self.chips))
+        self._show_images_cost()
 
     def clear_images(self) -> None:
         for chip in list(self.chips):
