@@ -154,15 +154,12 @@ class PromptEdit(QPlainTextEdit):
 
 def image_tokens_of(size: tuple[int, int], geometry: tuple[int, int, int] | None) -> int | None:
     """The prompt tokens an image of `size` (width, height) takes with a vision tower of
-    `geometry` (image_size, patch_size, merge): the encoder's grid (image.image_grid) in the
-    chat format's layout (chat_format.image_token_count). None without a tower."""
+    `geometry` (image_size, patch_size, merge): image.image_token_count. None without a tower."""
     if geometry is None:
         return None
-    from ...engine.mistral3.chat_format import image_token_count
-    from ...engine.mistral3.image import image_grid
+    from ...engine.mistral3.image import image_token_count
 
-    image_size, patch_size, merge = geometry
-    return image_token_count(*image_grid(size, image_size, patch_size, merge))
+    return image_token_count(size, *geometry)
 
 
 class AttachmentChip(QFrame):

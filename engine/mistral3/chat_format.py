@@ -88,12 +88,6 @@ def image_tokens(ctl: _ControlIds, rows: int, cols: int) -> list[int]:
     return ids
 
 
-def image_token_count(rows: int, cols: int) -> int:
-    """How many prompt tokens `image_tokens` writes for a (rows, cols) grid (image.image_grid):
-    cols [IMG] and one [IMG_BREAK] (the last one [IMG_END]) per row."""
-    return rows * (cols + 1)
-
-
 def _merge_parts(messages: list[ChatMessage]) -> list[str | ImagePart]:
     """The parts of consecutive same-role messages as one content: text runs joined."""
     merged: list[str | ImagePart] = []

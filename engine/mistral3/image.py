@@ -65,6 +65,14 @@ def image_grid(size_wh: tuple[int, int], image_size: int, patch_size: int, merge
     return (h - 1) // tile + 1, (w - 1) // tile + 1
 
 
+def image_token_count(size_wh: tuple[int, int], image_size: int, patch_size: int, merge: int) -> int:
+    """The prompt tokens an image of `size_wh` takes: its grid's `cols` [IMG] and one
+    [IMG_BREAK] (the last [IMG_END]) per row, as chat_format.image_tokens writes them. Cheap
+    (no pixels): the window shows it on each attached image."""
+    rows, cols = image_grid(size_wh, image_size, patch_size, merge)
+    return rows * (cols + 1)
+
+
 def decode_image(data: bytes, source: str = "image") -> Image.Image:
     """Decode file bytes to an upright RGB Pillow image (first frame), or raise EngineError."""
     if not data:
