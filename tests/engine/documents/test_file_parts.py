@@ -1,7 +1,6 @@
 """OpenAI's `file` content parts, written as the official client's docs show them, read through
 the same extraction; malformed parts in one sentence, the size capped before decoding."""
 import base64
-import io
 
 import pytest
 

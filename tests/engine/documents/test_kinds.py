@@ -72,7 +72,7 @@ def test_a_docx_over_the_unpacked_cap_is_refused():
 def lie_about_size(data: bytes, member: str, size: int) -> bytes:
     """The central directory's uncompressed size of `member` set to `size` (the data unchanged)."""
     buf = bytearray(data)
-    at = buf.index(b"PK\x01\x02" + b"", buf.index(b"PK\x01\x02"))
+    at = buf.index(b"PK\x01\x02")  # the first central directory entry
     while True:
         name_len, extra_len, comment_len = struct.unpack_from("<HHH", buf, at + 28)
         if buf[at + 46:at + 46 + name_len].decode() == member:
