@@ -38,6 +38,7 @@ from .warm_up import WarmUp
 from .widgets.chat_list import ChatListDelegate, ChatListModel
 from .widgets.chat_view import ChatView
 from .widgets.composer import Composer
+from .widgets.find_bar import FindBar
 from .widgets.elided_label import ElidedLabel
 from .widgets.empty_state import EmptyState
 from .widgets.icons import icon
@@ -234,6 +235,9 @@ class MainWindow(QMainWindow):
         main.addWidget(self.model_bar)
         main.addLayout(header)
         main.addWidget(self.stack, 1)
+        self.find_bar = FindBar(self.view)  # Chat ▸ Find in chat
+        self.find_bar.closed.connect(self.composer.edit.setFocus)
+        main.addWidget(self.find_bar)
         main.addWidget(self.composer)
         return right
 
@@ -262,6 +266,8 @@ class MainWindow(QMainWindow):
         chat = self.menuBar().addMenu("&Chat")
         action(chat, "&New chat", self.navigation.new_chat, "Ctrl+N")
         action(chat, "&Search chats", self.navigation.focus_search, "Ctrl+F")
+        action(chat, "&Find in chat", self.find_bar.open_bar, "Ctrl+Shift+F",
+               tip="Find a word in the open chat: every match marked, Enter for the next")
         action(chat, "Write a &message", lambda: self.composer.edit.setFocus(), "Ctrl+L")
         self.rename_action = action(chat, "&Rename…", chats.rename_selected, "F2")
         self.branch_action = action(chat, "&Branch", chats.branch_selected)

@@ -40,7 +40,7 @@ class ProjectorPicker(QDialog):
         self.other_button.setToolTip("A projector from another folder (it is checked against the model first)")
         self.other_button.clicked.connect(self.choose_file)
         self.error = QLabel()
-        self.error.setObjectName("composerMessage")  # the error colour of the theme
+        self.error.setObjectName("errorLine")  # the error colour of the theme
         self.error.setWordWrap(True)
         self.error.hide()
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
