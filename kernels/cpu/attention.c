@@ -61,6 +61,10 @@ void unit_rope_kv(void *arg, int u) {
     }
 }
 
+/* floats of a unit's scores and value sums kept on its stack (larger ones are allocated): 4096 scores
+ * and the value sums of four heads of 256 */
+#define TQ_STACK_SCORES (4096 + 4 * 256)
+
 typedef struct {
     ac_job *J;
     float *kt; /* n_kv groups of (d, n_pad) */
@@ -90,9 +94,9 @@ static void unit_prefill_row(void *arg, int u) {
     pf_job *P = (pf_job *)arg;
     ac_job *J = P->J;
     const int t = J->T - 1 - u / J->n_kv, g = u % J->n_kv; /* the longest rows first: they finish last */
-    float stack_scores[4096];
+    float stack_scores[TQ_STACK_SCORES];
     const size_t n_scores = (size_t)J->n_rep * (size_t)P->n_pad + 4 * (size_t)J->dv; /* + the value sums */
-    float *scores = n_scores <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * n_scores);
+    float *scores = n_scores <= TQ_STACK_SCORES ? stack_scores : (float *)malloc(sizeof(float) * n_scores);
     if (!scores) {
         J->failed = 1;
         return;
@@ -139,9 +143,9 @@ static void unit_decode_group(void *arg, int u) {
     const float *q = J->q + (size_t)r * J->q_row + (size_t)g * J->n_rep * J->d;
     const int n_keys = (int)(p + 1);
     const int n_pad = (n_keys + TQ_ATT_PAD - 1) / TQ_ATT_PAD * TQ_ATT_PAD;
-    float stack_scores[4096];
+    float stack_scores[TQ_STACK_SCORES];
     const size_t n_scores = 4 * ((size_t)n_pad + (size_t)J->dv); /* the scores, then the value sums */
-    float *scores = n_scores <= 4096 ? stack_scores : (float *)malloc(sizeof(float) * n_scores);
+    float *scores = n_scores <= TQ_STACK_SCORES ? stack_scores : (float *)malloc(sizeof(float) * n_scores);
     if (!scores) {
         J->failed = 1;
         return;
