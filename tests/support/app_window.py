@@ -136,6 +136,16 @@ def send(qtbot, window, text: str) -> int:
     return blocker.args[0]
 
 
+def open_stored_chat(window, title: str, question: str, answer: str, images=()) -> int:
+    """A stored chat of one question and its answer, listed and opened in the window; its id."""
+    chat = window.store.create_chat(title)
+    window.store.add_message(chat, "user", question, images)
+    window.store.add_message(chat, "assistant", answer)
+    window.navigation.refresh_chat_list()
+    window.navigation.open_chat(chat)
+    return chat
+
+
 def pick_server(qtbot, window, fake):
     """Add `fake` (a FakeVLLM serving "served-model") as the server "lab" and pick its model in
     the window's model box, waiting for it to load; the model box."""

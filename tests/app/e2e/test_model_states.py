@@ -3,62 +3,13 @@ composer, the actions and the chat say at each step (first found by a user tryin
 again, issue 26). Each test drives the real window on the tiny model the way the report did."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtWidgets import QFileDialog  # noqa: E402
-
-from support.app_window import MMPROJ, MODEL, pick_server, send  # noqa: E402
-from tramontane.app import model_files, model_loading  # noqa: E402
+from support.app_window import MMPROJ, MODEL, open_stored_chat, pick_server, send  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
-
-
-def open_file(window, monkeypatch, path) -> None:
-    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), GGUF))
-    window.model_loading.open_model_file()
-
-
-def open_stored_chat(window, title: str, question: str, answer: str, images=()) -> int:
-    """A stored chat of one question and its answer, listed and opened in the window; its id."""
-    chat = window.store.create_chat(title)
-    window.store.add_message(chat, "user", question, images)
-    window.store.add_message(chat, "assistant", answer)
-    window.navigation.refresh_chat_list()
-    window.navigation.open_chat(chat)
-    return chat
-
-
-GGUF = "GGUF models (*.gguf)"
-
-
-def test_opening_a_wrong_file_keeps_the_loaded_model(qtbot, window, monkeypatch, tmp_path):
-    """Item 2: a text file or a projector picked in Open… is refused in words before anything
-    is unloaded; the model that was working still answers."""
-    text_file = tmp_path / "notes.gguf"
-    text_file.write_text("this is not a model")
-    read_on = []  # the header is read on a job, not on the UI thread
-
-    def why_not_a_model(path):
-        read_on.append(threading.current_thread())
-        return model_files.why_not_a_model(path)
-
-    monkeypatch.setattr(model_loading, "why_not_a_model", why_not_a_model)
-    for path, words in ((text_file, "is not a GGUF file"), (MMPROJ, "is a vision projector")):
-        open_file(window, monkeypatch, path)
-        qtbot.waitUntil(lambda: window.model_loading.checking_model is None, timeout=30000)
-        qtbot.wait(200)  # a load or unload would have reached the worker by now
-        assert window.session.engine_info is not None and window.session.loading is None
-        assert window.session.engine_info.model_path == str(MODEL)
-        message = window.composer.message.text()
-        assert words in message and f"{MODEL.name} stays loaded" in message, message
-        assert "magic" not in message and "--mmproj" not in message
-        assert MODEL.name in window.model_bar.model_label.text()
-    assert window.store.get_message(send(qtbot, window, "still there?")).state == "complete"
-    assert len(read_on) == 2 and threading.main_thread() not in read_on
 
 
 def test_regenerate_is_off_without_a_model(qtbot, idle_window):
@@ -82,24 +33,6 @@ def test_regenerate_is_off_without_a_model(qtbot, idle_window):
     assert window.view.widgets[-1].buttons["regenerate"].isEnabled()
     assert window.view.widgets[0].buttons["edit"].isEnabled()
     assert not window.view.notice.isVisible()  # item 5: "Load a model first" is no longer true
-
-
-def test_model_hints_go_when_a_model_loads(qtbot, idle_window):
-    """Item 5: after a successful load, what was said about the missing projector goes."""
-    from support.app_window import png_bytes
-    from tramontane.engine.api import ImagePart
-
-    window = idle_window
-    open_stored_chat(window, "Picture chat", "Look", "A cat.", [ImagePart(png_bytes(8, 8), "cat.png")])
-    window.model_loading.load_model(str(MODEL), "")  # text only
-    qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
-    window.composer.edit.setPlainText("And now?")
-    window.composer.send_button.click()
-    assert "no vision projector" in window.composer.message.text()
-    window.model_loading.load_model(str(MODEL), str(MMPROJ))
-    qtbot.waitUntil(lambda: window.session.engine_info is not None and window.session.engine_info.has_vision, timeout=30000)
-    assert not window.composer.message.isVisible() and window.composer.message.text() == ""
-    assert window.composer.edit.toPlainText() == "And now?"  # kept for the user to send
 
 
 def test_server_and_local_states_do_not_mix(qtbot, window):
@@ -238,17 +171,6 @@ def test_settings_offer_a_reload_and_the_theme(qtbot, window, monkeypatch):
     with qtbot.waitSignal(window.modelLoaded, timeout=30000):
         window.reload_button.click()
     assert window.session.engine_info.context_size == 128 and not window.reload_button.isVisible()
-
-
-def test_missing_cpu_kernels_are_said_at_start(qtbot, idle_window, monkeypatch):
-    """First run: without a C compiler the CPU kernels are not built; the window says so once
-    the engine is imported instead of running slowly in silence."""
-    from tramontane.kernels import cpu_native
-
-    monkeypatch.setattr(cpu_native, "AVAILABLE", False)
-    idle_window.worker.warmedUp.emit(0.5)
-    text = idle_window.status_label.text()
-    assert "CPU kernels are not built" in text and "C compiler" in text and "TRAMONTANE_REINSTALL=1" in text
 
 
 def test_rough_edges_of_the_sidebar_and_the_bar(qtbot, window, monkeypatch):
