@@ -1,5 +1,6 @@
 """The native CPU kernels over paged KV (kernels/cpu_native.py: paged_attend_causal,
-paged_rope_kv_write, paged_rope_kv_attend, paged_attend_decode, paged_rope_kv_attend_decode).
+paged_rope_kv_write, paged_rope_kv_attend, paged_attend_decode, paged_rope_kv_attend_decode, and
+DecodeLayers with block_size).
 
 Pools (n_blocks, Hkv, B, d) hold the rows of a contiguous cache scattered into shuffled blocks (the
 other blocks hold noise, so a wrong block read shows). Each paged result must be torch.equal to
