@@ -26,7 +26,8 @@ from support.empty_gguf import q4_k_m_type  # noqa: E402
 from tramontane.engine.api import SamplingParams
 from tramontane.engine.cli.bench import copy_bandwidth
 from tramontane.engine.runtime.decoder import new_cache
-from tramontane.engine.runtime.generate import generate, make_generator, sample
+from tramontane.engine.runtime.batch import generate
+from tramontane.engine.runtime.generate import make_generator, sample
 from tramontane.engine.mistral3.text import Mistral3Text, default_dtype, resolve_device
 from tramontane.engine.mistral3.weights import load_weights, want_dense
 from tramontane.engine.mistral3.config import TextConfig

@@ -36,13 +36,14 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
-from ..api import ChatMessage, EngineError, FinishReason, GenerationResult, SamplingParams
+from ..api import (ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams,
+                   TokenLogprob)
 from ..mistral3.chat_format import EncodedPrompt
-from .decoder import new_cache
+from .decoder import decode, new_cache
 from .kv_cache import KVCache
 from .generate import StopStringFilter, check_params, draw_token, make_generator, reply_stats, seen_mask, stop_reason
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes
@@ -51,8 +52,11 @@ from .session import Key, common_prefix, position_keys, reusable_prefix
 
 log = logging.getLogger(__name__)
 
-STEP_ROWS_CPU = 128  # prompt rows per step, on top of the decode rows (~0.5 s of CPU prefill)
-STEP_ROWS_GPU = 512
+# Prompt rows per step while other sequences decode beside it: a quarter of the model's own
+# prefill chunk (mistral3/config.py, the one setting: 128 of 512 on the CPU, ~0.5 s of prefill;
+# 512 of 2048 on a GPU), so their streams keep getting a token a step. A prompt read while nothing
+# decodes takes whole chunks, as a forward pass would.
+STEP_SHARE = 4
 # How long a new prompt's step waits for announced requests (a fraction of a short prompt's step:
 # ~70 ms on 2 CPU threads for the bench model); 0 turns gathering off.
 GATHER_S_CPU = 0.02
@@ -83,6 +87,8 @@ class _Request:
     # waiting requests with this very prompt: they start from its KV once it is read
     followers: list["_Request"] = field(default_factory=list)
     gate: "Gate | None" = None  # admitted only once it is open (see Gate)
+    rows: torch.Tensor | None = None  # input rows of the positions after the reused ones, given by the caller
+    history: Sequence[int] | None = None  # the repetition penalty's tokens, when not the prompt's ids
 
 
 class Arrival:
@@ -167,30 +173,25 @@ class BatchScheduler:
                  context_length: int | None = None, step_rows: int | None = None,
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES, prefix_cache: PrefixCache | None = None,
                  caches: list[KVCache] | None = None, gather_s: float | None = None,
-                 replies: ReplyMemory | None = None):
+                 replies: ReplyMemory | None = None, source=None):
         """`caches`: the slots' KV caches, made by the caller (e.g. `carve_kv` of the engine's
         planned one), the first `slots` for any request, the rest kept for priority ones; by
         default each slot gets a new cache of `context_length`. `prefix_cache`: one shared with
         the engine's own chats; by default one of `prefix_cache_bytes` of its own. `replies`: the
-        reply ids the engine keeps (shared with it, on disk with its blocks); by default its own."""
-        if slots < 1 or priority_slots < 0:
-            raise EngineError(f"a batch needs at least one slot, got {slots} (+{priority_slots} for priority)")
-        if caches is not None and len(caches) != slots + priority_slots:
-            raise EngineError(f"{len(caches)} KV caches for {slots} + {priority_slots} slots")
+        reply ids the engine keeps (shared with it, on disk with its blocks); by default its own.
+        `source`: the model file, named in the errors a request gets."""
         self.model = model
         self.tokenizer = tokenizer
         self.vision = vision
-        on_gpu = model.on_gpu
-        self.step_rows = step_rows or (STEP_ROWS_GPU if on_gpu else STEP_ROWS_CPU)
-        self.gather_s = gather_s if gather_s is not None else (GATHER_S_GPU if on_gpu else GATHER_S_CPU)
+        self.source = source
+        self._running: list[_Sequence] = []
+        self._waiting: list[_Request] = []
         if caches is None:
             caches = [new_cache(model, context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
-        self.slots = [_Slot(cache, reserved=i >= slots) for i, cache in enumerate(caches)]
+        self.use_slots(caches, slots, priority_slots, step_rows, gather_s)
         self.prefix = prefix_cache if prefix_cache is not None else PrefixCache(prefix_cache_bytes)
         self.replies = replies if replies is not None else ReplyMemory()
         self._img_id = tokenizer.token_id("[IMG]") if vision is not None else None
-        self._running: list[_Sequence] = []
-        self._waiting: list[_Request] = []
         self._cond = threading.Condition()
         self._order = itertools.count()
         self._vision_lock = threading.Lock()
@@ -200,6 +201,28 @@ class BatchScheduler:
         self._arriving = 0  # announced requests not yet queued (Arrival)
         self._last_news = -1.0  # when the last request was announced or queued (perf_counter)
         self.steps = 0  # forward passes run (a clock in steps, for tests and measurements)
+
+    def use_slots(self, caches: list[KVCache], slots: int, priority_slots: int = 0, step_rows: int | None = None,
+                  gather_s: float | None = None) -> None:
+        """Sequences at once over these KV caches (the first `slots` for any request, the rest kept
+        for priority ones): the engine's one slot, or the API server's many. Only between steps
+        with nothing running or queued (its owner's thread: the loop is not running). A slot whose
+        cache it keeps keeps what that cache holds."""
+        if slots < 1 or priority_slots < 0:
+            raise EngineError(f"a batch needs at least one slot, got {slots} (+{priority_slots} for priority)")
+        if len(caches) != slots + priority_slots:
+            raise EngineError(f"{len(caches)} KV caches for {slots} + {priority_slots} slots")
+        if self._running or self._waiting:
+            raise EngineError("the scheduler's slots cannot change while sequences run")
+        kept = {id(s.cache): s for s in getattr(self, "slots", ())}  # none yet when first made
+        self.slots = [_Slot(cache, reserved=i >= slots, keys=kept[id(cache)].keys if id(cache) in kept else [])
+                      for i, cache in enumerate(caches)]
+        on_gpu = self.model.on_gpu
+        # prompt rows a step reads beside other sequences, and for a lone request (a forward's
+        # whole prefill chunk: it reads as fast as a pass of its own); a given step_rows is both
+        self.step_rows = step_rows or max(1, self.model.prefill_chunk // STEP_SHARE)
+        self._given_rows = step_rows
+        self.gather_s = gather_s if gather_s is not None else (GATHER_S_GPU if on_gpu else GATHER_S_CPU)
 
     @property
     def context_size(self) -> int:
@@ -213,8 +236,11 @@ class BatchScheduler:
     # -- any thread -----------------------------------------------------------------------------
     def submit(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                cancel: threading.Event | None = None, priority: bool = False,
-               on_prompt_progress: PromptProgress | None = None, gate: Gate | None = None) -> Future:
+               on_prompt_progress: PromptProgress | None = None, gate: Gate | None = None,
+               rows: torch.Tensor | None = None, history: Sequence[int] | None = None) -> Future:
         """Queue one generation; image features are encoded here, in the caller's thread.
+        `rows`: the input rows after the positions its slot reuses, made by the caller (generate()
+        on a cache of its own); `history`: the repetition penalty's tokens, if not the prompt's.
         `on_prompt_progress(read, total)` is called (on the loop's thread) when its prompt starts
         being read and after each chunk. `gate`: it waits for the others of its group (the
         caller passes the gate once it is in the queue or has failed: `Gate.pass_one`)."""
@@ -223,11 +249,12 @@ class BatchScheduler:
         n = len(prompt.ids)
         if n == 0:
             raise EngineError("the prompt is empty: give at least one token")
-        check_fits(n, params.max_tokens, self.lane_context(priority), self.model.cfg.context_length)
-        features = image_features(self.vision, prompt, lock=self._vision_lock)
+        check_fits(n, params.max_tokens, self.lane_context(priority), self.model.cfg.context_length, self.source)
+        features = [] if rows is not None else image_features(self.vision, prompt, lock=self._vision_lock)
         future: Future = Future()
         req = _Request(prompt, position_keys(prompt.ids, prompt.image_spans), params, on_piece, cancel,
-                       priority, features, future, t0, next(self._order), on_prompt_progress, gate=gate)
+                       priority, features, future, t0, next(self._order), on_prompt_progress, gate=gate,
+                       rows=rows, history=history)
         with self._cond:
             if self._closed:
                 raise self._closed_error
@@ -240,7 +267,8 @@ class BatchScheduler:
                  cancel: threading.Event | None = None, priority: bool = False,
                  on_prompt_progress: PromptProgress | None = None, gate: Gate | None = None,
                  arrival: Arrival | None = None) -> GenerationResult:
-        """submit() and wait (the scheduler must be started, or driven by another thread)."""
+        """submit() and wait: on the loop's thread once started, else steps run here, in the
+        caller's thread, until this one ends (a lone request is a batch of one)."""
         try:
             future = self.submit(prompt, params, on_piece, cancel, priority, on_prompt_progress, gate)
         finally:
@@ -248,6 +276,13 @@ class BatchScheduler:
                 gate.pass_one()  # in the queue, or refused
             if arrival is not None:
                 arrival.done()
+        return self.wait(future)
+
+    def wait(self, future: Future):
+        """The result of a submitted request, running the steps here while no loop thread does."""
+        while self._thread is None and not future.done():
+            if not self.step() and not future.done():
+                raise EngineError("the request could not be admitted: no slot holds its context")
         return future.result()
 
     def arrival(self) -> Arrival:
@@ -268,22 +303,38 @@ class BatchScheduler:
         return self
 
     def close(self, error: EngineError | None = None) -> None:
-        """Stop the loop; what is queued or running fails with `error` (by default an
+        """Stop the loop for good; what is queued or running fails with `error` (by default an
         EngineError saying the engine was closed)."""
+        self.halt(error, final=True)
+
+    def halt(self, error: EngineError | None = None, final: bool = False) -> None:
+        """Stop the loop thread; what is queued or running fails with `error`. Unless `final`,
+        callers may submit again afterwards (steps then run in their threads, or `start()` again)."""
         with self._cond:
             self._closed = True
-            self._closed_error = error or self._closed_error
-            self._cond.notify()
+            failure = error or self._closed_error
+            if final:
+                self._closed_error = failure
+            self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        closed = self._closed_error
         for seq in list(self._running):
-            self._fail(seq, closed)
+            self._fail(seq, failure)
         with self._cond:
             waiting, self._waiting = self._waiting, []
+            self._closed = final
         for req in waiting:
-            req.future.set_exception(closed)
+            req.future.set_exception(failure)
+
+    def forget_idle(self) -> None:
+        """The slots nobody uses now forget what they hold (a chat was deleted: its KV may be in
+        one; the prefix cache keeps what other chats need)."""
+        with self._cond:
+            for slot in self.slots:
+                if not slot.busy:
+                    slot.keys = []
+                    slot.cache.truncate(0)
 
     @property
     def arriving(self) -> int:
@@ -334,7 +385,7 @@ class BatchScheduler:
         parts, groups, logit_rows, sampled = [], [], [], []
         row = 0
         if decoding:
-            parts.append(self.model.embed([s.pending for s in decoding]))
+            parts.append([s.pending for s in decoding])  # ids: embedded in _forward
             for s in decoding:
                 groups.append((s.slot.cache, s.slot.cache.length, 1))
                 logit_rows.append(row)
@@ -342,7 +393,8 @@ class BatchScheduler:
                 row += 1
         stepped = list(decoding)
         read_now = []
-        for s, n in zip(reading, self._prompt_shares(reading)):
+        # driven by its one caller (no loop thread), nobody else can join or wait: a whole chunk
+        for s, n in zip(reading, self._prompt_shares(reading, self._thread is None)):
             if n == 0:
                 continue
             parts.append(s.embeds[s.read:s.read + n])
@@ -354,9 +406,8 @@ class BatchScheduler:
             if not s.reading:
                 logit_rows.append(row - 1)
                 sampled.append(s)
-        embeds = parts[0] if len(parts) == 1 else torch.cat([p.to(parts[0].device) for p in parts])
         try:
-            logits = self.model.forward_batch(embeds, groups, logit_rows)
+            logits = self._forward(parts, groups, logit_rows)
         except BaseException as exc:  # noqa: BLE001 - every sequence of the step hears it
             for s in stepped:
                 self._fail(s, exc)
@@ -385,15 +436,25 @@ class BatchScheduler:
                 self._fail(s, exc)
         return True
 
-    def _prompt_shares(self, reading: list[_Sequence]) -> list[int]:
+    def _forward(self, parts: list, groups: list, logit_rows: list[int]) -> torch.Tensor:
+        """The step's one pass: `parts` the decode rows' ids first (a list), then prompt rows. A
+        lone decode row on a cache with decode graphs replays them (runtime/decoder.decode)."""
+        if len(groups) == 1 and isinstance(parts[0], list) and groups[0][0].decode_graphs is not None:
+            return decode(self.model, parts[0][0], groups[0][0])[None]
+        rows = [self.model.embed(p) if isinstance(p, list) else p for p in parts]
+        embeds = rows[0] if len(rows) == 1 else torch.cat([r.to(rows[0].device) for r in rows])
+        return self.model.forward_batch(embeds, groups, logit_rows)
+
+    def _prompt_shares(self, reading: list[_Sequence], alone: bool = False) -> list[int]:
         """The prompt rows each reading sequence (in lane order) gets this step: step_rows in all,
-        on top of the decode rows (a prompt reads as fast as alone). The window's prompts take
+        on top of the decode rows (a prompt reads as fast as alone), or, while the caller drives the
+        steps (`alone`: nobody else can join), the model's prefill chunk, a forward call's passes. The window's prompts take
         what they need first. Of the others, the oldest is sure of an equal share (it always
         advances: nobody starves) and the rest goes to those with the fewest rows left first (the
         most first tokens soonest): a short question behind a long document is read in the next
         step, not after the whole document, and a burst of prompts that does not fit in one step
         leaves one for the next, not every one a last row short."""
-        budget = self.step_rows
+        budget = (self._given_rows or self.model.prefill_chunk) if alone else self.step_rows
         left = [s.embeds.shape[0] - s.read for s in reading]
         shares = [0] * len(reading)
         others = []
@@ -541,7 +602,10 @@ class BatchScheduler:
                 cache.truncate(own)
                 reused = own
         slot.keys = keys[:reused]
-        seq = _Sequence(req, slot, reused, self._embeddings(req, reused), self.tokenizer)
+        if req.rows is not None and reused + req.rows.shape[0] != len(keys):
+            raise EngineError(f"{req.rows.shape[0]} input rows after {reused} reused positions for a prompt of {len(keys)}")
+        rows = req.rows if req.rows is not None else self._embeddings(req, reused)
+        seq = _Sequence(req, slot, reused, rows, self.tokenizer)
         seq.hashes = hashes
         self._running.append(seq)
         if seq.reading:
@@ -596,7 +660,8 @@ class BatchScheduler:
             if not params.greedy:
                 s.generator = make_generator(params.seed, logits.device)
             if params.repetition_penalty != 1.0:
-                s.seen = seen_mask(s.req.prompt.ids, logits.shape[-1], logits.device)
+                history = s.req.history if s.req.history is not None else s.req.prompt.ids
+                s.seen = seen_mask(history, logits.shape[-1], logits.device)
         token = draw_token(logits, params, self.tokenizer, s.generated, s.generator, s.seen, s.logprobs)
         s.n_sampled += 1
         s.t_last = time.perf_counter()
@@ -632,7 +697,7 @@ class BatchScheduler:
         s.slot.keys = (s.req.keys + s.cached)[:cache.length]
         if reason != "cancelled" or not s.reading:
             self._remember_blocks(s)
-        self.replies.remember_reply(s.stop.text, s.generated, reason, self.tokenizer.decode)
+        self.replies.remember_reply(s.stop.text, s.generated, reason, lambda ids: self.tokenizer.decode(ids))
         self._release(s)
         result = self._result(s.req, s.generated, s.stop.text, s.reused, cache, reason, s.t_first, s.t_last,
                               s.n_sampled)
@@ -651,6 +716,56 @@ class BatchScheduler:
         stats = reply_stats(len(req.prompt.ids), reused, len(generated), cache, reason, req.t0, t_first, t_last,
                             n_sampled)
         return GenerationResult(text, list(generated), list(req.prompt.ids), stats)
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: list[int]  # generated ids, without a final EOS
+    text: str  # decoded, stop string (and what followed it) cut off
+    stats: GenerationStats
+    # The generated ids whose K/V are in the cache (all but the last sampled one, which was
+    # never fed back): the cache holds prompt + cached_ids.
+    cached_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # per generated token, when params.logprobs is set
+
+
+def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: Callable[[str], None] | None = None,
+             cancel: threading.Event | None = None, start_pos: int | None = None,
+             history_ids: Sequence[int] | None = None,
+             on_prompt_progress: PromptProgress | None = None) -> GenerationOutput:
+    """One sequence on a model and a KV cache of the caller's, as a batch of one of the scheduler
+    (the one loop; the steps run in this thread): prefill `prompt` (token ids, or (T, hidden)
+    input rows with image features spliced in) at `start_pos` (default: the cache's length; a
+    smaller value truncates the cache first), then sample until EOS (unless params.ignore_eos), a
+    stop string, max_tokens, a full context, or `cancel` (checked before every step, so another
+    thread stops it within one prompt chunk or token). Text pieces stream through `on_piece`.
+
+    `history_ids`: every token id of the sequence so far (the repetition penalty's); by default
+    the prompt's ids when the prompt is ids."""
+    check_params(params)
+    start_pos = cache.length if start_pos is None else start_pos
+    if start_pos > cache.length:
+        raise EngineError(f"cannot start at position {start_pos}: the KV cache holds {cache.length}")
+    cache.truncate(start_pos)
+    if isinstance(prompt, torch.Tensor) and prompt.is_floating_point():
+        rows, ids = (prompt[0] if prompt.dim() == 3 else prompt), None
+    else:
+        ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else [int(t) for t in prompt]
+        rows = model.embed(ids) if ids else None
+    if rows is None or rows.shape[0] == 0:
+        raise EngineError("the prompt is empty: give at least one token")
+    n = start_pos + rows.shape[0]
+    history = list(history_ids) if history_ids is not None else ids
+    # positions the caller's cache holds are reused as they are: the slot is told it holds them
+    known = list(history) if history is not None and len(history) == n else [0] * start_pos + (ids or [0] * rows.shape[0])
+    scheduler = BatchScheduler(model, tokenizer, slots=1, priority_slots=0, caches=[cache], prefix_cache=PrefixCache(0),
+                               gather_s=0.0, replies=ReplyMemory(capacity=0))
+    scheduler.slots[0].keys = known[:start_pos]
+    future = scheduler.submit(EncodedPrompt(known), params, on_piece, cancel, on_prompt_progress=on_prompt_progress,
+                              rows=rows, history=history or [])
+    result = scheduler.wait(future)
+    fed = max(0, cache.length - n)
+    return GenerationOutput(result.token_ids, result.text, result.stats, result.token_ids[:fed], result.logprobs)
 
 
 def copy_positions(src: KVCache, dst: KVCache, n: int) -> None:
@@ -853,5 +968,5 @@ class BatchedEngine:
         return gate
 
 
-__all__ = ["Arrival", "BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "Gate", "MIN_SLOT_CONTEXT", "STEP_ROWS_CPU", "STEP_ROWS_GPU",
+__all__ = ["Arrival", "BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "Gate", "MIN_SLOT_CONTEXT", "STEP_SHARE", "GenerationOutput", "generate",
            "carve_kv", "copy_positions", "planned_slot_sizes"]

@@ -1,4 +1,5 @@
-"""Sampling and the generation loop.
+"""Sampling, and the rules of the one generation loop (runtime/batch.py's scheduler): a token's draw,
+why a reply stops, its stats.
 
 The sampling steps are small pure functions on one logits vector (vocab,), with the same
 semantics as transformers' logits processors, applied in HF's order: repetition penalty,
@@ -8,8 +9,6 @@ logits' device (greedy = argmax when temperature <= 0).
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -17,8 +16,6 @@ import torch
 
 from ...kernels import cpu_native
 from ..api import EngineError, FinishReason, GenerationStats, SamplingParams, TokenLogprob
-from .decoder import decode
-from .prompts import check_fits
 
 # ----------------------------------------------------------------------------- sampling
 
@@ -337,119 +334,7 @@ def reply_stats(n_prompt: int, reused: int, n_generated: int, cache, reason: Fin
     return stats
 
 
-# ----------------------------------------------------------------------------- the loop
-
-@dataclass
-class GenerationOutput:
-    token_ids: list[int]  # generated ids, without a final EOS
-    text: str  # decoded, stop string (and what followed it) cut off
-    stats: GenerationStats
-    # The generated ids whose K/V are in the cache (all but the last sampled one, which was
-    # never fed back): the cache holds prompt + cached_ids.
-    cached_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None  # per generated token, when params.logprobs is set
-
-
-def _prompt_embeds(model, prompt) -> tuple[torch.Tensor, list[int] | None]:
-    if isinstance(prompt, torch.Tensor) and prompt.is_floating_point():
-        return prompt, None
-    ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else [int(t) for t in prompt]
-    return model.embed(ids), ids
-
-
-def prefill(model, embeds: torch.Tensor, start_pos: int, cache, cancel: threading.Event | None = None,
-            on_progress: Callable[[int, int], None] | None = None) -> torch.Tensor | None:
-    """model.forward over the prompt rows, reporting (rows read, rows to read) after each of the
-    model's own prefill chunks ((0, total) first when there is more than one), so a long prompt
-    shows its progress. The same passes as one forward call. None when cancelled between chunks."""
-    total = embeds.shape[-2]
-    chunk = getattr(model, "prefill_chunk", 0) or total
-    if on_progress is None or total <= chunk:
-        logits = model.forward(embeds, start_pos, cache, cancel=cancel)
-        if logits is not None and on_progress is not None:
-            on_progress(total, total)
-        return logits
-    on_progress(0, total)
-    for lo in range(0, total, chunk):
-        if lo and cancel is not None and cancel.is_set():
-            return None
-        hi = min(lo + chunk, total)
-        logits = model.forward(embeds[..., lo:hi, :], start_pos + lo, cache)
-        on_progress(hi, total)
-    return logits
-
-
-def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: Callable[[str], None] | None = None,
-             cancel: threading.Event | None = None, start_pos: int | None = None,
-             history_ids: Sequence[int] | None = None,
-             on_prompt_progress: Callable[[int, int], None] | None = None) -> GenerationOutput:
-    """Prefill `prompt` (token ids, or (T, hidden) input embeddings with image features
-    spliced in) at `start_pos` (default: the cache's length; a smaller value truncates the
-    cache first), then sample until EOS (unless params.ignore_eos), a stop string, max_tokens,
-    a full context, or `cancel` (checked between prefill chunks and before every decode step,
-    so another thread stops it within one token). Text pieces stream through `on_piece`.
-
-    `history_ids`: every token id of the sequence so far (for the repetition penalty); defaults
-    to the prompt ids when the prompt is ids. `on_prompt_progress(read, total)`: see prefill()."""
-    check_params(params)
-    t0 = time.perf_counter()
-    start_pos = cache.length if start_pos is None else start_pos
-    if start_pos > cache.length:
-        raise EngineError(f"cannot start at position {start_pos}: the KV cache holds {cache.length}")
-    cache.truncate(start_pos)
-    embeds, prompt_ids = _prompt_embeds(model, prompt)
-    n_prompt = embeds.shape[-2]
-    decoder = tokenizer.stream(skip_special=False) if params.control_text else tokenizer.stream()
-    logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
-    stop_filter = StopStringFilter(params.stop)
-
-    def emit(piece: str) -> None:
-        if piece and on_piece is not None:
-            on_piece(piece)
-
-    def finish(reason: FinishReason, generated: list[int], cached: list[int], t_first, t_last, n_sampled):
-        if not stop_filter.stopped:
-            emit(stop_filter.feed(decoder.flush(), final=True))
-        stats = reply_stats(start_pos + n_prompt, start_pos, len(generated), cache, reason, t0, t_first, t_last,
-                            n_sampled)
-        return GenerationOutput(generated, stop_filter.text, stats, cached, logprobs)
-
-    if cancel is not None and cancel.is_set():
-        return finish("cancelled", [], [], None, None, 0)
-    check_fits(start_pos + n_prompt, 0, cache.capacity)
-    logits = prefill(model, embeds, start_pos, cache, cancel, on_prompt_progress)
-    if logits is None:  # cancelled between prefill chunks: the cache holds a prefix
-        return finish("cancelled", [], [], None, None, 0)
-
-    device = logits.device
-    generator = None if params.greedy else make_generator(params.seed, device)
-    seen = None
-    if params.repetition_penalty != 1.0:
-        history = list(history_ids) if history_ids is not None else (prompt_ids or [])
-        seen = seen_mask(history, logits.shape[-1], device)
-
-    generated: list[int] = []
-    cached: list[int] = []
-    t_first = t_last = None
-    n_sampled = 0
-    if params.max_tokens == 0:
-        return finish("length", generated, cached, None, None, 0)
-    while True:
-        token = draw_token(logits, params, tokenizer, generated, generator, seen, logprobs)
-        n_sampled += 1
-        t_last = time.perf_counter()
-        if t_first is None:
-            t_first = t_last
-        if token is not None:
-            emit(stop_filter.feed(decoder.push(token)))
-        reason = stop_reason(token, stop_filter, len(generated), params, cancel, cache)
-        if reason is not None:
-            return finish(reason, generated, cached, t_first, t_last, n_sampled)
-        logits = decode(model, token, cache)
-        cached.append(token)
-
-
 __all__ = ["InvalidLogitsError", "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
            "process_logits", "sample", "make_generator", "check_params", "StopStringFilter",
-           "GenerationOutput", "prefill", "generate", "ScriptedLogits", "apply_processors", "token_logprob",
+           "ScriptedLogits", "apply_processors", "token_logprob",
            "seen_mask", "draw_token", "MAX_TOP_LOGPROBS", "stop_reason", "reply_stats"]

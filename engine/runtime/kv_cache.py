@@ -1,31 +1,15 @@
 """The KV cache of one sequence: preallocated keys/values per layer (one pair of tensors per
-segment of a split model), truncation, and snapshots to host memory and back (prefix reuse across
-chats, runtime/session.py)."""
+segment of a split model) and truncation. KV outside it lives in the prefix cache's blocks
+(runtime/prefix_cache.py)."""
 from __future__ import annotations
 
 import math
 import mmap
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from ..api import EngineError
-
-
-@dataclass
-class KVSnapshot:
-    """A cache's first `length` positions copied to host memory (see KVCache.to_host)."""
-
-    k: torch.Tensor  # (layers, kv_heads, length, head_dim), CPU
-    v: torch.Tensor
-    length: int
-    buffer: torch.Tensor | None = None  # the pool buffer k and v live in (HostBufferPool)
-    pinned: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
 
 def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -104,52 +88,3 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
-
-    def to_host(self, pool=None) -> KVSnapshot:
-        """One (layers, ...) host tensor per K and V whatever the split; parts of different
-        dtypes (bf16 GPU, f32 CPU) meet in float32, which holds both exactly. Host memory is
-        pinned when a part is on a GPU; with a `pool` (runtime.session.HostBufferPool) both
-        live in one of its buffers, reused across chat switches, instead of new allocations."""
-        n = self.length
-        pin = any(t.device.type == "cuda" for t in self.ks)
-        dtypes = {t.dtype for t in self.ks}
-        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-        size = torch.empty((), dtype=dtype).element_size()
-
-        def shape_of(parts: list[torch.Tensor]) -> tuple[int, ...]:
-            return (sum(t.shape[0] for t in parts),) + tuple(parts[0].shape[1:2]) + (n, parts[0].shape[3])
-
-        k_shape, v_shape = shape_of(self.ks), shape_of(self.vs)
-        k_bytes, v_bytes = math.prod(k_shape) * size, math.prod(v_shape) * size
-        buffer = pool.take(k_bytes + v_bytes, pin) if pool is not None else None
-
-        def copy(parts: list[torch.Tensor], shape, offset: int) -> torch.Tensor:
-            if buffer is None:
-                out = torch.empty(shape, dtype=dtype, pin_memory=pin)
-            else:
-                out = buffer[offset:offset + math.prod(shape) * size].view(dtype).view(shape)
-            lo = 0
-            for t in parts:
-                out[lo:lo + t.shape[0]].copy_(t[:, :, :n])
-                lo += t.shape[0]
-            return out
-
-        return KVSnapshot(copy(self.ks, k_shape, 0), copy(self.vs, v_shape, k_bytes), n, buffer, pin)
-
-    def from_host(self, snap: KVSnapshot) -> None:
-        """Restore a snapshot taken from a cache of the same model (same or smaller length)."""
-        n = snap.length
-        layers = sum(t.shape[0] for t in self.ks)
-        k0, v0 = self.ks[0], self.vs[0]
-        if snap.k.shape[0] != layers or snap.k.shape[1] != k0.shape[1] or snap.k.shape[3] != k0.shape[3] \
-                or snap.v.shape[3] != v0.shape[3]:
-            raise EngineError(f"KV snapshot of shape {tuple(snap.k.shape)} does not fit this cache "
-                              f"({layers} layers, {tuple(k0.shape[1:])} each) (another model?)")
-        if n > self.capacity:
-            raise EngineError(f"KV snapshot holds {n} positions, the context is {self.capacity}")
-        lo = 0
-        for k, v in zip(self.ks, self.vs):
-            k[:, :, :n].copy_(snap.k[lo:lo + k.shape[0]])
-            v[:, :, :n].copy_(snap.v[lo:lo + v.shape[0]])
-            lo += k.shape[0]
-        self.length = n

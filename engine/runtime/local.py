@@ -1,16 +1,17 @@
-"""The local GGUF engine: model + optional Pixtral projector + tokenizer + KV reuse across turns.
+"""The local GGUF engine: model + optional Pixtral projector + tokenizer + the one scheduler.
 
 Owned by one thread (the GUI's worker, or the CLI). `chat()` encodes the conversation with the
-official v7 format, keeps the longest reusable prefix of the active chat's KV cache, or copies a
-longer one from the shared prefix cache (`prefix_cache`: any chat's blocks, a known system
-prompt, and after a restart the blocks on disk), splices image features into the new rows and
-streams the reply; its prompt and reply blocks are published to the prefix cache afterwards.
+official v7 format and hands it to the engine's `BatchScheduler` (runtime/batch.py), which every
+reply goes through: alone it is a batch of one, its steps run in the caller's thread over the
+engine's one KV cache; while the API server is on (`serve`) the same scheduler runs many
+sequences on a loop thread of its own, the window's replies on its priority lane. KV reuse is
+the scheduler's one rule: the slot's own prefix, or a longer run of the shared prefix cache's
+blocks (any chat's, a known system prompt, and after a restart the blocks on disk).
 """
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -18,7 +19,8 @@ import torch
 
 from ..api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
-from .generate import InvalidLogitsError, check_params, generate
+from .batch import BatchScheduler, carve_kv, planned_slot_sizes
+from .generate import InvalidLogitsError, check_params
 from ..gguf import GGUFError, open_gguf
 from ..mistral3.text import Mistral3Text, torch_device
 from ..mistral3.config import check_pair, text_config
@@ -26,9 +28,9 @@ from .decoder import cpu_kv_dtype, new_cache
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
 from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
-from .prompts import check_fits, check_prompt_ids, image_features, prompt_rows
+from .prompts import check_prompt_ids, image_features, prompt_rows
 from .prefix_disk import DEFAULT_DISK_BYTES, PrefixDisk, block_layout, model_identity, usable_folder
-from .session import HostKVStore, Session, position_keys, reusable_prefix
+from .session import position_keys
 from .threads import settle_torch_threads
 from ..mistral3.tokenizer import Tokenizer
 
@@ -48,8 +50,8 @@ class LocalEngine:
         fit: planned before loading), or cpu. device_map: a manual map, e.g. "cuda:0=30,cpu=10".
         context_length: None for the plan's default; a larger one is planned the same way
         (layers move to the CPU, or a PlanError says it does not fit).
-        kv_host_budget_mb: host memory for KV outside the cache, half for parked chats, half for
-        the shared prefix cache. kv_disk_dir: a folder for the prefix cache's disk tier (blocks
+        kv_host_budget_mb: host memory for KV outside the cache: the shared prefix cache, where
+        every chat's blocks stay when another chat takes the cache. kv_disk_dir: a folder for the prefix cache's disk tier (blocks
         of recent chats survive a restart), at most kv_disk_budget_mb there; None: memory only.
         kv_type: the KV cache of the layers on the CPU, "f32" or "f16" (half the memory and the
         bytes a long context's decode step reads; keys and values rounded to float16, the
@@ -78,22 +80,34 @@ class LocalEngine:
         if progress:
             progress(0.95, "allocating the KV cache, capturing the decode graphs")
         self.cache = new_cache(self.model, self.plan.context_length, kv_type=kv_type)  # the KV the plan counted
-        self.session = Session()
-        self.session_key: str | None = None
-        host_budget = self._host_kv_budget(kv_host_budget_mb << 20)  # one bound for both below
-        self.host_kv = HostKVStore(host_budget - host_budget // 2)
+        self.kv_type = kv_type
+        host_budget = self._host_kv_budget(kv_host_budget_mb << 20)
         disk = None
         if kv_disk_dir is not None:
             identity = model_identity(self.model_path, gf.data_offset, self.mmproj_path)
             disk = PrefixDisk(kv_disk_dir, identity, block_layout(self.cache, BLOCK_TOKENS),
                               max(0, int(kv_disk_budget_mb)) << 20)
-        # Shared with a BatchScheduler built on this engine (serve): one cache, one bound.
-        self.prefix_cache = PrefixCache(host_budget // 2, BLOCK_TOKENS, disk)
+        self.prefix_cache = PrefixCache(host_budget, BLOCK_TOKENS, disk)
         # replies generated here, put back with their exact ids (after a restart too, from disk)
         self.replies = ReplyMemory(disk=disk, check=self._decodes_to)
+        # every reply goes through it: one slot, the engine's cache, until serve() gives it more
+        self.scheduler = BatchScheduler(self.model, self.tokenizer, self.vision, slots=1, priority_slots=0,
+                                        caches=[self.cache], prefix_cache=self.prefix_cache, replies=self.replies,
+                                        source=self.model_path)
         release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Tokenizer) -> None:
+        """One tokenizer for the engine and its scheduler (a test gives a renamed one)."""
+        self._tokenizer = tokenizer
+        if getattr(self, "scheduler", None) is not None:
+            self.scheduler.tokenizer = tokenizer
 
     @property
     def placement(self) -> dict:
@@ -108,7 +122,7 @@ class LocalEngine:
         return info
 
     def _host_kv_budget(self, asked: int) -> int:
-        """Parked chats' KV in host memory: what was asked, but never more than the plan leaves
+        """The prefix cache's host memory: what was asked, but never more than the plan leaves
         free on the CPU when the CPU holds part of the model (the plan's arithmetic adds up)."""
         cpu = next((p for p in self.plan.placements if p.device.kind == "cpu"), None)
         return asked if cpu is None else min(asked, max(cpu.device.usable - cpu.total, 0))
@@ -142,7 +156,8 @@ class LocalEngine:
 
     @property
     def context_size(self) -> int:
-        return self.cache.capacity
+        """The longest conversation of the window's lane (a kept slot while serving)."""
+        return self.scheduler.lane_context(True)
 
     @property
     def context_limit(self) -> int:
@@ -163,14 +178,46 @@ class LocalEngine:
         """One at a time: this engine has one KV cache (BatchedEngine batches them)."""
         return [fn(self, i) for i in range(n)]
 
+    # -- serving: the same scheduler, more slots, its own loop thread --------------------------
+    def serve(self, slots: int, priority_slots: int = 1, share_planned_kv: bool | None = None,
+              **options) -> BatchScheduler:
+        """Turn the scheduler to `slots` sequences at once (+ `priority_slots` kept for the
+        window's replies) on a loop thread; `stop_serving` turns it back. `share_planned_kv`
+        (default: on a GPU): the slots are carved out of the engine's own KV cache, the one
+        context the plan counted (as llama-server's -np divides -c; kept slots get half of it);
+        otherwise (the CPU, where pages are committed as positions are written) each slot has a
+        cache of the engine's context, the engine's own cache one of them, what it holds kept.
+        `options`: the scheduler's step_rows / gather_s."""
+        if share_planned_kv is None:
+            share_planned_kv = self.model.on_gpu
+        context = options.pop("context_length", None) or self.cache.capacity
+        if share_planned_kv:
+            caches = carve_kv(self.cache, planned_slot_sizes(self.cache.capacity, slots, priority_slots))
+        else:
+            extra = [new_cache(self.model, context, capture_graphs=False, kv_type=self.kv_type)
+                     for _ in range(slots + priority_slots - 1)]
+            # the engine's cache is the window's kept slot (or, without one, the first slot)
+            caches = extra + [self.cache] if priority_slots else [self.cache] + extra
+        self.scheduler.use_slots(caches, slots, priority_slots, options.get("step_rows"), options.get("gather_s"))
+        return self.scheduler.start()
+
+    def stop_serving(self, error: EngineError | None = None) -> None:
+        """Back to one slot over the engine's cache, steps in the caller's thread; what runs or
+        waits fails with `error`."""
+        if self.scheduler is None:  # closed first
+            return
+        self.scheduler.halt(error)
+        self.scheduler.use_slots([self.cache], 1, 0)
+
     def close(self) -> None:
         """Give the memory back now: the weights (and their repacked copies), the KV cache, parked
         chats, and glibc's freed heap to the system. (No gc.collect() here: close runs on the
         window's worker thread, and a collection there could free Qt objects off the GUI thread.)"""
+        self.scheduler.close()
+        self.scheduler = None
         self.cache = None
         self.model = None
         self.vision = None
-        self.host_kv = HostKVStore(0)
         self.prefix_cache.close()  # the blocks still queued for disk are written first
         self.prefix_cache = PrefixCache(0)
         if torch.cuda.is_available():
@@ -205,43 +252,14 @@ class LocalEngine:
     def generate_from(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                       cancel: threading.Event | None = None, session_key: str | None = None,
                       on_prompt_progress: PromptProgress | None = None) -> GenerationResult:
-        """Reply to an encoded prompt in `session_key`'s KV (what `chat` and `complete` share)."""
-        n_prompt = len(prompt.ids)
-        check_fits(n_prompt, params.max_tokens, self.cache.capacity, self.context_limit, self.model_path)
-        self._activate(session_key)
-        t0 = time.perf_counter()
-        keys = position_keys(prompt.ids, prompt.image_spans)
-        hashes = block_hashes(keys, self.prefix_cache.block)
-        reused = self._reuse(keys, hashes, prompt.image_spans)
-        self.session.keys = keys[:reused]
-        embeds = self._embeddings(prompt, reused)
-        before_prefill = time.perf_counter() - t0  # blocks read from disk, images encoded: part of TTFT
+        """Reply to an encoded prompt (what `chat` and `complete` share), on the scheduler's
+        priority lane. `session_key` is accepted for the Engine protocol: the scheduler finds any
+        conversation's KV by its tokens, whatever it is called."""
         try:
-            out = generate(self.model, self.cache, embeds, params, self.tokenizer, on_piece=on_piece,
-                           cancel=cancel, start_pos=reused, history_ids=prompt.ids,
-                           on_prompt_progress=on_prompt_progress)
-        except BaseException as exc:
-            # Keep only what is known to be in the cache: a prefix of this prompt.
-            kept = min(self.cache.length, len(keys))
-            self.cache.truncate(kept)
-            self.session.keys = keys[:kept]
-            if isinstance(exc, InvalidLogitsError):
-                raise InvalidLogitsError(f"{self.model_path}: {exc}") from None
-            raise
-        # The cache holds the prompt (unless cancelled before prefill) and all but the last token.
-        self.session.keys = (keys + list(out.cached_ids))[: self.cache.length]
-        self._publish(self.session.keys, hashes)
-        self.replies.remember_reply(out.text, out.token_ids, out.stats.finish_reason, self.tokenizer.decode)
-        result = GenerationResult(out.text, out.token_ids, prompt.ids, out.stats, out.logprobs)
-        if result.stats.ttft_s:
-            result.stats.ttft_s += before_prefill
-        stats = result.stats
-        stats.prompt_tokens = n_prompt
-        stats.reused_tokens = reused
-        stats.prefilled_tokens = n_prompt - reused
-        stats.context_used = self.cache.length
-        stats.context_size = self.cache.capacity
-        return result
+            return self.scheduler.generate(prompt, params, on_piece, cancel, priority=True,
+                                           on_prompt_progress=on_prompt_progress)
+        except InvalidLogitsError as exc:
+            raise InvalidLogitsError(f"{self.model_path}: {exc}") from None
 
     # -- internals ---------------------------------------------------------------------------
     def _check_ready(self, params: SamplingParams) -> None:
@@ -249,51 +267,15 @@ class LocalEngine:
             raise EngineError(f"{self.model_path}: this engine was closed: load the model again")
         check_params(params)  # before anything changes: a bad setting must not cost the active chat its KV
 
-    def _activate(self, session_key: str | None) -> None:
-        """Make `session_key`'s KV the resident one, parking the previous chat's in host RAM."""
-        if session_key == self.session_key:
-            return
-        if self.session_key is not None and self.cache.length:
-            snap = self.cache.to_host(self.host_kv.pool)  # a reused (pinned) buffer, not a new one
-            self.host_kv.put(self.session_key, self.session.keys[: self.cache.length], snap, snap.nbytes)
-        self.session_key = session_key
-        restored = self.host_kv.take(session_key) if session_key is not None else None
-        if restored is None:
-            self.cache.truncate(0)
-            self.session = Session()
-            return
-        keys, snap = restored
-        self.cache.from_host(snap)
-        self.host_kv.recycle(snap)  # copied into the cache: its buffer serves the next switch
-        self.session = Session(list(keys))
-
-    def _reuse(self, keys: list, hashes: list[bytes], image_spans) -> int:
-        """Truncate the cache to the longest reusable prefix of this prompt: the active chat's
-        own, or a longer run of the prefix cache's blocks copied in. Returns its length."""
-        own = self.session.plan(keys, image_spans)
-        b = self.prefix_cache.block
-        with self.prefix_cache.lock:  # a batch scheduler on this engine shares it
-            held = self.prefix_cache.match(hashes, start=own // b)
-            from_blocks = reusable_prefix(keys[:held * b], keys, image_spans) if held * b > own else 0
-            if from_blocks <= own:
-                self.cache.truncate(own)
-                return own
-            first = own // b
-            self.cache.truncate(first * b)
-            self.prefix_cache.load(hashes[:-(-from_blocks // b)], self.cache, first)
-        self.cache.truncate(from_blocks)
-        return from_blocks
-
     def _decodes_to(self, text: str, ids: list[int]) -> bool:
         vocab = self.tokenizer.vocab_size
         return all(0 <= t < vocab for t in ids) and self.tokenizer.decode(ids) == text
 
-    def _publish(self, keys: list, prompt_hashes: list[bytes]) -> None:
-        """The full blocks the cache holds (prompt, and the reply's exact ids) to the prefix
-        cache, once the reply has ended; the disk tier writes them on its own thread."""
-        b = self.prefix_cache.block
-        known = prompt_hashes[:len(keys) // b]
-        self.prefix_cache.store(block_hashes(keys, b, known), self.cache)
+    def prompt_rows(self, prompt: EncodedPrompt, start: int = 0) -> torch.Tensor:
+        """Input rows for prompt positions [start, end), image features spliced in (the
+        scheduler's own rule, prompts.prompt_rows): a scoring pass's input (perplexity)."""
+        image_token = self.tokenizer.token_id("[IMG]") if prompt.image_spans else None
+        return prompt_rows(self.model, image_token, prompt, start, image_features(self.vision, prompt, start))
 
     def forget_chat(self, messages: list[ChatMessage]) -> None:
         """A deleted chat's content leaves the prefix cache, in memory and on disk: the blocks of
@@ -310,16 +292,10 @@ class LocalEngine:
         self.replies.forget([m.text_content for m in messages if m.role == "assistant"])
 
     def forget_session(self, session_key: str) -> None:
-        """Drop a chat's cached KV (the chat was deleted)."""
-        self.host_kv.drop(session_key)
-        if session_key == self.session_key and self.cache is not None:
-            self.cache.truncate(0)
-            self.session = Session()
-
-    def _embeddings(self, prompt: EncodedPrompt, start: int) -> torch.Tensor:
-        """Input rows for prompt positions [start, end), image features spliced in (prompts.prompt_rows)."""
-        image_token = self.tokenizer.token_id("[IMG]") if prompt.image_spans else None
-        return prompt_rows(self.model, image_token, prompt, start, image_features(self.vision, prompt, start))
+        """A chat was deleted: the idle slots let go of what they hold (its KV may be there; KV
+        is found by content, not by chat, and forget_chat drops its blocks)."""
+        if self.scheduler is not None:
+            self.scheduler.forget_idle()
 
 
 def _scaled(progress: LoadProgress | None, lo: float, hi: float) -> LoadProgress | None:

@@ -199,7 +199,7 @@ class ReplyMemory:
         """A reply that just ended: keep its sampled ids only if it ran to its end ("stop" or
         "length") and they decode to exactly its text (a stop string cuts the text short of its
         ids): ids put back for a text must be that text, or the next prompt says something else."""
-        if finish_reason in ("stop", "length") and ids and decode(list(ids)) == text:
+        if self.capacity > 0 and finish_reason in ("stop", "length") and ids and decode(list(ids)) == text:
             self.remember(text, ids)
 
     def forget(self, texts: Sequence[str]) -> None:

@@ -58,28 +58,13 @@ class BatchExecutor:
 
     def __init__(self, engine, slots: int = 8, workers: int = 64, priority_slots: int = 1,
                  share_planned_kv: bool | None = None, **scheduler_options):
-        """`share_planned_kv` (default: on a GPU): the slots are carved out of the engine's own
-        KV cache, the one context the plan counted (as llama-server's -np divides -c; kept
-        slots get half of it, `planned_slot_sizes`), instead of new caches beside it; the
-        engine's active chat forgets its KV then. On the CPU each slot has a cache of the
-        engine's context (pages are committed as positions are written)."""
-        from ..runtime.batch import (BatchedEngine, BatchScheduler, carve_kv,  # torch: not at the CLI parser's import
-                                     planned_slot_sizes)
+        """`share_planned_kv`: see LocalEngine.serve (by default on a GPU the slots are carved out
+        of the engine's planned KV; on the CPU each has a cache of the engine's context)."""
+        from ..runtime.batch import BatchedEngine  # torch: not at the CLI parser's import
 
         self._engine = engine
-        if share_planned_kv is None:
-            share_planned_kv = engine.model.on_gpu
-        if share_planned_kv:
-            sizes = planned_slot_sizes(engine.cache.capacity, slots, priority_slots)
-            scheduler_options["caches"] = carve_kv(engine.cache, sizes)
-            engine.forget_session(engine.session_key)  # its cache's positions now belong to the slots
-        else:
-            scheduler_options.setdefault("context_length", engine.context_size)
-        # one prefix cache and one reply memory (kept on disk with its blocks) for the engine's chats and the batch
-        scheduler_options.setdefault("prefix_cache", engine.prefix_cache)
-        scheduler_options.setdefault("replies", engine.replies)
-        self.scheduler = BatchScheduler(engine.model, engine.tokenizer, engine.vision, slots=slots,
-                                        priority_slots=priority_slots, **scheduler_options).start()
+        # the engine's own scheduler, given more slots and a loop thread (one scheduler for every reply)
+        self.scheduler = engine.serve(slots, priority_slots, share_planned_kv, **scheduler_options)
         self.engine = BatchedEngine(engine, self.scheduler)
         self.priority = self.engine.prioritized()
         self._model = served_model_of(self.engine)
@@ -98,8 +83,8 @@ class BatchExecutor:
     def shutdown(self) -> None:
         """Fail what runs or waits (the scheduler stops: a 503 for the clients, who may send it
         again to the next model), then wait for the jobs to end."""
-        self.scheduler.close(ModelUnavailable("the model was unloaded or changed while this request ran: "
-                                              "send it again"))
+        self._engine.stop_serving(ModelUnavailable("the model was unloaded or changed while this request ran: "
+                                                   "send it again"))
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -14,6 +14,7 @@ from tramontane.engine.cli.main import main as cli_main
 from tramontane.engine.runtime.local import LocalEngine
 
 from support import FIXTURES
+from support.batch_runs import PrefillSpy
 MODEL = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")
 Q256 = os.path.join(FIXTURES, "mistral3_q256-Q4_K_M.gguf")
@@ -105,20 +106,10 @@ def engine():
 
 def first_prefill(engine, messages, params=GREEDY, **kwargs):
     """(result, start position and logits of the turn's first forward)."""
-    calls = []
-    orig = engine.model.forward
-
-    def spy(embeds, start_pos, cache=None, all_logits=False, **kw):
-        out = orig(embeds, start_pos, cache, all_logits, **kw)
-        calls.append((start_pos, None if out is None else out.clone()))
-        return out
-
-    engine.model.forward = spy
-    try:
+    with PrefillSpy(engine) as spy:
         result = engine.chat(messages, params, **kwargs)
-    finally:
-        engine.model.forward = orig
-    return result, calls[0][0], calls[0][1]
+    start, _, logits = spy.prefill
+    return result, start, logits
 
 
 def cold(engine, messages):
@@ -183,12 +174,13 @@ def test_a_failing_on_piece_then_cancel_then_regenerate_stay_exact(engine):
     assert again.token_ids[:len(cancelled.token_ids)] == cancelled.token_ids
 
 
-def test_many_chats_with_host_kv_evicted_are_recomputed_exactly():
+def test_many_chats_with_their_blocks_evicted_are_recomputed_exactly():
     eng = LocalEngine(MODEL, None, device="cpu", context_length=128, kv_host_budget_mb=1)
-    eng.host_kv.budget = 30_000  # room for about one parked chat
-    chats = {f"k{i}": [ChatMessage.text("user", f"chat number {i} says hello")] for i in range(4)}
+    block_bytes = eng.prefix_cache.block * eng.model.kv_bytes_per_token()
+    eng.prefix_cache.budget = 2 * block_bytes  # room for about one other chat's blocks
+    chats = {f"k{i}": [ChatMessage.text("user", f"chat number {i} says hello, " * 5)] for i in range(4)}
     answers = {k: eng.chat(m, GREEDY, session_key=k) for k, m in chats.items()}
-    assert len(eng.host_kv) <= 1
+    assert eng.prefix_cache.used <= eng.prefix_cache.budget
     for k, m in chats.items():
         follow = m + [ChatMessage.text("assistant", answers[k].text), ChatMessage.text("user", "more")]
         result, start, logits = first_prefill(eng, follow, session_key=k)

@@ -13,10 +13,9 @@ def greedy(n: int, **kw) -> SamplingParams:
 
 
 def alone(engine, prompt: EncodedPrompt, params: SamplingParams):
-    """The request by itself, in a fresh KV session."""
+    """The request by itself, from an empty slot (the prefix cache's blocks are the same KV)."""
     engine.forget_session("alone")
-    engine._activate(None)
-    return engine.generate_from(prompt, params, session_key=f"alone-{id(prompt)}")
+    return engine.generate_from(prompt, params)
 
 
 def random_prompts(engine, lengths, seed=0) -> list[EncodedPrompt]:
@@ -42,3 +41,30 @@ class Recorder:
 
     def close(self):
         del self.model.forward_batch
+
+
+class PrefillSpy:
+    """Records a turn's passes through the scheduler's forward (model.forward_batch): the first
+    one's start position, rows and the logits of its last row (the prompt's, when it is read in
+    one pass)."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+        self._orig = engine.model.forward_batch
+
+    def __enter__(self):
+        def spy(embeds, groups, logits_of):
+            out = self._orig(embeds, groups, logits_of)
+            _, start, n = groups[-1]
+            self.calls.append((start, n, out[-1].detach().clone() if len(out) else None))
+            return out
+
+        self.engine.model.forward_batch = spy
+        return self
+
+    def __exit__(self, *exc):
+        del self.engine.model.forward_batch  # the method again
+
+    @property
+    def prefill(self):
+        return self.calls[0]

@@ -18,7 +18,6 @@ from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.text import Mistral3Text
 from tramontane.engine.runtime import decoder
 from tramontane.engine.runtime.decoder import decode, new_cache
-from tramontane.engine.runtime.kv_cache import KVCache
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, parse_device_map, plan_devices,
                                                   sizes_of_files)
 from tramontane.engine.runtime.local import LocalEngine
@@ -78,44 +77,6 @@ def test_split_logits_are_bit_identical_prefill_chunks_and_decode(pair):
     (_, c_whole), (_, c_split) = caches
     assert c_whole.length == c_split.length == 40
     assert torch.equal(c_whole.k[:, :, :40], torch.cat([k[:, :, :40] for k in c_split.ks]))
-
-
-def test_host_snapshot_round_trip_across_a_split(pair):
-    whole, split = pair
-    ids = _ids(30, whole.cfg.vocab_size, seed=5)
-    out = {}
-    for name, m in (("whole", whole), ("split", split)):
-        cache = new_cache(m, 64)
-        m.forward(ids[:20], 0, cache)
-        snap = cache.to_host()
-        m.forward(ids[20:], 20, cache)  # the cache moves on (another chat's turn)...
-        cache.truncate(0)
-        cache.from_host(snap)  # ...and comes back
-        assert cache.length == 20
-        out[name] = (snap, m.forward(ids[20:], 20, cache, all_logits=True))
-    # one snapshot layout whatever the split: (layers, kv_heads, length, head_dim) on the host
-    assert torch.equal(out["whole"][0].k, out["split"][0].k) and torch.equal(out["whole"][0].v, out["split"][0].v)
-    assert torch.equal(out["whole"][1], out["split"][1])
-    # a snapshot of the whole model restores into the split cache (and back)
-    cache = new_cache(split, 64)
-    cache.from_host(out["whole"][0])
-    assert torch.equal(split.forward(ids[20:], 20, cache, all_logits=True), out["whole"][1])
-
-
-def test_snapshot_of_mixed_dtype_parts_is_exact():
-    """GPU segments hold bf16, CPU segments f32: the host copy is f32 and round-trips exactly."""
-    cpu = torch.device("cpu")
-    cache = KVCache(3, 2, 8, 8, 16, torch.float32, cpu, parts=[(2, torch.bfloat16, cpu), (1, torch.float32, cpu)])
-    g = torch.Generator().manual_seed(0)
-    for t in cache.ks + cache.vs:
-        t.copy_(torch.randn(t.shape, generator=g))
-    cache.length = 10
-    snap = cache.to_host()
-    assert snap.k.dtype == torch.float32 and snap.k.shape == (3, 2, 10, 8)
-    other = KVCache(3, 2, 8, 8, 16, torch.float32, cpu, parts=[(2, torch.bfloat16, cpu), (1, torch.float32, cpu)])
-    other.from_host(snap)
-    for a, b in zip(cache.ks + cache.vs, other.ks + other.vs):
-        assert torch.equal(a[:, :, :10], b[:, :, :10])
 
 
 def test_embedding_and_head_on_devices_of_their_own_change_nothing():
@@ -227,7 +188,7 @@ def test_cuda_cpu_split_matches_the_gpu_model(name):
     """Layer 0 on the CPU (f32), layer 1 + head on the GPU (bf16): logits within the bf16
     tolerance of the whole-GPU model, greedy tokens identical, decoded through a CUDA graph
     of the GPU segment."""
-    from tramontane.engine.runtime.generate import generate
+    from tramontane.engine.runtime.batch import generate
 
     path = os.path.join(FIXTURES, name)
     gpu = Mistral3Text.load(path, device="cuda")

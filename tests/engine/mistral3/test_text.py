@@ -311,23 +311,6 @@ def test_truncate_then_continue_equals_fresh_forward(ministral):
         cache.truncate(cache.length + 1)
 
 
-def test_snapshot_to_host_and_back(ministral):
-    a, b = _ids(30, seed=11), _ids(30, seed=12)
-    cache = new_cache(ministral, 64)
-    ministral.logits(a, 0, cache)
-    snap = cache.to_host()
-    assert snap.k.device.type == "cpu" and snap.length == 30 and snap.k.shape[2] == 30
-    ministral.logits(b, 0, (cache.truncate(0), cache)[1])  # overwrite with another chat
-    cache.from_host(snap)
-    assert cache.length == 30
-    cont = ministral.logits(b[:5], 30, cache, all_logits=True)
-    full = ministral.logits(torch.cat([a, b[:5]]), all_logits=True)
-    assert (cont - full[30:]).abs().max().item() <= CACHE_TOL
-    other = new_cache(Mistral3Text.load(os.path.join(FIXTURES, "mistral3_q256-Q8_0.gguf"), device="cpu"), 64)
-    with pytest.raises(EngineError):
-        other.from_host(snap)
-
-
 def test_static_decode_step_equals_forward_for_every_bucket(ministral):
     """The CUDA-graph body (fixed key bucket + mask, device position) run eagerly on CPU,
     with junk beyond the valid length that the mask must hide."""

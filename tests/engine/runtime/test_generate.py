@@ -11,8 +11,9 @@ import torch
 from support import FIXTURES  # noqa: E402
 
 from tramontane.engine.api import EngineError, SamplingParams  # noqa: E402
+from tramontane.engine.runtime.batch import generate  # noqa: E402
 from tramontane.engine.runtime.generate import (  # noqa: E402
-    StopStringFilter, apply_repetition_penalty, apply_temperature, check_params, generate, make_generator,
+    StopStringFilter, apply_repetition_penalty, apply_temperature, check_params, make_generator,
     min_p_filter, process_logits, sample, top_k_filter, top_p_filter)
 from tramontane.engine.gguf import open_gguf  # noqa: E402
 from tramontane.engine.mistral3.text import Mistral3Text  # noqa: E402
@@ -271,21 +272,20 @@ def test_seeded_generation_is_reproducible(model, tok):
 
 
 def test_cancel_from_another_thread_stops_within_one_token(model, tok, monkeypatch):
-    from tramontane.engine.runtime import generate as generate_mod
-
     cancel = threading.Event()
     reached, release = threading.Event(), threading.Event()
     calls = []
-    real_decode = generate_mod.decode
+    real_forward = model.forward_batch
 
-    def slow_decode(model, token, cache):
-        calls.append(token)
-        if len(calls) == 4:
-            reached.set()
-            release.wait(10)
-        return real_decode(model, token, cache)
+    def slow_decode(embeds, groups, logits_of):
+        if sum(n for _, _, n in groups) == 1:  # a decode step (the prompt is read in one pass)
+            calls.append(groups)
+            if len(calls) == 4:
+                reached.set()
+                release.wait(10)
+        return real_forward(embeds, groups, logits_of)
 
-    monkeypatch.setattr(generate_mod, "decode", slow_decode)
+    monkeypatch.setattr(model, "forward_batch", slow_decode)
     result = {}
     worker = threading.Thread(target=lambda: result.update(out=_run(
         model, tok, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True), cancel=cancel)[0]))

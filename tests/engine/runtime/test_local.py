@@ -12,6 +12,7 @@ from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingP
 from tramontane.engine.runtime.local import LocalEngine
 
 from support import FIXTURES
+from support.batch_runs import PrefillSpy
 MODEL = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -32,34 +33,9 @@ def engine():
     eng.close()
 
 
-class PrefillSpy:
-    """Records the first forward of a turn: how many rows were prefilled and their logits."""
-
-    def __init__(self, engine):
-        self.engine, self.calls = engine, []
-        self._orig = engine.model.forward
-
-    def __enter__(self):
-        def spy(embeds, start_pos, cache=None, all_logits=False, **kwargs):
-            out = self._orig(embeds, start_pos, cache, all_logits, **kwargs)
-            self.calls.append((start_pos, embeds.shape[-2], out.detach().clone()))
-            return out
-
-        self.engine.model.forward = spy
-        return self
-
-    def __exit__(self, *exc):
-        self.engine.model.forward = self._orig
-
-    @property
-    def prefill(self):
-        return self.calls[0]
-
-
 def cold_logits(engine, messages):
     prompt = engine.encode(messages)
-    embeds = engine._embeddings(prompt, 0)
-    return engine.model.forward(embeds, 0, None)
+    return engine.model.forward(engine.prompt_rows(prompt), 0, None)
 
 
 def turn(engine, messages, key="chat"):
@@ -135,19 +111,20 @@ def test_image_then_text_then_same_and_different_image(engine):
     torch.testing.assert_close(logits, cold_logits(engine, other), rtol=0, atol=1e-5)
 
 
-def test_switching_chats_restores_kv_from_host_memory(engine):
-    a = [ChatMessage.text("user", "First chat, first question.")]
-    b = [ChatMessage.text("user", "Second chat is about something else entirely.")]
+def test_switching_chats_restores_kv_from_the_prefix_cache(engine):
+    a = [ChatMessage.text("user", "First chat, first question, " * 5)]
+    b = [ChatMessage.text("user", "Second chat is about something else entirely, " * 5)]
     ra, *_ = turn(engine, a, "A")
-    turn(engine, b, "B")
-    assert "A" in engine.host_kv
+    turn(engine, b, "B")  # takes the slot: A's KV stays as the prefix cache's blocks
     a2 = a + [ChatMessage.text("assistant", ra.text), ChatMessage.text("user", "Go on.")]
     r, start, rows, logits = turn(engine, a2, "A")
-    assert r.stats.reused_tokens >= len(ra.prompt_token_ids)
+    block = engine.prefix_cache.block
+    assert r.stats.reused_tokens >= (len(ra.prompt_token_ids) + len(ra.token_ids) - 1) // block * block > 0
     torch.testing.assert_close(logits, cold_logits(engine, a2), rtol=0, atol=1e-5)
-    # A chat whose KV was evicted is recomputed transparently.
-    engine.host_kv.drop("B")
+    # A chat whose blocks were dropped is recomputed transparently.
     b2 = b + [ChatMessage.text("assistant", "ok"), ChatMessage.text("user", "More.")]
+    engine.forget_chat(b2)
+    engine.forget_session("B")
     r, start, rows, logits = turn(engine, b2, "B")
     assert r.stats.reused_tokens == 0 and start == 0
     torch.testing.assert_close(logits, cold_logits(engine, b2), rtol=0, atol=1e-5)

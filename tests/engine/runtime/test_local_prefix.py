@@ -61,7 +61,7 @@ def test_an_unusable_disk_folder_is_refused_before_loading(tmp_path, monkeypatch
 
 def test_the_budget_is_shared_not_doubled():
     eng = _engine(kv_host_budget_mb=64)
-    assert eng.prefix_cache.budget + eng.host_kv.budget == eng._host_kv_budget(64 << 20)
+    assert eng.prefix_cache.budget == eng._host_kv_budget(64 << 20)  # the one store of KV outside the cache
     assert eng.prefix_cache.disk is None
     eng.close()
 
@@ -75,7 +75,8 @@ def test_a_new_chat_with_a_known_system_prompt_reuses_its_blocks(cold):
     r2 = eng.chat(second, GREEDY, session_key="two")
     shared = next(i for i, (a, b) in enumerate(zip(r1.prompt_token_ids, r2.prompt_token_ids)) if a != b)
     assert shared >= 32
-    assert r2.stats.reused_tokens == shared // 32 * 32  # whole blocks of the common prefix
+    # the one slot still holds chat one: the common prefix is kept in place, to the token
+    assert r2.stats.reused_tokens == shared
     assert r2.stats.prefilled_tokens == len(r2.prompt_token_ids) - r2.stats.reused_tokens
     assert_same_answer(r2, cold_answer(cold, r2.prompt_token_ids))
     # the reply's blocks are published with its exact ids: the next turn of chat one, asked from
@@ -84,7 +85,8 @@ def test_a_new_chat_with_a_known_system_prompt_reuses_its_blocks(cold):
     r3 = eng.chat(follow, GREEDY, session_key="three")
     assert r3.prompt_token_ids[:len(r1.prompt_token_ids)] == r1.prompt_token_ids
     assert r3.prompt_token_ids[len(r1.prompt_token_ids):][:len(r1.token_ids)] == r1.token_ids
-    assert r3.stats.reused_tokens == (len(r1.prompt_token_ids) + len(r1.token_ids) - 1) // 32 * 32
+    # the longer of the slot's own prefix (chat two's: the system prompt) and the published blocks
+    assert r3.stats.reused_tokens == max(shared, (len(r1.prompt_token_ids) + len(r1.token_ids) - 1) // 32 * 32)
     assert_same_answer(r3, cold_answer(cold, r3.prompt_token_ids))
     eng.close()
 

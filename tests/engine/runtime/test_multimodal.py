@@ -106,7 +106,7 @@ def test_prompt_ids_and_logits_match_mistral_common_and_hf(case, name):
     assert prompt.ids == expected.tokens
     assert len(prompt.image_spans) == len(expected.images)
 
-    ours = engine.model.forward(engine._embeddings(prompt, 0), 0, None, all_logits=True)
+    ours = engine.model.forward(engine.prompt_rows(prompt), 0, None, all_logits=True)
     theirs = hf_logits(hf, expected.tokens, expected.images)
     # Every position, image rows included; f32 file vs HF f32 on the same weights.
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from support import FIXTURES
+from support.batch_runs import PrefillSpy
 from support.eager_graphs import eager_graph_capture
 from tramontane.engine.api import ChatMessage, SamplingParams
 from tramontane.engine.mistral3.text import Mistral3Text
 from tramontane.engine.runtime import decoder, memory
 from tramontane.engine.runtime.decoder import decode, new_cache
 from tramontane.engine.runtime.device_map import DeviceInfo, Machine, PlanError
-from tramontane.engine.runtime.session import HostBufferPool, HostKVStore
 
 TINY = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")  # context_length 512
 GiB = 1 << 30
@@ -197,63 +197,32 @@ def test_decode_builds_no_host_tensor_per_token(monkeypatch):
     assert (torch.stack(rows[:-1]) - want[10:19]).abs().max().item() < 1e-4
 
 
-# ----------------------------------------------------------------------------- parked KV
+# ----------------------------------------------------------------------------- chats taking turns
 
-def test_host_buffers_are_reused_across_switches():
-    pool = HostBufferPool(64 << 20)
-    a = pool.take(3 << 20, pinned=False)
-    assert a.numel() == 4 << 20 and pool.allocations == 1  # rounded to a power of two
-    pool.give(a, False)
-    b = pool.take(3_500_000, pinned=False)  # a chat that grew a little: the same buffer
-    assert b.data_ptr() == a.data_ptr() and pool.allocations == 1
-    c = pool.take(100 << 20, pinned=False)
-    assert c.numel() == 128 << 20 and pool.allocations == 2
-    pool.give(b, False)
-    pool.give(c, False)  # more than the pool keeps: the largest goes
-    assert pool.free_bytes == 4 << 20
-
-
-def test_switching_chats_parks_kv_in_pooled_buffers_and_restores_it_exactly():
+def test_switching_chats_restores_kv_from_the_prefix_cache_exactly():
+    """Three chats taking turns in the engine's one slot: each comes back to its KV from the
+    prefix cache's blocks (all but a last partial block), and decodes as a cold run does."""
     from tramontane.engine.runtime.local import LocalEngine
 
     eng = LocalEngine(TINY, device="cpu", context_length=256)
     try:
-        pool = eng.host_kv.pool
-        talk = {k: [ChatMessage.text("user", f"chat {k} says hello number {k}")] for k in "abc"}
+        talk = {k: [ChatMessage.text("user", f"chat {k} says hello number {k}, " * 6)] for k in "abc"}
         first = {k: eng.chat(talk[k], GREEDY, session_key=k) for k in "abc"}
-        buffers = {id(item[1].buffer) for item in eng.host_kv._items.values()}
-        assert len(eng.host_kv) == 2 and pool.allocations == 2  # a and b parked, c resident
-        for _ in range(3):  # round and round: every switch reuses a buffer
+        block = eng.prefix_cache.block
+        for _ in range(2):  # round and round
             for k in "abc":
                 again = eng.chat(talk[k] + [ChatMessage.text("assistant", first[k].text),
                                             ChatMessage.text("user", "and?")], GREEDY, session_key=k)
-                assert again.stats.reused_tokens >= first[k].stats.prompt_tokens
-        assert pool.allocations <= 3
-        k_cold = LocalEngine(TINY, device="cpu", context_length=256)
-        try:  # what was restored decodes as a cold run does
-            cold = k_cold.chat(talk["a"], GREEDY)
-            assert cold.token_ids == first["a"].token_ids
-        finally:
-            k_cold.close()
-        assert buffers  # parked snapshots lived in pool buffers
+                held = first[k].stats.prompt_tokens + len(first[k].token_ids) - 1  # in the cache after turn one
+                assert again.stats.reused_tokens >= held // block * block > 0
+        for k in "abc":  # what was restored reads on as a cold pass does
+            follow = talk[k] + [ChatMessage.text("assistant", first[k].text), ChatMessage.text("user", "and?")]
+            with PrefillSpy(eng) as spy:
+                eng.chat(follow, GREEDY, session_key=k)
+            cold = eng.model.forward(eng.model.embed(eng.encode(follow).ids), 0, None)
+            torch.testing.assert_close(spy.prefill[2], cold, rtol=0, atol=1e-5)
     finally:
         eng.close()
-
-
-def test_eviction_and_drop_give_buffers_back():
-    store = HostKVStore(10 << 20)
-
-    class Snap:
-        def __init__(self, n):
-            self.buffer, self.pinned = store.pool.take(n, False), False
-
-    store.put("a", [1], Snap(4 << 20), 4 << 20)
-    store.put("b", [2], Snap(4 << 20), 4 << 20)
-    store.put("c", [3], Snap(4 << 20), 4 << 20)  # evicts a: b and c hold 8 of the 10 MiB
-    assert "a" not in store and store.pool.free_bytes == 0  # a's 4 MiB would pass the budget
-    store.drop("b")  # c holds 4: b's buffer stays free for the next switch
-    assert store.pool.free_bytes == 4 << 20 and store.pool.allocations == 3
-    assert store.used + store.pool.free_bytes <= store.budget
 
 
 # ----------------------------------------------------------------------------- GPU memory
@@ -314,7 +283,7 @@ def test_without_nvml_only_gpus_in_use_are_asked(monkeypatch):
     assert contexts == [1]  # only the GPU this process already uses
 
 
-def test_parked_chats_get_what_the_plan_leaves_on_the_cpu(monkeypatch):
+def test_the_prefix_cache_gets_what_the_plan_leaves_on_the_cpu(monkeypatch):
     from tramontane.engine.gguf import open_gguf
     from tramontane.engine.runtime import device_map
     from tramontane.engine.runtime.device_map import Budget, plan_devices, sizes_of_files
@@ -327,8 +296,8 @@ def test_parked_chats_get_what_the_plan_leaves_on_the_cpu(monkeypatch):
     monkeypatch.setattr(device_map, "detect_machine", lambda: Machine((), DeviceInfo("cpu", 2 * GiB + need + spare)))
     eng = LocalEngine(TINY, device="cpu", kv_host_budget_mb=2048)
     try:
-        # not the 2 GiB asked: the model and its KV come first; parked chats and the prefix
-        # cache share what the plan leaves
-        assert eng.host_kv.budget + eng.prefix_cache.budget == spare
+        # not the 2 GiB asked: the model and its KV come first; the prefix cache (where chats
+        # not in the slot keep their KV) gets what the plan leaves
+        assert eng.prefix_cache.budget == spare
     finally:
         eng.close()
