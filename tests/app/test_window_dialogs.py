@@ -9,7 +9,9 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from support.app_window import MODEL  # noqa: E402
+from PySide6.QtWidgets import QLabel  # noqa: E402
+
+from support.app_window import MMPROJ, MODEL, load_and_wait  # noqa: E402
 
 TIMEOUT = 30_000
 
@@ -167,3 +169,16 @@ def test_models_already_on_this_computer_are_found(qtbot, window, tmp_path, monk
     assert names == ["sha256-4f2a", "tiny-Q8_0.gguf", "tiny-from-the-browser.gguf"]
     where = table.item(_row_of(table, "tiny-from-the-browser.gguf"), 7).text()
     assert where.startswith("found in ") and str(downloads) in where
+
+
+def test_help_lists_the_shortcuts_and_about_says_where_things_are(qtbot, window):
+    load_and_wait(qtbot, window, MODEL, MMPROJ)  # About names the loaded model
+    dialog = window.dialogs.show_shortcuts()
+    text = dialog.findChild(QLabel).text()
+    for keys, what in (("Ctrl+N", "New chat"), ("Ctrl+R", "Regenerate the last reply"), ("F1", "Keyboard shortcuts")):
+        assert keys in text and what in text
+    dialog.close()
+    dialog = window.dialogs.show_about()
+    text = dialog.findChild(QLabel).text()
+    assert str(window.store.data_dir) in text and MODEL.name in text and "Apache-2.0" in text
+    dialog.close()

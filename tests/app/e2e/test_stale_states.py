@@ -10,13 +10,11 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import Qt  # noqa: E402
-from PySide6.QtWidgets import QInputDialog, QLabel, QMessageBox  # noqa: E402
+from PySide6.QtWidgets import QInputDialog, QLabel  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
 from support.app_window import (MMPROJ, MODEL, close_window, load_and_wait, make_window, png_bytes,  # noqa: E402
                                 send, wait_for_load)
-from tramontane.app import main as app_main  # noqa: E402
 from tramontane.app.chat_session import LOAD_FIRST_HINT  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
@@ -93,17 +91,6 @@ def test_the_composer_hint_does_not_outlive_a_chat_action(qtbot, tmp_path, monke
         close_window(window)
 
 
-# 3 -------------------------------------------------------------------------------------------
-def test_the_chat_list_menu_has_no_unlabelled_entry_and_del_still_deletes(qtbot, window, monkeypatch):
-    send(qtbot, window, "Hi")
-    assert [a.text() for a in window.chat_list.actions() if not a.text()] == []
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
-    chat = window.session.current_chat_id
-    window.chat_list.setFocus()
-    qtbot.keyClick(window.chat_list, Qt.Key.Key_Delete)
-    assert window.chat_model.row_of(chat) < 0
-
-
 # 4 -------------------------------------------------------------------------------------------
 def test_the_device_line_is_whole_at_the_default_width(qtbot, window):
     window.resize(1100, 760)
@@ -158,105 +145,7 @@ def test_a_context_length_above_the_files_limit_is_said(qtbot, window):
     assert "4096" in label.toolTip() and "512" in label.toolTip()
 
 
-# 8 -------------------------------------------------------------------------------------------
-def test_unload_and_regenerate_are_enabled_only_when_they_can_act(qtbot, tmp_path):
-    window = make_window(qtbot, tmp_path / "data", load=False)
-    try:
-        assert not window.unload_action.isEnabled()
-        assert not window.regenerate_action.isEnabled()
-        load_and_wait(qtbot, window, MODEL, MMPROJ)
-        assert window.unload_action.isEnabled()
-        assert not window.regenerate_action.isEnabled()  # an empty chat: nothing to regenerate
-        send(qtbot, window, "Hi")
-        assert window.regenerate_action.isEnabled()
-        window.navigation.new_chat()
-        assert not window.regenerate_action.isEnabled()
-        window.unload_action.trigger()
-        qtbot.waitUntil(lambda: window.session.engine_info is None, timeout=30000)
-        assert not window.unload_action.isEnabled()
-    finally:
-        close_window(window)
-
-
-# 9 -------------------------------------------------------------------------------------------
-def test_a_second_launch_brings_the_running_window_to_the_front(qtbot, tmp_path, monkeypatch):
-    data = tmp_path / "data"
-    window = make_window(qtbot, data, load=False)
-    try:
-        errors = []
-        monkeypatch.setattr(QMessageBox, "critical", lambda *a, **k: errors.append(a))
-        window.showMinimized()
-        qtbot.waitUntil(window.isMinimized, timeout=5000)
-        args = app_main.parse_args(["--data-dir", str(data)])
-        assert app_main.run_app(args, ["tramontane"]) == 0
-        assert errors == []
-        qtbot.waitUntil(lambda: not window.isMinimized() and window.isVisible(), timeout=5000)
-    finally:
-        close_window(window)
-
-
-def test_a_leftover_socket_of_a_crashed_run_does_not_block_the_next(qtbot, tmp_path):
-    from PySide6.QtNetwork import QLocalServer
-
-    from tramontane.app.single_instance import ask_running_instance, server_name
-
-    data = tmp_path / "data"
-    data.mkdir()
-    assert not ask_running_instance(data)  # nobody runs there
-    stale = QLocalServer()
-    assert stale.listen(server_name(data))
-    socket_path = stale.fullServerName()
-    stale.close()
-    if socket_path and not shutil.os.path.exists(socket_path):
-        open(socket_path, "w").close()  # what a killed process leaves behind
-    window = make_window(qtbot, data, load=False)  # its InstanceServer takes the name over
-    try:
-        assert window.instance_server.listening
-        with qtbot.waitSignal(window.instance_server.raiseRequested, timeout=5000):
-            assert ask_running_instance(data)
-    finally:
-        close_window(window)
-
-
-# Help, theme and folders ---------------------------------------------------------------------
-def test_help_lists_the_shortcuts_and_about_says_where_things_are(qtbot, window):
-    dialog = window.dialogs.show_shortcuts()
-    text = dialog.findChild(QLabel).text()
-    for keys, what in (("Ctrl+N", "New chat"), ("Ctrl+R", "Regenerate the last reply"), ("F1", "Keyboard shortcuts")):
-        assert keys in text and what in text
-    dialog.close()
-    dialog = window.dialogs.show_about()
-    text = dialog.findChild(QLabel).text()
-    assert str(window.store.data_dir) in text and MODEL.name in text and "Apache-2.0" in text
-    dialog.close()
-
-
-def test_theme_switch_in_the_app_is_kept(qtbot, tmp_path):
-    from PySide6.QtWidgets import QApplication
-
-    app = QApplication.instance()
-    old = app.palette()
-    data = tmp_path / "data"
-    window = make_window(qtbot, data, load=False)
-    try:
-        start_dark = window.appearance.dark
-        window.theme_actions["light" if start_dark else "dark"].trigger()
-        qtbot.waitUntil(lambda: window.appearance.dark != start_dark, timeout=5000)
-        assert window.theme_actions["light" if start_dark else "dark"].isChecked()
-        assert not window.theme_actions["system"].isChecked()
-    finally:
-        close_window(window)
-        app.setPalette(old)
-    window = make_window(qtbot, data, load=False)  # restarted: the choice holds
-    try:
-        qtbot.waitUntil(lambda: window.appearance.dark != start_dark, timeout=5000)
-        window.theme_actions["system"].trigger()
-    finally:
-        close_window(window)
-        app.setPalette(old)
-        app.setProperty("tramontane-theme", None)
-
-
+# Folders and an idle window --------------------------------------------------------------------
 def test_file_dialogs_start_in_the_last_folder(qtbot, window, tmp_path, monkeypatch):
     from PySide6.QtWidgets import QFileDialog
 
