@@ -370,7 +370,9 @@ class BatchScheduler:
         for seq in list(self._running):
             if seq.req.cancel is not None and seq.req.cancel.is_set():
                 self._finish(seq, "cancelled")  # first: those that waited for its prompt are admitted now
-        taken = self._admit_arrived()
+        # nothing queued (a lone reply's every step): no lock, no admission pass; a request queued
+        # meanwhile is seen by the next step
+        taken = self._admit_arrived() if self._waiting else 0
         if taken and self._gathering(taken):
             self._gather()
             self._admit_arrived()
@@ -394,7 +396,7 @@ class BatchScheduler:
         stepped = list(decoding)
         read_now = []
         # driven by its one caller (no loop thread), nobody else can join or wait: a whole chunk
-        for s, n in zip(reading, self._prompt_shares(reading, self._thread is None)):
+        for s, n in zip(reading, self._prompt_shares(reading, self._thread is None) if reading else ()):
             if n == 0:
                 continue
             parts.append(s.embeds[s.read:s.read + n])
