@@ -39,7 +39,17 @@ class ImagePart:
             raise EngineError(f"{path}: cannot read image: {exc.strerror or exc}") from exc
 
 
-Part = Union[str, ImagePart]
+@dataclass(frozen=True)
+class ThinkPart:
+    """A reasoning model's thought ([THINK]…[/THINK] in the v13 chat format): in an assistant
+    message the reasoning before its answer, in a system message the shape the model is told to
+    think in. `closed` False: the thought was cut off (no [/THINK] was written)."""
+
+    text: str
+    closed: bool = True
+
+
+Part = Union[str, ImagePart, ThinkPart]
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,11 @@ class ChatMessage:
     def images(self) -> list[ImagePart]:
         return [p for p in self.parts if isinstance(p, ImagePart)]
 
+    @property
+    def reasoning(self) -> str:
+        """The text of the message's thoughts (its ThinkParts), "" where it has none."""
+        return "".join(p.text for p in self.parts if isinstance(p, ThinkPart))
+
 
 @dataclass
 class SamplingParams:
@@ -97,6 +112,9 @@ class SamplingParams:
     logits_processors: tuple = ()
     logprobs: int | None = None  # None: off; n: the chosen token's log-probability and the top n
     control_text: bool = False  # pieces and text show control tokens by name ([TOOL_CALLS]...)
+    # score the prompt: each prompt token's log-probability given those before it (perplexity,
+    # a completion's echo); the whole prompt is read, none of it taken from the cache
+    prompt_logprobs: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -136,7 +154,11 @@ class GenerationResult:
     prompt_token_ids: list[int]
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None  # one per generated token when asked for
+    # with SamplingParams.prompt_logprobs: log p(prompt[i] | prompt[:i]) for i = 1..len - 1
+    prompt_logprobs: list[float] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)  # the reply is these calls (then text)
+    # a reasoning model's thought ([THINK]…[/THINK], runtime/reasoning.py), apart from `text`
+    reasoning: str = ""
 
     @property
     def finish_reason(self) -> FinishReason:

@@ -6,33 +6,41 @@
 What mistral-common's normaliser + InstructTokenizerV7/V11/V13 do, and so what we do:
 - consecutive messages of the same role are merged into one (tool messages and system messages
   stay one each); within a merged user/assistant message, runs of text parts are joined with
-  "\\n\\n" (empty text parts skipped, whitespace kept as typed), an image part breaks the run;
+  "\\n\\n" (empty text parts skipped, whitespace kept as typed), an image or a thought
+  (ThinkPart) breaks the run;
 - every system message stays where it stands, in its own [SYSTEM_PROMPT]…[/SYSTEM_PROMPT] block;
+- a thought (v13 only: [THINK] chunks) is [THINK]text[/THINK], no [/THINK] when it was not
+  closed; in assistant messages (a reasoning model's earlier turns) and system messages (the
+  template Magistral and Ministral 3 Reasoning are told to think in);
 - a user message becomes [INST]…[/INST]; if it is (after merging) exactly text then one image,
   the image is moved first (mistral-common's "image first" compatibility rule);
 - tools: [AVAILABLE_TOOLS]json[/AVAILABLE_TOOLS] just before the [INST] of the last user
   message (v7, v11) or of the first one (v13);
-- an assistant message becomes its text with trailing spaces removed, then its tool calls, then
+- an assistant message becomes its text with trailing spaces removed (kept as written, chunk by
+  chunk, when it holds a thought), then its tool calls, then
   </s>. Calls: v7 `[TOOL_CALLS][{"name", "arguments", "id"}, …]`; v11 one
   `[TOOL_CALLS]name[CALL_ID]id[ARGS]{…}` per call; v13 the same without the id;
 - a tool result: v7/v11 `[TOOL_RESULTS]id[TOOL_CONTENT]text[/TOOL_RESULTS]`, v13
   `[TOOL_RESULTS]text[/TOOL_RESULTS]` (v11+ order a turn's results as its calls were made);
 - an image becomes rows × ([IMG]×cols + [IMG_BREAK]) with the last [IMG_BREAK] → [IMG_END].
 Our own choices where mistral-common refuses: an empty assistant message is just </s> (what a
-reply that stopped at once left in the KV cache); a tool message naming no call is dropped. No template from the model file is ever
-rendered; the file's template text only tells which version (`instruct_version`).
+reply that stopped at once left in the KV cache); a tool message naming no call is dropped; an
+assistant thought is left out for a model that cannot think (a chat continued on another
+model), a system one refused. No template from the model file is ever rendered; the file's
+vocabulary and template text only tell which version (`Tokenizer.version`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import operator
+import re
 import secrets
 import string
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..api import ChatMessage, EngineError, ImagePart, ToolCall, ToolSpec
+from ..api import ChatMessage, EngineError, ImagePart, ThinkPart, ToolCall, ToolSpec
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -88,16 +96,22 @@ def image_tokens(ctl: _ControlIds, rows: int, cols: int) -> list[int]:
     return ids
 
 
-def _merge_parts(messages: list[ChatMessage]) -> list[str | ImagePart]:
-    """The parts of consecutive same-role messages as one content: text runs joined."""
-    merged: list[str | ImagePart] = []
+Content = list["str | ImagePart | ThinkPart"]
+
+
+def _merge_parts(messages: list[ChatMessage], keep_thoughts: bool = True) -> Content:
+    """The parts of consecutive same-role messages as one content: text runs joined, an image
+    or a thought ending the run (`keep_thoughts` False: thoughts left out before merging)."""
+    merged: Content = []
     text_run: list[str] = []
     for message in messages:
         parts = message.parts
-        if isinstance(parts, (str, ImagePart)):  # a bare part, not a list: one part, never its characters
+        if isinstance(parts, (str, ImagePart, ThinkPart)):  # a bare part, not a list: one part
             parts = [parts]
         for part in parts:
-            if isinstance(part, ImagePart):
+            if isinstance(part, (ImagePart, ThinkPart)):
+                if isinstance(part, ThinkPart) and not keep_thoughts:
+                    continue
                 if text_run:
                     merged.append(TEXT_JOIN.join(text_run))
                     text_run = []
@@ -107,7 +121,7 @@ def _merge_parts(messages: list[ChatMessage]) -> list[str | ImagePart]:
                     text_run.append(part)
             else:
                 raise EngineError(f"a {message.role} message holds a {type(part).__name__}; "
-                                  "parts must be text or ImagePart")
+                                  "parts must be text, ImagePart or ThinkPart")
     if text_run:
         merged.append(TEXT_JOIN.join(text_run))
     return merged
@@ -123,31 +137,54 @@ def _group_by_role(messages: list[ChatMessage]) -> list[list[ChatMessage]]:
     return groups
 
 
-def _text_only(parts: list[str | ImagePart], role: str) -> str:
+def _text_only(parts: Content, role: str) -> str:
     if any(isinstance(p, ImagePart) for p in parts):
         raise EngineError(f"images can only be attached to user messages, not to {role} messages")
+    if any(isinstance(p, ThinkPart) for p in parts):
+        raise EngineError(f"a {role} message cannot hold a thought (only assistant and system "
+                          "messages can)")
     return "".join(parts)  # at most one merged text run
 
 
+def _think_ids(tok: Tokenizer, thought: ThinkPart) -> list[int]:
+    """mistral-common's think chunk: [THINK]text[/THINK], without [/THINK] when not closed."""
+    begin, end = tok.think_ids
+    return [begin, *tok.encode(thought.text), *([end] if thought.closed else [])]
+
+
+def _chunk_ids(tok: Tokenizer, parts: Content) -> list[int]:
+    """A content of text and thoughts, chunk by chunk (mistral-common strips nothing here)."""
+    ids: list[int] = []
+    for part in parts:
+        ids += _think_ids(tok, part) if isinstance(part, ThinkPart) else tok.encode(part)
+    return ids
+
+
+def _system_ids(tok: Tokenizer, ctl: "_ControlIds", message: ChatMessage) -> list[int]:
+    parts = _merge_parts([message])
+    if any(isinstance(p, ThinkPart) for p in parts) and not tok.can_think:
+        raise EngineError(f"{tok.source}: this model's format has no [THINK] chunks, so a system "
+                          "message cannot hold a thought")
+    if any(isinstance(p, ImagePart) for p in parts):
+        raise EngineError("images can only be attached to user messages, not to system messages")
+    return [ctl.system, *_chunk_ids(tok, parts), ctl.end_system]
+
+
+def _assistant_ids(tok: Tokenizer, group: list[ChatMessage]) -> list[int]:
+    """The text of an assistant turn: whole and right-stripped of spaces when it is only text,
+    chunk by chunk when it holds thoughts (left out where the model cannot think: a chat
+    continued on another model)."""
+    parts = _merge_parts(group, keep_thoughts=tok.can_think)
+    if any(isinstance(p, ImagePart) for p in parts):
+        raise EngineError("images can only be attached to user messages, not to assistant messages")
+    if any(isinstance(p, ThinkPart) for p in parts):
+        return _chunk_ids(tok, parts)
+    return tok.encode("".join(parts).rstrip(" "))
+
+
 def instruct_version(tok: Tokenizer) -> int:
-    """Which chat format the file's model was trained on: 7, 11 or 13.
-
-    mistral-common's versions differ here only in the tool-call wire format. A vocabulary
-    without an [ARGS] control token is v7 (Mistral Small 3.1 2503: llama.cpp writes its template
-    as the name "mistral-v7-tekken"). With [ARGS], the file's template text tells v11 (e.g.
-    Mistral Small 3.2 2506), whose calls carry [CALL_ID] and whose results [TOOL_CONTENT], from
-    v13 (Ministral 3 2512, Magistral, Devstral: `[TOOL_CALLS]name[ARGS]{...}`, results without
-    ids), which writes neither; a file without a template is taken as the newer format."""
-    template = tok.chat_template or ""
-    if not _has_control(tok, "[ARGS]") or template.strip() in ("mistral-v7-tekken", "mistral-v7"):
-        return 7  # (llama.cpp's converter writes that name for a v7 tokenizer only)
-    if "[CALL_ID]" in template and "[TOOL_CONTENT]" in template and _has_control(tok, "[CALL_ID]"):
-        return 11
-    return 13
-
-
-def _has_control(tok: Tokenizer, piece: str) -> bool:
-    return tok.has_token(piece) and tok.is_control(tok.token_id(piece))
+    """Which chat format the file's model was trained on: 7, 11 or 13 (`Tokenizer.version`)."""
+    return tok.version
 
 
 def _json(value) -> str:
@@ -220,7 +257,7 @@ def encode_chat(tok: Tokenizer, messages: list[ChatMessage], image_grid: ImageGr
         raise EngineError("there is no message to answer")
     messages = kept
     ctl = _ControlIds.of(tok)
-    version = instruct_version(tok) if (tools or any(m.tool_calls or m.role == "tool" for m in messages)) else 7
+    version = tok.version
     groups = _group_by_role(messages)
     user_groups = [i for i, g in enumerate(groups) if g[0].role == "user"]
     tools_at = None
@@ -234,16 +271,14 @@ def encode_chat(tok: Tokenizer, messages: list[ChatMessage], image_grid: ImageGr
         role = group[0].role
         if role == "system":
             for message in group:  # each system message is its own block
-                text = _text_only(_merge_parts([message]), "system")
-                ids += [ctl.system, *tok.encode(text), ctl.end_system]
+                ids += _system_ids(tok, ctl, message)
         elif role == "tool":
             ordered = _ordered_results(group, call_order) if version >= 11 else group
             for message in ordered:
                 ids += _tool_result_ids(tok, version, message)
         elif role == "assistant":
-            text = _text_only(_merge_parts(group), "assistant")
             calls = [call for message in group for call in message.tool_calls]
-            ids += tok.encode(text.rstrip(" "))
+            ids += _assistant_ids(tok, group)
             if calls:
                 ids += _tool_call_ids(tok, version, calls)
             ids.append(ctl.eos)
@@ -253,6 +288,9 @@ def encode_chat(tok: Tokenizer, messages: list[ChatMessage], image_grid: ImageGr
                 ids += [tok.token_id("[AVAILABLE_TOOLS]"), *tok.encode(tools_json(tools)),
                         tok.token_id("[/AVAILABLE_TOOLS]")]
             parts = _merge_parts(group)
+            if any(isinstance(p, ThinkPart) for p in parts):
+                raise EngineError("a user message cannot hold a thought (only assistant and "
+                                  "system messages can)")
             if (len(parts) >= 2 and isinstance(parts[-1], ImagePart)
                     and all(isinstance(p, str) for p in parts[:-1])):
                 parts = [parts[-1], *parts[:-1]]  # mistral-common puts a trailing lone image first
@@ -326,6 +364,40 @@ def parse_tool_calls(text: str, version: int) -> ParsedReply | None:
             return None
         calls.append(ToolCall(call_id.strip() if id_marker and call_id.strip() else new_call_id(),
                               name, _json(value)))
+    return ParsedReply(head, calls)
+
+
+def parse_cut_tool_calls(text: str, version: int) -> ParsedReply | None:
+    """The calls of a reply cut (by the token limit) inside its call list: the whole calls, and
+    the last one with the arguments written so far, as OpenAI returns a call cut by max_tokens.
+    A call whose name is not complete yet is left out. None when there is no [TOOL_CALLS]."""
+    head, marker, rest = text.partition("[TOOL_CALLS]")
+    if not marker:
+        return None
+    calls: list[ToolCall] = []
+    if version == 7:
+        rest = rest.replace("[TOOL_CALLS]", "").lstrip().removeprefix("[")
+        decoder = json.JSONDecoder()
+        while rest.strip():
+            rest = rest.lstrip().lstrip(",").lstrip()
+            try:
+                item, end = decoder.raw_decode(rest)
+            except json.JSONDecodeError:  # the cut one: its name, and its arguments so far
+                name = re.match(r'\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*', rest)
+                if name:
+                    calls.append(ToolCall(new_call_id(), name.group(1), rest[name.end():]))
+                break
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and item["name"]:
+                args = item.get("arguments", {})
+                calls.append(ToolCall(new_call_id(), item["name"], args if isinstance(args, str) else _json(args)))
+            rest = rest[end:]
+        return ParsedReply(head, calls)
+    for segment in rest.split("[TOOL_CALLS]"):
+        name, args_marker, args = segment.partition("[ARGS]")
+        name = name.partition("[CALL_ID]")[0].strip()
+        if not args_marker or not name:
+            break
+        calls.append(ToolCall(new_call_id(), name, args.strip()))
     return ParsedReply(head, calls)
 
 

@@ -123,90 +123,25 @@ class Tokenizer:
         def fail(msg: str) -> TokenizerError:
             return TokenizerError(f"{source}: {msg}")
 
-        model = meta.string("tokenizer.ggml.model", default=None)
-        if model is None:
-            raise fail("has no tokenizer (tokenizer.ggml.model is missing)")
-        if model != "gpt2":
-            raise fail(f"tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') tekken "
-                       "vocabularies are supported")
-        pre = meta.string("tokenizer.ggml.pre", default=None)
-        if pre not in PRE_TOKENIZER_PATTERNS:
-            raise fail(f"tokenizer.ggml.pre is {pre!r}; supported pre-tokenizers: "
-                       f"{', '.join(PRE_TOKENIZER_PATTERNS)} (Mistral 3 files say 'tekken')")
-
-        tokens = meta.array_of("tokenizer.ggml.tokens", "string", default=[])
-        if not tokens:
-            raise fail("tokenizer.ggml.tokens is missing or empty")
-        n = len(tokens)
-        if not meta.has("tokenizer.ggml.token_type"):
-            raise fail("tokenizer.ggml.token_type is missing (needed to tell control tokens apart)")
-        types = meta.array_of("tokenizer.ggml.token_type", "int")
-        if len(types) != n:
-            raise fail(f"tokenizer.ggml.token_type must hold {n} integers (one per token), "
-                       f"got {len(types)}")
-        known = np.isin(types, [t.value for t in TokenType])
-        if not known.all():
-            bad = int(np.flatnonzero(~known)[0])
-            raise fail(f"tokenizer.ggml.token_type[{bad}] is {int(types[bad])}, not a known token type")
-        if not meta.has("tokenizer.ggml.merges"):
-            raise fail("tokenizer.ggml.merges is missing")
-        merges = meta.array_of("tokenizer.ggml.merges", "string")
-
-        is_control = np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN])
-        # One pass over the vocabulary, keeping nothing per token but its decoded bytes (in one
-        # blob) and, for an ordinary token, its entry in the BPE model's JSON text.
-        blob = bytearray()
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        vocab_json = bytearray()  # '"piece":id,' for each ordinary token
-        n_normal = 0
-        # tokens outside the BPE vocabulary, by text: the lowest control id, else the lowest id
-        special_pieces: dict[str, int] = {}
-        for i, (piece, ttype) in enumerate(zip(tokens, types.tolist())):
-            if ttype == TokenType.NORMAL:
-                try:
-                    blob += bytes(_CHAR_TO_BYTE[c] for c in piece)
-                except KeyError:
-                    raise fail(f"token {i} {piece!r} is not byte-level BPE text") from None
-                vocab_json += f"{json.dumps(piece)}:{i},".encode("ascii")  # json.dumps escapes non-ASCII
-                n_normal += 1
-            else:
-                first = special_pieces.get(piece)
-                if first is None or is_control[i] and not is_control[first]:
-                    special_pieces[piece] = i  # as _lookup wants it
-                if ttype == TokenType.BYTE:
-                    value = _byte_token_value(piece)
-                    if value is None:
-                        raise fail(f"token {i} {piece!r} has type BYTE but is not of the form <0xHH>")
-                    blob.append(value)
-                elif ttype == TokenType.USER_DEFINED:
-                    blob += piece.encode("utf-8")  # llama.cpp stores these as plain text
-                # CONTROL, UNKNOWN, UNUSED: nothing in decoded text
-            offsets[i + 1] = len(blob)
-
-        merges_json = bytearray()
-        for j, merge in enumerate(merges):
-            parts = merge.split(" ")
-            if len(parts) != 2 or not parts[0] or not parts[1]:
-                raise fail(f"tokenizer.ggml.merges[{j}] {merge!r} is not 'left right'")
-            merges_json += f"{json.dumps(merge)},".encode("ascii")
-
-        hf = _build_hf_tokenizer(vocab_json, merges_json, PRE_TOKENIZER_PATTERNS[pre], fail)
+        pattern = _split_pattern(meta, fail)
+        tokens, types, merges = _vocabulary(meta, fail)
+        vocab = _read_vocabulary(tokens, types, fail)
+        hf = _build_hf_tokenizer(vocab.vocab_json, _merges_json(merges, fail), pattern, fail)
         held = hf.get_vocab_size(with_added_tokens=False)
-        if held != n_normal:  # a JSON key given twice keeps one entry
+        if held != vocab.n_normal:  # a JSON key given twice keeps one entry
             raise fail(_duplicate_normal_token(tokens, types)
-                       or f"the BPE vocabulary holds {held} of the {n_normal} ordinary tokens")
-        del vocab_json, merges_json
+                       or f"the BPE vocabulary holds {held} of the {vocab.n_normal} ordinary tokens")
 
         def special(key: str, piece: str, required: bool) -> int | None:
             value = meta.uint(key, default=None)
             if value is None:
-                value = _lookup(piece, special_pieces, is_control, hf)
+                value = _lookup(piece, vocab.special_pieces, vocab.is_control, hf)
             if value is None:
                 if required:
                     raise fail(f"{key} is missing and the vocabulary has no {piece!r}")
                 return None
-            if not value < n:
-                raise fail(f"{key} = {value} is outside the vocabulary (0..{n - 1})")
+            if not value < len(tokens):
+                raise fail(f"{key} = {value} is outside the vocabulary (0..{len(tokens) - 1})")
             return value
 
         return cls(
@@ -219,12 +154,49 @@ class Tokenizer:
             unk_id=special("tokenizer.ggml.unknown_token_id", "<unk>", False),
             add_bos=meta.bool("tokenizer.ggml.add_bos_token", default=True),
             _hf=hf,
-            _bytes_blob=bytes(blob),
-            _bytes_offsets=offsets,
-            _is_control=is_control,
-            _special_pieces=special_pieces,
+            _bytes_blob=bytes(vocab.blob),
+            _bytes_offsets=vocab.offsets,
+            _is_control=vocab.is_control,
+            _special_pieces=vocab.special_pieces,
             chat_template=meta.string("tokenizer.chat_template", default=None),
         )
+
+    # ------------------------------------------------------------------ which model it is
+    @property
+    def version(self) -> int:
+        """The mistral-common chat format the file's model was trained on: 7, 11 or 13.
+
+        A vocabulary without an [ARGS] control token is v7 (Mistral Small 3.1 2503: llama.cpp
+        writes its template as the name "mistral-v7-tekken", for a v7 tokenizer only). With
+        [ARGS], the file's template text tells v11 (Mistral Small 3.2 2506: its calls carry
+        [CALL_ID] and its results [TOOL_CONTENT]) from v13 (Magistral 1.1/1.2, Ministral 3,
+        Devstral: `[TOOL_CALLS]name[ARGS]{...}`, results without ids, [THINK] chunks), which
+        writes neither, or writes [THINK] (v11 has no thoughts). A file without a template is
+        taken as the newer format."""
+        template = (self.chat_template or "").strip()
+        if not self.has_control("[ARGS]") or template in ("mistral-v7-tekken", "mistral-v7"):
+            return 7
+        if ("[CALL_ID]" in template and "[TOOL_CONTENT]" in template and "[THINK]" not in template
+                and self.has_control("[CALL_ID]")):
+            return 11
+        return 13
+
+    @property
+    def think_ids(self) -> tuple[int, int] | None:
+        """([THINK], [/THINK]) ids where the model can think (v13 with both control tokens)."""
+        if self.version < 13 or not (self.has_control("[THINK]") and self.has_control("[/THINK]")):
+            return None
+        return self.token_id("[THINK]"), self.token_id("[/THINK]")
+
+    @property
+    def can_think(self) -> bool:
+        """Whether the model writes (and is shown) thoughts as [THINK]…[/THINK] chunks."""
+        return self.think_ids is not None
+
+    def has_control(self, piece: str) -> bool:
+        """Whether the vocabulary has `piece` as a control token (not as ordinary text)."""
+        token_id = _lookup(piece, self._special_pieces, self._is_control, self._hf)
+        return token_id is not None and bool(self._is_control[token_id])
 
     # ------------------------------------------------------------------ lookups
     @property
@@ -319,6 +291,94 @@ class StreamDecoder:
         text = self._utf8.decode(b"", final=True)
         self._utf8.reset()
         return text
+
+
+def _split_pattern(meta: Metadata, fail) -> str:
+    """The pre-tokenizer's split pattern: only byte-level BPE with a `pre` we know."""
+    model = meta.string("tokenizer.ggml.model", default=None)
+    if model is None:
+        raise fail("has no tokenizer (tokenizer.ggml.model is missing)")
+    if model != "gpt2":
+        raise fail(f"tokenizer.ggml.model is {model!r}; only byte-level BPE ('gpt2') tekken "
+                   "vocabularies are supported")
+    pre = meta.string("tokenizer.ggml.pre", default=None)
+    if pre not in PRE_TOKENIZER_PATTERNS:
+        raise fail(f"tokenizer.ggml.pre is {pre!r}; supported pre-tokenizers: "
+                   f"{', '.join(PRE_TOKENIZER_PATTERNS)} (Mistral 3 files say 'tekken')")
+    return PRE_TOKENIZER_PATTERNS[pre]
+
+
+def _vocabulary(meta: Metadata, fail) -> tuple[Sequence[str], np.ndarray, Sequence[str]]:
+    """The file's tokens, their llama.cpp types (one known type per token) and the merges."""
+    tokens = meta.array_of("tokenizer.ggml.tokens", "string", default=[])
+    if not tokens:
+        raise fail("tokenizer.ggml.tokens is missing or empty")
+    n = len(tokens)
+    if not meta.has("tokenizer.ggml.token_type"):
+        raise fail("tokenizer.ggml.token_type is missing (needed to tell control tokens apart)")
+    types = meta.array_of("tokenizer.ggml.token_type", "int")
+    if len(types) != n:
+        raise fail(f"tokenizer.ggml.token_type must hold {n} integers (one per token), "
+                   f"got {len(types)}")
+    known = np.isin(types, [t.value for t in TokenType])
+    if not known.all():
+        bad = int(np.flatnonzero(~known)[0])
+        raise fail(f"tokenizer.ggml.token_type[{bad}] is {int(types[bad])}, not a known token type")
+    if not meta.has("tokenizer.ggml.merges"):
+        raise fail("tokenizer.ggml.merges is missing")
+    return tokens, types, meta.array_of("tokenizer.ggml.merges", "string")
+
+
+@dataclass
+class _VocabularyData:
+    blob: bytearray  # what every id decodes to, concatenated
+    offsets: np.ndarray
+    vocab_json: bytearray  # '"piece":id,' for each ordinary token
+    n_normal: int
+    is_control: np.ndarray
+    special_pieces: dict[str, int]  # text -> id of the tokens outside the BPE vocabulary
+
+
+def _read_vocabulary(tokens: Sequence[str], types: np.ndarray, fail) -> _VocabularyData:
+    """One pass over the vocabulary, keeping nothing per token but its decoded bytes (in one
+    blob) and, for an ordinary token, its entry in the BPE model's JSON text."""
+    n = len(tokens)
+    is_control = np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN])
+    data = _VocabularyData(bytearray(), np.zeros(n + 1, dtype=np.int64), bytearray(), 0, is_control, {})
+    blob, special_pieces = data.blob, data.special_pieces
+    for i, (piece, ttype) in enumerate(zip(tokens, types.tolist())):
+        if ttype == TokenType.NORMAL:
+            try:
+                blob += bytes(_CHAR_TO_BYTE[c] for c in piece)
+            except KeyError:
+                raise fail(f"token {i} {piece!r} is not byte-level BPE text") from None
+            data.vocab_json += f"{json.dumps(piece)}:{i},".encode("ascii")  # json.dumps escapes non-ASCII
+            data.n_normal += 1
+        else:
+            # by text: the lowest control id, else the lowest id (as _lookup wants it)
+            first = special_pieces.get(piece)
+            if first is None or is_control[i] and not is_control[first]:
+                special_pieces[piece] = i
+            if ttype == TokenType.BYTE:
+                value = _byte_token_value(piece)
+                if value is None:
+                    raise fail(f"token {i} {piece!r} has type BYTE but is not of the form <0xHH>")
+                blob.append(value)
+            elif ttype == TokenType.USER_DEFINED:
+                blob += piece.encode("utf-8")  # llama.cpp stores these as plain text
+            # CONTROL, UNKNOWN, UNUSED: nothing in decoded text
+        data.offsets[i + 1] = len(blob)
+    return data
+
+
+def _merges_json(merges: Sequence[str], fail) -> bytearray:
+    text = bytearray()
+    for j, merge in enumerate(merges):
+        parts = merge.split(" ")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise fail(f"tokenizer.ggml.merges[{j}] {merge!r} is not 'left right'")
+        text += f"{json.dumps(merge)},".encode("ascii")
+    return text
 
 
 def _lookup(piece: str, special_pieces: dict[str, int], is_control: np.ndarray, hf) -> int | None:

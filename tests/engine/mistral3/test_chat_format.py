@@ -252,7 +252,7 @@ def test_image_without_projector_is_refused(tok):
     ([M(U, "q"), M(A, IMG_A)], "only be attached to user messages"),
     ([M(S, IMG_A), M(U, "q")], "only be attached to user messages"),
     ([ChatMessage("robot", ["x"])], "unknown message role 'robot'"),
-    ([M(U, 42)], "parts must be text or ImagePart"),
+    ([M(U, 42)], "parts must be text, ImagePart or ThinkPart"),
 ])
 def test_bad_conversations_are_refused(tok, messages, match):
     with pytest.raises(EngineError, match=match):
