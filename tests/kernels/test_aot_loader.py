@@ -10,7 +10,6 @@ Only the final cuLaunchKernel is replaced (a recording fake driver): there is no
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ import pytest
 import torch
 
 from support.quant_bytes import random_quant_bytes
+from support.triton_toolchain import nvidia_backend
 from tramontane.kernels import aot, ggml_types as gt, qmatmul, triton_compat
 from tramontane.kernels.linear import QWeight
 
@@ -45,13 +45,7 @@ assert not res["errors"], res["errors"]
 '''
 
 
-def _nvidia_backend() -> bool:
-    spec = importlib.util.find_spec("triton")
-    return spec is not None and os.path.exists(
-        os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "ptxas"))
-
-
-needs_compiler = pytest.mark.skipif(not _nvidia_backend(), reason="Triton's NVIDIA backend (ptxas) not installed")
+needs_compiler = pytest.mark.skipif(not nvidia_backend(), reason="Triton's NVIDIA backend (ptxas) not installed")
 
 
 @pytest.fixture(scope="module")

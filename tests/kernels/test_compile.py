@@ -14,7 +14,6 @@ launch must find a spec whose types, constexprs, warps, options and divisibility
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ import torch
 
 from tramontane.kernels import aot, aot_build, ggml_types as gt, qmatmul, triton_compat
 from tramontane.kernels.linear import QWeight
+from support.triton_toolchain import nvidia_backend
 
 # kernels on the per-token path: a spill there costs every token
 DECODE_KERNELS = ("qmatmul._decode_kernel", "qmatmul._decode_dot_kernel", "attention._attention_kernel")
@@ -36,13 +36,7 @@ DECODE_KERNELS = ("qmatmul._decode_kernel", "qmatmul._decode_dot_kernel", "atten
 KNOWN_SPILLS = {("attention._attention_kernel", 75): 1024}
 
 
-def _nvidia_backend() -> bool:
-    spec = importlib.util.find_spec("triton")
-    return spec is not None and os.path.exists(
-        os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "ptxas"))
-
-
-@pytest.mark.skipif(not _nvidia_backend(), reason="Triton with its NVIDIA backend (bundled ptxas) not installed")
+@pytest.mark.skipif(not nvidia_backend(), reason="Triton with its NVIDIA backend (bundled ptxas) not installed")
 def test_every_kernel_compiles_for_every_target(tmp_path):
     full = os.environ.get("TRAMONTANE_AOT_FULL", "") not in ("", "0")
     out = tmp_path / "cubins"

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tramontane.kernels import cpu_native
 from tramontane.kernels import ggml_types as gt
 
-from support.cpu_reference import attention_reference, make_weight
+from support.cpu_reference import attention_reference, make_weight, rope_reference
 
 pytestmark = [pytest.mark.skipif(not cpu_native.AVAILABLE,
                                  reason=f"native CPU kernels not built: {cpu_native.IMPORT_ERROR}"),
@@ -31,11 +31,6 @@ VARIANT_THREADS = [(v, n) for v in cpu_native.variants() for n in (1, 2)]
 def _use(variant, threads):
     cpu_native.use_variant(variant)
     cpu_native.set_threads(threads)
-
-
-def _rope_reference(x, cos, sin):
-    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return x * cos[:, None, :] + swapped * sin[:, None, :]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -53,9 +48,9 @@ def test_rope_kv_write_is_bit_exact(threads):
         cq, sq, ck, sk = (torch.randn(T, d, generator=g) for _ in range(4))
         k_cache, v_cache = torch.randn(hkv, cap, d, generator=g), torch.randn(hkv, cap, dv, generator=g)
         want_k, want_v = k_cache.clone(), v_cache.clone()
-        want_k[:, start:start + T] = _rope_reference(k, ck, sk).transpose(0, 1)
+        want_k[:, start:start + T] = rope_reference(k, ck, sk).transpose(0, 1)
         want_v[:, start:start + T] = v.transpose(0, 1)
-        want_q = _rope_reference(q, cq, sq)
+        want_q = rope_reference(q, cq, sq)
         cpu_native.rope_kv_write(q, k, v, cq, sq, ck, sk, k_cache, v_cache, start)
         assert torch.equal(q, want_q)  # rotated in place
         assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)  # and nothing else written

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support.cpu_reference import attention_reference
+from support.cpu_reference import attention_reference, rope_reference
 
 from tramontane.kernels import cpu_native
 from tramontane.kernels import ggml_types as gt
@@ -37,11 +37,6 @@ SHAPES = [(1, 32, 8, 128, 128, 300, 0), (1, 32, 8, 128, 128, 2100, 2047), (1, 10
           (1, 3, 3, 16, 16, 40, 39), (1, 6, 2, 24, 40, 70, 64),
           (33, 32, 8, 128, 128, 300, 0), (20, 8, 8, 40, 40, 64, 11), (9, 6, 2, 24, 16, 9, 0),
           (6, 10, 2, 32, 48, 20, 3), (3, 8, 2, 16, 16, 1500, 1400), (300, 4, 1, 8, 8, 320, 17)]
-
-
-def _rope_reference(x, cos, sin):
-    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return x * cos[:, None, :] + swapped * sin[:, None, :]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -64,9 +59,9 @@ def test_rope_kv_write_f16_is_torch_half_of_the_f32_result(threads):
         k_cache = torch.randn(hkv, cap, d, generator=g).half()
         v_cache = torch.randn(hkv, cap, dv, generator=g).half()
         want_k, want_v = k_cache.clone(), v_cache.clone()
-        want_k[:, start:start + T] = _rope_reference(k, ck, sk).transpose(0, 1).half()
+        want_k[:, start:start + T] = rope_reference(k, ck, sk).transpose(0, 1).half()
         want_v[:, start:start + T] = v.transpose(0, 1).half()
-        want_q = _rope_reference(q, cq, sq)
+        want_q = rope_reference(q, cq, sq)
         cpu_native.rope_kv_write(q, k, v, cq, sq, ck, sk, k_cache, v_cache, start)
         assert torch.equal(q, want_q)  # rotated in place, float32 as before
         # bit patterns (inf and every rounding included), and nothing else written

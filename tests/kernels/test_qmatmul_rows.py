@@ -16,7 +16,6 @@ the CPU kernels' int8 activation quantization:
 """
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -33,6 +32,7 @@ from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import FUSED_MAX_ROWS, QWeight, cuda_kernel_for
 from tramontane.kernels.triton_compat import triton_usable
 from support.quant_bytes import random_quant_bytes
+from support.triton_toolchain import nvidia_backend
 
 pytestmark = pytest.mark.skipif(not triton_usable(torch.device("cpu")) and not torch.cuda.is_available(),
                                 reason="needs Triton (interpreter on CPU: TRITON_INTERPRET=1, see conftest)")
@@ -193,10 +193,7 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(importlib.util.find_spec("triton").origin),
-                                                    "backends", "nvidia", "bin", "ptxas"))
-                    if importlib.util.find_spec("triton") else True,
-                    reason="Triton with its NVIDIA backend (bundled ptxas) not installed")
+@pytest.mark.skipif(not nvidia_backend(), reason="Triton with its NVIDIA backend (bundled ptxas) not installed")
 def test_rows_kernel_compiles_for_sm80_and_sm90_without_real_spills():
     """The Q4_K_M types' multi-row specs (COMPILE_SPECS: the launches' own specializations,
     aligned and unaligned Q6_K rows) compile for Ampere and Hopper with Triton's ptxas: at most a

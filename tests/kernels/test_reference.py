@@ -3,11 +3,10 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
 
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import QWeight, dequantize, linear
-from support.quant_bytes import random_quant_bytes
+from support.quant_bytes import gguf_dequantized, random_quant_bytes
 
 
 # float references at float32 tolerances: the CPU's float32 path (tests/conftest.py)
@@ -15,12 +14,6 @@ pytestmark = pytest.mark.usefixtures("float32_cpu_path")
 
 
 ALL_TYPES = sorted(gt.TYPES)
-
-
-def _gguf_ref(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
-    info = gt.type_info(ggml_type)
-    byte_shape = (shape[0], shape[1] // info.block_size * info.type_size)
-    return gguf_dequantize(raw.reshape(byte_shape), GGMLQuantizationType(ggml_type)).astype(np.float32)
 
 
 def test_type_table_matches_gguf():
@@ -39,7 +32,7 @@ def test_reference_dequant_bit_exact(ggml_type, scale):
     shape = (7, info.block_size * 3 if info.block_size > 1 else 96)  # odd rows, several blocks
     raw = random_quant_bytes(ggml_type, shape, rng, scale=scale)
     ours = dequantize(torch.from_numpy(raw), ggml_type, shape)
-    theirs = _gguf_ref(raw, ggml_type, shape)
+    theirs = gguf_dequantized(raw, ggml_type, shape)
     assert ours.dtype == torch.float32 and tuple(ours.shape) == shape
     assert np.isfinite(theirs).all()
     np.testing.assert_array_equal(ours.numpy().view(np.uint32), theirs.view(np.uint32))
@@ -76,7 +69,7 @@ def test_cpu_linear_matches_dequant_matmul(ggml_type, monkeypatch):
     shape = (37, 512)
     raw = random_quant_bytes(ggml_type, shape, rng)
     w = QWeight.from_raw(raw, ggml_type, shape, "cpu")
-    w_ref = torch.from_numpy(_gguf_ref(raw, ggml_type, shape))
+    w_ref = torch.from_numpy(gguf_dequantized(raw, ggml_type, shape))
     for rows in (1, 2, 7, 64, 300):
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype)
@@ -99,7 +92,7 @@ def test_embedding_gathers_dequantized_rows(ggml_type):
     shape = (50, 256)
     raw = random_quant_bytes(ggml_type, shape, rng)
     w = QWeight.from_raw(raw, ggml_type, shape, "cpu")
-    full = torch.from_numpy(_gguf_ref(raw, ggml_type, shape))
+    full = torch.from_numpy(gguf_dequantized(raw, ggml_type, shape))
     ids = torch.tensor([3, 0, 49, 7, 7, 12])
     out = TokenEmbedding(w, torch.float32)(ids)
     assert out.shape == (6, 256)

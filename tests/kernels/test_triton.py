@@ -4,12 +4,10 @@ gguf.quants dequant -> float32 matmul; float16 activations within 1e-3."""
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
 
 from tramontane.kernels import ggml_types as gt
 from tramontane.kernels.linear import QWeight, linear_reference
-from support.quant_bytes import random_quant_bytes
+from support.quant_bytes import gguf_dequantized, random_quant_bytes
 from tramontane.kernels.triton_compat import triton_usable
 
 pytestmark = pytest.mark.skipif(not triton_usable(torch.device("cpu")) and not torch.cuda.is_available(),
@@ -24,11 +22,6 @@ def _cols(ggml_type: int) -> int:
     return 352 if gt.type_info(ggml_type).block_size == 32 else 512
 
 
-def _gguf_ref(raw: np.ndarray, ggml_type: int, shape) -> np.ndarray:
-    rb = gt.row_bytes(ggml_type, shape[1])
-    return gguf_dequantize(raw.reshape(shape[0], rb), GGMLQuantizationType(ggml_type)).astype(np.float32)
-
-
 @pytest.mark.parametrize("ggml_type", QTYPES, ids=gt.type_name)
 def test_triton_dequant_bit_exact(ggml_type):
     from tramontane.kernels.qmatmul import dequantize_triton
@@ -38,7 +31,7 @@ def test_triton_dequant_bit_exact(ggml_type):
     raw = random_quant_bytes(ggml_type, shape, rng, scale=None)
     w = QWeight.from_raw(raw, ggml_type, shape, DEV)
     ours = dequantize_triton(w, torch.float32).cpu().numpy()
-    theirs = _gguf_ref(raw, ggml_type, shape)
+    theirs = gguf_dequantized(raw, ggml_type, shape)
     np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
     # row slices are byte-row slices
     np.testing.assert_array_equal(dequantize_triton(w.rows(3, 8)).cpu().numpy().view(np.uint32),
@@ -57,7 +50,7 @@ def test_triton_decode_and_prefill_match_dequant_matmul(ggml_type):
     shape = (13, _cols(ggml_type))
     raw = random_quant_bytes(ggml_type, shape, rng)
     w = QWeight.from_raw(raw, ggml_type, shape, DEV)
-    w_ref = torch.from_numpy(_gguf_ref(raw, ggml_type, shape))
+    w_ref = torch.from_numpy(gguf_dequantized(raw, ggml_type, shape))
     gen = torch.Generator().manual_seed(ggml_type)
     errs = {}
     for rows in (1, 2, 7):  # decode sizes (64 rows on the decode kernel: see test below)
@@ -78,7 +71,7 @@ def test_triton_decode_and_prefill_match_dequant_matmul(ggml_type):
     shape_p = (37, shape[1])
     raw_p = random_quant_bytes(ggml_type, shape_p, rng)
     w_p = QWeight.from_raw(raw_p, ggml_type, shape_p, DEV)
-    w_ref_p = torch.from_numpy(_gguf_ref(raw_p, ggml_type, shape_p))
+    w_ref_p = torch.from_numpy(gguf_dequantized(raw_p, ggml_type, shape_p))
     for rows in (2, 64, 300):
         x = torch.randn(rows, shape[1], generator=gen)
         ref = x @ w_ref_p.t()
@@ -98,7 +91,7 @@ def test_decode_kernel_many_rows_and_3d_input(ggml_type):
     shape = (9, 256)
     raw = random_quant_bytes(ggml_type, shape, rng)
     w = QWeight.from_raw(raw, ggml_type, shape, DEV)
-    w_ref = torch.from_numpy(_gguf_ref(raw, ggml_type, shape))
+    w_ref = torch.from_numpy(gguf_dequantized(raw, ggml_type, shape))
     for x in (torch.randn(1, 3, 256), torch.randn(64, 256)):
         out = linear_decode(x.to(DEV), w)
         assert out.shape == (*x.shape[:-1], 9)

@@ -77,3 +77,10 @@ def attention_reference(q, keys, values, start):
     mask = torch.ones(T, end, dtype=torch.bool).tril(start)
     o = F.scaled_dot_product_attention(q.double().transpose(0, 1)[None], k, v, attn_mask=mask)
     return o[0].transpose(0, 1).reshape(T, -1)
+
+
+def rope_reference(x, cos, sin):
+    """Rotary embedding of interleaved pairs (GGUF's row order) in torch: x (T, H, d), cos and
+    sin (T, d) with each angle repeated for its pair."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x * cos[:, None, :] + swapped * sin[:, None, :]

@@ -1,8 +1,11 @@
 """Random *valid* quantized weights for tests and fixtures: random bytes whose f16 scale
-fields are replaced by finite f16 values (random bytes there could be inf/NaN)."""
+fields are replaced by finite f16 values (random bytes there could be inf/NaN), and their
+dequantization by gguf.quants, the reference the kernels are held to."""
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
 
 from tramontane.kernels.ggml_types import (
     BF16, F16, F32, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
@@ -44,3 +47,9 @@ def random_quant_bytes(ggml_type: int, shape: tuple[int, int], rng: np.random.Ge
             vals = (rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16)
             blocks[:, off : off + 2] = vals.reshape(-1, 1).view(np.uint8)
     return raw
+
+
+def gguf_dequantized(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> np.ndarray:
+    """gguf.quants' float32 (rows, cols) of a weight's raw bytes, any row layout of them."""
+    return gguf_dequantize(raw.reshape(shape[0], row_bytes(ggml_type, shape[1])),
+                           GGMLQuantizationType(ggml_type)).astype(np.float32)
