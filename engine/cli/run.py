@@ -329,42 +329,35 @@ def run_main(args) -> int:
     return 0
 
 
-NLL_SLICE = 512  # rows of logits alive at once: (slice, vocab) float32, not (window, vocab)
-
-
-def token_nll(model, ids: list[int], window: int, stride: int, kv_type: str = "f32") -> tuple[float, int]:
+def token_nll(model, tokenizer, ids: list[int], window: int, stride: int, kv_type: str = "f32") -> tuple[float, int]:
     """Sum of -log p(token | everything before it within the window) over ids[1:].
 
     One window when the text fits. Otherwise windows of `window` tokens start every `stride`
     tokens and each scores only the tokens the previous window did not (the standard strided
     evaluation): every token after the first is scored exactly once, with at least
-    window - stride tokens of context except in the first window. A window runs through a KV
-    cache in slices, so only a slice's logits are ever in memory."""
-    import torch
-
+    window - stride tokens of context except in the first window. Each window is a scored
+    request of the one scheduler (SamplingParams.prompt_logprobs), read a prefill chunk a step,
+    so only a chunk's logits are ever in memory."""
+    from ..mistral3.chat_format import EncodedPrompt
+    from ..runtime.batch import BatchScheduler
     from ..runtime.decoder import new_cache
+    from ..runtime.prefix_cache import PrefixCache, ReplyMemory
 
-    total, scored = 0.0, 0
     n = len(ids)
     cache = new_cache(model, min(window, n), capture_graphs=False, kv_type=kv_type)  # prefill only: no graphs
+    scheduler = BatchScheduler(model, tokenizer, slots=1, priority_slots=0, caches=[cache],
+                               prefix_cache=PrefixCache(0), replies=ReplyMemory(capacity=0), gather_s=0.0)
+    score = SamplingParams(max_tokens=0, temperature=0.0, prompt_logprobs=True)
+    total, scored = 0.0, 0
     begin = 0
     prev_end = 1  # ids[0] (BOS) is never scored
     while prev_end < n:
         end = min(begin + window, n)
-        chunk = ids[begin:end]
-        first = prev_end - begin  # position in chunk of the first unscored target
-        cache.truncate(0)
-        for lo in range(0, len(chunk) - 1, NLL_SLICE):
-            hi = min(lo + NLL_SLICE, len(chunk) - 1)  # rows lo..hi-1 predict chunk[lo+1..hi]
-            logits = model.forward(model.embed(chunk[lo:hi]), lo, cache, all_logits=True)
-            if hi <= first - 1:
-                continue  # context only: these targets were scored by the previous window
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            targets = torch.tensor(chunk[lo + 1:hi + 1], device=logp.device)
-            per_token = -logp.gather(1, targets[:, None]).squeeze(1)
-            skip = max(first - 1 - lo, 0)
-            total += float(per_token[skip:].double().sum())
-            scored += len(per_token) - skip
+        first = prev_end - begin  # position in the window of the first unscored target
+        logprobs = scheduler.generate(EncodedPrompt(ids[begin:end]), score).prompt_logprobs  # of window[1:]
+        kept = logprobs[first - 1:]  # the targets the previous window did not score
+        total -= math.fsum(kept)
+        scored += len(kept)
         prev_end = end
         if end == n:
             break
@@ -398,7 +391,7 @@ def perplexity_main(args) -> int:
     window = min(args.context_length or default_context_length(model), model.cfg.context_length)
     window = max(window, 2)
     stride = max(window // 2, 1)
-    nll, n = token_nll(model, ids, window, stride, kv_type=args.kv_type)
+    nll, n = token_nll(model, tok, ids, window, stride, kv_type=args.kv_type)
     if not math.isfinite(nll):
         raise EngineError(f"{args.model}: the model produced invalid logits (NaN/inf) on {path}: "
                           f"the weights may be corrupt, or the compute dtype overflowed")

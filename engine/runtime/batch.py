@@ -151,6 +151,7 @@ class _Sequence:
         self.cached: list[int] = []  # generated ids whose K/V are in the cache
         self.decoder = tokenizer.stream(skip_special=False) if req.params.control_text else tokenizer.stream()
         self.logprobs = [] if req.params.logprobs is not None else None
+        self.prompt_logprobs = [] if req.params.prompt_logprobs else None
         self.stop = StopStringFilter(req.params.stop)
         self.generator = None
         self.seen = None
@@ -394,13 +395,15 @@ class BatchScheduler:
                 sampled.append(s)
                 row += 1
         stepped = list(decoding)
-        read_now = []
+        read_now, scored = [], []  # scored: (sequence, its first row, rows) of prompts being scored
         # driven by its one caller (no loop thread), nobody else can join or wait: a whole chunk
         for s, n in zip(reading, self._prompt_shares(reading, self._thread is None) if reading else ()):
             if n == 0:
                 continue
             parts.append(s.embeds[s.read:s.read + n])
             groups.append((s.slot.cache, s.slot.cache.length, n))
+            if s.prompt_logprobs is not None:
+                scored.append((s, row, n))
             s.read += n
             row += n
             stepped.append(s)
@@ -408,8 +411,12 @@ class BatchScheduler:
             if not s.reading:
                 logit_rows.append(row - 1)
                 sampled.append(s)
+        n_sampled = len(logit_rows)
+        for _, first, n in scored:  # every row of a scored prompt: its logits score the next token
+            logit_rows.extend(range(first, first + n))
         try:
             logits = self._forward(parts, groups, logit_rows)
+            self._score(scored, logits[n_sampled:])
         except BaseException as exc:  # noqa: BLE001 - every sequence of the step hears it
             for s in stepped:
                 self._fail(s, exc)
@@ -437,6 +444,21 @@ class BatchScheduler:
             except BaseException as exc:  # noqa: BLE001 - a callback or NaN fails its own sequence
                 self._fail(s, exc)
         return True
+
+    @staticmethod
+    def _score(scored: list, logits: torch.Tensor) -> None:
+        """Each scored prompt row's log-probability of the prompt token after it (the rows of
+        `logits` in the order of `scored`); the prompt's last row predicts nothing of it."""
+        lo = 0
+        for s, _, n in scored:
+            first = s.reused + s.read - n  # the position of its first row in this step
+            ids = s.req.prompt.ids
+            rows = min(n, len(ids) - 1 - first)
+            if rows > 0:
+                targets = torch.tensor(ids[first + 1:first + 1 + rows], device=logits.device)
+                logp = torch.log_softmax(logits[lo:lo + rows].float(), dim=-1)
+                s.prompt_logprobs.extend(logp.gather(1, targets[:, None]).squeeze(1).tolist())
+            lo += n
 
     def _forward(self, parts: list, groups: list, logit_rows: list[int]) -> torch.Tensor:
         """The step's one pass: `parts` the decode rows' ids first (a list), then prompt rows. A
@@ -552,6 +574,8 @@ class BatchScheduler:
         """A request of the same lane with this very prompt whose prompt is still to be read
         (running, or admitted in this round), or None."""
         candidates = [s.req for s in self._running if s.n_sampled == 0] + admitted
+        if req.params.prompt_logprobs:  # scored: its prompt is read by its own pass
+            return None
         return next((r for r in candidates if r.priority == req.priority and r.keys == req.keys), None)
 
     def _requeue(self, req: _Request) -> None:
@@ -588,11 +612,12 @@ class BatchScheduler:
             req.future.set_result(self._result(req, [], "", 0, cache, "cancelled", None, None, 0))
             return
         spans = prompt.image_spans
-        own = reusable_prefix(slot.keys[:cache.length], keys, spans)
+        # a scored prompt is read whole: every token's log-probability comes from this pass
+        own = 0 if req.params.prompt_logprobs else reusable_prefix(slot.keys[:cache.length], keys, spans)
         b = self.prefix.block
         hashes = block_hashes(keys, b)
         with self.prefix.lock:  # shared with the engine's own chats: what matched stays until loaded
-            held = self.prefix.match(hashes)
+            held = 0 if req.params.prompt_logprobs else self.prefix.match(hashes)
             from_blocks = reusable_prefix(keys[:held * b], keys, spans) if held else 0
             if from_blocks > own:
                 first = own // b
@@ -704,6 +729,7 @@ class BatchScheduler:
         result = self._result(s.req, s.generated, s.stop.text, s.reused, cache, reason, s.t_first, s.t_last,
                               s.n_sampled)
         result.logprobs = s.logprobs
+        result.prompt_logprobs = s.prompt_logprobs
         s.req.future.set_result(result)
 
     def _fail(self, s: _Sequence, exc: BaseException) -> None:

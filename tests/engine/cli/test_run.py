@@ -71,13 +71,13 @@ def test_strided_windows_score_every_token_once():
         tok = Tokenizer.from_gguf(gf)
         model = Mistral3Text.load(gf, device="cpu")
     ids = [tok.bos_id] + tok.encode(TEXT * 2)
-    whole, n_whole = token_nll(model, ids, window=len(ids), stride=len(ids))
-    strided, n_strided = token_nll(model, ids, window=48, stride=24)
+    whole, n_whole = token_nll(model, tok, ids, window=len(ids), stride=len(ids))
+    strided, n_strided = token_nll(model, tok, ids, window=48, stride=24)
     assert n_whole == n_strided == len(ids) - 1
     # With 24+ tokens of context each, the strided estimate is close to but not equal to the whole.
     assert strided != whole and abs(strided - whole) / whole < 0.2
     # A window covering the text gives exactly the one-window result.
-    same, _ = token_nll(model, ids, window=len(ids) + 5, stride=3)
+    same, _ = token_nll(model, tok, ids, window=len(ids) + 5, stride=3)
     assert same == pytest.approx(whole, rel=1e-9)
 
 
@@ -171,16 +171,14 @@ def test_bench_prints_speeds(capsys):
 
 
 def test_slicing_a_window_changes_nothing(monkeypatch):
-    """A window runs through the KV cache in slices of logits; any slice size scores the same."""
-    from tramontane.engine.cli import run as cli_run
-
+    """A window is read a prefill chunk a step (only that chunk's logits alive); any chunk scores the same."""
     with open_gguf(MODEL) as gf:
         tok = Tokenizer.from_gguf(gf)
         model = Mistral3Text.load(gf, device="cpu")
     ids = [tok.bos_id] + tok.encode(TEXT * 2)
-    whole = token_nll(model, ids, window=len(ids), stride=len(ids))
-    strided = token_nll(model, ids, window=48, stride=24)
-    monkeypatch.setattr(cli_run, "NLL_SLICE", 5)
-    assert token_nll(model, ids, window=len(ids), stride=len(ids))[0] == pytest.approx(whole[0], rel=1e-6)
-    sliced = token_nll(model, ids, window=48, stride=24)
+    whole = token_nll(model, tok, ids, window=len(ids), stride=len(ids))
+    strided = token_nll(model, tok, ids, window=48, stride=24)
+    monkeypatch.setattr(model, "prefill_chunk", 5)
+    assert token_nll(model, tok, ids, window=len(ids), stride=len(ids))[0] == pytest.approx(whole[0], rel=1e-6)
+    sliced = token_nll(model, tok, ids, window=48, stride=24)
     assert sliced[1] == strided[1] and sliced[0] == pytest.approx(strided[0], rel=1e-6)

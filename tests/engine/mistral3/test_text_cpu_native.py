@@ -17,6 +17,8 @@ import torch
 
 from support import FIXTURES
 from tramontane.engine.cli.run import token_nll
+from tramontane.engine.gguf import open_gguf
+from tramontane.engine.mistral3.tokenizer import Tokenizer
 from tramontane.engine.mistral3.text import Mistral3Text
 from tramontane.kernels import cpu_native
 from tramontane.kernels.linear import cpu_exact
@@ -34,16 +36,18 @@ def test_native_cpu_model_agrees_with_float32_path(name):
     path = os.path.join(FIXTURES, f"{name}.gguf")
     ids = torch.randint(0, 2048, (160,), generator=torch.Generator().manual_seed(4)).tolist()
     native = Mistral3Text.load(path, device="cpu")
+    with open_gguf(path) as gf:
+        tok = Tokenizer.from_gguf(gf)
     assert not native.dense_weights and native.layers[0].wqkv is None  # mapped, not copied
     with cpu_exact():
         exact = Mistral3Text.load(path, device="cpu", dense_on_cpu=False)
         want_logits = exact.logits(ids[:40], all_logits=True)
         want_tokens = greedy_tokens(exact, ids[:16], 16)
-        nll_e, n_e = token_nll(exact, ids, 64, 32)
+        nll_e, n_e = token_nll(exact, tok, ids, 64, 32)
     logits = native.logits(ids[:40], all_logits=True)
     assert (logits - want_logits).abs().max() <= 0.03 * want_logits.abs().max()
     assert greedy_tokens(native, ids[:16], 16) == want_tokens
-    nll_n, n_n = token_nll(native, ids, 64, 32)
+    nll_n, n_n = token_nll(native, tok, ids, 64, 32)
     assert n_n == n_e
     ppl_e, ppl_n = math.exp(nll_e / n_e), math.exp(nll_n / n_n)
     tol = 1e-6 if name.endswith("f16") else 5e-3

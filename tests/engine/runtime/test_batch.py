@@ -277,3 +277,38 @@ def test_refusals_in_words(engine):
     sched.close()
     with pytest.raises(EngineError, match="closed"):
         sched.submit(EncodedPrompt([1, 5]), greedy(4))
+
+
+def test_a_scored_prompt_beside_decoding_streams_gets_the_log_probabilities_of_one_pass(engine):
+    """prompt_logprobs (perplexity's windows, a completion's echo): read in 32-row chunks between
+    two streams' decode rows, and whole even when the slot holds its prefix; each token's
+    log-probability equals log_softmax of one forward pass over the prompt (float32 rounding)."""
+    import torch
+
+    prompts = random_prompts(engine, [40, 25, 150], seed=9)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=3, priority_slots=0, context_length=512,
+                           step_rows=32)
+    streams = [sched.submit(p, greedy(30)) for p in prompts[:2]]
+    for _ in range(3):
+        sched.step()
+    scored_params = SamplingParams(max_tokens=0, temperature=0.0, prompt_logprobs=True)
+    first = sched.submit(prompts[2], scored_params)
+    rec = Recorder(engine.model)
+    try:
+        while sched.step():
+            pass
+    finally:
+        rec.close()
+    assert any(len(groups) == 3 for groups in rec.steps)  # read beside the two streams
+    ids = prompts[2].ids
+    want = torch.log_softmax(engine.model.logits(ids, all_logits=True), dim=-1)[:-1].gather(
+        1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    got = first.result().prompt_logprobs
+    assert len(got) == len(ids) - 1 and first.result().token_ids == []
+    torch.testing.assert_close(torch.tensor(got), want, rtol=0, atol=2e-5)
+    again = sched.submit(prompts[2], scored_params)  # the slot holds the prompt: read whole anyway
+    while sched.step():
+        pass
+    assert again.result().stats.reused_tokens == 0
+    torch.testing.assert_close(torch.tensor(again.result().prompt_logprobs), want, rtol=0, atol=2e-5)
+    assert all(f.result().finish_reason == "length" for f in streams)
