@@ -46,21 +46,26 @@ def test_self_test_passes_with_the_fixture_model(qapp):
 def test_each_conversation_step_checks_what_it_claims(monkeypatch):
     """The steps fail, naming why, when the engine does not do what a user relies on."""
     from tramontane.engine.runtime.local import LocalEngine
+    from tramontane.engine.runtime.prefix_cache import PrefixCache
 
     real_chat = LocalEngine.chat
 
     calls = []
 
     def no_cache(self, messages, params, on_piece=None, cancel=None, session_key=None):
-        calls.append(session_key)  # a new session every turn: the whole chat is recomputed
-        return real_chat(self, messages, params, on_piece, cancel, f"fresh-{len(calls)}")
+        calls.append(session_key)
+        self.forget_session(session_key)  # the slot keeps nothing, and the prefix cache finds nothing:
+        return real_chat(self, messages, params, on_piece, cancel, session_key)  # the whole chat recomputed
 
     monkeypatch.setattr(LocalEngine, "chat", no_cache)
+    monkeypatch.setattr(PrefixCache, "match", lambda self, hashes, start=0: start)
     code, text = run(gui=False, gpu=False)
     assert code == 1
     assert text.splitlines()[-1] == ("FAILED: turn2: no prompt token came from the KV cache: "
                                      "the second turn recomputed the whole chat"), text
     assert "  turn1      ok" in text and "stop" not in text
+
+    monkeypatch.undo()  # the cache works again
 
     def never_stops(self, messages, params, on_piece=None, cancel=None, session_key=None):
         return real_chat(self, messages, params, on_piece, None, session_key)
