@@ -84,7 +84,7 @@ class OllamaRoutes:
         return web.json_response({
             "modelfile": "", "parameters": "", "template": "", "details": _details(),
             "model_info": {"general.basename": model.id, "mistral3.context_length": model.context_size},
-            "capabilities": capabilities(model), "modified_at": _iso(model.created)})
+            "capabilities": model.capabilities, "modified_at": _iso(model.created)})
 
     def _listing(self, model: ServedModel, name: str) -> dict:
         return {"name": name, "model": name, "modified_at": _iso(model.created), "size": 0,
@@ -129,11 +129,6 @@ class OllamaRoutes:
         except (asyncio.CancelledError, ConnectionError):
             generation.cancel()
             raise
-
-
-def capabilities(model: ServedModel) -> list[str]:
-    """Ollama's capability names for the loaded model (also in /v1/models as `capabilities`)."""
-    return ["completion", "tools"] + (["vision"] if model.has_vision else [])
 
 
 def _details() -> dict:
@@ -185,9 +180,10 @@ def _final(model: ServedModel, kind: str, result, started_ns: int, whole: bool) 
 
 def _arguments(call: ToolCall):
     try:
-        return json.loads(call.arguments)
-    except json.JSONDecodeError:  # a call cut by the token limit: its text as written
-        return call.arguments
+        value = json.loads(call.arguments)
+    except json.JSONDecodeError:  # a call cut by the token limit: Ollama's arguments are an object
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # ----------------------------------------------------------------------------- the request

@@ -50,6 +50,13 @@ class ServedModel:
         return (self.id, *(a for a in self.aliases if a != self.id))
 
     @property
+    def capabilities(self) -> list[str]:
+        """What the model can do, the one answer for /v1/models, Ollama's /api/show and the
+        Responses API: Ollama's names (completion, tools, vision), in /v1/models both on each
+        model and in llama-server's `models` list."""
+        return ["completion", "tools"] + (["vision"] if self.has_vision else [])
+
+    @property
     def fingerprint(self) -> str:
         """OpenAI's `system_fingerprint`: a string naming the backend configuration (this build
         and this model), the same for every reply while it is served; clients compare it to tell
@@ -281,7 +288,7 @@ def message_text_bytes(messages: list[ChatMessage], in_bytes: bool = True) -> in
 
 # ------------------------------------------------------------------------------- chat
 
-def _data_url_image(url: str, where: str, index: int, limits: RequestLimits) -> ImagePart:
+def data_url_image(url: str, where: str, index: int, limits: RequestLimits) -> ImagePart:
     if not url.startswith("data:"):
         raise remote_image(where, url, "data: URLs", "send the image inline as data:image/png;base64,...")
     header, comma, payload = url.partition(",")
@@ -351,7 +358,7 @@ def _content_parts(content, where: str, role: str, images: list, limits: Request
             if not isinstance(url, str):
                 raise bad(f"{at}.image_url.url", "must be a string")
             check_image_count(images, at, limits)
-            image = _data_url_image(url, f"{at}.image_url.url", len(images), limits)
+            image = data_url_image(url, f"{at}.image_url.url", len(images), limits)
             images.append(image)
             parts.append(image)
         else:
@@ -504,9 +511,10 @@ class ConversationKeys:
 # ------------------------------------------------------------------------------- replies
 
 def finish_reason(result: GenerationResult) -> str:
-    if result.tool_calls:
-        return "tool_calls"
-    return "length" if result.finish_reason == "length" else "stop"
+    """A reply cut inside its tool calls is "length" (with the calls so far), as OpenAI says."""
+    if result.finish_reason == "length":
+        return "length"
+    return "tool_calls" if result.tool_calls else "stop"
 
 
 def usage(result: GenerationResult) -> dict:
@@ -601,8 +609,12 @@ class Reply:
 def model_object(model: ServedModel, name: str | None = None) -> dict:
     """The model under its id, or under one of its aliases."""
     return {"id": name or model.id, "object": "model", "created": model.created, "owned_by": "tramontane",
-            "max_model_len": model.context_size}  # vLLM's field: clients size their prompts by it
+            "max_model_len": model.context_size,  # vLLM's field: clients size their prompts by it
+            "capabilities": model.capabilities}
 
 
 def models_response(model: ServedModel) -> dict:
-    return {"object": "list", "data": [model_object(model, name) for name in model.ids]}
+    """OpenAI's list, and llama-server's `models` beside it (where its clients read capabilities)."""
+    return {"object": "list", "data": [model_object(model, name) for name in model.ids],
+            "models": [{"name": name, "model": name, "type": "model", "capabilities": model.capabilities}
+                       for name in model.ids]}

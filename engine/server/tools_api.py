@@ -254,16 +254,23 @@ def engine_params(tokenizer, request: ToolRequest, params: SamplingParams) -> Sa
 
 def read_tool_calls(tokenizer, request: ToolRequest, result: GenerationResult) -> GenerationResult:
     """A reply in tool mode: its calls parsed into `tool_calls` and `text` left with the content
-    before them; a malformed call list (or a call to a tool not offered, or one cut off) stays
-    text, without the control-token names."""
-    from ..mistral3.chat_format import instruct_version, parse_tool_calls
+    before them; a malformed call list (or a call to a tool not offered) stays
+    text, without the control-token names. A reply cut by the token limit inside its calls keeps
+    the calls so far (the last one's arguments unfinished), as OpenAI answers."""
+    from ..mistral3.chat_format import instruct_version, parse_cut_tool_calls, parse_tool_calls
 
     if not request.calls_tools:
         return result
     parsed = None
+    offered = {t.name for t in request.tools}
     if result.finish_reason in ("stop", "stop_string"):
         parsed = parse_tool_calls(result.text, instruct_version(tokenizer))
-    offered = {t.name for t in request.tools}
+    elif result.finish_reason == "length":  # cut inside the calls: those so far, never the wire text
+        parsed = parse_cut_tool_calls(result.text, instruct_version(tokenizer))
+        if parsed is not None:
+            result.text = parsed.content
+            result.tool_calls = [c for c in parsed.tool_calls if c.name in offered]
+            return result
     if parsed is None or any(c.name not in offered for c in parsed.tool_calls):
         result.text = _without_control_names(tokenizer, result)
         return result

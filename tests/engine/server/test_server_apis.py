@@ -9,6 +9,7 @@ import pytest
 
 anthropic = pytest.importorskip("anthropic", reason="the official client is the reference (test extra)")
 ollama = pytest.importorskip("ollama", reason="the official client is the reference (test extra)")
+openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
 pytest.importorskip("llguidance")
 
 from tramontane.engine.runtime import generate as gen  # noqa: E402
@@ -126,3 +127,54 @@ def test_ollama_format_schema_is_closed_by_default(served):
     out = c.chat(model="m", messages=[{"role": "user", "content": "x"}], format=SCHEMA,
                  options={"temperature": 1.0, "seed": 3, "num_predict": 200})
     assert set(json.loads(out.message.content)) == {"city"}  # closed by default: no invented keys
+
+
+def gpt(served):
+    return openai.OpenAI(base_url=served.url, api_key="x", max_retries=0, timeout=60)
+
+
+def cut_call(served, script) -> int:
+    """Scripts a call and returns a token limit that cuts it inside its arguments."""
+    tok = served.engine.tokenizer
+    script("[TOOL_CALLS]", CALL_TEXT)
+    return 1 + len(tok.encode(CALL_TEXT)) - 3
+
+
+def check_cut(name: str, arguments: str) -> None:
+    assert name == "get_weather"
+    assert '{"city": "Paris"}'.startswith(arguments) and arguments.startswith('{"city"')
+
+
+OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]
+
+
+def test_a_call_cut_by_max_tokens_is_length_with_the_call_so_far_on_every_api(served, script):
+    c = gpt(served)
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
+                                  tools=OPENAI_TOOLS, max_tokens=cut_call(served, script))
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.content  # never the wire format
+    (call,) = choice.message.tool_calls
+    check_cut(call.function.name, call.function.arguments)
+    chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
+                                            tools=OPENAI_TOOLS, max_tokens=cut_call(served, script), stream=True))
+    deltas = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == ""
+    assert chunks[-1].choices[0].finish_reason == "length"
+    check_cut(deltas[0].function.name, "".join(d.function.arguments or "" for d in deltas))
+    m = claude(served).messages.create(model="m", max_tokens=cut_call(served, script), messages=[
+        {"role": "user", "content": "Weather?"}], tools=[{"name": "get_weather", "input_schema": SCHEMA}])
+    assert m.stop_reason == "max_tokens" and [b.type for b in m.content] == ["tool_use"]
+    assert m.content[0].name == "get_weather"  # its input unfinished: Anthropic's input is an object
+    o = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}").chat(
+        model="m", messages=[{"role": "user", "content": "Weather?"}], tools=OPENAI_TOOLS,
+        options={"num_predict": cut_call(served, script)})
+    assert o.done_reason == "length" and not o.message.content
+    assert o.message.tool_calls[0].function.name == "get_weather"
+
+
+def test_capabilities_are_one_answer_in_models_and_show(served):
+    listing = gpt(served).models.list().model_dump()
+    shown = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}").show("m").capabilities
+    assert listing["data"][0]["capabilities"] == ["completion", "tools"] == shown  # no projector: no vision
+    assert listing["models"][0]["capabilities"] == shown
