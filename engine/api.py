@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Literal, Protocol, Union
 
@@ -49,7 +50,22 @@ class ThinkPart:
     closed: bool = True
 
 
-Part = Union[str, ImagePart, ThinkPart]
+@dataclass(frozen=True)
+class DocumentPart:
+    """A document attached to a user message: the file's bytes and name, and its text as
+    engine/documents read it (a `Document`; typed loosely, this module imports nothing). No
+    encoder reads it: engine/documents/prompt.py turns it into text and page images first."""
+
+    data: bytes
+    name: str
+    document: object = field(default=None, compare=False, repr=False)
+
+    @cached_property  # a document may be megabytes: hashed once
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+Part = Union[str, ImagePart, ThinkPart, DocumentPart]
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,10 @@ class ChatMessage:
     @property
     def images(self) -> list[ImagePart]:
         return [p for p in self.parts if isinstance(p, ImagePart)]
+
+    @property
+    def documents(self) -> list[DocumentPart]:
+        return [p for p in self.parts if isinstance(p, DocumentPart)]
 
     @property
     def reasoning(self) -> str:

@@ -68,6 +68,15 @@ def document_block(document: Document, vision: bool = False) -> str:
     return f"<document {attributes}>\n{body}\n</document>"
 
 
+def retrieved_note(document: Document) -> str:
+    """What the message that attached a retrieved document says of it, in place of its text (the
+    same bytes every turn; its excerpts come with each question)."""
+    pages = f' pages="{len(document.pages)}"' if document.paged else ""
+    return (f'<document name="{_attribute(document.name)}"{pages} mode="retrieved">\n'
+            "Too long to include whole: the passages of it that bear on the question are given as excerpts.\n"
+            "</document>")
+
+
 def _source_of(hit) -> Source:
     return Source(hit.file, hit.page, hit.heading if hit.page is None else "")
 
