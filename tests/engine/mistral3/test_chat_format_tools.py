@@ -1,27 +1,20 @@
 """Tool definitions, calls and results in the v7, v11 and v13 chat formats, token-exact with
 mistral-common's `encode_chat_completion`; the parser of the calls a model writes.
 
-Reference: mistral-common's tokenizers built from its real tekken_240911.json with the version
-string set to v7 / v11 / v13 (for v11+ the file's unused control slots 32-35 are named [ARGS],
-[CALL_ID], [THINK], [/THINK], where Mistral's later tekken files have them). Ours: the GGUF that
-llama.cpp's converter made from the same JSON, with the same four slots renamed and the chat
-template text the converter writes per version.
+Reference: mistral-common's tokenizers of support.tekken_versions (its real tekken_240911.json
+with the version string set, the later control slots named), ours the GGUF of the same JSON.
 """
 from __future__ import annotations
 
 import json
-import os
 
-import numpy as np
 import pytest
 
 from tramontane.engine.api import ChatMessage, ToolCall, ToolSpec
-from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.chat_format import (encode_chat, instruct_version, new_call_id,
                                                     parse_tool_calls)
-from tramontane.engine.mistral3.tokenizer import Tokenizer
 
-from support import FIXTURES
+from support.tekken_versions import TEMPLATES, our_tokenizer, reference_tokenizer
 
 pytest.importorskip("mistral_common")
 from mistral_common.protocol.instruct.messages import (  # noqa: E402
@@ -31,49 +24,14 @@ from mistral_common.protocol.instruct.tool_calls import (  # noqa: E402
     Function, FunctionCall, Tool)
 from mistral_common.protocol.instruct.tool_calls import ToolCall as RefToolCall  # noqa: E402
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # noqa: E402
-from mistral_common.tokens.tokenizers.tekken import Tekkenizer  # noqa: E402
 
-TEKKEN_GGUF = os.path.join(FIXTURES, "tekken_240911_tokenizer.gguf")
-LATER_CONTROLS = {32: "[ARGS]", 33: "[CALL_ID]", 34: "[THINK]", 35: "[/THINK]"}
-# what llama.cpp's converter writes as tokenizer.chat_template per version (v11/v13: Jinja text;
-# only its markers matter here)
-TEMPLATES = {7: "mistral-v7-tekken",
-             11: "{{- '[TOOL_CALLS]' + name + '[CALL_ID]' + id + '[ARGS]' + arguments }}"
-                 "{{- '[TOOL_RESULTS]' + id + '[TOOL_CONTENT]' + content + '[/TOOL_RESULTS]' }}",
-             13: "{{- '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}"
-                 "{{- '[TOOL_RESULTS]' + content + '[/TOOL_RESULTS]' }}"}
-
-
-def _our_tokenizer(version: int) -> Tokenizer:
-    with open_gguf(TEKKEN_GGUF) as gf:
-        kv = dict(gf.kv)
-    if version > 7:
-        tokens = list(kv["tokenizer.ggml.tokens"])
-        for rank, name in LATER_CONTROLS.items():
-            tokens[rank] = name
-        kv["tokenizer.ggml.tokens"] = tokens
-        kv["tokenizer.ggml.token_type"] = np.asarray(kv["tokenizer.ggml.token_type"])
-    kv["tokenizer.chat_template"] = TEMPLATES[version]
-    return Tokenizer.from_kv(kv, f"tekken-v{version}.gguf")
-
-
-def _reference(version: int, tmp_path_factory) -> MistralTokenizer:
-    data = json.loads((MistralTokenizer._data_path() / "tekken_240911.json").read_text(encoding="utf-8"))
-    data["config"]["version"] = f"v{version}"
-    if version > 7:
-        special = [dict(t, token_str=str(t["token_str"].value)) for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
-        special += [{"rank": r, "token_str": f"<SPECIAL_{r}>", "is_control": True} for r in range(20, 32)]
-        special += [{"rank": r, "token_str": n, "is_control": True} for r, n in LATER_CONTROLS.items()]
-        data["special_tokens"] = special
-    path = tmp_path_factory.mktemp("mc") / f"tekken_v{version}.json"
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return MistralTokenizer.from_file(str(path))
+_our_tokenizer = our_tokenizer
 
 
 @pytest.fixture(scope="module", params=[7, 11, 13], ids=lambda v: f"v{v}")
 def pair(request, tmp_path_factory):
     version = request.param
-    return version, _our_tokenizer(version), _reference(version, tmp_path_factory)
+    return version, _our_tokenizer(version), reference_tokenizer(version, tmp_path_factory.mktemp("mc"))
 
 
 WEATHER = ToolSpec("get_weather", "Weather now in a city, in Celsius or Fahrenheit", {

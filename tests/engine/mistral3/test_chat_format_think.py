@@ -1,0 +1,225 @@
+"""Reasoning models' prompts (issue 36): thoughts in earlier assistant turns and in system
+messages, with tools, images and system prompts, token-exact with mistral-common's
+`encode_chat_completion` for v13 (think chunks) and, for v7 / v11 (no think chunks), the same
+conversation without its thoughts; the chat-format version and thinking read from the file.
+
+Reference: mistral-common's tokenizers of support.tekken_versions, with Mistral Small 3.1's image
+settings so images are encoded by its own image encoder; ours gets mistral-common's rows/cols per
+image through `image_grid` and must place the tokens where it does.
+"""
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from tramontane.engine.api import ChatMessage, EngineError, ImagePart, ThinkPart, ToolCall, ToolSpec
+from tramontane.engine.mistral3.chat_format import encode_chat
+
+from support.tekken_versions import LATER_CONTROLS, SMALL31_IMAGE, TEMPLATES, our_tokenizer, reference_tokenizer
+
+pytest.importorskip("mistral_common")
+from PIL import Image  # noqa: E402
+from mistral_common.protocol.instruct.chunk import ImageChunk, TextChunk, ThinkChunk  # noqa: E402
+from mistral_common.protocol.instruct.messages import (  # noqa: E402
+    AssistantMessage, SystemMessage, ToolMessage, UserMessage)
+from mistral_common.protocol.instruct.request import ChatCompletionRequest  # noqa: E402
+from mistral_common.protocol.instruct.tool_calls import Function, FunctionCall, Tool  # noqa: E402
+from mistral_common.protocol.instruct.tool_calls import ToolCall as RefToolCall  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=[7, 11, 13], ids=lambda v: f"v{v}")
+def pair(request, tmp_path_factory):
+    version = request.param
+    return version, our_tokenizer(version), reference_tokenizer(version, tmp_path_factory.mktemp("mc"),
+                                                                 image=SMALL31_IMAGE)
+
+
+def _png(w: int, h: int, color=(200, 30, 60)) -> ImagePart:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), color).save(buf, format="PNG")
+    return ImagePart(buf.getvalue(), f"{w}x{h}.png")
+
+
+def _pil(image: ImagePart) -> Image.Image:
+    return Image.open(io.BytesIO(image.data))
+
+
+IMG_A = _png(60, 30)  # 3 cols x 2 rows
+IMG_B = _png(100, 200, (10, 200, 10))  # 4 x 8
+
+
+# ----------------------------------------------------------------------------- to mistral-common
+
+def _chunk(part):
+    if isinstance(part, str):
+        return TextChunk(text=part)
+    if isinstance(part, ThinkPart):
+        return ThinkChunk(thinking=part.text, closed=part.closed)
+    return ImageChunk(image=_pil(part))
+
+
+def _content(parts, keep_thoughts: bool):
+    parts = [p for p in parts if keep_thoughts or not isinstance(p, ThinkPart)]
+    if all(isinstance(p, str) for p in parts):
+        return "".join(parts) if len(parts) <= 1 else [TextChunk(text=p) for p in parts]
+    return [_chunk(p) for p in parts]
+
+
+def _ref_message(m: ChatMessage, keep_thoughts: bool):
+    content = _content(m.parts, keep_thoughts)
+    if m.role == "system":
+        return SystemMessage(content=content)
+    if m.role == "user":
+        return UserMessage(content=content)
+    if m.role == "tool":
+        return ToolMessage(content=content, tool_call_id=m.tool_call_id)
+    calls = [RefToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+             for c in m.tool_calls] or None
+    return AssistantMessage(content=content or None, tool_calls=calls)
+
+
+def _reference_ids(ref, messages, tools, keep_thoughts: bool) -> list[int]:
+    request = ChatCompletionRequest(
+        messages=[_ref_message(m, keep_thoughts) for m in messages],
+        tools=[Tool(function=Function(name=t.name, description=t.description, parameters=t.parameters))
+               for t in tools] if tools else None)
+    return ref.encode_chat_completion(request).tokens
+
+
+def _grid_from(ref):
+    encoder = ref.instruct_tokenizer.image_encoder
+
+    def image_grid(image: ImagePart) -> tuple[int, int]:
+        cols, rows = encoder._image_to_num_tokens(_pil(image))
+        return rows, cols
+
+    return image_grid
+
+
+# ----------------------------------------------------------------------------- conversations
+
+def S(*parts):
+    return ChatMessage("system", list(parts))
+
+
+def U(*parts):
+    return ChatMessage("user", list(parts))
+
+
+def A(*parts, calls=()):
+    return ChatMessage("assistant", list(parts), list(calls))
+
+
+def T(call_id, text):
+    return ChatMessage("tool", [text], tool_call_id=call_id)
+
+
+def Th(text, closed=True):
+    return ThinkPart(text, closed)
+
+
+# the shape of the system prompt Magistral 1.2 and Ministral 3 Reasoning ship: text, a thought, text
+THINK_TEMPLATE = S("# HOW YOU SHOULD THINK AND ANSWER\n\nFirst draft your thinking process.\n\n"
+                   "Your thinking process must follow the template below:",
+                   Th("Your thoughts or/and draft, like working through an exercise on scratch paper."),
+                   "Here, provide a self-contained response.")
+WEATHER = ToolSpec("get_weather", "Weather now in a city", {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+CALL = ToolCall("a1B2c3D4e", "get_weather", '{"city": "Paris"}')
+
+CONVERSATIONS = {
+    "system_template_then_question": ([THINK_TEMPLATE, U("What is 2+2?")], None),
+    "earlier_thought_and_answer": (
+        [THINK_TEMPLATE, U("What is 2+2?"), A(Th("Two and two.\nThat is 4."), "It is **4**."),
+         U("And 3+3?")], None),
+    "thought_keeps_trailing_spaces": ([U("q"), A(Th("hmm "), "answer  "), U("next")], None),
+    "unclosed_thought_then_text": ([U("q"), A(Th("I was cut off", closed=False), "partial"), U("go on")], None),
+    "thought_only_reply": ([U("q"), A(Th("only thinking")), U("well?")], None),
+    "empty_thought": ([U("q"), A(Th(""), "a"), U("b")], None),
+    "merged_assistants_thought_ends_a_text_run": (
+        [U("q"), A("before"), A(Th("mid"), "after one"), A("after two "), U("ok")], None),
+    "thoughts_of_several_turns": (
+        [S("Be brief."), U("one"), A(Th("t1"), "a1"), U("two"), A(Th("t2"), "a2"), U("three")], None),
+    "thought_then_tool_call_and_result": (
+        [THINK_TEMPLATE, U("Weather in Paris?"), A(Th("I should call the tool."), calls=[CALL]),
+         T(CALL.id, "21 degrees"), A(Th("The tool said 21."), "It is 21 °C."), U("Thanks")], [WEATHER]),
+    "images_with_thinking_system_prompt": (
+        [THINK_TEMPLATE, U("What is in these?", IMG_A, "and", IMG_B), A(Th("Red, then green."), "Two boxes."),
+         U("Which is taller?", IMG_B)], None),
+    "plain_system_user_image": ([S("You describe images."), U(IMG_A, "describe")], None),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVERSATIONS))
+def test_prompt_ids_match_mistral_common(pair, name):
+    """v13 encodes the thoughts as mistral-common does; v7 and v11 have no think chunks, so an
+    earlier turn's thought is left out (the conversation mistral-common is given has none) and a
+    system thought is refused."""
+    version, tok, ref = pair
+    messages, tools = CONVERSATIONS[name]
+    if version < 13 and any(isinstance(p, ThinkPart) for m in messages if m.role == "system" for p in m.parts):
+        with pytest.raises(EngineError, match=r"tekken-v\d+\.gguf: .*cannot hold a thought"):
+            encode_chat(tok, messages, _grid_from(ref), tools=tools)
+        return
+    ours = encode_chat(tok, messages, _grid_from(ref), tools=tools).ids
+    if version < 13 and name == "thought_only_reply":
+        # without its thought the reply is empty, which mistral-common refuses: ours is </s>
+        # (the empty-reply rule), between the two user turns mistral-common encodes
+        assert ours == [*_reference_ids(ref, messages[:1], None, False), tok.eos_id,
+                        *_reference_ids(ref, messages[2:], None, False)[1:]]
+        return
+    assert ours == _reference_ids(ref, messages, tools, keep_thoughts=version >= 13)
+
+
+def test_a_v13_thought_is_its_control_tokens(pair):
+    version, tok, _ = pair
+    if version < 13:
+        pytest.skip("v13 only")
+    begin, end = tok.think_ids
+    ids = encode_chat(tok, [U("q"), A(Th("x"), "y"), U("z")]).ids
+    inst_end = ids.index(tok.token_id("[/INST]"))
+    assert ids[inst_end + 1] == begin and ids[inst_end + 2:inst_end + 2 + len(tok.encode("x"))] == tok.encode("x")
+    assert end in ids
+    unclosed = encode_chat(tok, [U("q"), A(Th("x", closed=False), "y"), U("z")]).ids
+    assert end not in unclosed and begin in unclosed
+
+
+@pytest.mark.parametrize("messages", [[U(Th("user thoughts?"))], [U("q"), A("a"), T("a1B2c3D4e", "r"),
+                                                                   ChatMessage("tool", [Th("x")], tool_call_id="z")]])
+def test_thoughts_outside_assistant_and_system_messages_are_refused(pair, messages):
+    _, tok, _ = pair
+    with pytest.raises(EngineError, match="cannot hold a thought"):
+        encode_chat(tok, messages)
+
+
+# ----------------------------------------------------------------------------- the file says
+
+def test_version_and_thinking_are_read_from_the_file(pair):
+    version, tok, _ = pair
+    assert tok.version == version
+    assert tok.can_think == (version == 13)
+    assert tok.think_ids == ((tok.token_id("[THINK]"), tok.token_id("[/THINK]")) if version == 13 else None)
+
+
+def test_a_v11_vocabulary_with_think_tokens_cannot_think():
+    """Mistral Small 3.2's tekken has the [THINK] slots too; its v11 format has no think chunks."""
+    tok = our_tokenizer(11)
+    assert tok.has_control("[THINK]") and tok.version == 11 and not tok.can_think
+
+
+def test_a_template_that_writes_thoughts_is_v13_even_with_call_ids():
+    tok = our_tokenizer(13, template=TEMPLATES[11] + "{{- '[THINK]' + thinking + '[/THINK]' }}")
+    assert tok.version == 13 and tok.can_think
+
+
+def test_without_the_end_think_control_the_model_cannot_think():
+    tok = our_tokenizer(13, controls={k: v for k, v in LATER_CONTROLS.items() if v != "[/THINK]"})
+    assert tok.version == 13 and not tok.can_think and tok.think_ids is None
+
+
+def test_thought_text_typed_by_a_user_is_text():
+    """Typing "[THINK]" never makes the control token."""
+    tok = our_tokenizer(13)
+    ids = encode_chat(tok, [U("[THINK]not a thought[/THINK]")]).ids
+    assert tok.token_id("[THINK]") not in ids and tok.token_id("[/THINK]") not in ids
