@@ -36,13 +36,14 @@ from .executor import EngineExecutor
 from .ollama_api import OllamaRoutes
 from .openai_api import ConnectionLimits, RequestLimits, ServedModel
 from .openai_routes import OpenAIRoutes
+from .responses_api import ResponsesRoutes
 from .security import Guard, check_bind, is_loopback  # noqa: F401 - check_bind, is_loopback: the callers' import
 from .tasks import Finished, Tasks  # noqa: F401 - Finished: on_finished's argument
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("GET /health, GET /v1/models[/NAME], POST /v1/chat/completions, POST /v1/completions "
-             "(also without /v1), POST /v1/messages[/count_tokens], "
+             "(also without /v1), POST /v1/messages[/count_tokens], POST /v1/responses, GET /v1/responses/ID, "
              "Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version")
 PARSE_OFF_LOOP_BYTES = 1 << 20  # bodies larger than this are parsed on a worker thread
 ACCEPT_BACKOFF_S = (0.05, 2.0)  # after an accept() error: first wait, doubling up to the last
@@ -157,7 +158,7 @@ class OpenAIServer:
         self.aliases = tuple(dict.fromkeys(aliases))
         self.strict_model = strict_model
         self.tasks = Tasks(executor, self.limits, on_finished)
-        self.apis = (AnthropicRoutes(self), OllamaRoutes(self), OpenAIRoutes(self))
+        self.apis = (AnthropicRoutes(self), OllamaRoutes(self), ResponsesRoutes(self), OpenAIRoutes(self))
         self._public: set = set()  # handlers answered without the API key
         self._connections: dict[object, _Connection] = {}  # by transport (loop thread only)
         self._room: asyncio.Event | None = None  # set while fewer than max_connections are open
