@@ -15,6 +15,7 @@ from tramontane.engine.runtime.local import LocalEngine
 
 from support import FIXTURES
 from support.batch_runs import PrefillSpy
+from support.engines import local_engine_fixture
 MODEL = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")
 Q256 = os.path.join(FIXTURES, "mistral3_q256-Q4_K_M.gguf")
@@ -97,11 +98,7 @@ def test_bench_token_counts_are_checked(capsys, flags, field):
 
 # ----------------------------------------------------------------------------- LocalEngine sessions
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = LocalEngine(MODEL, None, device="cpu", context_length=256, kv_host_budget_mb=0)
-    yield eng
-    eng.close()
+engine = local_engine_fixture(MODEL, context_length=256, kv_host_budget_mb=0)
 
 
 def first_prefill(engine, messages, params=GREEDY, **kwargs):

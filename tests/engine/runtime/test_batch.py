@@ -17,22 +17,18 @@ from PIL import Image
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams
 from tramontane.engine.mistral3.chat_format import EncodedPrompt, encode_chat
 from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler
-from tramontane.engine.runtime.generate import ScriptedLogits
-from tramontane.engine.runtime.local import LocalEngine
 from tramontane.engine.runtime.prefix_cache import BLOCK_TOKENS
 
+from support.scripted import ScriptedLogits
 from support import FIXTURES
+from support.engines import local_engine_fixture
 from support.batch_runs import Recorder, alone, greedy, random_prompts
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = LocalEngine(MODEL, MMPROJ, device="cpu", context_length=512)
-    yield e
-    e.close()
+engine = local_engine_fixture(MODEL, MMPROJ, context_length=512)
 
 
 def photo(seed: int, size=(56, 42)) -> ImagePart:

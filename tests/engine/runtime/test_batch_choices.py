@@ -16,16 +16,13 @@ from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler, carve
 from tramontane.engine.runtime.local import LocalEngine
 
 from support import FIXTURES
+from support.engines import local_engine_fixture
 from support.batch_runs import Recorder, alone, greedy, random_prompts
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = LocalEngine(MODEL, device="cpu", context_length=512)
-    yield e
-    e.close()
+engine = local_engine_fixture(MODEL, context_length=512)
 
 
 def test_choices_of_one_prompt_read_it_once_and_decode_together(engine):

@@ -16,20 +16,16 @@ import pytest
 
 from tramontane.engine.api import SamplingParams
 from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler
-from tramontane.engine.runtime.local import LocalEngine
 from tramontane.engine.server.executor import BatchExecutor
 
 from support import FIXTURES
+from support.engines import local_engine_fixture
 from support.batch_runs import Recorder, alone, greedy, random_prompts
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = LocalEngine(MODEL, None, device="cpu", context_length=512)
-    yield e
-    e.close()
+engine = local_engine_fixture(MODEL, context_length=512)
 
 
 def eventually(condition, timeout=10.0) -> None:

@@ -19,10 +19,11 @@ from tramontane.engine.api import ChatMessage, EngineError, SamplingParams, Tool
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.chat_format import instruct_version, parse_tool_calls
 from tramontane.engine.mistral3.tokenizer import Tokenizer
-from tramontane.engine.runtime import generate as gen
 from tramontane.engine.runtime.local import LocalEngine
 
+from support.scripted import ScriptedLogits, script_logits
 from support import FIXTURES
+from support.engines import local_engine_fixture
 
 grammar = pytest.importorskip("tramontane.engine.runtime.grammar")
 pytest.importorskip("llguidance")
@@ -43,11 +44,7 @@ TIME = ToolSpec("local_time", "", {"type": "object", "properties": {"tz": {"type
 HI = [ChatMessage.text("user", "hi")]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = LocalEngine(MODEL, device="cpu", context_length=1024)
-    yield eng
-    eng.close()
+engine = local_engine_fixture(MODEL, context_length=1024)
 
 
 def _renamed(version: int) -> Tokenizer:
@@ -218,7 +215,7 @@ def test_logprobs_range_is_checked(engine):
 def test_scripted_logits_hook_makes_the_model_write_given_text(engine, monkeypatch):
     tok = engine.tokenizer
     want = tok.encode("[TOOL_CALLS] is plain text here")
-    monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", gen.ScriptedLogits(want, tok.eos_id))
+    script_logits(monkeypatch, ScriptedLogits(want, tok.eos_id))
     result = engine.chat(HI, SamplingParams(max_tokens=50, temperature=1.0, seed=3))
     assert result.token_ids == want and result.finish_reason == "stop"
     assert result.text == "[TOOL_CALLS] is plain text here"
@@ -227,7 +224,7 @@ def test_scripted_logits_hook_makes_the_model_write_given_text(engine, monkeypat
 def test_control_text_shows_control_tokens_by_name(engine, monkeypatch):
     tok = engine.tokenizer
     want = [tok.token_id("[TOOL_CALLS]"), *tok.encode("x")]
-    monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", gen.ScriptedLogits(want, tok.eos_id))
+    script_logits(monkeypatch, ScriptedLogits(want, tok.eos_id))
     assert engine.chat(HI, SamplingParams(max_tokens=9)).text == "x"
     assert engine.chat(HI, SamplingParams(max_tokens=9, control_text=True)).text == "[TOOL_CALLS]x"
 

@@ -13,6 +13,7 @@ from tramontane.engine.runtime.local import LocalEngine
 
 from support import FIXTURES
 from support.batch_runs import PrefillSpy
+from support.engines import local_engine_fixture
 MODEL = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 MMPROJ = os.path.join(FIXTURES, "mmproj-mistral3_tiny-f32.gguf")
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -26,11 +27,7 @@ def png(seed: int, size=(70, 50)) -> ImagePart:
     return ImagePart(buf.getvalue(), f"noise{seed}.png")
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = LocalEngine(MODEL, MMPROJ, device="cpu", context_length=1024)
-    yield eng
-    eng.close()
+engine = local_engine_fixture(MODEL, MMPROJ, context_length=1024)
 
 
 def cold_logits(engine, messages):

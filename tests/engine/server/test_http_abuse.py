@@ -17,23 +17,19 @@ import pytest
 
 openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
 
-from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer  # noqa: E402
 from tramontane.engine.server.openai_api import ConnectionLimits  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
+from support.engines import local_engine_fixture  # noqa: E402
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 NAME = "mistral3_tiny-f32"
 FAST = ConnectionLimits(header_timeout_s=0.5, body_timeout_s=0.5, idle_timeout_s=1.5, max_connections=64)
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = LocalEngine(MODEL, None, device="cpu")
-    yield e
-    e.close()
+engine = local_engine_fixture(MODEL)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
+from support.engines import local_engine_fixture  # noqa: E402
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 NAME = "mistral3_tiny-f32"
@@ -44,11 +45,7 @@ def raw(url: str, method: str, path: str, body: bytes | None = None, headers=Non
         conn.close()
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = LocalEngine(MODEL, None, device="cpu")
-    yield e
-    e.close()
+engine = local_engine_fixture(MODEL)
 
 
 @pytest.fixture(scope="module")
