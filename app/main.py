@@ -15,12 +15,10 @@ import time
 from typing import Callable
 
 from .. import __version__
+from ..env import read_env, variable
 from ..engine.private_files import restrict_umask
 
 APP_NAME = "Tramontane"
-# TRAMONTANE_STARTUP_PROBE=1: print how long after the process started the window was on
-# screen, and which heavy modules were imported by then; "exit" also quits there (tests).
-STARTUP_PROBE_ENV = "TRAMONTANE_STARTUP_PROBE"
 HEAVY_MODULES = ("torch", "numpy", "tramontane.engine.runtime.local", "aiohttp")
 _IMPORTED_AT = time.perf_counter()
 
@@ -110,7 +108,9 @@ def run_app(args: argparse.Namespace, argv: list[str]) -> int:
     collector = GuiThreadCollector(app)  # Qt objects die on the GUI thread, never on a worker's
     try:
         window = MainWindow(store, autoload=not args.no_autoload)
-        probe = os.environ.get(STARTUP_PROBE_ENV, "")
+        # TRAMONTANE_STARTUP_PROBE=1: print how long after the process started the window was on
+        # screen, and which heavy modules were imported by then; "exit" also quits there (tests).
+        probe = read_env().startup_probe
         if probe:
             def report() -> None:  # the first turn of the event loop after show: drawn
                 print(startup_report(), file=sys.stderr, flush=True)
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag, False):
             return handler(args)
     if args.data_dir:
-        os.environ.setdefault("TRAMONTANE_DATA_DIR", args.data_dir)
+        os.environ.setdefault(variable("data_dir"), args.data_dir)  # what the store and the lock read
     restrict_umask()  # whatever the window writes (chats, photos, exports, downloads) is private
     return run_app(args, argv)
 

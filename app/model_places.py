@@ -7,7 +7,8 @@ import json
 import os
 from pathlib import Path
 
-PLACES_ENV = "TRAMONTANE_MODEL_PLACES"  # os.pathsep-separated folders instead of the usual ones
+from ..env import read_env
+
 GGUF_MAGIC = b"GGUF"
 MAX_DEPTH = 6  # the Hugging Face cache nests models--org--name/snapshots/<hash>/file.gguf
 MAX_FILES = 200
@@ -26,8 +27,9 @@ def hub_cache(home: Path, env=os.environ) -> Path:
 
 def usual_places(home: Path | None = None, env=os.environ) -> list[tuple[str, Path]]:
     """(what, folder) of every place looked in, existing or not."""
-    if PLACES_ENV in env:
-        return [("elsewhere", Path(p)) for p in env[PLACES_ENV].split(os.pathsep) if p]
+    chosen = read_env(env).model_places  # TRAMONTANE_MODEL_PLACES: these folders instead
+    if chosen is not None:
+        return [("elsewhere", p) for p in chosen]
     home = home or Path.home()
     config = Path(env["XDG_CONFIG_HOME"]).expanduser() if env.get("XDG_CONFIG_HOME") else home / ".config"
     return [

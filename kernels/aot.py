@@ -31,12 +31,13 @@ import functools
 import inspect
 import json
 import logging
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from ..env import read_env
 
 log = logging.getLogger("tramontane.kernels")
 
@@ -410,7 +411,7 @@ def _driver() -> _Driver:
 
 
 def artifact_dir() -> Path:
-    return Path(os.environ.get("TRAMONTANE_TRITON_AOT_DIR") or DEFAULT_DIR)
+    return read_env().triton_aot_dir or DEFAULT_DIR
 
 
 class Launcher:

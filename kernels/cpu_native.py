@@ -5,7 +5,7 @@ activation row is quantized per block (Q8_K-style for K-quants and IQ4_XS, Q8_0-
 32-element types), products are integer SIMD dot products, scaled in float32. F16/BF16/F32
 weights are multiplied in float32. See docs/DESIGN.md, "CPU kernels".
 
-Threads: `TRAMONTANE_THREADS` or `set_threads(n)`; the default is the number of physical cores
+Threads: `TRAMONTANE_THREADS` (tramontane/env.py) or `set_threads(n)`; the default is the number of physical cores
 this process may run on. `AVAILABLE` is False when the module was not built; callers then keep
 the torch path (kernels.linear warns once).
 """
@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from ..env import read_env
 from .ggml_types import (BF16, F16, F32, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0,
                          Q5_1, Q5_K, Q6_K, Q8_0, type_info)
 
@@ -55,16 +56,8 @@ def physical_cores() -> int:
 
 
 def default_threads() -> int:
-    env = os.environ.get("TRAMONTANE_THREADS", "").strip()
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            raise ValueError(f"TRAMONTANE_THREADS must be a positive integer, got {env!r}") from None
-        if n < 1:
-            raise ValueError(f"TRAMONTANE_THREADS must be a positive integer, got {env!r}")
-        return n
-    return physical_cores()
+    """TRAMONTANE_THREADS, else one per physical core this process may run on."""
+    return read_env().threads or physical_cores()
 
 
 def set_threads(n: int | None = None) -> int:
@@ -98,6 +91,17 @@ def use_variant(name: str) -> None:
     global VARIANT_EPOCH
     _cpu.use_variant(name)
     VARIANT_EPOCH += 1
+
+
+def _start_on_the_asked_variant() -> None:
+    """TRAMONTANE_CPU_VARIANT where this CPU runs it (the module starts on the best one it runs;
+    a name it does not run leaves that, as before)."""
+    asked = read_env().cpu_variant
+    if asked and asked in variants():
+        _cpu.use_variant(asked)
+
+
+_start_on_the_asked_variant()
 
 
 # Not ggml types: Q4_K and Q6_K rows repacked (repack) for the VNNI kernels; the same bytes a row.

@@ -25,7 +25,6 @@ Outputs come back in x.dtype.
 """
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..env import read_env
 from . import cpu_native, quant_iq4, quant_k, quant_legacy
 from .ggml_types import BF16, F16, F32, QuantFormatError, row_bytes, type_info, type_name
 from .triton_compat import HAVE_TRITON
@@ -85,7 +85,7 @@ class CpuPathState:
     warned_no_native: bool = False
 
 
-CPU = CpuPathState(exact=os.environ.get("TRAMONTANE_CPU_EXACT", "").strip() not in ("", "0"))
+CPU = CpuPathState(exact=read_env().cpu_exact)
 
 
 def set_cpu_exact(on: bool) -> None:

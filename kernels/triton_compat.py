@@ -15,6 +15,8 @@ import sysconfig
 
 import torch
 
+from ..env import read_env
+
 
 def _triton_wanted() -> bool:
     return ("triton" in sys.modules or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -77,9 +79,9 @@ def aot_mode() -> bool:
     (Triton's JIT would fail at its first launch), no otherwise. Never under the interpreter."""
     if interpreting():
         return False
-    choice = os.environ.get("TRAMONTANE_TRITON_AOT", "").strip()
-    if choice:
-        return choice not in ("0", "no", "false")
+    choice = read_env().triton_aot
+    if choice is not None:
+        return choice
     return bool(getattr(sys, "frozen", False)) or not _c_compiler_found()
 
 

@@ -62,8 +62,11 @@ def _main() -> int:
 
         print(f"Tramontane {__version__}")
         return 0
-    if os.environ.get("TRAMONTANE_STARTUP_PROBE"):
-        _probe_startup(os.environ["TRAMONTANE_STARTUP_PROBE"])
+    from tramontane.env import read_env
+
+    probe = read_env().startup_probe
+    if probe:
+        _probe_startup(probe)
     from tramontane.app.main import main
 
     return main()

@@ -4,9 +4,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ...env import variable
 from .errors import StoreError, StoreLockedError
 
-DATA_DIR_ENV = "TRAMONTANE_DATA_DIR"
+DATA_DIR_ENV = variable("data_dir")
 
 
 class DirLock:

@@ -36,13 +36,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ...env import read_env
 from ...engine.private_files import create_private_file, make_private_dir, tighten_tree
 from . import schema
 from .attachments import Attachments
 from .chats import Chats
 from .database import Database
 from .errors import StoreError
-from .lock import DATA_DIR_ENV, DirLock
+from .lock import DirLock
 from .messages import Messages
 from .replies import Replies
 from .search import Search
@@ -57,9 +58,9 @@ IMAGES_DIR = "images"
 
 def default_data_dir() -> Path:
     """$TRAMONTANE_DATA_DIR, else the platform's per-user data dir."""
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
+    chosen = read_env().data_dir
+    if chosen:
+        return chosen
     import platformdirs
 
     return Path(platformdirs.user_data_dir("Tramontane", appauthor=False))

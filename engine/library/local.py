@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...env import read_env
 from ..api import EngineError
 from .catalog import CatalogEntry
 from ..private_files import create_private_file
@@ -21,7 +22,6 @@ from .downloads import PART_SUFFIX, SIDECAR_SUFFIX, repo_folder
 from .projector import find_projector, is_projector_name, model_folder_path, pair_projector
 
 IMPORTS_FILE = "imported.json"
-ENV_MODELS_DIR = "TRAMONTANE_MODELS_DIR"
 
 
 class LocalModelError(EngineError):
@@ -30,9 +30,9 @@ class LocalModelError(EngineError):
 
 def default_models_dir() -> Path:
     """`$TRAMONTANE_MODELS_DIR`, else `<user data dir>/Tramontane/models`."""
-    env = os.environ.get(ENV_MODELS_DIR)
-    if env:
-        return Path(env).expanduser()
+    chosen = read_env().models_dir
+    if chosen:
+        return chosen
     import platformdirs
     return Path(platformdirs.user_data_dir("Tramontane", appauthor=False)) / "models"
 

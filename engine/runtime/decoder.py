@@ -4,10 +4,10 @@ cache's length, replayed from those graphs where they were captured, eager other
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from ...env import read_env
 from ...kernels import cpu_native
 from .. import host
 from ..api import EngineError
@@ -26,14 +26,10 @@ def default_context_length(model) -> int:
     return min(model.planned_context or DEFAULT_CONTEXT, model.cfg.context_length)
 
 
-def graphs_wanted() -> bool:
-    """CUDA graph decoding is on unless the user turned it off (TRAMONTANE_CUDA_GRAPHS=0): the one reader of that switch."""
-    return os.environ.get("TRAMONTANE_CUDA_GRAPHS", "1") != "0"
-
-
 def graphs_enabled(model) -> bool:
-    """Capture decode graphs for a model with a GPU segment, unless they were turned off."""
-    return graphs_wanted() and model.on_gpu
+    """Capture decode graphs for a model with a GPU segment, unless they were turned off
+    (TRAMONTANE_CUDA_GRAPHS=0)."""
+    return read_env().cuda_graphs and model.on_gpu
 
 
 def cpu_kv_dtype(kv_type: str) -> torch.dtype:

@@ -13,13 +13,12 @@ The rule:
 """
 from __future__ import annotations
 
-import os
+from ...env import read_env
 
 
 def torch_threads_beside_the_pool() -> int:
     """torch's intra-op threads while the native pool runs: 1, or TRAMONTANE_TORCH_THREADS."""
-    env = os.environ.get("TRAMONTANE_TORCH_THREADS", "").strip()
-    return int(env) if env.isdigit() and int(env) > 0 else 1
+    return read_env().torch_threads or 1
 
 
 def apply_threads(n: int | None = None) -> int:

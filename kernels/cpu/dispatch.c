@@ -44,15 +44,12 @@ int select_variant(const char *name) {
     return -1;
 }
 
-/* TRAMONTANE_CPU_VARIANT=<name> where this CPU runs it, else the best variant it runs */
+/* the best variant this CPU runs (kernels/cpu_native.py then applies TRAMONTANE_CPU_VARIANT) */
 void select_startup_variant(void) {
-    const char *forced = getenv("TRAMONTANE_CPU_VARIANT");
-    if (!(forced && *forced && select_variant(forced) == 0)) {
-        for (int i = 0; all_variants[i]; ++i) {
-            if (variant_supported(all_variants[i])) {
-                K = all_variants[i];
-                break;
-            }
+    for (int i = 0; all_variants[i]; ++i) {
+        if (variant_supported(all_variants[i])) {
+            K = all_variants[i];
+            break;
         }
     }
 }

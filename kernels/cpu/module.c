@@ -2,7 +2,7 @@
  *
  * - kernel variant chosen once at import from the CPU's features: x86-64 (cpuid) avx512vnni,
  *   avx2, generic; aarch64 (the OS's hwcaps) neondot, neon (generic is never needed there);
- *   TRAMONTANE_CPU_VARIANT=<name> or use_variant() overrides (tests run them all).
+ *   use_variant() overrides (TRAMONTANE_CPU_VARIANT through kernels/cpu_native.py; tests run them all).
  * - a persistent thread pool: workers spin briefly between calls (decode issues ~60 matmuls
  *   per token back to back), then sleep on a condition variable.
  * - every call releases the GIL; calls from several Python threads are serialized here.
