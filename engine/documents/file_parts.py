@@ -22,9 +22,16 @@ SUFFIX_OF_MIME = {
 
 
 def document_from_file_part(part: Mapping, limits: Limits = Limits(), cancel: threading.Event | None = None) -> Document:
-    """The document a `file` content part carries. Its name is `filename` (default "document"),
-    given the data URL's type as a suffix when it has none; its bytes are capped before they
-    are decoded. `file_id` (files uploaded beforehand) is refused: nothing here stores uploads."""
+    """The document a `file` content part carries, read by `extract`."""
+    name, data = file_part_bytes(part, limits)
+    return extract(data, name, limits, cancel)
+
+
+def file_part_bytes(part: Mapping, limits: Limits = Limits()) -> tuple[str, bytes]:
+    """The (name, bytes) of a `file` content part, not yet read. The name is `filename` (default
+    "document"), given the data URL's type as a suffix when it has none; the bytes are capped
+    before they are decoded. `file_id` (files uploaded beforehand) is refused: nothing here
+    stores uploads."""
     file = part.get("file") if isinstance(part, Mapping) else None
     if not isinstance(file, Mapping):
         raise DocumentError('a "file" content part needs a "file" object with "file_data".')
@@ -50,4 +57,4 @@ def document_from_file_part(part: Mapping, limits: Limits = Limits(), cancel: th
         raw = base64.b64decode(re.sub(r"\s+", "", payload), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise DocumentError(f'{name}: "file_data" is not valid base64 ({exc}).') from exc
-    return extract(raw, name, limits, cancel)
+    return name, raw

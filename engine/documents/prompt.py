@@ -181,8 +181,17 @@ def engine_documents_prompt(engine, messages: Sequence[ChatMessage], reply_token
                             index: DocumentIndex | None = None, cancel=None) -> DocumentPrompt:
     """`documents_prompt` with the engine's own counting, context and vision tower (a local
     engine's; a remote one reads no scanned pages here: it gets no page images)."""
-    tower = getattr(engine, "vision", None)
-    vision = getattr(tower, "cfg", None) if engine.has_vision else None
+    vision = _tower_config(engine) if engine.has_vision else None
     return documents_prompt(messages, engine.count_tokens, int(engine.context_size), reply_tokens,
                             vision, index, cancel=cancel)
 
+
+
+def _tower_config(engine) -> VisionConfig | None:
+    """The loaded vision tower's config: a LocalEngine's, or the one a BatchedEngine serves
+    (`.engine`); None for a remote engine, whose tower this process cannot size pages for."""
+    for owner in (engine, getattr(engine, "engine", None)):
+        tower = getattr(owner, "vision", None)
+        if tower is not None:
+            return tower.cfg
+    return None

@@ -18,7 +18,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import ChatMessage, EngineError, GenerationResult, ImagePart, SamplingParams, ToolSpec
+from ..api import ChatMessage, DocumentPart, EngineError, GenerationResult, ImagePart, SamplingParams, ToolSpec
+from ..documents.document import DocumentError
+from ..documents.file_parts import file_part_bytes
 from ..remote.client import image_mime
 from .errors import ApiError, bad  # noqa: F401 - ApiError: the callers' one import
 from .tools_api import (ToolRequest, logprobs_json, parse_tool_calls_field, parse_tool_message,
@@ -361,9 +363,23 @@ def _content_parts(content, where: str, role: str, images: list, limits: Request
             image = data_url_image(url, f"{at}.image_url.url", len(images), limits)
             images.append(image)
             parts.append(image)
+        elif kind == "file":
+            parts.append(_file_part(part, at, role))
         else:
-            raise bad(f"{at}.type", f"{kind!r} parts are not supported (only text and image_url)")
+            raise bad(f"{at}.type", f"{kind!r} parts are not supported (only text, image_url and file)")
     return parts
+
+
+def _file_part(part: dict, at: str, role: str) -> DocumentPart:
+    """A `file` part's bytes, not yet read: `documents_prompt` reads and places it, off the
+    event loop (openai_routes)."""
+    if role != "user":
+        raise bad(at, f"files can only be sent in user messages, not {role} messages")
+    try:
+        name, data = file_part_bytes(part)
+    except DocumentError as exc:
+        raise bad(f"{at}.file", str(exc), code="invalid_file") from None
+    return DocumentPart(data, name)
 
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

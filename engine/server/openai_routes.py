@@ -5,12 +5,15 @@ writes OpenAI's replies and stream chunks."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from aiohttp import web
 
-from .errors import ApiError
-from .openai_api import Reply, model_not_found, model_object, models_response, parse_chat_request, \
-    parse_completion_request, usage_of
+from ..documents.document import DocumentError
+from ..documents.prompt import engine_documents_prompt
+from .errors import ApiError, bad
+from .openai_api import ChatJob, Reply, chat_job, model_not_found, model_object, models_response, \
+    parse_chat_request, parse_completion_request, usage_of
 from .streaming import SSE_TYPE, open_stream, sse
 from .tasks import Generation
 from .tools_api import ToolStream
@@ -66,7 +69,21 @@ class OpenAIRoutes:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         model = self.server.model()
         job = parse_chat_request(await self.server.read_json(request), model, self.server.limits)
+        if any(m.documents for m in job.messages):
+            job = await self._with_documents(job, model)
         return await self._answer(request, "chat", self.server.tasks.chat(job, model), model)
+
+    async def _with_documents(self, job: ChatJob, model) -> ChatJob:
+        """The job with its `file` parts read and placed (documents_prompt, the window's rule) in
+        an engine job, off the event loop; a file that cannot be read is a 400 with its sentence."""
+        messages, reply_tokens = job.messages, job.params.max_tokens
+        future = self.server.executor.submit(lambda engine: engine_documents_prompt(engine, messages, reply_tokens))
+        try:
+            prompt = await asyncio.wrap_future(future)
+        except DocumentError as exc:
+            raise bad("messages", str(exc), code="invalid_file") from None
+        chat_job(prompt.messages, model, job.params, job.stream, job.tool_request)  # checked again: scans are images
+        return dataclasses.replace(job, messages=prompt.messages)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         model = self.server.model()
