@@ -23,8 +23,9 @@ from ..documents.document import DocumentError
 from ..documents.file_parts import file_part_bytes
 from ..remote.client import image_mime
 from .errors import ApiError, bad  # noqa: F401 - ApiError: the callers' one import
-from .tools_api import (ToolRequest, logprobs_json, parse_tool_calls_field, parse_tool_message,
-                        parse_tool_request, tool_calls_json)
+from .tools_api import (ToolRequest, legacy_logprobs_json, logprobs_json, parse_tool_calls_field,
+                        parse_tool_message, parse_tool_request, structured_output_grammar, tool_calls_json,
+                        tool_request)
 
 # OpenAI's sampling defaults where the window has none of its own; temperature stays Mistral's
 # recommended 0.15 (the window's), a client that wants another sends it.
@@ -101,6 +102,7 @@ class ChatJob:
     n: int = 1  # choices per prompt
     prompts: list[str | list[int]] = field(default_factory=list)  # /v1/completions: every prompt
     continue_final: bool = False  # chat: the last message is an assistant prefix to continue
+    echo: bool = False  # completions: the prompt's text comes back before the reply
     tool_request: ToolRequest | None = None  # chat: tools, tool_choice, response_format, logprobs
 
     @property
@@ -151,8 +153,8 @@ _COMMON_UNSUPPORTED = {
 # chat: tools, tool_choice, response_format, logprobs and top_logprobs are tools_api's
 _CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "functions": ([],), "function_call": ("none", "auto"),
                      "audio": None, "modalities": (["text"],), "prediction": None}
-_COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "echo": False, "suffix": ("",),
-                           "logprobs": (False, 0), "top_logprobs": 0}
+_COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "suffix": ("",), "top_logprobs": 0}
+LEGACY_MAX_LOGPROBS = 5  # /v1/completions' `logprobs`: OpenAI's legacy API takes 0..5
 
 
 def sampling_params(body: dict, context_size: int) -> SamplingParams:
@@ -460,8 +462,28 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
         elif len(p) + 1 > model.context_size:
             raise context_exceeded(where, len(p), model)
     stream, include_usage = _stream_flags(body)
+    top = _legacy_logprobs(body)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise bad("echo", f"must be true or false, got {echo!r}")
+    if echo and top is not None:
+        raise bad("echo", "with logprobs needs the prompt's log-probabilities, which this server does not "
+                          "compute yet: ask for echo or logprobs, not both", code="unsupported_parameter")
+    grammar = structured_output_grammar(body)
+    request = tool_request([], grammar_text=grammar, top_logprobs=top) if grammar or top is not None else None
     return ChatJob(sampling_params(body, model.context_size), stream, include_usage, prompt=prompts[0],
-                   n=_choice_count(body), prompts=prompts)
+                   n=_choice_count(body), prompts=prompts, tool_request=request, echo=echo)
+
+
+def _legacy_logprobs(body: dict) -> int | None:
+    """/v1/completions' `logprobs`: how many alternatives per token, 0..5 (null or false: none)."""
+    value = body.get("logprobs")
+    if value is None or value is False:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LEGACY_MAX_LOGPROBS:
+        raise bad("logprobs", f"must be an integer 0..{LEGACY_MAX_LOGPROBS} (the alternatives per token), "
+                              f"got {value!r}")
+    return value
 
 
 # ------------------------------------------------------------------------------- conversations
@@ -595,7 +617,7 @@ class Reply:
         if self.chat and result.tool_calls:
             choice["message"]["content"] = result.text or None
             choice["message"]["tool_calls"] = tool_calls_json(result.tool_calls)
-        choice["logprobs"] = logprobs_json(result.logprobs) if self.chat else None
+        choice["logprobs"] = (logprobs_json if self.chat else legacy_logprobs_json)(result.logprobs)
         body = self._body(False, [choice])
         body["usage"] = usage(result)
         return body
@@ -613,8 +635,9 @@ class Reply:
     def closing(self, result: GenerationResult, reason: str | None) -> list[dict]:
         """The chunk with the finish reason, then the usage chunk when it was asked for."""
         chunks = [self._chunk(self._choice(True, "", finish_reason(result), reason))]
-        if self.chat and result.logprobs is not None:  # every token's, with the last chunk
-            chunks[0]["choices"][0]["logprobs"] = logprobs_json(result.logprobs)
+        if result.logprobs is not None:  # every token's, with the last chunk
+            chunks[0]["choices"][0]["logprobs"] = (logprobs_json if self.chat else legacy_logprobs_json)(
+                result.logprobs)
         if self.include_usage:
             body = self._body(True, [])
             body["usage"] = usage(result)

@@ -189,6 +189,8 @@ class Generation:
             on_piece = (lambda text: relay.post(index, text)) if job.stream else None
             params = choice_params(job.params, i)
             result = run(engine, prompt, params, on_piece, cancel)
+            if result.logprobs:  # the tokens the content shows: no control token it leaves out
+                result.logprobs = [e for e in result.logprobs if not engine.tokenizer.is_control(e.token_id)]
             full = engine.tokenizer.decode(result.token_ids) if result.finish_reason == "stop_string" else ""
             outcome = (result, stop_reason(result, params, full))
             if job.stream:
@@ -328,8 +330,16 @@ class Tasks:
             return prompts
 
         def run(engine, prompt, params, on_piece, cancel):
-            return engine.complete(prompt, params, on_piece=on_piece, cancel=cancel,
-                                   session_key=COMPLETIONS_SESSION)
+            if job.tool_request is not None:  # a structured output's grammar, logprobs
+                params = engine_params(engine.tokenizer, job.tool_request, params)
+            echoed = engine.tokenizer.decode(prompt[1:] if prompt[:1] == [engine.tokenizer.bos_id] else prompt) \
+                if job.echo else ""
+            if echoed and on_piece is not None:
+                on_piece(echoed)
+            result = engine.complete(prompt, params, on_piece=on_piece, cancel=cancel,
+                                     session_key=COMPLETIONS_SESSION)
+            result.text = echoed + result.text
+            return result
 
         return Generation(self, "completions", job, prepare, run, COMPLETIONS_SESSION)
 

@@ -7,6 +7,7 @@ the field; a schema the grammar library refuses is refused here, before any work
 """
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -142,6 +143,66 @@ def output_grammar(schema: dict | None, where: str) -> str:
     return text
 
 
+GUIDED = ("guided_json", "guided_choice", "guided_regex", "guided_grammar")  # vLLM's older names
+_STRUCTURED_KINDS = {"json": "guided_json", "choice": "guided_choice", "regex": "guided_regex",
+                     "grammar": "guided_grammar"}
+
+
+def structured_output_grammar(body: dict) -> str | None:
+    """vLLM's structured outputs (`structured_outputs: {json | choice | regex | grammar}`, or
+    the older `guided_*` fields) as a grammar: honoured where llguidance can (a grammar is Lark
+    text, as llguidance reads it), refused in one sentence otherwise; never ignored."""
+    asked = {name: body[name] for name in GUIDED if body.get(name) is not None}
+    nested = body.get("structured_outputs")
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise _bad("structured_outputs", "must be an object with one of json, choice, regex, grammar")
+        unknown = sorted(k for k, v in nested.items() if v is not None and k not in _STRUCTURED_KINDS)
+        if unknown:
+            raise _bad(f"structured_outputs.{unknown[0]}", "not supported by this server "
+                       "(json, choice, regex and grammar are)", code="unsupported_parameter")
+        asked.update({f"structured_outputs.{k}": v for k, v in nested.items() if v is not None})
+    for name in ("guided_whitespace_pattern", "guided_decoding_backend"):
+        if body.get(name) is not None:
+            raise _bad(name, "not supported by this server (its grammar library is llguidance, "
+                             "with JSON's usual whitespace)", code="unsupported_parameter")
+    if not asked:
+        return None
+    if len(asked) > 1:
+        raise _bad(sorted(asked)[1], f"only one structured output at a time, got {', '.join(sorted(asked))}")
+    ((name, value),) = asked.items()
+    kind = _STRUCTURED_KINDS.get(name.removeprefix("structured_outputs."), name)
+    from ..runtime import grammar
+
+    if kind == "guided_json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise _bad(name, "must be a JSON Schema (an object, or its JSON text)") from None
+        if not isinstance(value, dict):
+            raise _bad(name, "must be a JSON Schema object")
+        return output_grammar(value, name)
+    if kind == "guided_choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise _bad(name, "must be a non-empty list of non-empty strings")
+        text = "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
+    elif kind == "guided_regex":
+        if not isinstance(value, str) or not value:
+            raise _bad(name, "must be a regular expression (a non-empty string)")
+        text = "start: /" + value.replace("/", "\\/") + "/"
+    else:
+        if not isinstance(value, str) or not value.strip():
+            raise _bad(name, "must be a grammar (Lark text)")
+        text = value
+    problem = grammar.check_grammar(text)
+    if problem:
+        first = problem.strip().splitlines()[0]
+        raise _bad(name, f"cannot be used (this server reads grammars as llguidance's Lark): {first}",
+                   code="invalid_grammar")
+    return text
+
+
 def parse_logprobs(body: dict) -> int | None:
     from ..runtime.generate import MAX_TOP_LOGPROBS
 
@@ -163,8 +224,11 @@ def parse_tool_request(body: dict) -> ToolRequest:
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise _bad("parallel_tool_calls", f"must be true or false, got {parallel!r}")
-    return tool_request(tools, choice, named, parallel, parse_response_format(body.get("response_format")),
-                        parse_logprobs(body))
+    output = parse_response_format(body.get("response_format"))
+    structured = structured_output_grammar(body)
+    if structured is not None and output is not None:
+        raise _bad("response_format", "cannot be combined with vLLM's structured outputs (guided_*)")
+    return tool_request(tools, choice, named, parallel, output or structured, parse_logprobs(body))
 
 
 def tool_request(tools: list[ToolSpec], choice: str = "auto", named: str | None = None, parallel: bool = True,
@@ -304,6 +368,20 @@ def logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
 
     return {"content": [dict(one(e), top_logprobs=[one(t) for t in e.top]) for e in entries],
             "refusal": None}
+
+
+def legacy_logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
+    """OpenAI's legacy (/v1/completions) shape: tokens, token_logprobs, top_logprobs (one
+    {token: logprob} per token) and text_offset (each token's first character in the text)."""
+    if entries is None:
+        return None
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(decoder.decode(e.token_bytes))
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries], "text_offset": offsets}
 
 
 def tool_call_deltas(calls: list[ToolCall]) -> list[dict]:

@@ -4,6 +4,7 @@ random model write the call)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -12,6 +13,7 @@ ollama = pytest.importorskip("ollama", reason="the official client is the refere
 openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
 pytest.importorskip("llguidance")
 
+from tramontane.engine.api import SamplingParams  # noqa: E402
 from tramontane.engine.runtime import generate as gen  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
@@ -178,3 +180,61 @@ def test_capabilities_are_one_answer_in_models_and_show(served):
     shown = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}").show("m").capabilities
     assert listing["data"][0]["capabilities"] == ["completion", "tools"] == shown  # no projector: no vision
     assert listing["models"][0]["capabilities"] == shown
+
+
+def test_vllms_structured_outputs_are_honoured_or_refused(served):
+    c = gpt(served)
+    free = {"temperature": 1.0, "seed": 11, "max_tokens": 40}
+    ask = [{"role": "user", "content": "Pick."}]
+    r = c.chat.completions.create(model="m", messages=ask, extra_body={"guided_choice": ["red", "green"]}, **free)
+    assert r.choices[0].message.content in ("red", "green")
+    r = c.completions.create(model="m", prompt="Pick", extra_body={"structured_outputs": {"choice": ["up", "down"]}},
+                             **free)
+    assert r.choices[0].text in ("up", "down")
+    r = c.chat.completions.create(model="m", messages=ask, extra_body={"guided_regex": "[0-9]{3}/[a-z]{2}"}, **free)
+    assert re.fullmatch(r"[0-9]{3}/[a-z]{2}", r.choices[0].message.content)
+    r = c.chat.completions.create(model="m", messages=ask, extra_body={"guided_json": SCHEMA}, **free)
+    assert set(json.loads(r.choices[0].message.content)) == {"city"}
+    r = c.completions.create(model="m", prompt="Say", extra_body={"guided_grammar": 'start: "yes" | "no"'}, **free)
+    assert r.choices[0].text in ("yes", "no")
+    for extra, words in [({"guided_grammar": 'root ::= "yes"'}, "Lark"),
+                         ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+                         ({"guided_choice": ["a"], "guided_regex": "a"}, "one structured output"),
+                         ({"structured_outputs": {"structural_tag": "x"}}, "structural_tag")]:
+        with pytest.raises(openai.BadRequestError, match=words):
+            c.chat.completions.create(model="m", messages=ask, extra_body=extra, max_tokens=5)
+
+
+def test_completions_logprobs_in_the_legacy_shape_and_echo(served):
+    c = gpt(served)
+    r = c.completions.create(model="m", prompt="Once upon", max_tokens=6, temperature=0, logprobs=2,
+                             extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+
+    def reference(engine):
+        tok = engine.tokenizer
+        return engine.complete([tok.bos_id, *tok.encode("Once upon")],
+                               SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True))
+
+    want = served.executor.submit(reference).result()
+    kept = [e for e in want.logprobs if not served.engine.tokenizer.is_control(e.token_id)]
+    assert lp.tokens == [e.token for e in kept] and len(lp.top_logprobs) == len(kept)
+    assert lp.token_logprobs == pytest.approx([e.logprob for e in kept], abs=1e-5)
+    assert all(len(top) == 2 and max(top.values()) >= lp.token_logprobs[i] - 1e-6
+               for i, top in enumerate(lp.top_logprobs))
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert r.choices[0].text == want.text
+    echoed = c.completions.create(model="m", prompt="Once upon", max_tokens=6, temperature=0, echo=True,
+                                  extra_body={"ignore_eos": True})
+    assert echoed.choices[0].text == "Once upon" + want.text
+    for extra in ({"logprobs": 6}, {"logprobs": 1, "echo": True}):
+        with pytest.raises(openai.BadRequestError, match="logprobs|echo"):
+            c.completions.create(model="m", prompt="x", max_tokens=2, **extra)
+
+
+def test_chat_logprobs_never_show_a_control_token_the_content_leaves_out(served, script):
+    script("[TOOL_CALLS]", CALL_TEXT)
+    r = gpt(served).chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
+                                            tools=OPENAI_TOOLS, max_tokens=60, logprobs=True)
+    assert r.choices[0].message.tool_calls and r.choices[0].logprobs.content
+    assert "[TOOL_CALLS]" not in [e.token for e in r.choices[0].logprobs.content]
