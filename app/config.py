@@ -130,7 +130,7 @@ class AppSettings:
 
     @property
     def models_dir(self) -> str:
-        """'' means the default (engine.local_models.default_models_dir())."""
+        """'' means the default (engine.library.models_folder.default_models_dir())."""
         return self._str("models_dir")
 
     @models_dir.setter

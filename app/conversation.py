@@ -18,7 +18,7 @@ from .worker import can_grow_context
 
 def local_models(models_dir: str | None) -> list[tuple[str, str]]:
     """(model, projector) of the loadable models in the models folder (runs as a job)."""
-    from ..engine.library.local import scan_models
+    from ..engine.library.models_folder import scan_models
 
     return [(str(m.path), str(m.mmproj or "")) for m in scan_models(models_dir)
             if not m.is_projector and m.error is None]

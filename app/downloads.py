@@ -16,7 +16,7 @@ from ..engine.library.downloads import (DownloadManager, DownloadRequest, Downlo
                                         DownloadStatus, final_path)
 from ..engine.library.catalog import CatalogEntry, resolve_catalog_entry
 from ..engine.library.hub import Hub, HubFile
-from ..engine.library.local import default_models_dir
+from ..engine.library.models_folder import default_models_dir
 from .jobs import Jobs
 
 BUSY_STATES = (DownloadState.QUEUED, DownloadState.RUNNING, DownloadState.VERIFYING)

@@ -20,7 +20,7 @@ def why_not_a_model(path: str | Path) -> str:
             return (f"“{name}” is not a GGUF file: it ends in .gguf but its contents are something else "
                     "(an unfinished download, or another kind of file renamed). Download it again or choose another.")
         return f"“{name}” is not a GGUF model file. Choose a model file ending in .gguf."
-    from ..engine.library.local import LocalModelError, read_header
+    from ..engine.library.models_folder import LocalModelError, read_header
 
     try:
         header = read_header(path)

@@ -95,7 +95,7 @@ class WindowDialogs(QObject):
         return self.help_dialog
 
     def show_about(self):
-        from ..engine.library.local import default_models_dir
+        from ..engine.library.models_folder import default_models_dir
         from .dialogs.help import show_about
 
         info = self.session.engine_info

@@ -30,7 +30,7 @@ from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalo
 from ...engine.library.fit import (Fit, catalog_bytes, catalog_size_text, fit_of_catalog_entry,
                                   fit_of_file, machine_for, machine_for_a_switch, without_the_loaded_model)
 from ...engine.library.hub import Hub, ModelChoice
-from ...engine.library.local import (LocalModel, catalog_files, delete_model, describe_model,
+from ...engine.library.models_folder import (LocalModel, catalog_files, delete_model, describe_model,
                                      import_model, scan_models)
 from ...engine.library.sizes import size_text
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine

@@ -17,7 +17,7 @@ from ..library.downloads import (DownloadManager, DownloadRequest, DownloadState
                                  git_blob_oid, load_manifest, sha256_file, size_text)
 from ..library.fit import catalog_bytes, catalog_size_text, fit_of_catalog_entry
 from ..library.hub import Hub, HubError, ModelChoice
-from ..library.local import (LocalModelError, catalog_files, default_models_dir, delete_model,
+from ..library.models_folder import (LocalModelError, catalog_files, default_models_dir, delete_model,
                              read_header, scan_models)
 
 

@@ -222,7 +222,7 @@ def test_dimensions_are_bounded_by_the_tensor_shapes(tmp_path, key, value):
 # --- the models folder: a hostile file is listed with its error, the scan goes on -------------
 
 def test_models_folder_lists_hostile_files_with_their_error(tmp_path):
-    from tramontane.engine.library.local import scan_models
+    from tramontane.engine.library.models_folder import scan_models
 
     folder = tmp_path / "models" / "org__Tiny-GGUF"
     folder.mkdir(parents=True)

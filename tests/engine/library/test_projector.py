@@ -10,7 +10,7 @@ from support import FIXTURES
 
 from tramontane.engine.api import ChatMessage, SamplingParams
 from tramontane.engine.cli.main import main as cli_main
-from tramontane.engine.library.local import scan_models
+from tramontane.engine.library.models_folder import scan_models
 from tramontane.engine.library.projector import find_projector, name_rank
 from tramontane.engine.mistral3.config import ProjectorMismatchError, check_pair
 from tramontane.engine.runtime.local import LocalEngine
@@ -105,7 +105,7 @@ def hf_snapshot(root, files: dict[str, str]):
 
 def test_a_model_in_the_hugging_face_cache_keeps_its_projector(tmp_path, capsys):
     """Issue 35, item 1: paired by the folder the user sees, not the link's target in blobs/."""
-    from tramontane.engine.library.local import describe_model
+    from tramontane.engine.library.models_folder import describe_model
 
     snapshot = hf_snapshot(tmp_path, {"model.gguf": TINY, "mmproj-model-f16.gguf": TINY_PROJ})
     assert find_projector(snapshot / "model.gguf") == snapshot / "mmproj-model-f16.gguf"
@@ -122,7 +122,7 @@ def test_a_model_in_the_hugging_face_cache_keeps_its_projector(tmp_path, capsys)
 
 def test_a_refused_projector_is_named_with_its_reason(tmp_path):
     """Issue 35, item 6: a projector of another width is not dropped without a word."""
-    from tramontane.engine.library.local import scan_models
+    from tramontane.engine.library.models_folder import scan_models
     from tramontane.engine.library.projector import pair_projector
 
     d = folder_with(tmp_path, Q256, TINY_PROJ)

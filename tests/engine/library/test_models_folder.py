@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from support.fakehub import make_gguf_bytes
 
-from tramontane.engine.library.local import (LocalModelError, default_models_dir,
+from tramontane.engine.library.models_folder import (LocalModelError, default_models_dir,
                                             delete_model, import_model,
                                             read_header, scan_models)
 
