@@ -1,0 +1,96 @@
+"""The edges clients and peers' suites trip on: llama-server's --cors-origin forms (`localhost`
+for any page served from this machine, an origin without a scheme), the key as `x-api-key` as
+well as Bearer, and JSON Schemas closed by default on the OpenAI path (a pydantic model's schema
+leaves additionalProperties unset), through the official `openai` client."""
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
+pydantic = pytest.importorskip("pydantic")
+pytest.importorskip("llguidance")
+
+from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
+from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
+from tramontane.engine.server.http import OpenAIServer  # noqa: E402
+from tramontane.engine.server.security import OriginRule  # noqa: E402
+
+from support import FIXTURES  # noqa: E402
+
+MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
+KEY = "sk-edge-test"
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = LocalEngine(MODEL, device="cpu", context_length=2048)
+    executor = ThreadExecutor(engine)
+    server = OpenAIServer(executor, port=0, api_key=KEY, cors_origins=("localhost", "example.com:3000")).start()
+    yield server
+    server.stop()
+    executor.shutdown()
+    engine.close()
+
+
+def request(served, method: str, path: str, headers: dict) -> tuple[int, dict, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    try:
+        conn.request(method, path, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        return resp.status, dict(resp.getheaders()), json.loads(body) if body else None
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("origin, allowed", [
+    ("http://localhost:5173", True), ("https://127.0.0.1", True), ("http://[::1]:8000", True),
+    ("http://127.8.0.1:1", True), ("http://example.com:3000", True), ("https://EXAMPLE.com:3000/", True),
+    ("http://example.com:3001", False), ("http://localhost.evil.com", False), ("http://evil.com", False),
+    ("file://localhost", False)])
+def test_cors_origin_forms_as_llama_server_reads_them(served, origin, allowed):
+    assert any(OriginRule(r).allows(origin) for r in ("localhost", "example.com:3000")) is allowed
+    status, headers, _ = request(served, "OPTIONS", "/v1/chat/completions", {
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    if allowed:
+        assert status == 204 and headers["Access-Control-Allow-Origin"] == origin
+    else:
+        assert status == 403 and "Access-Control-Allow-Origin" not in headers
+    status, headers, _ = request(served, "GET", "/v1/models", {"Origin": origin, "x-api-key": KEY})
+    assert (status == 200) is allowed
+
+
+def test_the_key_as_bearer_or_x_api_key(served):
+    assert request(served, "GET", "/v1/models", {"Authorization": f"Bearer {KEY}"})[0] == 200
+    assert request(served, "GET", "/v1/models", {"x-api-key": KEY})[0] == 200
+    for headers in ({}, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        status, _, body = request(served, "GET", "/v1/models", headers)
+        assert status == 401 and "x-api-key" in body["error"]["message"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=served.url, api_key="wrong", max_retries=0).models.list()
+
+
+class Weather(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=8)
+    degrees: int
+    sunny: bool
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_pydantic_schema_is_closed_by_default_on_chat_completions(served, seed):
+    c = openai.OpenAI(base_url=served.url, api_key=KEY, max_retries=0, timeout=120)
+    schema = Weather.model_json_schema()
+    assert "additionalProperties" not in schema  # what instructor and LangChain send as it is
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}], max_tokens=120,
+                                  temperature=1.0, seed=seed, response_format={
+                                      "type": "json_schema", "json_schema": {"name": "weather", "schema": schema}})
+    assert r.choices[0].finish_reason == "stop"
+    assert Weather.model_validate_json(r.choices[0].message.content).model_fields_set == {"city", "degrees", "sunny"}
+    assert set(json.loads(r.choices[0].message.content)) == {"city", "degrees", "sunny"}
+    parsed = c.chat.completions.parse(model="m", messages=[{"role": "user", "content": "Weather?"}],
+                                      max_tokens=120, temperature=1.0, seed=seed, response_format=Weather)
+    assert isinstance(parsed.choices[0].message.parsed, Weather)
