@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tramontane.app.store import schema
-from tramontane.app.store import Store, StoreError
+from tramontane.app.store import NotFoundError, Store, StoreError
 from tramontane.engine.api import ImagePart
 from support.store_data import PNG
 
@@ -36,3 +36,15 @@ def test_a_failing_write_rolls_back_and_names_the_database(store):
     store.db.conn.execute("DROP TRIGGER fail")
     assert [m.text for m in store.get_chat(chat).messages] == ["kept"]  # no half message
     assert store.add_message(chat, "user", "next") and store.integrity_check() == "ok"
+
+
+def test_the_clock_never_ties_and_a_streaming_chat_refuses_version_changes(store):
+    stamps = [store.db.now() for _ in range(1000)]
+    assert all(b > a for a, b in zip(stamps, stamps[1:]))
+    chat = store.create_chat()
+    question = store.add_message(chat, "user", "q")
+    store.begin_reply(chat)
+    with pytest.raises(StoreError, match=rf"^chat {chat}: a reply is being written"):
+        store.edit_as_version(question, "q again")
+    with pytest.raises(NotFoundError, match="chat 999 does not exist"):
+        store.db.require_chat(999)

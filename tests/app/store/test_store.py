@@ -88,3 +88,15 @@ def test_no_qt_import(tmp_path):
             "print(sorted(m for m in sys.modules if 'PySide' in m or 'Qt' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_method_offered_on_the_store_is_its_parts_own(store):
+    """One implementation each: `store.rename_chat` is `store.chats.rename`, bound to the part."""
+    from tramontane.app.store.store import _Offered
+
+    offered = {name: attr for name, attr in vars(Store).items() if isinstance(attr, _Offered)}
+    assert len(offered) >= 39
+    for name, attr in offered.items():
+        method = getattr(store, name)
+        part = getattr(store, attr.part)
+        assert method.__self__ is part and method.__func__ is getattr(type(part), attr.method), name
