@@ -16,7 +16,7 @@ from typing import Any
 
 from ..engine.api import EngineError
 from ..engine.remote.client import RemoteEngine
-from ..engine.remote.http import RemoteError, parse_base_url
+from ..engine.remote.transport import RemoteError, parse_base_url
 
 SETTINGS_KEY = "remote_servers"
 

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QListWidget, QPushButton, QVBoxLayout, QWidget)
 
 from ...engine.api import EngineError
-from ...engine.remote.http import fetch_models, parse_base_url
+from ...engine.remote.transport import fetch_models, parse_base_url
 from ..jobs import Jobs
 from ..servers import EngineChoice, ServerConfig, ServerList, url_ok
 

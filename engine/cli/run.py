@@ -21,7 +21,7 @@ class CommandFailed(EngineError):
 
 
 def add_parsers(sub) -> None:
-    from ..remote.http import DEFAULT_READ_TIMEOUT_S
+    from ..remote.transport import DEFAULT_READ_TIMEOUT_S
 
     defaults = SamplingParams()  # the window's defaults too
     p = sub.add_parser("run", help="answer a prompt (streams to stdout), locally or on --server")
@@ -170,7 +170,7 @@ def api_key_of(args) -> str | None:
 
 def connect_remote(args):
     from ..remote.client import RemoteEngine
-    from ..remote.http import DEFAULT_CONNECT_TIMEOUT_S
+    from ..remote.transport import DEFAULT_CONNECT_TIMEOUT_S
 
     return RemoteEngine(args.server, args.model, api_key_of(args),
                         connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_S, args.timeout),

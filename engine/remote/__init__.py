@@ -1,1 +1,1 @@
-"""Client of OpenAI-compatible servers: HTTP/SSE transport (http.py) and the Engine adapter (client.py)."""
+"""Client of OpenAI-compatible servers: HTTP/SSE transport (transport.py) and the Engine adapter (client.py)."""

@@ -1,7 +1,7 @@
 """RemoteEngine: the same chat window on an OpenAI-compatible server (vLLM, llama.cpp, ...).
 
 Maps the Engine protocol onto streaming `/v1/chat/completions`; the transport (connections,
-errors, `/v1/models`, server-sent events) is engine/remote/http.py.
+errors, `/v1/models`, server-sent events) is engine/remote/transport.py.
 
 How a reply ends (`GenerationResult.finish_reason`):
 - "stop" / "length" / "stop_string": the server finished (stop_string when the server reports
@@ -41,7 +41,7 @@ from ..api import (
     PieceCallback,
     SamplingParams,
 )
-from .http import (
+from .transport import (
     CancelWatch, check_api_key, connect, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S,
     fetch_models, loads_json, parse_base_url, read_body, RemoteError, RemoteModel, request_headers, Secret,
     server_message, sse_data, status_error, StreamBroken,

@@ -13,7 +13,7 @@ from PIL import Image
 
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams
 from tramontane.engine.remote.client import RemoteEngine, image_mime, sampling_payload
-from tramontane.engine.remote.http import RemoteError, fetch_models, parse_base_url
+from tramontane.engine.remote.transport import RemoteError, fetch_models, parse_base_url
 
 from support.fakevllm import FakeVLLM, split_tokens
 

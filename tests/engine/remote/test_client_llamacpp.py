@@ -12,7 +12,7 @@ import pytest
 
 from tramontane.engine.api import ChatMessage, SamplingParams
 from tramontane.engine.remote.client import RemoteEngine
-from tramontane.engine.remote.http import fetch_models
+from tramontane.engine.remote.transport import fetch_models
 
 from support import FIXTURES
 from support.llama_cpp import llama_server, post_json

@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai", reason="the official client is the refere
 
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams  # noqa: E402
 from tramontane.engine.remote.client import RemoteEngine  # noqa: E402
-from tramontane.engine.remote.http import RemoteError  # noqa: E402
+from tramontane.engine.remote.transport import RemoteError  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer, check_bind  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 from tramontane.engine.api import ChatMessage, EngineError, SamplingParams
 from tramontane.engine.cli import serve
 from tramontane.engine.remote.client import RemoteEngine
-from tramontane.engine.remote.http import RemoteError
+from tramontane.engine.remote.transport import RemoteError
 
 from support import FIXTURES
 
