@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from ..api import Part, ThinkPart
 from .hub import Hub, HubError, HubFile, pair_projectors
 from .projector import SHARD_RE, quant_from_name
 
@@ -35,6 +36,16 @@ class ModelShape:
 
 
 SHAPE_FIELDS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab")
+# the chips of the Models dialog ("vision" is the entry's own flag)
+CAPABILITIES = ("reasoning", "tools", "coding")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling Mistral recommends for the model (its model card)."""
+
+    temperature: float
+    top_p: float
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,11 @@ class CatalogEntry:
     gated: bool = False
     notes: str = ""
     shape: ModelShape | None = None
+    capabilities: tuple[str, ...] = ()  # of CAPABILITIES
+    sampling: Sampling | None = None  # None: the catalogue pins none (the app's defaults)
+    # the system prompt Mistral ships with the model, as message parts: text, and the thought
+    # template reasoning models are shown ([THINK]…[/THINK] chunks); () where none is pinned
+    system_prompt: tuple[Part, ...] = ()
 
     @property
     def mmproj_type(self) -> str | None:
@@ -87,6 +103,43 @@ def _parse_shape(raw: Any, where: str) -> ModelShape | None:
     return ModelShape(*(raw[k] for k in SHAPE_FIELDS), raw["tied"])
 
 
+def _parse_capabilities(raw: Any, where: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or any(c not in CAPABILITIES for c in raw):
+        raise _catalog_error(where, f"expected a list of {', '.join(CAPABILITIES)}")
+    return tuple(raw)
+
+
+def _parse_sampling(raw: Any, where: str) -> Sampling | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _catalog_error(where, "expected an object with temperature and top_p")
+    values = []
+    for key, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+        value = raw.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise _catalog_error(f"{where}.{key}", f"expected a number from {low} to {high}")
+        values.append(float(value))
+    return Sampling(*values)
+
+
+def _parse_system_prompt(raw: Any, where: str) -> tuple[Part, ...]:
+    """[{"text": ...} | {"think": ...}, ...] -> text and ThinkPart parts."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise _catalog_error(where, "expected a non-empty list of {\"text\"} / {\"think\"} parts")
+    parts: list[Part] = []
+    for k, item in enumerate(raw):
+        if not (isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item.values())), str)
+                and next(iter(item)) in ("text", "think")):
+            raise _catalog_error(f"{where}[{k}]", "expected {\"text\": ...} or {\"think\": ...}")
+        parts.append(item["text"] if "text" in item else ThinkPart(item["think"]))
+    return tuple(parts)
+
+
 def parse_catalog(data: Any) -> list[CatalogEntry]:
     """Validate catalogue JSON (a dict with `models`) into entries; errors name the field."""
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
@@ -115,6 +168,9 @@ def parse_catalog(data: Any) -> list[CatalogEntry]:
             mmproj_file=mmproj.get("file"), mmproj_size_gb=mmproj.get("size_gb"),
             gated=bool(m.get("gated", False)), notes=str(m.get("notes", "")),
             shape=_parse_shape(m.get("shape"), f"{where}.shape"),
+            capabilities=_parse_capabilities(m.get("capabilities"), f"{where}.capabilities"),
+            sampling=_parse_sampling(m.get("sampling"), f"{where}.sampling"),
+            system_prompt=_parse_system_prompt(m.get("system_prompt"), f"{where}.system_prompt"),
         ))
     return entries
 

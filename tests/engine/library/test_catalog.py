@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tramontane.engine.library.catalog import ModelShape, load_catalog, parse_catalog
+from tramontane.engine.api import ThinkPart
+from tramontane.engine.library.catalog import ModelShape, Sampling, load_catalog, parse_catalog
 from tramontane.engine.library.hub import HubError
 
 
@@ -25,7 +26,9 @@ def test_the_catalogue_has_ministral_3_3b_8b_14b_with_sizes_and_shapes():
         assert e.mmproj_size_gb is None  # not confirmed: shown once the repository is listed
         assert (e.shape.layers, e.shape.hidden, e.shape.tied) == (layers, hidden, tied)
     for e in by_id.values():  # every entry can be planned before it is downloaded
-        assert isinstance(e.shape, ModelShape) and e.variants[0].size_gb
+        assert isinstance(e.shape, ModelShape)
+        for v in e.variants:  # a pinned file has its size; an open one is read from the listing
+            assert bool(v.file) == bool(v.size_gb)
 
 
 def _entry(shape):
@@ -46,3 +49,39 @@ def test_a_bad_shape_names_the_field():
         parse_catalog(_entry({**good, "tied": 1}))
     with pytest.raises(HubError, match=r"models\[0\]\.shape: expected an object"):
         parse_catalog(_entry([1, 2]))
+
+
+def test_reasoning_entries_carry_their_chips_sampling_and_thinking_system_prompt():
+    """The family's reasoning models (issue 36): the [THINK] template of their shipped system
+    prompt is a ThinkPart, so the chat format writes it as the control tokens the model saw."""
+    by_id = {e.id: e for e in load_catalog()}
+    for entry_id in ("magistral-small-1.2-24b", "ministral-3-8b-reasoning", "ministral-3-14b-reasoning"):
+        e = by_id[entry_id]
+        assert "reasoning" in e.capabilities
+        text, thought, tail = e.system_prompt
+        assert text.startswith("# HOW YOU SHOULD THINK AND ANSWER") and isinstance(thought, ThinkPart)
+        assert thought.closed and tail == "Here, provide a self-contained response."
+    assert by_id["magistral-small-1.2-24b"].sampling == Sampling(0.7, 0.95)
+    assert by_id["magistral-small-1.2-24b"].repo_id == "mistralai/Magistral-Small-2509-GGUF"
+    assert not by_id["mistral-small-3.1-24b-instruct"].capabilities  # nothing pinned: no chips
+
+
+def test_bad_chips_sampling_and_system_prompt_name_the_field():
+    def entry(**extra):
+        return {"models": [{"id": "x", "name": "x", "repo_id": "a/b", "license": "MIT",
+                            "variants": [{"quant": "Q4_K_M"}], **extra}]}
+
+    e = parse_catalog(entry(capabilities=["tools", "coding"], sampling={"temperature": 0.15, "top_p": 1},
+                            system_prompt=[{"text": "a"}, {"think": "b"}]))[0]
+    assert e.capabilities == ("tools", "coding") and e.sampling == Sampling(0.15, 1.0)
+    assert e.system_prompt == ("a", ThinkPart("b"))
+    with pytest.raises(HubError, match=r"models\[0\]\.capabilities: expected a list of"):
+        parse_catalog(entry(capabilities=["vision"]))
+    with pytest.raises(HubError, match=r"models\[0\]\.sampling\.top_p: expected a number from 0.0 to 1.0"):
+        parse_catalog(entry(sampling={"temperature": 0.7, "top_p": 1.5}))
+    with pytest.raises(HubError, match=r"models\[0\]\.sampling\.temperature"):
+        parse_catalog(entry(sampling={"top_p": 0.9}))
+    with pytest.raises(HubError, match=r"models\[0\]\.system_prompt\[1\]: expected"):
+        parse_catalog(entry(system_prompt=[{"text": "a"}, {"thought": "b"}]))
+    with pytest.raises(HubError, match=r"models\[0\]\.system_prompt: expected a non-empty list"):
+        parse_catalog(entry(system_prompt="just text"))
