@@ -148,7 +148,13 @@ def test_completion_prompts_are_text_or_token_ids():
     assert several.prompts == ["a", [1, 2], "c"] and several.n == 2
     for bad in (None, [], [1, "x"], 5, ["a", 5], [[]], ["x"] * 33):
         assert "prompt:" in refused({"prompt": bad}, parse=parse_completion_request).message
-    assert "echo: not supported" in refused({"prompt": "x", "echo": True}, parse=parse_completion_request).message
+    assert parse_completion_request({"prompt": "x", "echo": True}, VISION, LIMITS).echo
+    assert "echo: with logprobs" in refused({"prompt": "x", "echo": True, "logprobs": 1},
+                                            parse=parse_completion_request).message
+    assert parse_completion_request({"prompt": "x", "logprobs": 5}, VISION, LIMITS).tool_request.top_logprobs == 5
+    for wrong in (6, -1, True, "2"):
+        assert "logprobs: must be an integer 0..5" in refused({"prompt": "x", "logprobs": wrong},
+                                                              parse=parse_completion_request).message
 
 
 def msgs(*texts):
