@@ -378,7 +378,7 @@ class _Conversation:
     def new_chat(self) -> str:
         from ..api import ChatMessage
 
-        from ..runtime.session import common_prefix
+        from ..runtime.prefix_keys import common_prefix
 
         first = self.state[self.key].encode(self.msgs).ids  # what the engine's slot holds
         res = self.ask([ChatMessage.text("user", "Hello!")], SECOND_CHAT)

@@ -48,7 +48,7 @@ from .kv_cache import KVCache
 from .generate import StopStringFilter, check_params, draw_token, make_generator, reply_stats, seen_mask, stop_reason
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes
 from .prompts import check_fits, check_prompt_ids, image_features, prompt_rows
-from .session import Key, common_prefix, position_keys, reusable_prefix
+from .prefix_keys import Key, common_prefix, position_keys, reusable_prefix
 
 log = logging.getLogger(__name__)
 

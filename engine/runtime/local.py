@@ -30,7 +30,7 @@ from .memory import release_freed_heap
 from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
 from .prompts import check_prompt_ids, image_features, prompt_rows
 from .prefix_disk import DEFAULT_DISK_BYTES, PrefixDisk, block_layout, model_identity, usable_folder
-from .session import position_keys
+from .prefix_keys import position_keys
 from .threads import settle_torch_threads
 from ..mistral3.tokenizer import Tokenizer
 

@@ -28,7 +28,7 @@ import torch
 
 from ..api import ChatMessage
 from ..mistral3.chat_format import EncodedPrompt, ImageSpan, encode_chat
-from .session import Key
+from .prefix_keys import Key
 
 BLOCK_TOKENS = 32
 

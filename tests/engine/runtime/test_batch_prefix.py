@@ -16,7 +16,7 @@ from tramontane.engine.mistral3.chat_format import encode_chat
 from tramontane.engine.runtime.kv_cache import KVCache
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 from tramontane.engine.runtime.prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
-from tramontane.engine.runtime.session import position_keys
+from tramontane.engine.runtime.prefix_keys import position_keys
 
 from support import FIXTURES
 

@@ -155,7 +155,7 @@ def test_damaged_or_foreign_files_are_ignored_after_a_restart(tmp_path, cold, ca
     r1 = eng.chat(messages, GREEDY, session_key="chat")
     disk = eng.prefix_cache.disk
     from tramontane.engine.runtime.prefix_cache import block_hashes
-    from tramontane.engine.runtime.session import position_keys
+    from tramontane.engine.runtime.prefix_keys import position_keys
 
     hashes = block_hashes(position_keys(r1.prompt_token_ids, []), 32)
     eng.close()

@@ -1,8 +1,8 @@
-"""KV prefix reuse across turns and chats.
+"""The keys of a KV cache's positions, and how much of a cached prefix a new prompt may reuse.
 
-A `Session` remembers which prompt positions its KV cache holds, as *keys*: the token id for
-text, and (token id, image sha256) inside image spans, so two different pictures of the same
-size never share cache even though their [IMG] ids are equal. A new prompt keeps the longest
+Which prompt positions a KV cache holds is remembered as *keys*: the token id for text, and
+(token id, image sha256) inside image spans, so two different pictures of the same size never
+share cache even though their [IMG] ids are equal. A new prompt keeps the longest
 common prefix (never ending inside an image span, and one token short of the whole prompt so
 there are logits to sample from), the cache is truncated there and only the rest is prefilled.
 
