@@ -440,7 +440,7 @@ class BatchScheduler:
             if s.n_sampled == 0 and s.req.followers:
                 self._start_followers(s, logits[i])
             try:
-                self._take(s, logits[i])
+                self._sample_next(s, logits[i])
             except BaseException as exc:  # noqa: BLE001 - a callback or NaN fails its own sequence
                 self._fail(s, exc)
         return True
@@ -660,7 +660,7 @@ class BatchScheduler:
             seq.hashes = leader.hashes
             self._running.append(seq)
             try:
-                self._take(seq, logits)
+                self._sample_next(seq, logits)
             except BaseException as exc:  # noqa: BLE001 - as a sequence of the step would
                 self._fail(seq, exc)
 
@@ -678,7 +678,7 @@ class BatchScheduler:
         return prompt_rows(self.model, self._img_id, req.prompt, start, req.features)
 
     # -- sampling and the end of a sequence -------------------------------------------------------
-    def _take(self, s: _Sequence, logits: torch.Tensor) -> None:
+    def _sample_next(self, s: _Sequence, logits: torch.Tensor) -> None:
         """The token after this step's last row, as generate() does after a forward."""
         params = s.req.params
         if params.max_tokens == 0:
