@@ -224,9 +224,16 @@ def test_completions_logprobs_in_the_legacy_shape_and_echo(served):
                for i, top in enumerate(lp.top_logprobs))
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
     assert r.choices[0].text == want.text
+    chunks = list(c.completions.create(model="m", prompt="Once upon", max_tokens=6, temperature=0, logprobs=2,
+                                       stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(ch.choices[0].text for ch in chunks) == want.text
+    assert chunks[-1].choices[0].logprobs.tokens == lp.tokens  # every token's, with the last chunk
     echoed = c.completions.create(model="m", prompt="Once upon", max_tokens=6, temperature=0, echo=True,
                                   extra_body={"ignore_eos": True})
     assert echoed.choices[0].text == "Once upon" + want.text
+    chunks = list(c.completions.create(model="m", prompt="Once upon", max_tokens=6, temperature=0, echo=True,
+                                       stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(ch.choices[0].text for ch in chunks) == "Once upon" + want.text
     for extra in ({"logprobs": 6}, {"logprobs": 1, "echo": True}):
         with pytest.raises(openai.BadRequestError, match="logprobs|echo"):
             c.completions.create(model="m", prompt="x", max_tokens=2, **extra)
