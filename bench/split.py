@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import MIXES, SHAPES, RandomSource, build_random_model  # noqa: E402  (bench/model.py)
 
 from tramontane.engine.mistral3.config import TextConfig  # noqa: E402
-from tramontane.engine.mistral3.text import Mistral3Text, Segment, _cross  # noqa: E402
+from tramontane.engine.mistral3.text import Mistral3Text, Segment, _enter_segment  # noqa: E402
 from tramontane.engine.mistral3.weights import load_weights, want_dense  # noqa: E402
 from tramontane.engine.runtime.decoder import decode, new_cache  # noqa: E402
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, gpu_layers_map,  # noqa: E402
@@ -70,7 +70,7 @@ def split_seconds(model: Mistral3Text, repeats: int = 2000) -> float:
         empty = replace(seg, layers=range(0))
 
         def cross_and_enter():
-            return model.run_segment(empty, _cross(x, seg), [(cache, 5, 1)])
+            return model.run_segment(empty, _enter_segment(x, seg), [(cache, 5, 1)])
 
         for _ in range(10):
             cross_and_enter()

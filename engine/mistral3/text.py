@@ -415,7 +415,7 @@ class Mistral3Text:
         x = x.to(device=first.device, dtype=first.dtype)
         for k, seg in enumerate(self.segments):
             if k:
-                x = _cross(x, seg)
+                x = _enter_segment(x, seg)
             with on_device(seg.device):
                 x = self.run_segment(seg, x, groups, keep)
         return x
@@ -556,7 +556,7 @@ class Mistral3Text:
         segs = self.segments if segment is None else [self.segments[segment]]
         for n, seg in enumerate(segs):
             if n:
-                x = _cross(x, seg)
+                x = _enter_segment(x, seg)
             with on_device(seg.device):
                 x = self.layer_loop(seg, x, self.static_attention(seg, x, pos.to(seg.device), cache, bucket))
         if segs[-1] is not self.segments[-1]:
@@ -612,7 +612,7 @@ def on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _cross(x: torch.Tensor, seg: Segment) -> torch.Tensor:
+def _enter_segment(x: torch.Tensor, seg: Segment) -> torch.Tensor:
     """The hidden state entering `seg` from the previous segment: one small copy (always a
     copy, so a split between two logical CPU devices costs what a real boundary costs)."""
     return x.to(device=seg.device, dtype=seg.dtype, copy=True)
