@@ -120,3 +120,26 @@ def test_read_on_every_call(monkeypatch):
     assert not read_env().cuda_graphs
     monkeypatch.delenv("TRAMONTANE_CUDA_GRAPHS")
     assert read_env().cuda_graphs
+
+
+def test_the_import_time_settings_reach_their_readers():
+    """CPU_VARIANT and CPU_EXACT are read when the kernels are imported: in a fresh process."""
+    import subprocess
+    import sys
+
+    from tramontane.kernels import cpu_native
+
+    if not cpu_native.AVAILABLE:
+        pytest.skip("the native CPU kernels are not built here")
+    code = ("from tramontane.kernels import cpu_native, linear; "
+            "print(cpu_native.variant(), linear.CPU.exact)")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TRAMONTANE_")}
+
+    def run(**settings) -> list[str]:
+        return subprocess.run([sys.executable, "-c", code], env={**environ, **settings}, check=True,
+                              capture_output=True, text=True, timeout=120).stdout.split()
+
+    best = cpu_native.variants()[0]
+    assert run() == [best, "False"]
+    assert run(TRAMONTANE_CPU_VARIANT="generic", TRAMONTANE_CPU_EXACT="1") == ["generic", "True"]
+    assert run(TRAMONTANE_CPU_VARIANT="no-such-variant") == [best, "False"]  # as before: the best
