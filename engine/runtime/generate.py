@@ -9,7 +9,7 @@ logits' device (greedy = argmax when temperature <= 0).
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -223,30 +223,7 @@ class StopStringFilter:
 
 MAX_TOP_LOGPROBS = 20
 
-# Test-only: a logits processor run first on every step of every generation (tests set it, e.g.
-# to a ScriptedLogits, to make a tiny random model write a given reply through the real loop).
-TEST_LOGITS_HOOK: Callable | None = None
-
-
-class ScriptedLogits:
-    """Test-only logits processor: the reply is `ids` then EOS, whatever the model says (every
-    other logit -inf), so a random model "writes" a chosen text through the whole stack."""
-
-    def __init__(self, ids: Sequence[int], eos_id: int):
-        self.ids = [int(t) for t in ids]
-        self.eos_id = eos_id
-
-    def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
-        step = len(generated)
-        want = self.ids[step] if step < len(self.ids) else self.eos_id
-        forced = torch.full_like(logits, float("-inf"))
-        forced[want] = 0.0
-        return forced
-
-
 def apply_processors(params: SamplingParams, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
-    if TEST_LOGITS_HOOK is not None:
-        logits = TEST_LOGITS_HOOK(generated, logits)
     for processor in params.logits_processors:
         logits = processor(generated, logits)
     return logits
@@ -286,7 +263,7 @@ def draw_token(logits: torch.Tensor, params: SamplingParams, tokenizer, generate
     there. Otherwise the token is appended to `generated`, marked in `seen`, and its logprob
     (of the raw logits) appended to `logprobs`, where those are kept."""
     raw = logits
-    if params.logits_processors or TEST_LOGITS_HOOK is not None:
+    if params.logits_processors:
         logits = apply_processors(params, generated, logits)
     token = sample(logits, params, generator, seen)
     if token == getattr(tokenizer, "eos_id", None) and not params.ignore_eos:
@@ -336,5 +313,5 @@ def reply_stats(n_prompt: int, reused: int, n_generated: int, cache, reason: Fin
 
 __all__ = ["InvalidLogitsError", "apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter",
            "process_logits", "sample", "make_generator", "check_params", "StopStringFilter",
-           "ScriptedLogits", "apply_processors", "token_logprob",
+           "apply_processors", "token_logprob",
            "seen_mask", "draw_token", "MAX_TOP_LOGPROBS", "stop_reason", "reply_stats"]

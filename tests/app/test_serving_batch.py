@@ -24,6 +24,7 @@ from tramontane.app.serving import WindowServer  # noqa: E402
 from tramontane.app.worker import ChatRequest  # noqa: E402
 from tramontane.engine.api import ChatMessage, SamplingParams  # noqa: E402
 
+from support.scripted import ScriptedLogits, script_logits
 from support import FIXTURES  # noqa: E402
 from support.batch_runs import Recorder  # noqa: E402
 
@@ -243,7 +244,6 @@ def test_the_tool_loop_runs_on_the_priority_lane_while_serving(qtbot, tmp_path, 
 
     from tramontane.app.widgets.tool_card import ToolCard
     from tramontane.engine.mcp_tools import McpServerConfig
-    from tramontane.engine.runtime import generate as gen
 
     from support.app_window import GREEDY, close_window, make_window
 
@@ -273,11 +273,11 @@ def test_the_tool_loop_runs_on_the_priority_lane_while_serving(qtbot, tmp_path, 
 
         def hook(generated, logits):  # the model's two replies, each then EOS
             if not generated:
-                script["now"] = gen.ScriptedLogits(scripts[min(script["replies"], 1)], tok.eos_id)
+                script["now"] = ScriptedLogits(scripts[min(script["replies"], 1)], tok.eos_id)
                 script["replies"] += 1
             return script["now"](generated, logits)
 
-        monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", hook)
+        script_logits(monkeypatch, hook)
         qtbot.keyClicks(window.composer.edit, "What is 2 + 40?")
         qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
         cards = lambda: [c for c in window.view.widgets if isinstance(c, ToolCard)]  # noqa: E731

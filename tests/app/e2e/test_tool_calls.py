@@ -18,8 +18,8 @@ from tramontane.app.tools import DENIED, REMOTE_TIP, STOPPED, cap_note  # noqa: 
 from tramontane.app.widgets.tool_card import ToolCard  # noqa: E402
 from tramontane.engine.api import ToolSpec  # noqa: E402
 from tramontane.engine.mcp_tools import McpServerConfig  # noqa: E402
-from tramontane.engine.runtime import generate as gen  # noqa: E402
 
+from support.scripted import ScriptedLogits, script_logits
 from support.app_window import GREEDY, close_window, make_window  # noqa: E402
 
 SERVER = Path(__file__).resolve().parents[2] / "support" / "mcp_test_server.py"
@@ -44,7 +44,7 @@ class Replies:
 
     def __call__(self, generated, logits):
         if not generated:  # a new reply
-            self.current = gen.ScriptedLogits(self.scripts[min(self.count, len(self.scripts) - 1)], self.tok.eos_id)
+            self.current = ScriptedLogits(self.scripts[min(self.count, len(self.scripts) - 1)], self.tok.eos_id)
             self.count += 1
         return self.current(generated, logits)
 
@@ -62,7 +62,7 @@ def tool_window(qtbot, tmp_path, isolated, monkeypatch):
     assert w.tools_button.isChecked()
 
     def script(*replies):
-        monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", Replies(w.worker.engine.tokenizer, *replies))
+        script_logits(monkeypatch, Replies(w.worker.engine.tokenizer, *replies))
 
     w.script = script
     yield w

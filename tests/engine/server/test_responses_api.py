@@ -17,12 +17,12 @@ pydantic = pytest.importorskip("pydantic")
 pytest.importorskip("llguidance")
 from PIL import Image  # noqa: E402
 
-from tramontane.engine.runtime import generate as gen  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer  # noqa: E402
 from tramontane.engine.server.responses_api import ResponseStore  # noqa: E402
 
+from support.scripted import ScriptedLogits, script_logits
 from support import FIXTURES  # noqa: E402
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
@@ -53,7 +53,7 @@ def script(served, monkeypatch):
         ids = []
         for piece in pieces:
             ids += [tok.token_id(piece)] if piece == "[TOOL_CALLS]" else tok.encode(piece)
-        monkeypatch.setattr(gen, "TEST_LOGITS_HOOK", gen.ScriptedLogits(ids, tok.eos_id))
+        script_logits(monkeypatch, ScriptedLogits(ids, tok.eos_id))
 
     return set_reply
 
