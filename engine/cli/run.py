@@ -314,7 +314,8 @@ def run_main(args) -> int:
         if getattr(result, "tool_calls", None):
             from ..server.tools_api import tool_calls_json
 
-            out["finish_reason"] = "tool_calls"
+            # cut by the token limit inside a call: "length", with the calls so far (as the server answers)
+            out["finish_reason"] = "length" if result.finish_reason == "length" else "tool_calls"
             out["tool_calls"] = tool_calls_json(result.tool_calls)
         print(json.dumps(out, ensure_ascii=False))
     else:
