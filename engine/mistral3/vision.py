@@ -20,25 +20,23 @@ norms run in float32, matmuls in the compute dtype (float32 on CPU, the weights'
 CUDA). Images never attend to each other: their tokens share the matmuls, attention runs per
 image.
 
-CPU with bf16 dot products (AVX512_BF16 or AMX) and a 16-bit float file (F16/BF16, the usual
-mmproj): the matmuls' weights are converted once at load to bf16 (q/k/v and gate/up stacked), and
-the tower runs on torch's oneDNN bf16 matmuls (2.3x the native F16 kernels' rate per core on
-AVX512_BF16); attention, residual and norms stay float32. The work is split over as many threads
-as the native pool has (rows for the matmuls and norms, heads for attention), each running torch
-on one core: no OpenMP team whose spinning waits, on a loaded machine, cost more than they save. The float32 path is kept
-bit for bit where exactness is asked for (TRAMONTANE_CPU_EXACT=1, kernels.linear.cpu_exact) and
-on CPUs without bf16.
-
-A quantized file (Q8_0, the usual quantized mmproj; Q4_K...) on a CPU with bf16 dot products
-takes the bf16 path too, its matrices dequantized once at load: there oneDNN's bf16 matmuls
-outrun the native int8 kernels (AVX512_BF16 on an AMD EPYC: ~185 GFLOP/s a core against ~135-170
-for Q8_0, whose tile transposes each weight block on every call; 1.18x the CPU time per image),
-at the cost of 2 bytes a weight in memory instead of ~1.06. Elsewhere (cpu_bf16=False, or no bf16
-dot products: Intel client CPUs, AVX-VNNI) its matmuls stay on the native kernels (int8 dot
-products), in the bf16 path's shape: per block one call for the norm and q/k/v, one for the norm
-and gate/up (SwiGLU inside for SiLU), the o and down projections added to the residual in their
-call; attention split by heads over the pool's thread count like the bf16 path. Nothing is
-converted per call.
+The block loop is written once (`VisionTower._forward`); how its steps run is what it is given,
+chosen per call (`VisionTower._steps`):
+  * `_TorchSteps`: `linear` in the tower's dtype and torch's norms. GPUs, float32 files, CPUs
+    without bf16 dot products, and exact mode (TRAMONTANE_CPU_EXACT=1, kernels.linear.cpu_exact).
+  * `_Bf16Steps`: a CPU with bf16 dot products (AVX512_BF16 or AMX) and a 16-bit float (the usual
+    mmproj) or quantized file. The matmuls' weights are converted once at load to bf16 (q/k/v and
+    gate/up stacked) for torch's oneDNN bf16 matmuls: 2.3x the native F16 kernels' rate per core
+    on AVX512_BF16; for Q8_0 (AMD EPYC) ~185 GFLOP/s a core against ~135-170 on the int8 kernels,
+    whose tile transposes each weight block on every call (1.18x the CPU time per image), at 2
+    bytes a weight in memory instead of ~1.06. Attention, residual and norms stay float32.
+  * `_NativeSteps`: a quantized file elsewhere (cpu_bf16=False, or no bf16 dot products: Intel
+    client CPUs, AVX-VNNI) on the native int8 kernels as it is: per block one call for the norm
+    and q/k/v, one for the norm and gate/up (SwiGLU inside for SiLU), the o and down projections
+    added to the residual in their call. Nothing is converted per call.
+Both CPU paths split the work over the native pool's thread count (rows; heads for attention),
+each thread running torch on one core: no OpenMP team whose spinning waits, on a loaded machine,
+cost more than they save.
 """
 from __future__ import annotations
 
@@ -201,11 +199,110 @@ def bf16_weights(patch: QWeight, blocks: list[_Block], merger: QWeight, mm1: QWe
 
 
 def quantized_native(blocks: list[_Block], merger: QWeight, mm1: QWeight, mm2: QWeight) -> bool:
-    """Whether the tower runs its quantized path (`_forward_native`): every block matrix and the
+    """Whether the tower runs its quantized path (`_NativeSteps`): every block matrix and the
     projector quantized, on the CPU, with native kernels for their types."""
     every = [merger, mm1, mm2] + [getattr(b, m) for b in blocks for m in BLOCK_MATRICES]
     return cpu_native.AVAILABLE and all(
         w.is_quantized and w.data.is_cpu and cpu_native.supports(w.ggml_type) for w in every)
+
+
+class _TorchSteps:
+    """The block loop's steps by `linear` and torch's norms, on one thread (the module's
+    docstring): the reference the other two are tested against."""
+    attn_dtype = attn_out = None  # attention's compute and stored dtypes (None: the tower's)
+
+    def __init__(self, tower: "VisionTower", threads: int):
+        self.t, self.threads = tower, threads
+
+    def _rows(self, n: int, width: int, dtype: torch.dtype, fn) -> torch.Tensor:
+        """An (n, width) tensor whose rows [a, b) are fn(a, b), the ranges over the threads."""
+        out = torch.empty(n, width, dtype=dtype)
+
+        def run(r):
+            out[r[0]:r[1]] = fn(*r)
+
+        split_run(run, split_ranges(n, self.threads))
+        return out
+
+    def patches(self, patches):  # the patch conv before its bias, float32
+        return self.t._linear(patches, self.t.patch).float()
+
+    def norm(self, x, weight):
+        return self.t._rms(x, weight)
+
+    def norm_qkv(self, i: int, x) -> list[torch.Tensor]:
+        blk = self.t.blocks[i]
+        hn = self.t._rms(x, blk.attn_norm)
+        return [self.t._linear(hn, w) for w in (blk.q, blk.k, blk.v)]
+
+    def matmul_add(self, a, i: int, role: str, x):  # x + a @ W.T, W block i's "o" or "down"
+        return x + self.t._linear(a, getattr(self.t.blocks[i], role)).float()
+
+    def norm_ffn(self, i: int, x):  # act(gate) · up of block i's FFN norm of x
+        blk = self.t.blocks[i]
+        hn = self.t._rms(x, blk.ffn_norm)
+        return self.t._act(self.t._linear(hn, blk.gate)) * self.t._linear(hn, blk.up)
+
+    def project(self, merged):  # merger, linear_1, GELU, linear_2: the text model's tokens
+        t = self.t
+        return t._linear(F.gelu(t._linear(t._linear(merged, t.merger), t.mm1)), t.mm2)
+
+
+class _NativeSteps(_TorchSteps):
+    """A quantized file's matrices on the native kernels (which split rows over the pool), float32
+    attention; the patch conv and the projector as `_TorchSteps` (their `linear` is native)."""
+    attn_dtype = attn_out = torch.float32
+
+    def norm(self, x, weight):
+        return cpu_native.rms_norm(x, weight, self.t.cfg.eps)
+
+    def norm_qkv(self, i: int, x) -> list[torch.Tensor]:
+        blk = self.t.blocks[i]
+        return cpu_native.norm_matmuls(x, blk.attn_norm, self.t.cfg.eps, native_plans((blk.q, blk.k, blk.v), x))
+
+    def matmul_add(self, a, i: int, role: str, x):
+        return cpu_native.matmul_add(a, native_plans((getattr(self.t.blocks[i], role),), a)[0], x)
+
+    def norm_ffn(self, i: int, x):
+        blk, eps = self.t.blocks[i], self.t.cfg.eps
+        plans = native_plans((blk.gate, blk.up), x)
+        if self.t.cfg.activation == "silu":
+            return cpu_native.norm_swiglu(x, blk.ffn_norm, eps, *plans)
+        gate, up = cpu_native.norm_matmuls(x, blk.ffn_norm, eps, plans)
+        return self._rows(len(x), up.shape[1], torch.float32, lambda a, b: up[a:b] * F.gelu(gate[a:b]))
+
+
+class _Bf16Steps(_TorchSteps):
+    """The CPU's bf16 weights (`_Bf16Weights`) on torch's matmuls, every step's rows split over the
+    threads; attention in float32 (torch's CPU flash attention runs no faster in bf16)."""
+    attn_dtype, attn_out = torch.float32, torch.bfloat16
+
+    def _norm_linear(self, x, norm, w: torch.Tensor) -> torch.Tensor:  # bf16 (n, out) of norm(x) @ w.T
+        return self._rows(x.shape[0], w.shape[0], torch.bfloat16,
+                          lambda a, b: F.linear(self.t._rms(x[a:b], norm).to(torch.bfloat16), w))
+
+    def patches(self, patches):
+        w = self.t.bf16.patch
+        return self._rows(len(patches), w.shape[0], torch.float32, lambda a, b: F.linear(patches[a:b].bfloat16(), w))
+
+    def norm(self, x, weight):
+        return self._rows(x.shape[0], x.shape[1], torch.float32, lambda a, b: self.t._rms(x[a:b], weight))
+
+    def norm_qkv(self, i: int, x) -> list[torch.Tensor]:
+        return self._norm_linear(x, self.t.blocks[i].attn_norm, self.t.bf16.blocks[i].qkv).chunk(3, dim=-1)
+
+    def matmul_add(self, y, i: int, role: str, x):  # the float32 residual + the bf16 product
+        w = getattr(self.t.bf16.blocks[i], role)
+        return self._rows(len(x), x.shape[1], torch.float32, lambda a, b: x[a:b] + F.linear(y[a:b], w))
+
+    def norm_ffn(self, i: int, x):
+        gate, up = self._norm_linear(x, self.t.blocks[i].ffn_norm, self.t.bf16.blocks[i].gate_up).chunk(2, dim=-1)
+        return self.t._act(gate) * up
+
+    def project(self, merged):
+        w = self.t.bf16
+        return self._rows(len(merged), w.mm2.shape[0], torch.float32, lambda a, b: F.linear(
+            F.gelu(F.linear(F.linear(merged[a:b].bfloat16(), w.merger), w.mm1)), w.mm2))
 
 
 class VisionTower:
@@ -214,19 +311,16 @@ class VisionTower:
     def __init__(self, cfg: VisionConfig, path: Path, patch: QWeight, patch_bias, pre_norm, blocks,
                  mm_norm, merger, mm1, mm2, device, dtype, cache_bytes: int,
                  bf16: _Bf16Weights | None = None):
-        self.cfg = cfg
-        self.path = path
+        self.cfg, self.path = cfg, path
         self.patch, self.patch_bias, self.pre_norm = patch, patch_bias, pre_norm
         self.blocks: list[_Block] = blocks
         self.mm_norm, self.merger, self.mm1, self.mm2 = mm_norm, merger, mm1, mm2
-        self.device = torch.device(device)
-        self.dtype = dtype
+        self.device, self.dtype = torch.device(device), dtype
         self.bf16 = bf16  # the CPU's bf16 weights (None: the float32 / `linear` path only)
         self.native = bf16 is None and self.device.type == "cpu" and quantized_native(blocks, merger, mm1, mm2)
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self.cache_hits = 0
-        self.cache_misses = 0
+        self.cache_hits = self.cache_misses = 0
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
@@ -294,19 +388,11 @@ class VisionTower:
             patch_bias = vector(names["patch"] + ".bias", h)
         pre_norm = vector(names["pre_norm"] + ".weight", h)
         qk_rows = unpermute_rows(h, cfg.n_heads) if cfg.layout == "llama.cpp" else None
-        blocks = []
-        for i in range(cfg.n_layers):
-            blocks.append(_Block(
-                attn_norm=vector(names["attn_norm"].format(i=i) + ".weight", h),
-                q=matrix("q", h, h, i, qk_rows),
-                k=matrix("k", h, h, i, qk_rows),
-                v=matrix("v", h, h, i),
-                o=matrix("o", h, h, i),
-                ffn_norm=vector(names["ffn_norm"].format(i=i) + ".weight", h),
-                gate=matrix("gate", cfg.ffn, h, i),
-                up=matrix("up", cfg.ffn, h, i),
-                down=matrix("down", h, cfg.ffn, i),
-            ))
+        shapes = dict(q=(h, h), k=(h, h), v=(h, h), o=(h, h), gate=(cfg.ffn, h), up=(cfg.ffn, h), down=(h, cfg.ffn))
+        blocks = [_Block(attn_norm=vector(names["attn_norm"].format(i=i) + ".weight", h),
+                         ffn_norm=vector(names["ffn_norm"].format(i=i) + ".weight", h),
+                         **{m: matrix(m, *shapes[m], i, qk_rows if m in ("q", "k") else None) for m in BLOCK_MATRICES})
+                  for i in range(cfg.n_layers)]
         mm_norm = vector(names["mm_norm"] + ".weight", h)
         merger = matrix("merger", h, h * cfg.merge ** 2)
         text_hidden = cfg.text_hidden
@@ -329,30 +415,13 @@ class VisionTower:
         return cls(cfg, gf.path, patch, patch_bias, pre_norm, blocks, mm_norm, merger, mm1, mm2,
                    device, dtype, cache_bytes, bf16)
 
-    # -- properties the prompt builder needs -------------------------------------------------
-    @property
-    def image_size(self) -> int:
-        return self.cfg.image_size
-
-    @property
-    def patch_size(self) -> int:
-        return self.cfg.patch_size
-
-    @property
-    def merge(self) -> int:
-        return self.cfg.merge
-
-    @property
-    def mean(self) -> tuple[float, float, float]:
-        return self.cfg.mean
-
-    @property
-    def std(self) -> tuple[float, float, float]:
-        return self.cfg.std
-
-    @property
-    def text_hidden(self) -> int:
-        return self.cfg.text_hidden
+    # -- what the prompt builder needs ------------------------------------------------------
+    image_size = property(lambda self: self.cfg.image_size)
+    patch_size = property(lambda self: self.cfg.patch_size)
+    merge = property(lambda self: self.cfg.merge)
+    mean = property(lambda self: self.cfg.mean)  # per channel (R, G, B)
+    std = property(lambda self: self.cfg.std)
+    text_hidden = property(lambda self: self.cfg.text_hidden)
 
     def grid(self, image: bytes | ImagePart, source: str | None = None) -> tuple[int, int]:
         """(rows, cols) of image tokens for an image file, from its header (cheap)."""
@@ -394,9 +463,20 @@ class VisionTower:
     def _act(self, x: torch.Tensor) -> torch.Tensor:
         return F.silu(x) if self.cfg.activation == "silu" else F.gelu(x)
 
-    def _attention(self, blk: _Block, x: torch.Tensor, spans, ropes) -> torch.Tensor:
-        q, k, v = (self._linear(x, w) for w in (blk.q, blk.k, blk.v))
-        return self._linear(self._attend(q, k, v, spans, ropes, self.dtype), blk.o)
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans, ropes,
+                   steps: _TorchSteps) -> torch.Tensor:
+        """Every image's attention over its own rows, before W_o, in the steps' dtypes: heads split
+        over the steps' threads, each writing its columns."""
+        hd = self.cfg.head_dim
+        out = torch.empty(q.shape[0], q.shape[1], dtype=steps.attn_out or self.dtype, device=q.device)
+
+        def attend(c):
+            a, b = c
+            out[:, a:b] = self._attend(q[:, a:b], k[:, a:b], v[:, a:b], spans, ropes,
+                                          steps.attn_dtype or self.dtype)
+
+        split_run(attend, [(a * hd, b * hd) for a, b in split_ranges(self.cfg.n_heads, steps.threads)])
+        return out
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans, ropes,
                 dtype: torch.dtype) -> torch.Tensor:
@@ -416,12 +496,6 @@ class VisionTower:
             vi = v[start:stop].to(dtype).transpose(0, 1)
             outs.append(F.scaled_dot_product_attention(qi[None], ki[None], vi[None])[0].transpose(0, 1))
         return torch.cat(outs, dim=0).reshape(-1, n_heads * hd)
-
-    def _merge(self, x: torch.Tensor, hp: int, wp: int) -> torch.Tensor:
-        """(hp·wp, h) → (hp/m · wp/m, h·m²), feature index ch·m² + ky·m + kx (F.unfold order)."""
-        m, h = self.merge, x.shape[-1]
-        grid = x.view(hp // m, m, wp // m, m, h)  # (R, ky, C, kx, ch)
-        return grid.permute(0, 2, 4, 1, 3).reshape((hp // m) * (wp // m), h * m * m)
 
     @torch.no_grad()
     def encode_images(self, pixel_list: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -446,112 +520,40 @@ class VisionTower:
             grids.append((hp, wp))
             start += hp * wp
         patches = torch.cat(patches, dim=0)
-        if self.bf16 is not None and not CPU.exact:
-            y = self._forward_bf16(patches, spans, ropes, grids, cpu_native.threads() if cpu_native.AVAILABLE else 1)
-        elif self.native and not CPU.exact:
-            y = self._forward_native(patches, spans, ropes, grids, cpu_native.threads())
-        else:
-            y = self._forward(patches, spans, ropes, grids)
+        y = self._forward(patches, spans, ropes, grids, self._steps())
         sizes = [(hp // m) * (wp // m) for hp, wp in grids]
         return list(torch.split(y, sizes, dim=0))
 
-    def _forward(self, patches: torch.Tensor, spans, ropes, grids) -> torch.Tensor:
-        """Unfolded patches of all images → projected tokens, matmuls in self.dtype by `linear`."""
-        x = self._linear(patches, self.patch).float()
+    def _steps(self) -> _TorchSteps:
+        """How this call's steps run: the one choice between the paths (the module's docstring)."""
+        if self.bf16 is not None and not CPU.exact:
+            return _Bf16Steps(self, cpu_native.threads() if cpu_native.AVAILABLE else 1)
+        if self.native and not CPU.exact:
+            return _NativeSteps(self, cpu_native.threads())
+        return _TorchSteps(self, 1)
+
+    def _forward(self, patches: torch.Tensor, spans, ropes, grids, steps: _TorchSteps) -> torch.Tensor:
+        """THE block loop (HF's PixtralTransformer + projector, llama.cpp's clip graph for
+        Pixtral), the math in order: patch conv (+ bias), pre-norm; per block
+        x += o(attention(q, k, v of norm(x))), x += down(act(gate) · up of norm(x)); then the
+        projector's norm, 2×2 merge, merger, linear_1, GELU, linear_2. `steps` runs each one
+        (`_steps`); the residual stream is float32."""
+        x = steps.patches(patches)
         if self.patch_bias is not None:
             x = x + self.patch_bias
-        x = self._rms(x, self.pre_norm)
-        for blk in self.blocks:
-            x = x + self._attention(blk, self._rms(x, blk.attn_norm), spans, ropes).float()
-            hn = self._rms(x, blk.ffn_norm)
-            x = x + self._linear(self._act(self._linear(hn, blk.gate)) * self._linear(hn, blk.up), blk.down).float()
-        return self._project(self._merged(self._rms(x, self.mm_norm), spans, grids))
-
-    def _project(self, merged: torch.Tensor) -> torch.Tensor:
-        """Merged patches → the text model's tokens: merger, mm1, GELU, mm2 (by `linear`)."""
-        return self._linear(F.gelu(self._linear(self._linear(merged, self.merger), self.mm1)), self.mm2)
-
-    def _forward_bf16(self, patches: torch.Tensor, spans, ropes, grids, threads: int) -> torch.Tensor:
-        """`_forward` on the CPU's bf16 weights: bf16 matmuls (q/k/v and gate/up one call each),
-        float32 attention, residual and norms; float32 out (the encoder's contract). Rows (and
-        heads for attention) are split over `threads` threads."""
-        bf16, w, h, hd = torch.bfloat16, self.bf16, self.cfg.hidden, self.cfg.head_dim
-        n = patches.shape[0]
-        rows = split_ranges(n, threads)
-        heads = [(a * hd, b * hd) for a, b in split_ranges(self.cfg.n_heads, threads)]
-        x = torch.empty(n, h)  # the float32 residual stream
-        qkv = torch.empty(n, 3 * h, dtype=bf16)
-        attn = torch.empty(n, h, dtype=bf16)
-
-        def embed(r):
-            y = F.linear(patches[r[0]:r[1]].to(bf16), w.patch).float()
-            x[r[0]:r[1]] = self._rms(y + self.patch_bias if self.patch_bias is not None else y, self.pre_norm)
-
-        split_run(embed, rows)
-        for blk, wb in zip(self.blocks, w.blocks):
-            def project(r, blk=blk, wb=wb):
-                qkv[r[0]:r[1]] = F.linear(self._rms(x[r[0]:r[1]], blk.attn_norm).to(bf16), wb.qkv)
-
-            def attend(c):  # float32: torch's CPU flash attention runs no faster in bf16
-                a, b = c
-                attn[:, a:b] = self._attend(qkv[:, a:b], qkv[:, h + a:h + b], qkv[:, 2 * h + a:2 * h + b], spans,
-                                            ropes, torch.float32)
-
-            def mlp(r, blk=blk, wb=wb):
-                xs = x[r[0]:r[1]]
-                xs += F.linear(attn[r[0]:r[1]], wb.o)  # float32 residual += the bf16 product
-                gate, up = F.linear(self._rms(xs, blk.ffn_norm).to(bf16), wb.gate_up).chunk(2, dim=-1)
-                xs += F.linear(self._act(gate) * up, wb.down)
-
-            split_run(project, rows)
-            split_run(attend, heads)
-            split_run(mlp, rows)
-        merged = self._merged(self._rms(x, self.mm_norm), spans, grids)
-        y = torch.empty(merged.shape[0], self.text_hidden)
-
-        def project_out(r):
-            z = F.linear(merged[r[0]:r[1]].to(bf16), w.merger)
-            y[r[0]:r[1]] = F.linear(F.gelu(F.linear(z, w.mm1)), w.mm2)
-
-        split_run(project_out, split_ranges(merged.shape[0], threads))
-        return y
-
-    def _forward_native(self, patches: torch.Tensor, spans, ropes, grids, threads: int) -> torch.Tensor:
-        """`_forward` on a quantized file's weights as they are: the native kernels' matmuls (which
-        split rows over the pool themselves) with the RMSNorm, SwiGLU and residual add inside
-        their calls; float32 attention split by heads over `threads` one-core torch threads."""
-        h, hd, eps = self.cfg.hidden, self.cfg.head_dim, self.cfg.eps
-        heads = [(a * hd, b * hd) for a, b in split_ranges(self.cfg.n_heads, threads)]
-        n = patches.shape[0]
-        x = self._linear(patches, self.patch).float()
-        if self.patch_bias is not None:
-            x = x + self.patch_bias
-        x = cpu_native.rms_norm(x, self.pre_norm, eps)
-        attn = torch.empty(n, h)
-        for blk in self.blocks:
-            q, k, v = cpu_native.norm_matmuls(x, blk.attn_norm, eps, native_plans((blk.q, blk.k, blk.v), x))
-
-            def attend(c, q=q, k=k, v=v):
-                a, b = c
-                attn[:, a:b] = self._attend(q[:, a:b], k[:, a:b], v[:, a:b], spans, ropes, torch.float32)
-
-            split_run(attend, heads)
-            x = cpu_native.matmul_add(attn, native_plans((blk.o,), attn)[0], x)
-            gate_plan, up_plan = native_plans((blk.gate, blk.up), x)
-            if self.cfg.activation == "silu":
-                act = cpu_native.norm_swiglu(x, blk.ffn_norm, eps, gate_plan, up_plan)
-            else:
-                gate, act = cpu_native.norm_matmuls(x, blk.ffn_norm, eps, [gate_plan, up_plan])
-
-                def gelu_mul(r, gate=gate, act=act):
-                    act[r[0]:r[1]] *= F.gelu(gate[r[0]:r[1]])
-
-                split_run(gelu_mul, split_ranges(n, threads))
-            x = cpu_native.matmul_add(act, native_plans((blk.down,), act)[0], x)
-        return self._project(self._merged(cpu_native.rms_norm(x, self.mm_norm, eps), spans, grids))
+        x = steps.norm(x, self.pre_norm)
+        for i in range(len(self.blocks)):
+            q, k, v = steps.norm_qkv(i, x)
+            x = steps.matmul_add(self._attention(q, k, v, spans, ropes, steps), i, "o", x)
+            x = steps.matmul_add(steps.norm_ffn(i, x), i, "down", x)
+        return steps.project(self._merged(steps.norm(x, self.mm_norm), spans, grids))
 
     def _merged(self, x: torch.Tensor, spans, grids) -> torch.Tensor:
-        return torch.cat([self._merge(x[a:b], hp, wp) for (a, b), (hp, wp) in zip(spans, grids)], dim=0)
+        """Each image's (hp·wp, h) rows → (hp/m · wp/m, h·m²), feature ch·m² + ky·m + kx (F.unfold's
+        order): the grid (R, ky, C, kx, ch) permuted to (R, C, ch, ky, kx)."""
+        m, h = self.merge, x.shape[-1]
+        return torch.cat([x[a:b].view(hp // m, m, wp // m, m, h).permute(0, 2, 4, 1, 3).reshape(-1, h * m * m)
+                          for (a, b), (hp, wp) in zip(spans, grids)], dim=0)
 
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         """One preprocessed image (3, H, W) → (rows·cols, text_hidden)."""
@@ -566,25 +568,21 @@ class VisionTower:
 
     def encode_image_parts(self, images: list[ImagePart]) -> list[torch.Tensor]:
         keys = [hashlib.sha256(im.data).hexdigest() for im in images]
-        todo = {}
+        # this call's embeddings: one the new ones evict, or one larger than the cache, is returned all the same
+        found, todo = {}, {}
         for key, im in zip(keys, images):
             if key in self._cache:
                 self._cache.move_to_end(key)
                 self.cache_hits += 1
+                found[key] = self._cache[key]
             elif key not in todo:
                 todo[key] = im
         if todo:
             self.cache_misses += len(todo)
-            pixels = [self.preprocess(im)[0] for im in todo.values()]
-            for key, emb in zip(todo, self.encode_images(pixels)):
+            for key, emb in zip(todo, self.encode_images([self.preprocess(im)[0] for im in todo.values()])):
+                found[key] = emb
                 self._remember(key, emb)
-        out = []
-        for key in keys:
-            if key in self._cache:
-                out.append(self._cache[key])
-            else:  # larger than the whole cache budget: encode without keeping it
-                out.append(self.encode_images([self.preprocess(images[keys.index(key)])[0]])[0])
-        return out
+        return [found[key] for key in keys]
 
     def _remember(self, key: str, emb: torch.Tensor) -> None:
         size = emb.numel() * emb.element_size()

@@ -326,6 +326,23 @@ def test_cache_is_bounded():
     assert len(tower._cache) == 2 and parts[0].sha256 not in tower._cache
 
 
+def test_an_image_larger_than_the_cache_is_encoded_once(monkeypatch):
+    """Not kept (it would not fit), yet returned from the one encode, like a hit that the call's
+    new images evict: nothing is encoded twice."""
+    tower = VisionTower.load(mmproj("mistral3_tiny"), cache_bytes=64 * 4)  # one 1x1 image
+    calls = []
+    real = tower.encode_images
+    monkeypatch.setattr(tower, "encode_images", lambda px: calls.append(len(px)) or real(px))
+    small, big, other = (ImagePart(png(w, h, s), f"{s}.png") for s, (w, h) in enumerate([(28, 28), (100, 60), (28, 28)]))
+    assert tower.grid(small) == tower.grid(other) == (1, 1) and tower.grid(big) == (3, 4)
+    kept = tower.encode_image(small)
+    out = tower.encode_image_parts([small, big])
+    assert calls == [1, 1] and out[0] is kept and list(tower._cache) == [small.sha256]
+    assert torch.equal(out[1], real([tower.preprocess(big)[0]])[0])
+    again = tower.encode_image_parts([other, small])  # other, new, evicts small
+    assert calls == [1, 1, 1] and again[1] is kept and list(tower._cache) == [other.sha256]
+
+
 def test_bad_image_error_names_the_file():
     tower = VisionTower.load(mmproj("mistral3_tiny"))
     with pytest.raises(EngineError, match="notes.txt.*not an image"):

@@ -1,5 +1,5 @@
 """The Pixtral tower on a Q8_0 mmproj on the CPU, both ways (engine/mistral3/vision.py): the
-native kernels' int8 path (`_forward_native`, cpu_bf16=False or a CPU without bf16 dot products)
+native kernels' int8 path (`_NativeSteps`, cpu_bf16=False or a CPU without bf16 dot products)
 and the bf16 path on matrices dequantized once at load (the default where the CPU has bf16 dot
 products), against HF transformers' PixtralVisionModel + Mistral3MultiModalProjector in float32
 running the file's own numbers (gguf.quants.dequantize of every quantized matrix, Q/K rows
