@@ -80,8 +80,11 @@ class ModelBar(QFrame):
         line = QHBoxLayout()
         line.setSpacing(16)
         line.addWidget(self.projector_label, 0)  # here, not beside the name: the name comes first
-        line.addWidget(self.device_label, 1)
+        line.addWidget(self.device_label, 0)
+        # Right after "context 512", which it measures: alone at the bar's far end, under
+        # Unload, it read as a load that had stalled.
         line.addWidget(self.context_meter, 0, Qt.AlignmentFlag.AlignVCenter)
+        line.addStretch(1)
         layout.addLayout(line)
 
     def show_loading(self, name: str) -> None:
