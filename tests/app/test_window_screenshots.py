@@ -6,7 +6,7 @@ the reply's text is then replaced in the store by a readable demo answer with a 
 
     TRAMONTANE_SCREENSHOTS_DIR=docs pytest tests/app/test_window_screenshots.py
 
-also writes docs/screenshot-light.png, docs/screenshot-dark.png, docs/screenshot-models.png and
+also writes docs/screenshot-{light,dark}-{1100,1400}.png, docs/screenshot-models.png and
 docs/screenshot-empty.png (the README's pictures).
 """
 from __future__ import annotations
@@ -30,6 +30,8 @@ from tramontane.app.window import MainWindow  # noqa: E402
 from support import FIXTURES
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
+WIDTHS = (1100, 1400)  # a laptop-sized window and a roomier one; the README shows 1400
+HEIGHT = 800
 
 DEMO_REPLY = """The picture shows a **mountain lake at sunset**:
 
@@ -103,7 +105,7 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
     window = MainWindow(store, autoload=False)
     qtbot.addWidget(window)
     try:
-        window.resize(1180, 760)
+        window.resize(WIDTHS[-1], HEIGHT)
         window.show()
         window.model_loading.load_model(str(MODEL), str(MMPROJ))
         qtbot.waitUntil(lambda: window.session.engine_info is not None, timeout=30000)
@@ -126,23 +128,27 @@ def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
         qtbot.wait(100)
 
         shots = {}
-        for scheme in ("light", "dark"):
-            apply_color_scheme(app, dark=scheme == "dark")
-            qtbot.waitUntil(lambda: window.appearance.dark == (scheme == "dark"), timeout=5000)
-            window.view.verticalScrollBar().setValue(0)
-            qtbot.wait(100)
-            shot = window.grab()
-            assert not shot.isNull()
-            path = tmp_path / f"screenshot-{scheme}.png"
-            assert shot.save(str(path))
-            shots[scheme] = shot.toImage()
-            save(shot, f"screenshot-{scheme}.png")
+        for width in WIDTHS:
+            window.resize(width, HEIGHT)
+            for scheme in ("light", "dark"):
+                apply_color_scheme(app, dark=scheme == "dark")
+                qtbot.waitUntil(lambda: window.appearance.dark == (scheme == "dark"),
+                                timeout=5000)
+                qtbot.waitUntil(lambda: window.width() == width, timeout=5000)
+                window.view.verticalScrollBar().setValue(0)
+                qtbot.wait(150)
+                shot = window.grab()
+                assert not shot.isNull()
+                assert shot.width() == width
+                shots[scheme, width] = shot.toImage()
+                save(shot, f"screenshot-{scheme}-{width}.png")
 
-        # The conversation area and the sidebar follow the scheme.
-        light = mean_lightness(shots["light"], 0.3, 0.2, 0.95, 0.7)
-        dark = mean_lightness(shots["dark"], 0.3, 0.2, 0.95, 0.7)
-        assert light > 200 and dark < 80, (light, dark)
-        assert mean_lightness(shots["dark"], 0.0, 0.1, 0.2, 0.9) < 80
+        # The conversation area and the sidebar follow the scheme, at each width.
+        for width in WIDTHS:
+            light = mean_lightness(shots["light", width], 0.3, 0.2, 0.95, 0.7)
+            dark = mean_lightness(shots["dark", width], 0.3, 0.2, 0.95, 0.7)
+            assert light > 200 and dark < 80, (width, light, dark)
+            assert mean_lightness(shots["dark", width], 0.0, 0.1, 0.2, 0.9) < 80
         assert "tok/s" in window.view.widgets[1].status.text()
         assert len(window.view.widgets[0].thumbs) == 1
 
