@@ -1,5 +1,5 @@
 """The chat actions of the Chat menu and the chat list: rename, delete (with Undo), branch, pin,
-export, import, the system prompt. Each asks what it needs (a title, a confirmation, a file)
+export, import, the system prompt, the chat's own sampling settings. Each asks what it needs (a title, a confirmation, a file)
 and hands the change to `ChatSession`.
 
 `window` is the main window: its widgets and its other parts (not imported here, so the
@@ -13,6 +13,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QInputDialog, QLabel, QMessageBox,
                                QPlainTextEdit, QVBoxLayout)
 
+from .dialogs.chat_settings import ChatSettingsDialog
 from .store import StoreError
 
 
@@ -169,6 +170,15 @@ class ChatCommands(QObject):
 
     def set_system_prompt(self, text: str) -> None:
         self.session.set_system_prompt(text)
+
+    def edit_chat_settings(self) -> None:
+        """Chat ▸ Chat settings: the open chat's own temperature, top_p, max tokens and seed
+        (for the new chat, those it will be saved with), or the defaults."""
+        chat_id = self.session.current_chat_id
+        dialog = ChatSettingsDialog(self.session.chat_sampling(chat_id), self.window.settings.sampling,
+                                    self.window, new_chat=chat_id is None)
+        if dialog.exec() == QDialog.DialogCode.Accepted:
+            self.session.set_chat_sampling(chat_id, dialog.values())
 
 
 __all__ = ["ChatCommands"]

@@ -26,10 +26,12 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal, Slot
 
 from ..engine.api import GenerationResult, GenerationStats
-from .config import AppSettings
+from .config import CHAT_SAMPLING_FIELDS, AppSettings, Sampling
 from .store import Store, StoreError
 from .engine_info import EngineInfo
 from .worker import NO_MODEL_LOADED, ChatRequest, EngineWorker
+
+CHAT_SAMPLING_KEY = "sampling"  # a chat's own sampling knobs, in its settings
 
 LOAD_FIRST_HINT = "Load a model first (Models… or Open… in the model bar)."
 IMAGES_NEED_VISION = ("The loaded model has no vision projector, so it cannot read the attached "
@@ -78,6 +80,7 @@ class ChatSession(QObject):
         self.settings = settings
         self.worker = worker
         self.param_overrides: dict = {}  # extra SamplingParams fields (tests, power users)
+        self.new_chat_sampling: dict | None = None  # Chat settings chosen before the new chat is saved
         self.tools = None  # app.tools.ToolBroker when the window has tool servers (the worker asks it)
         self.engine_info: EngineInfo | None = None  # set by whoever loads models
         self.loading: str | None = None  # model path being loaded
@@ -174,6 +177,8 @@ class ChatSession(QObject):
         system_prompt = self.settings.default_system_prompt
         images = list(images)
         binding = dict(binding or {})
+        if chat_id is None and self.new_chat_sampling is not None:
+            binding["settings"] = {**binding.get("settings", {}), CHAT_SAMPLING_KEY: self.new_chat_sampling}
 
         def write() -> int:
             cid = chat_id if chat_id is not None else store.create_chat(
@@ -192,10 +197,12 @@ class ChatSession(QObject):
         """Why the loaded model cannot answer (it has no vision projector, and images are
         attached or already in the conversation), or ''. Checked before anything is saved or
         dropped: the engine would fail only after that."""
+        from ..engine.api import ImagePart  # documents among the attachments need no tower
+
         info = self.engine_info
         if info is None or info.has_vision:
             return ""
-        if new_images:
+        if any(isinstance(part, ImagePart) for part in new_images):
             return IMAGES_NEED_VISION
         if any(m.images for m in history):
             return CHAT_NEEDS_VISION
@@ -298,7 +305,7 @@ class ChatSession(QObject):
                 store.abandon_reply(message_id)
 
         self._next_request += 1
-        params = self.settings.sampling.params(**self.param_overrides)
+        params = self.sampling_for(self.current_chat_id).params(**self.param_overrides)
         self.pending = PendingReply(self._next_request, self.current_chat_id, None, threading.Event())
         self.busyChanged.emit(True)
         self.worker.chat(ChatRequest(
@@ -316,6 +323,8 @@ class ChatSession(QObject):
             p.text, p.pieces = "", 0
         new_chat = p.chat_id is None
         p.chat_id, p.message_id = chat_id, message_id
+        if new_chat:
+            self.new_chat_sampling = None  # saved with the chat now
         if new_chat and self.current_chat_id is None:  # still on the new chat: show it
             self.current_chat_id = chat_id
         self.changed.emit(chat_id)
@@ -484,6 +493,31 @@ class ChatSession(QObject):
             self.settings.default_system_prompt = text
         else:
             self._guard(self.store.update_chat, self.current_chat_id, system_prompt=text)
+
+    def chat_sampling(self, chat_id: int | None) -> dict | None:
+        """The chat's own sampling values (for None: those chosen for the new chat), or None
+        when it uses the app's (Settings)."""
+        if chat_id is None:
+            return self.new_chat_sampling
+        try:
+            own = self.store.get_chat_info(chat_id).settings.get(CHAT_SAMPLING_KEY)
+        except StoreError:
+            return None
+        return own if isinstance(own, dict) else None
+
+    def sampling_for(self, chat_id: int | None) -> Sampling:
+        """What a reply in the chat samples with: the app's settings, with the chat's own
+        values in their place (a value the store holds out of range keeps the app's)."""
+        return self.settings.sampling.overlaid(self.chat_sampling(chat_id), CHAT_SAMPLING_FIELDS)
+
+    def set_chat_sampling(self, chat_id: int | None, values: dict | None) -> None:
+        """Give the chat its own values of CHAT_SAMPLING_FIELDS; None: back to the app's."""
+        if values is not None:
+            values = Sampling().overlaid(values, CHAT_SAMPLING_FIELDS).chat_values()
+        if chat_id is None:
+            self.new_chat_sampling = values
+        else:
+            self._guard(self.store.update_chat_settings, chat_id, **{CHAT_SAMPLING_KEY: values})
 
     def bind_current_chat(self, binding: dict) -> None:
         """Remember what the current chat runs on (see ServerBinding.chat_binding)."""

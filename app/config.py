@@ -7,7 +7,7 @@ dialog (dialogs/settings.py) is one editor of them; the chat session and the win
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,36 @@ DEFAULT_SERVE_PORT = 8080
 
 # The engine needs top_p in (0, 1]: 0 would keep no token at all.
 TOP_P_MIN = 0.01
+MAX_SEED = 2**63 - 1
+
+# Each checked knob: its type and its inclusive range.
+SAMPLING_RANGES: dict[str, tuple[type, float, float]] = {
+    "temperature": (float, 0.0, 5.0), "top_p": (float, TOP_P_MIN, 1.0), "top_k": (int, 0, 100000),
+    "repetition_penalty": (float, 0.5, 5.0), "max_tokens": (int, 1, 1 << 20),
+}
+# The knobs a chat may set for itself (Chat ▸ Chat settings); the others stay the app's.
+CHAT_SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "seed")
+
+
+def seed_from_text(text: str) -> int | None:
+    """A seed field's text: '' is None (random), else a whole number 0..2^63-1; ValueError
+    with a sentence otherwise."""
+    text = text.strip()
+    if not text:
+        return None
+    if not (text.isdigit() and int(text) <= MAX_SEED):
+        raise ValueError(f"Seed {text!r}: give a whole number ≥ 0, or leave it empty")
+    return int(text)
+
+
+def _valid_knob(name: str, value: Any) -> bool:
+    if name == "seed":
+        return value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                 and 0 <= value <= MAX_SEED)
+    kind, lo, hi = SAMPLING_RANGES[name]
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
 
 
 @dataclass
@@ -37,21 +67,23 @@ class Sampling:
 
     @classmethod
     def from_dict(cls, raw: Any) -> "Sampling":
-        out = cls()
+        return cls().overlaid(raw)
+
+    def overlaid(self, raw: Any, fields: tuple[str, ...] | None = None) -> "Sampling":
+        """A copy with each valid value of the dict `raw` in place of its own (only `fields`
+        when given); a missing, out-of-range or mistyped value keeps this one's."""
+        out = replace(self)
         if not isinstance(raw, dict):
             return out
-        checks = {
-            "temperature": (float, 0.0, 5.0), "top_p": (float, TOP_P_MIN, 1.0), "top_k": (int, 0, 100000),
-            "repetition_penalty": (float, 0.5, 5.0), "max_tokens": (int, 1, 1 << 20),
-        }
-        for name, (kind, lo, hi) in checks.items():
-            value = raw.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi:
-                setattr(out, name, kind(value))
-        seed = raw.get("seed")
-        if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
-            out.seed = seed
+        for name in fields or (*SAMPLING_RANGES, "seed"):
+            if name in raw and _valid_knob(name, raw[name]):
+                value = raw[name]
+                setattr(out, name, value if name == "seed" else SAMPLING_RANGES[name][0](value))
         return out
+
+    def chat_values(self) -> dict[str, Any]:
+        """The knobs a chat keeps as its own (CHAT_SAMPLING_FIELDS), as stored with it."""
+        return {name: getattr(self, name) for name in CHAT_SAMPLING_FIELDS}
 
     def params(self, **overrides: Any) -> SamplingParams:
         values = asdict(self)

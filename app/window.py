@@ -278,6 +278,8 @@ class MainWindow(QMainWindow):
                                     tip="Save the chat as JSON (re-importable) or Markdown")
         action(chat, "&Import…", chats.import_selected)
         chat.addSeparator()
+        self.chat_settings_action = action(chat, "Chat se&ttings…", chats.edit_chat_settings,
+                                           tip="This chat's temperature, top_p, max tokens and seed")
         self.regenerate_action = action(chat, "Regenerate the last reply", lambda: replies.regenerate(None),
                                         "Ctrl+R")
         # Enabled only while a reply is written, so Esc stays free for dialogs and editors.

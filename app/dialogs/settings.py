@@ -9,7 +9,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from ..config import (DEVICES, MAX_CPU_THREADS, MAX_GPU_LAYERS, TOP_P_MIN, AppSettings,
-                      Sampling)
+                      Sampling, seed_from_text)
 
 THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
 
@@ -167,9 +167,10 @@ class SettingsDialog(QDialog):
             self.models_dir.setText(folder)
 
     def accept(self) -> None:
-        seed_text = self.seed.text().strip()
-        if seed_text and not (seed_text.isdigit() and int(seed_text) < 2**63):
-            self.error.setText(f"Seed {seed_text!r}: give a whole number ≥ 0, or leave it empty")
+        try:
+            seed = seed_from_text(self.seed.text())
+        except ValueError as exc:
+            self.error.setText(str(exc))
             self.seed.setFocus()
             return
         folder = self.models_dir.text().strip()
@@ -179,7 +180,7 @@ class SettingsDialog(QDialog):
         self.settings.sampling = Sampling(
             temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             repetition_penalty=self.repetition_penalty.value(), max_tokens=self.max_tokens.value(),
-            seed=int(seed_text) if seed_text else None)
+            seed=seed)
         self.settings.default_system_prompt = self.system_prompt.toPlainText()
         gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None
         self.reload_needed = ((self.context_length.value(), self.device.currentText(), gpu_layers)

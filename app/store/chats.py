@@ -55,6 +55,23 @@ class Chats:
             conn.execute(f"UPDATE chats SET {sets} WHERE id = :id", {**values, "id": chat_id})
             self.db.touch(chat_id)
 
+    def update_settings(self, chat_id: int, **changes: Any) -> dict[str, Any]:
+        """Set keys of the chat's settings (None removes one), the others kept, read and
+        written in one transaction; the settings after the change."""
+        with self.db.tx() as conn:
+            self.db.require_chat(chat_id)
+            raw = conn.execute("SELECT settings_json FROM chats WHERE id = ?", (chat_id,)).fetchone()[0]
+            settings = json.loads(raw)
+            for key, value in changes.items():
+                if value is None:
+                    settings.pop(key, None)
+                else:
+                    settings[key] = value
+            values = chat_columns({"settings": settings})
+            conn.execute("UPDATE chats SET settings_json = ? WHERE id = ?", (values["settings_json"], chat_id))
+            self.db.touch(chat_id)
+            return settings
+
     def rename(self, chat_id: int, title: str) -> None:
         self.update(chat_id, title=title)
 

@@ -159,6 +159,7 @@ class Store:
     # chats
     create_chat = _Offered("chats", "create")
     update_chat = _Offered("chats", "update")
+    update_chat_settings = _Offered("chats", "update_settings")
     rename_chat = _Offered("chats", "rename")
     set_pinned = _Offered("chats", "set_pinned")
     delete_chat = _Offered("chats", "delete")

@@ -95,3 +95,16 @@ def test_engine_messages_keep_images_in_place(store):
     # an edit that shortens the text keeps the images, at most at the end
     store.edit_message(store.get_chat(chat).messages[2].id, "Cmp")
     assert store.engine_messages(chat)[3].parts == ["Cmp", a, b]
+
+
+def test_update_settings_sets_and_removes_keys_keeping_the_others(store):
+    chat = store.create_chat("Alpha", settings={"tools": True})
+    assert store.update_chat_settings(chat, sampling={"max_tokens": 5}) == {"tools": True, "sampling": {"max_tokens": 5}}
+    assert store.get_chat_info(chat).settings == {"tools": True, "sampling": {"max_tokens": 5}}
+    store.update_chat_settings(chat, sampling=None, tools=False)
+    assert store.get_chat_info(chat).settings == {"tools": False}
+    with pytest.raises(NotFoundError, match="chat 999 "):
+        store.update_chat_settings(999, sampling=None)
+    with pytest.raises(StoreError, match="not JSON-serialisable"):
+        store.update_chat_settings(chat, sampling={1, 2})
+    assert store.get_chat_info(chat).settings == {"tools": False}  # the failed write left nothing

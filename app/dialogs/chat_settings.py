@@ -1,0 +1,99 @@
+"""The Chat settings dialog: one chat's own temperature, top_p, max tokens and seed, or the
+app's (Settings) when "Use the defaults" is ticked."""
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
+                               QLabel, QLineEdit, QSpinBox, QVBoxLayout, QWidget)
+
+from ..config import SAMPLING_RANGES, Sampling, seed_from_text
+
+
+class ChatSettingsDialog(QDialog):
+    """After OK, `values()` is the chat's own values (CHAT_SAMPLING_FIELDS), or None for the
+    defaults."""
+
+    def __init__(self, own: dict[str, Any] | None, defaults: Sampling, parent: QWidget | None = None, *,
+                 new_chat: bool = False):
+        super().__init__(parent)
+        self.setWindowTitle("Chat settings")
+        self.defaults = defaults
+        shown = defaults.overlaid(own) if own is not None else defaults
+        self.use_defaults = QCheckBox("Use the defaults (Settings)")
+        self.use_defaults.setToolTip("This chat follows the sampling settings of Settings, "
+                                     "also when they change later")
+        self.temperature = self._double("temperature", 0.05, shown.temperature)
+        self.temperature.setToolTip("0 = always the most likely token (greedy)")
+        self.top_p = self._double("top_p", 0.05, shown.top_p)
+        self.top_p.setToolTip("Nucleus sampling; 1 = off")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(*(int(v) for v in SAMPLING_RANGES["max_tokens"][1:]))
+        self.max_tokens.setValue(shown.max_tokens)
+        self.max_tokens.setToolTip("Longest reply, in tokens")
+        self.seed = QLineEdit("" if shown.seed is None else str(shown.seed))
+        self.seed.setPlaceholderText("random")
+        self.seed.setToolTip("A number makes replies repeatable; empty = random")
+        self.error = QLabel()
+        self.error.setStyleSheet("color: #c62828;")
+        form = QFormLayout()
+        form.addRow("&Temperature:", self.temperature)
+        form.addRow("Top &p:", self.top_p)
+        form.addRow("&Max tokens:", self.max_tokens)
+        form.addRow("S&eed:", self.seed)
+        box = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        box.accepted.connect(self.accept)
+        box.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("How replies are sampled in the chat you start now:" if new_chat
+                                else "How replies are sampled in this chat:"))
+        layout.addWidget(self.use_defaults)
+        layout.addLayout(form)
+        layout.addWidget(self.error)
+        layout.addWidget(box)
+        self.use_defaults.toggled.connect(self._defaults_toggled)
+        self.use_defaults.setChecked(own is None)
+        self._defaults_toggled(own is None)
+
+    def _double(self, name: str, step: float, value: float) -> QDoubleSpinBox:
+        _, lo, hi = SAMPLING_RANGES[name]
+        box = QDoubleSpinBox()
+        box.setRange(lo, hi)
+        box.setDecimals(2)
+        box.setSingleStep(step)
+        box.setValue(value)
+        return box
+
+    def _fields(self) -> tuple[QWidget, ...]:
+        return self.temperature, self.top_p, self.max_tokens, self.seed
+
+    def _defaults_toggled(self, on: bool) -> None:
+        """Ticked: the fields show the defaults, greyed; unticked: the chat's to change."""
+        for widget in self._fields():
+            widget.setEnabled(not on)
+        if on:
+            self.temperature.setValue(self.defaults.temperature)
+            self.top_p.setValue(self.defaults.top_p)
+            self.max_tokens.setValue(self.defaults.max_tokens)
+            self.seed.setText("" if self.defaults.seed is None else str(self.defaults.seed))
+            self.error.setText("")
+
+    def values(self) -> dict[str, Any] | None:
+        """The fields as the chat's own values; None when it uses the defaults. ValueError
+        (a sentence) for a seed that is not a number."""
+        if self.use_defaults.isChecked():
+            return None
+        return {"temperature": self.temperature.value(), "top_p": self.top_p.value(),
+                "max_tokens": self.max_tokens.value(), "seed": seed_from_text(self.seed.text())}
+
+    def accept(self) -> None:
+        try:
+            self.values()
+        except ValueError as exc:
+            self.error.setText(str(exc))
+            self.seed.setFocus()
+            return
+        super().accept()
+
+
+__all__ = ["ChatSettingsDialog"]
