@@ -185,7 +185,12 @@ class GenerationResult:
         return self.stats.finish_reason
 
 
-PieceCallback = Callable[[str], None]
+class ReasoningPiece(str):
+    """A streamed piece of a reasoning model's thought ([THINK]...[/THINK]): `on_piece` gets these
+    beside the answer's plain str pieces; the result keeps them apart (`GenerationResult.reasoning`)."""
+
+
+PieceCallback = Callable[[str], None]  # answer text, and ReasoningPiece for a thought
 
 
 class Engine(Protocol):

@@ -40,13 +40,14 @@ from typing import Callable, Sequence, TypeVar
 
 import torch
 
-from ..api import (ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, SamplingParams,
-                   TokenLogprob)
+from ..api import (ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, ReasoningPiece,
+                   SamplingParams, TokenLogprob)
 from ..mistral3.chat_format import EncodedPrompt
 from .decoder import decode, new_cache
 from .kv_cache import KVCache
 from .generate import StopStringFilter, check_params, draw_token, make_generator, reply_stats, seen_mask, stop_reason
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes
+from .reasoning import ReasoningSplitter
 from .prompts import check_fits, check_prompt_ids, image_features, prompt_rows
 from .prefix_keys import Key, common_prefix, position_keys, reusable_prefix
 
@@ -150,6 +151,7 @@ class _Sequence:
         self.generated: list[int] = []
         self.cached: list[int] = []  # generated ids whose K/V are in the cache
         self.decoder = tokenizer.stream(skip_special=False) if req.params.control_text else tokenizer.stream()
+        self.thought = ReasoningSplitter.for_tokenizer(tokenizer)  # None: a model that does not think
         self.logprobs = [] if req.params.logprobs is not None else None
         self.prompt_logprobs = [] if req.params.prompt_logprobs else None
         self.stop = StopStringFilter(req.params.stop)
@@ -695,11 +697,22 @@ class BatchScheduler:
         if s.t_first is None:
             s.t_first = s.t_last
         if token is not None:
-            self._emit(s, s.stop.feed(s.decoder.push(token)))
+            self._emit_text(s, token, s.decoder.push(token))
         reason = stop_reason(token, s.stop, len(s.generated), params, s.req.cancel, s.slot.cache)
         if reason is not None:
             return self._finish(s, reason)
         s.pending = token
+
+    def _emit_text(self, s: _Sequence, token: int | None, piece: str) -> None:
+        """A token's decoded text (token None: the decoder's flushed end): a reasoning model's
+        thought streams as ReasoningPiece and stays out of the answer, which alone meets the stop
+        strings and becomes the result's text."""
+        if s.thought is not None:
+            delta = s.thought.push(token, piece) if token is not None else s.thought.tail(piece)
+            if delta.reasoning:
+                self._emit(s, ReasoningPiece(delta.reasoning))
+            piece = delta.content
+        self._emit(s, s.stop.feed(piece, final=token is None))
 
     @staticmethod
     def _emit(s: _Sequence, piece: str) -> None:
@@ -719,7 +732,7 @@ class BatchScheduler:
 
     def _finish(self, s: _Sequence, reason: FinishReason) -> None:
         if not s.stop.stopped:
-            self._emit(s, s.stop.feed(s.decoder.flush(), final=True))
+            self._emit_text(s, None, s.decoder.flush())
         cache = s.slot.cache
         s.slot.keys = (s.req.keys + s.cached)[:cache.length]
         if reason != "cancelled" or not s.reading:
@@ -730,6 +743,8 @@ class BatchScheduler:
                               s.n_sampled)
         result.logprobs = s.logprobs
         result.prompt_logprobs = s.prompt_logprobs
+        if s.thought is not None:
+            result.reasoning = s.thought.reasoning
         s.req.future.set_result(result)
 
     def _fail(self, s: _Sequence, exc: BaseException) -> None:

@@ -56,7 +56,7 @@ class ReasoningSplitter:
     @classmethod
     def for_tokenizer(cls, tokenizer: "Tokenizer", thinking: bool = False) -> "ReasoningSplitter | None":
         """A splitter for a model that thinks; None for one that cannot (nothing to split)."""
-        ids = tokenizer.think_ids
+        ids = getattr(tokenizer, "think_ids", None)  # a stand-in tokenizer (bench, tests) has none
         return None if ids is None else cls(*ids, thinking=thinking)
 
     # ------------------------------------------------------------------ state
@@ -103,6 +103,11 @@ class ReasoningSplitter:
                 self._closed = True
             return delta
         return self._text(piece)
+
+    def tail(self, text: str) -> ReasoningDelta:
+        """Text with no token of its own (the stream decoder's held-back end, flushed when the
+        reply ends): to the side the reply is on."""
+        return self._text(text)
 
     def push_many(self, token_ids, pieces) -> ReasoningDelta:
         """`push` over a run of tokens; the deltas joined."""
