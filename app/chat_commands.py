@@ -1,5 +1,5 @@
 """The chat actions of the Chat menu and the chat list: rename, delete (with Undo), branch, pin,
-export, import, the system prompt, the chat's own sampling settings. Each asks what it needs (a title, a confirmation, a file)
+export, import, the system prompt (and its presets), the chat's own sampling settings. Each asks what it needs (a title, a confirmation, a file)
 and hands the change to `ChatSession`.
 
 `window` is the main window: its widgets and its other parts (not imported here, so the
@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QObject
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QInputDialog, QLabel, QMessageBox,
-                               QPlainTextEdit, QVBoxLayout)
+from PySide6.QtWidgets import QDialog, QFileDialog, QInputDialog, QMessageBox
 
 from .dialogs.chat_settings import ChatSettingsDialog
+from .dialogs.system_prompt import SystemPromptDialog
 from .store import StoreError
 
 
@@ -147,26 +147,11 @@ class ChatCommands(QObject):
             self.import_chat(path)
 
     def edit_system_prompt(self) -> None:
-        current = self.session.system_prompt()
-        dialog = QDialog(self.window)
-        new_chat = self.session.current_chat_id is None
-        # No chat yet: what is edited is the default every new chat starts with; say so.
-        dialog.setWindowTitle("Default system prompt" if new_chat else "System prompt")
-        edit = QPlainTextEdit(current)
-        edit.setAccessibleName("System prompt")
-        edit.setTabChangesFocus(True)
-        box = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        box.accepted.connect(dialog.accept)
-        box.rejected.connect(dialog.reject)
-        layout = QVBoxLayout(dialog)
-        layout.addWidget(QLabel("Instructions the model reads before every new chat (the default, "
-                                "also in Settings):" if new_chat else
-                                "Instructions the model reads before this chat:"))
-        layout.addWidget(edit)
-        layout.addWidget(box)
-        dialog.resize(520, 260)
+        """The chat's system prompt (the default on the new chat), picked from or saved as a preset."""
+        dialog = SystemPromptDialog(self.session.system_prompt(), self.window.settings, self.window,
+                                    new_chat=self.session.current_chat_id is None)
         if dialog.exec() == QDialog.DialogCode.Accepted:
-            self.set_system_prompt(edit.toPlainText())
+            self.set_system_prompt(dialog.text())
 
     def set_system_prompt(self, text: str) -> None:
         self.session.set_system_prompt(text)

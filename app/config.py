@@ -143,6 +143,34 @@ class AppSettings:
         self._set("default_system_prompt", text)
 
     @property
+    def system_prompt_presets(self) -> list[tuple[str, str]]:
+        """Named system prompts (LM Studio's presets, Jan's assistants), as (name, text) in the
+        order saved; an unreadable entry is left out."""
+        value = self._get("system_prompt_presets")
+        if not isinstance(value, list):
+            return []
+        return [(p["name"], p["text"]) for p in value
+                if isinstance(p, dict) and isinstance(p.get("name"), str) and p["name"].strip()
+                and isinstance(p.get("text"), str)]
+
+    def save_preset(self, name: str, text: str) -> None:
+        """Keep `text` as the preset `name` (stripped; one of that name is replaced in place)."""
+        name = name.strip()
+        if not name:
+            raise ValueError("A preset needs a name")
+        presets = self.system_prompt_presets
+        names = [n for n, _ in presets]
+        if name in names:
+            presets[names.index(name)] = (name, text)
+        else:
+            presets.append((name, text))
+        self._set("system_prompt_presets", [{"name": n, "text": t} for n, t in presets])
+
+    def delete_preset(self, name: str) -> None:
+        self._set("system_prompt_presets", [{"name": n, "text": t} for n, t in self.system_prompt_presets
+                                            if n != name])
+
+    @property
     def context_length(self) -> int:
         """0: the model's own length."""
         return max(0, self._int("context_length"))
