@@ -22,6 +22,7 @@ from ..api import ChatMessage, DocumentPart, EngineError, GenerationResult, Imag
 from ..documents.document import DocumentError
 from ..documents.file_parts import file_part_bytes
 from ..remote.client import image_mime
+from ..runtime.reasoning import END_THINK, THINK
 from .errors import ApiError, bad  # noqa: F401 - ApiError: the callers' one import
 from .tools_api import (ToolRequest, legacy_logprobs_json, logprobs_json, parse_tool_calls_field,
                         parse_tool_message, parse_tool_request, structured_output_grammar, tool_calls_json,
@@ -104,6 +105,7 @@ class ChatJob:
     continue_final: bool = False  # chat: the last message is an assistant prefix to continue
     echo: bool = False  # completions: the prompt's text comes back before the reply
     tool_request: ToolRequest | None = None  # chat: tools, tool_choice, response_format, logprobs
+    reasoning_format: str = "auto"  # chat: llama.cpp's field, where a thought goes (REASONING_FORMATS)
 
     @property
     def tools(self) -> list[ToolSpec]:
@@ -416,8 +418,64 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
     _refuse_unsupported(body, _CHAT_UNSUPPORTED)
     messages = parse_messages(body.get("messages"), limits)
     stream, include_usage = _stream_flags(body)
-    return chat_job(messages, model, sampling_params(body, model.context_size), stream,
-                    parse_tool_request(body), include_usage=include_usage, n=_choice_count(body))
+    job = chat_job(messages, model, sampling_params(body, model.context_size), stream,
+                   parse_tool_request(body), include_usage=include_usage, n=_choice_count(body))
+    job.reasoning_format = _reasoning_format(body)
+    return job
+
+
+# llama.cpp's `reasoning_format` (its --reasoning-format): "none" leaves the thought inline in the
+# content, as generated; "deepseek" (and "auto", the default) puts it in `reasoning_content`, the
+# field vLLM's mistral reasoning parser fills; "deepseek-legacy" does both.
+REASONING_FORMATS = ("auto", "none", "deepseek", "deepseek-legacy")
+
+
+def _reasoning_format(body: dict) -> str:
+    value = body.get("reasoning_format", "auto")
+    if value not in REASONING_FORMATS:
+        raise bad("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}, got {value!r}")
+    return value
+
+
+def reasoning_of(result: GenerationResult) -> tuple[str | None, str]:
+    """A reply's reasoning (a reasoning model's [THINK]...[/THINK], split off by the scheduler)
+    and its answer. The one place every API reads reasoning from: OpenAI's `reasoning_content`,
+    Anthropic's `thinking` blocks, Ollama's `message.thinking`, the Responses API's reasoning
+    items. None when the model did not think."""
+    return result.reasoning or None, result.text
+
+
+class ThoughtShape:
+    """Where one chat reply's thought goes under a `reasoning_format`: `reasoning_content`, the
+    content inline between [THINK] and [/THINK] (as the model wrote it), or both. Streamed, it
+    remembers per choice whether a [THINK] is open, to close it before the answer's first piece."""
+
+    def __init__(self, reasoning_format: str = "auto"):
+        self.separate = reasoning_format != "none"
+        self.inline = reasoning_format in ("none", "deepseek-legacy")
+        self._open: set[int] = set()
+
+    def message(self, result: GenerationResult) -> tuple[str | None, str]:
+        """The whole reply's (reasoning_content, content)."""
+        reasoning, text = reasoning_of(result)
+        if reasoning and self.inline:
+            text = THINK + reasoning + END_THINK + text
+        return (reasoning if self.separate else None), text
+
+    def thought(self, index: int, piece: str) -> dict:
+        """The delta of a streamed piece of thought."""
+        delta = {"reasoning_content": piece} if self.separate else {}
+        if self.inline:
+            delta["content"] = ("" if index in self._open else THINK) + piece
+            self._open.add(index)
+        return delta
+
+    def answer(self, index: int, piece: str) -> str:
+        """A streamed piece of the answer's content (after the thought's [/THINK] when inline)."""
+        if index in self._open:
+            self._open.discard(index)
+            return END_THINK + piece
+        return piece
 
 
 def chat_job(messages: list[ChatMessage], model: ServedModel, params: SamplingParams, stream: bool,
@@ -581,8 +639,10 @@ class Reply:
     """One answer in OpenAI's shape: a chat completion or a text completion, whole or as
     stream chunks, all under one id and creation time."""
 
-    def __init__(self, endpoint: str, model: ServedModel, include_usage: bool = False):
+    def __init__(self, endpoint: str, model: ServedModel, include_usage: bool = False,
+                 reasoning_format: str = "auto"):
         self.chat = endpoint == "chat"
+        self.thoughts = ThoughtShape(reasoning_format)
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.model = model
         self.created = int(time.time())
@@ -613,9 +673,12 @@ class Reply:
         return body
 
     def whole(self, result: GenerationResult, reason: str | None) -> dict:
-        choice = self._choice(False, result.text, finish_reason(result), reason)
+        reasoning, text = self.thoughts.message(result) if self.chat else (None, result.text)
+        choice = self._choice(False, text, finish_reason(result), reason)
+        if reasoning is not None:
+            choice["message"]["reasoning_content"] = reasoning
         if self.chat and result.tool_calls:
-            choice["message"]["content"] = result.text or None
+            choice["message"]["content"] = text or None
             choice["message"]["tool_calls"] = tool_calls_json(result.tool_calls)
         choice["logprobs"] = (logprobs_json if self.chat else legacy_logprobs_json)(result.logprobs)
         body = self._body(False, [choice])

@@ -98,7 +98,7 @@ class OpenAIRoutes:
             if job.stream:
                 return await self._stream(request, endpoint, generation, model)
             outcomes = await generation.outcomes()
-            reply = Reply(endpoint, model)
+            reply = Reply(endpoint, model, reasoning_format=job.reasoning_format)
             bodies = [reply.whole(*outcome) for outcome in outcomes]
             body = bodies[0]
             body["choices"] = [dict(b["choices"][0], index=index) for index, b in enumerate(bodies)]
@@ -113,7 +113,7 @@ class OpenAIRoutes:
         job = generation.job
         first = await generation.first_event()
         response = await open_stream(request, SSE_TYPE)
-        reply = Reply(endpoint, model, job.include_usage)
+        reply = Reply(endpoint, model, job.include_usage, job.reasoning_format)
         opening = reply.opening()
         if opening is not None:
             await response.write(b"".join(sse(_indexed(opening, i))
@@ -125,17 +125,21 @@ class OpenAIRoutes:
         async for batch in generation.batches(first):
             out = []
             for kind, index, data in batch:
-                if kind == "text" and tool_mode:
+                if kind == "reasoning":  # never a tool call's wire text
+                    out.append(_indexed(_delta(reply.piece(""), reply.thoughts.thought(index, data)), index))
+                elif kind == "text" and tool_mode:
                     stream = tool_streams.setdefault(index, ToolStream())
-                    out += [_indexed(_delta(reply.piece(""), d), index) for d in stream.feed(data)]
+                    out += [_indexed(_delta(reply.piece(""), _answered(reply, index, d)), index)
+                            for d in stream.feed(data)]
                 elif kind == "text":
-                    out.append(_indexed(reply.piece(data), index))
+                    out.append(_indexed(reply.piece(reply.thoughts.answer(index, data)), index))
                 else:
                     result, reason = data
                     results.append(result)
                     if tool_mode:
                         stream = tool_streams.setdefault(index, ToolStream())
-                        out += [_indexed(_delta(reply.piece(""), d), index) for d in stream.finish(result)]
+                        out += [_indexed(_delta(reply.piece(""), _answered(reply, index, d)), index)
+                                for d in stream.finish(result)]
                     finish, *usage_chunks = reply.closing(result, reason)
                     out.append(_indexed(finish, index))
             await response.write(b"".join(sse(chunk) for chunk in out))
@@ -150,6 +154,13 @@ class OpenAIRoutes:
         await response.write(sse("[DONE]"))
         await response.write_eof()
         return response
+
+
+def _answered(reply: Reply, index: int, delta: dict) -> dict:
+    """A tool stream's delta with its content after the thought's [/THINK] (when inline)."""
+    if "content" in delta:
+        delta = dict(delta, content=reply.thoughts.answer(index, delta["content"]))
+    return delta
 
 
 def _delta(chunk: dict, delta: dict) -> dict:

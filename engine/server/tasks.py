@@ -19,17 +19,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..api import EngineError, GenerationResult, SamplingParams
+from ..api import EngineError, GenerationResult, ReasoningPiece, SamplingParams
 from ..runtime.generate import InvalidLogitsError
 from .errors import ApiError
 from .executor import EngineExecutor, ModelUnavailable
 from .openai_api import ChatJob, ConversationKeys, RequestLimits, ServedModel, context_exceeded, stop_reason
+from .openai_api import reasoning_of  # noqa: F401 - the APIs read it from here, beside reply_events
 from .tools_api import ToolStream, engine_params, read_tool_calls
 
 log = logging.getLogger(__name__)
 
 COMPLETIONS_SESSION = ConversationKeys.PREFIX + "completions"  # raw prompts share one KV entry
 END = object()  # the job is done (after its last piece)
+STREAMED = ("text", "reasoning")  # the kinds of event that carry a piece of the reply
 STREAM_BATCH_S = 0.02  # streamed text after the first piece reaches the client at most this much later
 # An absolute file path (POSIX or Windows) in an engine's message: shown as its last part only.
 # Quoted (as OSError writes them), a path may hold spaces.
@@ -44,14 +46,6 @@ class Finished:
     endpoint: str  # "chat" or "completions" (every chat-shaped API is "chat")
     result: GenerationResult
     session_key: str
-
-
-def reasoning_of(result: GenerationResult) -> tuple[str | None, str]:
-    """A reply's reasoning (a reasoning model's [THINK]...[/THINK]) and its answer. The one place
-    every API reads reasoning from: Anthropic's `thinking` blocks, Ollama's `message.thinking`,
-    the Responses API's reasoning items. Until the reasoning splitter (reasoning-model support)
-    fills it in, there is none and the answer is the whole text."""
-    return None, result.text
 
 
 def without_paths(message: str, known: tuple = ()) -> str:
@@ -114,7 +108,8 @@ class _Relay:
     goes at once (time to first token)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, cancel: threading.Event):
-        self.events: asyncio.Queue = asyncio.Queue()  # ("text", i, str) / ("end", i, outcome), then END
+        # ("text", i, str) / ("reasoning", i, str) / ("end", i, outcome), then END
+        self.events: asyncio.Queue = asyncio.Queue()
         self._loop = loop
         self._cancel = cancel
         self._arrived: list[tuple] = []
@@ -129,7 +124,9 @@ class _Relay:
             self._cancel.set()
 
     def post(self, index: int, piece: str) -> None:  # engine thread
-        self._add(("text", index, piece))
+        # The one place a streamed thought (ReasoningPiece) becomes its own kind of event: the
+        # merging below makes plain str of it, and every API reads the kind, not the type.
+        self._add(("reasoning" if isinstance(piece, ReasoningPiece) else "text", index, str(piece)))
 
     def choice_done(self, index: int, outcome) -> None:  # engine thread
         self._add(("end", index, outcome))
@@ -146,17 +143,17 @@ class _Relay:
         self._hand_over()  # the last batch now, not after its delay
         self.events.put_nowait(END)
 
-    def _hand_over(self) -> None:  # on the loop: consecutive texts of one choice as one event
+    def _hand_over(self) -> None:  # on the loop: consecutive texts (or thoughts) of one choice as one event
         with self._lock:
             arrived, self._arrived = self._arrived, []
         merged: list[tuple] = []
         for event in arrived:
-            if merged and event[0] == "text" == merged[-1][0] and event[1] == merged[-1][1]:
-                merged[-1] = ("text", event[1], merged[-1][2] + event[2])
+            if merged and event[0] in STREAMED and merged[-1][:2] == event[:2]:
+                merged[-1] = (event[0], event[1], merged[-1][2] + event[2])
             else:
                 merged.append(event)
         for event in merged:
-            if event[0] != "text" or event[2]:
+            if event[0] not in STREAMED or event[2]:
                 self.events.put_nowait(event)
 
 
@@ -345,13 +342,16 @@ class Tasks:
 
 
 async def reply_events(generation: Generation, first):
-    """One reply's stream as ("text", piece) events, then ("end", (result, stop_reason)): in
-    tool mode the call's wire format is held back (`ToolStream`), so only content is text and
-    the calls come whole in the result. For the APIs that answer one choice (all but OpenAI's)."""
+    """One reply's stream as ("reasoning", thought) and ("text", piece) events, then ("end",
+    (result, stop_reason)): in tool mode the call's wire format is held back (`ToolStream`), so
+    only content is text and the calls come whole in the result. For the APIs that answer one choice (all but OpenAI's)."""
     job = generation.job
     held = ToolStream() if job.tool_request is not None and job.tool_request.calls_tools else None
     async for batch in generation.batches(first):
         for kind, _, data in batch:
+            if kind == "reasoning":  # a thought: never a tool call's wire text
+                yield "reasoning", data
+                continue
             if kind == "text":
                 for piece in ([d["content"] for d in held.feed(data)] if held else [data]):
                     yield "text", piece
