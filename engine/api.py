@@ -135,6 +135,10 @@ class SamplingParams:
     # score the prompt: each prompt token's log-probability given those before it (perplexity,
     # a completion's echo); the whole prompt is read, none of it taken from the cache
     prompt_logprobs: bool = False
+    # speculative decoding: "off", or "ngram" (prompt lookup: drafts from the sequence's own
+    # tokens, verified as extra rows of the same step; lossless); at most `spec_tokens` a step
+    speculation: str = "off"
+    spec_tokens: int = 8
 
     @property
     def greedy(self) -> bool:
@@ -153,6 +157,8 @@ class GenerationStats:
     context_used: int = 0
     context_size: int = 0
     finish_reason: FinishReason = "stop"
+    drafted_tokens: int = 0  # speculation: tokens drafted and verified
+    accepted_tokens: int = 0  # ... and of those, accepted
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from .kv_cache import KVCache
 from .generate import StopStringFilter, check_params, draw_token, make_generator, reply_stats, seen_mask, stop_reason
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes
 from .reasoning import ReasoningSplitter
+from .speculative import AdaptiveDraftLength, PromptLookup, SpeculationCost
 from .prompts import check_fits, check_prompt_ids, image_features, prompt_rows
 from .prefix_keys import Key, common_prefix, position_keys, reusable_prefix
 
@@ -64,6 +65,9 @@ GATHER_S_CPU = 0.02
 GATHER_S_GPU = 0.005
 GATHER_QUIET_S = 0.003  # a burst has ended when no request came for this long (the server takes them one by one)
 DEFAULT_SLOTS = 8
+# What verifying k drafted tokens costs against a one-row step, until measured per machine: decode
+# reads the weights once for all rows (the issue's yardstick: 5 rows at most 1.3x one row)
+SPEC_COST = SpeculationCost(tuple(1.0 + 0.06 * k for k in range(17)))
 SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cached prefix must cover to be preferred
 PREFIX_CACHE_BYTES = 1 << 30
 MIN_SLOT_CONTEXT = 256  # positions a slot carved out of a planned context must keep at least
@@ -152,6 +156,9 @@ class _Sequence:
         self.cached: list[int] = []  # generated ids whose K/V are in the cache
         self.decoder = tokenizer.stream(skip_special=False) if req.params.control_text else tokenizer.stream()
         self.thought = ReasoningSplitter.for_tokenizer(tokenizer)  # None: a model that does not think
+        self.lookup = PromptLookup(req.prompt.ids) if req.params.speculation == "ngram" else None
+        self.draft_length = AdaptiveDraftLength(SPEC_COST, req.params.spec_tokens) if self.lookup else None
+        self.drafted = self.accepted = 0
         self.logprobs = [] if req.params.logprobs is not None else None
         self.prompt_logprobs = [] if req.params.prompt_logprobs else None
         self.stop = StopStringFilter(req.params.stop)
@@ -390,12 +397,16 @@ class BatchScheduler:
         parts, groups, logit_rows, sampled = [], [], [], []
         row = 0
         if decoding:
-            parts.append([s.pending for s in decoding])  # ids: embedded in _forward
+            ids = []  # embedded in _forward
             for s in decoding:
-                groups.append((s.slot.cache, s.slot.cache.length, 1))
-                logit_rows.append(row)
-                sampled.append(s)
-                row += 1
+                drafts = self._drafts(s)  # speculation: extra rows after its last token, verified below
+                n = 1 + len(drafts)
+                ids += [s.pending, *drafts]
+                groups.append((s.slot.cache, s.slot.cache.length, n))
+                sampled.append((s, len(logit_rows), drafts))
+                logit_rows.extend(range(row, row + n))
+                row += n
+            parts.append(ids)
         stepped = list(decoding)
         read_now, scored = [], []  # scored: (sequence, its first row, rows) of prompts being scored
         # driven by its one caller (no loop thread), nobody else can join or wait: a whole chunk
@@ -411,8 +422,8 @@ class BatchScheduler:
             stepped.append(s)
             read_now.append(s)
             if not s.reading:
+                sampled.append((s, len(logit_rows), []))
                 logit_rows.append(row - 1)
-                sampled.append(s)
         n_sampled = len(logit_rows)
         for _, first, n in scored:  # every row of a scored prompt: its logits score the next token
             logit_rows.extend(range(first, first + n))
@@ -437,15 +448,56 @@ class BatchScheduler:
         # First tokens first: a draw with temperature costs 3-15 ms of CPU on a 131072-token
         # vocabulary (softmax, top-p's sort), so a new request's first token must not wait for
         # every stream's draw of this step.
-        for i in sorted(range(len(sampled)), key=lambda i: sampled[i].n_sampled > 0):
-            s = sampled[i]
+        for s, at, drafts in sorted(sampled, key=lambda entry: entry[0].n_sampled > 0):
             if s.n_sampled == 0 and s.req.followers:
-                self._start_followers(s, logits[i])
+                self._start_followers(s, logits[at])
             try:
-                self._sample_next(s, logits[i])
+                if drafts:
+                    self._verify(s, logits, at, drafts)
+                else:
+                    self._sample_next(s, logits[at])
             except BaseException as exc:  # noqa: BLE001 - a callback or NaN fails its own sequence
                 self._fail(s, exc)
         return True
+
+    # -- speculation -------------------------------------------------------------------------------
+    def _drafts(self, s: _Sequence) -> list[int]:
+        """The tokens to verify after `s`'s last one this step (prompt lookup), as many as its
+        adaptive draft length says, within its context and token budget; [] for a plain step."""
+        if s.lookup is None:
+            return []
+        s.lookup.extend(s.generated[len(s.lookup.ids) - len(s.req.prompt.ids):])
+        cache = s.slot.cache
+        room = min(s.draft_length.length(), cache.capacity - cache.length - 1,
+                   s.req.params.max_tokens - len(s.generated))
+        drafts = s.lookup.draft(room) if room > 0 else []
+        if not drafts:
+            s.draft_length.record(0, 0)
+        return drafts
+
+    def _verify(self, s: _Sequence, logits: torch.Tensor, at: int, drafts: list[int]) -> None:
+        """Rows at, at+1, ... of `logits` follow `s`'s last token and then each draft: each row's
+        token is drawn exactly as a plain step draws it (processors, grammar, logprobs, stop rules:
+        `_sample_next`), and the next row counts only while the drawn token is the draft it was
+        fed. Lossless: greedy output is the plain output token for token, and sampled output is
+        drawn from the same rows in the same order. The cache keeps the rows that were confirmed."""
+        cache = s.slot.cache
+        start = cache.length - len(drafts) - 1  # the position of the token this step fed first
+        accepted = 0
+        for j in range(len(drafts) + 1):
+            cache.length = start + j + 1  # valid through the input of row j
+            self._sample_next(s, logits[at + j])
+            if s.pending is None:  # the reply ended (EOS, stop, length, cancel)
+                break
+            if j < len(drafts) and s.pending == drafts[j]:
+                s.cached.append(s.pending)
+                s.pending = None
+                accepted += 1
+                continue
+            break
+        s.draft_length.record(len(drafts), accepted)
+        s.drafted += len(drafts)
+        s.accepted += accepted
 
     @staticmethod
     def _score(scored: list, logits: torch.Tensor) -> None:
@@ -465,7 +517,8 @@ class BatchScheduler:
     def _forward(self, parts: list, groups: list, logit_rows: list[int]) -> torch.Tensor:
         """The step's one pass: `parts` the decode rows' ids first (a list), then prompt rows. A
         lone decode row on a cache with decode graphs replays them (runtime/decoder.decode)."""
-        if len(groups) == 1 and isinstance(parts[0], list) and groups[0][0].decode_graphs is not None:
+        if len(groups) == 1 and isinstance(parts[0], list) and len(parts[0]) == 1 \
+                and groups[0][0].decode_graphs is not None:
             return decode(self.model, parts[0][0], groups[0][0])[None]
         rows = [self.model.embed(p) if isinstance(p, list) else p for p in parts]
         embeds = rows[0] if len(rows) == 1 else torch.cat([r.to(rows[0].device) for r in rows])
@@ -745,6 +798,7 @@ class BatchScheduler:
         result.prompt_logprobs = s.prompt_logprobs
         if s.thought is not None:
             result.reasoning = s.thought.reasoning
+        result.stats.drafted_tokens, result.stats.accepted_tokens = s.drafted, s.accepted
         s.req.future.set_result(result)
 
     def _fail(self, s: _Sequence, exc: BaseException) -> None:

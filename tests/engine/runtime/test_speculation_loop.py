@@ -1,0 +1,86 @@
+"""Prompt-lookup speculation in the one scheduler (issue 38): drafted tokens are extra rows of
+their sequence in the same step and greedy output is the plain output token for token — with a
+reply that repeats its prompt (drafts accepted), with the random model's own text (drafts
+mostly rejected), beside plain sequences in one batch, with logprobs — and seeded sampling draws
+the same tokens (each token one draw from the same row, in order)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tramontane.engine.api import EngineError, SamplingParams
+from tramontane.engine.mistral3.chat_format import EncodedPrompt
+from tramontane.engine.runtime.batch import BatchScheduler
+
+from support import FIXTURES
+from support.batch_runs import Recorder, random_prompts
+from support.engines import local_engine_fixture
+from support.scripted import ScriptedLogits, script_logits
+
+MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
+engine = local_engine_fixture(MODEL, context_length=512)
+
+
+def _params(spec: bool, **kw) -> SamplingParams:
+    kw.setdefault("temperature", 0.0)
+    return SamplingParams(max_tokens=kw.pop("max_tokens", 40), ignore_eos=True,
+                          speculation="ngram" if spec else "off", **kw)
+
+
+def _repeating_prompt(engine) -> tuple[EncodedPrompt, list[int]]:
+    tok = engine.tokenizer
+    body = tok.encode("def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n")
+    return EncodedPrompt([tok.bos_id, *body, *body[:6]]), body
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_with_drafts_accepted_is_the_plain_output(engine, monkeypatch, k):
+    prompt, body = _repeating_prompt(engine)
+    want = body[6:] + body  # the reply repeats what the prompt holds: prompt lookup drafts it
+    script_logits(monkeypatch, ScriptedLogits(want, engine.tokenizer.eos_id))
+    plain = engine.generate_from(prompt, _params(False, max_tokens=len(want)))
+    rec = Recorder(engine.model)
+    try:
+        spec = engine.generate_from(prompt, _params(True, max_tokens=len(want), spec_tokens=k))
+    finally:
+        rec.close()
+    assert spec.token_ids == plain.token_ids == want and spec.text == plain.text
+    # k = 1 yields at most two tokens a step: a third of the reply accepted at the least
+    assert spec.stats.accepted_tokens >= len(want) // 3 and spec.stats.drafted_tokens >= spec.stats.accepted_tokens
+    decode_rows = [n for groups in rec.steps[1:] for n in groups]
+    assert max(decode_rows) <= k + 1 and max(decode_rows) > 1
+    assert len(rec.steps) - 1 <= len(want) - spec.stats.accepted_tokens  # a pass per token not drafted right
+
+
+def test_greedy_on_the_random_model_is_the_plain_output(engine):
+    for prompt in random_prompts(engine, [30, 90], seed=3):
+        plain = engine.generate_from(prompt, _params(False, max_tokens=60, logprobs=2))
+        spec = engine.generate_from(prompt, _params(True, max_tokens=60, logprobs=2))
+        assert spec.token_ids == plain.token_ids
+        for a, b in zip(spec.logprobs, plain.logprobs):
+            assert a.token == b.token and a.logprob == pytest.approx(b.logprob, abs=2e-4)
+
+
+def test_seeded_sampling_draws_the_same_tokens(engine, monkeypatch):
+    prompt, body = _repeating_prompt(engine)
+    args = dict(temperature=0.8, top_p=0.95, seed=11, max_tokens=40)
+    plain = engine.generate_from(prompt, _params(False, **args))
+    spec = engine.generate_from(prompt, _params(True, **args))
+    assert spec.token_ids == plain.token_ids
+
+
+def test_speculating_and_plain_sequences_share_steps(engine):
+    prompts = random_prompts(engine, [20, 45, 33, 60], seed=5)
+    alone = [engine.generate_from(p, _params(False, max_tokens=25)).token_ids for p in prompts]
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=4, priority_slots=0, context_length=256)
+    futures = [sched.submit(p, _params(i % 2 == 0, max_tokens=25)) for i, p in enumerate(prompts)]
+    while sched.step():
+        pass
+    assert [f.result().token_ids for f in futures] == alone
+
+
+def test_a_bad_speculation_setting_is_refused_in_words(engine):
+    with pytest.raises(EngineError, match="speculation must be off or ngram"):
+        engine.generate_from(EncodedPrompt([1, 5]), SamplingParams(speculation="draft-model"))
+    with pytest.raises(EngineError, match="spec_tokens"):
+        engine.generate_from(EncodedPrompt([1, 5]), SamplingParams(speculation="ngram", spec_tokens=0))
