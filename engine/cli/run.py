@@ -46,6 +46,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--spec", choices=("off", "ngram"), default=defaults.speculation,
+                   help="speculative decoding: ngram drafts from the conversation's own tokens (lossless)")
+    p.add_argument("--spec-tokens", type=int, default=defaults.spec_tokens, metavar="K",
+                   help="at most K drafted tokens verified a step (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     local = p.add_argument_group("local model")
     add_local_model_arguments(local)
@@ -257,7 +261,8 @@ def run_main(args) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
-                            stop=list(args.stop), ignore_eos=args.ignore_eos)
+                            stop=list(args.stop), ignore_eos=args.ignore_eos, speculation=args.spec,
+                            spec_tokens=args.spec_tokens)
     engine = connect_remote(args) if args.server else load_local(args, images=has_images)
     extra = {}
     if request is not None:
@@ -308,6 +313,8 @@ def run_main(args) -> int:
             "ttft_s": s.ttft_s,
             "prefill_tok_s": s.prefill_tok_s,
             "decode_tok_s": s.decode_tok_s,
+            "drafted_tokens": s.drafted_tokens,
+            "accepted_tokens": s.accepted_tokens,
         }
         if args.server:
             out.update(usage=getattr(result, "usage", None), error=error)

@@ -182,3 +182,13 @@ def test_slicing_a_window_changes_nothing(monkeypatch):
     assert token_nll(model, tok, ids, window=len(ids), stride=len(ids))[0] == pytest.approx(whole[0], rel=1e-6)
     sliced = token_nll(model, tok, ids, window=48, stride=24)
     assert sliced[1] == strided[1] and sliced[0] == pytest.approx(strided[0], rel=1e-6)
+
+
+def test_run_with_prompt_lookup_speculation_says_the_same(capsys):
+    """--spec ngram: greedy output token for token the plain output, the drafts counted."""
+    args = ["run", "--model", MODEL, "--prompt", "one two three four, one two three four, one two",
+            "--max-tokens", "24", "--temperature", "0", "--ignore-eos", "--json", "--device", "cpu"]
+    plain = run_json(capsys, *args)
+    spec = run_json(capsys, *args, "--spec", "ngram", "--spec-tokens", "4")
+    assert spec["token_ids"] == plain["token_ids"] and spec["text"] == plain["text"]
+    assert plain["drafted_tokens"] == 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
