@@ -35,7 +35,7 @@ LLAMA_TAG=11434.0.0
 # pytest, the build backend; binary ones fetched for each likely Python
 RUNTIME="gguf pillow huggingface-hub hf-xet platformdirs tokenizers llguidance aiohttp aiohappyeyeballs
  aiosignal attrs frozenlist multidict propcache yarl idna packaging nvidia-ml-py pyyaml tqdm requests urllib3
- certifi charset-normalizer filelock fsspec typing-extensions"
+ certifi charset-normalizer filelock fsspec typing-extensions pypdfium2 python-docx lxml"
 TESTING="pytest iniconfig pluggy pygments setuptools wheel"
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
