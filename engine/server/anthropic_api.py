@@ -88,18 +88,22 @@ class AnthropicRoutes:
                  "usage": {"input_tokens": 0, "output_tokens": 0}}  # counted once the prompt is read
         await response.write(event("message_start", message=start) + event("ping"))
         index = 0
-        text_open = False
+        open_kind = None  # the block streaming now: "thinking" (the thought comes first), then "text"
         outcome = None
         async for kind, data in reply_events(generation, first):
-            if kind == "text":
-                out = b""
-                if not text_open:
-                    out += event("content_block_start", index=index, content_block={"type": "text", "text": ""})
-                    text_open = True
-                await response.write(out + event("content_block_delta", index=index,
-                                                 delta={"type": "text_delta", "text": data}))
-            else:
+            if kind == "end":
                 outcome = data
+                continue
+            block = "thinking" if kind == "reasoning" else "text"
+            out = b""
+            if open_kind != block:
+                if open_kind is not None:
+                    out += event("content_block_stop", index=index)
+                    index += 1
+                out += event("content_block_start", index=index, content_block=_STREAMED_BLOCKS[block])
+                open_kind = block
+            await response.write(out + event("content_block_delta", index=index,
+                                             delta={"type": f"{block}_delta", block: data}))
         try:
             generation.result()
         except ApiError as exc:  # after the headers: Anthropic's error event
@@ -108,7 +112,7 @@ class AnthropicRoutes:
             return response
         result, reason = outcome
         out = b""
-        if text_open:
+        if open_kind is not None:
             out += event("content_block_stop", index=index)
             index += 1
         for call in result.tool_calls:
@@ -125,6 +129,11 @@ class AnthropicRoutes:
         await response.write(out)
         await response.write_eof()
         return response
+
+
+# How a streamed block opens; the signature is Anthropic's proof of its own thinking: none to give here.
+_STREAMED_BLOCKS = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                    "text": {"type": "text", "text": ""}}
 
 
 def error_body(exc: ApiError) -> dict:

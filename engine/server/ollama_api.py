@@ -115,8 +115,8 @@ class OllamaRoutes:
             first = await generation.first_event()
             response = await open_stream(request, NDJSON_TYPE)
             async for event, data in reply_events(generation, first):
-                if event == "text":
-                    await response.write(ndjson(_piece(model, kind, data)))
+                if event != "end":
+                    await response.write(ndjson(_piece(model, kind, data, thought=event == "reasoning")))
                 else:
                     try:
                         generation.result()
@@ -144,12 +144,17 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
-def _piece(model: ServedModel, kind: str, text: str) -> dict:
+def _piece(model: ServedModel, kind: str, text: str, thought: bool = False) -> dict:
+    """A streamed piece of the answer, or of the thought (Ollama's `thinking` beside an empty
+    content or response)."""
     out = {"model": model.id, "created_at": _now(), "done": False}
+    field = {"content": "", "thinking": text} if thought else {"content": text}
     if kind == "chat":
-        out["message"] = {"role": "assistant", "content": text}
+        out["message"] = {"role": "assistant", **field}
     else:
-        out["response"] = text
+        out["response"] = field["content"]
+        if thought:
+            out["thinking"] = text
     return out
 
 
@@ -229,8 +234,10 @@ def _format(raw):
 
 
 def check_think(raw) -> None:
-    """`think`: true / false, or "low" / "medium" / "high" (Ollama's levels). A reasoning model's
-    reasoning comes back as `thinking` (`tasks.reasoning_of`)."""
+    """`think`: true / false, or "low" / "medium" / "high" (Ollama's levels), accepted but not a
+    switch: a Mistral reasoning model thinks as its own system prompt tells it and this server
+    cannot tell it not to (nor how long to), so `false` neither stops the thought nor hides it.
+    The reasoning comes back as `thinking` (`tasks.reasoning_of`), streamed and whole."""
     if raw is None or isinstance(raw, bool) or raw in ("low", "medium", "high"):
         return
     raise bad("think", f"must be true, false, \"low\", \"medium\" or \"high\", got {raw!r}")

@@ -111,19 +111,31 @@ class ResponsesRoutes:
         response = await open_stream(request, SSE_TYPE)
         await response.write(reply.event("response.created", response=reply.body(None))
                              + reply.event("response.in_progress", response=reply.body(None)))
-        text = ""
+        thought = text = ""
         outcome = None
         async for kind, data in reply_events(generation, first):
             if kind == "end":
                 outcome = data
                 continue
             out = b""
+            if kind == "reasoning":  # the reasoning item, first, opens with the thought's first piece
+                if not thought:
+                    out += reply.event("response.output_item.added", output_index=0,
+                                       item=reply.reasoning_item("", "in_progress"))
+                    out += reply.event("response.content_part.added", item_id=reply.reasoning_id,
+                                       output_index=0, content_index=0, part=_reasoning_part(""))
+                thought += data
+                out += reply.event("response.reasoning_text.delta", item_id=reply.reasoning_id, output_index=0,
+                                   content_index=0, delta=data)
+                await response.write(out)
+                continue
+            at = 1 if thought else 0
             if not text:  # the message item opens with its first text
-                out += reply.event("response.output_item.added", output_index=0, item=reply.message(""))
-                out += reply.event("response.content_part.added", item_id=reply.message_id, output_index=0,
+                out += reply.event("response.output_item.added", output_index=at, item=reply.message(""))
+                out += reply.event("response.content_part.added", item_id=reply.message_id, output_index=at,
                                    content_index=0, part=_text_part(""))
             text += data
-            out += reply.event("response.output_text.delta", item_id=reply.message_id, output_index=0,
+            out += reply.event("response.output_text.delta", item_id=reply.message_id, output_index=at,
                                content_index=0, delta=data, logprobs=[])
             await response.write(out)
         try:
@@ -136,7 +148,8 @@ class ResponsesRoutes:
         body = self._finish(reply, result, history, echo)
         out = b""
         for index, item in enumerate(body["output"]):
-            out += self._item_events(reply, index, item, opened=bool(text) and item["type"] == "message")
+            streamed = {"message": text, "reasoning": thought}.get(item["type"])
+            out += self._item_events(reply, index, item, opened=bool(streamed))
         kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
         out += reply.event(kind, response=body)
         await response.write(out)
@@ -166,6 +179,17 @@ class ResponsesRoutes:
                                content_index=0, text=part["text"], logprobs=[])
             out += reply.event("response.content_part.done", item_id=item["id"], output_index=index,
                                content_index=0, part=part)
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            if not opened:
+                out += reply.event("response.content_part.added", item_id=item["id"], output_index=index,
+                                   content_index=0, part=_reasoning_part(""))
+                out += reply.event("response.reasoning_text.delta", item_id=item["id"], output_index=index,
+                                   content_index=0, delta=part["text"])
+            out += reply.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                               content_index=0, text=part["text"])
+            out += reply.event("response.content_part.done", item_id=item["id"], output_index=index,
+                               content_index=0, part=part)
         elif item["type"] == "function_call":
             arguments = item["arguments"]
             for at in range(0, len(arguments), ARGUMENT_PIECE):
@@ -180,6 +204,10 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def _reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
 class ResponseReply:
     """One response's id, its output items and its events (numbered in order)."""
 
@@ -188,6 +216,7 @@ class ResponseReply:
         self.echo = echo  # the request's settings the response object repeats
         self.id = "resp_" + uuid.uuid4().hex
         self.message_id = "msg_" + uuid.uuid4().hex
+        self.reasoning_id = "rs_" + uuid.uuid4().hex
         self.created = int(time.time())
         self._sequence = 0
 
@@ -200,13 +229,16 @@ class ResponseReply:
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
                 "content": [_text_part(text)] if status != "in_progress" else []}
 
+    def reasoning_item(self, thought: str, status: str) -> dict:
+        return {"type": "reasoning", "id": self.reasoning_id, "summary": [], "status": status,
+                "content": [_reasoning_part(thought)] if status != "in_progress" else []}
+
     def output(self, result) -> list[dict]:
         reasoning, text = reasoning_of(result)
         status = "incomplete" if result.finish_reason == "length" else "completed"
         items = []
         if reasoning:
-            items.append({"type": "reasoning", "id": "rs_" + uuid.uuid4().hex, "summary": [],
-                          "content": [{"type": "reasoning_text", "text": reasoning}], "status": status})
+            items.append(self.reasoning_item(reasoning, status))
         if text or not result.tool_calls:
             items.append(self.message(text, status))
         for call in result.tool_calls:

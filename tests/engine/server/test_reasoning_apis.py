@@ -1,11 +1,14 @@
 """A reasoning model's thought through every API, read by each one's official client, whole and
 streamed, on the tiny model made to think (a thinking vocabulary, scripted logits): OpenAI's
 `reasoning_content` (vLLM's mistral reasoning parser's field, with llama.cpp's
-`reasoning_format` values), and a tool call after the thought still parsed."""
+`reasoning_format` values), Anthropic's `thinking` blocks, Ollama's `thinking`, the Responses
+API's reasoning item; and a tool call after the thought still parsed."""
 from __future__ import annotations
 
 import pytest
 
+anthropic = pytest.importorskip("anthropic", reason="the official client is the reference (test extra)")
+ollama = pytest.importorskip("ollama", reason="the official client is the reference (test extra)")
 openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
 pytest.importorskip("llguidance")
 
@@ -112,3 +115,56 @@ def test_openai_tool_call_after_the_thought(served, think):
     assert calls and calls[0].function.name == "get_weather"
     assert "".join(t.function.arguments or "" for t in calls) == '{"city": "Paris"}'
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_anthropic_thinking_block_whole_and_streamed(served, think):
+    c = anthropic.Anthropic(base_url=served.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=60)
+    think(THOUGHT, ANSWER)
+    m = c.messages.create(model="m", max_tokens=60, messages=HI)
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert m.content[0].thinking == THOUGHT and m.content[1].text == ANSWER
+    think(THOUGHT, ANSWER)
+    with c.messages.stream(model="m", max_tokens=60, messages=HI) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    deltas = [(e.index, e.delta.type) for e in events if e.type == "content_block_delta"]
+    assert {i for i, kind in deltas if kind == "thinking_delta"} == {0}  # a block of its own, first
+    assert {i for i, kind in deltas if kind == "text_delta"} == {1}
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == THOUGHT and final.content[1].text == ANSWER
+
+
+def test_ollama_thinking_in_chat_and_generate_whole_and_streamed(served, think):
+    c = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}")
+    think(THOUGHT, ANSWER)
+    r = c.chat(model="m", messages=HI, think=True)
+    assert r.message.thinking == THOUGHT and r.message.content == ANSWER
+    think(THOUGHT, ANSWER)
+    pieces = list(c.chat(model="m", messages=HI, think=True, stream=True))
+    assert "".join(p.message.thinking or "" for p in pieces) == THOUGHT
+    assert "".join(p.message.content for p in pieces) == ANSWER and pieces[-1].done
+    think(THOUGHT, ANSWER)
+    g = c.generate(model="m", prompt="hi", think=True)
+    assert g.thinking == THOUGHT and g.response == ANSWER
+    think(THOUGHT, ANSWER)
+    pieces = list(c.generate(model="m", prompt="hi", think=True, stream=True))
+    assert "".join(p.thinking or "" for p in pieces) == THOUGHT and "".join(p.response for p in pieces) == ANSWER
+
+
+def test_responses_reasoning_item_before_the_message_whole_and_streamed(served, think):
+    think(THOUGHT, ANSWER)
+    r = gpt(served).responses.create(model="m", input="hi", max_output_tokens=60)
+    assert [item.type for item in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == THOUGHT and r.output_text == ANSWER
+    think(THOUGHT, ANSWER)
+    with gpt(served).responses.stream(model="m", input="hi", max_output_tokens=60) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    thought = [e for e in events if e.type == "response.reasoning_text.delta"]
+    answer = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in thought) == THOUGHT and "".join(e.delta for e in answer) == ANSWER
+    assert {e.output_index for e in thought} == {0} and {e.output_index for e in answer} == {1}
+    assert events.index(thought[-1]) < events.index(answer[0])
+    (done,) = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert done.text == THOUGHT and done.item_id == final.output[0].id == thought[0].item_id
+    assert [item.type for item in final.output] == ["reasoning", "message"] and final.output_text == ANSWER
