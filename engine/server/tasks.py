@@ -344,7 +344,8 @@ class Tasks:
 async def reply_events(generation: Generation, first):
     """One reply's stream as ("reasoning", thought) and ("text", piece) events, then ("end",
     (result, stop_reason)): in tool mode the call's wire format is held back (`ToolStream`), so
-    only content is text and the calls come whole in the result. For the APIs that answer one choice (all but OpenAI's)."""
+    only content is text and the calls come whole in the result. For the APIs that answer one
+    choice (all but OpenAI's)."""
     job = generation.job
     held = ToolStream() if job.tool_request is not None and job.tool_request.calls_tools else None
     async for batch in generation.batches(first):
