@@ -29,6 +29,8 @@ SAMPLING_RANGES: dict[str, tuple[type, float, float]] = {
     "temperature": (float, 0.0, 5.0), "top_p": (float, TOP_P_MIN, 1.0), "top_k": (int, 0, 100000),
     "repetition_penalty": (float, 0.5, 5.0), "max_tokens": (int, 1, 1 << 20),
 }
+# Speculative decoding, as Settings offers it (SamplingParams.speculation): off, or prompt lookup
+SPECULATION_CHOICES = {"off": "Off", "ngram": "Prompt lookup (drafts from the chat's own text)"}
 # The knobs a chat may set for itself (Chat ▸ Chat settings); the others stay the app's.
 CHAT_SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "seed")
 
@@ -45,6 +47,8 @@ def seed_from_text(text: str) -> int | None:
 
 
 def _valid_knob(name: str, value: Any) -> bool:
+    if name == "speculation":
+        return value in SPECULATION_CHOICES
     if name == "seed":
         return value is None or (isinstance(value, int) and not isinstance(value, bool)
                                  and 0 <= value <= MAX_SEED)
@@ -64,6 +68,7 @@ class Sampling:
     repetition_penalty: float = SamplingParams.repetition_penalty
     max_tokens: int = SamplingParams.max_tokens
     seed: int | None = None  # None: a new random draw each time
+    speculation: str = SamplingParams.speculation  # lossless: the same replies, sooner when text repeats
 
     @classmethod
     def from_dict(cls, raw: Any) -> "Sampling":
@@ -75,10 +80,10 @@ class Sampling:
         out = replace(self)
         if not isinstance(raw, dict):
             return out
-        for name in fields or (*SAMPLING_RANGES, "seed"):
+        for name in fields or (*SAMPLING_RANGES, "seed", "speculation"):
             if name in raw and _valid_knob(name, raw[name]):
                 value = raw[name]
-                setattr(out, name, value if name == "seed" else SAMPLING_RANGES[name][0](value))
+                setattr(out, name, value if name in ("seed", "speculation") else SAMPLING_RANGES[name][0](value))
         return out
 
     def chat_values(self) -> dict[str, Any]:

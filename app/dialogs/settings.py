@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from ..config import (DEVICES, MAX_CPU_THREADS, MAX_GPU_LAYERS, TOP_P_MIN, AppSettings,
+from ..config import (DEVICES, MAX_CPU_THREADS, MAX_GPU_LAYERS, SPECULATION_CHOICES, TOP_P_MIN, AppSettings,
                       Sampling, seed_from_text)
 
 THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
@@ -56,6 +56,12 @@ class SettingsDialog(QDialog):
         self.seed = QLineEdit("" if s.seed is None else str(s.seed))
         self.seed.setPlaceholderText("random")
         self.seed.setToolTip("A number makes replies repeatable; empty = random")
+        self.speculation = QComboBox()
+        for value, label in SPECULATION_CHOICES.items():
+            self.speculation.addItem(label, value)
+        self.speculation.setCurrentIndex(max(0, self.speculation.findData(s.speculation)))
+        self.speculation.setToolTip("Drafted tokens checked in one pass: the same replies, faster when "
+                                    "the reply repeats the chat (code edits, quotes)")
 
     def _loading_fields(self, settings: AppSettings) -> None:
         """Context length, device, GPU layers (applied at the next load) and CPU threads."""
@@ -116,6 +122,7 @@ class SettingsDialog(QDialog):
         form.addRow("&Repetition penalty:", self.repetition_penalty)
         form.addRow("&Max tokens:", self.max_tokens)
         form.addRow("S&eed:", self.seed)
+        form.addRow("Speculative &decoding:", self.speculation)
         form.addRow("&Context length:", self.context_length)
         form.addRow("&Device:", self.device)
         form.addRow("&GPU layers:", self.gpu_layers)
@@ -180,7 +187,7 @@ class SettingsDialog(QDialog):
         self.settings.sampling = Sampling(
             temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             repetition_penalty=self.repetition_penalty.value(), max_tokens=self.max_tokens.value(),
-            seed=seed)
+            seed=seed, speculation=self.speculation.currentData())
         self.settings.default_system_prompt = self.system_prompt.toPlainText()
         gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None
         self.reload_needed = ((self.context_length.value(), self.device.currentText(), gpu_layers)

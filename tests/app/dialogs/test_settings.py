@@ -25,6 +25,24 @@ def test_every_sampling_value_the_dialog_allows_is_accepted_by_the_engine(qtbot,
     check_params(params)  # raises EngineError for a value the engine refuses
 
 
+def test_speculation_is_off_by_default_and_prompt_lookup_reaches_the_reply(qtbot, settings):
+    """Settings ▸ Speculative decoding (issue 38): each choice is one the engine takes; a stored
+    value the app does not know is off."""
+    assert settings.sampling.speculation == "off"
+    dialog = SettingsDialog(settings)
+    qtbot.addWidget(dialog)
+    assert [dialog.speculation.itemData(i) for i in range(dialog.speculation.count())] == ["off", "ngram"]
+    dialog.speculation.setCurrentIndex(dialog.speculation.findData("ngram"))
+    dialog.accept()
+    params = settings.sampling.params()
+    assert params.speculation == "ngram"
+    check_params(params)
+    again = SettingsDialog(settings)
+    qtbot.addWidget(again)
+    assert again.speculation.currentData() == "ngram"
+    assert Sampling.from_dict({"speculation": "draft-model"}).speculation == "off"
+
+
 def test_a_stored_zero_top_p_falls_back_to_the_default():
     assert Sampling.from_dict({"top_p": 0.0}).top_p == Sampling().top_p
     check_params(Sampling.from_dict({"top_p": 0.0, "temperature": 0.0}).params())
