@@ -6,36 +6,21 @@ from __future__ import annotations
 import pytest
 
 from tramontane.engine.api import ChatMessage, ReasoningPiece, SamplingParams
-from tramontane.engine.gguf import open_gguf
-from tramontane.engine.mistral3.tokenizer import Tokenizer
 
 from support import FIXTURES
 from support.engines import local_engine_fixture
 from support.scripted import ScriptedLogits, script_logits
+from support.thinking import thinking_tokenizer
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 engine = local_engine_fixture(MODEL, context_length=512)
 HI = [ChatMessage.text("user", "hi")]
 
 
-def _thinking_tokenizer() -> Tokenizer:
-    """The tiny model's vocabulary with slots 34/35 named [THINK]/[/THINK] and a v13 template
-    marker, as Magistral's and Ministral 3 Reasoning's files have them."""
-    with open_gguf(MODEL) as gf:
-        kv = dict(gf.kv)
-    tokens = list(kv["tokenizer.ggml.tokens"])
-    tokens[32], tokens[33], tokens[34], tokens[35] = "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"
-    kv["tokenizer.ggml.tokens"] = tokens
-    kv["tokenizer.chat_template"] = "[ARGS] [THINK]"
-    tok = Tokenizer.from_kv(kv, "tiny-thinking.gguf")
-    assert tok.can_think
-    return tok
-
-
 @pytest.fixture
 def thinking(engine):
     original = engine.tokenizer
-    engine.tokenizer = _thinking_tokenizer()
+    engine.tokenizer = thinking_tokenizer(MODEL)
     yield engine
     engine.tokenizer = original
 
