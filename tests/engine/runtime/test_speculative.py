@@ -218,38 +218,63 @@ def test_processed_rows_are_the_plain_chain_after_each_draft():
     assert torch.equal(greedy, logits[:3])
 
 
-def test_greedy_speculation_is_the_plain_output_on_a_model(float32_cpu_path):
-    """A test-only loop over the tiny fixture model: drafts (prompt lookup, and the plain output
-    itself with every third token wrong, so each k sees accepted, refused and bonus tokens) read
-    as extra rows of one forward, the KV cache cut back to what was kept."""
-    from support.fixture_models import greedy_tokens
-    from tramontane.engine.mistral3.text import Mistral3Text
+def speculative_greedy(model, prompt: list[int], n: int, k: int, drafts_of) -> list[int]:
+    """A test-only loop: each step reads the pending token and `drafts_of(out, k)` as extra rows
+    of one forward, keeps what verify_greedy keeps and cuts the KV cache back to it."""
     from tramontane.engine.runtime.decoder import new_cache
 
+    cache = new_cache(model, len(prompt) + n + k + 2, capture_graphs=False)
+    model.logits(prompt[:-1], 0, cache)  # the prompt but its last token: each step reads that
+    out, pending = [], prompt[-1]
+    while len(out) < n:
+        drafts = drafts_of(out, k)
+        start = cache.length
+        rows = model.logits([pending] + drafts, start, cache, all_logits=True)
+        verdict = verify_greedy(processed_rows(rows, SamplingParams(temperature=0.0), out, drafts), drafts)
+        cache.truncate(start + 1 + verdict.accepted)  # the pending token and the kept drafts
+        out += drafts[:verdict.accepted] + [verdict.token]
+        pending = verdict.token
+    return out[:n]
+
+
+PROMPT = [1, 1050, 1200, 1300, 1050, 1200, 1300, 1050, 1200]
+
+
+def noisy_copy(plain: list[int]):
+    """Drafts from the plain output itself, every third token wrong: each k sees accepted,
+    refused and bonus tokens."""
+    return lambda out, k: [t if (len(out) + j) % 3 else (t + 1) % 2048
+                           for j, t in enumerate(plain[len(out):len(out) + k])]
+
+
+def lookup_drafts(prompt: list[int]):
+    def drafts_of(out, k):
+        return PromptLookup(prompt + out).draft(k)
+    return drafts_of
+
+
+def test_greedy_speculation_is_the_plain_output_on_a_model(float32_cpu_path):
+    from support.fixture_models import greedy_tokens
+    from tramontane.engine.mistral3.text import Mistral3Text
+
     model = Mistral3Text.load(FIXTURES / "mistral3_tiny-f32.gguf", device="cpu")
-    prompt = [1, 1050, 1200, 1300, 1050, 1200, 1300, 1050, 1200]
-    n = 40
-    plain = greedy_tokens(model, prompt, n)
+    plain = greedy_tokens(model, PROMPT, 40)
     for k in range(1, 9):
-        for mode in ("lookup", "noisy"):
-            cache = new_cache(model, len(prompt) + n + k + 2, capture_graphs=False)
-            last = model.logits(prompt[:-1], 0, cache)  # the prompt but its last token: each step reads it
-            del last
-            out, lookup, pending = [], PromptLookup(prompt), prompt[-1]
-            while len(out) < n:
-                if mode == "lookup":
-                    drafts = lookup.draft(k)
-                else:
-                    drafts = [t if (len(out) + j) % 3 else (t + 1) % 2048 for j, t in enumerate(plain[len(out):len(out) + k])]
-                start = cache.length
-                rows = model.logits([pending] + drafts, start, cache, all_logits=True)
-                verdict = verify_greedy(processed_rows(rows, SamplingParams(temperature=0.0), out, drafts), drafts)
-                kept = drafts[:verdict.accepted] + [verdict.token]
-                cache.truncate(start + 1 + verdict.accepted)  # the pending token and the kept drafts
-                out += kept
-                lookup.extend(kept)
-                pending = verdict.token
-            assert out[:n] == plain, (k, mode)
+        assert speculative_greedy(model, PROMPT, 40, k, lookup_drafts(PROMPT)) == plain, k
+        assert speculative_greedy(model, PROMPT, 40, k, noisy_copy(plain)) == plain, k
+
+
+@pytest.mark.cpu_variants
+def test_greedy_speculation_on_the_native_kernels(cpu_variant):
+    """The same on a Q4_K_M file through the native CPU kernels: k+1 rows of one pass give the
+    argmax one row at a time gives."""
+    from support.fixture_models import greedy_tokens
+    from tramontane.engine.mistral3.text import Mistral3Text
+
+    model = Mistral3Text.load(FIXTURES / "mistral3_q256-Q4_K_M.gguf", device="cpu")
+    plain = greedy_tokens(model, PROMPT, 40)
+    for k in (1, 4, 8):
+        assert speculative_greedy(model, PROMPT, 40, k, noisy_copy(plain)) == plain, (cpu_variant, k)
 
 
 # ----------------------------------------------------------------------------- sampled acceptance
