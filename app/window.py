@@ -46,7 +46,7 @@ from .widgets.model_bar import ModelBar
 from .widgets.reload_button import ReloadButton
 from .widgets.undo_button import UndoButton
 from .window_dialogs import WindowDialogs
-from .worker import KV_CACHE_FOLDER, EngineWorker
+from .worker import DOCUMENT_INDEX_FOLDER, KV_CACHE_FOLDER, EngineWorker
 
 
 class MainWindow(QMainWindow):
@@ -66,7 +66,8 @@ class MainWindow(QMainWindow):
         self.settings = AppSettings(self.store)
         self.setWindowTitle("Tramontane")
         self.jobs = Jobs(self)
-        self.worker = EngineWorker(kv_disk_dir=self.store.data_dir / KV_CACHE_FOLDER)
+        self.worker = EngineWorker(kv_disk_dir=self.store.data_dir / KV_CACHE_FOLDER,
+                                   documents_dir=self.store.data_dir / DOCUMENT_INDEX_FOLDER)
         self.session = ChatSession(self.store, self.settings, self.worker, self)
         # MCP tool servers (Settings → Tools); a chat with tools on runs its tool loop on the worker
         self.tools = ToolBroker(self.store, self)

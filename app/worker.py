@@ -39,6 +39,7 @@ NO_MODEL_LOADED = "No model is loaded: load one from the model bar first."
 log = logging.getLogger(__name__)
 
 KV_CACHE_FOLDER = "kv-cache"  # in the data folder: the prefix cache's blocks on disk (runtime/prefix_disk.py)
+DOCUMENT_INDEX_FOLDER = "document-index"  # in the data folder: each chat's retrieval index (chat-<id>.sqlite)
 API_SLOTS = 8  # API replies decoded at once while the window serves its model (+1 slot kept for the window's)
 
 # Offer the partial reply to the store this often; the store itself writes at most once per
@@ -186,6 +187,7 @@ class EngineWorker(QObject):
     failed = Signal(int, str)  # request id, readable message
     promptProgress = Signal(int, int, int)  # request id, prompt tokens read, of how many (before the first piece)
     imagesReading = Signal(int, int)  # request id, images of the new turn the vision tower reads first
+    documentsPlaced = Signal(int, object)  # request id, engine/documents' DocumentPrompt (modes, sources, notes)
 
     # -- requests, queued into the worker thread ---------------------------------------------
     _loadRequested = Signal(str, str, str, int, int)  # model, mmproj ('' none), device, context (0 default), GPU layers (-1 auto)
@@ -197,12 +199,14 @@ class EngineWorker(QObject):
     _servingRequested = Signal(bool)
     warmedUp = Signal(float)  # seconds the engine's imports took (on the worker)
 
-    def __init__(self, kv_disk_dir: str | Path | None = None):
+    def __init__(self, kv_disk_dir: str | Path | None = None, documents_dir: str | Path | None = None):
         """kv_disk_dir: where a local model keeps the KV blocks of recent chats, so a chat
-        reopened after a restart is not read again (None: in memory only)."""
+        reopened after a restart is not read again (None: in memory only). documents_dir: where
+        each chat keeps the retrieval index of its long documents (None: one for each reply)."""
         super().__init__()
         self.engine = None  # touched only in the worker thread
         self.kv_disk_dir = kv_disk_dir
+        self.documents_dir = Path(documents_dir) if documents_dir is not None else None
         self._serving = False  # the window's API server is on (worker thread)
         self._batch = None  # BatchExecutor on the local engine while serving; set on the worker thread
         self._batch_lock = threading.Lock()
@@ -371,8 +375,17 @@ class EngineWorker(QObject):
         if had:
             self.unloaded.emit()
 
+    def document_index_path(self, key: str | None) -> Path | None:
+        """The chat's retrieval index file (None: no folder for them, or no chat)."""
+        if self.documents_dir is None or key is None or not key.isdigit():
+            return None  # a chat's key is its id
+        return self.documents_dir / f"chat-{key}.sqlite"
+
     @Slot(str, object)
     def _forget(self, key: str, messages: list) -> None:
+        index = self.document_index_path(key)
+        if index is not None:
+            index.unlink(missing_ok=True)  # the chat's documents go with it (their files: the store's)
         if self.engine is None:
             return
         for forget, arg in ((self.engine.forget_session, key), (self.engine.forget_chat, messages)):
@@ -403,6 +416,16 @@ class EngineWorker(QObject):
         if req.cancel.is_set():  # stopped while it waited behind a load
             self._finish(req, message_id, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")), "")
             return
+        if any(m.documents for m in req.messages):
+            try:
+                req.messages = self._documents_prompt(req)
+            except EngineError as exc:  # DocumentError: the file's one sentence
+                self._fail(req, message_id, "", str(exc) or type(exc).__name__)
+                return
+            except Exception as exc:  # noqa: BLE001 - a reader bug must not crash the app
+                log.exception("reading the documents failed")
+                self._fail(req, message_id, "", f"Reading the documents failed: {type(exc).__name__}: {exc}")
+                return
         last_save = [float("-inf")]
 
         def on_piece(text: str) -> None:
@@ -457,6 +480,26 @@ class EngineWorker(QObject):
             self._fail(req, message_id, "".join(so_far), f"The engine failed: {type(exc).__name__}: {exc}")
             return
         self._finish(req, message_id, result, "".join(so_far))
+
+    def _documents_prompt(self, req: ChatRequest) -> list[ChatMessage]:
+        """The messages with their documents in the prompt's form (engine/documents/prompt.py:
+        whole, or retrieved from the chat's index), told to the window (`documentsPlaced`)."""
+        from ..engine.documents.prompt import engine_documents_prompt
+        from ..engine.documents.retrieval import DocumentIndex
+        from ..engine.private_files import make_private_dir
+
+        path = self.document_index_path(req.session_key)
+        index = None
+        if path is not None:
+            make_private_dir(path.parent)
+            index = DocumentIndex(path)
+        try:
+            prompt = engine_documents_prompt(self.engine, req.messages, req.params.max_tokens, index, req.cancel)
+        finally:
+            if index is not None:
+                index.close()
+        self.documentsPlaced.emit(req.request_id, prompt)
+        return prompt.messages
 
     def _finish(self, req: ChatRequest, message_id: int | None, result: GenerationResult, so_far: str) -> None:
         """Save the reply (here, on the worker), then say it is done; a failed save is a failure.

@@ -1,19 +1,27 @@
-"""Attached images in the database: the `images` and `message_images` rows beside the files
-images.py keeps. Files are written before their rows are committed and unlinked only after
-the rows are gone (see store.py's account of crashes)."""
+"""Attached images and documents in the database: the `images` and `message_images` rows beside
+the files images.py keeps. Files are written before their rows are committed and unlinked only
+after the rows are gone (see store.py's account of crashes). A document is kept exactly as an
+image is, content-addressed, its ext marked (rows.DOCUMENT_EXT_PREFIX, "doc.pdf"), so it is
+branched, exported and deleted with its chat by the same code."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
 
-from ...engine.api import ImagePart
+from ...engine.api import DocumentPart, ImagePart
 from .database import Database
 from .errors import StoreError
 from .images import ImageFiles, image_extension
-from .rows import StoredImage
+from .rows import DOCUMENT_EXT_PREFIX, StoredImage
 
-# An image written to the folder, ready for its row: (sha256, ext, size in bytes).
+# An image or document written to the folder, ready for its row: (sha256, ext, size in bytes).
 StoredFile = tuple[str, str, int]
+
+
+def document_extension(name: str) -> str:
+    """A stored document's ext: the marker and the name's suffix ("doc.pdf"; "doc.bin" without one)."""
+    suffix = Path(name).suffix.lower().lstrip(".")
+    return DOCUMENT_EXT_PREFIX + (suffix if suffix.isalnum() and len(suffix) <= 8 else "bin")
 
 
 class Attachments:
@@ -29,15 +37,20 @@ class Attachments:
     def read(self, sha256: str, ext: str) -> bytes:
         return self.files.read(sha256, ext)
 
-    def store_file(self, image: ImagePart) -> StoredFile:
-        """Write the image file (if new) before its row exists."""
-        if not isinstance(image, ImagePart):
-            raise StoreError(f"image: expected ImagePart, got {type(image).__name__}")
+    def store_file(self, image: ImagePart | DocumentPart) -> StoredFile:
+        """Write the image or document file (if new) before its row exists."""
+        if not isinstance(image, (ImagePart, DocumentPart)):
+            raise StoreError(f"attachment: expected ImagePart or DocumentPart, got {type(image).__name__}")
+        document = isinstance(image, DocumentPart)
         if not image.data:
-            raise StoreError(f"image {image.name!r}: empty")
+            raise StoreError(f"{'document' if document else 'image'} {image.name!r}: empty")
         sha = image.sha256
         known = self.db.conn.execute("SELECT ext FROM images WHERE sha256 = ?", (sha,)).fetchone()
-        ext = known["ext"] if known else image_extension(image.data, image.name)
+        if known and known["ext"].startswith(DOCUMENT_EXT_PREFIX) != document:
+            kind = "a document" if document else "an image"
+            raise StoreError(f"{image.name}: these bytes are stored already as {'an image' if document else 'a document'}; "
+                             f"they cannot be attached as {kind} too")
+        ext = known["ext"] if known else document_extension(image.name) if document else image_extension(image.data, image.name)
         self.files.write(image, ext)
         return sha, ext, len(image.data)
 

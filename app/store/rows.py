@@ -8,11 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ...engine.api import ChatMessage, GenerationStats, ImagePart, ToolCall
+from ...engine.api import ChatMessage, DocumentPart, GenerationStats, ImagePart, ToolCall
 from .errors import StoreError
 
 ROLES = ("system", "user", "assistant", "tool")
 STATES = ("complete", "streaming", "interrupted")
+# A stored document's ext starts with this ("doc.pdf"): it shares the images' content-addressed
+# files and rows (issue 37), and an image's ext never holds a dot.
+DOCUMENT_EXT_PREFIX = "doc."
 
 # Columns a caller may set through create_chat / update_chat.
 CHAT_FIELDS = (
@@ -28,6 +31,10 @@ class StoredImage:
     name: str  # the file name the user attached
     text_offset: int  # where in the message text the image sits (0: before the text)
     path: Path
+
+    @property
+    def is_document(self) -> bool:
+        return self.ext.startswith(DOCUMENT_EXT_PREFIX)
 
 
 @dataclass
@@ -47,6 +54,7 @@ class Message:
     decode_tok_s: float | None
     created_at: float
     images: list[StoredImage] = field(default_factory=list)
+    documents: list[StoredImage] = field(default_factory=list)  # attached documents (a user message's)
     versions: int = 1  # how many versions the reply has (regenerate keeps the older ones)
     version: int = 0  # which of them is shown (0-based)
     # Tool use (schema v5): an assistant message's {"calls": [{id, name, arguments}]}, or a tool
@@ -97,14 +105,16 @@ def chat_info(row: sqlite3.Row) -> ChatInfo:
     )
 
 
-def message(row: sqlite3.Row, images: list[StoredImage]) -> Message:
+def message(row: sqlite3.Row, attached: list[StoredImage]) -> Message:
+    """`attached`: the message's images and documents, in their order."""
+    images = [a for a in attached if not a.is_document]
     return Message(
         id=row["id"], chat_id=row["chat_id"], position=row["position"], role=row["role"],
         text=row["text"], state=row["state"], finish_reason=row["finish_reason"],
         prompt_tokens=row["prompt_tokens"], generated_tokens=row["generated_tokens"],
         reused_tokens=row["reused_tokens"], ttft_s=row["ttft_s"], prefill_tok_s=row["prefill_tok_s"],
         decode_tok_s=row["decode_tok_s"], created_at=row["created_at"], images=images,
-        tool=tool_data(row["tool_json"]),
+        tool=tool_data(row["tool_json"]), documents=[a for a in attached if a.is_document],
     )
 
 
@@ -128,15 +138,16 @@ def to_chat_message(message: Message, read_image: Callable[[str, str], bytes]) -
         return ChatMessage("assistant", [message.text] if message.text else [], tool_calls=calls)
     if message.role == "tool":
         return ChatMessage("tool", [message.text], tool_call_id=tool.get("call_id") or None)
-    if not message.images:
+    if not message.images and not message.documents:
         return ChatMessage(message.role, [message.text])  # type: ignore[arg-type]
     parts: list[Any] = []
     pos = 0
-    for image in message.images:
-        offset = min(max(image.text_offset, pos), len(message.text))
+    for attached in sorted(message.images + message.documents, key=lambda a: a.text_offset):
+        offset = min(max(attached.text_offset, pos), len(message.text))
         if offset > pos:
             parts.append(message.text[pos:offset])
-        parts.append(ImagePart(read_image(image.sha256, image.ext), image.name))
+        kind = DocumentPart if attached.is_document else ImagePart
+        parts.append(kind(read_image(attached.sha256, attached.ext), attached.name))
         pos = offset
     if pos < len(message.text):
         parts.append(message.text[pos:])
@@ -146,12 +157,12 @@ def to_chat_message(message: Message, read_image: Callable[[str, str], bytes]) -
 # --------------------------------------------------------------------------- objects -> rows
 
 
-def split_parts(parts: Sequence[Any]) -> tuple[str, list[tuple[ImagePart, int]]]:
-    """ChatMessage parts -> (text, [(image, offset in text)])."""
+def split_parts(parts: Sequence[Any]) -> tuple[str, list[tuple[ImagePart | DocumentPart, int]]]:
+    """ChatMessage parts -> (text, [(image or document, offset in text)])."""
     text = ""
     images = []
     for part in parts:
-        if isinstance(part, ImagePart):
+        if isinstance(part, (ImagePart, DocumentPart)):
             images.append((part, len(text)))
         elif isinstance(part, str):
             text += part

@@ -1,6 +1,11 @@
 """The message composer: multi-line text (Enter sends, Shift+Enter starts a new line) and
-images attached by drag-and-drop, paste or the file button, each shown as a thumbnail with a
-remove button.
+images and documents attached by drag-and-drop, paste or the file button, each shown as a chip
+(a thumbnail, or the document's name and pages) with a remove button.
+
+A document (PDF, Word, HTML, CSV, text, Markdown, source: anything not an image by its name) is
+read off the UI thread exactly as the engine will read it (engine/documents/extract.py): a file
+that does not read (a corrupt PDF, a binary renamed .txt) is taken off again with its one
+sentence, and a send waits for the reading as it waits for an image's decoding.
 
 Every attachment is checked before it is accepted, reading only the file header: not an
 image, an empty file, a file too big, or more pixels than the engine will decode all give a
@@ -22,14 +27,18 @@ from PySide6.QtGui import QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy,
                                QToolButton, QVBoxLayout, QWidget)
 
-from ...engine.api import EngineError, ImagePart
+from ...engine.api import DocumentPart, EngineError, ImagePart
 from ..jobs import Jobs
 from .icons import icon
 
 MIN_THUMB_SIDE = 6  # px: a thumbnail thinner than this shows the size instead
 MAX_IMAGE_BYTES = 50 << 20
 DECODE_NOW_PIXELS = 1 << 20  # decoding this many pixels takes a few ms: done on attaching
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)"
+DOCUMENT_FILTER = ("Documents (*.pdf *.docx *.txt *.md *.html *.htm *.csv *.tsv *.json *.py *.js *.ts "
+                   "*.c *.cpp *.h *.java *.go *.rs *.rb *.sh *.xml *.yaml *.yml *.toml)")
+ALL_FILES_FILTER = "All files (*)"
 THUMB = 56
 
 
@@ -216,10 +225,68 @@ class AttachmentChip(QFrame):
         self.picture.setToolTip(f"{self.image.name} ({w}×{h})" + (f": {words} of the context" if words else ""))
 
 
-class Composer(QFrame):
-    """Text + attachments + Send / Stop / Regenerate. Emits `sendRequested(text, images)`."""
+def is_image_name(name: str) -> bool:
+    """Whether a file is attached as an image (by its name); any other file is a document."""
+    return Path(name).suffix.lower() in IMAGE_SUFFIXES
 
-    sendRequested = Signal(str, object)  # text, list[ImagePart]
+
+def read_document(part: DocumentPart) -> DocumentPart:
+    """The part with its text read, as the engine reads it (off the UI thread: a job)."""
+    from ...engine.documents.prompt import read_document as engine_read
+
+    return engine_read(part)
+
+
+def document_words(part: DocumentPart) -> str:
+    """'report.pdf · 12 pages', 'notes.md' (pages only where the file has them)."""
+    document = part.document
+    if document is None:
+        return f"{part.name} · reading…"
+    if document.paged:
+        pages = document.total_pages or len(document.pages)
+        return f"{part.name} · {pages} page{'s' * (pages != 1)}"
+    return part.name
+
+
+class DocumentChip(QFrame):
+    """An attached document: its name and pages, and a remove button."""
+
+    removed = Signal(object)  # self
+
+    def __init__(self, part: DocumentPart, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.part = part
+        self.setObjectName("attachment")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.label = QLabel()
+        self.label.setObjectName("documentChip")
+        self.remove_button = QToolButton()
+        self.remove_button.setIcon(icon("close"))
+        self.remove_button.setText("✕")
+        self.remove_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+        self.remove_button.setToolTip(f"Remove {part.name}")
+        self.remove_button.setAccessibleName(f"Remove {part.name}")
+        self.remove_button.setAutoRaise(True)
+        self.remove_button.clicked.connect(lambda: self.removed.emit(self))
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(6, 2, 2, 2)
+        layout.addWidget(self.label)
+        layout.addWidget(self.remove_button, 0, Qt.AlignmentFlag.AlignTop)
+        self.set_part(part)
+
+    def set_part(self, part: DocumentPart) -> None:
+        """The part once read (its `document` set): the chip says its pages."""
+        self.part = part
+        self.label.setText(document_words(part))
+        notes = getattr(part.document, "notes", ()) or ()
+        self.label.setToolTip("\n".join([part.name, *notes]))
+
+
+class Composer(QFrame):
+    """Text + attachments + Send / Stop / Regenerate. Emits `sendRequested(text, attachments)`:
+    the images, then the documents (each read already: its `document` set)."""
+
+    sendRequested = Signal(str, object)  # text, list[ImagePart | DocumentPart]
     stopRequested = Signal()
     regenerateRequested = Signal()
     folderUsed = Signal(str)  # the folder images were attached from (file dialogs start there)
@@ -231,11 +298,13 @@ class Composer(QFrame):
         self.setAcceptDrops(True)
         self.images: list[ImagePart] = []
         self.chips: list[AttachmentChip] = []
+        self.documents: list[DocumentPart] = []
+        self.document_chips: list[DocumentChip] = []
         self.vision_enabled = True
         self.vision_hint = ""
         self.start_folder = ""  # where the attach dialog opens ('' the system's choice)
         self.jobs = Jobs(self)
-        self.checking: set[str] = set()  # sha256 of attached images still being decoded
+        self.checking: set[str] = set()  # sha256 of attached images still being decoded, documents being read
         self.send_when_checked = False
         self.image_geometry: tuple[int, int, int] | None = None  # the loaded tower's (set_image_geometry)
         self.context_room: int | None = None  # tokens the open chat leaves in the context
@@ -244,7 +313,7 @@ class Composer(QFrame):
         self.edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.edit.submitted.connect(self.submit)
         self.edit.imagesOffered.connect(self.add_mime)
-        self.attach_button = self._icon_button("attach", "Attach images")
+        self.attach_button = self._icon_button("attach", "Attach files")
         self.attach_button.clicked.connect(self.choose_files)
         self.send_button = self._icon_button("send", "Send", "Send the message (Enter)", "#ffffff")
         self.send_button.setObjectName("sendButton")
@@ -332,8 +401,9 @@ class Composer(QFrame):
     def set_vision(self, enabled: bool, hint: str = "") -> None:
         self.vision_enabled = enabled
         self.vision_hint = hint
-        self.attach_button.setEnabled(enabled)
-        self.attach_button.setToolTip("Attach images (or drop / paste them here)" if enabled else hint)
+        # documents need no vision tower: the button stays, only what it offers changes
+        self.attach_button.setToolTip("Attach images or documents (or drop / paste them here)" if enabled
+                                      else "Attach documents (or drop / paste them here)" + (f". {hint}" if hint else ""))
         self.attach_button.setIcon(icon("attach"))  # the palette may have changed
 
     def set_image_geometry(self, geometry: tuple[int, int, int] | None) -> None:
@@ -397,7 +467,7 @@ class Composer(QFrame):
         chip = AttachmentChip(image, size)
         chip.set_tokens(image_tokens_of(size, self.image_geometry))
         chip.removed.connect(self.remove_chip)
-        self.chip_row.insertWidget(len(self.chips), chip)  # before the stretch and the cost line
+        self.chip_row.insertWidget(len(self.chips), chip)  # before the documents, the stretch and the cost line
         self.chips.append(chip)
         self.images.append(image)
         self.chip_box.show()
@@ -415,38 +485,85 @@ class Composer(QFrame):
                       lambda _result: self._decoded(key, None), lambda error: self._decoded(key, error))
 
     def _decoded(self, key: str, error: str | None) -> None:
-        self.checking.discard(key)
         if error is not None:
-            self.send_when_checked = False  # the user meant to send it with this picture
             for chip in [c for c in self.chips if c.image.sha256 == key]:
                 self.remove_chip(chip)
             self.show_message(error)
+        self._checked(key, error)
+
+    def _checked(self, key: str, error: str | None) -> None:
+        """An image decoded or a document read: a send that waited for it goes now."""
+        self.checking.discard(key)
+        if error is not None:
+            self.send_when_checked = False  # the user meant to send it with this attachment
         elif self.send_when_checked and not self.checking:
             self.send_when_checked = False
             self.submit()
 
+    def add_document(self, part: DocumentPart) -> bool:
+        """Attach a document; it is read on the job pool (its chip says so meanwhile) and taken
+        off again with its one sentence if it does not read. False when refused at once."""
+        if not part.data:
+            self.show_message(f"{part.name}: the file is empty")
+            return False
+        if any(d.sha256 == part.sha256 for d in self.documents):
+            self.show_message(f"{part.name}: already attached", error=False)
+            return False
+        chip = DocumentChip(part)
+        chip.removed.connect(self.remove_document_chip)
+        self.chip_row.insertWidget(len(self.chips) + len(self.document_chips), chip)
+        self.document_chips.append(chip)
+        self.documents.append(part)
+        self.chip_box.show()
+        key = part.sha256
+        self.checking.add(key)
+        self.jobs.run(lambda: read_document(part), lambda read: self._document_read(key, read, None),
+                      lambda error: self._document_read(key, None, error))
+        return True
+
+    def _document_read(self, key: str, read: DocumentPart | None, error: str | None) -> None:
+        for index, chip in enumerate(self.document_chips):
+            if chip.part.sha256 == key and read is not None:
+                chip.set_part(read)
+                self.documents[index] = read
+        if error is not None:
+            for chip in [c for c in self.document_chips if c.part.sha256 == key]:
+                self.remove_document_chip(chip)
+            self.show_message(error)
+        self._checked(key, error)
+
+    def remove_document_chip(self, chip: DocumentChip) -> None:
+        index = self.document_chips.index(chip)
+        self.document_chips.pop(index)
+        self.documents.pop(index)
+        self.chip_row.removeWidget(chip)
+        chip.deleteLater()
+        self.chip_box.setVisible(bool(self.chips or self.document_chips))
+
     def add_files(self, paths: list[str]) -> int:
-        """Attach image files; returns how many were accepted. Errors are shown, joined."""
+        """Attach image and document files; returns how many were accepted. Errors are shown, joined."""
         errors, added = [], 0
         models = [path for path in paths if Path(path).suffix.lower() == ".gguf" and Path(path).is_file()]
         for path in paths:
             p = Path(path)
             if path in models:
                 continue  # a model, not an image: offered as the model (modelFileOffered)
+            image_file = is_image_name(p.name)
             try:
                 if p.is_dir():
-                    raise AttachmentError(f"{p.name}: is a folder, not an image")
-                if p.stat().st_size > MAX_IMAGE_BYTES:
+                    raise AttachmentError(f"{p.name}: is a folder, not a file")
+                limit, kind = (MAX_IMAGE_BYTES, "images") if image_file else (document_max_bytes(), "documents")
+                if p.stat().st_size > limit:
                     raise AttachmentError(f"{p.name}: {p.stat().st_size / 1e6:.0f} MB is too big "
-                                          f"(images up to {MAX_IMAGE_BYTES >> 20} MB)")
-                image = ImagePart(p.read_bytes(), p.name)
+                                          f"({kind} up to {limit >> 20} MB)")
+                data = p.read_bytes()
             except AttachmentError as exc:
                 errors.append(str(exc))
                 continue
             except OSError as exc:
                 errors.append(f"{p.name}: cannot read: {exc.strerror or exc}")
                 continue
-            if self.add_image(image):
+            if self.add_image(ImagePart(data, p.name)) if image_file else self.add_document(DocumentPart(data, p.name)):
                 added += 1
             elif self.message.isVisible():
                 errors.append(self.message.text())
@@ -474,7 +591,7 @@ class Composer(QFrame):
             if added:
                 self.show_message("")
             return added
-        self.show_message("Only image files can be attached")
+        self.show_message("Only files and images can be attached")
         return 0
 
     def remove_chip(self, chip: AttachmentChip) -> None:
@@ -483,15 +600,22 @@ class Composer(QFrame):
         self.images.pop(index)
         self.chip_row.removeWidget(chip)
         chip.deleteLater()
-        self.chip_box.setVisible(bool(self.chips))
+        self.chip_box.setVisible(bool(self.chips or self.document_chips))
         self._show_images_cost()
 
     def clear_images(self) -> None:
+        """Take every attachment off: images and documents."""
         for chip in list(self.chips):
             self.remove_chip(chip)
+        for chip in list(self.document_chips):
+            self.remove_document_chip(chip)
 
     def choose_files(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", self.start_folder, IMAGE_FILTER)
+        patterns = lambda f: f[f.index("(") + 1:-1]  # noqa: E731 - "*.png *.jpg ..."
+        both = f"Images and documents ({patterns(IMAGE_FILTER)} {patterns(DOCUMENT_FILTER)})"
+        filters = [both, DOCUMENT_FILTER, IMAGE_FILTER] if self.vision_enabled else [DOCUMENT_FILTER]
+        filters.append(ALL_FILES_FILTER)
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files", self.start_folder, ";;".join(filters))
         if paths:
             self.start_folder = str(Path(paths[0]).parent)  # the next dialog starts there
             self.folderUsed.emit(self.start_folder)
@@ -515,12 +639,12 @@ class Composer(QFrame):
         if self.busy:
             return
         text = self.edit.toPlainText()
-        if not text.strip() and not self.images:
+        if not text.strip() and not self.images and not self.documents:
             return
         if self.checking:
             self.send_when_checked = True
             return
-        self.sendRequested.emit(text, list(self.images))
+        self.sendRequested.emit(text, [*self.images, *self.documents])
 
     def accepted(self) -> None:
         """The window took the message: empty the composer."""
@@ -529,4 +653,12 @@ class Composer(QFrame):
         self.show_message("")
 
 
-__all__ = ["AttachmentError", "Composer", "PromptEdit", "check_image", "IMAGE_FILTER"]
+def document_max_bytes() -> int:
+    """The largest document read (engine/documents' limit), checked before the file is read."""
+    from ...engine.documents.document import MAX_BYTES
+
+    return MAX_BYTES
+
+
+__all__ = ["AttachmentError", "Composer", "DocumentChip", "PromptEdit", "check_image", "is_image_name",
+           "IMAGE_FILTER", "DOCUMENT_FILTER"]

@@ -70,7 +70,7 @@ def test_files_a_model_is_offered_and_the_other_refusals_are_joined(qtbot, compo
     assert added == 1 and [im.name for im in composer.images] == ["photo.png"]
     assert offered == [str(tmp_path / "model.gguf")]
     lines = composer.message.text().splitlines()
-    assert lines[0] == "folder: is a folder, not an image" and lines[1].startswith("notes.png: not an image")
+    assert lines[0] == "folder: is a folder, not a file" and lines[1].startswith("notes.png: not an image")
 
 
 def test_a_pasted_image_is_attached_as_png(composer):
@@ -82,7 +82,7 @@ def test_a_pasted_image_is_attached_as_png(composer):
     assert composer.images[0].name == "pasted.png" and check_image(composer.images[0].data, "p") == (12, 8)
     urls = QMimeData()
     urls.setUrls([QUrl("https://example.invalid/cat.png")])
-    assert composer.add_mime(urls) == 0 and composer.message.text() == "Only image files can be attached"
+    assert composer.add_mime(urls) == 0 and composer.message.text() == "Only files and images can be attached"
 
 
 def test_send_with_images_then_accepted_empties_and_busy_swaps_the_buttons(qtbot, composer):
