@@ -85,10 +85,10 @@ class ReplyCommands(QObject):
     def on_unsent(self, text: str, images: list) -> None:
         """A message that could not be saved goes back to an empty composer."""
         composer = self.window.composer
-        if not composer.edit.toPlainText() and not composer.images:
+        if not composer.edit.toPlainText() and not composer.images and not composer.documents:
             composer.edit.setPlainText(text)
-            for image in images:
-                composer.add_image(image)
+            for part in images:  # images and documents
+                composer.add_attachment(part)
 
 
 __all__ = ["ReplyCommands"]

@@ -500,6 +500,10 @@ class Composer(QFrame):
             self.send_when_checked = False
             self.submit()
 
+    def add_attachment(self, part: ImagePart | DocumentPart) -> bool:
+        """Attach an image or a document (a message handed back to the composer)."""
+        return self.add_document(part) if isinstance(part, DocumentPart) else self.add_image(part)
+
     def add_document(self, part: DocumentPart) -> bool:
         """Attach a document; it is read on the job pool (its chip says so meanwhile) and taken
         off again with its one sentence if it does not read. False when refused at once."""

@@ -160,3 +160,23 @@ def test_an_image_and_a_document_go_together(qtbot, tmp_path, isolated):
         assert not any(f.exists() for f in files)
     finally:
         close_window(w)
+
+
+def test_a_message_that_cannot_be_saved_gives_its_document_back(qtbot, window, tmp_path, monkeypatch):
+    from tramontane.app.store import StoreError
+
+    notes = tmp_path / "notes.md"
+    notes.write_text(f"# Notes\n\n{PLANTED}\n")
+    window.composer.add_files([str(notes)])
+    wait_read(qtbot, window)
+
+    def full_disk(*_args, **_kwargs):
+        raise StoreError("the disk is full")
+    monkeypatch.setattr(window.store, "add_message", full_disk)
+    window.composer.edit.setPlainText("keep me")
+    with qtbot.waitSignal(window.worker.failed, timeout=30000):
+        window.composer.submit()
+    qtbot.waitUntil(lambda: bool(window.composer.document_chips), timeout=10000)
+    wait_read(qtbot, window)
+    assert [d.name for d in window.composer.documents] == ["notes.md"]
+    assert window.composer.edit.toPlainText() == "keep me"
