@@ -311,6 +311,22 @@ class MessageWidget(QFrame):
                 self.thumbs.append(button)
             row.addStretch(1)
             layout.addLayout(row)
+        self.document_buttons = []
+        if getattr(message, "documents", None):  # issue 37: what was attached, opened by a click
+            row = QHBoxLayout()
+            for document in message.documents:
+                button = QToolButton()
+                button.setText(f"📄 {document.name}")
+                button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+                button.setToolTip(f"{document.name} — click to open it")
+                button.setAccessibleName(f"Document {document.name}")
+                button.setAutoRaise(True)
+                button.clicked.connect(lambda _=False, p=str(document.path):
+                                       QDesktopServices.openUrl(QUrl.fromLocalFile(p)))
+                row.addWidget(button)
+                self.document_buttons.append(button)
+            row.addStretch(1)
+            layout.addLayout(row)
         layout.addWidget(self.body)
         self.editor: QPlainTextEdit | None = None
         self.edit_box = QWidget()

@@ -82,6 +82,10 @@ def test_a_dropped_pdf_reaches_the_prompt_and_is_stored_with_its_chat(qtbot, win
     assert stored.documents[0].path.read_bytes() == data
     assert stored.documents[0].path.stat().st_mode & 0o077 == 0  # the user's alone
 
+    from PySide6.QtWidgets import QToolButton
+    shown = [b.text() for b in window.view.findChildren(QToolButton) if b.accessibleName() == "Document report.pdf"]
+    assert shown == ["📄 report.pdf"]  # the sent message says what it carried
+
     # A second question: the document is in the prompt once, where it was attached.
     send(qtbot, window, "And the road?")
     assert recorder.text().count(PLANTED) == 1
