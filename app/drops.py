@@ -1,4 +1,4 @@
-"""Images dropped anywhere on the window (the conversation, the empty state) go to the composer:
+"""Images and documents dropped anywhere on the window (the conversation, the empty state) go to the composer:
 its own drop handling decides. While they are dragged over the window an overlay over the
 conversation pane says where they will go.
 """
@@ -15,7 +15,7 @@ class DropsToComposer(QObject):
         super().__init__(window)
         self.composer = composer
         self.pane = pane  # what the overlay covers
-        self.overlay = QLabel("Drop images here to attach them to your message", overlay_parent)
+        self.overlay = QLabel("Drop images or documents here to attach them to your message", overlay_parent)
         self.overlay.setObjectName("dropOverlay")
         self.overlay.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.overlay.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)

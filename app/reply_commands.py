@@ -18,6 +18,7 @@ class ReplyCommands(QObject):
         self.window = window
         self.session = window.session
         self.wait_note = ""  # the composer's "another chat is writing" line, while true
+        window.worker.documentsPlaced.connect(self.on_documents_placed)
 
     def send(self, text: str, images: list) -> bool:
         """Start the reply to a new user message. False (and a message) when it cannot be
@@ -81,6 +82,11 @@ class ReplyCommands(QObject):
             if rate:
                 self.window.view.set_streaming_note(f"writing… {rate:.1f} tok/s")
 
+    @Slot(int, object)
+    def on_documents_placed(self, _request_id: int, prompt) -> None:
+        """Say how the reply read its documents (whole or searched, and the excerpts' pages)."""
+        self.window.composer.show_message(documents_words(prompt), error=False)
+
     @Slot(str, list)
     def on_unsent(self, text: str, images: list) -> None:
         """A message that could not be saved goes back to an empty composer."""
@@ -91,4 +97,14 @@ class ReplyCommands(QObject):
                 composer.add_attachment(part)
 
 
-__all__ = ["ReplyCommands"]
+def documents_words(prompt) -> str:
+    """engine/documents' DocumentPrompt in words: each document's mode, the sources, the notes."""
+    modes = [f"{placement.document.name}: {'read whole' if placement.mode == 'whole' else 'searched (too long to read whole)'}"
+             for placement in prompt.placements.values()]
+    lines = ["; ".join(modes)] if modes else []
+    if prompt.sources:
+        lines.append("Sources: " + "; ".join(source.label for source in prompt.sources))
+    return "\n".join(lines + list(prompt.notes))
+
+
+__all__ = ["ReplyCommands", "documents_words"]

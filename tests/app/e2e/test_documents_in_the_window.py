@@ -75,6 +75,7 @@ def test_a_dropped_pdf_reaches_the_prompt_and_is_stored_with_its_chat(qtbot, win
     assert prompt_text.index(PLANTED) < prompt_text.index("What is the cat called?")
     sha = DocumentPart(data, "report.pdf").sha256
     assert placed and placed[-1].mode_of(sha) == "whole"
+    assert window.composer.message.text() == "report.pdf: read whole"  # the mode, said in the window
 
     chat_id = window.session.current_chat_id
     stored = window.store.get_chat(chat_id).messages[0]
