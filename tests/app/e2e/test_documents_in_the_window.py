@@ -185,3 +185,22 @@ def test_a_message_that_cannot_be_saved_gives_its_document_back(qtbot, window, t
     wait_read(qtbot, window)
     assert [d.name for d in window.composer.documents] == ["notes.md"]
     assert window.composer.edit.toPlainText() == "keep me"
+
+
+def test_a_stored_document_that_no_longer_reads_fails_the_reply_in_one_sentence(qtbot, window):
+    """A chat imported or made elsewhere may hold a file the composer would have refused: the
+    reply fails with the reader's sentence, and the chat and its messages stay."""
+    from support.app_window import open_stored_chat
+
+    bad = DocumentPart(b"\x7fELF\x02\x01\x01" + bytes(64), "tool.txt")
+    chat_id = open_stored_chat(window, "old", "What does it do?", "No idea.", [bad])
+    failures = []
+    window.worker.failed.connect(lambda _rid, words: failures.append(words))
+    window.composer.edit.setPlainText("Try again")
+    with qtbot.waitSignal(window.worker.failed, timeout=30000):
+        window.composer.submit()
+    qtbot.waitUntil(lambda: bool(failures) and window.session.pending is None, timeout=5000)
+    assert failures[-1].startswith("tool.txt: the file is a program (ELF)")
+    messages = window.store.get_chat(chat_id).messages
+    assert [m.text for m in messages][:3] == ["What does it do?", "No idea.", "Try again"]
+    assert window.isVisible()
