@@ -3,6 +3,7 @@ speculative decoding's acceptance (issue 38): random weights never agree, so thi
 bench/spec*.py measure on.
 
     python bench/train_pair.py --out /tmp/tramontane-pair [--target-minutes 8 --draft-minutes 2]
+    python bench/train_pair.py --out /tmp/tramontane-pair --measure-only      # the pair already there
 
 Text: the Python standard library's own sources and docs (`*.py` of the stdlib folder and
 pydoc's topics), on every machine with Python and offline; every 10th file (by name) is held out.
@@ -18,6 +19,12 @@ processed_rows), teacher-forced on the target's own greedy output:
   the cost model takes, and tokens a verification yields;
 - prompt lookup on a copy task: a held-out passage, then the same passage with an identifier
   renamed, cut after its first line, for the target to continue.
+A target trained for minutes loops in its greedy text (the share of repeated 4-grams is
+reported), which any drafter predicts; so also, and these are the numbers to quote:
+- teacher-forced on the held-out text itself: the draft's argmax against the target's, and
+  prompt lookup's one-token draft against the target's argmax (k = 1 acceptance);
+- real speculative sampling at temperature 0.7 (verify_sampled with the draft's q, or certain
+  lookup drafts on the copy prompts), k = 2 and 4: sampled text does not loop.
 Made at bench time, never stored in the repository. Prints one JSON object (and --json FILE).
 """
 from __future__ import annotations
@@ -43,7 +50,8 @@ from tramontane.engine.gguf import open_gguf  # noqa: E402
 from tramontane.engine.mistral3.text import Mistral3Text  # noqa: E402
 from tramontane.engine.mistral3.tokenizer import Tokenizer  # noqa: E402
 from tramontane.engine.runtime.decoder import decode, new_cache  # noqa: E402
-from tramontane.engine.runtime.speculative import PromptLookup, processed_rows, verify_greedy  # noqa: E402
+from tramontane.engine.runtime.speculative import (  # noqa: E402
+    PromptLookup, draw, processed_rows, verify_greedy, verify_sampled)
 
 VOCAB_FILE = ROOT / "tests" / "fixtures" / "mistral3_tiny-f32.gguf"
 SHAPES = {  # hidden, layers, heads, kv heads, head_dim, ffn
@@ -294,6 +302,57 @@ def agreement_on_text(target, draft, held_docs: list[list[int]], window: int = 5
             "lookup_draft_is_target_argmax": round(lookup_hits / max(lookup_drafts, 1), 4)}
 
 
+def sampled_run(target, draft, prompt: list[int], n: int, k: int, temperature: float, seed: int) -> dict:
+    """Real speculative sampling at `temperature` (the loop's own transforms, processed_rows):
+    drafts from the draft model (sampled from its q) or, with draft None, from prompt lookup
+    (certain drafts), read by the target as k+1 rows of one forward; verify_sampled keeps a
+    prefix and draws one token; the KV caches are cut back to it. Sampled text does not loop
+    the way a small model's greedy text does."""
+    params = SamplingParams(temperature=temperature)
+    gen = torch.Generator().manual_seed(seed)
+    t_cache = new_cache(target, len(prompt) + n + k + 2, capture_graphs=False)
+    target.logits(prompt[:-1], 0, t_cache)
+    proposer = SampledDraft(draft, prompt, n + k + 2, params, gen) if draft is not None else None
+    lookup = PromptLookup(prompt)
+    out, pending, steps, drafted, accepted, tried = [], prompt[-1], 0, 0, 0, 0
+    while len(out) < n:
+        drafts, q_rows = proposer.draft(out, k) if proposer else (lookup.draft(k), None)
+        start = t_cache.length
+        rows = target.logits([pending] + drafts, start, t_cache, all_logits=True)
+        verdict = verify_sampled(processed_rows(rows, params, out, drafts), drafts, q_rows, gen)
+        t_cache.truncate(start + 1 + verdict.accepted)
+        kept = drafts[:verdict.accepted] + [verdict.token]
+        if proposer:
+            proposer.kept(start + 1 + verdict.accepted, verdict.token)
+        lookup.extend(kept)
+        out += kept
+        pending = verdict.token
+        steps, drafted, accepted = steps + 1, drafted + len(drafts), accepted + verdict.accepted
+        tried += verdict.accepted + (1 if verdict.accepted < len(drafts) else 0)
+    return {"steps": steps, "drafted": drafted, "accepted": accepted, "tried": tried, "tokens": len(out), "out": out}
+
+
+class SampledDraft:
+    """The draft model sampling k tokens from its processed distributions q."""
+
+    def __init__(self, draft, prompt: list[int], room: int, params: SamplingParams, gen: torch.Generator):
+        self.model, self.params, self.gen = draft, params, gen
+        self.cache = new_cache(draft, len(prompt) + room, capture_graphs=False)
+        self.logits = draft.logits(prompt, 0, self.cache)
+
+    def draft(self, out: list[int], k: int) -> tuple[list[int], torch.Tensor]:
+        drafts, q_rows, logits = [], [], self.logits
+        for _ in range(k):
+            q_rows.append(processed_rows(logits[None], self.params, out + drafts, [])[0])
+            drafts.append(draw(q_rows[-1], self.gen))
+            logits = decode(self.model, drafts[-1], self.cache)
+        return drafts, torch.stack(q_rows)
+
+    def kept(self, length: int, token: int) -> None:
+        self.cache.truncate(length)
+        self.logits = decode(self.model, token, self.cache)
+
+
 def repeated_share(outputs: list[list[int]], n: int = 4) -> float:
     """Share of generated n-grams that occurred earlier in the same output (loops show here)."""
     repeated = total = 0
@@ -322,6 +381,12 @@ def measure(target, draft, tok: Tokenizer, held: list[Path], n_prompts: int, gen
                                                             for p, out, rows in plain])
         results["prompt_lookup_copy"][k] = summarise([speculate(rows, p, out, k, LookupProposer(p))
                                                       for p, out, rows in copies])
+    for name, drafter, prompts in (("draft_model", draft, plain_prompts), ("prompt_lookup_copy", None, copy_prompts)):
+        for k in (2, 4):
+            runs = [sampled_run(target, drafter, p, gen, k, 0.7, seed) for seed, p in enumerate(prompts)]
+            entry = results[f"{name}_sampled_t0.7_k{k}"] = summarise([{key: r[key] for key in r if key != "out"}
+                                                                     for r in runs])
+            entry["repeated_4grams"] = repeated_share([r["out"] for r in runs])
     results["copy_example"] = {"prompt_tail": tok.decode(copy_prompts[0][-60:]), "output": tok.decode(copies[0][1])}
     results["prompts"] = {"held_out": len(plain), "copy": len(copies), "generated_each": gen,
                           "greedy_repeated_4grams": repeated_share([out for _, out, _ in plain]),
@@ -340,6 +405,7 @@ def main(argv=None) -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--measure-only", action="store_true", help="measure the pair already in --out")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -353,11 +419,12 @@ def main(argv=None) -> None:
     report = {"corpus": {"train_files": len(train_files), "held_out_files": len(held), "train_tokens": int(stream.size),
                          "held_out_tokens": sum(map(len, held_docs)),
                          "tokenize_s": round(time.perf_counter() - t0, 1)}, "models": {}}
-    paths = {}
+    paths = {role: args.out / f"stdlib-{role}-f32.gguf" for role in SHAPES}
     for role, minutes, lr, seed in (("target", args.target_minutes, 4e-3, 1), ("draft", args.draft_minutes, 4e-3, 2)):
+        if args.measure_only:
+            break
         model = hf_model(SHAPES[role], tok.vocab_size, seed)
         stats = train(model, stream, minutes, args.seq, args.batch, lr, seed)
-        paths[role] = args.out / f"stdlib-{role}-f32.gguf"
         write_gguf(model, SHAPES[role], paths[role], f"stdlib-{role}")
         stats.update(params=sum(p.numel() for p in model.parameters()), shape=SHAPES[role],
                      held_out_loss=held_out_loss(model, held_docs[:6], args.seq),
