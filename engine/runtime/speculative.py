@@ -26,10 +26,12 @@ from .generate import _draw, apply_processors, process_logits, sample
 
 # ----------------------------------------------------------------------------- prompt lookup
 
-# Suffix lengths tried, longest first. A 4-token match rarely happens by chance in text or code,
-# so its continuation is usually a real repeat; 2 still finds a repeat one token after it starts.
-# A lone token's last occurrence ("the", "(", a space) predicts its follower about as often as
-# chance does, so 1 is left out: those drafts would mostly be verified for nothing.
+# Suffix lengths tried, longest first: a longer match is more often a real repeat, a shorter one
+# finds a repeat sooner after it starts. Measured on held-out standard-library sources in the
+# tiny tekken vocabulary (bench/train_pair.py's text, each size alone, one-token drafts): the
+# draft is the text's real next token 73 % of the time for n = 4, 68 % for 3, 58 % for 2, but
+# only 34 % for 1, which drafts at 76 % of positions (a lone ",", "(" or space): 1 is left out,
+# those drafts would mostly be verified for nothing.
 NGRAM_SIZES = (4, 3, 2)
 
 
