@@ -14,9 +14,10 @@ Steps, each printed as it passes or fails:
 5. turn2      a follow-up in the same chat: the first turn's prompt (image included) must come
               from the KV cache (the prefill that continues a cached prefix)
 6. stop       a third message whose reply is stopped after its first piece (Stop button)
-7. new-chat   a message in a second chat: the first chat's KV is parked in host memory
-8. regenerate the stopped reply again, back in the first chat: its KV comes back from host
-              memory and the prompt is (almost) all cached
+7. new-chat   a message in a second chat: it reuses no more than what it shares with the first;
+              the first chat's KV stays as the prefix cache's blocks
+8. regenerate the stopped reply again, back in the first chat: its KV comes back from the
+              prefix cache's blocks and the prompt is (almost) all cached
    gpu, gpu-* the same on the GPU with CUDA graphs decoding, when torch sees a CUDA device
               (skipped, and said so, without)
 

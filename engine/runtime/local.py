@@ -210,8 +210,8 @@ class LocalEngine:
         self.scheduler.use_slots([self.cache], 1, 0)
 
     def close(self) -> None:
-        """Give the memory back now: the weights (and their repacked copies), the KV cache, parked
-        chats, and glibc's freed heap to the system. (No gc.collect() here: close runs on the
+        """Give the memory back now: the weights (and their repacked copies), the KV cache, the
+        prefix cache's blocks, and glibc's freed heap to the system. (No gc.collect() here: close runs on the
         window's worker thread, and a collection there could free Qt objects off the GUI thread.)"""
         self.scheduler.close()
         self.scheduler = None
