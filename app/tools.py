@@ -236,8 +236,8 @@ class ToolBroker(QObject):
                 current = self._starting.get(name) is done
                 waited = name in self._waited
             if current:
-                self.serverFailed.emit(f"{exc} (its tools are left out of "
-                                       f"{'this reply' if waited else 'replies until it answers'})")
+                self._emit_from_pool(self.serverFailed, f"{exc} (its tools are left out of "
+                                     f"{'this reply' if waited else 'replies until it answers'})")
         except Exception:  # noqa: BLE001 - a pool job must not raise; logged in full
             log.exception("listing the tools of %s failed", name)
         finally:
@@ -246,7 +246,15 @@ class ToolBroker(QObject):
                     del self._starting[name]
                     self._waited.discard(name)
             done.set()
-            self.serversChanged.emit()
+            self._emit_from_pool(self.serversChanged)
+
+    def _emit_from_pool(self, signal, *args) -> None:
+        """Emit from a pool job that may outlive the broker: a window closed while a server
+        was still starting leaves no one to tell, and the job must end quietly."""
+        try:
+            signal.emit(*args)
+        except RuntimeError:  # "Signal source has been deleted"
+            log.debug("tool broker gone before its listing ended")
 
     def offered_tools(self):
         """The tools a reply may call (on the worker): every enabled server's, as listed, minus
