@@ -66,6 +66,27 @@ def test_reasoning_entries_carry_their_chips_sampling_and_thinking_system_prompt
     assert not by_id["mistral-small-3.1-24b-instruct"].capabilities  # nothing pinned: no chips
 
 
+def test_the_rest_of_the_family_small_3_2_devstral_and_ministral_3_3b_reasoning():
+    """Issue 36: Mistral Small 3.2 (its card's temperature 0.15, top_p 1), Devstral Small 1.0 (a
+    text-only coding agent) and Ministral 3 3B Reasoning (its siblings' thinking system prompt), each
+    from a maintained GGUF publisher; files and sizes open, read from the repository listing."""
+    by_id = {e.id: e for e in load_catalog()}
+    small = by_id["mistral-small-3.2-24b-instruct"]
+    assert small.repo_id == "unsloth/Mistral-Small-3.2-24B-Instruct-2506-GGUF" and small.vision
+    assert small.capabilities == ("tools",) and small.sampling == Sampling(0.15, 1.0)
+    assert small.shape == by_id["mistral-small-3.1-24b-instruct"].shape  # the same 24B network
+    dev = by_id["devstral-small-2505-24b"]
+    assert dev.repo_id == "bartowski/mistralai_Devstral-Small-2505-GGUF" and not dev.vision
+    assert set(dev.capabilities) == {"tools", "coding"}
+    r3 = by_id["ministral-3-3b-reasoning"]
+    assert r3.repo_id == "unsloth/Ministral-3-3B-Reasoning-2512-GGUF" and r3.vision
+    assert set(r3.capabilities) == {"reasoning", "tools"}
+    assert r3.system_prompt == by_id["ministral-3-8b-reasoning"].system_prompt
+    assert r3.shape == by_id["ministral-3-3b-instruct"].shape
+    for e in (small, dev, r3):
+        assert all(v.file is None and v.size_gb is None for v in e.variants)
+
+
 def test_bad_chips_sampling_and_system_prompt_name_the_field():
     def entry(**extra):
         return {"models": [{"id": "x", "name": "x", "repo_id": "a/b", "license": "MIT",
