@@ -32,6 +32,8 @@ from . import memory as mem
 from .memory import CPU_HEADROOM_BYTES, CUDA_HEADROOM_BYTES, DEFAULT_CONTEXT, GiB, MiB
 BF16_BYTES = 2  # a value of the vision tower's bf16 matrices (a bf16 CPU's, a GPU's with bf16)
 F32_BYTES = 4  # a value of its float32 matrices (a GPU without bf16)
+# What a simulated device (no compute_value_bytes) computes in: float32 on a CPU, bf16 on a GPU.
+SIMULATED_VALUE_BYTES = {"cpu": F32_BYTES, "cuda": BF16_BYTES}
 UNKNOWN_RAM = 1 << 50  # a system that does not say: plan as if the CPU had room (as before planning)
 
 
@@ -65,10 +67,20 @@ class DeviceInfo:
     # a CUDA GPU's compute capability (detect_machine): without bf16 (host.cuda_has_bf16) the vision
     # tower runs float32 there; None: not known (a simulated GPU), planned as one with bf16
     capability: tuple[int, int] | None = None
+    # Bytes of one value of the text model's compute dtype here (its activations, a GPU's KV): what
+    # mistral3.text.default_dtype answers for this device, asked of it by detect_machine (the
+    # planner keeps no rule of its own). None: a simulated device, planned as a CPU's float32 or a
+    # GPU's 16-bit dtype (SIMULATED_VALUE_BYTES).
+    compute_value_bytes: int | None = None
 
     @property
     def kind(self) -> str:
         return self.name.split(":")[0]
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one value of the text model's compute dtype on this device."""
+        return self.compute_value_bytes or SIMULATED_VALUE_BYTES[self.kind]
 
     @property
     def headroom(self) -> int:
@@ -105,16 +117,29 @@ class Machine:
 
 def detect_machine() -> Machine:
     """This machine: free memory of every CUDA GPU now (NVML: no CUDA context is created on a
-    GPU only to ask, see memory.gpu_free_memory), and MemAvailable of the system."""
+    GPU only to ask, see memory.gpu_free_memory), and MemAvailable of the system. Each device's
+    compute dtype is the model's own answer for it (compute_value_bytes)."""
     gpus, unified = [], False
     for i, (free, _total, name, integrated, how, capability) in enumerate(mem.gpu_free_memory()):
         unified = unified or integrated
         gpus.append(DeviceInfo(f"cuda:{i}", free, name if how in ("nvml", "torch") else f"{name}, {how}",
-                               capability=capability))
+                               capability=capability, compute_value_bytes=_compute_value_bytes(f"cuda:{i}")))
     ram, bf16_dot = host.available_ram(), host.cpu_has_bf16_dot()
-    cpu = (DeviceInfo("cpu", ram, "system memory", bf16_dot) if ram
-           else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown", bf16_dot))
+    cpu_bytes = _compute_value_bytes("cpu")
+    cpu = (DeviceInfo("cpu", ram, "system memory", bf16_dot, compute_value_bytes=cpu_bytes) if ram
+           else DeviceInfo("cpu", UNKNOWN_RAM, "system memory, size unknown", bf16_dot,
+                           compute_value_bytes=cpu_bytes))
     return Machine(tuple(gpus), cpu, unified)
+
+
+def _compute_value_bytes(name: str) -> int:
+    """Bytes of a value of the dtype the text model computes in on device `name`, as the loader
+    picks it (mistral3.text.default_dtype; torch and the model are imported only to ask)."""
+    import torch
+
+    from ..mistral3.text import default_dtype
+
+    return default_dtype(torch.device(name)).itemsize
 
 
 @dataclass(frozen=True)
@@ -226,9 +251,10 @@ def sizes_of_files(model_gf, mmproj_gf=None) -> ModelSizes:
 
 # ----------------------------------------------------------------------------- the arithmetic
 
-def compute_bytes(device_kind: str) -> int:
-    """Bytes of one KV / activation value: f32 on CPU, bf16/f16 on CUDA (default_dtype)."""
-    return 4 if device_kind == "cpu" else 2
+def kv_value_bytes(device: DeviceInfo, kv_type: str) -> int:
+    """Bytes of one KV element on `device`: the CPU's KV is the kv_type's, a GPU's keeps the
+    model's compute dtype whatever the kv_type (decoder.new_cache allocates so)."""
+    return mem.kv_type_bytes(kv_type) if device.kind == "cpu" else device.value_bytes
 
 
 def context_of(sizes: ModelSizes, budget: Budget) -> int:
@@ -237,25 +263,25 @@ def context_of(sizes: ModelSizes, budget: Budget) -> int:
     return min(n, sizes.context_length) if sizes.context_length else n
 
 
-def kv_bytes_per_layer(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
+def kv_bytes_per_layer(sizes: ModelSizes, budget: Budget, device: DeviceInfo) -> int:
     return mem.kv_bytes(context_of(sizes, budget) * budget.max_batch_size, sizes.kv_width, 1,
-                        mem.kv_value_bytes(device_kind, budget.kv_type))
+                        kv_value_bytes(device, budget.kv_type))
 
 
-def activation_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
+def activation_bytes(sizes: ModelSizes, budget: Budget, device: DeviceInfo) -> int:
     """Peak of one layer pass: the rows of one prefill chunk (never more than the budget's)."""
-    rows = mem.prefill_rows(context_of(sizes, budget) * budget.max_batch_size, device_kind)
-    return mem.prefill_activation_bytes(rows, sizes.row_width, compute_bytes(device_kind))
+    rows = mem.prefill_rows(context_of(sizes, budget) * budget.max_batch_size, device.kind)
+    return mem.prefill_activation_bytes(rows, sizes.row_width, device.value_bytes)
 
 
-def prefill_scratch_bytes(sizes: ModelSizes, budget: Budget, device_kind: str) -> int:
+def prefill_scratch_bytes(sizes: ModelSizes, budget: Budget, device: DeviceInfo) -> int:
     """Besides the chunk's rows: flash attention's per-row state, and on a GPU the dequantized
     weight rows of a multi-row quantized matmul."""
-    rows = mem.prefill_rows(context_of(sizes, budget) * budget.max_batch_size, device_kind)
-    if device_kind != "cuda":
+    rows = mem.prefill_rows(context_of(sizes, budget) * budget.max_batch_size, device.kind)
+    if device.kind != "cuda":
         return mem.attention_scratch_bytes(rows, sizes.n_heads, sizes.head_dim)
     n_kv = sizes.kv_width // (2 * sizes.head_dim)  # k and v of one size (Mistral 3)
-    return (mem.gpu_attention_scratch_bytes(rows, sizes.n_heads, n_kv, sizes.head_dim, compute_bytes(device_kind))
+    return (mem.gpu_attention_scratch_bytes(rows, sizes.n_heads, n_kv, sizes.head_dim, device.value_bytes)
             + mem.matmul_scratch_bytes())
 
 
@@ -419,11 +445,11 @@ class DevicePlan:
 
     def _kv_arithmetic(self, p: Placement) -> str:
         """One layer's KV as its factors: positions x values per position x bytes of the
-        element (the CPU's per kv_type, a GPU's its 16-bit compute dtype)."""
+        element (the CPU's per kv_type, a GPU's its compute dtype)."""
         positions = self.context_length * self.budget.max_batch_size
-        value_bytes = mem.kv_value_bytes(p.device.kind, self.budget.kv_type)
+        value_bytes = kv_value_bytes(p.device, self.budget.kv_type)
         width = p.kv // len(p.layers) // (positions * value_bytes)
-        element = self.budget.kv_type if p.device.kind == "cpu" else "16-bit"
+        element = self.budget.kv_type if p.device.kind == "cpu" else f"{8 * value_bytes}-bit"
         return f"{positions} positions x {width} values x {value_bytes} B ({element})"
 
 
@@ -594,13 +620,13 @@ def _fill(p: Placement, sizes: ModelSizes, layers: range, budget: Budget) -> Pla
     kind = p.device.kind
     p.layers = layers
     p.weights = sum(sizes.layer_bytes[i] for i in layers)
-    p.kv = len(layers) * kv_bytes_per_layer(sizes, budget, kind)
-    p.activations = activation_bytes(sizes, budget, kind) if layers else 0
+    p.kv = len(layers) * kv_bytes_per_layer(sizes, budget, p.device)
+    p.activations = activation_bytes(sizes, budget, p.device) if layers else 0
     if not layers:
         return p
     logits = p.parts.get("output head + norm", 0) or p.parts.get("output norm", 0)
     logits_bytes = mem.logits_bytes(sizes.vocab) if logits else 0
-    p.prefill_scratch = prefill_scratch_bytes(sizes, budget, kind) + logits_bytes
+    p.prefill_scratch = prefill_scratch_bytes(sizes, budget, p.device) + logits_bytes
     if kind == "cuda":
         _add_runtime(p)
         p.decode_scratch = 0  # inside the CUDA graph pool
@@ -608,7 +634,7 @@ def _fill(p: Placement, sizes: ModelSizes, layers: range, budget: Budget) -> Pla
     else:
         bucket = context_of(sizes, budget)
         p.decode_scratch = mem.decode_scratch_bytes(sizes.n_heads, bucket, sizes.vocab if logits else 0,
-                                                    sizes.row_width, compute_bytes(kind))
+                                                    sizes.row_width, p.device.value_bytes)
     return p
 
 
@@ -715,6 +741,6 @@ def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
 
 __all__ = ["Budget", "DeviceInfo", "Machine", "ModelSizes", "Placement", "DevicePlan", "PlanError",
            "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "plan_for_files", "parse_device_map",
-           "gpu_layers_map", "kv_bytes_per_layer", "vision_tower_bytes", "cpu_tower_runs_bf16", "gpu_tower_runs_bf16",
+           "gpu_layers_map", "kv_bytes_per_layer", "kv_value_bytes", "vision_tower_bytes", "cpu_tower_runs_bf16", "gpu_tower_runs_bf16",
            "activation_bytes",
            "vision_activation_bytes", "image_patches", "context_of", "prefill_scratch_bytes", "STAGES"]

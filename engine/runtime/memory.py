@@ -76,12 +76,6 @@ def kv_type_bytes(kv_type: str) -> int:
     return KV_TYPE_BYTES[kv_type]
 
 
-def kv_value_bytes(device_kind: str, kv_type: str = "f32") -> int:
-    """Bytes of one KV element on a device kind: the CPU's KV is the kv_type's, a GPU's keeps
-    the model's 16-bit compute dtype whatever the kv_type (decoder.new_cache allocates so)."""
-    return kv_type_bytes(kv_type) if device_kind == "cpu" else 2
-
-
 def kv_bytes(tokens: int, kv_width: int, n_layers: int, value_bytes: int) -> int:
     """K and V of `tokens` positions over `n_layers` layers (kv_width = kv_heads x (k + v dims))."""
     return tokens * kv_width * n_layers * value_bytes

@@ -395,3 +395,27 @@ def test_f16_kv_fits_twice_the_context_of_f32_on_the_same_cpu(files):
     assert "CPU KV f16" in f16.explain() and "CPU KV" not in f32.explain()
     with pytest.raises(PlanError, match="KV type 'q8' is not one of f32, f16"):
         plan_devices(s, Machine((), CPU64), Budget(kv_type="q8"))
+
+
+def test_the_compute_dtype_is_the_models_own_answer_for_each_device(files, monkeypatch):
+    """The planner keeps no dtype rule of its own (issue 34, item 7): detect_machine asks the
+    text model's default_dtype of every device, and the plan's KV and activations follow that
+    answer. Here default_dtype is made to answer float32 on a GPU: its layers' KV and prefill
+    rows then cost twice what a 16-bit GPU's do."""
+    import torch
+
+    from tramontane.engine.mistral3 import text
+    from tramontane.engine.runtime import device_map, memory
+
+    real = text.default_dtype
+    assert device_map.detect_machine().cpu.compute_value_bytes == real(torch.device("cpu")).itemsize == 4
+    monkeypatch.setattr(memory, "gpu_free_memory", lambda: [(24 * GiB, 24 * GiB, "fake", False, "nvml", (8, 0))])
+    monkeypatch.setattr(text, "default_dtype", lambda device: torch.float32 if device.type == "cuda" else real(device))
+    (gpu,) = device_map.detect_machine().gpus
+    assert gpu.compute_value_bytes == 4 and gpu.value_bytes == 4
+    s = _sizes(files["ministral-8b"])
+    wide = plan_devices(s, Machine((gpu,), CPU64)).placements[0]
+    narrow = plan_devices(s, Machine((_gpu(24),), CPU64)).placements[0]  # simulated: a 16-bit GPU
+    assert narrow.device.value_bytes == 2 and wide.layers == narrow.layers
+    assert wide.kv == 2 * narrow.kv and wide.activations == 2 * narrow.activations
+    assert "x 4 B (32-bit)" in plan_devices(s, Machine((gpu,), CPU64)).explain()

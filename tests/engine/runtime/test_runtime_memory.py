@@ -239,7 +239,9 @@ def _fake_gpus(monkeypatch, nvml_devices):
     props = [_Props("A", "GPU-aaaa", 24 * GiB, 8, 6), _Props("B", "GPU-bbbb", 16 * GiB, 7, 5)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    # by index (memory.gpu_free_memory) or by device (text.default_dtype, asked by detect_machine)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: props[i.index if isinstance(i, torch.device) else i])
     contexts = []
 
     def mem_get_info(i=None):
@@ -272,6 +274,8 @@ def test_gpu_memory_comes_from_nvml_matched_by_uuid_without_a_context(monkeypatc
     m = detect_machine()
     assert [(d.name, d.free_bytes, d.capability) for d in m.gpus] == [("cuda:0", 20 * GiB, (8, 6)),
                                                                         ("cuda:1", 7 * GiB, (7, 5))]
+    # bf16 on A, f16 on B (no bf16 units): 2 bytes a value on both, each asked of its own GPU
+    assert [d.compute_value_bytes for d in m.gpus] == [2, 2] and m.cpu.compute_value_bytes == 4
 
 
 def test_without_nvml_only_gpus_in_use_are_asked(monkeypatch):
