@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QFrame, QHBoxLayout, QLabe
 from ...engine.api import GenerationStats
 from .icons import icon
 from .markdown import COPY_SCHEME, code_blocks, render_markdown
+from .speculation_status import speculation_note
 
 RENDER_INTERVAL_MS = 50
 THUMB_SIZE = 96
@@ -72,6 +73,9 @@ def status_text(message, live: GenerationStats | None = None, context: tuple[int
     ttft = live.ttft_s if live else message.ttft_s
     if decode:
         parts.append(f"{decode:.1f} tok/s")
+    spec = speculation_note(live) if live else ""  # the live reply's own counts: the store keeps no drafts
+    if spec:
+        parts.append(spec)
     if ttft:
         parts.append(f"TTFT {ttft:.2f} s")
     if live and live.context_size:
