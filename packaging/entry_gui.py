@@ -22,8 +22,8 @@ def _cli(args: list[str]) -> int:
     return main(args)
 
 
-def _probe_startup(launched: str) -> None:
-    """TRAMONTANE_STARTUP_PROBE=<launch time, seconds since the epoch>: once the main window is
+def _probe_startup(launched: float) -> None:
+    """TRAMONTANE_LAUNCH_TIME=<launch time, seconds since the epoch>: once the main window is
     visible (shown and exposed, the event loop running) print how long that took after launch,
     then quit. The packaging smoke test measures the start time with it.
 
@@ -33,7 +33,7 @@ def _probe_startup(launched: str) -> None:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    t0 = float(launched)
+    t0 = launched
     app = QApplication.instance() or QApplication(sys.argv)
 
     def check() -> None:
@@ -64,9 +64,9 @@ def _main() -> int:
         return 0
     from tramontane.env import read_env
 
-    probe = read_env().startup_probe
-    if probe:
-        _probe_startup(probe)
+    launched = read_env().launch_time
+    if launched is not None:
+        _probe_startup(launched)
     from tramontane.app.main import main
 
     return main()

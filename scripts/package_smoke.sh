@@ -126,10 +126,10 @@ step "exercise the bundle: tests/e2e/test_bundle.py (every quantization, hub dow
 TRAMONTANE_BUNDLE="$B" "$V/python" -m pytest -q -p no:cacheprovider tests/e2e/test_bundle.py
 
 step "start time (launch to main window visible, offscreen; data dir without a model)"
-# entry_gui.py's TRAMONTANE_STARTUP_PROBE: the app quits once its window is visible and says when.
+# entry_gui.py's TRAMONTANE_LAUNCH_TIME: the app quits once its window is visible and says when.
 for run in 1 2 3; do
     rm -rf "$WORK/data-start"
-    TRAMONTANE_DATA_DIR="$WORK/data-start" TRAMONTANE_STARTUP_PROBE=$(date +%s.%N) \
+    TRAMONTANE_DATA_DIR="$WORK/data-start" TRAMONTANE_LAUNCH_TIME=$(date +%s.%N) \
         timeout 120 "$B/tramontane" | grep '^startup:' | sed "s/^/  run $run: /"
 done
 

@@ -87,8 +87,8 @@ def test_unset_means_the_defaults():
         (False, None, True, None, None)
     assert (env.threads, env.torch_threads, env.data_dir, env.models_dir, env.model_places) == \
         (None, None, None, None, None)
-    assert (env.selftest_model, env.selftest_mmproj, env.selftest_traceback, env.startup_probe) == \
-        (None, None, False, "")
+    assert (env.selftest_model, env.selftest_mmproj, env.selftest_traceback, env.startup_probe,
+            env.launch_time) == (None, None, False, "", None)
 
 
 def test_values_are_parsed_as_the_readers_did(tmp_path):
@@ -113,6 +113,11 @@ def test_values_are_parsed_as_the_readers_did(tmp_path):
     assert one("model_places", "").model_places == ()  # set but empty: no places at all
     assert one("selftest_traceback", "0").selftest_traceback  # any value, as before
     assert one("startup_probe", "exit").startup_probe == "exit"
+    # the frozen app's launch time is a variable of its own: the probe's words are no time
+    assert one("launch_time_text", " 1722000000.25 ").launch_time == 1722000000.25
+    assert one("startup_probe", "1722000000.25").launch_time is None
+    with pytest.raises(ValueError, match="TRAMONTANE_LAUNCH_TIME must be the launch time .* got 'exit'"):
+        one("launch_time_text", "exit").launch_time
 
 
 def test_read_on_every_call(monkeypatch):

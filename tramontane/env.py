@@ -101,9 +101,12 @@ class Env:
     selftest_traceback: bool = _setting("TRAMONTANE_SELFTEST_TRACEBACK", _any_text)
     """a failed self-test step prints its traceback too."""
     startup_probe: str = _setting("TRAMONTANE_STARTUP_PROBE", _text)
-    """measure the start: "1" prints when the window was on screen and what was imported by
-    then, "exit" also quits there; the frozen entry point takes a launch time (seconds since
-    the epoch), prints how long the window took to be visible, and quits."""
+    """measure the start (app/main.py): "1" prints when the window was on screen and what was
+    imported by then, "exit" also quits there."""
+    launch_time_text: str = _setting("TRAMONTANE_LAUNCH_TIME", _text)
+    """the frozen app's start-time measure (packaging/entry_gui.py), as written: when it was
+    launched, seconds since the epoch (`launch_time` checks it); once its window is visible it
+    prints how long that took, and quits."""
 
     @property
     def threads(self) -> int | None:
@@ -118,6 +121,20 @@ class Env:
         if count < 1:
             raise ValueError(f"TRAMONTANE_THREADS must be a positive integer, got {self.threads_text!r}")
         return count
+
+
+    @property
+    def launch_time(self) -> float | None:
+        """TRAMONTANE_LAUNCH_TIME as seconds since the epoch (None: unset); ValueError for
+        anything but a number."""
+        text = self.launch_time_text.strip()
+        if not text:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError("TRAMONTANE_LAUNCH_TIME must be the launch time in seconds since the epoch "
+                             f"(date +%s.%N), got {self.launch_time_text!r}") from None
 
 
 def read_env(environ: Mapping[str, str] | None = None) -> Env:

@@ -144,7 +144,7 @@ def test_remote_server_chat(env):
 
 # -- the window ---------------------------------------------------------------------------------
 def test_window_start_time(env):
-    env["TRAMONTANE_STARTUP_PROBE"] = f"{time.time():.3f}"
+    env["TRAMONTANE_LAUNCH_TIME"] = f"{time.time():.3f}"
     res = run("tramontane", env=env, timeout=120)
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("startup:")), None)
     assert line, res.stdout + res.stderr
