@@ -193,6 +193,25 @@ engine_bench() {
         --json "$RESULTS/engine.json"
 }
 
+spec_cost() {
+    # issue 38 (a): a verification of k drafts (k + 1 rows of one forward) against the plain decode
+    # step (CUDA graphs on a GPU) on the 24B-shaped file, rows 1..9, and the speed-up that predicts
+    # with a Ministral-3-3B-sized draft (its Q4_K_M decode ~0.14 of the 24B's bytes a token)
+    local dev=cuda
+    "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || dev=cpu
+    "$PY" bench/spec_cost.py --model "$WORK/model.gguf" --device "$dev" --context 1024 --max-k 8 --repeats 5 \
+        --acceptance 0.6 --acceptance 0.7 --acceptance 0.8 --draft-cost 0.14 > "$RESULTS/spec_cost.json" || return 1
+    cat "$RESULTS/spec_cost.json"
+    "$PY" - "$RESULTS/spec_cost.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+v = r["verify"]
+predicted = ", ".join(f"a = {a}: {p['speedup']:.2f}x at k = {p['best_k']}" for a, p in r["predicted"].items())
+print(f"spec-cost: k+1 rows / 1 row = {' '.join(f'{x:.2f}' for x in v)} (k = 0..{len(v) - 1}); "
+      f"5 rows {v[4]:.2f}x one (goal <= 1.3); predicted with a 0.14 draft: {predicted}")
+PYEOF
+}
+
 llama_bench() {
     local bin=$WORK/llama.cpp/build/bin/llama-bench
     [ -s "$RESULTS/llama.txt" ] && { cat "$RESULTS/llama.txt"; return 0; }  # why it was not built
@@ -206,7 +225,7 @@ pytest_allow_none() {  # pytest, but "no tests selected" (rc 5) is not a failure
     "$PY" -m pytest "$@"; local rc=$?; [ $rc -eq 5 ] && return 0; return $rc
 }
 export PY ROOT WORK RESULTS WHEELS CPU_REHEARSAL RUNTIME
-export -f pytest_allow_none setup kernels_tests cuda_tests engine_bench llama_bench model_files llama_build
+export -f pytest_allow_none setup kernels_tests cuda_tests engine_bench spec_cost llama_bench model_files llama_build
 
 section setup 100 setup
 if [ ${#FAILED[@]} -gt 0 ]; then echo "setup failed: nothing else can run"; "$PY" scripts/device_report.py "$RESULTS"; exit 2; fi
@@ -228,6 +247,7 @@ section kernels-tests 110 kernels_tests
 section cuda-tests 80 cuda_tests
 pause_build  # our engine's numbers without a compiler beside them
 section engine-bench 140 engine_bench
+section spec-cost 75 spec_cost  # issue 38 (a), beside engine-bench: the same file, the compiler still paused
 resume_build
 if [ -n "$BUILD_PID" ]; then
     while kill -0 "$BUILD_PID" 2>/dev/null && [ "$(left)" -gt 45 ]; do sleep 2; done
