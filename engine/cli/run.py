@@ -46,10 +46,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--spec", choices=("off", "ngram"), default=defaults.speculation,
-                   help="speculative decoding: ngram drafts from the conversation's own tokens (lossless)")
-    p.add_argument("--spec-tokens", type=int, default=defaults.spec_tokens, metavar="K",
-                   help="at most K drafted tokens verified a step (default %(default)s)")
+    add_speculation_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     local = p.add_argument_group("local model")
     add_local_model_arguments(local)
@@ -131,6 +128,15 @@ def add_local_model_arguments(parser, context_help: str | None = None) -> None:
                              "(GPU layers keep their own type) (default: %(default)s)")
 
 
+def add_speculation_arguments(parser) -> None:
+    """`run`'s and `serve`'s --spec and --spec-tokens (serve: every request's default)."""
+    defaults = SamplingParams()
+    parser.add_argument("--spec", choices=("off", "ngram"), default=defaults.speculation,
+                        help="speculative decoding: ngram drafts from the conversation's own tokens (lossless)")
+    parser.add_argument("--spec-tokens", type=int, default=defaults.spec_tokens, metavar="K",
+                        help="at most K drafted tokens verified a step (default %(default)s)")
+
+
 def add_kv_disk_argument(parser) -> None:
     parser.add_argument("--kv-disk", metavar="DIR",
                         help="keep the KV prefix cache's blocks in DIR too (at most 4 GiB), so a "
@@ -155,7 +161,7 @@ def load_local(args, images: bool):
 
 def note_capped_context(args, engine) -> None:
     """Say so when --context-length asked for more than the model file allows (it is capped)."""
-    asked, used = getattr(args, "context_length", None), engine.cache.capacity
+    asked, used = getattr(args, "context_length", None), engine.context_size
     if asked and asked > used:
         print(f"note: --context-length {asked} is more than {Path(args.model).name} allows: "
               f"using {used} tokens", file=sys.stderr)
@@ -348,12 +354,12 @@ def token_nll(model, tokenizer, ids: list[int], window: int, stride: int, kv_typ
     so only a chunk's logits are ever in memory."""
     from ..mistral3.chat_format import EncodedPrompt
     from ..runtime.batch import BatchScheduler
-    from ..runtime.decoder import new_cache
+    from ..runtime.decoder import new_pool
     from ..runtime.prefix_cache import PrefixCache, ReplyMemory
 
     n = len(ids)
-    cache = new_cache(model, min(window, n), capture_graphs=False, kv_type=kv_type)  # prefill only: no graphs
-    scheduler = BatchScheduler(model, tokenizer, slots=1, priority_slots=0, caches=[cache],
+    pool = new_pool(model, min(window, n), capture_graphs=False, kv_type=kv_type)  # prefill only: no graphs
+    scheduler = BatchScheduler(model, tokenizer, slots=1, priority_slots=0, pool=pool, context_length=min(window, n),
                                prefix_cache=PrefixCache(0), replies=ReplyMemory(capacity=0), gather_s=0.0)
     score = SamplingParams(max_tokens=0, temperature=0.0, prompt_logprobs=True)
     total, scored = 0.0, 0

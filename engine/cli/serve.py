@@ -9,7 +9,7 @@ from ..api import EngineError
 
 def add_parsers(sub) -> None:
     from ..server.openai_api import ConnectionLimits, RequestLimits
-    from .run import add_kv_disk_argument, add_local_model_arguments
+    from .run import add_kv_disk_argument, add_local_model_arguments, add_speculation_arguments
 
     limits = RequestLimits()
     conn = ConnectionLimits()
@@ -33,6 +33,7 @@ def add_parsers(sub) -> None:
                    help="let web pages from ORIGIN (e.g. http://localhost:3000, or *) call the server")
     add_local_model_arguments(p)
     add_kv_disk_argument(p)
+    add_speculation_arguments(p)  # requests may choose their own (speculation, speculative.n_max)
     p.add_argument("--max-body-mb", type=int, default=limits.max_body_bytes >> 20)
     p.add_argument("--max-image-mb", type=int, default=limits.max_image_bytes >> 20)
     p.add_argument("--max-queue", type=int, default=limits.max_queue,
@@ -75,6 +76,10 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     for name in ("header_timeout", "body_timeout", "idle_timeout"):
         if not getattr(args, name) > 0:
             raise EngineError(f"--{name.replace('_', '-')} must be more than 0 seconds, got {getattr(args, name)}")
+    from ..server.openai_api import MAX_SPEC_TOKENS
+
+    if not 1 <= args.spec_tokens <= MAX_SPEC_TOKENS:
+        raise EngineError(f"--spec-tokens must be 1..{MAX_SPEC_TOKENS}, got {args.spec_tokens}")
     aliases = tuple(a.strip() for a in args.alias)
     if any(not a for a in aliases):
         raise EngineError("--alias needs a name, got an empty one")
@@ -91,7 +96,8 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     server = OpenAIServer(executor, host=args.host, port=args.port, api_key=api_key,
                           allow_network=args.allow_network, cors_origins=tuple(args.cors_origin),
                           limits=limits, aliases=aliases, strict_model=args.strict_model,
-                          connection_limits=connection_limits, ollama_port=args.ollama_port)
+                          connection_limits=connection_limits, ollama_port=args.ollama_port,
+                          speculation=(args.spec, args.spec_tokens))
     try:
         server.start()
         also = f" and Ollama's API at http://{args.host}:{server.ollama_port}" if server.ollama_port else ""

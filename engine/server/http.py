@@ -146,7 +146,8 @@ class OpenAIServer:
                  cors_origins: tuple[str, ...] = (), limits: RequestLimits | None = None,
                  on_finished: Callable[[Finished], None] | None = None,
                  aliases: tuple[str, ...] = (), strict_model: bool = False,
-                 connection_limits: ConnectionLimits | None = None, ollama_port: int | None = None):
+                 connection_limits: ConnectionLimits | None = None, ollama_port: int | None = None,
+                 speculation: tuple[str, int] | None = None):
         check_bind(host, allow_network, api_key)
         self.executor = executor
         self.host = host
@@ -157,7 +158,7 @@ class OpenAIServer:
         self.guard = Guard(host, api_key, cors_origins)
         self.aliases = tuple(dict.fromkeys(aliases))
         self.strict_model = strict_model
-        self.tasks = Tasks(executor, self.limits, on_finished)
+        self.tasks = Tasks(executor, self.limits, on_finished, speculation)  # (mode, drafted tokens a step)
         self.apis = (AnthropicRoutes(self), OllamaRoutes(self), ResponsesRoutes(self), OpenAIRoutes(self))
         self._public: set = set()  # handlers answered without the API key
         self._connections: dict[object, _Connection] = {}  # by transport (loop thread only)

@@ -106,6 +106,8 @@ class ChatJob:
     echo: bool = False  # completions: the prompt's text comes back before the reply
     tool_request: ToolRequest | None = None  # chat: tools, tool_choice, response_format, logprobs
     reasoning_format: str = "auto"  # chat: llama.cpp's field, where a thought goes (REASONING_FORMATS)
+    # the request's own speculation (mode, drafted tokens at most a step or None); None: the server's
+    speculation: tuple[str, int | None] | None = None
 
     @property
     def tools(self) -> list[ToolSpec]:
@@ -157,6 +159,8 @@ _CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "functions": ([],), "function_call":
                      "audio": None, "modalities": (["text"],), "prediction": None}
 _COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "suffix": ("",), "top_logprobs": 0}
 LEGACY_MAX_LOGPROBS = 5  # /v1/completions' `logprobs`: OpenAI's legacy API takes 0..5
+SPEC_MODES = ("off", "ngram")
+MAX_SPEC_TOKENS = 16  # runtime/generate.check_params' bound on SamplingParams.spec_tokens
 
 
 def sampling_params(body: dict, context_size: int) -> SamplingParams:
@@ -203,6 +207,33 @@ def sampling_params(body: dict, context_size: int) -> SamplingParams:
     except EngineError as exc:
         raise ApiError(400, str(exc)) from None
     return params
+
+
+def request_speculation(body: dict) -> tuple[str, int | None] | None:
+    """A request's speculative decoding: Tramontane's `speculation` ("off" or "ngram", prompt
+    lookup) and llama-server's `speculative.n_max` (at most that many drafted tokens a step; 0
+    turns it off, more turns prompt lookup on, the one drafter here) and `speculative.n_min`.
+    None where the request says nothing: the server's default (`serve --spec`). Lossless either
+    way: only the speed changes."""
+    mode = body.get("speculation")
+    if mode is not None and mode not in SPEC_MODES:
+        raise bad("speculation", f"must be one of {', '.join(SPEC_MODES)}, got {mode!r}")
+    n_max = _integer(body, "speculative.n_max", lo=0)
+    if n_max is not None and n_max > MAX_SPEC_TOKENS:
+        raise bad("speculative.n_max", f"must be 0..{MAX_SPEC_TOKENS}, got {n_max}")
+    n_min = _integer(body, "speculative.n_min", lo=0)
+    if n_min is not None and n_min > 1:
+        # prompt lookup drafts what its match and the measured acceptance allow, never padding a
+        # draft to a minimum: a minimum would only skip short drafts, which this engine does not
+        raise bad("speculative.n_min", f"must be 0 or 1 (prompt lookup's drafts have no minimum length), "
+                                       f"got {n_min}", code="unsupported_parameter")
+    if n_max is None:
+        return None if mode is None else (mode, None)
+    if n_max == 0 or mode == "off":
+        if mode == "ngram":
+            raise bad("speculative.n_max", "is 0 (no drafts) while speculation is ngram: send one of them")
+        return "off", None
+    return "ngram", n_max
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:
@@ -421,6 +452,7 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
     job = chat_job(messages, model, sampling_params(body, model.context_size), stream,
                    parse_tool_request(body), include_usage=include_usage, n=_choice_count(body))
     job.reasoning_format = _reasoning_format(body)
+    job.speculation = request_speculation(body)
     return job
 
 
@@ -524,13 +556,15 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise bad("echo", f"must be true or false, got {echo!r}")
-    if echo and top is not None:
-        raise bad("echo", "with logprobs needs the prompt's log-probabilities, which this server does not "
-                          "compute yet: ask for echo or logprobs, not both", code="unsupported_parameter")
+    if echo and top:  # logprobs 0 with echo: each prompt token's own log-probability (null for the first)
+        raise bad("logprobs", f"{top} with echo needs each prompt token's {top} most likely alternatives, which "
+                              "this server does not compute: send logprobs 0 with echo (every prompt token's own "
+                              "log-probability), or logprobs without echo", code="unsupported_parameter")
     grammar = structured_output_grammar(body)
     request = tool_request([], grammar_text=grammar, top_logprobs=top) if grammar or top is not None else None
     return ChatJob(sampling_params(body, model.context_size), stream, include_usage, prompt=prompts[0],
-                   n=_choice_count(body), prompts=prompts, tool_request=request, echo=echo)
+                   n=_choice_count(body), prompts=prompts, tool_request=request, echo=echo,
+                   speculation=request_speculation(body))
 
 
 def _legacy_logprobs(body: dict) -> int | None:
@@ -627,6 +661,25 @@ def usage_of(results: list[GenerationResult], n: int = 1) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(r.stats.reused_tokens for r in firsts)}}
 
 
+def timings_of(results: list[GenerationResult], speculating: bool = False) -> dict:
+    """llama-server's `timings` (beside `usage`): prompt tokens computed and from the cache, tokens
+    generated and their speeds; while speculating, the tokens drafted and of those accepted
+    (`draft_n`, `draft_n_accepted`), summed over the choices."""
+    stats = [r.stats for r in results]
+    prompt_n = sum(s.prefilled_tokens for s in stats)
+    predicted_n = sum(s.generated_tokens for s in stats)
+    prompt_ms = sum(s.prefilled_tokens / s.prefill_tok_s * 1e3 for s in stats if s.prefill_tok_s > 0)
+    predicted_ms = sum(s.generated_tokens / s.decode_tok_s * 1e3 for s in stats if s.decode_tok_s > 0)
+    out = {"cache_n": sum(s.reused_tokens for s in stats), "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+           "prompt_per_second": prompt_n / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+           "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+           "predicted_per_second": predicted_n / predicted_ms * 1e3 if predicted_ms > 0 else 0.0}
+    if speculating:  # llama-server sends these only where speculation is on
+        out["draft_n"] = sum(s.drafted_tokens for s in stats)
+        out["draft_n_accepted"] = sum(s.accepted_tokens for s in stats)
+    return out
+
+
 def stop_reason(result: GenerationResult, params: SamplingParams, full_text: str) -> str | None:
     """The stop string that ended the reply (vLLM's `stop_reason`; Tramontane's client reads it)."""
     if result.finish_reason != "stop_string":
@@ -640,13 +693,14 @@ class Reply:
     stream chunks, all under one id and creation time."""
 
     def __init__(self, endpoint: str, model: ServedModel, include_usage: bool = False,
-                 reasoning_format: str = "auto"):
+                 reasoning_format: str = "auto", speculating: bool = False):
         self.chat = endpoint == "chat"
         self.thoughts = ThoughtShape(reasoning_format)
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.model = model
         self.created = int(time.time())
         self.include_usage = include_usage  # streamed: a last chunk carries the usage
+        self.speculating = speculating  # timings: drafted and accepted tokens
 
     def _body(self, streamed: bool, choices: list) -> dict:
         kind = ("chat.completion.chunk" if streamed else "chat.completion") if self.chat else "text_completion"
@@ -683,6 +737,7 @@ class Reply:
         choice["logprobs"] = (logprobs_json if self.chat else legacy_logprobs_json)(result.logprobs)
         body = self._body(False, [choice])
         body["usage"] = usage(result)
+        body["timings"] = timings_of([result], self.speculating)
         return body
 
     def opening(self) -> dict | None:
@@ -698,6 +753,7 @@ class Reply:
     def closing(self, result: GenerationResult, reason: str | None) -> list[dict]:
         """The chunk with the finish reason, then the usage chunk when it was asked for."""
         chunks = [self._chunk(self._choice(True, "", finish_reason(result), reason))]
+        chunks[0]["timings"] = timings_of([result], self.speculating)  # llama-server: on the reply's last chunk
         if result.logprobs is not None:  # every token's, with the last chunk
             chunks[0]["choices"][0]["logprobs"] = (logprobs_json if self.chat else legacy_logprobs_json)(
                 result.logprobs)

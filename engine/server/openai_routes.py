@@ -13,7 +13,7 @@ from ..documents.document import DocumentError
 from ..documents.prompt import engine_documents_prompt
 from .errors import ApiError, bad
 from .openai_api import ChatJob, Reply, chat_job, model_not_found, model_object, models_response, \
-    parse_chat_request, parse_completion_request, usage_of
+    parse_chat_request, parse_completion_request, timings_of, usage_of
 from .streaming import SSE_TYPE, open_stream, sse
 from .tasks import Generation
 from .tools_api import ToolStream
@@ -98,11 +98,13 @@ class OpenAIRoutes:
             if job.stream:
                 return await self._stream(request, endpoint, generation, model)
             outcomes = await generation.outcomes()
-            reply = Reply(endpoint, model, reasoning_format=job.reasoning_format)
+            reply = Reply(endpoint, model, reasoning_format=job.reasoning_format,
+                          speculating=job.params.speculation != "off")
             bodies = [reply.whole(*outcome) for outcome in outcomes]
             body = bodies[0]
             body["choices"] = [dict(b["choices"][0], index=index) for index, b in enumerate(bodies)]
             body["usage"] = usage_of([result for result, _ in outcomes], job.n)
+            body["timings"] = timings_of([result for result, _ in outcomes], reply.speculating)
             return web.json_response(body)
         except (asyncio.CancelledError, ConnectionError):
             # The client went away (aiohttp cancels the handler, or a write fails).
@@ -113,7 +115,8 @@ class OpenAIRoutes:
         job = generation.job
         first = await generation.first_event()
         response = await open_stream(request, SSE_TYPE)
-        reply = Reply(endpoint, model, job.include_usage, job.reasoning_format)
+        reply = Reply(endpoint, model, job.include_usage, job.reasoning_format,
+                      speculating=job.params.speculation != "off")
         opening = reply.opening()
         if opening is not None:
             await response.write(b"".join(sse(_indexed(opening, i))

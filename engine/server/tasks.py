@@ -25,7 +25,7 @@ from .errors import ApiError
 from .executor import EngineExecutor, ModelUnavailable
 from .openai_api import ChatJob, ConversationKeys, RequestLimits, ServedModel, context_exceeded, stop_reason
 from .openai_api import reasoning_of  # noqa: F401 - the APIs read it from here, beside reply_events
-from .tools_api import ToolStream, engine_params, read_tool_calls
+from .tools_api import ToolStream, engine_params, prompt_token_logprobs, read_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ class Generation:
         if tasks.pending >= tasks.limits.max_queue:
             raise ApiError(503, f"the server is busy ({tasks.pending} requests waiting or running): "
                                 "try again shortly", code="server_busy")
+        job = tasks.with_speculation(job)
         self.job = job
         self.key = key
         self._cancel = threading.Event()
@@ -264,12 +265,27 @@ class Tasks:
     (`completion`), with the queue bound and the conversations' KV sessions."""
 
     def __init__(self, executor: EngineExecutor, limits: RequestLimits,
-                 on_finished: Callable[[Finished], None] | None = None):
+                 on_finished: Callable[[Finished], None] | None = None,
+                 speculation: tuple[str, int] | None = None):
         self.executor = executor
         self.limits = limits
         self.on_finished = on_finished
+        # the server's speculative decoding (`serve --spec ngram --spec-tokens K`): every request
+        # that does not choose its own (ChatJob.speculation)
+        self.speculation = speculation
         self.conversations = ConversationKeys()
         self.pending = 0  # jobs waiting or running (touched on the loop thread only)
+
+    def with_speculation(self, job: ChatJob) -> ChatJob:
+        """The job's sampling with its speculation: the request's own, else the server's; the
+        drafted tokens a step the request's, else the server's, else the engine's default."""
+        mode, tokens = job.speculation or (None, None)
+        default_mode, default_tokens = self.speculation or (None, None)
+        mode = mode or default_mode
+        if mode is None:
+            return job
+        tokens = tokens or default_tokens or job.params.spec_tokens
+        return dataclasses.replace(job, params=dataclasses.replace(job.params, speculation=mode, spec_tokens=tokens))
 
     def chat(self, job: ChatJob, model: ServedModel) -> Generation:
         """A conversation's reply (`job.messages`; a last assistant message is continued)."""
@@ -326,9 +342,13 @@ class Tasks:
                 prompts.append(prompt)
             return prompts
 
+        scored = job.echo and job.tool_request is not None and job.tool_request.top_logprobs is not None
+
         def run(engine, prompt, params, on_piece, cancel):
             if job.tool_request is not None:  # a structured output's grammar, logprobs
                 params = engine_params(engine.tokenizer, job.tool_request, params)
+            if scored:  # echo with logprobs: every prompt token's too
+                params = dataclasses.replace(params, prompt_logprobs=True)
             echoed = engine.tokenizer.decode(prompt[1:] if prompt[:1] == [engine.tokenizer.bos_id] else prompt) \
                 if job.echo else ""
             if echoed and on_piece is not None:
@@ -336,6 +356,9 @@ class Tasks:
             result = engine.complete(prompt, params, on_piece=on_piece, cancel=cancel,
                                      session_key=COMPLETIONS_SESSION)
             result.text = echoed + result.text
+            if scored:  # the prompt's entries before the reply's (control tokens leave with them, below)
+                result.logprobs = prompt_token_logprobs(engine.tokenizer, prompt, result.prompt_logprobs or []) \
+                    + result.logprobs
             return result
 
         return Generation(self, "completions", job, prepare, run, COMPLETIONS_SESSION)

@@ -380,8 +380,18 @@ def legacy_logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
     for e in entries:
         offsets.append(at)
         at += len(decoder.decode(e.token_bytes))
+    # a prompt's first token (nothing before it to predict it): null and null, as OpenAI writes it
     return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries], "text_offset": offsets}
+            "top_logprobs": [None if e.logprob is None else {t.token: t.logprob for t in e.top} for e in entries],
+            "text_offset": offsets}
+
+
+def prompt_token_logprobs(tokenizer, ids: list[int], scored: list[float]) -> list[TokenLogprob]:
+    """An echoed prompt's entries for the legacy shape: `scored` is log p(ids[i] | ids[:i]) for
+    i >= 1 (GenerationResult.prompt_logprobs), so the first token has none (None); the prompt's
+    alternatives are not computed (top empty)."""
+    values = [None, *scored]
+    return [TokenLogprob(t, v, (), tokenizer.piece(t), tokenizer.token_bytes(t)) for t, v in zip(ids, values)]
 
 
 def tool_call_deltas(calls: list[ToolCall]) -> list[dict]:

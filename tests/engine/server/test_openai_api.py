@@ -149,8 +149,10 @@ def test_completion_prompts_are_text_or_token_ids():
     for bad in (None, [], [1, "x"], 5, ["a", 5], [[]], ["x"] * 33):
         assert "prompt:" in refused({"prompt": bad}, parse=parse_completion_request).message
     assert parse_completion_request({"prompt": "x", "echo": True}, VISION, LIMITS).echo
-    assert "echo: with logprobs" in refused({"prompt": "x", "echo": True, "logprobs": 1},
-                                            parse=parse_completion_request).message
+    assert "logprobs 0 with echo" in refused({"prompt": "x", "echo": True, "logprobs": 1},
+                                             parse=parse_completion_request).message
+    scored = parse_completion_request({"prompt": "x", "echo": True, "logprobs": 0}, VISION, LIMITS)
+    assert scored.echo and scored.tool_request.top_logprobs == 0  # each prompt token's own log-probability
     assert parse_completion_request({"prompt": "x", "logprobs": 5}, VISION, LIMITS).tool_request.top_logprobs == 5
     for wrong in (6, -1, True, "2"):
         assert "logprobs: must be an integer 0..5" in refused({"prompt": "x", "logprobs": wrong},
