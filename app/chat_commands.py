@@ -158,12 +158,19 @@ class ChatCommands(QObject):
 
     def edit_chat_settings(self) -> None:
         """Chat ▸ Chat settings: the open chat's own temperature, top_p, max tokens and seed
-        (for the new chat, those it will be saved with), or the defaults."""
+        (for the new chat, those it will be saved with), or the defaults; its reasoning switch
+        where the model can think."""
         chat_id = self.session.current_chat_id
+        info = self.session.engine_info
         dialog = ChatSettingsDialog(self.session.chat_sampling(chat_id), self.window.settings.sampling,
-                                    self.window, new_chat=chat_id is None)
+                                    self.window, new_chat=chat_id is None,
+                                    reasoning=self.session.chat_reasoning(chat_id),
+                                    can_think=info is not None and info.can_think,
+                                    chat_version=info.chat_version if info is not None else 0)
         if dialog.exec() == QDialog.DialogCode.Accepted:
             self.session.set_chat_sampling(chat_id, dialog.values())
+            if not dialog.reasoning.isHidden():  # shown: the model can think
+                self.session.set_chat_reasoning(chat_id, dialog.reasoning.isChecked())
 
 
 __all__ = ["ChatCommands"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -297,6 +297,8 @@ class ChatSession(QObject):
         def finish(message_id: int, result: GenerationResult, so_far: str) -> None:
             text = result.text if result.text or not so_far else so_far
             store.finish_reply(message_id, text, result.stats, finish_reason=finish_reason(result.stats))
+            if request.documents is not None:  # the excerpts' (file, page), shown under the reply
+                store.set_reply_sources(message_id, [asdict(s) for s in request.documents.sources])
 
         def fail(message_id: int, so_far: str) -> None:
             if so_far:  # keep what was written, marked as an error
@@ -308,10 +310,11 @@ class ChatSession(QObject):
         params = self.sampling_for(self.current_chat_id).params(**self.param_overrides)
         self.pending = PendingReply(self._next_request, self.current_chat_id, None, threading.Event())
         self.busyChanged.emit(True)
-        self.worker.chat(ChatRequest(
+        request = ChatRequest(
             self.pending.request_id, [], params, None, self.pending.cancel, prepare=prepare,
             checkpoint=lambda message_id, text: store.checkpoint_reply(message_id, text),
-            finish=finish, fail=fail, tools=self.tools))
+            finish=finish, fail=fail, tools=self.tools)
+        self.worker.chat(request)
 
     @Slot(int, int, int)
     def _on_started(self, request_id: int, chat_id: int, message_id: int) -> None:

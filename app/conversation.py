@@ -42,6 +42,8 @@ class Conversation(QObject):
         streaming_id = session.streaming_id(chat.id if chat else None)
         w.view.show_messages(messages, live=session.live_stats, errors=session.errors,
                              busy=session.pending is not None, streaming_id=streaming_id)
+        if streaming_id is not None and session.pending.reasoning:
+            w.view.stream_thought(session.pending.reasoning)
         if streaming_id is not None and session.pending.text:
             w.view.stream_text(session.pending.text)
         notice = session.notices.get(session.current_chat_id, "")

@@ -25,3 +25,7 @@ class EngineInfo:
     # the vision tower's (image_size, patch_size, merge): what an image costs in tokens
     # (composer chips); None without a projector or on a server
     image_geometry: tuple[int, int, int] | None = None
+    # a reasoning model ([THINK] / [/THINK] in its vocabulary, issue 36) and its chat format
+    # version (7, 11, 13; 0 unknown, e.g. a server)
+    can_think: bool = False
+    chat_version: int = 0

@@ -19,6 +19,7 @@ class ReplyCommands(QObject):
         self.session = window.session
         self.wait_note = ""  # the composer's "another chat is writing" line, while true
         window.worker.documentsPlaced.connect(self.on_documents_placed)
+        self.session.thoughtStreamed.connect(self.on_thought)
 
     def send(self, text: str, images: list) -> bool:
         """Start the reply to a new user message. False (and a message) when it cannot be
@@ -81,6 +82,11 @@ class ReplyCommands(QObject):
             rate = self.session.live_rate()
             if rate:
                 self.window.view.set_streaming_note(f"writing… {rate:.1f} tok/s")
+
+    @Slot(str)
+    def on_thought(self, text: str) -> None:
+        """A reasoning model's thought so far, into its block above the answer."""
+        self.window.view.stream_thought(text)
 
     @Slot(int, object)
     def on_documents_placed(self, _request_id: int, prompt) -> None:

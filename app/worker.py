@@ -69,6 +69,7 @@ class ChatRequest:
     finish: Callable[[int, GenerationResult, str], object] | None = None
     fail: Callable[[int, str], object] | None = None
     tools: object | None = None  # app.tools.ToolBroker: the reply may call tools (see run_chat)
+    documents: object | None = None  # set by the worker: engine/documents' DocumentPrompt, for `finish`
 
 
 def warm_up_imports() -> None:
@@ -498,6 +499,7 @@ class EngineWorker(QObject):
         finally:
             if index is not None:
                 index.close()
+        req.documents = prompt  # its sources are saved with the reply (`finish`)
         self.documentsPlaced.emit(req.request_id, prompt)
         return prompt.messages
 

@@ -1,5 +1,6 @@
 """The Chat settings dialog: one chat's own temperature, top_p, max tokens and seed, or the
-app's (Settings) when "Use the defaults" is ticked."""
+app's (Settings) when "Use the defaults" is ticked; and, for a model that can think, the
+chat's reasoning switch (app/reasoning.py), with what it can and cannot do for that model."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,6 +9,7 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpin
                                QLabel, QLineEdit, QSpinBox, QVBoxLayout, QWidget)
 
 from ..config import SAMPLING_RANGES, Sampling, seed_from_text
+from ..reasoning import switch_words
 
 
 class ChatSettingsDialog(QDialog):
@@ -15,7 +17,8 @@ class ChatSettingsDialog(QDialog):
     defaults."""
 
     def __init__(self, own: dict[str, Any] | None, defaults: Sampling, parent: QWidget | None = None, *,
-                 new_chat: bool = False):
+                 new_chat: bool = False, reasoning: bool = True, can_think: bool = False, chat_version: int = 0):
+        """`reasoning`: the chat's switch; shown only where the loaded model `can_think`."""
         super().__init__(parent)
         self.setWindowTitle("Chat settings")
         self.defaults = defaults
@@ -50,6 +53,16 @@ class ChatSettingsDialog(QDialog):
         layout.addWidget(self.use_defaults)
         layout.addLayout(form)
         layout.addWidget(self.error)
+        label, note = switch_words(can_think, chat_version, reasoning)
+        self.reasoning = QCheckBox("&Reasoning: the model thinks before it answers")
+        self.reasoning.setChecked(reasoning)
+        self.reasoning.setVisible(bool(label))
+        self.reasoning_note = QLabel(note)  # said, not hidden in a tooltip: off may change nothing
+        self.reasoning_note.setObjectName("statusLine")
+        self.reasoning_note.setWordWrap(True)
+        self.reasoning_note.setVisible(bool(label))
+        layout.addWidget(self.reasoning)
+        layout.addWidget(self.reasoning_note)
         layout.addWidget(box)
         self.use_defaults.toggled.connect(self._defaults_toggled)
         self.use_defaults.setChecked(own is None)

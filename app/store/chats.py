@@ -137,12 +137,14 @@ class Chats:
                 copy_id = conn.execute(
                     "INSERT INTO messages (chat_id, position, role, text, state, finish_reason,"
                     " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
-                    " decode_tok_s, created_at, tool_json)"
+                    " decode_tok_s, created_at, tool_json, reasoning, reasoning_s, reasoning_open)"
                     " SELECT ?, position, role, text,"
                     " CASE state WHEN 'streaming' THEN 'interrupted' ELSE state END,"
                     " CASE state WHEN 'streaming' THEN 'interrupted' ELSE finish_reason END,"
                     " prompt_tokens, generated_tokens, reused_tokens, ttft_s, prefill_tok_s,"
-                    " decode_tok_s, created_at, tool_json FROM messages WHERE id = ?",
+                    " decode_tok_s, created_at, tool_json, reasoning, reasoning_s,"
+                    " CASE state WHEN 'streaming' THEN reasoning != '' AND text = '' ELSE reasoning_open END"
+                    " FROM messages WHERE id = ?",
                     (new_id, src["id"]),
                 ).lastrowid
                 self.attachments.copy_rows(copy_id, src["id"])
@@ -153,7 +155,8 @@ class Chats:
         """Create a whole chat in one transaction, keeping the given timestamps, states and
         stats (used by import). Each message dict has role, text and optionally images
         [(ImagePart, text_offset)], state, finish_reason, stats (GenerationStats), created_at,
-        tool (calls or card), versions (dicts as Versions.of_reply gives them)."""
+        tool (calls or card), reasoning (with reasoning_s, reasoning_open), versions (dicts as
+        Versions.of_reply gives them)."""
         values = chat_columns(chat_fields)
         now = self.db.now()
         values.setdefault("title", "Imported chat")
@@ -176,6 +179,10 @@ class Chats:
                         "interrupted" if state == "streaming" else state,
                         msg.get("finish_reason"), msg.get("stats"), float(msg.get("created_at", now)),
                     )
+                    if msg.get("reasoning"):  # a reasoning model's thought (schema v6)
+                        conn.execute("UPDATE messages SET reasoning = ?, reasoning_s = ?, reasoning_open = ?"
+                                     " WHERE id = ?", (str(msg["reasoning"]), msg.get("reasoning_s"),
+                                                       int(bool(msg.get("reasoning_open"))), message_id))
                     if msg.get("tool"):  # tool calls and cards (schema v5)
                         conn.execute("UPDATE messages SET tool_json = ? WHERE id = ?",
                                      (json.dumps(msg["tool"]), message_id))

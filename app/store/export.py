@@ -17,6 +17,7 @@ from typing import Any, Iterator
 from urllib.parse import quote
 
 from ...engine.api import GenerationStats, ImagePart
+from ..reasoning import thought_title
 from .errors import StoreError
 from .rows import ROLES, STATES, Chat
 from .store import Store
@@ -65,6 +66,7 @@ def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
                 **({"versions": [_version_json(v) for v in store.reply_versions(m.id)]}
                    if m.versions > 1 else {}),
                 **({"tool": m.tool} if m.tool else {}),  # tool calls, or a tool call's card
+                **_reasoning_json(m.reasoning, m.reasoning_s, m.reasoning_open),
             }
             for m in chat.messages
         ],
@@ -74,7 +76,25 @@ def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
 def _version_json(version: dict[str, Any]) -> dict[str, Any]:
     """One version of a regenerated reply (the shown one is also the message itself)."""
     return {"text": version["text"], "finish_reason": version["finish_reason"], "shown": bool(version["shown"]),
-            "created_at": version["created_at"], "stats": {key: version[key] for key in _STAT_KEYS}}
+            "created_at": version["created_at"], "stats": {key: version[key] for key in _STAT_KEYS},
+            **_reasoning_json(version["reasoning"], version["reasoning_s"], bool(version["reasoning_open"]))}
+
+
+def _reasoning_json(text: str, seconds: float | None, cut: bool) -> dict[str, Any]:
+    """A reply's thought (schema v6), only where it has one: older exports read the same."""
+    return {"reasoning": {"text": text, "seconds": seconds, "cut": cut}} if text else {}
+
+
+def _reasoning_fields(doc: "_Reader", raw: dict, at: str) -> dict[str, Any]:
+    """The `reasoning` object of a message or version -> restore_chat's reasoning fields."""
+    if raw.get("reasoning") is None:
+        return {}
+    thought = doc.object(raw, f"{at}.reasoning")
+    seconds = thought.get("seconds")
+    doc.require(seconds is None or _is_number(seconds) and seconds >= 0, f"{at}.reasoning.seconds",
+                f"expected a number of seconds, got {seconds!r}")
+    return {"reasoning": doc.string(thought, f"{at}.reasoning.text"), "reasoning_s": seconds,
+            "reasoning_open": doc.boolean(thought, f"{at}.reasoning.cut", default=False)}
 
 
 def export_json(store: Store, chat_id: int, path: str | Path) -> Path:
@@ -180,6 +200,7 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
                 "shown": doc.boolean(raw_version, f"{where}.shown", default=False),
                 "created_at": doc.number(raw_version, f"{where}.created_at", default=fields["created_at"]),
                 **{key: getattr(version_stats, key) for key in _STAT_KEYS},
+                **_reasoning_fields(doc, raw_version, where),
             })
         messages.append({
             "role": role,
@@ -191,6 +212,7 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
             "stats": stats,
             "images": images,
             "tool": None if raw.get("tool") is None else doc.object(raw, f"{at}.tool"),
+            **_reasoning_fields(doc, raw, at),
         })
     return store.restore_chat(fields, messages)
 
@@ -292,6 +314,8 @@ def chat_to_markdown(chat: Chat, image_folder: str) -> str:
             lines += _tool_card_markdown(m.tool, m.text)
             continue
         lines += [f"## {m.role.capitalize()}", ""]
+        if m.role == "assistant" and m.reasoning:
+            lines += _thought_markdown(m)
         pos = 0
         for img in m.images:  # images at their place in the text, as the model saw them
             offset = min(max(img.text_offset, pos), len(m.text))
@@ -309,6 +333,14 @@ def chat_to_markdown(chat: Chat, image_folder: str) -> str:
         if note:
             lines += [f"*{note}*", ""]
     return "\n".join(lines)
+
+
+def _thought_markdown(m: Any) -> list[str]:
+    """A reply's thought, folded above its answer as the window shows it (HTML <details>, which
+    Markdown readers fold; the thought quoted, so it reads apart from the answer)."""
+    title = thought_title(m.reasoning_s, m.reasoning_open)
+    quoted = [f"> {line}" if line else ">" for line in m.reasoning.strip("\n").splitlines()]
+    return [f"<details><summary>{title}</summary>", "", *quoted, "", "</details>", ""]
 
 
 def _tool_card_markdown(card: dict, result: str) -> list[str]:

@@ -25,8 +25,8 @@ class Replies:
         """Create the (empty) reply row in state `streaming`; returns its message id."""
         return self.messages.insert(chat_id, role, "", [], "streaming", None, None, None)
 
-    def checkpoint(self, message_id: int, text: str, *, force: bool = False) -> bool:
-        """Save the partial text of a streaming reply, in its own transaction. Skipped
+    def checkpoint(self, message_id: int, text: str, *, reasoning: str = "", force: bool = False) -> bool:
+        """Save the partial text (and thought) of a streaming reply, in its own transaction. Skipped
         (returns False) within `checkpoint_interval_s` of the previous checkpoint unless
         `force`, and when the message is gone or no longer streaming."""
         with self.db.lock:
@@ -36,7 +36,8 @@ class Replies:
                 return False
             with self.db.tx() as conn:
                 updated = conn.execute(
-                    "UPDATE messages SET text = ? WHERE id = ? AND state = 'streaming'", (text, message_id)
+                    "UPDATE messages SET text = ?, reasoning = ? WHERE id = ? AND state = 'streaming'",
+                    (text, reasoning, message_id)
                 ).rowcount
                 if updated:
                     conn.execute(
@@ -53,10 +54,18 @@ class Replies:
         text: str,
         stats: GenerationStats | None = None,
         finish_reason: str | None = None,
+        *,
+        reasoning: str = "",
+        reasoning_s: float | None = None,
+        reasoning_open: bool = False,
     ) -> bool:
         """Save the final text and numbers; the reply becomes `complete`. `finish_reason`
-        defaults to stats.finish_reason. Returns False when the message was deleted
-        meanwhile (e.g. its chat), raises StoreError if it is not streaming."""
+        defaults to stats.finish_reason. `reasoning`: a reasoning model's thought, apart from
+        the answer; `reasoning_s` how long it thought, `reasoning_open` whether it was cut off
+        before [/THINK]. Returns False when the message was deleted meanwhile (e.g. its chat),
+        raises StoreError if it is not streaming."""
+        if not isinstance(reasoning, str):
+            raise StoreError(f"message {message_id}: reasoning must be text, got {type(reasoning).__name__}")
         stats = stats or GenerationStats()
         reason = finish_reason or stats.finish_reason
         with self.db.tx() as conn:
@@ -69,8 +78,10 @@ class Replies:
             conn.execute(
                 "UPDATE messages SET text = ?, state = 'complete', finish_reason = ?,"
                 " prompt_tokens = ?, generated_tokens = ?, reused_tokens = ?, ttft_s = ?,"
-                " prefill_tok_s = ?, decode_tok_s = ? WHERE id = ?",
-                (text, reason, *stat_values(stats), message_id),
+                " prefill_tok_s = ?, decode_tok_s = ?, reasoning = ?, reasoning_s = ?, reasoning_open = ?"
+                " WHERE id = ?",
+                (text, reason, *stat_values(stats), reasoning, reasoning_s if reasoning else None,
+                 int(bool(reasoning) and reasoning_open), message_id),
             )
             self.versions.keep_finished_reply(conn, message_id)
             self.db.touch(row["chat_id"])

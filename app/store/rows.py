@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ...engine.api import ChatMessage, DocumentPart, GenerationStats, ImagePart, ToolCall
+from ...engine.api import ChatMessage, DocumentPart, GenerationStats, ImagePart, ThinkPart, ToolCall
 from .errors import StoreError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -60,6 +60,11 @@ class Message:
     # Tool use (schema v5): an assistant message's {"calls": [{id, name, arguments}]}, or a tool
     # message's card {call_id, name, arguments, status, error, elapsed_s, note}; None otherwise.
     tool: dict | None = None
+    # A reasoning model's thought (schema v6), apart from the answer in `text`: how long it
+    # thought (seconds, None: not measured) and whether it was cut off before [/THINK].
+    reasoning: str = ""
+    reasoning_s: float | None = None
+    reasoning_open: bool = False
 
 
 @dataclass
@@ -115,6 +120,7 @@ def message(row: sqlite3.Row, attached: list[StoredImage]) -> Message:
         reused_tokens=row["reused_tokens"], ttft_s=row["ttft_s"], prefill_tok_s=row["prefill_tok_s"],
         decode_tok_s=row["decode_tok_s"], created_at=row["created_at"], images=images,
         tool=tool_data(row["tool_json"]), documents=[a for a in attached if a.is_document],
+        reasoning=row["reasoning"], reasoning_s=row["reasoning_s"], reasoning_open=bool(row["reasoning_open"]),
     )
 
 
@@ -129,13 +135,25 @@ def tool_data(raw: str | None) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def thought_parts(message: Message) -> list[Any]:
+    """A reply's thought as the first of its parts (the chat format encodes it as the model's
+    format requires: a [THINK] chunk for a model that thinks, left out for one that cannot);
+    [] for a message without one."""
+    if message.role != "assistant" or not message.reasoning:
+        return []
+    return [ThinkPart(message.reasoning, closed=not message.reasoning_open)]
+
+
 def to_chat_message(message: Message, read_image: Callable[[str, str], bytes]) -> ChatMessage:
     """A stored message as engine input; `read_image(sha256, ext)` gives an image's bytes."""
     tool = message.tool or {}
+    thought = thought_parts(message)
     if message.role == "assistant" and tool.get("calls"):
         calls = [ToolCall(str(c.get("id", "")), str(c.get("name", "")), str(c.get("arguments", "{}")))
                  for c in tool["calls"] if isinstance(c, dict)]
-        return ChatMessage("assistant", [message.text] if message.text else [], tool_calls=calls)
+        return ChatMessage("assistant", thought + ([message.text] if message.text else []), tool_calls=calls)
+    if thought:
+        return ChatMessage("assistant", thought + ([message.text] if message.text else []))
     if message.role == "tool":
         return ChatMessage("tool", [message.text], tool_call_id=tool.get("call_id") or None)
     if not message.images and not message.documents:

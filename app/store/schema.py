@@ -121,9 +121,22 @@ MIGRATE_V4_TO_V5 = """
 ALTER TABLE messages ADD COLUMN tool_json TEXT;
 """
 
+# v5 -> v6: a reasoning model's thought ([THINK]...[/THINK], issue 36), apart from the answer in
+# `text`: its text, how long the model thought (seconds, for "Thought for 12 s"), and whether it
+# was cut off before [/THINK] (Stop while thinking: sent back without the [/THINK] it never
+# wrote). On a reply and on each of its versions.
+MIGRATE_V5_TO_V6 = """
+ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';
+ALTER TABLE messages ADD COLUMN reasoning_s REAL;
+ALTER TABLE messages ADD COLUMN reasoning_open INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE reply_versions ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';
+ALTER TABLE reply_versions ADD COLUMN reasoning_s REAL;
+ALTER TABLE reply_versions ADD COLUMN reasoning_open INTEGER NOT NULL DEFAULT 0;
+"""
+
 # MIGRATIONS[n] brings a version-n database to version n + 1.
 MIGRATIONS: dict[int, str] = {1: MIGRATE_V1_TO_V2, 2: MIGRATE_V2_TO_V3, 3: MIGRATE_V3_TO_V4,
-                              4: MIGRATE_V4_TO_V5}
+                              4: MIGRATE_V4_TO_V5, 5: MIGRATE_V5_TO_V6}
 SCHEMA_VERSION = 1 + len(MIGRATIONS)
 
 # The search index is derived data, not part of the versioned schema: it is (re)built on

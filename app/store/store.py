@@ -194,6 +194,7 @@ class Store:
     set_tool = _Offered("tool_messages", "set_tool")
     add_tool_message = _Offered("tool_messages", "add")
     update_tool_message = _Offered("tool_messages", "update")
+    set_reply_sources = _Offered("tool_messages", "set_sources")
     # images
     image_path = _Offered("attachments", "path")
     image_bytes = _Offered("attachments", "read")

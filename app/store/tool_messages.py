@@ -1,5 +1,6 @@
 """Tool use in a chat (schema v5): an assistant message's tool calls and a `tool` message's
-card (what was called, the user's answer, the result, time, error), kept as JSON."""
+card (what was called, the user's answer, the result, time, error), kept as JSON; the same
+per-message JSON holds a reply's document sources (issue 37: the excerpts it was given)."""
 from __future__ import annotations
 
 import json
@@ -23,6 +24,19 @@ class ToolMessages:
             raise StoreError(f"message {message_id} tool data: not JSON-serialisable: {exc}") from exc
         with self.db.tx() as conn:
             conn.execute("UPDATE messages SET tool_json = ? WHERE id = ?", (encoded, message_id))
+
+    def set_sources(self, message_id: int, sources: list[dict]) -> None:
+        """A reply's document sources ({file, page, heading} each, shown under it), beside its
+        tool calls in the message's JSON; [] clears them (a regenerate that searched nothing)."""
+        with self.db.tx() as conn:
+            row = conn.execute("SELECT tool_json FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                return  # deleted meanwhile (its chat)
+            data = {k: v for k, v in (tool_data(row["tool_json"]) or {}).items() if k != "sources"}
+            if sources:
+                data["sources"] = [dict(s) for s in sources]
+            conn.execute("UPDATE messages SET tool_json = ? WHERE id = ?",
+                         (json.dumps(data) if data else None, message_id))
 
     def add(self, chat_id: int, text: str, card: dict) -> int:
         """Append a tool message: `text` is the result the model is given, `card` what is shown."""

@@ -13,7 +13,7 @@ from .rows import Message
 
 # A reply version's columns, the same names in `messages` and `reply_versions`.
 REPLY_VERSION_COLUMNS = ("text, finish_reason, prompt_tokens, generated_tokens, reused_tokens, ttft_s,"
-                         " prefill_tok_s, decode_tok_s")
+                         " prefill_tok_s, decode_tok_s, reasoning, reasoning_s, reasoning_open")
 
 
 class Versions:
@@ -100,7 +100,8 @@ class Versions:
             conn.execute(
                 "UPDATE messages SET text = '', state = 'streaming', finish_reason = NULL, prompt_tokens = 0,"
                 " generated_tokens = 0, reused_tokens = 0, ttft_s = NULL, prefill_tok_s = NULL,"
-                " decode_tok_s = NULL WHERE id = ?", (message_id,))
+                " decode_tok_s = NULL, reasoning = '', reasoning_s = NULL, reasoning_open = 0 WHERE id = ?",
+                (message_id,))
             self.db.touch(msg.chat_id)
         return message_id
 
@@ -111,10 +112,8 @@ class Versions:
                            (message_id, idx)).fetchone()
         if row is None or msg.state == "streaming":
             raise StoreError(f"message {message_id} has no version {idx}")
-        conn.execute(
-            "UPDATE messages SET text = ?, finish_reason = ?, prompt_tokens = ?, generated_tokens = ?,"
-            " reused_tokens = ?, ttft_s = ?, prefill_tok_s = ?, decode_tok_s = ? WHERE id = ?",
-            (*tuple(row), message_id))
+        assigned = ", ".join(f"{column.strip()} = ?" for column in REPLY_VERSION_COLUMNS.split(","))
+        conn.execute(f"UPDATE messages SET {assigned} WHERE id = ?", (*tuple(row), message_id))
         conn.execute("UPDATE reply_versions SET shown = (idx = ?) WHERE message_id = ?", (idx, message_id))
         self.db.touch(msg.chat_id)
 
@@ -147,10 +146,13 @@ class Versions:
                            (message_id,)).fetchone()[0]
         values = [version.get(k) for k in ("finish_reason", "prompt_tokens", "generated_tokens",
                                            "reused_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s")]
+        reasoning = str(version.get("reasoning") or "")
         conn.execute(
             f"INSERT INTO reply_versions (message_id, idx, shown, {REPLY_VERSION_COLUMNS}, created_at)"
-            " VALUES (?, ?, ?, ?, ?, coalesce(?, 0), coalesce(?, 0), coalesce(?, 0), ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, coalesce(?, 0), coalesce(?, 0), coalesce(?, 0), ?, ?, ?, ?, ?, ?, ?)",
             (message_id, idx, int(bool(version.get("shown"))), str(version.get("text") or ""), *values,
+             reasoning, version.get("reasoning_s") if reasoning else None,
+             int(bool(reasoning) and bool(version.get("reasoning_open"))),
              version.get("created_at") or self.db.now()))
 
     def copy_reply_versions(self, conn: sqlite3.Connection, to_message_id: int, from_message_id: int) -> None:

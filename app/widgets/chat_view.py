@@ -153,6 +153,15 @@ class ImageViewer(QDialog):
         self.toggle_fit()
 
 
+def reply_sources(message) -> str:
+    """'Sources: report.pdf p. 12, p. 40' for a reply that was given document excerpts."""
+    from ...engine.documents.block import Source, sources_line
+
+    raw = (getattr(message, "tool", None) or {}).get("sources") if message.role == "assistant" else None
+    found = [s for s in map(Source.from_json, raw if isinstance(raw, list) else []) if s is not None]
+    return sources_line(found)
+
+
 def thumbnail(path: str | Path, size: int = THUMB_SIZE) -> QPixmap:
     """A small pixmap of an image file, decoded at reduced size where the format allows."""
     reader = QImageReader(str(path))
@@ -332,6 +341,12 @@ class MessageWidget(QFrame):
             row.addStretch(1)
             layout.addLayout(row)
         layout.addWidget(self.body)
+        self.sources_label = QLabel(reply_sources(message))  # issue 37: the excerpts a reply read
+        self.sources_label.setObjectName("sourcesLine")
+        self.sources_label.setWordWrap(True)
+        self.sources_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.sources_label.setVisible(bool(self.sources_label.text()))
+        layout.addWidget(self.sources_label)
         self.editor: QPlainTextEdit | None = None
         self.edit_box = QWidget()
         layout.addWidget(self.edit_box)
@@ -373,6 +388,7 @@ class MessageWidget(QFrame):
                 and getattr(mine, "versions", 1) == getattr(message, "versions", 1)
                 and getattr(mine, "version", 0) == getattr(message, "version", 0)
                 and mine.finish_reason == message.finish_reason and self.error == error
+                and self.sources_label.text() == reply_sources(message)  # saved just after the text
                 and self.has_live == (live is not None) and self.dark == dark and self.editor is None)
 
     def _add_button(self, layout, key: str, text: str, tip: str, slot, enabled: bool = True) -> None:
@@ -778,7 +794,7 @@ class ChatView(QScrollArea):
             w.versionRequested.connect(self.versionRequested)
             w.imageOpened.connect(self._open_image)
             # a reply that only called tools: its cards below say it all
-            if message.role == "assistant" and getattr(message, "tool", None) and not message.text.strip():
+            if message.role == "assistant" and (getattr(message, "tool", None) or {}).get("calls") and not message.text.strip():
                 w.hide()
         share_font(w, self.font())
         if at_top:  # an older message of a long chat (see _build_backlog)

@@ -23,6 +23,16 @@ class Source:
     page: int | None  # None: a document without pages (Word, HTML, text)
     heading: str = ""
 
+    @classmethod
+    def from_json(cls, raw) -> "Source | None":
+        """A source as a reply's stored JSON holds it ({file, page, heading}); None if unreadable."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("file"), str):
+            return None
+        page = raw.get("page")
+        heading = raw.get("heading")
+        return cls(raw["file"], page if isinstance(page, int) and not isinstance(page, bool) else None,
+                   heading if isinstance(heading, str) else "")
+
     @property
     def label(self) -> str:
         if self.page is not None:
@@ -99,3 +109,19 @@ def sources(hits) -> list[Source]:
         if source not in out:
             out.append(source)
     return out
+
+
+def sources_line(found: list[Source]) -> str:
+    """The line under a reply: 'Sources: report.pdf p. 12, p. 40; notes.md, Setup' (each file
+    once, its pages or headings in the order the search ranked them); '' for none."""
+    by_file: dict[str, list[str]] = {}
+    for source in found:
+        where = by_file.setdefault(source.file, [])
+        if source.page is not None:
+            where.append(f"p. {source.page}")
+        elif source.heading:
+            where.append(source.heading)
+    if not by_file:
+        return ""
+    return "Sources: " + "; ".join(f"{file} {', '.join(where)}" if where and where[0].startswith("p. ")
+                                   else ", ".join([file, *where]) for file, where in by_file.items())

@@ -73,7 +73,7 @@ def test_v1_database_opens_intact_and_upgraded(tmp_path):
     data = tmp_path / "data"
     sha = make_v1(data)
     with Store(data) as s:
-        assert s.db.conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 5
+        assert s.db.conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 6
         assert s.integrity_check() == "ok"
         assert [(c.id, c.title, c.pinned) for c in s.list_chats()] == [(1, "Old chat", False), (2, "Remote chat", False)]
         old = s.get_chat(1)
