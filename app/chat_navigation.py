@@ -17,6 +17,7 @@ class ChatNavigation(QObject):
         self.window = window
         self.session = window.session
         self.draft_shown = False  # the composer holds the current chat's draft
+        self.following = False  # the list's highlight is being moved to the open chat (not a click)
 
     def search_changed(self, text: str) -> None:
         self.window.chat_model.refresh(text)
@@ -29,16 +30,19 @@ class ChatNavigation(QObject):
     def select_current_in_list(self) -> None:
         w = self.window
         row = w.chat_model.row_of(self.session.current_chat_id)
-        sel = w.chat_list.selectionModel()
-        sel.blockSignals(True)
-        if row >= 0:
-            w.chat_list.setCurrentIndex(w.chat_model.index(row))
-        else:
-            # Also drop the current index: Rename/Branch/Delete act on it, and a chat that is
-            # neither shown nor highlighted must not be their target.
-            w.chat_list.setCurrentIndex(QModelIndex())
-            w.chat_list.clearSelection()
-        sel.blockSignals(False)
+        # Not by blocking the selection model's signals: the view repaints on them, and with
+        # them blocked it went on painting the chat opened before as the selected one.
+        self.following = True
+        try:
+            if row >= 0:
+                w.chat_list.setCurrentIndex(w.chat_model.index(row))
+            else:
+                # Also drop the current index: Rename/Branch/Delete act on it, and a chat that is
+                # neither shown nor highlighted must not be their target.
+                w.chat_list.setCurrentIndex(QModelIndex())
+                w.chat_list.clearSelection()
+        finally:
+            self.following = False
         self.update_chat_actions()
 
     def update_chat_actions(self) -> None:
@@ -56,6 +60,8 @@ class ChatNavigation(QObject):
             w.pin_action.setText("Un&pin" if pinned else "&Pin")
 
     def chat_selected(self, current, _previous) -> None:
+        if self.following:
+            return
         chat_id = self.window.chat_model.chat_id(current.row()) if current.isValid() else None
         if chat_id is not None and chat_id != self.session.current_chat_id:
             self.open_chat(chat_id)
