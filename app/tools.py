@@ -2,8 +2,10 @@
 and the tool loop the engine worker runs.
 
 `ToolBroker` lives on the UI thread (the window owns it). The engine worker calls
-`run_chat(...)` in place of `engine.chat(...)` (worker.py): when the chat has tools on and the
-engine is local, each reply may be tool calls. Every call becomes a `tool` message (its card,
+`run_chat(...)` in place of `engine.chat(...)` (worker.py): when the chat has tools on, each
+reply may be tool calls: the local model's, written in its chat format and read back with its
+tokenizer, or a server's (RemoteEngine), which come back as OpenAI `tool_calls` and go out again
+as the server's own tool messages. Every call becomes a `tool` message (its card,
 schema v5) that first waits for the user's answer (Allow once / Always for this chat / Deny):
 the worker blocks in `ask()` on a threading.Event the UI sets through `answer()`, and Stop (the
 reply's cancel Event) ends the wait. Results go back to the model until it answers in text, at
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from ..engine.api import ChatMessage, GenerationResult, ToolSpec
+from ..engine.api import ChatMessage, GenerationResult, ReasoningPiece, ToolSpec
 
 if TYPE_CHECKING:  # imported when first used: asyncio and the SDK stay out of the window's start
     from ..engine.mcp_tools import McpServerConfig, McpTools
@@ -42,8 +44,6 @@ ANSWER_POLL_S = 0.05  # how often a waiting card looks at Stop
 ALLOW_ONCE, ALWAYS, DENY, STOP = "once", "always", "deny", "stop"
 DENIED = "The user denied this tool call."
 STOPPED = "The user stopped the reply before this tool call ran."
-REMOTE_TIP = ("Tools run with the local model only: a server's model is not given this "
-              "app's tools.")
 
 
 def cap_note(steps: int) -> str:
@@ -98,21 +98,26 @@ def allow_always(store, chat_id: int, tool_name: str) -> None:
 
 
 def uses_tools(engine) -> bool:
-    """Tools need the local engine (its tokenizer writes and reads the calls)."""
-    return engine.writes_tool_calls
+    """Whether an engine can be given tools: the local one (its tokenizer writes and reads the
+    calls) and a server (it parses its model's calls into OpenAI tool_calls)."""
+    return engine.writes_tool_calls or engine.device_kind == "remote"
 
 
 def text_before_calls(on_piece: Callable[[str], None]) -> Callable[[str], None]:
     """`on_piece` for a reply that may be tool calls: the text before [TOOL_CALLS] streams as
     usual; the calls themselves are not shown as text (their cards show them). What could be
     the start of the marker waits for the next piece (the saved reply has all its text): the
-    marker is held back as a stop string is."""
+    marker is held back as a stop string is. A thought (ReasoningPiece) comes before any call
+    and is passed on as it is."""
     from ..engine.runtime.generate import StopStringFilter
     from ..engine.server.tools_api import MARKER
 
     marker = StopStringFilter(MARKER)
 
     def piece(text: str) -> None:
+        if isinstance(text, ReasoningPiece):
+            on_piece(text)
+            return
         shown = marker.feed(text)
         if shown:
             on_piece(shown)
@@ -318,7 +323,9 @@ class ToolBroker(QObject):
         """The reply to `messages`, through as many rounds of tool calls as it takes. Returns
         the final result and the message row that holds it (None when Stop ended the loop
         between rounds: the calls and their cards are saved already). `on_prompt_progress`:
-        given to every round's engine.chat."""
+        given to every round's engine.chat. On a server the rounds are the same: its calls
+        arrive parsed (GenerationResult.tool_calls) and never as text, so the pieces stream as
+        they come."""
 
         def plain():
             return engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session_key,
@@ -329,19 +336,27 @@ class ToolBroker(QObject):
         tools = self.offered_tools()
         if not tools:
             return plain(), reply_id
-        from ..engine.server.tools_api import ToolRequest, engine_params, read_tool_calls
+        local = engine.writes_tool_calls  # else a server: it writes and parses the calls itself
+        if local:
+            from ..engine.server.tools_api import ToolRequest, engine_params, read_tool_calls
 
         specs = [ToolSpec(t.name, t.description, t.parameters) for t in tools]
         messages = list(messages)
         rounds = 0
         while True:
             capped = rounds >= self.max_steps
-            request = ToolRequest(tools=[] if capped else specs)
-            result = engine.chat(messages, engine_params(engine.tokenizer, request, params),
-                                 on_piece=text_before_calls(on_piece),
-                                 cancel=cancel, session_key=session_key, tools=None if capped else specs,
-                                 on_prompt_progress=on_prompt_progress)
-            result = read_tool_calls(engine.tokenizer, request, result)
+            offered = None if capped else specs
+            if local:
+                request = ToolRequest(tools=offered or [])
+                result = engine.chat(messages, engine_params(engine.tokenizer, request, params),
+                                     on_piece=text_before_calls(on_piece), cancel=cancel,
+                                     session_key=session_key, tools=offered, on_prompt_progress=on_prompt_progress)
+                result = read_tool_calls(engine.tokenizer, request, result)
+            else:
+                result = engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session_key,
+                                     tools=offered, on_prompt_progress=on_prompt_progress)
+                if capped:  # asked without tools, a server's model has none to call
+                    result.tool_calls = []
             if not result.tool_calls or cancel.is_set():
                 self.store.set_tool(reply_id, None)  # a regenerated row may have held calls
                 return result, reply_id

@@ -1,5 +1,6 @@
 """The chat header's Tools switch (app/tools.py): whether the open chat may call the tools of
-Settings → Tools. Off, and disabled, on a server's model.
+Settings → Tools, on the local model or a server's (its OpenAI tool calls go through the same
+loop and cards).
 
 `window` is the main window: its widgets and its other parts (not imported here, so the
 arrows point from the window to its parts only).
@@ -9,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Slot
 
 from .store import StoreError
-from .tools import REMOTE_TIP, chat_tools_on, set_chat_tools
+from .tools import chat_tools_on, set_chat_tools
 
 
 class ToolsSwitch(QObject):
@@ -27,16 +28,12 @@ class ToolsSwitch(QObject):
         """`on`: the open chat's switch, when the caller has just read the chat (a store read
         here could wait for the worker's write of a reply)."""
         button = self.window.tools_button
-        info = self.session.engine_info
-        remote = info is not None and info.remote
         if on is None:
             on = button.isChecked()
-        button.setEnabled(not remote)
-        button.setChecked(on and not remote)
-        if on and not remote:  # its servers start now, not when the first message waits for them
+        button.setChecked(on)
+        if on:  # its servers start now, not when the first message waits for them
             self.window.tools.start_listing()
-        button.setToolTip(REMOTE_TIP if remote else
-                          "This chat may call the tools of Settings → Tools (each call asks first)")
+        button.setToolTip("This chat may call the tools of Settings → Tools (each call asks first)")
 
     def toggle(self, on: bool) -> None:
         chat_id = self.session.current_chat_id

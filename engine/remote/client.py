@@ -4,7 +4,8 @@ Maps the Engine protocol onto streaming `/v1/chat/completions`; the transport (c
 errors, `/v1/models`, server-sent events) is engine/remote/transport.py.
 
 How a reply ends (`GenerationResult.finish_reason`):
-- "stop" / "length" / "stop_string": the server finished (stop_string when the server reports
+- "stop" / "length" / "stop_string": the server finished (a reply of tool calls is "stop", its
+  calls in `tool_calls`) (stop_string when the server reports
   that a user stop string ended it, as vLLM does through `stop_reason`).
 - "cancelled": the caller set `cancel`; the connection is closed at once (a watcher thread
   shuts the socket down, so even a server that is still thinking cannot hold us) and the
@@ -19,6 +20,13 @@ Every failure the user should read is a `RemoteError` (an `EngineError`) whose `
 what happened (unreachable, auth, model_not_found, rejected, server, timeout, malformed,
 protocol, config). The API key is never written into reprs, log records or error messages:
 it lives in a `Secret` and any server message that echoes it is redacted.
+
+What a local reply carries, a server's does too: a thought the server separates (vLLM's
+`reasoning_content`, newer vLLM's and Ollama's `reasoning`, llama.cpp's `reasoning_content`)
+streams as `ReasoningPiece`s and ends in `GenerationResult.reasoning`; OpenAI `tool_calls`
+(streamed in pieces by index) end in `GenerationResult.tool_calls`, so the window's tool loop
+runs on a server as it does on the local model. Tools go out as OpenAI `tools`, earlier calls as
+assistant `tool_calls` and their results as `tool` messages.
 """
 from __future__ import annotations
 
@@ -39,7 +47,10 @@ from ..api import (
     GenerationStats,
     ImagePart,
     PieceCallback,
+    ReasoningPiece,
     SamplingParams,
+    ToolCall,
+    ToolSpec,
 )
 from .transport import (
     CancelWatch, check_api_key, connect, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S,
@@ -91,17 +102,29 @@ def image_data_url(image: ImagePart) -> str:
 
 def message_payload(message: ChatMessage) -> dict:
     """One OpenAI chat message. Text-only messages keep a plain string content (every server
-    takes that); a message with images becomes a list of text and image_url parts, in order."""
-    if message.role not in ("system", "user", "assistant"):
+    takes that); a message with images becomes a list of text and image_url parts, in order.
+    An assistant's calls go as `tool_calls` (content null when it wrote nothing else, as OpenAI
+    sends it), a tool result as a `tool` message naming its call. A thought (ThinkPart) is not
+    sent: OpenAI's messages have no place for it, and a server's template drops earlier ones."""
+    if message.role not in ("system", "user", "assistant", "tool"):
         raise RemoteError(f"message role {message.role!r}: a remote chat takes only system, "
-                          "user and assistant messages", "config")
+                          "user, assistant and tool messages", "config")
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise RemoteError("a tool result must name the call it answers (tool_call_id)", "config")
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.text_content}
+    if message.role == "assistant" and message.tool_calls:
+        return {"role": "assistant", "content": message.text_content or None,
+                "tool_calls": [{"id": c.id, "type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in message.tool_calls]}
     if not message.images:
         return {"role": message.role, "content": message.text_content}
     content: list[dict] = []
     for part in message.parts:
         if isinstance(part, ImagePart):
             content.append({"type": "image_url", "image_url": {"url": image_data_url(part)}})
-        elif part:
+        elif isinstance(part, str) and part:
             if content and content[-1]["type"] == "text":  # merge neighbouring text parts
                 content[-1]["text"] += part
             else:
@@ -129,18 +152,83 @@ def sampling_payload(params: SamplingParams) -> dict:
     return body
 
 
+def tools_payload(tools: list[ToolSpec]) -> list[dict]:
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters or {"type": "object", "properties": {}}}}
+            for t in tools]
+
+
 def chat_payload(model: str, messages: list[ChatMessage], params: SamplingParams,
-                 include_usage: bool = True) -> dict:
+                 include_usage: bool = True, tools: list[ToolSpec] | None = None) -> dict:
     body = {"model": model, "messages": [message_payload(m) for m in messages], "stream": True}
     if include_usage:
         body["stream_options"] = {"include_usage": True}
+    if tools:  # the server chooses (tool_choice "auto", OpenAI's default when tools are given)
+        body["tools"] = tools_payload(tools)
     body.update(sampling_payload(params))
     return body
+
+
+# The fields servers put a separated thought in: vLLM's reasoning parsers and llama.cpp write
+# `reasoning_content`; newer vLLM, Ollama's OpenAI API and OpenRouter write `reasoning`.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def _reasoning_of(obj: dict) -> str:
+    for name in REASONING_FIELDS:
+        value = obj.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+@dataclass
+class _CallSoFar:
+    """A streamed tool call: OpenAI sends its id and name first, its arguments in pieces."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+def _add_tool_call_deltas(calls: dict[int, _CallSoFar], deltas) -> bool:
+    """Streamed `tool_calls` entries into `calls` (by their index); whether any arrived."""
+    if not isinstance(deltas, list):
+        return False
+    seen = False
+    for position, d in enumerate(deltas):
+        if not isinstance(d, dict):
+            continue
+        index = d.get("index", position)
+        call = calls.setdefault(int(index) if isinstance(index, int) else position, _CallSoFar())
+        if isinstance(d.get("id"), str) and d["id"]:
+            call.id = d["id"]
+        fn = d.get("function")
+        if isinstance(fn, dict):
+            if isinstance(fn.get("name"), str) and fn["name"]:
+                call.name = fn["name"]
+            arguments = fn.get("arguments")
+            if isinstance(arguments, dict):  # a server that sends the object itself (Ollama)
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            if isinstance(arguments, str):
+                call.arguments.append(arguments)
+        seen = True
+    return seen
+
+
+def _finished_calls(calls: dict[int, _CallSoFar]) -> list[ToolCall]:
+    """The calls in index order; a call without an id gets one (the next request must name it)."""
+    from ..mistral3.chat_format import new_call_id
+
+    return [ToolCall(c.id or new_call_id(), c.name, "".join(c.arguments) or "{}")
+            for _, c in sorted(calls.items()) if c.name]
 
 
 @dataclass
 class _Progress:
     pieces: list[str] = field(default_factory=list)
+    thought: list[str] = field(default_factory=list)  # reasoning pieces
+    calls: dict[int, _CallSoFar] = field(default_factory=dict)
     token_chunks: int = 0
     t_first: float | None = None  # first chunk with text
     t_last: float | None = None
@@ -153,6 +241,11 @@ class _Progress:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+    @property
+    def received(self) -> bool:
+        """Whether anything worth keeping arrived (answer text, thought or calls)."""
+        return bool(self.pieces or self.thought or self.calls)
 
 
 def _stream_error_message(obj: dict) -> str | None:
@@ -181,11 +274,23 @@ def _consume_chunk(obj: dict, progress: _Progress, on_piece: PieceCallback | Non
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
             continue
         delta = choice.get("delta") or {}
-        content = delta.get("content") if isinstance(delta, dict) else None
-        if isinstance(content, str) and "role" not in delta:
+        if not isinstance(delta, dict):
+            delta = {}
+        content = delta.get("content")
+        thought = _reasoning_of(delta)
+        called = _add_tool_call_deltas(progress.calls, delta.get("tool_calls"))
+        if (isinstance(content, str) and "role" not in delta) or thought or called:
             # One chunk per token, even when the token completes no character yet ("" from
             # llama.cpp, vLLM's EOS); the opening role chunk is not a token.
             progress.token_chunks += 1
+        if thought or called:
+            if progress.t_first is None:
+                progress.t_first = now
+            progress.t_last = now
+        if thought:
+            progress.thought.append(thought)
+            if on_piece is not None:
+                on_piece(ReasoningPiece(thought))
         if isinstance(content, str) and content:
             if progress.t_first is None:
                 progress.t_first = now
@@ -289,7 +394,7 @@ class RemoteEngine:
 
     @property
     def writes_tool_calls(self) -> bool:
-        return False  # the tool loop writes and reads calls with the local tokenizer's format
+        return False  # the server writes and parses its model's calls: they come back as OpenAI tool_calls
 
     def count_tokens(self, messages: list[ChatMessage]) -> None:
         return None  # an OpenAI-compatible server has no token count endpoint
@@ -322,11 +427,12 @@ class RemoteEngine:
 
     def chat(self, messages: list[ChatMessage], params: SamplingParams,
              on_piece: PieceCallback | None = None, cancel: threading.Event | None = None,
-             session_key: str | None = None, on_prompt_progress=None) -> RemoteGenerationResult:
+             session_key: str | None = None, tools: list[ToolSpec] | None = None,
+             on_prompt_progress=None) -> RemoteGenerationResult:
         # on_prompt_progress: never called (an OpenAI-compatible server does not report its prompt reading)
         if not messages:
             raise RemoteError("nothing to send: the chat has no messages", "config")
-        payload = chat_payload(self.model, messages, params, self._include_usage)
+        payload = chat_payload(self.model, messages, params, self._include_usage, tools)
         try:
             return self._stream(payload, on_piece, cancel)
         except RemoteError as exc:
@@ -392,7 +498,7 @@ class RemoteEngine:
             broken = StreamBroken("the server closed the stream before [DONE]", "protocol")
         if broken is not None and progress.server_finish is None:
             message = f"{ep.display}: {self._secret.redact(str(broken))}"
-            if not progress.pieces:
+            if not progress.received:
                 raise RemoteError(message, broken.kind)
             log.warning("reply interrupted after %d characters: %s", len(progress.text), message)
             return self._result(progress, "interrupted", t_sent, message)
@@ -445,12 +551,19 @@ class RemoteEngine:
         try:
             obj = loads_json(body)
             choice = obj["choices"][0]
-            text = choice["message"].get("content") or ""
+            message = choice["message"]
+            text = message.get("content") or ""
+            thought = _reasoning_of(message)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise RemoteError(f"{self._endpoint.display} answered neither an event stream nor "
                               "a chat completion", "malformed") from None
         now = time.perf_counter()
         progress.t_first_any = progress.t_first = progress.t_last = now
+        _add_tool_call_deltas(progress.calls, message.get("tool_calls"))
+        if thought:
+            progress.thought.append(thought)
+            if on_piece is not None:
+                on_piece(ReasoningPiece(thought))
         if text:
             progress.pieces.append(text)
             progress.token_chunks = 1
@@ -465,8 +578,11 @@ class RemoteEngine:
     def _result(self, progress: _Progress, finish: FinishReason, t_sent: float,
                 error: str | None) -> RemoteGenerationResult:
         stats = _stats(progress, t_sent, finish, self._context_size or 0)
-        return RemoteGenerationResult(progress.text, [], [], stats, error=error,
-                                      usage=progress.usage)
+        # calls cut by Stop or a broken stream are never run: only a reply the server ended has them
+        calls = _finished_calls(progress.calls) if finish not in ("cancelled", "interrupted") else []
+        return RemoteGenerationResult(progress.text, [], [], stats, error=error, usage=progress.usage,
+                                      tool_calls=calls,
+                                      reasoning="".join(progress.thought))
 
     def _http_error(self, resp: http.client.HTTPResponse) -> RemoteError:
         ep = self._endpoint

@@ -137,3 +137,89 @@ def test_the_tools_page_marks_a_server_whose_command_does_not_exist(broker, qtbo
     assert ours.toolTip() == OURS and ours.foreground().style() == Qt.BrushStyle.NoBrush
     dialog.servers.setCurrentRow(1)  # its own line says why too
     qtbot.waitUntil(lambda: "command not found" in dialog.tools_status.text(), timeout=30000)
+
+
+def test_a_thought_streams_past_the_call_filter_as_a_thought():
+    from tramontane.engine.api import ReasoningPiece
+
+    out: list[str] = []
+    piece = text_before_calls(out.append)
+    for p in [ReasoningPiece("think [T"), ReasoningPiece("OOL_CALLS]"), "Answer [TOOL_CALLS]", "[{}]"]:
+        piece(p)
+    assert out == ["think [T", "OOL_CALLS]", "Answer "]
+    assert [type(p) for p in out] == [ReasoningPiece, ReasoningPiece, str]
+
+
+# --------------------------------------------------------------------------- a server's chat
+# Issue 36, item 5: a chat bound to a server (RemoteEngine) runs the same tool loop, here against
+# this project's own `serve` on loopback: its OpenAI tool_calls become the same cards, asked first,
+# and the results go back as tool messages; the server's reasoning streams as ReasoningPiece.
+
+def test_a_server_chat_runs_the_tool_loop_with_its_cards(store, broker, qtbot, monkeypatch):
+    import json
+    import threading
+
+    from tramontane.app.tools import ALLOW_ONCE, set_chat_tools
+    from tramontane.engine.api import ChatMessage, ReasoningPiece, SamplingParams, ToolCall, ToolSpec
+    from tramontane.engine.remote.client import RemoteEngine
+
+    from support.scripted import script_logits
+    from support.served import ScriptedReplies, thinking_server
+
+    broker.apply_servers([McpServerConfig("ours", command=OURS, timeout_s=20,
+                                          disabled_tools=("crash", "fail", "hang"))])
+    with qtbot.waitSignal(broker.serversChanged, timeout=60000):
+        broker.start_listing()
+    chat = store.create_chat("c")
+    set_chat_tools(store, chat, True)
+    store.add_message(chat, "user", "What is 2 + 40?")
+    messages = [ChatMessage.text("user", "What is 2 + 40?")]
+    with thinking_server() as served:
+        script_logits(monkeypatch, ScriptedReplies(served.engine.tokenizer,
+                                                   ("[THINK]", "Add them.", "[/THINK]", "[TOOL_CALLS]", "add",
+                                                    "[ARGS]", json.dumps({"a": 2, "b": 40})),
+                                                   ("The sum is 42.",)))
+        engine = RemoteEngine(served.url, "tiny", read_timeout=120)
+        pieces, rows, out = [], [], {}
+        reply_id = store.begin_reply(chat)
+
+        def run():
+            try:
+                out["result"] = broker.run_chat(engine, chat, messages, SamplingParams(max_tokens=80, temperature=0.0),
+                                                on_piece=pieces.append, cancel=threading.Event(), session_key="k",
+                                                reply_id=reply_id, new_reply=rows.append)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test below
+                out["error"] = exc
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        try:
+            def waiting_card():
+                cards = [m for m in store.get_chat(chat).messages if m.role == "tool"]
+                return cards[0].id if cards and broker.waiting(cards[0].id) else None
+
+            qtbot.waitUntil(lambda: waiting_card() is not None or not worker.is_alive(), timeout=120000)
+            card_id = waiting_card()
+            assert card_id is not None, out  # the server's call asks first
+            assert pieces and all(isinstance(p, ReasoningPiece) for p in pieces) and "".join(pieces) == "Add them."
+            assert broker.answer(card_id, ALLOW_ONCE)
+        finally:
+            worker.join(120)
+        assert "error" not in out, out.get("error")
+
+    result, final_id = out["result"]
+    assert result.text == "The sum is 42." and not result.tool_calls
+    assert "".join(p for p in pieces if not isinstance(p, ReasoningPiece)) == "The sum is 42."
+    assert rows == [final_id] and final_id != reply_id
+    stored = store.get_chat(chat).messages
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+    (called,) = stored[1].tool["calls"]
+    assert called["name"] == "add" and json.loads(called["arguments"]) == {"a": 2, "b": 40}
+    assert stored[1].finish_reason == "tool_calls"
+    assert stored[2].text == "42" and stored[2].tool["call_id"] == called["id"]
+    assert (stored[2].tool["status"], stored[2].tool["decision"], stored[2].tool["server"]) == ("done", "once", "ours")
+    # the server was given the tool, the call and its result: its prompt is the model's own encoding
+    spec = [ToolSpec(t.name, t.description, t.parameters) for t in broker.offered_tools()]
+    sent = messages + [ChatMessage("assistant", [], tool_calls=[ToolCall(called["id"], "add", called["arguments"])]),
+                       ChatMessage("tool", ["42"], tool_call_id=called["id"])]
+    assert result.stats.prompt_tokens == len(served.engine.encode(sent, spec).ids)

@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 
 pytest.importorskip("mcp")
 
-from tramontane.app.tools import DENIED, REMOTE_TIP, STOPPED, cap_note  # noqa: E402
+from tramontane.app.tools import DENIED, STOPPED, cap_note  # noqa: E402
 from tramontane.app.widgets.tool_card import ToolCard  # noqa: E402
 from tramontane.engine.api import ToolSpec  # noqa: E402
 from tramontane.engine.mcp_tools import McpServerConfig  # noqa: E402
@@ -225,13 +225,14 @@ def test_stop_while_a_card_waits_ends_the_reply(qtbot, tool_window):
     assert not cards(w)[0].buttons and w.session.pending is None
 
 
-def test_a_remote_engine_turns_tools_off_with_the_reason(qtbot, tool_window):
+def test_a_remote_engine_keeps_the_chats_tools(qtbot, tool_window):
+    """A server's model gets the same tools (issue 36 item 5: its OpenAI tool calls, the same loop)."""
     from dataclasses import replace
 
     w = tool_window
     w.session.engine_info = replace(w.session.engine_info, remote=True)
     w.tools_switch.update()
-    assert not w.tools_button.isEnabled() and w.tools_button.toolTip() == REMOTE_TIP
+    assert w.tools_button.isEnabled() and w.tools_button.isChecked()
 
 
 def test_settings_tools_lists_a_servers_tools_and_switches_one_off(qtbot, idle_window):
