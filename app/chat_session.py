@@ -27,6 +27,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from ..engine.api import GenerationResult, GenerationStats
 from .config import CHAT_SAMPLING_FIELDS, AppSettings, Sampling
+from .reasoning import REASONING_KEY, chat_reasoning_on
 from .store import Store, StoreError
 from .engine_info import EngineInfo
 from .worker import NO_MODEL_LOADED, ChatRequest, EngineWorker
@@ -47,10 +48,16 @@ class PendingReply:
     message_id: int | None  # None until the worker has saved the reply row (_on_started)
     cancel: threading.Event
     text: str = ""
+    reasoning: str = ""  # a reasoning model's thought so far (it streams before the answer)
     pieces: int = 0
     first_piece_at: float = 0.0  # time.monotonic() of the first piece (for the live tok/s)
     stats: GenerationStats | None = field(default=None)
     sent: tuple[str, int] | None = None  # a new message's text and image count, shown until saved
+
+
+def thought_fields(text: str, thought) -> dict:
+    """Store.finish_reply's reasoning fields from the worker's Thought (app/reasoning.py)."""
+    return dict(reasoning=text, reasoning_s=thought.seconds, reasoning_open=thought.cut)
 
 
 def finish_reason(stats: GenerationStats) -> str:
@@ -66,6 +73,7 @@ class ChatSession(QObject):
     changed = Signal(object)  # chat id (None: the new, unsaved chat) whose messages or notice changed
     listChanged = Signal()  # titles, order or pins changed: reread the chat list
     streamed = Signal(str)  # the reply so far, for the chat on screen
+    thoughtStreamed = Signal(str)  # the thought so far (a reasoning model's), for the chat on screen
     promptRead = Signal(int, int)  # prompt tokens read, of how many, before the reply's first words (chat on screen)
     busyChanged = Signal(bool)  # a reply started (True) or ended (False)
     unsent = Signal(str, list)  # a message that could not be saved, for the composer
@@ -81,6 +89,7 @@ class ChatSession(QObject):
         self.worker = worker
         self.param_overrides: dict = {}  # extra SamplingParams fields (tests, power users)
         self.new_chat_sampling: dict | None = None  # Chat settings chosen before the new chat is saved
+        self.new_chat_reasoning = True  # the reasoning switch chosen before the new chat is saved
         self.tools = None  # app.tools.ToolBroker when the window has tool servers (the worker asks it)
         self.engine_info: EngineInfo | None = None  # set by whoever loads models
         self.loading: str | None = None  # model path being loaded
@@ -94,6 +103,7 @@ class ChatSession(QObject):
         self._unsent: tuple[str, list] | None = None
         worker.started.connect(self._on_started)
         worker.piece.connect(self._on_piece)
+        worker.thoughtPiece.connect(self._on_thought)
         worker.promptProgress.connect(self._on_prompt_progress)
         worker.finished.connect(self._on_finished)
         worker.failed.connect(self._on_failed)
@@ -179,6 +189,8 @@ class ChatSession(QObject):
         binding = dict(binding or {})
         if chat_id is None and self.new_chat_sampling is not None:
             binding["settings"] = {**binding.get("settings", {}), CHAT_SAMPLING_KEY: self.new_chat_sampling}
+        if chat_id is None and not self.new_chat_reasoning:
+            binding["settings"] = {**binding.get("settings", {}), REASONING_KEY: False}
 
         def write() -> int:
             cid = chat_id if chat_id is not None else store.create_chat(
@@ -294,15 +306,16 @@ class ChatSession(QObject):
             messages = store.engine_messages(chat_id)  # without the streaming reply
             return chat_id, messages, reply_id if reply_id is not None else store.begin_reply(chat_id)
 
-        def finish(message_id: int, result: GenerationResult, so_far: str) -> None:
+        def finish(message_id: int, result: GenerationResult, so_far: str, thought) -> None:
             text = result.text if result.text or not so_far else so_far
-            store.finish_reply(message_id, text, result.stats, finish_reason=finish_reason(result.stats))
+            store.finish_reply(message_id, text, result.stats, finish_reason=finish_reason(result.stats),
+                               **thought_fields(result.reasoning or thought.text, thought))
             if request.documents is not None:  # the excerpts' (file, page), shown under the reply
                 store.set_reply_sources(message_id, [asdict(s) for s in request.documents.sources])
 
-        def fail(message_id: int, so_far: str) -> None:
-            if so_far:  # keep what was written, marked as an error
-                store.finish_reply(message_id, so_far, finish_reason="error")
+        def fail(message_id: int, so_far: str, thought) -> None:
+            if so_far or thought.text:  # keep what was written (and thought), marked as an error
+                store.finish_reply(message_id, so_far, finish_reason="error", **thought_fields(thought.text, thought))
             else:  # gone, or a regenerated reply back to its previous version
                 store.abandon_reply(message_id)
 
@@ -312,7 +325,7 @@ class ChatSession(QObject):
         self.busyChanged.emit(True)
         request = ChatRequest(
             self.pending.request_id, [], params, None, self.pending.cancel, prepare=prepare,
-            checkpoint=lambda message_id, text: store.checkpoint_reply(message_id, text),
+            checkpoint=lambda message_id, text, thought: store.checkpoint_reply(message_id, text, reasoning=thought),
             finish=finish, fail=fail, tools=self.tools)
         self.worker.chat(request)
 
@@ -323,11 +336,12 @@ class ChatSession(QObject):
             return
         self._unsent = None
         if p.message_id is not None and p.message_id != message_id:  # after a round of tool calls
-            p.text, p.pieces = "", 0
+            p.text, p.reasoning, p.pieces = "", "", 0
         new_chat = p.chat_id is None
         p.chat_id, p.message_id = chat_id, message_id
         if new_chat:
             self.new_chat_sampling = None  # saved with the chat now
+            self.new_chat_reasoning = True
         if new_chat and self.current_chat_id is None:  # still on the new chat: show it
             self.current_chat_id = chat_id
         self.changed.emit(chat_id)
@@ -349,6 +363,15 @@ class ChatSession(QObject):
             p.first_piece_at = time.monotonic()
         if self.current_chat_id == p.chat_id:
             self.streamed.emit(p.text)
+
+    @Slot(int, str)
+    def _on_thought(self, request_id: int, text: str) -> None:
+        p = self.pending
+        if p is None or p.request_id != request_id:
+            return
+        p.reasoning += text  # checkpointed by the worker with the answer
+        if self.current_chat_id == p.chat_id:
+            self.thoughtStreamed.emit(p.reasoning)
 
     @Slot(int, object)
     def _on_finished(self, request_id: int, result) -> None:
@@ -373,7 +396,7 @@ class ChatSession(QObject):
             unsent, self._unsent = self._unsent, None
             if unsent:
                 self.unsent.emit(*unsent)
-        elif p.text:  # the worker kept the partial reply
+        elif p.text or p.reasoning:  # the worker kept the partial reply
             self.errors[p.message_id] = message
         else:  # the worker dropped the empty reply
             self.notices[p.chat_id] = message
@@ -521,6 +544,22 @@ class ChatSession(QObject):
             self.new_chat_sampling = values
         else:
             self._guard(self.store.update_chat_settings, chat_id, **{CHAT_SAMPLING_KEY: values})
+
+    def chat_reasoning(self, chat_id: int | None) -> bool:
+        """The chat's reasoning switch (app/reasoning.py; for None: the one chosen for the new chat)."""
+        if chat_id is None:
+            return self.new_chat_reasoning
+        try:
+            return chat_reasoning_on(self.store.get_chat_info(chat_id).settings)
+        except StoreError:
+            return True
+
+    def set_chat_reasoning(self, chat_id: int | None, on: bool) -> None:
+        """Set the chat's reasoning switch; on is the default, so it is stored only when off."""
+        if chat_id is None:
+            self.new_chat_reasoning = bool(on)
+        else:
+            self._guard(self.store.update_chat_settings, chat_id, **{REASONING_KEY: None if on else False})
 
     def bind_current_chat(self, binding: dict) -> None:
         """Remember what the current chat runs on (see ServerBinding.chat_binding)."""

@@ -30,10 +30,11 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from ..engine.api import ChatMessage, EngineError, GenerationResult, GenerationStats, SamplingParams
+from ..engine.api import ChatMessage, EngineError, GenerationResult, GenerationStats, ReasoningPiece, SamplingParams
 from ..engine.host import private_ram
 from ..engine.library.sizes import size_text
 from .engine_info import EngineInfo
+from .reasoning import Thought
 
 NO_MODEL_LOADED = "No model is loaded: load one from the model bar first."
 log = logging.getLogger(__name__)
@@ -54,10 +55,11 @@ class ChatRequest:
     Disk writes happen here, on the worker, so a slow disk never stalls the UI:
     `prepare()`, if given, runs first and returns (chat id, messages, reply message id); the
     worker then emits `started` and uses those messages, with the chat id as session key.
-    `checkpoint(message id, text so far)` is called after every piece (the store throttles
-    it to about once a second). When the engine returns, `finish(message id, result, text so
-    far)` saves the reply before `finished` is emitted; when it fails, `fail(message id, text
-    so far)` saves what is left before `failed` is emitted."""
+    `checkpoint(message id, text so far, thought so far)` is called after every piece (the
+    store throttles it to about once a second). When the engine returns, `finish(message id,
+    result, text so far, thought)` saves the reply before `finished` is emitted; when it fails,
+    `fail(message id, text so far, thought)` saves what is left before `failed` is emitted. The
+    thought (app/reasoning.Thought) is a reasoning model's, apart from the answer text."""
 
     request_id: int
     messages: list[ChatMessage]
@@ -65,9 +67,9 @@ class ChatRequest:
     session_key: str | None
     cancel: threading.Event
     prepare: Callable[[], tuple[int, list[ChatMessage], int]] | None = None
-    checkpoint: Callable[[int, str], object] | None = None
-    finish: Callable[[int, GenerationResult, str], object] | None = None
-    fail: Callable[[int, str], object] | None = None
+    checkpoint: Callable[[int, str, str], object] | None = None
+    finish: Callable[[int, GenerationResult, str, Thought], object] | None = None
+    fail: Callable[[int, str, Thought], object] | None = None
     tools: object | None = None  # app.tools.ToolBroker: the reply may call tools (see run_chat)
     documents: object | None = None  # set by the worker: engine/documents' DocumentPrompt, for `finish`
 
@@ -114,6 +116,7 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
     device = engine.device_kind
     plan = engine.placement
     vision = getattr(engine, "vision", None)  # a local engine's tower; a server has none to read
+    tokenizer = getattr(engine, "tokenizer", None)  # a server's is not ours to read
     return EngineInfo(
         description=engine.description,
         has_vision=bool(engine.has_vision),
@@ -128,6 +131,8 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
         placement=str(plan.get("summary", "")),
         split=bool(plan.get("gpu_layers")) and bool(plan.get("cpu_layers")),
         image_geometry=(int(vision.image_size), int(vision.patch_size), int(vision.merge)) if vision is not None else None,
+        can_think=bool(getattr(tokenizer, "can_think", False)),
+        chat_version=int(getattr(tokenizer, "version", 0) or 0),
     )
 
 
@@ -139,6 +144,16 @@ def new_images(messages) -> int:
     last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
     parts = [m.parts if isinstance(m.parts, list) else [m.parts] for m in messages[last_reply + 1:]]
     return sum(isinstance(part, ImagePart) for turn in parts for part in turn)
+
+
+def thought_cut(engine, result: GenerationResult) -> bool:
+    """Whether a reply's thought was cut off before its [/THINK] (Stop or Max tokens while it
+    thought): read from the generated ids where the tokenizer names the think tokens; else a
+    reply that wrote no answer and did not end by itself."""
+    ids = getattr(getattr(engine, "tokenizer", None), "think_ids", None)
+    if ids is not None and result.token_ids:
+        return ids[1] not in result.token_ids
+    return not result.text and result.finish_reason != "stop"
 
 
 def can_grow_context(context_size: int, context_limit: int) -> bool:
@@ -183,7 +198,8 @@ class EngineWorker(QObject):
     loadFailed = Signal(str)  # readable message
     unloaded = Signal()
     started = Signal(int, int, int)  # request id, chat id, reply message id (after prepare)
-    piece = Signal(int, str)  # request id, a piece of reply text
+    piece = Signal(int, str)  # request id, a piece of reply text (the answer)
+    thoughtPiece = Signal(int, str)  # request id, a piece of a reasoning model's thought (before the answer)
     finished = Signal(int, object)  # request id, GenerationResult (stats inside)
     failed = Signal(int, str)  # request id, readable message
     promptProgress = Signal(int, int, int)  # request id, prompt tokens read, of how many (before the first piece)
@@ -414,24 +430,32 @@ class EngineWorker(QObject):
             req.session_key = str(chat_id)
             self.started.emit(rid, chat_id, message_id)
         so_far: list[str] = []
+        thought = Thought()
         if req.cancel.is_set():  # stopped while it waited behind a load
-            self._finish(req, message_id, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")), "")
+            self._finish(req, message_id, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")),
+                         "", thought)
             return
         if any(m.documents for m in req.messages):
             try:
                 req.messages = self._documents_prompt(req)
             except EngineError as exc:  # DocumentError: the file's one sentence
-                self._fail(req, message_id, "", str(exc) or type(exc).__name__)
+                self._fail(req, message_id, "", str(exc) or type(exc).__name__, thought)
                 return
             except Exception as exc:  # noqa: BLE001 - a reader bug must not crash the app
                 log.exception("reading the documents failed")
-                self._fail(req, message_id, "", f"Reading the documents failed: {type(exc).__name__}: {exc}")
+                self._fail(req, message_id, "", f"Reading the documents failed: {type(exc).__name__}: {exc}",
+                           thought)
                 return
         last_save = [float("-inf")]
 
         def on_piece(text: str) -> None:
-            self.piece.emit(rid, text)
-            so_far.append(text)
+            if isinstance(text, ReasoningPiece):  # the thought streams apart (a str across the signal)
+                thought.add(text, time.monotonic())
+                self.thoughtPiece.emit(rid, str(text))
+            else:
+                thought.answered(time.monotonic())
+                self.piece.emit(rid, text)
+                so_far.append(text)
             if req.checkpoint is None or message_id is None:
                 return
             now = time.monotonic()
@@ -439,7 +463,7 @@ class EngineWorker(QObject):
                 return
             last_save[0] = now
             try:
-                req.checkpoint(message_id, "".join(so_far))
+                req.checkpoint(message_id, "".join(so_far), thought.text)
             except Exception:  # noqa: BLE001 - a failed save must not stop the reply
                 log.exception("checkpointing the reply failed")
 
@@ -452,9 +476,10 @@ class EngineWorker(QObject):
 
         def new_reply(reply_id: int) -> None:
             """A round of tool calls is saved; the reply goes on in a new row."""
-            nonlocal message_id
+            nonlocal message_id, thought
             message_id = reply_id
             so_far.clear()
+            thought = Thought()
             last_save[0] = float("-inf")
             self.started.emit(rid, chat_id, reply_id)
 
@@ -470,17 +495,21 @@ class EngineWorker(QObject):
                                      on_prompt_progress=on_prompt_progress)
         except EngineError as exc:
             words = too_long_words(engine, req.messages) or str(exc) or type(exc).__name__
-            self._fail(req, message_id, "".join(so_far), words)
+            self._fail(req, message_id, "".join(so_far), words, thought.ended(time.monotonic(), not so_far))
             return
         except MemoryError:
             self._fail(req, message_id, "".join(so_far), "Out of memory while generating: shorten "
-                                                         "the chat or lower the context length")
+                                                         "the chat or lower the context length",
+                       thought.ended(time.monotonic(), not so_far))
             return
         except Exception as exc:  # noqa: BLE001 - an engine bug must not crash the app
             log.exception("generation failed")
-            self._fail(req, message_id, "".join(so_far), f"The engine failed: {type(exc).__name__}: {exc}")
+            self._fail(req, message_id, "".join(so_far), f"The engine failed: {type(exc).__name__}: {exc}",
+                       thought.ended(time.monotonic(), not so_far))
             return
-        self._finish(req, message_id, result, "".join(so_far))
+        self._finish(req, message_id, result, "".join(so_far),
+                     thought.ended(time.monotonic(), thought_cut(self.engine, result)))
+
 
     def _documents_prompt(self, req: ChatRequest) -> list[ChatMessage]:
         """The messages with their documents in the prompt's form (engine/documents/prompt.py:
@@ -503,34 +532,35 @@ class EngineWorker(QObject):
         self.documentsPlaced.emit(req.request_id, prompt)
         return prompt.messages
 
-    def _finish(self, req: ChatRequest, message_id: int | None, result: GenerationResult, so_far: str) -> None:
+    def _finish(self, req: ChatRequest, message_id: int | None, result: GenerationResult, so_far: str,
+                thought: Thought) -> None:
         """Save the reply (here, on the worker), then say it is done; a failed save is a failure.
         A reply stopped before its first token (while the prompt was read, or waiting behind a
         load) is not kept: no empty "stopped" bubble, and a regenerated one is back to its
         previous version (`fail` with nothing written drops it)."""
         stopped_empty = (result.stats.finish_reason == "cancelled" and not result.text
-                         and not result.token_ids and not so_far)
+                         and not result.token_ids and not so_far and not thought.text)
         if stopped_empty and req.fail is not None and message_id is not None:
             try:
-                req.fail(message_id, "")
+                req.fail(message_id, "", thought)
             except Exception:  # noqa: BLE001 - the stop stands; the empty row is only untidy
                 log.exception("dropping the stopped reply failed")
             self.finished.emit(req.request_id, result)
             return
         if req.finish is not None and message_id is not None:
             try:
-                req.finish(message_id, result, so_far)
+                req.finish(message_id, result, so_far, thought)
             except Exception as exc:  # noqa: BLE001 - StoreError and the like, in words
                 log.exception("saving the reply failed")
                 self.failed.emit(req.request_id, f"Could not save the reply: {exc}")
                 return
         self.finished.emit(req.request_id, result)
 
-    def _fail(self, req: ChatRequest, message_id: int | None, so_far: str, message: str) -> None:
-        """Save what is left of the reply, then report `message`."""
+    def _fail(self, req: ChatRequest, message_id: int | None, so_far: str, message: str, thought: Thought) -> None:
+        """Save what is left of the reply (its answer and thought), then report `message`."""
         if req.fail is not None and message_id is not None:
             try:
-                req.fail(message_id, so_far)
+                req.fail(message_id, so_far, thought)
             except Exception as exc:  # noqa: BLE001
                 log.exception("saving the failed reply failed")
                 message = f"{message} ({exc})"

@@ -128,7 +128,8 @@ class Store:
         unreferenced image files go."""
         with self.db.tx() as conn:
             conn.execute(
-                "UPDATE messages SET state = 'interrupted', finish_reason = 'interrupted' "
+                "UPDATE messages SET state = 'interrupted', finish_reason = 'interrupted',"
+                " reasoning_open = (reasoning != '' AND text = '') "  # cut while it thought
                 "WHERE state = 'streaming'"
             )
             self.tool_messages.stop_unfinished()

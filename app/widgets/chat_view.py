@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QFrame, QHBoxLayout, QLabe
 from ...engine.api import GenerationStats
 from .icons import icon
 from .markdown import COPY_SCHEME, code_blocks, render_markdown
+from .reasoning_block import ReasoningBlock
 from .speculation_status import speculation_note
 
 RENDER_INTERVAL_MS = 50
@@ -340,6 +341,11 @@ class MessageWidget(QFrame):
                 self.document_buttons.append(button)
             row.addStretch(1)
             layout.addLayout(row)
+        self.thought = ReasoningBlock(self)  # a reasoning model's thought, above the answer (issue 36)
+        layout.addWidget(self.thought)
+        if getattr(message, "reasoning", ""):
+            self.thought.set_thought(message.reasoning, seconds=message.reasoning_s, cut=message.reasoning_open,
+                                     thinking=message.state == "streaming" and not message.text)
         layout.addWidget(self.body)
         self.sources_label = QLabel(reply_sources(message))  # issue 37: the excerpts a reply read
         self.sources_label.setObjectName("sourcesLine")
@@ -385,6 +391,7 @@ class MessageWidget(QFrame):
         """Whether this widget already shows `message` exactly as it is now."""
         mine = self.message
         return (mine.id == message.id and mine.state == message.state and mine.text == message.text
+                and getattr(mine, "reasoning", "") == getattr(message, "reasoning", "")
                 and getattr(mine, "versions", 1) == getattr(message, "versions", 1)
                 and getattr(mine, "version", 0) == getattr(message, "version", 0)
                 and mine.finish_reason == message.finish_reason and self.error == error
@@ -457,12 +464,26 @@ class MessageWidget(QFrame):
             self.body._fit()
         elif not text and self.message.state == "streaming":
             self.body.set_markdown("*…*", self.dark)
+            self.body.setVisible(not self.thought.thinking)  # the thought shows the model is at work
         else:
             self.body.set_markdown(text, self.dark)
+            self.body.setVisible(bool(text) or not self.thought.text)  # a reply that only thought: its block
+            if text:
+                self.thought.answer_started()
         if text and self.prompt_bar is not None:  # the first words: the prompt was read
             self.prompt_bar.hide()
             if self.status.text().startswith("Reading "):
                 self.status.setText("writing…")
+
+    def set_thought(self, text: str) -> None:
+        """The streaming reply's thought so far (a reasoning model's, before its answer)."""
+        self.thought.set_thought(text, thinking=not self.text)
+        if not self.text:
+            self.body.hide()
+        if text and self.prompt_bar is not None:  # the first thought: the prompt was read
+            self.prompt_bar.hide()
+            if self.status.text().startswith("Reading "):
+                self.status.setText("thinking…")
 
     def set_images_reading(self, count: int) -> None:
         """A reply being written, before its prompt is read: the vision tower reads `count`
@@ -624,6 +645,7 @@ class ChatView(QScrollArea):
         self.can_reply = True  # a model is there to write replies (else Edit/Regenerate are off)
         self.context = (0, True)  # the loaded model's context size, and whether Settings can raise it
         self.widgets: list[MessageWidget] = []
+        self.open_thoughts: set[int] = set()  # replies whose thought the user opened: open when shown again
         self.notice = QLabel()
         self.notice.setObjectName("errorLine")
         self.notice.setWordWrap(True)
@@ -633,6 +655,7 @@ class ChatView(QScrollArea):
         self.queued: MessageWidget | None = None  # a message sent while the model loads
         self.streaming: MessageWidget | None = None
         self._pending_text: str | None = None
+        self._pending_thought: str | None = None
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
@@ -656,7 +679,7 @@ class ChatView(QScrollArea):
         self._backlog_timer.stop()
         self._backlog, self._first = [], 0
         self._render_timer.stop()
-        self._pending_text = None
+        self._pending_text = self._pending_thought = None
         self.streaming = None
         for w in self.widgets:
             self._discard(w)
@@ -689,7 +712,7 @@ class ChatView(QScrollArea):
         it is are kept, so a new turn only builds the new messages."""
         self._render_timer.stop()
         self._backlog_timer.stop()
-        self._pending_text = None
+        self._pending_text = self._pending_thought = None
         self.streaming = None
         self.drop_queued()
         last_assistant = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
@@ -793,6 +816,10 @@ class ChatView(QScrollArea):
             w.branchRequested.connect(self.branchRequested)
             w.versionRequested.connect(self.versionRequested)
             w.imageOpened.connect(self._open_image)
+            if message.id in self.open_thoughts:
+                w.thought.user_chose = True
+                w.thought.set_expanded(True)
+            w.thought.chosen.connect(lambda on, mid=message.id: self._thought_chosen(mid, on))
             # a reply that only called tools: its cards below say it all
             if message.role == "assistant" and (getattr(message, "tool", None) or {}).get("calls") and not message.text.strip():
                 w.hide()
@@ -804,6 +831,9 @@ class ChatView(QScrollArea):
             self.column.insertWidget(self.column.count() - 2, w)  # before the notice and stretch
             self.widgets.append(w)
         return w
+
+    def _thought_chosen(self, message_id: int, on: bool) -> None:
+        (self.open_thoughts.add if on else self.open_thoughts.discard)(message_id)
 
     def set_streaming_note(self, text: str) -> None:
         """The status line of the reply being written ('writing… 12.3 tok/s')."""
@@ -827,14 +857,23 @@ class ChatView(QScrollArea):
         if not self._render_timer.isActive():
             self._render_timer.start()
 
+    def stream_thought(self, text: str) -> None:
+        """The streaming reply's thought so far (rendered with its text, at most every 50 ms)."""
+        self._pending_thought = text
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
     def flush(self) -> None:
         self._render_timer.stop()
         self._render_pending()
 
     def _render_pending(self) -> None:
-        if self._pending_text is not None and self.streaming is not None:
-            self.streaming.set_text(self._pending_text)
-        self._pending_text = None
+        if self.streaming is not None:
+            if self._pending_thought is not None:  # the thought first: the answer's words fold it
+                self.streaming.set_thought(self._pending_thought)
+            if self._pending_text is not None:
+                self.streaming.set_text(self._pending_text)
+        self._pending_text = self._pending_thought = None
 
     def show_notice(self, text: str) -> None:
         self.notice.setText(text)
