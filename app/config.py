@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.api import SamplingParams
+from ..engine.server.urls import API_FAMILIES
 
 DEVICES = ("auto", "cuda", "cpu")
 RECENT_MODELS = 10  # files the Models dialog lists as opened lately
 MAX_GPU_LAYERS = 999  # more than any model has; the engine keeps to the model's count
 MAX_CPU_THREADS = 256
 DEFAULT_SERVE_PORT = 8080
+SERVE_APIS = API_FAMILIES  # every family the switch may serve
 
 
 # The engine needs top_p in (0, 1]: 0 would keep no token at all.
@@ -303,6 +305,29 @@ class AppSettings:
     @serve_port.setter
     def serve_port(self, port: int) -> None:
         self._set("serve_port", int(port))
+
+    @property
+    def serve_apis(self) -> tuple[str, ...]:
+        """The API families the switch serves (all three unless the user left some out)."""
+        value = self._get("serve_apis")
+        if not isinstance(value, list):
+            return SERVE_APIS
+        chosen = tuple(a for a in SERVE_APIS if a in value)
+        return chosen or SERVE_APIS
+
+    @serve_apis.setter
+    def serve_apis(self, apis) -> None:
+        self._set("serve_apis", [a for a in SERVE_APIS if a in apis])
+
+    @property
+    def serve_ollama_port(self) -> int:
+        """A second port for Ollama's clients (Ollama's own is 11434); 0: none."""
+        port = self._int("serve_ollama_port", 0)
+        return port if 0 <= port <= 65535 else 0
+
+    @serve_ollama_port.setter
+    def serve_ollama_port(self, port: int) -> None:
+        self._set("serve_ollama_port", int(port))
 
     @property
     def geometry(self) -> str:

@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QLabel
 
 from ..engine.api import EngineError
+from ..engine.server.urls import API_FAMILIES, SHOWN_NAMES
 from .engine_info import EngineInfo
 from .worker import EngineWorker
 
@@ -147,11 +148,18 @@ class WindowServer(QObject):
         model = self.executor.served_model()
         what = model.id if model is not None else "no local model loaded"
         replies = f" · {self.served} repl{'y' if self.served == 1 else 'ies'}" if self.served else ""
-        return f"Serving {what} at {self.server.url}{replies}"
+        urls = self.server.client_urls()
+        others = "".join(f" · {SHOWN_NAMES[family]} {url}" for family, url in urls.items() if family != "openai")
+        where = f"at {urls['openai']}" if "openai" in urls else "for"
+        return f"Serving {what} {where}{others}{replies}"
 
-    def apply(self, on: bool, port: int) -> None:
-        """Turn the switch on (binding 127.0.0.1:port) or off; a failure lands in `status`."""
-        if on and self.server is not None and self.server.port == port:
+    def apply(self, on: bool, port: int, apis: tuple[str, ...] | None = None, ollama_port: int = 0) -> None:
+        """Turn the switch on (binding 127.0.0.1:port, serving the API families `apis`, all by
+        default, and Ollama's on ollama_port too when not 0) or off; a failure lands in `status`."""
+        apis = tuple(a for a in API_FAMILIES if a in (apis or API_FAMILIES))
+        second = ollama_port if ollama_port and "ollama" in apis else None
+        server = self.server
+        if on and server is not None and (server.port, server.families, server.ollama_port) == (port, apis, second):
             return
         self.stop()
         if on:
@@ -160,7 +168,8 @@ class WindowServer(QObject):
             self._worker.serve(True)  # the batch starts on the worker before any job can reach it
             try:
                 self.server = OpenAIServer(self.executor, host="127.0.0.1", port=port, limits=self.limits,
-                                           on_finished=lambda finished: self._served.emit()).start()
+                                           on_finished=lambda finished: self._served.emit(),
+                                           apis=apis, ollama_port=second).start()
                 log.info("serving the window's model at %s", self.server.url)
             except EngineError as exc:
                 self.error = str(exc)

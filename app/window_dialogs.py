@@ -71,7 +71,8 @@ class WindowDialogs(QObject):
         w, appearance = self.window, self.window.appearance
         dialog = SettingsDialog(self.settings, w, servers_dialog=self.open_servers, theme=appearance.theme)
         if dialog.exec():
-            w.api_server.apply(self.settings.serve, self.settings.serve_port)
+            w.api_server.apply(self.settings.serve, self.settings.serve_port, self.settings.serve_apis,
+                               self.settings.serve_ollama_port)
             apply_threads(self.settings.cpu_threads)
             if dialog.theme_choice and dialog.theme_choice != appearance.theme:
                 appearance.set_theme(dialog.theme_choice)

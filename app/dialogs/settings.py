@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox,
                                QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from ..config import (DEVICES, MAX_CPU_THREADS, MAX_GPU_LAYERS, SPECULATION_CHOICES, TOP_P_MIN, AppSettings,
-                      Sampling, seed_from_text)
+from ...engine.server.urls import SHOWN_NAMES, client_urls
+from ..config import (DEVICES, MAX_CPU_THREADS, MAX_GPU_LAYERS, SERVE_APIS, SPECULATION_CHOICES, TOP_P_MIN,
+                      AppSettings, Sampling, seed_from_text)
 
 THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
 
@@ -105,12 +107,53 @@ class SettingsDialog(QDialog):
                               "from other machines)")
         self.serve_port = self._int(1, 65535, settings.serve_port, "The port of http://localhost:PORT/v1")
         serving = QWidget()
-        row = QHBoxLayout(serving)
-        row.setContentsMargins(0, 0, 0, 0)
+        column = QVBoxLayout(serving)
+        column.setContentsMargins(0, 0, 0, 0)
+        row = QHBoxLayout()
         row.addWidget(self.serve)
         row.addWidget(self.serve_port)
         row.addStretch(1)
+        column.addLayout(row)
+        # which API families the switch serves, and where each family's clients point
+        families = QHBoxLayout()
+        families.addWidget(QLabel("APIs:"))
+        self.serve_apis = {}
+        tips = {"openai": "OpenAI's chat, completions and responses APIs (the openai SDK, most tools)",
+                "anthropic": "Anthropic's Messages API, /v1/messages (the anthropic SDK, Claude Code)",
+                "ollama": "Ollama's API, /api/chat and /api/generate (Open WebUI, Continue, the ollama client)"}
+        for family in SERVE_APIS:
+            box = QCheckBox(SHOWN_NAMES[family])
+            box.setChecked(family in settings.serve_apis)
+            box.setToolTip(tips[family])
+            box.toggled.connect(self._show_api_urls)
+            families.addWidget(box)
+            self.serve_apis[family] = box
+        self.serve_ollama_port = self._int(0, 65535, settings.serve_ollama_port,
+                                           "Also listen on this port (Ollama's own is 11434) for clients that "
+                                           "only know Ollama's; 0 = none")
+        self.serve_ollama_port.setSpecialValueText("none")
+        self.serve_ollama_port.setPrefix("")
+        families.addWidget(QLabel("Ollama's port too:"))
+        families.addWidget(self.serve_ollama_port)
+        families.addStretch(1)
+        column.addLayout(families)
+        self.serve_urls = QLabel()
+        self.serve_urls.setObjectName("apiServerUrls")
+        self.serve_urls.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        column.addWidget(self.serve_urls)
+        for box in (self.serve_port, self.serve_ollama_port):
+            box.valueChanged.connect(self._show_api_urls)
+        self._show_api_urls()
         return serving
+
+    def chosen_apis(self) -> tuple[str, ...]:
+        return tuple(f for f, box in self.serve_apis.items() if box.isChecked())
+
+    def _show_api_urls(self) -> None:
+        """Each chosen family's URL to paste into its clients (as the server will have them)."""
+        urls = client_urls("127.0.0.1", self.serve_port.value(), self.chosen_apis(), self.serve_ollama_port.value())
+        self.serve_urls.setText("\n".join(f"{SHOWN_NAMES[f]} clients: {url}" for f, url in urls.items())
+                                or "Choose at least one API.")
 
     def _form(self, folder: QWidget, serving: QWidget, theme: str | None) -> QFormLayout:
         """Every field in its row; the theme's only when the window gave one."""
@@ -199,6 +242,12 @@ class SettingsDialog(QDialog):
         self.settings.gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None
         self.settings.cpu_threads = self.cpu_threads.value() or None
         self.settings.models_dir = folder
+        if self.serve.isChecked() and not self.chosen_apis():
+            self.error.setText("API server: choose at least one API to serve")
+            return
         self.settings.serve = self.serve.isChecked()
         self.settings.serve_port = self.serve_port.value()
+        if self.chosen_apis():
+            self.settings.serve_apis = self.chosen_apis()
+        self.settings.serve_ollama_port = self.serve_ollama_port.value()
         super().accept()

@@ -22,6 +22,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--ollama-port", type=int, metavar="PORT",
                    help="also listen on PORT (Ollama's is 11434) for clients that only speak to Ollama's "
                         "port; every port serves every API (OpenAI's, Anthropic's /v1/messages, Ollama's /api)")
+    p.add_argument("--api", action="append", choices=("openai", "anthropic", "ollama"), metavar="FAMILY",
+                   help="serve only this API family (repeatable): openai (chat, completions, responses), "
+                        "anthropic (/v1/messages), ollama (/api); default all three")
     key = p.add_mutually_exclusive_group()
     key.add_argument("--api-key", metavar="K", help="require 'Authorization: Bearer K' "
                                                     "(visible to other users in the process list: "
@@ -60,7 +63,7 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     """Serve until Ctrl-C (or `stop` is set, for tests)."""
     from ..runtime.local import LocalEngine
     from ..server.executor import BatchExecutor
-    from ..server.http import OpenAIServer, check_bind
+    from ..server.http import FAMILY_NAMES, OpenAIServer, check_bind
     from ..server.openai_api import ConnectionLimits, RequestLimits
     from .run import api_key_of, check_context_length, note_capped_context, projector_for
 
@@ -97,10 +100,11 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
                           allow_network=args.allow_network, cors_origins=tuple(args.cors_origin),
                           limits=limits, aliases=aliases, strict_model=args.strict_model,
                           connection_limits=connection_limits, ollama_port=args.ollama_port,
-                          speculation=(args.spec, args.spec_tokens))
+                          speculation=(args.spec, args.spec_tokens),
+                          apis=tuple(args.api or ("openai", "anthropic", "ollama")))
     try:
         server.start()
-        also = f" and Ollama's API at http://{args.host}:{server.ollama_port}" if server.ollama_port else ""
+        also = "".join(f"; {FAMILY_NAMES[family]} clients: {url}" for family, url in server.client_urls().items())
         print(f"serving {executor.served_model().id} ({executor.engine.description}) at {server.url}{also}"
               f"{' (API key required)' if api_key else ''}; Ctrl-C stops", file=sys.stderr, flush=True)
         stop = stop or threading.Event()

@@ -31,6 +31,7 @@ _NOT_SUPPORTED = ("container", "mcp_servers", "context_management")  # server-si
 
 class AnthropicRoutes:
     name = "anthropic"
+    family = "anthropic"  # the API family a server may leave out (http.API_FAMILIES)
     prefixes = ("/v1/messages", "/messages")
     public = ()
 

@@ -38,6 +38,7 @@ from .openai_api import ConnectionLimits, RequestLimits, ServedModel
 from .openai_routes import OpenAIRoutes
 from .responses_api import ResponsesRoutes
 from .security import Guard, check_bind, is_loopback  # noqa: F401 - check_bind, is_loopback: the callers' import
+from .urls import API_FAMILIES, FAMILY_NAMES, client_urls  # noqa: F401 - FAMILY_NAMES: the CLI's import
 from .tasks import Finished, Tasks  # noqa: F401 - Finished: on_finished's argument
 
 log = logging.getLogger(__name__)
@@ -147,9 +148,14 @@ class OpenAIServer:
                  on_finished: Callable[[Finished], None] | None = None,
                  aliases: tuple[str, ...] = (), strict_model: bool = False,
                  connection_limits: ConnectionLimits | None = None, ollama_port: int | None = None,
-                 speculation: tuple[str, int] | None = None):
+                 speculation: tuple[str, int] | None = None, apis: tuple[str, ...] = API_FAMILIES):
         check_bind(host, allow_network, api_key)
+        unknown = [a for a in apis if a not in API_FAMILIES]
+        if unknown or not apis:
+            raise EngineError(f"APIs to serve: {', '.join(unknown) or 'none given'}; choose among "
+                              f"{', '.join(API_FAMILIES)}")
         self.executor = executor
+        self.families = tuple(a for a in API_FAMILIES if a in apis)
         self.host = host
         self.port = port
         self.ollama_port = ollama_port  # a second port (Ollama's 11434) serving the same APIs
@@ -161,6 +167,7 @@ class OpenAIServer:
         self.tasks = Tasks(executor, self.limits, on_finished, speculation)  # (mode, drafted tokens a step)
         self.apis = (AnthropicRoutes(self), OllamaRoutes(self), ResponsesRoutes(self), OpenAIRoutes(self))
         self._public: set = set()  # handlers answered without the API key
+        self._off_paths: dict[str, str] = {}  # the paths of the families not served: their family
         self._connections: dict[object, _Connection] = {}  # by transport (loop thread only)
         self._room: asyncio.Event | None = None  # set while fewer than max_connections are open
         self._accept_errors = _RateLimitedLog(ACCEPT_LOG_EVERY_S)
@@ -171,6 +178,12 @@ class OpenAIServer:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
+
+    def client_urls(self) -> dict[str, str]:
+        """What to paste into each family's clients, per family served: OpenAI's base URL (with
+        /v1), Anthropic's (the SDK's base_url, Claude Code's ANTHROPIC_BASE_URL: no /v1) and
+        Ollama's (OLLAMA_HOST: its own port when it has one)."""
+        return client_urls(self.host, self.port, self.families, self.ollama_port)
 
     def __repr__(self) -> str:  # never the key
         return f"OpenAIServer({self.url!r}, api_key={'<hidden>' if self.guard.has_key else None})"
@@ -287,7 +300,11 @@ class OpenAIServer:
         app = web.Application(client_max_size=self.limits.max_body_bytes,
                               middlewares=[self._track, self._errors, self._guard])
         for api in self.apis:
+            served = api.family in self.families
             for method, path, handler in api.routes():
+                if not served and handler.__name__ not in getattr(api, "always", ()):
+                    self._off_paths[path] = api.family  # a family left out: 404 in words (_errors)
+                    continue
                 app.router.add_route(method, path, handler)
                 if handler.__name__ in api.public:
                     self._public.add(handler)
@@ -324,6 +341,10 @@ class OpenAIServer:
             if exc.status < 400:
                 raise
             where = f"{request.method} {request.path}"
+            off = self._off_paths.get(request.path)
+            if exc.status in (404, 405) and off is not None:
+                return self._api_of(request).error_response(ApiError(404, f"{where}: {FAMILY_NAMES[off]} API is "
+                                                                          "not served here (turned off)"))
             message = {404: f"{where}: no such endpoint (this server has {ENDPOINTS})",
                        405: f"{where}: method not allowed (this server has {ENDPOINTS})",
                        413: f"request body: larger than the limit of "

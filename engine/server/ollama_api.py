@@ -31,6 +31,7 @@ _IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread",
 
 class OllamaRoutes:
     name = "ollama"
+    family = "ollama"  # the API family a server may leave out (http.API_FAMILIES)
     prefixes = ("/api/",)
     public = ("root", "version")  # probes, answered without the key as Ollama's are
 

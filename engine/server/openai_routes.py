@@ -21,6 +21,7 @@ from .tools_api import ToolStream
 
 class OpenAIRoutes:
     name = "openai"
+    family = "openai"  # the API family a server may leave out (http.API_FAMILIES)
     prefixes = ("/v1/", "/")  # the fallback: every path no other API claims
 
     def __init__(self, server):
@@ -37,6 +38,7 @@ class OpenAIRoutes:
         return out
 
     public = ("health",)  # answered without the API key (a load balancer's probe)
+    always = ("health", "models", "one_model")  # served whichever families are on (every client lists models)
 
     @staticmethod
     def error_response(exc: ApiError) -> web.Response:

@@ -54,6 +54,7 @@ class ResponseStore:
 
 class ResponsesRoutes:
     name = "responses"
+    family = "openai"  # the API family a server may leave out (http.API_FAMILIES)
     prefixes = ("/v1/responses", "/responses")
     public = ()
 
