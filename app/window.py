@@ -86,7 +86,8 @@ class MainWindow(QMainWindow):
         # Settings' API server switch: other programs share this worker's engine and KV caches.
         self.api_server = WindowServer(self.worker)
         self.statusBar().addPermanentWidget(ServerStatusLabel(self.api_server))
-        self.api_server.apply(self.settings.serve, self.settings.serve_port)
+        self.api_server.apply(self.settings.serve, self.settings.serve_port, self.settings.serve_apis,
+                              self.settings.serve_ollama_port)
         if self.settings.cpu_threads:  # auto needs nothing: the kernels start with the default
             apply_threads(self.settings.cpu_threads)
         geometry = self.settings.geometry
