@@ -92,8 +92,9 @@ def test_prepare_and_checkpoint_run_on_the_worker(qtbot, worker):
         calls.append(("prepare", threading.get_ident()))
         return 42, [ChatMessage.text("user", "hi")], 99
 
-    def checkpoint(message_id, text):
+    def checkpoint(message_id, text, thought):
         calls.append(("checkpoint", threading.get_ident(), message_id, text))
+        assert thought == ""  # the tiny model does not think
 
     started = []
     worker.started.connect(lambda *args: started.append(args))
@@ -177,3 +178,20 @@ def test_unload_frees_the_engine(qtbot, worker):
     assert model() is None and cache() is None  # freed at unload, not at some later collection
     with qtbot.waitSignal(worker.failed, timeout=10000):
         worker.chat(ChatRequest(1, [ChatMessage.text("user", "x")], GREEDY, None, threading.Event()))
+
+
+def test_thought_cut_reads_the_end_think_token_when_the_tokenizer_names_it():
+    from types import SimpleNamespace
+
+    from tramontane.app.worker import thought_cut
+    from tramontane.engine.api import GenerationResult, GenerationStats
+
+    thinking = SimpleNamespace(tokenizer=SimpleNamespace(think_ids=(34, 35)))
+    stopped = GenerationStats(finish_reason="cancelled")
+    assert thought_cut(thinking, GenerationResult("", [34, 7, 8], [], stopped))
+    assert not thought_cut(thinking, GenerationResult("", [34, 7, 35], [], stopped))  # closed, then stopped
+    server = SimpleNamespace()  # no tokenizer to read: an answer or a reply that ended itself closed it
+    assert thought_cut(server, GenerationResult("", [], [], stopped))
+    assert not thought_cut(server, GenerationResult("Four.", [], [], stopped))
+    assert not thought_cut(server, GenerationResult("", [], [], GenerationStats(finish_reason="stop")))
+

@@ -108,6 +108,10 @@ def _bad(doc, mutate):
     (lambda d: d["messages"][0]["images"][1].update(data_base64="not base64!"), "messages[0].images[1].data_base64"),
     (lambda d: d["messages"][0]["images"][0].update(sha256="0" * 64), "messages[0].images[0].sha256"),
     (lambda d: d["messages"][0]["images"][0].update(text_offset=10_000), "messages[0].images[0].text_offset"),
+    (lambda d: d["messages"][1].update(reasoning="thought"), "messages[1].reasoning"),
+    (lambda d: d["messages"][1].update(reasoning={"text": 3}), "messages[1].reasoning.text"),
+    (lambda d: d["messages"][1].update(reasoning={"text": "t", "seconds": -1}), "messages[1].reasoning.seconds"),
+    (lambda d: d["messages"][1].update(reasoning={"text": "t", "cut": "no"}), "messages[1].reasoning.cut"),
 ])
 def test_bad_json_names_file_and_field(store, tmp_path, mutate, field):
     doc = _bad(chat_to_json(store, rich_chat(store)), mutate)

@@ -65,3 +65,29 @@ def test_checkpoints_from_a_worker_thread_while_reading(store):
     thread.join()
     assert not errors
     assert store.get_message(reply).text == full
+
+
+def test_a_reply_keeps_its_thought_apart_from_its_answer(tmp_path):
+    from tramontane.engine.api import ThinkPart
+
+    with Store(tmp_path, checkpoint_interval_s=3600) as s:
+        chat = s.create_chat()
+        s.add_message(chat, "user", "two and two?")
+        reply = s.begin_reply(chat)
+        assert s.checkpoint_reply(reply, "", reasoning="Two and")  # thinking: no answer yet
+        m = s.get_message(reply)
+        assert (m.text, m.reasoning) == ("", "Two and")
+        assert s.finish_reply(reply, "Four.", GenerationStats(finish_reason="stop"),
+                              reasoning="Two and two.", reasoning_s=2.5)
+        m = s.get_message(reply)
+        assert (m.text, m.reasoning, m.reasoning_s, m.reasoning_open) == ("Four.", "Two and two.", 2.5, False)
+        assert s.engine_messages(chat)[-1].parts == [ThinkPart("Two and two."), "Four."]  # think chunk first
+        stopped = s.begin_reply(chat)
+        s.finish_reply(stopped, "", finish_reason="cancelled", reasoning="Hm", reasoning_s=0.1, reasoning_open=True)
+        assert s.engine_messages(chat)[-1].parts == [ThinkPart("Hm", closed=False)]
+        plain = s.begin_reply(chat)
+        s.finish_reply(plain, "ok", reasoning_s=3.0, reasoning_open=True)  # no thought: nothing of one kept
+        m = s.get_message(plain)
+        assert (m.reasoning, m.reasoning_s, m.reasoning_open) == ("", None, False)
+        with pytest.raises(StoreError, match="reasoning must be text"):
+            s.finish_reply(s.begin_reply(chat), "x", reasoning=None)

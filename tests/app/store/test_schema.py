@@ -149,3 +149,20 @@ def test_newer_or_foreign_databases_are_refused(tmp_path):
     conn.close()
     with pytest.raises(StoreError, match="not a Tramontane chat database"):
         Store(foreign)
+
+
+def test_v5_replies_gain_an_empty_thought_and_old_ones_still_read(tmp_path):
+    """v5 -> v6 (issue 36): the reasoning columns on replies and their versions, empty for what
+    was there; a crash-cut reply that had only thought is marked cut on the next open."""
+    data = tmp_path / "data"
+    sha = make_v1(data)
+    with Store(data) as s:
+        old = s.get_chat(1).messages[1]
+        assert (old.reasoning, old.reasoning_s, old.reasoning_open) == ("", None, False)
+        assert s.engine_messages(1)[2].parts == ["a picture"]  # no thought: sent as before
+        reply = s.begin_reply(1)
+        s.checkpoint_reply(reply, "", reasoning="half a thought", force=True)
+    with Store(data) as s:  # the app was killed while it thought
+        cut = s.get_message(reply)
+        assert (cut.state, cut.reasoning, cut.reasoning_open) == ("interrupted", "half a thought", True)
+    assert sha

@@ -118,3 +118,35 @@ def test_edit_versions_nest_and_their_images_go_with_the_chat(tmp_path):
         assert not image.path.exists()
         assert store.db.conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
         assert store.integrity_check() == "ok"
+
+
+def test_each_version_keeps_its_own_thought_through_show_branch_and_export(tmp_path):
+    """A reasoning model's regenerated reply (issue 36): every version its own thought; shown,
+    branched, exported and imported with it."""
+    with Store(tmp_path / "data") as s:
+        chat, reply = chat_with_reply(s)
+        s.regenerate_reply(reply)
+        assert s.get_message(reply).reasoning == ""  # the new version starts with no thought
+        s.finish_reply(reply, "second", reasoning="think twice", reasoning_s=1.5)
+        s.regenerate_reply(reply)
+        s.finish_reply(reply, "", finish_reason="cancelled", reasoning="cut", reasoning_s=0.2, reasoning_open=True)
+        kept = [(v["text"], v["reasoning"], v["reasoning_s"], v["reasoning_open"]) for v in s.reply_versions(reply)]
+        assert kept == [("first", "", None, 0), ("second", "think twice", 1.5, 0), ("", "cut", 0.2, 1)]
+        s.show_version(reply, 1)
+        m = s.get_message(reply)
+        assert (m.text, m.reasoning, m.reasoning_s, m.reasoning_open) == ("second", "think twice", 1.5, False)
+        s.show_version(reply, 2)
+        assert s.get_message(reply).reasoning_open
+        branch = s.branch_chat(chat)
+        copied = s.get_chat(branch).messages[-1]
+        assert (copied.reasoning, copied.reasoning_open) == ("cut", True)
+        assert [v["reasoning"] for v in s.reply_versions(copied.id)] == ["", "think twice", "cut"]
+        doc = json.loads(export_json(s, chat, tmp_path / "c.json").read_text("utf-8"))
+        assert doc["messages"][-1]["reasoning"] == {"text": "cut", "seconds": 0.2, "cut": True}
+        assert "reasoning" not in doc["messages"][-1]["versions"][0]  # none: older exports read the same
+        again = s.get_chat(import_json(s, tmp_path / "c.json")).messages[-1]
+        assert (again.reasoning, again.reasoning_s, again.reasoning_open) == ("cut", 0.2, True)
+        assert [(v["reasoning"], v["reasoning_open"]) for v in s.reply_versions(again.id)] == [
+            ("", 0), ("think twice", 0), ("cut", 1)]
+        md = export_markdown(s, chat, tmp_path / "c.md").read_text("utf-8")
+        assert "<details><summary>Thought for less than a second (stopped)</summary>" in md and "> cut" in md
