@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
     out["context"] = eng.context_size
     out["warnings"] = eng.warnings
     model = eng.model
-    graphs = eng.cache.decode_graphs
+    graphs = eng.pool.decode_graphs
     out["graphs"] = sorted(b for _, b in graphs.graphs) if graphs is not None else []
     # bytes a decode step reads: every layer, the head (not the embedding table: one row)
     sizes = eng.plan

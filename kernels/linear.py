@@ -444,12 +444,13 @@ def linear_add(x: torch.Tensor, w: QWeight, residual: torch.Tensor) -> torch.Ten
 
 
 def native_decode_layers(layers, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
-                         eps: float):
+                         eps: float, block_size: int | None = None):
     """One native call per decode step for a run of layers (cpu_native.DecodeLayers), or None
     where it does not apply (torch path, CPU.exact, a weight the kernels do not run, a fused
     QKV / gate-up, a KV cache that is neither float32 nor float16): then the per-op path runs, which gives the
     same row bit for bit. `layers`: (attn_norm, ffn_norm, (wq, wk, wv, wo, w_gate, w_up,
-    w_down), k_cache, v_cache) each."""
+    w_down), k_cache, v_cache) each; block_size: the caches are paged pools (n_blocks, kv_heads,
+    block_size, d) read through a block table at each run."""
     if CPU.exact or not cpu_native.AVAILABLE:
         return None
     rows = []
@@ -463,4 +464,4 @@ def native_decode_layers(layers, hidden: int, n_heads: int, n_kv_heads: int, hea
                 return None
             plans.append((*plan, w.shape[1]))
         rows.append((attn_norm, ffn_norm, plans, k_cache, v_cache))
-    return cpu_native.DecodeLayers(rows, hidden, n_heads, n_kv_heads, head_dim, v_head_dim, eps)
+    return cpu_native.DecodeLayers(rows, hidden, n_heads, n_kv_heads, head_dim, v_head_dim, eps, block_size=block_size)

@@ -82,20 +82,19 @@ def bench_main(args) -> int:
                                                                 + (4096 * len(images) if images else 0)),
                          device_map=args.device_map, kv_type=args.kv_type)
     note_capped_context(args, engine)
-    args.prompt_tokens, args.gen_tokens = default_sizes(engine.cache.capacity, args.prompt_tokens, args.gen_tokens)
+    args.prompt_tokens, args.gen_tokens = default_sizes(engine.context_size, args.prompt_tokens, args.gen_tokens)
     device = engine.model.device
     # prompt + warm-up step + timed steps must fit the cache
-    if args.prompt_tokens + 1 + args.gen_tokens > engine.cache.capacity:
+    if args.prompt_tokens + 1 + args.gen_tokens > engine.context_size:
         raise EngineError(f"{args.model}: --prompt-tokens {args.prompt_tokens} + --gen-tokens {args.gen_tokens} "
-                          f"(+1 warm-up) exceed the context length of {engine.cache.capacity}")
+                          f"(+1 warm-up) exceed the context length of {engine.context_size}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     # A prompt of exactly prompt_tokens ids: ordinary text tokens, no chat template.
     vocab_lo = 1000 if engine.model.cfg.vocab_size > 2000 else 20
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(vocab_lo, engine.model.cfg.vocab_size, (args.prompt_tokens,), generator=gen).tolist()
-    model, cache = engine.model, engine.cache
-    cache.truncate(0)
+    model, cache = engine.model, engine.new_sequence()
     t0 = time.perf_counter()
     logits = model.forward(model.embed(prompt), 0, cache)
     _sync(device)

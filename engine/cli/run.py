@@ -161,7 +161,7 @@ def load_local(args, images: bool):
 
 def note_capped_context(args, engine) -> None:
     """Say so when --context-length asked for more than the model file allows (it is capped)."""
-    asked, used = getattr(args, "context_length", None), engine.cache.capacity
+    asked, used = getattr(args, "context_length", None), engine.context_size
     if asked and asked > used:
         print(f"note: --context-length {asked} is more than {Path(args.model).name} allows: "
               f"using {used} tokens", file=sys.stderr)
@@ -354,12 +354,12 @@ def token_nll(model, tokenizer, ids: list[int], window: int, stride: int, kv_typ
     so only a chunk's logits are ever in memory."""
     from ..mistral3.chat_format import EncodedPrompt
     from ..runtime.batch import BatchScheduler
-    from ..runtime.decoder import new_cache
+    from ..runtime.decoder import new_pool
     from ..runtime.prefix_cache import PrefixCache, ReplyMemory
 
     n = len(ids)
-    cache = new_cache(model, min(window, n), capture_graphs=False, kv_type=kv_type)  # prefill only: no graphs
-    scheduler = BatchScheduler(model, tokenizer, slots=1, priority_slots=0, caches=[cache],
+    pool = new_pool(model, min(window, n), capture_graphs=False, kv_type=kv_type)  # prefill only: no graphs
+    scheduler = BatchScheduler(model, tokenizer, slots=1, priority_slots=0, pool=pool, context_length=min(window, n),
                                prefix_cache=PrefixCache(0), replies=ReplyMemory(capacity=0), gather_s=0.0)
     score = SamplingParams(max_tokens=0, temperature=0.0, prompt_logprobs=True)
     total, scored = 0.0, 0

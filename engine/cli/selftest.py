@@ -275,9 +275,9 @@ def _load_on_gpu(state: dict) -> str:
     if not eng.model.on_gpu:
         raise SelfTestFailure(f"asked for the GPU, the model was loaded on the CPU ({name}: "
                               f"torch {torch.__version__}, CUDA {torch.version.cuda})")
-    if read_env().cuda_graphs and eng.cache.decode_graphs is None:
+    if read_env().cuda_graphs and eng.pool.decode_graphs is None:
         raise SelfTestFailure("CUDA graph decoding is off for a model on the GPU")
-    graphs = "on" if eng.cache.decode_graphs is not None else "off (TRAMONTANE_CUDA_GRAPHS=0)"
+    graphs = "on" if eng.pool.decode_graphs is not None else "off (TRAMONTANE_CUDA_GRAPHS=0)"
     return f"{name}, CUDA {torch.version.cuda}, CUDA graphs {graphs}"
 
 
@@ -337,7 +337,7 @@ class _Conversation:
         detail = ""
         engine = self.state[self.key]
         if engine.model.on_gpu and read_env().cuda_graphs:
-            graphs = getattr(getattr(engine.cache, "decode_graphs", None), "graphs", None)
+            graphs = getattr(getattr(engine.pool, "decode_graphs", None), "graphs", None)
             if not graphs:
                 raise SelfTestFailure("the reply was decoded without a CUDA graph")
             detail = f", decoded in {len(graphs)} CUDA graph(s)"

@@ -73,10 +73,16 @@ def _native_f32(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _native_kv(q: torch.Tensor, cache_k: torch.Tensor) -> bool:
-    """The native attention takes these: a float32 CPU query over a CPU KV cache of float32 or
-    float16 (KVCache's kv_type)."""
-    return _native_f32(q) and cache_k.is_cpu and cache_k.dtype in _linear_mod.cpu_native.KV_ELEM_SIZES
+def _native_kv(q: torch.Tensor, pool_k: torch.Tensor) -> bool:
+    """The native attention takes these: a float32 CPU query over a CPU KV pool of float32 or
+    float16 (the engine's kv_type)."""
+    return _native_f32(q) and pool_k.is_cpu and pool_k.dtype in _linear_mod.cpu_native.KV_ELEM_SIZES
+
+
+def _native_f32_kv(device: torch.device, pool_k: torch.Tensor) -> bool:
+    """_native_kv for float32 rows on `device`, asked once per pass."""
+    return (device.type == "cpu" and _linear_mod.cpu_native.AVAILABLE and pool_k.is_cpu
+            and pool_k.dtype in _linear_mod.cpu_native.KV_ELEM_SIZES)
 
 
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -138,18 +144,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight * xf.to(x.dtype)).to(x.dtype)
 
 
-def rope_into_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables, cache_k: torch.Tensor,
-                    cache_v: torch.Tensor, start: int) -> torch.Tensor:
-    """RoPE on q and k (T, heads, d), k and v written to one layer's cache (Hkv, capacity, d) at
-    [start, start + T); returns the rotated q. tables: (cos_q, sin_q, cos_k, sin_k) rows.
-    (The CPU kernels do this in the attention's call: cpu_native.rope_kv_attend.)"""
-    cos_q, sin_q, cos_k, sin_k = tables
-    end = start + q.shape[0]
-    cache_k[:, start:end] = apply_rope_pairs(k, cos_k, sin_k).transpose(0, 1)
-    cache_v[:, start:end] = v.transpose(0, 1)
-    return apply_rope_pairs(q, cos_q, sin_q)
-
-
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The MLP's activation: silu(gate) * up."""
     if gate.dim() == 2 and _native_f32(gate, up):
@@ -176,18 +170,21 @@ def norm_swiglu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w_gate: 
 # ----------------------------------------------------------------------------- the model
 
 class KVRows(Protocol):
-    """What the layers use of a KV cache: per-layer keys / values (kv_heads, capacity, head_dim)
-    on the layer's device, and how many positions are valid. runtime/kv_cache.py's KVCache (made
-    by runtime/decoder.new_cache) is one; `PassKV` is a forward pass's own."""
+    """What the layers use of a sequence's KV (runtime/kv_cache.py's KVCache): layer i's pools
+    `layer_k[i]` / `layer_v[i]` (n_blocks, kv_heads, block, d) on the layer's device, the
+    sequence's block table into them, how many positions are valid, and `reserve(n)`, which
+    makes the next n positions writable."""
 
     layer_k: list[torch.Tensor]
     layer_v: list[torch.Tensor]
     length: int
-    # the native whole-step decode made over these tensors, per segment (Mistral3Text._native_decode)
-    native_steps: dict
+    block: int
+    capacity: int
+    native_steps: dict  # the native whole-step decode over the pools, per segment (Mistral3Text._native_decode)
 
-    @property
-    def capacity(self) -> int: ...
+    def table(self, device: torch.device) -> torch.Tensor: ...
+
+    def reserve(self, n: int) -> None: ...
 
 
 Group = tuple["KVRows", int, int]  # (cache, start, n): n rows of one sequence at positions [start, start + n)
@@ -195,20 +192,42 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class PassKV:
-    """The K/V of one forward pass run without a cache (`forward(..., cache=None)`): a tensor
-    pair per layer on its segment's device, dropped with the pass."""
+    """The K/V of one forward pass run without a cache (`forward(..., cache=None)`): per layer one
+    block of every position of the pass, on its segment's device, dropped with the pass."""
 
-    def __init__(self, model: Mistral3Text, positions: int):
+    def __init__(self, model: "Mistral3Text", positions: int):
         cfg = model.cfg
 
         def zeros(width: int) -> list[torch.Tensor]:
-            return [torch.zeros(cfg.n_kv_heads, positions, width, dtype=seg.dtype, device=seg.device)
+            return [torch.zeros(1, cfg.n_kv_heads, positions, width, dtype=seg.dtype, device=seg.device)
                     for seg in model.segments for _ in seg.layers]
 
         self.layer_k, self.layer_v = zeros(cfg.head_dim), zeros(cfg.v_head_dim)
-        self.capacity = positions
+        self.capacity = self.block = positions
         self.length = 0
         self.native_steps = {}
+
+    def table(self, device: torch.device) -> torch.Tensor:
+        return torch.zeros(1, dtype=torch.int32, device=device)
+
+    def reserve(self, n: int) -> None:
+        if self.length + n > self.capacity:
+            raise EngineError(f"context full: {self.length} + {n} tokens exceed {self.capacity}")
+
+
+def gather_positions(pool: torch.Tensor, table: torch.Tensor, n: int, block: int) -> torch.Tensor:
+    """Positions [0, n) of a sequence from one layer's pool (n_blocks, kv_heads, block, d) as a
+    (kv_heads, n, d) tensor (a copy: for torch's sdpa, which reads contiguous keys)."""
+    nb = -(-n // block)
+    rows = pool.index_select(0, table[:nb].long())  # (nb, kv_heads, block, d)
+    return rows.permute(1, 0, 2, 3).reshape(pool.shape[1], nb * block, pool.shape[3])[:, :n]
+
+
+def scatter_positions(pool: torch.Tensor, table: torch.Tensor, start: int, rows: torch.Tensor, block: int) -> None:
+    """Write rows (T, kv_heads, d) at positions [start, start + T) of a sequence into one layer's pool."""
+    pos = torch.arange(start, start + rows.shape[0], device=pool.device)
+    blocks = table.long().index_select(0, pos // block)
+    pool[blocks, :, pos % block] = rows.to(pool.dtype)
 
 
 @dataclass
@@ -389,6 +408,7 @@ class Mistral3Text:
             last = lo + n == T
             # Only the last row's logits wanted: the last layer finishes that row alone.
             keep = None if all_logits else ([n - 1] if last else [])
+            cache.reserve(n)
             hidden = self._layers(chunk, [(cache, start_pos + lo, n)], keep)
             cache.length = start_pos + lo + n
             if all_logits:
@@ -430,7 +450,7 @@ class Mistral3Text:
             cache, start, _ = groups[0]
             if (step := self._native_decode(seg, cache)) is not None:
                 rope = seg.rope
-                return step.run(x, start, rope.cos_q, rope.sin_q, rope.cos_k, rope.sin_k)
+                return step.run(x, start, rope.cos_q, rope.sin_q, rope.cos_k, rope.sin_k, cache.table(seg.device))
         return self.layer_loop(seg, x, self.rows_attention(seg, groups, x.device), keep)
 
     def layer_loop(self, seg: Segment, x: torch.Tensor, attend: Attend,
@@ -456,7 +476,8 @@ class Mistral3Text:
 
     def rows_attention(self, seg: Segment, groups: Sequence[Group], device: torch.device) -> Attend:
         """Eager attention for rows of several sequences: RoPE, the K/V write and causal attention
-        per group, over that group's cache only."""
+        per group, each through its own block table. On the CPU the leading one-row groups (the
+        decode rows of a step) run as one paged decode call."""
         rope = seg.rope
         spans, lo = [], 0
         for cache, start, n in groups:
@@ -464,54 +485,88 @@ class Mistral3Text:
             spans.append((lo, lo + n, cache, start, (rope.cos_q[sl], rope.sin_q[sl], rope.cos_k[sl], rope.sin_k[sl])))
             lo += n
         flash = flash_attention_on(device)  # once per pass, not per layer and sequence
+        native = seg.dtype == torch.float32 and _native_f32_kv(device, groups[0][0].layer_k[seg.layers.start])
+        n_decode = 0
+        while native and n_decode < len(groups) and groups[n_decode][2] == 1 \
+                and groups[n_decode][0].layer_k is groups[0][0].layer_k:  # one pool's sequences
+            n_decode += 1
+        decode = None
+        if n_decode > 1:  # one call for the decode rows: tables (R, M), each row's RoPE row
+            caches = [g[0] for g in groups[:n_decode]]
+            width = max(len(c.blocks) for c in caches)
+            tables = torch.zeros(n_decode, width, dtype=torch.int32)
+            for r, c in enumerate(caches):
+                tables[r, :len(c.blocks)] = c.table(device)
+            positions = torch.tensor([g[1] for g in groups[:n_decode]], dtype=torch.int32)
+            at = positions.long()
+            decode = (tables, positions, rope.cos_q[at], rope.sin_q[at], rope.cos_k[at], rope.sin_k[at],
+                      caches[0].block)
+        first = n_decode
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if len(spans) == 1:
                 _, _, cache, start, tables = spans[0]
-                return self._attend_rows(q, k, v, tables, cache.layer_k[i], cache.layer_v[i], start, flash)
-            outs = [self._attend_rows(q[a:b], k[a:b], v[a:b], tables, cache.layer_k[i], cache.layer_v[i], start,
-                                      flash)
-                    for a, b, cache, start, tables in spans]
+                return self._attend_rows(q, k, v, tables, cache, i, start, flash)
+            outs = []
+            rest = spans
+            if decode is not None:
+                tables_, positions, cq, sq, ck, sk, block = decode
+                outs.append(_linear_mod.cpu_native.paged_rope_kv_attend_decode(
+                    q[:first], k[:first], v[:first], cq, sq, ck, sk, groups[0][0].layer_k[i],
+                    groups[0][0].layer_v[i], tables_, positions, block))
+                rest = spans[n_decode:]
+            outs += [self._attend_rows(q[a:b], k[a:b], v[a:b], tables, cache, i, start, flash)
+                     for a, b, cache, start, tables in rest]
             return torch.cat(outs, 0)
 
         return attend
 
-    def static_attention(self, seg: Segment, x: torch.Tensor, pos: torch.Tensor, cache: KVRows,
-                         bucket: int) -> Attend:
-        """One row at the device position `pos` (1,) with shapes fixed by `bucket`: no host syncs,
-        no data-dependent shapes (what a CUDA graph captures). Writes K/V at pos, attends over
-        [0, bucket) hiding positions > pos."""
+    def static_attention(self, seg: Segment, x: torch.Tensor, pos: torch.Tensor, tables: torch.Tensor,
+                         cache: KVRows, bucket: int) -> Attend:
+        """R rows, row r at the device position pos[r] of the sequence whose block table is
+        tables[r] ((R, M) int32 on the device), shapes fixed by `bucket` keys: no host syncs, no
+        data-dependent shapes (what a CUDA graph captures). Writes each row's K/V at its position
+        through its table, attends over [0, bucket) hiding positions > pos[r]. A row at a
+        negative position is padding: its K/V go to block 0's row 0 (never read: every real
+        row's table maps its own positions) and its output is zeros or finite."""
         cfg = self.cfg
         n_rep = cfg.n_heads // cfg.n_kv_heads
         rope = seg.rope
-        cos_q, sin_q = rope.cos_q.index_select(0, pos), rope.sin_q.index_select(0, pos)
-        cos_k, sin_k = rope.cos_k.index_select(0, pos), rope.sin_k.index_select(0, pos)
-        # The Triton kernel reads pos and hides keys > pos itself. sdpa (CPU, no Triton) takes an
-        # additive mask, made once per segment (a bool mask would be converted in every layer).
+        block = cache.block
+        real = pos.clamp(min=0)
+        cos_q, sin_q = rope.cos_q.index_select(0, real), rope.sin_q.index_select(0, real)
+        cos_k, sin_k = rope.cos_k.index_select(0, real), rope.sin_k.index_select(0, real)
+        blocks = torch.where(pos >= 0, tables.gather(1, (real // block)[:, None])[:, 0].long(), 0)
+        rows = torch.where(pos >= 0, real % block, 0)
         flash = flash_attention_on(x.device)
-        visible = None if flash else torch.zeros(1, 1, 1, bucket, dtype=x.dtype, device=x.device).masked_fill_(
-            torch.arange(bucket, device=x.device) > pos, float("-inf"))
+        R = x.shape[0]
+        n_blocks = -(-bucket // block)
+        visible = None if flash else torch.zeros(R, 1, 1, n_blocks * block, dtype=x.dtype, device=x.device).masked_fill_(
+            (torch.arange(n_blocks * block, device=x.device)[None, :] > real[:, None])[:, None, None, :], float("-inf"))
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             q = apply_rope_pairs(q, cos_q, sin_q)
             k = apply_rope_pairs(k, cos_k, sin_k)
-            cache.layer_k[i].index_copy_(1, pos, k.transpose(0, 1))
-            cache.layer_v[i].index_copy_(1, pos, v.transpose(0, 1))
+            pool_k, pool_v = cache.layer_k[i], cache.layer_v[i]
+            pool_k[blocks, :, rows] = k.to(pool_k.dtype)
+            pool_v[blocks, :, rows] = v.to(pool_v.dtype)
             if flash:
-                o = _attention_mod.decode_attention(q, cache.layer_k[i], cache.layer_v[i], pos, bucket)
+                o = _attention_mod.paged_decode_attention(q, pool_k, pool_v, tables, pos, block, bucket)
             else:
-                keys = cache.layer_k[i][:, :bucket].unsqueeze(0)
-                values = cache.layer_v[i][:, :bucket].unsqueeze(0)
-                o = F.scaled_dot_product_attention(q.reshape(1, cfg.n_kv_heads, n_rep, cfg.head_dim),
+                # (R, kv_heads, keys, d) gathered through each row's table
+                ids = tables[:, :n_blocks].long()
+                keys = pool_k[ids].permute(0, 2, 1, 3, 4).reshape(R, cfg.n_kv_heads, n_blocks * block, -1)
+                values = pool_v[ids].permute(0, 2, 1, 3, 4).reshape(R, cfg.n_kv_heads, n_blocks * block, -1)
+                o = F.scaled_dot_product_attention(q.reshape(R, cfg.n_kv_heads, n_rep, cfg.head_dim).to(keys.dtype),
                                                    keys, values, attn_mask=visible)
-            return o.reshape(1, cfg.n_heads * cfg.v_head_dim)
+            return o.reshape(R, cfg.n_heads * cfg.v_head_dim).to(x.dtype)
 
         return attend
 
     def _native_decode(self, seg: Segment, cache: KVRows):
         """The segment's decode step as one native call (kernels.linear.native_decode_layers), made
-        once per cache and kernel variant (a cache's tensors are fixed for its life, and the steps
-        are stored on it); None where the per-op path runs."""
+        once per pool and kernel variant (a pool's tensors are fixed for its life, and the steps are
+        stored on it; each run takes the sequence's block table); None where the per-op path runs."""
         if seg.device.type != "cpu" or not native_cpu():
             return None
         key = _linear_mod.cpu_native.VARIANT_EPOCH
@@ -521,7 +576,8 @@ class Mistral3Text:
             made[seg.layers.start] = (key, _linear_mod.native_decode_layers(
                 [(ly.attn_norm, ly.ffn_norm, (ly.wq, ly.wk, ly.wv, ly.wo, ly.w_gate, ly.w_up, ly.w_down),
                   cache.layer_k[i], cache.layer_v[i]) for i in seg.layers for ly in (self.layers[i],)],
-                cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, cfg.norm_eps))
+                cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, cfg.norm_eps,
+                block_size=cache.block))
         return made[seg.layers.start][1]
 
     def _qkv(self, layer: LayerWeights, x: torch.Tensor):
@@ -545,23 +601,26 @@ class Mistral3Text:
             return swiglu(gate, up)
         return norm_swiglu(x, layer.ffn_norm, eps, layer.w_gate, layer.w_up)
 
-    # -- one-token decode with static shapes (runtime/cuda_graphs.py captures it) ---------------
-    def decode_static(self, x: torch.Tensor, pos: torch.Tensor, cache: KVRows, bucket: int,
+    # -- decode rows with static shapes (runtime/cuda_graphs.py captures it) ----------------------
+    def decode_static(self, x: torch.Tensor, pos: torch.Tensor, tables: torch.Tensor, cache: KVRows, bucket: int,
                       segment: int | None = None) -> torch.Tensor:
-        """One row at the device position `pos` (1,) with shapes fixed by `bucket` (the layer
-        loop with `static_attention`): the body that a CUDA graph captures.
+        """R rows, row r at the device position pos[r] (R,) of the sequence with block table
+        tables[r] ((R, M) int32), shapes fixed by R, M and `bucket` (the layer loop with
+        `static_attention`): the body that a CUDA graph captures. `cache`: any sequence of the pool
+        (its pools and block size are read).
 
-        x: (1, hidden) input row. Returns float32 logits (vocab,) — or, for one `segment` that
-        is not the last, its output row (a graph per GPU segment). Does not touch cache.length."""
+        x: (R, hidden) input rows. Returns float32 logits (R, vocab) — or, for one `segment` that
+        is not the last, its output rows (a graph per GPU segment). Touches no sequence's length."""
         segs = self.segments if segment is None else [self.segments[segment]]
         for n, seg in enumerate(segs):
             if n:
                 x = _enter_segment(x, seg)
             with on_device(seg.device):
-                x = self.layer_loop(seg, x, self.static_attention(seg, x, pos.to(seg.device), cache, bucket))
+                x = self.layer_loop(seg, x, self.static_attention(seg, x, pos.to(seg.device), tables.to(seg.device),
+                                                                  cache, bucket))
         if segs[-1] is not self.segments[-1]:
             return x
-        return self.output_logits(x)[0]
+        return self.output_logits(x)
 
     # -- several sequences in one pass (continuous batching: runtime/batch.py) ------------------
     @torch.inference_mode()
@@ -585,6 +644,8 @@ class Mistral3Text:
             if start + n > cache.capacity:
                 raise EngineError(f"context full: {start} + {n} tokens exceed the context length {cache.capacity}")
         self.ensure_rope(max(cache.capacity for cache, _, _ in groups))
+        for cache, _, n in groups:
+            cache.reserve(n)
         x = self._layers(embeds, groups, list(logits_of))
         for cache, start, n in groups:
             cache.length = start + n
@@ -592,18 +653,30 @@ class Mistral3Text:
             return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=self.device)
         return self.output_logits(x)
 
-    def _attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables, cache_k: torch.Tensor,
-                     cache_v: torch.Tensor, start: int, flash: bool) -> torch.Tensor:
+    def _attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables, cache: KVRows, layer: int,
+                     start: int, flash: bool) -> torch.Tensor:
         """One sequence's rows (of a batch, or a whole pass): RoPE, K/V written at [start, start + T)
-        of its cache, causal attention over [0, start + t] for row t; (T, heads * dv) before W_o.
-        flash: flash_attention_on(q.device), asked by the caller."""
-        if _native_kv(q, cache_k):
+        through its block table, causal attention over [0, start + t] for row t; (T, heads * dv)
+        before W_o. flash: flash_attention_on(q.device), asked by the caller."""
+        pool_k, pool_v = cache.layer_k[layer], cache.layer_v[layer]
+        table = cache.table(q.device)
+        if _native_kv(q, pool_k):
             # CPU: RoPE, the KV write and attention in one native call, (row, KV head) pairs on
             # the thread pool. sdpa's CPU kernel spends ~90 us a layer on setup at decode sizes,
             # and runs prefill on one thread (torch keeps one beside the pool).
-            return _linear_mod.cpu_native.rope_kv_attend(q, k, v, *tables, cache_k, cache_v, start)
-        q = rope_into_cache(q, k, v, tables, cache_k, cache_v, start)
-        return prefill_attention(q, cache_k, cache_v, start, flash)
+            return _linear_mod.cpu_native.paged_rope_kv_attend(q, k, v, *tables, pool_k, pool_v, table, start,
+                                                               cache.block)
+        cos_q, sin_q, cos_k, sin_k = tables
+        T = q.shape[0]
+        scatter_positions(pool_k, table, start, apply_rope_pairs(k, cos_k, sin_k), cache.block)
+        scatter_positions(pool_v, table, start, v, cache.block)
+        q = apply_rope_pairs(q, cos_q, sin_q)
+        if flash:
+            return _attention_mod.paged_attention(q, pool_k, pool_v, table, start, cache.block).reshape(T, -1)
+        end = start + T
+        keys = gather_positions(pool_k, table, end, cache.block).to(q.dtype)
+        values = gather_positions(pool_v, table, end, cache.block).to(q.dtype)
+        return prefill_attention(q, keys, values, start, False)
 
 
 def on_device(device: torch.device):
@@ -618,6 +691,6 @@ def _enter_segment(x: torch.Tensor, seg: Segment) -> torch.Tensor:
     return x.to(device=seg.device, dtype=seg.dtype, copy=True)
 
 
-__all__ = ["Mistral3Text", "KVRows", "PassKV", "resolve_device", "default_dtype",
-           "apply_rope_pairs", "rms_norm", "rope_into_cache",
+__all__ = ["Mistral3Text", "KVRows", "PassKV", "gather_positions", "scatter_positions", "resolve_device", "default_dtype",
+           "apply_rope_pairs", "rms_norm",
            "swiglu", "norm_linears", "norm_swiglu"]

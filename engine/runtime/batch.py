@@ -1,26 +1,31 @@
-"""Continuous batching: many sequences decoded together, one pass over the weights per step.
+"""Continuous batching over paged KV: many sequences decoded together, one pass over the
+weights per step.
 
-A `BatchScheduler` owns a few KV slots (one KVCache each) and, once started, a loop thread.
-Every step runs one row for each sequence that is decoding plus chunks of the prompts being
-read (at most `step_rows` prompt rows), through `Mistral3Text.forward_batch` (the matmuls on all
-rows at once, attention per sequence over its own cache); new requests join at step
-boundaries and finished ones leave, so a long prompt is read a chunk per step while the other
-streams keep getting a token every step; among prompts being read the oldest always advances
-and the rest of a step goes to those closest to their first token (a short one behind a long
-one is read at once). Decode is bound by reading the weights: eight rows cost about what one
-does.
+A `BatchScheduler` runs every generation of one model, a lone reply as a batch of one. Each
+sequence's KV is a block table into the scheduler's `KVPool` (runtime/kv_cache.py). Every step
+runs one row for each sequence that is decoding plus chunks of the prompts being read (at most
+`step_rows` prompt rows), through `Mistral3Text.forward_batch` (the matmuls on all rows at once,
+attention per sequence through its table); new requests join at step boundaries and finished
+ones leave, so a long prompt is read a chunk per step while the other streams keep getting a
+token every step; among prompts being read the oldest always advances and the rest of a step
+goes to those closest to their first token (a short one behind a long one is read at once).
+Decode is bound by reading the weights: eight rows cost about what one does.
 
-A priority request (the window's own reply) has a slot kept for it and its prompt is read
-before anyone else's, with the other streams paused for those steps, so it never queues behind
-API streams. Image features are encoded in the submitting thread, outside the step. Requests
-with the same prompt (a request's `n` choices, admitted together through a `Gate`) read it once:
-the later ones wait while the first reads it, then start from a copy of its KV and its last
-row's logits, and all decode as rows of the same steps. Prefix reuse: a slot keeps what it last
-held (the next turn of a conversation reuses it in place), and every sequence's full blocks go to
-the shared `PrefixCache`, from which a new sequence copies its longest known prefix (a known
-system prompt). On a GPU the slots are carved out of the engine's planned KV (`carve_kv`).
-Sampling, stop strings and stats follow `generate.generate` step for step; a step draws its new
-requests' first tokens before the streams' next ones.
+A priority request (the window's own reply) has room kept for it (`priority_slots`) and its
+prompt is read before anyone else's, with the other streams paused for those steps, so it never
+queues behind API streams. Image features are encoded in the submitting thread, outside the
+step. Requests with the same prompt (a request's `n` choices, admitted together through a
+`Gate`) read it once: the later ones wait while the first reads it, then share its blocks and
+its last row's logits, and all decode as rows of the same steps.
+
+One reuse rule: a new sequence takes the longest run of known blocks of its prompt (named by
+content: runtime/prefix_cache.block_hashes), from the pool (shared, reference-counted: a system
+prompt of 32 conversations is held once; a chat that ended is its blocks left in the pool) or
+read back from the tier below (host memory, then the disk). A sequence that needs a block when
+the pool has none preempts the youngest API sequence, which goes back to the queue and later
+goes on where it stopped (vLLM's recompute preemption). Sampling, stop strings and stats are the
+same for every sequence; a step draws its new requests' first tokens before the streams' next
+ones.
 
 Time to first token under a burst of clients: requests the server has taken but not yet queued
 (their prompt being encoded) are announced (`arrival`); a step that starts reading a new prompt
@@ -43,14 +48,14 @@ import torch
 from ..api import (ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, ReasoningPiece,
                    SamplingParams, TokenLogprob)
 from ..mistral3.chat_format import EncodedPrompt
-from .decoder import decode, new_cache
-from .kv_cache import KVCache
+from .decoder import decode_rows, default_context_length, new_pool
+from .kv_cache import KVCache, KVPool, KVPoolFull
 from .generate import StopStringFilter, check_params, draw_token, make_generator, reply_stats, seen_mask, stop_reason
-from .prefix_cache import PrefixCache, ReplyMemory, block_hashes
+from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, prefix_names, tail_hash
 from .reasoning import ReasoningSplitter
 from .speculative import AdaptiveDraftLength, PromptLookup, SpeculationCost
 from .prompts import check_fits, check_prompt_ids, image_features, prompt_rows
-from .prefix_keys import Key, common_prefix, position_keys, reusable_prefix
+from .prefix_keys import Key, position_keys, reusable_prefix
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +73,7 @@ DEFAULT_SLOTS = 8
 # What verifying k drafted tokens costs against a one-row step, until measured per machine: decode
 # reads the weights once for all rows (the issue's yardstick: 5 rows at most 1.3x one row)
 SPEC_COST = SpeculationCost(tuple(1.0 + 0.06 * k for k in range(17)))
-SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cached prefix must cover to be preferred
 PREFIX_CACHE_BYTES = 1 << 30
-MIN_SLOT_CONTEXT = 256  # positions a slot carved out of a planned context must keep at least
 
 T = TypeVar("T")
 PromptProgress = Callable[[int, int], None]  # prompt rows read so far, rows to read (reused ones not counted)
@@ -94,6 +97,8 @@ class _Request:
     gate: "Gate | None" = None  # admitted only once it is open (see Gate)
     rows: torch.Tensor | None = None  # input rows of the positions after the reused ones, given by the caller
     history: Sequence[int] | None = None  # the repetition penalty's tokens, when not the prompt's ids
+    kv: KVCache | None = None  # the caller's sequence KV (generate()): used as it is, kept afterwards
+    resume: "_Sequence | None" = None  # a preempted sequence going on where it stopped
 
 
 class Arrival:
@@ -133,21 +138,12 @@ class Gate:
             self._cond.notify()
 
 
-@dataclass
-class _Slot:
-    cache: object  # KVCache
-    reserved: bool  # kept for priority requests
-    keys: list[Key] = field(default_factory=list)  # what cache positions [0, length) hold
-    busy: bool = False
-    last_used: float = 0.0
-
-
 class _Sequence:
     """One request while it runs: its prompt rows still to read, then one token a step."""
 
-    def __init__(self, req: _Request, slot: _Slot, reused: int, embeds: torch.Tensor, tokenizer):
+    def __init__(self, req: _Request, cache: KVCache, reused: int, embeds: torch.Tensor, tokenizer):
         self.req = req
-        self.slot = slot
+        self.cache = cache  # its block table into the scheduler's pool
         self.reused = reused
         self.embeds = embeds  # input rows for prompt positions [reused, len(prompt))
         self.read = 0  # of those rows
@@ -182,24 +178,28 @@ class BatchScheduler:
     def __init__(self, model, tokenizer, vision=None, *, slots: int = DEFAULT_SLOTS, priority_slots: int = 1,
                  context_length: int | None = None, step_rows: int | None = None,
                  prefix_cache_bytes: int = PREFIX_CACHE_BYTES, prefix_cache: PrefixCache | None = None,
-                 caches: list[KVCache] | None = None, gather_s: float | None = None,
+                 pool: KVPool | None = None, gather_s: float | None = None,
                  replies: ReplyMemory | None = None, source=None):
-        """`caches`: the slots' KV caches, made by the caller (e.g. `carve_kv` of the engine's
-        planned one), the first `slots` for any request, the rest kept for priority ones; by
-        default each slot gets a new cache of `context_length`. `prefix_cache`: one shared with
-        the engine's own chats; by default one of `prefix_cache_bytes` of its own. `replies`: the
-        reply ids the engine keeps (shared with it, on disk with its blocks); by default its own.
-        `source`: the model file, named in the errors a request gets."""
+        """`pool`: the KV blocks every sequence takes from (the engine's, sized by its plan); by
+        default one of `slots + priority_slots` contexts of `context_length` (each sequence's
+        bound; by default the pool's positions). `prefix_cache`: the tier below the pool (host
+        memory, the disk), shared with the engine; by default one of `prefix_cache_bytes` of its
+        own. `replies`: the reply ids the engine keeps (shared with it, on disk with its blocks); by
+        default its own. `source`: the model file, named in the errors a request gets."""
         self.model = model
         self.tokenizer = tokenizer
         self.vision = vision
         self.source = source
         self._running: list[_Sequence] = []
         self._waiting: list[_Request] = []
-        if caches is None:
-            caches = [new_cache(model, context_length, capture_graphs=False) for _ in range(slots + priority_slots)]
-        self.use_slots(caches, slots, priority_slots, step_rows, gather_s)
+        if pool is None:
+            n = default_context_length(model) if context_length is None else int(context_length)
+            pool = new_pool(model, n * (slots + priority_slots), capture_graphs=False, context_length=n)
+        self.pool = pool
+        self.context = min(int(context_length or pool.positions), pool.positions, model.cfg.context_length)
+        self.use_slots(slots, priority_slots, step_rows, gather_s)
         self.prefix = prefix_cache if prefix_cache is not None else PrefixCache(prefix_cache_bytes)
+        pool.spill = self.prefix.put  # a block the pool must reuse goes to host memory / the disk
         self.replies = replies if replies is not None else ReplyMemory()
         self._img_id = tokenizer.token_id("[IMG]") if vision is not None else None
         self._cond = threading.Condition()
@@ -211,22 +211,21 @@ class BatchScheduler:
         self._arriving = 0  # announced requests not yet queued (Arrival)
         self._last_news = -1.0  # when the last request was announced or queued (perf_counter)
         self.steps = 0  # forward passes run (a clock in steps, for tests and measurements)
+        self.preempted = 0  # sequences sent back to the queue for want of blocks
 
-    def use_slots(self, caches: list[KVCache], slots: int, priority_slots: int = 0, step_rows: int | None = None,
-                  gather_s: float | None = None) -> None:
-        """Sequences at once over these KV caches (the first `slots` for any request, the rest kept
-        for priority ones): the engine's one slot, or the API server's many. Only between steps
-        with nothing running or queued (its owner's thread: the loop is not running). A slot whose
-        cache it keeps keeps what that cache holds."""
+    def use_slots(self, slots: int, priority_slots: int = 0, step_rows: int | None = None,
+                  gather_s: float | None = None, context_length: int | None = None) -> None:
+        """How many sequences run at once: `slots` of any lane and `priority_slots` more for the
+        priority lane (the engine's one, or the API server's many), each of at most
+        `context_length` positions (default: as before). Only between steps with nothing running
+        or queued (its owner's thread: the loop is not running). What the pool holds stays."""
         if slots < 1 or priority_slots < 0:
             raise EngineError(f"a batch needs at least one slot, got {slots} (+{priority_slots} for priority)")
-        if len(caches) != slots + priority_slots:
-            raise EngineError(f"{len(caches)} KV caches for {slots} + {priority_slots} slots")
         if self._running or self._waiting:
             raise EngineError("the scheduler's slots cannot change while sequences run")
-        kept = {id(s.cache): s for s in getattr(self, "slots", ())}  # none yet when first made
-        self.slots = [_Slot(cache, reserved=i >= slots, keys=kept[id(cache)].keys if id(cache) in kept else [])
-                      for i, cache in enumerate(caches)]
+        self.max_seqs, self.priority_seqs = slots, priority_slots
+        if context_length:
+            self.context = min(int(context_length), self.pool.positions, self.model.cfg.context_length)
         on_gpu = self.model.on_gpu
         # prompt rows a step reads beside other sequences, and for a lone request (a forward's
         # whole prefill chunk: it reads as fast as a pass of its own); a given step_rows is both
@@ -240,17 +239,19 @@ class BatchScheduler:
         return self.lane_context(False)
 
     def lane_context(self, priority: bool) -> int:
-        """The largest slot a request of this lane may take (the kept slots can be larger)."""
-        return max(s.cache.capacity for s in self.slots if priority or not s.reserved)
+        """The longest sequence a request of this lane may be (the same for both lanes: every
+        sequence takes blocks from one pool)."""
+        return self.context
 
     # -- any thread -----------------------------------------------------------------------------
     def submit(self, prompt: EncodedPrompt, params: SamplingParams, on_piece=None,
                cancel: threading.Event | None = None, priority: bool = False,
                on_prompt_progress: PromptProgress | None = None, gate: Gate | None = None,
-               rows: torch.Tensor | None = None, history: Sequence[int] | None = None) -> Future:
+               rows: torch.Tensor | None = None, history: Sequence[int] | None = None,
+               kv: KVCache | None = None) -> Future:
         """Queue one generation; image features are encoded here, in the caller's thread.
-        `rows`: the input rows after the positions its slot reuses, made by the caller (generate()
-        on a cache of its own); `history`: the repetition penalty's tokens, if not the prompt's.
+        `rows`: the input rows after the positions `kv` holds, made by the caller (generate()
+        on a sequence KV of its own, `kv`, used as it is and kept); `history`: the repetition penalty's tokens, if not the prompt's.
         `on_prompt_progress(read, total)` is called (on the loop's thread) when its prompt starts
         being read and after each chunk. `gate`: it waits for the others of its group (the
         caller passes the gate once it is in the queue or has failed: `Gate.pass_one`)."""
@@ -264,7 +265,7 @@ class BatchScheduler:
         future: Future = Future()
         req = _Request(prompt, position_keys(prompt.ids, prompt.image_spans), params, on_piece, cancel,
                        priority, features, future, t0, next(self._order), on_prompt_progress, gate=gate,
-                       rows=rows, history=history)
+                       rows=rows, history=history, kv=kv)
         with self._cond:
             if self._closed:
                 raise self._closed_error
@@ -292,7 +293,7 @@ class BatchScheduler:
         """The result of a submitted request, running the steps here while no loop thread does."""
         while self._thread is None and not future.done():
             if not self.step() and not future.done():
-                raise EngineError("the request could not be admitted: no slot holds its context")
+                raise EngineError("the request could not be admitted: the KV pool cannot hold its context")
         return future.result()
 
     def arrival(self) -> Arrival:
@@ -336,15 +337,6 @@ class BatchScheduler:
             self._closed = final
         for req in waiting:
             req.future.set_exception(failure)
-
-    def forget_idle(self) -> None:
-        """The slots nobody uses now forget what they hold (a chat was deleted: its KV may be in
-        one; the prefix cache keeps what other chats need)."""
-        with self._cond:
-            for slot in self.slots:
-                if not slot.busy:
-                    slot.keys = []
-                    slot.cache.truncate(0)
 
     @property
     def arriving(self) -> int:
@@ -396,25 +388,31 @@ class BatchScheduler:
             decoding = [s for s in decoding if s.req.priority]
         parts, groups, logit_rows, sampled = [], [], [], []
         row = 0
-        if decoding:
-            ids = []  # embedded in _forward
-            for s in decoding:
-                drafts = self._drafts(s)  # speculation: extra rows after its last token, verified below
-                n = 1 + len(drafts)
-                ids += [s.pending, *drafts]
-                groups.append((s.slot.cache, s.slot.cache.length, n))
-                sampled.append((s, len(logit_rows), drafts))
-                logit_rows.extend(range(row, row + n))
-                row += n
+        stepped: list[_Sequence] = []  # in this step, in row order (blocks reserved for each)
+        ids = []  # the decode rows' tokens, embedded in _forward
+        for s in decoding:
+            if s.req.resume is s:  # preempted for the blocks of one before it
+                continue
+            drafts = self._drafts(s)  # speculation: extra rows after its last token, verified below
+            n = 1 + len(drafts)
+            if not self._make_room(s, n, stepped):
+                continue
+            ids += [s.pending, *drafts]
+            groups.append((s.cache, s.cache.length, n))
+            sampled.append((s, len(logit_rows), drafts))
+            logit_rows.extend(range(row, row + n))
+            row += n
+            stepped.append(s)
+        decoded = list(stepped)
+        if ids:
             parts.append(ids)
-        stepped = list(decoding)
         read_now, scored = [], []  # scored: (sequence, its first row, rows) of prompts being scored
         # driven by its one caller (no loop thread), nobody else can join or wait: a whole chunk
         for s, n in zip(reading, self._prompt_shares(reading, self._thread is None) if reading else ()):
-            if n == 0:
+            if n == 0 or s.req.resume is s or not self._make_room(s, n, stepped):
                 continue
             parts.append(s.embeds[s.read:s.read + n])
-            groups.append((s.slot.cache, s.slot.cache.length, n))
+            groups.append((s.cache, s.cache.length, n))
             if s.prompt_logprobs is not None:
                 scored.append((s, row, n))
             s.read += n
@@ -424,6 +422,8 @@ class BatchScheduler:
             if not s.reading:
                 sampled.append((s, len(logit_rows), []))
                 logit_rows.append(row - 1)
+        if not groups:  # every sequence was preempted for another's blocks
+            return True
         n_sampled = len(logit_rows)
         for _, first, n in scored:  # every row of a scored prompt: its logits score the next token
             logit_rows.extend(range(first, first + n))
@@ -437,12 +437,12 @@ class BatchScheduler:
                 raise
             return True
         self.steps += 1
-        for s in decoding:
+        for s in decoded:
             s.cached.append(s.pending)
             s.pending = None
         for s in stepped:
-            if s.n_sampled == 0:  # the blocks of the prompt read so far: later arrivals copy them
-                self.prefix.store(s.hashes, s.slot.cache)
+            if s.n_sampled == 0:  # the blocks of the prompt read so far: later arrivals share them
+                s.cache.publish(s.hashes)
         for s in read_now:
             self._report_reading(s)
         # First tokens first: a draw with temperature costs 3-15 ms of CPU on a 131072-token
@@ -467,7 +467,7 @@ class BatchScheduler:
         if s.lookup is None:
             return []
         s.lookup.extend(s.generated[len(s.lookup.ids) - len(s.req.prompt.ids):])
-        cache = s.slot.cache
+        cache = s.cache
         room = min(s.draft_length.length(), cache.capacity - cache.length - 1,
                    s.req.params.max_tokens - len(s.generated))
         drafts = s.lookup.draft(room) if room > 0 else []
@@ -481,7 +481,7 @@ class BatchScheduler:
         `_sample_next`), and the next row counts only while the drawn token is the draft it was
         fed. Lossless: greedy output is the plain output token for token, and sampled output is
         drawn from the same rows in the same order. The cache keeps the rows that were confirmed."""
-        cache = s.slot.cache
+        cache = s.cache
         start = cache.length - len(drafts) - 1  # the position of the token this step fed first
         accepted = 0
         for j in range(len(drafts) + 1):
@@ -516,10 +516,10 @@ class BatchScheduler:
 
     def _forward(self, parts: list, groups: list, logit_rows: list[int]) -> torch.Tensor:
         """The step's one pass: `parts` the decode rows' ids first (a list), then prompt rows. A
-        lone decode row on a cache with decode graphs replays them (runtime/decoder.decode)."""
-        if len(groups) == 1 and isinstance(parts[0], list) and len(parts[0]) == 1 \
-                and groups[0][0].decode_graphs is not None:
-            return decode(self.model, parts[0][0], groups[0][0])[None]
+        step of decode rows only on a pool with decode graphs replays them (runtime/decoder.decode_rows)."""
+        if len(parts) == 1 and isinstance(parts[0], list) and len(parts[0]) == len(groups) \
+                and self.pool.decode_graphs is not None:
+            return decode_rows(self.model, parts[0], [g[0] for g in groups])
         rows = [self.model.embed(p) if isinstance(p, list) else p for p in parts]
         embeds = rows[0] if len(rows) == 1 else torch.cat([r.to(rows[0].device) for r in rows])
         return self.model.forward_batch(embeds, groups, logit_rows)
@@ -559,7 +559,7 @@ class BatchScheduler:
         while the first were being set up join this step instead of waiting a whole step for the
         next); how many left the queue. Every pass but the last takes a slot or a follower."""
         taken = 0
-        for _ in range(len(self.slots) + 1):
+        for _ in range(self.max_seqs + self.priority_seqs + 1):
             n = self._admit()
             taken += n
             if not n or not self._waiting:
@@ -574,7 +574,7 @@ class BatchScheduler:
             return False
         if any(s.req.priority and s.reading for s in self._running):
             return False
-        return any(not s.busy and not s.reserved for s in self.slots)
+        return self._lane_open(False)
 
     def _gather(self) -> None:
         """Wait (at most gather_s) until the announced requests are queued and no other has come
@@ -597,40 +597,70 @@ class BatchScheduler:
             for req in queue:
                 if req.cancel is not None and req.cancel.is_set():  # its client left while it waited
                     self._waiting.remove(req)
-                    req.future.set_result(self._result(req, [], "", 0, self.slots[0].cache, "cancelled",
-                                                       None, None, 0))
+                    self._cancelled(req)
                     continue
                 if req.gate is not None and not req.gate.open:
                     continue  # the others of its group are not all here yet
-                leader = self._reading_the_same(req, [r for r, _ in admitted])
+                leader = self._reading_the_same(req, admitted)
                 if leader is not None:  # read once: it starts from the leader's KV (_start_followers)
                     leader.followers.append(req)
                     self._waiting.remove(req)
                     continue
-                slot = self._free_slot(req)
-                if slot is None:
+                if not self._fits_now(req, len(admitted)):
                     continue
-                slot.busy = True
-                admitted.append((req, slot))
+                admitted.append(req)
                 self._waiting.remove(req)
             taken = before - len(self._waiting)
-        for req, slot in admitted:
+        for req in admitted:
             try:
-                self._start(req, slot)
+                self._start(req)
             except BaseException as exc:  # noqa: BLE001 - e.g. a bad image: that request fails
-                slot.busy = False
-                slot.cache.truncate(0)
-                slot.keys = []
                 self._requeue(req)
                 req.future.set_exception(exc)
         return taken
+
+    def _cancelled(self, req: _Request) -> None:
+        seq = req.resume
+        if seq is not None:  # preempted: what it generated before stands
+            req.resume = None
+            seq.cache = KVCache(self.pool, self.context)
+            self._finish(seq, "cancelled", running=False)
+            return
+        req.future.set_result(self._result(req, [], "", 0, KVCache(self.pool, self.context), "cancelled",
+                                           None, None, 0))
+
+    def _lane_open(self, priority: bool, admitted: int = 0) -> bool:
+        """A sequence of this lane may start now (counting `admitted` ones starting this round)."""
+        running = len(self._running) + admitted
+        if running >= self.max_seqs + self.priority_seqs:
+            return False
+        return priority or sum(not s.req.priority for s in self._running) + admitted < self.max_seqs
+
+    def _fits_now(self, req: _Request, admitted: int) -> bool:
+        """The request may start: its lane has room, and the pool has blocks for its prompt's
+        unknown part and its first token beside what the running sequences will soon need (one
+        block each), counting published blocks it would share as free. A lone request always
+        starts (the pool is its own)."""
+        if not self._lane_open(req.priority, admitted):
+            return False
+        if req.kv is not None or (not self._running and not admitted):
+            return True
+        b = self.pool.block
+        n = len(req.keys) + (len(req.resume.cached) + 1 if req.resume is not None else 1)
+        known = 0
+        for digest in block_hashes(req.keys, b)[:n // b]:
+            if self.pool.find(digest) is None:
+                break
+            known += 1
+        need = -(-n // b) - known
+        return self.pool.available() - need >= len(self._running) + admitted
 
     def _reading_the_same(self, req: _Request, admitted: list[_Request]) -> _Request | None:
         """A request of the same lane with this very prompt whose prompt is still to be read
         (running, or admitted in this round), or None."""
         candidates = [s.req for s in self._running if s.n_sampled == 0] + admitted
-        if req.params.prompt_logprobs:  # scored: its prompt is read by its own pass
-            return None
+        if req.params.prompt_logprobs or req.kv is not None or req.resume is not None:
+            return None  # scored (its own pass), a caller's KV, or going on from its own output
         return next((r for r in candidates if r.priority == req.priority and r.keys == req.keys), None)
 
     def _requeue(self, req: _Request) -> None:
@@ -642,76 +672,107 @@ class BatchScheduler:
                 self._waiting.extend(followers)
                 self._cond.notify()
 
-    def _free_slot(self, req: _Request) -> _Slot | None:
-        """A free slot this request may use: the one holding the longest prefix of its prompt,
-        then (a priority request) a reserved one, then the one used least recently. A prefix
-        shorter than SLOT_SIMILARITY of the prompt does not count (llama-server's
-        --slot-prompt-similarity): a shared opening such as "[INST]Client" must not make a request
-        overwrite another conversation's KV while a slot nobody will miss is free."""
-        need = len(req.keys) + (1 if req.params.max_tokens > 0 else 0)
-        free = [s for s in self.slots if not s.busy and (req.priority or not s.reserved) and s.cache.capacity >= need]
-        if not free:
-            return None
+    def _match(self, hashes: Sequence[bytes], keys: Sequence[Key]) -> tuple[list[int], int]:
+        """The longest run of known blocks for these hashes, each now held once more for the
+        caller, and the positions they hold: the pool's own, then blocks read back from the tier
+        below (host memory, the disk) into blocks of the pool (never evicting one of this run:
+        those are held); after every full block, the longest known tail block (a chat that ended
+        there)."""
+        pool, blocks, b = self.pool, [], self.pool.block
+        with pool.lock:
+            for digest in hashes:
+                if (found := self._known_block(digest)) is None:
+                    break
+                blocks.append(found)
+            full = hashes[:len(blocks)]
+            for end in range(min(len(keys), (len(blocks) + 1) * b - 1), len(blocks) * b, -1):
+                if (found := self._known_block(tail_hash(full, keys[:end], b))) is not None:
+                    blocks.append(found)
+                    return blocks, end
+        return blocks, len(blocks) * b
 
-        def useful_prefix(slot: _Slot) -> int:
-            n = common_prefix(slot.keys, req.keys)
-            return n if n >= SLOT_SIMILARITY * len(req.keys) else 0
+    def _known_block(self, digest: bytes) -> int | None:
+        """The block of that name, held once more (read back from the tier below if need be), or None."""
+        pool = self.pool
+        with pool.lock:
+            b = pool.find(digest)
+            if b is not None:
+                pool.share(b)
+                return b
+            item = self.prefix.get(digest)
+            if item is None:
+                return None
+            try:
+                b = pool.take()
+            except KVPoolFull:
+                return None
+            pool.write_block(b, *item)
+            pool.publish(digest, b)
+            return b
 
-        return max(free, key=lambda s: (useful_prefix(s), s.reserved == req.priority, -s.last_used))
-
-    def _start(self, req: _Request, slot: _Slot) -> None:
-        prompt, keys, cache = req.prompt, req.keys, slot.cache
+    def _start(self, req: _Request) -> None:
         if req.cancel is not None and req.cancel.is_set():
-            slot.busy = False
             self._requeue(req)
-            req.future.set_result(self._result(req, [], "", 0, cache, "cancelled", None, None, 0))
+            self._cancelled(req)
             return
-        spans = prompt.image_spans
-        # a scored prompt is read whole: every token's log-probability comes from this pass
-        own = 0 if req.params.prompt_logprobs else reusable_prefix(slot.keys[:cache.length], keys, spans)
-        b = self.prefix.block
-        hashes = block_hashes(keys, b)
-        with self.prefix.lock:  # shared with the engine's own chats: what matched stays until loaded
-            held = 0 if req.params.prompt_logprobs else self.prefix.match(hashes)
-            from_blocks = reusable_prefix(keys[:held * b], keys, spans) if held else 0
-            if from_blocks > own:
-                first = own // b
-                cache.truncate(first * b)
-                self.prefix.load(hashes[:-(-from_blocks // b)], cache, first)
-                cache.truncate(from_blocks)
-                reused = from_blocks
-            else:
-                cache.truncate(own)
-                reused = own
-        slot.keys = keys[:reused]
-        if req.rows is not None and reused + req.rows.shape[0] != len(keys):
-            raise EngineError(f"{req.rows.shape[0]} input rows after {reused} reused positions for a prompt of {len(keys)}")
-        rows = req.rows if req.rows is not None else self._embeddings(req, reused)
-        seq = _Sequence(req, slot, reused, rows, self.tokenizer)
-        seq.hashes = hashes
+        seq, req.resume = req.resume, None
+        keys = req.keys + (seq.cached + ([seq.pending] if seq.pending is not None else []) if seq else [])
+        if req.kv is not None:  # the caller's sequence, holding keys[:length] (generate())
+            cache = req.kv
+            reused = cache.length
+        else:
+            cache = KVCache(self.pool, self.context)
+            hashes = block_hashes(keys, self.pool.block)
+            # a scored prompt is read whole: every token's log-probability comes from this pass
+            blocks, held = ([], 0) if req.params.prompt_logprobs else self._match(hashes, keys)
+            reused = reusable_prefix(keys[:held], keys, req.prompt.image_spans) if blocks else 0
+            used = -(-reused // self.pool.block)
+            for b in blocks[used:]:
+                self.pool.drop(b)
+            cache.adopt(blocks[:used], reused)
+        try:
+            if req.rows is not None and reused + req.rows.shape[0] != len(keys):
+                raise EngineError(f"{req.rows.shape[0]} input rows after {reused} reused positions for a prompt of "
+                                  f"{len(keys)}")
+            n_prompt = len(req.keys)
+            rows = req.rows if req.rows is not None else self._embeddings(req, min(reused, n_prompt))
+            if len(keys) > n_prompt:  # a preempted sequence: its output after the prompt is read again
+                own = torch.tensor(keys[max(reused, n_prompt):], dtype=torch.long)
+                own_rows = self.model.embed(own).to(rows.device, rows.dtype)
+                rows = torch.cat([rows if reused < n_prompt else rows[:0], own_rows])
+        except BaseException:
+            if req.kv is None:
+                cache.release()
+            raise
+        if seq is None:
+            seq = _Sequence(req, cache, reused, rows, self.tokenizer)
+        else:  # it goes on: the token it had drawn is read with the rest, the next one drawn after
+            seq.cache, seq.embeds, seq.read = cache, rows, 0
+            seq.cached, seq.pending = keys[n_prompt:], None
+        seq.hashes = block_hashes(keys, self.pool.block)
         self._running.append(seq)
         if seq.reading:
             self._report_reading(seq)
 
     def _start_followers(self, leader: _Sequence, logits: torch.Tensor) -> None:
-        """The requests that waited for `leader`'s prompt: each in a free slot with a copy of
-        its KV, sampling its first token from the same logits (so they decode in the leader's
-        steps from the next one on). Without a free slot one goes back to the queue."""
+        """The requests that waited for `leader`'s prompt: each shares its blocks (the last one is
+        copied when written), sampling its first token from the same logits (so they decode in
+        the leader's steps from the next one on). Without room one goes back to the queue."""
         followers, leader.req.followers = leader.req.followers, []
-        n = leader.slot.cache.length
+        n = leader.cache.length
         for req in followers:
             if req.cancel is not None and req.cancel.is_set():
-                req.future.set_result(self._result(req, [], "", 0, leader.slot.cache, "cancelled", None, None, 0))
+                self._cancelled(req)
                 continue
-            slot = self._free_slot(req)
-            if slot is None:
+            if not self._lane_open(req.priority):
                 with self._cond:
                     self._waiting.append(req)
                 continue
-            slot.busy = True
-            copy_positions(leader.slot.cache, slot.cache, n)
-            slot.keys = req.keys[:n]
-            seq = _Sequence(req, slot, n, leader.embeds[:0], self.tokenizer)
+            cache = KVCache(self.pool, self.context)
+            for b in leader.cache.blocks:
+                self.pool.share(b)
+            cache.adopt(leader.cache.blocks, n)
+            seq = _Sequence(req, cache, n, leader.embeds[:0], self.tokenizer)
             seq.hashes = leader.hashes
             self._running.append(seq)
             try:
@@ -751,7 +812,7 @@ class BatchScheduler:
             s.t_first = s.t_last
         if token is not None:
             self._emit_text(s, token, s.decoder.push(token))
-        reason = stop_reason(token, s.stop, len(s.generated), params, s.req.cancel, s.slot.cache)
+        reason = stop_reason(token, s.stop, len(s.generated), params, s.req.cancel, s.cache)
         if reason is not None:
             return self._finish(s, reason)
         s.pending = token
@@ -772,28 +833,73 @@ class BatchScheduler:
         if piece and s.req.on_piece is not None:
             s.req.on_piece(piece)
 
-    def _remember_blocks(self, s: _Sequence) -> None:
-        keys = s.req.keys + s.cached
-        hashes = s.hashes if not s.cached else block_hashes(keys, self.prefix.block, s.hashes)
-        self.prefix.store(hashes, s.slot.cache)
+    def _publish(self, s: _Sequence, keys: Sequence[Key] | None = None) -> None:
+        """Name the sequence's full blocks in the pool (later sequences with the same prefix share
+        them), and queue the new ones for the disk tier (a chat survives a restart)."""
+        hashes = s.hashes
+        if keys is not None and len(keys) // self.pool.block > len(hashes):
+            hashes = s.hashes = block_hashes(keys, self.pool.block, s.hashes)
+        s.cache.publish(hashes)
+        names = list(zip(hashes, s.cache.blocks[:s.cache.length // self.pool.block]))
+        if keys is not None:  # it ended: its blocks by every leading part (the next turn, a regenerate, an edit)
+            parts = prefix_names(hashes, keys[:s.cache.length], self.pool.block, s.reused // self.pool.block)
+            s.cache.publish_prefixes(parts)
+            last = len(s.cache.blocks) - 1
+            tail = next((name for i, name in parts if i == last), None)  # its longest name comes first
+            if s.cache.length % self.pool.block and tail is not None:  # the last block, partly filled: to disk too
+                names.append((tail, s.cache.blocks[last]))
+        if self.prefix.disk is not None:
+            for digest, b in names:
+                if digest not in self.prefix.disk:
+                    self.prefix.persist(digest, *self.pool.read_block(b))
 
-    def _release(self, s: _Sequence) -> None:
-        self._running.remove(s)
-        s.slot.busy = False
-        s.slot.last_used = time.perf_counter()
+    def _release(self, s: _Sequence, running: bool = True) -> None:
+        if running:
+            self._running.remove(s)
+        if s.req.kv is None:  # a caller's KV stays theirs (generate())
+            s.cache.release()
         self._requeue(s.req)  # it ended before its prompt was read: those waiting for it read it
 
-    def _finish(self, s: _Sequence, reason: FinishReason) -> None:
+    def _preempt(self, s: _Sequence) -> None:
+        """Out of blocks: `s` leaves the step and goes back to the queue, its full blocks named
+        (it shares them again on its return unless they were reused meanwhile), to go on where it
+        stopped: prompt and output read again, the token it had drawn fed with them."""
+        self._publish(s, s.req.keys + s.cached)
+        self._running.remove(s)
+        s.cache.release()
+        self.preempted += 1
+        s.req.resume = s
+        with self._cond:
+            self._waiting.append(s.req)
+
+    def _make_room(self, s: _Sequence, n: int, stepping: list[_Sequence]) -> bool:
+        """Blocks for `s`'s next n rows, preempting the youngest running sequence of the API lane
+        that is not in this step yet while the pool has none; False when `s` itself must go
+        (nothing else to preempt: it was preempted)."""
+        while True:
+            try:
+                s.cache.reserve(n)
+                return True
+            except KVPoolFull:
+                victims = [v for v in self._running if v is not s and v not in stepping and not v.req.priority
+                           and v.req.kv is None and v.prompt_logprobs is None]
+                if not victims:
+                    if s.req.kv is not None or s.prompt_logprobs is not None or len(self._running) == 1:
+                        raise
+                    self._preempt(s)
+                    return False
+                self._preempt(max(victims, key=lambda v: v.req.order))
+
+    def _finish(self, s: _Sequence, reason: FinishReason, running: bool = True) -> None:
         if not s.stop.stopped:
             self._emit_text(s, None, s.decoder.flush())
-        cache = s.slot.cache
-        s.slot.keys = (s.req.keys + s.cached)[:cache.length]
+        cache = s.cache
         if reason != "cancelled" or not s.reading:
-            self._remember_blocks(s)
+            self._publish(s, s.req.keys + s.cached)
         self.replies.remember_reply(s.stop.text, s.generated, reason, lambda ids: self.tokenizer.decode(ids))
-        self._release(s)
         result = self._result(s.req, s.generated, s.stop.text, s.reused, cache, reason, s.t_first, s.t_last,
                               s.n_sampled)
+        self._release(s, running)
         result.logprobs = s.logprobs
         result.prompt_logprobs = s.prompt_logprobs
         if s.thought is not None:
@@ -802,9 +908,8 @@ class BatchScheduler:
         s.req.future.set_result(result)
 
     def _fail(self, s: _Sequence, exc: BaseException) -> None:
-        # The cache's length counts only rows whose forward pass completed: a prefix of the
-        # prompt and of what was fed back, which the slot's keys describe.
-        s.slot.keys = (s.req.keys + s.cached)[:s.slot.cache.length]
+        # The cache's length counts only rows whose forward pass completed (a prefix of the
+        # prompt and of what was fed back): a caller's KV is left holding just those.
         self._release(s)
         s.req.future.set_exception(exc)
 
@@ -853,68 +958,15 @@ def generate(model, cache, prompt, params: SamplingParams, tokenizer, on_piece: 
         raise EngineError("the prompt is empty: give at least one token")
     n = start_pos + rows.shape[0]
     history = list(history_ids) if history_ids is not None else ids
-    # positions the caller's cache holds are reused as they are: the slot is told it holds them
+    # positions the caller's cache holds are reused as they are (the request's keys say so)
     known = list(history) if history is not None and len(history) == n else [0] * start_pos + (ids or [0] * rows.shape[0])
-    scheduler = BatchScheduler(model, tokenizer, slots=1, priority_slots=0, caches=[cache], prefix_cache=PrefixCache(0),
-                               gather_s=0.0, replies=ReplyMemory(capacity=0))
-    scheduler.slots[0].keys = known[:start_pos]
+    scheduler = BatchScheduler(model, tokenizer, slots=1, priority_slots=0, pool=cache.pool, context_length=cache.capacity,
+                               prefix_cache=PrefixCache(0), gather_s=0.0, replies=ReplyMemory(capacity=0))
     future = scheduler.submit(EncodedPrompt(known), params, on_piece, cancel, on_prompt_progress=on_prompt_progress,
-                              rows=rows, history=history or [])
+                              rows=rows, history=history or [], kv=cache)
     result = scheduler.wait(future)
     fed = max(0, cache.length - n)
     return GenerationOutput(result.token_ids, result.text, result.stats, result.token_ids[:fed], result.logprobs)
-
-
-def copy_positions(src: KVCache, dst: KVCache, n: int) -> None:
-    """dst holds src's first n positions afterwards (two caches of one model)."""
-    for sk, sv, dk, dv in zip(src.ks, src.vs, dst.ks, dst.vs):
-        dk[:, :, :n].copy_(sk[:, :, :n])
-        dv[:, :, :n].copy_(sv[:, :, :n])
-    dst.length = n
-
-
-def planned_slot_sizes(capacity: int, slots: int, kept: int = 0) -> list[int]:
-    """How a planned context of `capacity` positions is shared by `slots` slots and `kept` kept
-    ones (the window's own replies): the kept ones half of it, the others the rest, equally
-    (without kept ones, all of it)."""
-    if not kept:
-        return [capacity // slots] * slots
-    return [capacity // 2 // slots] * slots + [capacity // 2 // kept] * kept
-
-
-def carve_kv(cache: KVCache, sizes: list[int], min_context: int = MIN_SLOT_CONTEXT) -> list[KVCache]:
-    """KV caches of `sizes` positions over the memory of `cache` (they add up to at most its
-    capacity): the slots of a batch take the KV the plan counted for the engine's one context
-    (runtime/memory.py) instead of as much again beside it. Each is contiguous (a run of the
-    flat tensor, not a strided window), as the attention kernels want; what `cache` held is
-    overwritten."""
-    if sum(sizes) > cache.capacity:
-        raise EngineError(f"slots of {sum(sizes)} positions in all do not fit a KV cache of {cache.capacity}")
-    if min(sizes) < min_context:
-        raise EngineError(f"{len(sizes)} sequences at once would get {min(sizes)} tokens of context each (the "
-                          f"planned context of {cache.capacity} tokens is shared by them, and each needs at least "
-                          f"{min_context}): serve fewer at once or raise the context length")
-    out, start = [], 0
-    for size in sizes:
-        ks = [_carved(k, start, size) for k in cache.ks]
-        vs = [_carved(v, start, size) for v in cache.vs]
-        # a one-position cache of the same layout, then pointed at the carved memory
-        view = KVCache(sum(k.shape[0] for k in ks), ks[0].shape[1], ks[0].shape[3], vs[0].shape[3], 1,
-                       cache.dtype, cache.device, [(k.shape[0], k.dtype, k.device) for k in ks])
-        view.ks, view.vs = ks, vs
-        view.layer_k = [layer for k in ks for layer in k]
-        view.layer_v = [layer for v in vs for layer in v]
-        out.append(view)
-        start += size
-    return out
-
-
-def _carved(t: torch.Tensor, start: int, positions: int) -> torch.Tensor:
-    """Positions [start, start + positions) of a cache's capacity, as a contiguous run of the
-    flat tensor laid out as a cache of that many positions."""
-    layers, heads, _, dim = t.shape
-    per_position = layers * heads * dim
-    return t.reshape(-1)[start * per_position:(start + positions) * per_position].view(layers, heads, positions, dim)
 
 
 class BatchedEngine:
@@ -989,7 +1041,7 @@ class BatchedEngine:
 
     @property
     def description(self) -> str:
-        n = sum(not s.reserved for s in self.scheduler.slots)
+        n = self.scheduler.max_seqs
         return f"{self.engine.description}, {n} sequences at once of {self.context_size} tokens each"
 
     def encode(self, messages: list[ChatMessage], tools=None) -> EncodedPrompt:
@@ -1065,5 +1117,5 @@ class BatchedEngine:
         return gate
 
 
-__all__ = ["Arrival", "BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "Gate", "MIN_SLOT_CONTEXT", "STEP_SHARE", "GenerationOutput", "generate",
-           "carve_kv", "copy_positions", "planned_slot_sizes"]
+__all__ = ["Arrival", "BatchScheduler", "BatchedEngine", "DEFAULT_SLOTS", "Gate", "STEP_SHARE", "GenerationOutput",
+           "generate"]

@@ -2,11 +2,11 @@
 
 Owned by one thread (the GUI's worker, or the CLI). `chat()` encodes the conversation with the
 official v7 format and hands it to the engine's `BatchScheduler` (runtime/batch.py), which every
-reply goes through: alone it is a batch of one, its steps run in the caller's thread over the
-engine's one KV cache; while the API server is on (`serve`) the same scheduler runs many
-sequences on a loop thread of its own, the window's replies on its priority lane. KV reuse is
-the scheduler's one rule: the slot's own prefix, or a longer run of the shared prefix cache's
-blocks (any chat's, a known system prompt, and after a restart the blocks on disk).
+reply goes through: alone it is a batch of one, its steps run in the caller's thread; while the
+API server is on (`serve`) the same scheduler runs many sequences on a loop thread of its own,
+the window's replies on its priority lane. Every sequence's KV is blocks of the engine's one
+pool (runtime/kv_cache.py). KV reuse is the scheduler's one rule: the longest run of known blocks
+(any chat's, a known system prompt, and after a restart the blocks on disk).
 """
 from __future__ import annotations
 
@@ -19,15 +19,16 @@ import torch
 
 from ..api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
-from .batch import BatchScheduler, carve_kv, planned_slot_sizes
+from .batch import BatchScheduler
 from .generate import InvalidLogitsError, check_params
 from ..gguf import GGUFError, open_gguf
 from ..mistral3.text import Mistral3Text, torch_device
 from ..mistral3.config import check_pair, text_config
-from .decoder import cpu_kv_dtype, new_cache
+from .decoder import cpu_kv_dtype, new_pool
+from .kv_cache import KVCache
 from .device_map import Budget, plan_for_files
 from .memory import release_freed_heap
-from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
+from .prefix_cache import BLOCK_TOKENS, PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies, prefix_names
 from .prompts import check_prompt_ids, image_features, prompt_rows
 from .prefix_disk import DEFAULT_DISK_BYTES, PrefixDisk, block_layout, model_identity, usable_folder
 from .prefix_keys import position_keys
@@ -50,8 +51,8 @@ class LocalEngine:
         fit: planned before loading), or cpu. device_map: a manual map, e.g. "cuda:0=30,cpu=10".
         context_length: None for the plan's default; a larger one is planned the same way
         (layers move to the CPU, or a PlanError says it does not fit).
-        kv_host_budget_mb: host memory for KV outside the cache: the shared prefix cache, where
-        every chat's blocks stay when another chat takes the cache. kv_disk_dir: a folder for the prefix cache's disk tier (blocks
+        kv_host_budget_mb: host memory for KV blocks no sequence holds (chats kept for their next
+        turn): on the CPU more blocks of the pool, beside a GPU the tier its blocks spill to. kv_disk_dir: a folder for the prefix cache's disk tier (blocks
         of recent chats survive a restart), at most kv_disk_budget_mb there; None: memory only.
         kv_type: the KV cache of the layers on the CPU, "f32" or "f16" (half the memory and the
         bytes a long context's decode step reads; keys and values rounded to float16, the
@@ -79,21 +80,28 @@ class LocalEngine:
             self.vision = self._load_vision(self.mmproj_path)
         if progress:
             progress(0.95, "allocating the KV cache, capturing the decode graphs")
-        self.cache = new_cache(self.model, self.plan.context_length, kv_type=kv_type)  # the KV the plan counted
         self.kv_type = kv_type
         host_budget = self._host_kv_budget(kv_host_budget_mb << 20)
+        context = self.plan.context_length
+        positions = context
+        if not self.model.on_gpu:
+            # on the CPU the pool is host memory, committed as blocks are written: the host budget
+            # is more blocks of it (chats kept in the pool), not copies beside it
+            per_token = self.model.kv_bytes_per_token(dtype=cpu_kv_dtype(kv_type))
+            positions, host_budget = context + host_budget // max(1, per_token), 0
+        # the KV the plan counted: every sequence's blocks (decode graphs captured now)
+        self.pool = new_pool(self.model, positions, kv_type=kv_type, context_length=context)
         disk = None
         if kv_disk_dir is not None:
             identity = model_identity(self.model_path, gf.data_offset, self.mmproj_path)
-            disk = PrefixDisk(kv_disk_dir, identity, block_layout(self.cache, BLOCK_TOKENS),
-                              max(0, int(kv_disk_budget_mb)) << 20)
+            disk = PrefixDisk(kv_disk_dir, identity, block_layout(self.pool), max(0, int(kv_disk_budget_mb)) << 20)
         self.prefix_cache = PrefixCache(host_budget, BLOCK_TOKENS, disk)
         # replies generated here, put back with their exact ids (after a restart too, from disk)
         self.replies = ReplyMemory(disk=disk, check=self._decodes_to)
-        # every reply goes through it: one slot, the engine's cache, until serve() gives it more
+        # every reply goes through it: one sequence at a time until serve() allows more
         self.scheduler = BatchScheduler(self.model, self.tokenizer, self.vision, slots=1, priority_slots=0,
-                                        caches=[self.cache], prefix_cache=self.prefix_cache, replies=self.replies,
-                                        source=self.model_path)
+                                        pool=self.pool, context_length=context, prefix_cache=self.prefix_cache,
+                                        replies=self.replies, source=self.model_path)
         release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
@@ -178,36 +186,29 @@ class LocalEngine:
         """One at a time: this engine has one KV cache (BatchedEngine batches them)."""
         return [fn(self, i) for i in range(n)]
 
-    # -- serving: the same scheduler, more slots, its own loop thread --------------------------
-    def serve(self, slots: int, priority_slots: int = 1, share_planned_kv: bool | None = None,
-              **options) -> BatchScheduler:
-        """Turn the scheduler to `slots` sequences at once (+ `priority_slots` kept for the
-        window's replies) on a loop thread; `stop_serving` turns it back. `share_planned_kv`
-        (default: on a GPU): the slots are carved out of the engine's own KV cache, the one
-        context the plan counted (as llama-server's -np divides -c; kept slots get half of it);
-        otherwise (the CPU, where pages are committed as positions are written) each slot has a
-        cache of the engine's context, the engine's own cache one of them, what it holds kept.
-        `options`: the scheduler's step_rows / gather_s."""
-        if share_planned_kv is None:
-            share_planned_kv = self.model.on_gpu
-        context = options.pop("context_length", None) or self.cache.capacity
-        if share_planned_kv:
-            caches = carve_kv(self.cache, planned_slot_sizes(self.cache.capacity, slots, priority_slots))
-        else:
-            extra = [new_cache(self.model, context, capture_graphs=False, kv_type=self.kv_type)
-                     for _ in range(slots + priority_slots - 1)]
-            # the engine's cache is the window's kept slot (or, without one, the first slot)
-            caches = extra + [self.cache] if priority_slots else [self.cache] + extra
-        self.scheduler.use_slots(caches, slots, priority_slots, options.get("step_rows"), options.get("gather_s"))
+    # -- serving: the same scheduler, more sequences, its own loop thread ------------------------
+    def serve(self, slots: int, priority_slots: int = 1, **options) -> BatchScheduler:
+        """Turn the scheduler to `slots` sequences at once (+ `priority_slots` more for the
+        window's replies) on a loop thread; `stop_serving` turns it back. Every sequence takes
+        blocks from the engine's one pool, the KV the plan counted (llama-server's -np divides -c
+        into fixed slots; here a short conversation holds only its blocks). `options`: the
+        scheduler's step_rows / gather_s / context_length (each sequence's bound)."""
+        self.scheduler.use_slots(slots, priority_slots, options.get("step_rows"), options.get("gather_s"),
+                                 options.get("context_length"))
         return self.scheduler.start()
 
     def stop_serving(self, error: EngineError | None = None) -> None:
-        """Back to one slot over the engine's cache, steps in the caller's thread; what runs or
-        waits fails with `error`."""
+        """Back to one sequence at a time, steps in the caller's thread; what runs or waits fails
+        with `error`. The pool keeps what it holds."""
         if self.scheduler is None:  # closed first
             return
         self.scheduler.halt(error)
-        self.scheduler.use_slots([self.cache], 1, 0)
+        self.scheduler.use_slots(1, 0)
+
+    def new_sequence(self) -> KVCache:
+        """An empty sequence over the engine's pool, of the engine's context (a benchmark's or a
+        check's own decoding; `release()` it after)."""
+        return KVCache(self.pool, self.context_size)
 
     def close(self) -> None:
         """Give the memory back now: the weights (and their repacked copies), the KV cache, the
@@ -215,7 +216,7 @@ class LocalEngine:
         window's worker thread, and a collection there could free Qt objects off the GUI thread.)"""
         self.scheduler.close()
         self.scheduler = None
-        self.cache = None
+        self.pool = None
         self.model = None
         self.vision = None
         self.prefix_cache.close()  # the blocks still queued for disk are written first
@@ -287,15 +288,15 @@ class LocalEngine:
             prompt = self.encode(messages)
         except EngineError:  # e.g. an image the tower cannot read: nothing of it was cached either
             return
-        hashes = block_hashes(position_keys(prompt.ids, prompt.image_spans), self.prefix_cache.block)
-        self.prefix_cache.forget(hashes)
+        keys = position_keys(prompt.ids, prompt.image_spans)
+        hashes = block_hashes(keys, self.pool.block)
+        names = hashes + [name for _, name in prefix_names(hashes, keys, self.pool.block)]
+        self.pool.forget(names)
+        self.prefix_cache.forget(names)
         self.replies.forget([m.text_content for m in messages if m.role == "assistant"])
 
     def forget_session(self, session_key: str) -> None:
-        """A chat was deleted: the idle slots let go of what they hold (its KV may be there; KV
-        is found by content, not by chat, and forget_chat drops its blocks)."""
-        if self.scheduler is not None:
-            self.scheduler.forget_idle()
+        """Nothing to do: KV is found by content, not by chat (forget_chat drops a chat's blocks)."""
 
 
 def _scaled(progress: LoadProgress | None, lo: float, hi: float) -> LoadProgress | None:

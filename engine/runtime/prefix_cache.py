@@ -1,16 +1,13 @@
-"""A KV prefix cache shared by every conversation, and the replies the engine generated.
+"""The tier of KV blocks below the pool, and the replies the engine generated.
 
 Positions are cut into fixed-size blocks; a block is addressed by a chained hash of its keys
-(token ids; inside an image span the image's content hash too, see session.position_keys) and
-of every block before it, so equal hashes mean equal prefixes. A new sequence copies the longest
-run of known blocks into its KV cache and prefills only the rest: a second conversation with a
-known system prompt starts with those tokens cached. Blocks are host-memory copies in an LRU
-bounded in bytes (a block whose parent was evicted is never matched: lookups stop at the first
-miss). With a `PrefixDisk` (runtime/prefix_disk.py) behind it, every block stored is also
-written to a file, and a block missing from memory is read back from its file (checked) when a
-lookup reaches it: that is how a chat is reused after a restart. One engine's LocalEngine and its
-BatchScheduler share one PrefixCache (one memory bound); `lock` makes each call, and a caller's
-match-then-load, safe between their threads.
+(token ids; inside an image span the image's content hash too, see prefix_keys.position_keys) and
+of every block before it, so equal hashes mean equal prefixes. The KV pool (runtime/kv_cache.py)
+is the first tier: its published blocks are shared by every sequence with that prefix. A block
+the pool must reuse while its content is known is spilled here (`put`): host copies in an LRU
+bounded in bytes, and with a `PrefixDisk` (runtime/prefix_disk.py) behind it, a file; every block
+the scheduler publishes is also queued for its file (`persist`), so a chat is found again after a
+restart. `get` reads a block back (memory, then its file, checked) for the pool.
 
 `ReplyMemory` keeps the exact token ids of replies the engine generated, and
 `encode_reusing_replies` puts them back when a client resends the reply as text, so the next
@@ -28,9 +25,8 @@ import torch
 
 from ..api import ChatMessage
 from ..mistral3.chat_format import EncodedPrompt, ImageSpan, encode_chat
+from .kv_cache import BLOCK_TOKENS
 from .prefix_keys import Key
-
-BLOCK_TOKENS = 32
 
 
 def _block_bytes(keys: Sequence[Key]) -> bytes:
@@ -51,9 +47,36 @@ def block_hashes(keys: Sequence[Key], block: int = BLOCK_TOKENS, known: Sequence
     return out
 
 
+def tail_hash(hashes: Sequence[bytes], keys: Sequence[Key], block: int = BLOCK_TOKENS) -> bytes | None:
+    """The name of the partly filled block after the full ones that `hashes` name: keys past
+    len(hashes) * block (fewer than a block), None when there are none. A chat that ended keeps
+    its last block by this name, so its next turn reuses every position, not just whole blocks;
+    distinct from any full block's name (a marker byte, and a tail has fewer keys)."""
+    lo = len(hashes) * block
+    if not 0 < len(keys) - lo < block:
+        return None
+    parent = hashes[-1] if hashes else b""
+    return hashlib.blake2b(parent + b"tail" + _block_bytes(keys[lo:]), digest_size=16).digest()
+
+
+def prefix_names(hashes: Sequence[bytes], keys: Sequence[Key], block: int = BLOCK_TOKENS,
+                 first: int = 0) -> list[tuple[int, bytes]]:
+    """(block index, tail_hash name) of every proper leading part of each block of `keys` from
+    block `first` on, longest first: what a sequence that ended names its blocks by, so that a
+    prompt agreeing with it up to any position reuses every position up to there (a regenerate,
+    an edit in the middle, the next turn)."""
+    out = []
+    for i in range(first, -(-len(keys) // block)):
+        parent = hashes[i - 1] if i else b""
+        lo = i * block
+        for end in range(min(len(keys), lo + block - 1), lo, -1):
+            out.append((i, hashlib.blake2b(parent + b"tail" + _block_bytes(keys[lo:end]), digest_size=16).digest()))
+    return out
+
+
 class PrefixCache:
-    """Blocks of KV (host copies, one (layers, kv_heads, block, d) pair per cache part) by hash,
-    in memory, and in files when a `disk` tier is given."""
+    """Blocks of KV (host copies, one (layers, kv_heads, block, d) pair per pool part) by hash,
+    in memory up to `budget_bytes`, and in files when a `disk` tier is given."""
 
     def __init__(self, budget_bytes: int, block: int = BLOCK_TOKENS, disk=None):
         self.budget = max(0, int(budget_bytes))
@@ -69,82 +92,34 @@ class PrefixCache:
     def __contains__(self, digest: bytes) -> bool:
         return digest in self._blocks
 
-    def match(self, hashes: Sequence[bytes], start: int = 0) -> int:
-        """How many leading blocks are held (each one found becomes the most recently used);
-        blocks missing from memory are read from the disk tier. `start`: the caller already
-        holds blocks [0, start) (they are counted, not looked up)."""
+    def get(self, digest: bytes) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """The block's K and V parts (now the most recently used), from memory or its file."""
         with self.lock:
-            n, chain = start, 0
-            for digest in hashes[start:]:
-                item = self._blocks.get(digest)
-                if item is None and self.disk is not None:
-                    item = self._from_disk(digest, chain)
-                if item is None:
-                    break
+            item = self._blocks.get(digest)
+            if item is not None:
                 self._blocks.move_to_end(digest)
-                chain += item[2]
-                n += 1
-            return n
+                return item[0], item[1]
+        if self.disk is not None:
+            return self.disk.get(digest)
+        return None
 
-    def _from_disk(self, digest: bytes, chain: int):
-        """The block from its file into memory, unless that would evict blocks of the run being
-        matched (`chain` bytes of it so far, all more recent than anything else)."""
-        got = self.disk.get(digest)
-        if got is None:
-            return None
-        ks, vs = got
+    def put(self, digest: bytes, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
+        """Keep a block (host copies the caller will not change) in memory, evicting the least
+        recently used beyond the budget, and in its file."""
         nbytes = sum(t.numel() * t.element_size() for t in ks + vs)
-        if chain + nbytes > self.budget:
-            return None
-        self._insert(digest, ks, vs, nbytes)
-        return self._blocks[digest]
-
-    def _insert(self, digest: bytes, ks: list[torch.Tensor], vs: list[torch.Tensor], nbytes: int) -> None:
-        self._blocks[digest] = (ks, vs, nbytes)
-        self.used += nbytes
-        while self.used > self.budget:
-            _, (_, _, n) = self._blocks.popitem(last=False)
-            self.used -= n
-
-    def load(self, hashes: Sequence[bytes], cache, first: int = 0) -> None:
-        """Copy blocks [first, len(hashes)) into `cache` at their positions; the cache must hold
-        at least first * block positions. Afterwards it holds len(hashes) * block."""
-        b = self.block
-        if cache.length < first * b:
-            raise ValueError(f"loading from block {first} into a cache of {cache.length} positions")
         with self.lock:
-            for i in range(first, len(hashes)):
-                ks, vs, _ = self._blocks[hashes[i]]
-                for dst_k, dst_v, k, v in zip(cache.ks, cache.vs, ks, vs):
-                    dst_k[:, :, i * b:(i + 1) * b].copy_(k)
-                    dst_v[:, :, i * b:(i + 1) * b].copy_(v)
-        cache.length = max(first * b, len(hashes) * b)
+            if digest not in self._blocks and nbytes <= self.budget:
+                self._blocks[digest] = (ks, vs, nbytes)
+                self.used += nbytes
+                while self.used > self.budget:
+                    _, (_, _, n) = self._blocks.popitem(last=False)
+                    self.used -= n
+        self.persist(digest, ks, vs)
 
-    def store(self, hashes: Sequence[bytes], cache) -> int:
-        """Copy the cache's full blocks not yet held (only those its positions cover), and queue
-        each for the disk tier; returns how many were added to memory."""
-        if self.budget == 0:
-            return 0
-        b, added = self.block, 0
-        with self.lock:
-            for i, digest in enumerate(hashes):
-                if (i + 1) * b > cache.length:
-                    break
-                item = self._blocks.get(digest)
-                if item is None:
-                    ks = [k[:, :, i * b:(i + 1) * b].to("cpu", copy=True) for k in cache.ks]
-                    vs = [v[:, :, i * b:(i + 1) * b].to("cpu", copy=True) for v in cache.vs]
-                    nbytes = sum(t.numel() * t.element_size() for t in ks + vs)
-                    if nbytes > self.budget:
-                        return added
-                    self._insert(digest, ks, vs, nbytes)
-                    item = (ks, vs, nbytes)
-                    added += 1
-                else:
-                    self._blocks.move_to_end(digest)
-                if self.disk is not None and digest not in self.disk:
-                    self.disk.put(digest, item[0], item[1])  # the writer thread reads these copies, never changed
-        return added
+    def persist(self, digest: bytes, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
+        """Queue the block for its file (the writer thread reads these copies, never changed)."""
+        if self.disk is not None and digest not in self.disk:
+            self.disk.put(digest, ks, vs)
 
     def forget(self, hashes: Sequence[bytes]) -> None:
         """Drop these blocks from memory and from the disk tier (a deleted chat's)."""

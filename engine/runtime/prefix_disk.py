@@ -56,9 +56,10 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def block_layout(cache, block: int) -> Layout:
-    """What one block of `cache` looks like on disk: its K parts then its V parts, `block` positions."""
-    return [(dtype_name(t.dtype), (t.shape[0], t.shape[1], block, t.shape[3])) for t in list(cache.ks) + list(cache.vs)]
+def block_layout(pool) -> Layout:
+    """What one block of a KV pool looks like on disk: its K parts then its V parts, each
+    (layers, kv_heads, block, d)."""
+    return [(dtype_name(t.dtype), (t.shape[0], t.shape[2], t.shape[3], t.shape[4])) for t in list(pool.ks) + list(pool.vs)]
 
 
 def file_identity(path: str | Path, head_bytes: int, tail_bytes: int = 1 << 20) -> bytes:

@@ -56,15 +56,13 @@ class BatchExecutor:
     is the same engine on the priority lane (the window's own replies), with
     `priority_slots` slots kept for it."""
 
-    def __init__(self, engine, slots: int = 8, workers: int = 64, priority_slots: int = 1,
-                 share_planned_kv: bool | None = None, **scheduler_options):
-        """`share_planned_kv`: see LocalEngine.serve (by default on a GPU the slots are carved out
-        of the engine's planned KV; on the CPU each has a cache of the engine's context)."""
+    def __init__(self, engine, slots: int = 8, workers: int = 64, priority_slots: int = 1, **scheduler_options):
+        """`scheduler_options`: see LocalEngine.serve (every sequence takes blocks of the engine's one pool)."""
         from ..runtime.batch import BatchedEngine  # torch: not at the CLI parser's import
 
         self._engine = engine
         # the engine's own scheduler, given more slots and a loop thread (one scheduler for every reply)
-        self.scheduler = engine.serve(slots, priority_slots, share_planned_kv, **scheduler_options)
+        self.scheduler = engine.serve(slots, priority_slots, **scheduler_options)
         self.engine = BatchedEngine(engine, self.scheduler)
         self.priority = self.engine.prioritized()
         self._model = served_model_of(self.engine)

@@ -1,6 +1,7 @@
 """The batch scheduler's shared work: requests with one prompt (a request's `n` choices) read it
-once and decode as rows of the same steps; a prompt's reading is reported chunk by chunk; on a
-GPU the slots are carved out of the engine's planned KV instead of beside it.
+once and decode as rows of the same steps; a prompt's reading is reported chunk by chunk; every
+sequence takes blocks of one pool (a shared system prompt held once, more conversations than
+fixed slots would hold, preemption when it runs out).
 
 The reference for every sequence is the same request run alone by LocalEngine (the path tied to
 HF and llama.cpp by other tests)."""
@@ -10,9 +11,12 @@ import threading
 import time
 
 import pytest
+import torch
 
 from tramontane.engine.api import EngineError, SamplingParams
-from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler, carve_kv, planned_slot_sizes
+from tramontane.engine.mistral3.chat_format import EncodedPrompt
+from tramontane.engine.runtime.batch import BatchedEngine, BatchScheduler
+from tramontane.engine.runtime.decoder import new_pool
 from tramontane.engine.runtime.local import LocalEngine
 
 from support import FIXTURES
@@ -143,86 +147,66 @@ def test_prompt_reading_is_reported_chunk_by_chunk(engine):
     assert again.result().stats.reused_tokens == 99 and seen[5:] == [(0, 1), (1, 1)]
 
 
-# ----------------------------------------------------------------------------- the planned KV, shared
+# ----------------------------------------------------------------------------- one pool for every sequence
 
-def test_carved_slots_are_the_engines_planned_kv_and_give_what_alone_gives():
-    engine = LocalEngine(MODEL, device="cpu", context_length=512)
+def _system_prompts(engine, n: int, system: int, own: int, seed: int) -> list[EncodedPrompt]:
+    """n prompts that open with the same `system` tokens, then `own` tokens of their own."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = engine.tokenizer.vocab_size
+    shared = [engine.tokenizer.bos_id] + torch.randint(1000, vocab, (system - 1,), generator=g).tolist()
+    return [EncodedPrompt(shared + torch.randint(1000, vocab, (own,), generator=g).tolist()) for _ in range(n)]
+
+
+def test_a_pool_of_8_slots_runs_32_conversations_at_once_their_system_prompt_stored_once(engine):
+    # llama-server -np 8 -c 4096 gives 8 slots of 512; the same KV as blocks holds 32
+    # conversations of 102 positions together (scaled to the tiny model's 512-token context)
+    pool = new_pool(engine.model, 8 * 512, capture_graphs=False)
+    prompts = _system_prompts(engine, 32, system=64, own=30, seed=21)
+    want = [alone(engine, p, greedy(8)).token_ids for p in prompts]
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=32, priority_slots=0, pool=pool, context_length=512,
+                           step_rows=4096, gather_s=0.0)
+    seen = {"rows": 0, "shared": 0, "held": 0}
+    inner = engine.model.forward_batch
+
+    def spy(embeds, groups, logits_of):
+        if len(groups) >= seen["rows"]:  # the last of the widest steps: decoding, every prompt read
+            seen["rows"] = len(groups)
+            caches = [c for c, _, _ in groups]
+            first = caches[0].blocks[:2]  # the system prompt's two blocks
+            seen["shared"] = sum(c.blocks[:2] == first for c in caches)
+            seen["held"] = len({b for c in caches for b in c.blocks})
+        return inner(embeds, groups, logits_of)
+
+    engine.model.forward_batch = spy
     try:
-        planned = engine.plan.placements[0].kv
-        assert engine.cache.nbytes == planned  # the one context the plan counted
-        caches = carve_kv(engine.cache, [256, 256])
-        assert [c.capacity for c in caches] == [256, 256]
-        assert sum(c.nbytes for c in caches) == planned  # all of it, and no byte more
-        for part in range(len(engine.cache.ks)):
-            for whole, pieces in ((engine.cache.ks[part], [c.ks[part] for c in caches]),
-                                  (engine.cache.vs[part], [c.vs[part] for c in caches])):
-                lo, hi = whole.data_ptr(), whole.data_ptr() + whole.numel() * whole.element_size()
-                spans = sorted((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()) for p in pieces)
-                assert all(p.is_contiguous() for p in pieces)
-                assert spans[0][0] == lo and spans[-1][1] == hi and spans[0][1] <= spans[1][0]  # disjoint, inside
-        prompts = random_prompts(engine, [60, 25], seed=16)
-        want = [alone(engine, p, greedy(7)).token_ids for p in prompts]
-        sched = BatchScheduler(engine.model, engine.tokenizer, slots=1, priority_slots=1, caches=carve_kv(engine.cache, [256, 256]),
-                               step_rows=64)
-        futures = [sched.submit(prompts[0], greedy(7)), sched.submit(prompts[1], greedy(7), priority=True)]
+        futures = [sched.submit(p, greedy(8)) for p in prompts]
         while sched.step():
             pass
-        assert [f.result(timeout=0).token_ids for f in futures] == want
-        assert sched.context_size == 256
     finally:
-        engine.close()
+        del engine.model.forward_batch
+    assert [f.result(timeout=0).token_ids for f in futures] == want
+    assert seen["rows"] == 32 and sched.preempted == 0  # all 32 decoded in the same steps
+    assert seen["shared"] == 32  # one copy of the system prompt's blocks for every conversation
+    assert seen["held"] <= 2 + 32 * 2  # and two blocks of their own each
+    # read in the same first step, the copies of the system prompt's blocks were given back for the first's
+    assert pool.in_use() == 0 and pool.named() >= 2
 
 
-def test_too_many_slots_for_the_planned_context_are_refused_in_words():
-    engine = LocalEngine(MODEL, device="cpu", context_length=512)
-    try:
-        with pytest.raises(EngineError) as info:
-            carve_kv(engine.cache, planned_slot_sizes(512, 3))
-        words = str(info.value)
-        assert "3 sequences at once would get 170 tokens of context each" in words
-        assert "serve fewer at once or raise the context length" in words
-        assert str(MODEL.parent) not in words
-    finally:
-        engine.close()
+def test_a_pool_too_small_for_everyone_preempts_and_the_output_is_unchanged(engine):
+    pool = new_pool(engine.model, 12 * 32, capture_graphs=False)  # 12 blocks for 6 sequences of 3 each
+    prompts = random_prompts(engine, [40, 52, 45, 60, 38, 50], seed=22)
+    want = [alone(engine, p, greedy(40)).token_ids for p in prompts]
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=6, priority_slots=0, pool=pool, context_length=512,
+                           step_rows=512, gather_s=0.0)
+    futures = [sched.submit(p, greedy(40)) for p in prompts]
+    while sched.step():
+        pass
+    assert [f.result(timeout=0).token_ids for f in futures] == want
+    assert sched.preempted > 0 and pool.in_use() == 0
 
 
-def test_the_kept_slots_get_half_of_the_planned_context_and_the_lanes_their_own_limit():
-    assert planned_slot_sizes(4096, 8) == [512] * 8  # serve -np 8: a llama-server -np 8 -c 4096 split
-    assert planned_slot_sizes(4096, 8, 1) == [256] * 8 + [2048]  # the window's own replies keep half
-    engine = LocalEngine(MODEL, device="cpu", context_length=512)
-    try:
-        sizes = planned_slot_sizes(512, 2, 1)
-        assert sizes == [128, 128, 256]
-        sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=1, step_rows=128,
-                               caches=carve_kv(engine.cache, sizes, min_context=64))
-        long_prompt = random_prompts(engine, [200], seed=17)[0]
-        with pytest.raises(EngineError, match=r"200 tokens \(needs 201 positions with the reply\), more than the context length of 128"):
-            sched.submit(long_prompt, greedy(4))
-        want = alone(engine, long_prompt, greedy(4)).token_ids
-        sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=1, step_rows=128,
-                               caches=carve_kv(engine.cache, sizes, min_context=64))
-        window = sched.submit(long_prompt, greedy(4), priority=True)  # only the kept slot holds it
-        while sched.step():
-            pass
-        assert window.result(timeout=0).token_ids == want
-        assert window.result().stats.context_size == 256
-    finally:
-        engine.close()
-
-
-def test_on_a_simulated_gpu_the_slots_add_up_to_the_kv_the_plan_counted():
-    # The planner's accounting for a GPU (a simulated machine, as test_runtime_memory's): the
-    # carved slots hold no more positions than the one context whose KV it counted there.
-    from tramontane.engine.gguf import open_gguf
-    from tramontane.engine.runtime import memory
-    from tramontane.engine.runtime.device_map import Budget, DeviceInfo, Machine, plan_devices, sizes_of_files
-
-    with open_gguf(MODEL) as gf:
-        sizes = sizes_of_files(gf)
-    plan = plan_devices(sizes, Machine((DeviceInfo("cuda:0", 8 << 30),), DeviceInfo("cpu", 64 << 30)), Budget(512))
-    (gpu,) = [p for p in plan.placements if p.device.kind == "cuda"]
-    assert len(gpu.layers) == sizes.n_layers
-    per_position = memory.kv_bytes(1, sizes.kv_width, sizes.n_layers, 2)  # bf16 on a GPU
-    assert gpu.kv == plan.context_length * per_position
-    for slots, kept in ((8, 0), (3, 0), (8, 1), (2, 1)):
-        assert sum(planned_slot_sizes(plan.context_length, slots, kept)) * per_position <= gpu.kv
+def test_a_prompt_longer_than_the_pool_is_refused_in_words(engine):
+    pool = new_pool(engine.model, 128, capture_graphs=False)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=0, pool=pool, context_length=512)
+    with pytest.raises(EngineError, match=r"200 tokens \(needs 201 positions with the reply\), more than the context length of 128"):
+        sched.submit(random_prompts(engine, [200], seed=23)[0], greedy(4))

@@ -1,6 +1,8 @@
-"""KVCache on its own: one (layers, kv_heads, capacity, head_dim) pair of tensors per segment with
-per-layer views into them, truncation within [0, length], and CPU zeros that commit no memory
-until a position is written."""
+"""Paged KV on its own: a pool of blocks per model (one (layers, n_blocks, kv_heads, block, d)
+pair per segment, per-layer pools in layer order, CPU zeros committed only when written), and a
+sequence's block table over it: blocks taken as positions are reserved, shared by reference,
+copied before a shared or named block is written, given back on truncation; named blocks kept
+for later prompts and spilled least recently used to the tier below when the pool runs out."""
 from __future__ import annotations
 
 import sys
@@ -10,78 +12,162 @@ import torch
 
 from support.rss import pages_present
 from tramontane.engine.api import EngineError
-from tramontane.engine.runtime.kv_cache import KVCache
+from tramontane.engine.runtime.kv_cache import KVCache, KVPool, KVPoolFull
 
 CPU = torch.device("cpu")
 
 
-def test_one_part_layout_and_bytes():
-    cache = KVCache(3, 2, 8, 6, 40, torch.float32, CPU)
-    assert cache.k.shape == (3, 2, 40, 8) and cache.v.shape == (3, 2, 40, 6)  # v_head_dim apart
-    assert (cache.capacity, cache.dtype, cache.device, cache.length) == (40, torch.float32, CPU, 0)
-    assert cache.nbytes == 3 * 2 * 40 * (8 + 6) * 4
-    assert len(cache.layer_k) == len(cache.layer_v) == 3
-    assert cache.decode_graphs is None and cache.native_steps == {}
-    # zero-initialised: masked-out slots must be finite
-    assert not cache.k.any() and not cache.v.any()
+def _pool(n_blocks: int = 8, block: int = 4, parts=None) -> KVPool:
+    return KVPool(2, 8, 6, n_blocks, parts or [(3, torch.float32, CPU)], block=block)
 
 
-def test_split_layout_gives_one_pair_per_segment_and_views_in_layer_order():
-    parts = [(2, torch.float16, CPU), (3, torch.float32, CPU)]
-    cache = KVCache(5, 2, 4, 4, 16, torch.float32, CPU, parts)
-    assert [k.shape for k in cache.ks] == [(2, 2, 16, 4), (3, 2, 16, 4)]
-    assert [k.dtype for k in cache.ks] == [v.dtype for v in cache.vs] == [torch.float16, torch.float32]
-    assert cache.nbytes == 2 * 2 * 16 * 8 * 2 + 3 * 2 * 16 * 8 * 4
-    assert [t.dtype for t in cache.layer_k] == [torch.float16] * 2 + [torch.float32] * 3
-    # layer 3 is the second segment's layer 1: a view, so a step's write lands in the segment tensor
-    cache.layer_k[3][1, 5, 2] = 7.0
-    cache.layer_v[0][0, 1, 0] = -2.0
-    assert cache.ks[1][1, 1, 5, 2] == 7.0 and cache.ks[1].count_nonzero() == 1
-    assert cache.vs[0][0, 0, 1, 0] == -2.0 and cache.vs[1].count_nonzero() == 0
-    with pytest.raises(AttributeError, match="one tensor per segment"):
-        cache.k
-    with pytest.raises(AttributeError, match="one tensor per segment"):
-        cache.v
+def test_layout_and_bytes():
+    pool = _pool()
+    assert [k.shape for k in pool.ks] == [(3, 8, 2, 4, 8)] and [v.shape for v in pool.vs] == [(3, 8, 2, 4, 6)]
+    assert len(pool.layer_k) == 3 and pool.layer_k[1].shape == (8, 2, 4, 8)
+    assert pool.layer_k[1].data_ptr() == pool.ks[0][1].data_ptr()  # views, not copies
+    assert pool.block_bytes == 3 * 2 * 4 * (8 + 6) * 4 and pool.nbytes == 8 * pool.block_bytes
+    assert pool.positions == 32
 
 
-@pytest.mark.parametrize("capacity", [0, -3])
-def test_a_non_positive_capacity_is_refused(capacity):
-    with pytest.raises(EngineError, match=f"context length must be positive, got {capacity}"):
-        KVCache(1, 1, 4, 4, capacity, torch.float32, CPU)
+def test_split_parts_give_one_pair_per_segment_in_layer_order():
+    pool = _pool(parts=[(2, torch.float16, CPU), (3, torch.float32, CPU)])
+    assert [k.dtype for k in pool.ks] == [torch.float16, torch.float32]
+    assert len(pool.layer_k) == 5 and pool.layer_k[2].dtype == torch.float32
+    pool.layer_k[3][1, 1, 2, 5] = 7.0  # layer 3 is the second part's layer 1
+    assert pool.ks[1][1, 1, 1, 2, 5] == 7.0 and pool.ks[1].count_nonzero() == 1
 
 
-def test_truncate_only_within_the_valid_positions():
-    cache = KVCache(1, 1, 4, 4, 10, torch.float32, CPU)
-    cache.length = 7
-    cache.truncate(7)
-    assert cache.length == 7
-    cache.truncate(3)
-    assert cache.length == 3
-    for bad in (4, -1):  # past what is valid, or negative
-        with pytest.raises(ValueError, match=f"length 3 to {bad}"):
-            cache.truncate(bad)
-    assert cache.length == 3
-    cache.truncate(0)
-    assert cache.length == 0
-    cache.length = 5
-    cache.reset()
-    assert cache.length == 0
+@pytest.mark.parametrize("blocks", [0, -1])
+def test_a_pool_without_blocks_is_refused(blocks):
+    with pytest.raises(EngineError, match="needs blocks"):
+        _pool(blocks)
+
+
+def test_reserve_takes_blocks_as_positions_are_written_and_truncate_gives_them_back():
+    pool = _pool()
+    seq = KVCache(pool, 20)
+    seq.reserve(5)
+    assert len(seq.blocks) == 2 and pool.available() == 6
+    seq.length = 5
+    seq.reserve(3)  # positions 5..7 fit the second block
+    assert len(seq.blocks) == 2
+    seq.length = 8
+    seq.truncate(3)
+    assert len(seq.blocks) == 1 and pool.available() == 7
+    with pytest.raises(ValueError, match="length 3 to 4"):
+        seq.truncate(4)
+    with pytest.raises(EngineError, match="context full: 3 \\+ 18 tokens exceed the context length 20"):
+        seq.reserve(18)
+    seq.release()
+    assert seq.length == 0 and seq.blocks == [] and pool.available() == 8 and pool.in_use() == 0
+
+
+def test_the_table_is_int32_on_the_device_and_follows_the_blocks():
+    pool = _pool()
+    seq = KVCache(pool, 32)
+    seq.reserve(9)
+    assert seq.table(CPU).dtype == torch.int32 and seq.table(CPU).tolist() == seq.blocks
+    seq.length = 9
+    seq.reserve(4)
+    assert seq.table(CPU).tolist() == seq.blocks and len(seq.blocks) == 4
+
+
+def test_a_shared_block_is_copied_before_it_is_written():
+    pool = _pool()
+    a = KVCache(pool, 32)
+    a.reserve(6)
+    pool.layer_k[0][a.blocks[1], 0, 0] = 3.0  # position 4 of a
+    a.length = 6
+    b = KVCache(pool, 32)
+    for blk in a.blocks:
+        pool.share(blk)
+    b.adopt(a.blocks, 5)  # b agrees with a on 5 positions: the second block in part
+    assert pool.refs[a.blocks[1]] == 2
+    b.reserve(1)  # b writes position 5: into a copy of that block, not into a's
+    assert b.blocks[0] == a.blocks[0] and b.blocks[1] != a.blocks[1]
+    assert pool.refs[a.blocks[1]] == 1 and pool.refs[b.blocks[1]] == 1
+    assert pool.layer_k[0][b.blocks[1], 0, 0, 0] == 3.0  # what it shared came along
+    a.release()
+    b.release()
+    assert pool.available() == 8
+
+
+def test_named_blocks_stay_for_later_prompts_and_are_never_written_in_place():
+    pool = _pool(n_blocks=3)
+    a = KVCache(pool, 12)
+    a.reserve(6)
+    a.length = 6
+    a.publish([b"first"])
+    assert pool.find(b"first") == a.blocks[0]
+    kept = a.blocks[0]
+    a.truncate(2)  # inside the named block: the next write copies it
+    a.reserve(1)
+    assert a.blocks[0] != kept and pool.find(b"first") == kept
+    a.release()
+    assert pool.find(b"first") == kept and pool.named() == 1  # nobody holds it, its content stays
+    assert pool.available() == 3  # and it can be taken back when a block is needed
+
+
+def test_a_second_copy_of_a_named_block_is_swapped_for_the_first():
+    pool = _pool()
+    a, b = KVCache(pool, 16), KVCache(pool, 16)
+    for s in (a, b):
+        s.reserve(4)
+        s.length = 4
+    a.publish([b"same"])
+    b.publish([b"same"])
+    assert b.blocks == a.blocks and pool.refs[a.blocks[0]] == 2 and pool.in_use() == 1
+
+
+def test_when_the_pool_is_full_the_least_recently_used_named_block_is_spilled():
+    pool = _pool(n_blocks=2)
+    spilled = []
+    pool.spill = lambda digest, ks, vs: spilled.append((digest, float(ks[0].sum())))
+    for name, value in ((b"old", 1.0), (b"new", 2.0)):
+        s = KVCache(pool, 4)
+        s.reserve(4)
+        pool.layer_k[0][s.blocks[0]].fill_(value)
+        s.length = 4
+        s.publish([name])
+        s.release()
+    pool.find(b"old")  # used again: now the newer of the two
+    s = KVCache(pool, 8)
+    s.reserve(1)
+    assert spilled == [(b"new", 2.0 * 2 * 4 * 8)] and pool.find(b"new") is None and pool.find(b"old") is not None
+    s.length = 4
+    s.reserve(4)  # the other one too
+    with pytest.raises(KVPoolFull, match="all held by running sequences"):
+        KVCache(pool, 4).reserve(1)
+
+
+def test_forgotten_names_free_their_blocks():
+    pool = _pool(n_blocks=2)
+    s = KVCache(pool, 8)
+    s.reserve(8)
+    s.length = 8
+    s.publish([b"x", b"y"])
+    s.publish_prefixes([(1, b"y-part")])
+    s.release()
+    pool.forget([b"x", b"y"])
+    assert pool.named() == 1  # y's block still has its other name
+    pool.forget([b"y-part"])
+    assert pool.named() == 0 and pool.available() == 2
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
 def test_cpu_zeros_commit_a_page_only_when_it_is_written():
-    # 1 layer, 1 head, 4096 positions of 256 float32: 1 KiB a position, 4 MiB in all
-    cache = KVCache(1, 1, 256, 256, 4096, torch.float32, CPU)
-    k = cache.k.numpy()
+    # 1 layer, 1 head, 128 blocks of 32 positions of 256 float32: 1 KiB a position, 4 MiB in all
+    pool = KVPool(1, 256, 256, 128, [(1, torch.float32, CPU)], block=32)
+    k = pool.ks[0].numpy()
     assert not any(pages_present(k))  # torch.zeros would have written (committed) every page
-    cache.layer_k[0][0, 100:108] = 1.0  # 8 positions: 8 KiB, two pages
+    pool.layer_k[0][3, 0, 4:12] = 1.0  # 8 positions: 8 KiB, two pages
     present = pages_present(k)
     assert 1 <= sum(present) <= 3, sum(present)
-    assert not any(pages_present(cache.v.numpy()))
-    assert float(cache.k.sum()) == 8 * 256 and float(cache.k[0, 0, :100].abs().sum()) == 0.0
+    assert not any(pages_present(pool.vs[0].numpy()))
 
 
 def test_an_empty_cpu_part_is_still_a_tensor():
     # a segment with no layers (a zero-byte mapping is impossible): plain zeros of that shape
-    cache = KVCache(2, 1, 4, 4, 8, torch.float32, CPU, [(0, torch.float32, CPU), (2, torch.float32, CPU)])
-    assert cache.ks[0].shape == (0, 1, 8, 4) and len(cache.layer_k) == 2
+    pool = KVPool(1, 4, 4, 2, [(0, torch.float32, CPU), (2, torch.float32, CPU)], block=4)
+    assert pool.ks[0].shape == (0, 2, 1, 4, 4) and len(pool.layer_k) == 2
