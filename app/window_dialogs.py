@@ -54,7 +54,8 @@ class WindowDialogs(QObject):
             local = self._local_info()
             dialog = ModelManagerDialog(
                 downloads=self.downloads, parent=w, settings=self.settings,
-                loaded_model=local.model_path if local else None, loaded_fit=running_fit(local),
+                loaded_model=local.model_path if local else None,
+                loaded_mmproj=local.mmproj_path if local else None, loaded_fit=running_fit(local),
                 freed_bytes=local.resident_bytes if local else 0,
                 context_length=local.context_size if local else self.settings.context_length or 0)
         except Exception as exc:  # noqa: BLE001

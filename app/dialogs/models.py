@@ -22,7 +22,7 @@ from PySide6.QtCore import Qt, QUrl, Signal, Slot
 from PySide6.QtGui import QColor, QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialog, QHBoxLayout,
                                QHeaderView, QInputDialog, QLabel, QLineEdit, QMessageBox,
-                               QProgressBar, QPushButton, QScrollArea, QSplitter,
+                               QProgressBar, QPushButton, QScrollArea, QSplitter, QStyledItemDelegate,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from ...engine.library.downloads import DownloadManager, DownloadRequest, DownloadState, DownloadStatus
@@ -184,6 +184,16 @@ def _table(headers: list[str]) -> QTableWidget:
     return t
 
 
+class KeepTheEnd(QStyledItemDelegate):
+    """A column of folders cut at their start ('…/Jan/data/llamacpp/models'): the end of a path
+    tells two folders apart, its middle ('opene…tures') nothing; the whole one is in the
+    cell's tooltip."""
+
+    def initStyleOption(self, option, index) -> None:  # noqa: N802 - Qt override
+        super().initStyleOption(option, index)
+        option.textElideMode = Qt.TextElideMode.ElideLeft
+
+
 def describe_machine(machine: Machine, context: int = 0, in_use: bool = False) -> str:
     """What the "On this machine" column is planned for, in one line: the memory free once
     the loaded model is unloaded, and the context planned for (the one in use when a model
@@ -204,12 +214,13 @@ class ModelManagerDialog(QDialog):
                  downloads: Downloads | None = None,
                  catalog: list[CatalogEntry] | None = None, parent=None, *,
                  settings: AppSettings | None = None, loaded_model: str | None = None,
-                 machine: Machine | None = None, loaded_fit: Fit | None = None, freed_bytes: int = 0,
+                 loaded_mmproj: str | None = None, machine: Machine | None = None, loaded_fit: Fit | None = None, freed_bytes: int = 0,
                  context_length: int = 0):
         """`downloads`: the app's (keeps running after the dialog closes); without one the
         dialog makes its own in `models_dir` with `hub`, paused when the dialog closes.
         `settings`: the app's (tab, copy choice, models loaded lately, device); `loaded_model`:
-        the path of the model loaded now, marked in the lists, `loaded_fit` where it runs
+        the path of the model loaded now, marked in the lists, with `loaded_mmproj`, the
+        projector it was loaded with (shown on its row, not the one paired by name); `loaded_fit` where it runs
         now and `freed_bytes` the RAM it holds (free once another model replaces it);
         `context_length`: the context to plan for (the one in use); `machine`: what to plan
         for (default: this machine, detected off the UI thread)."""
@@ -226,6 +237,7 @@ class ModelManagerDialog(QDialog):
         self._rows: dict[str, DownloadRow] = {}
         self.settings = settings
         self.loaded_model = _resolved(loaded_model)
+        self.loaded_mmproj = Path(loaded_mmproj) if loaded_mmproj else None
         self.loaded_fit = loaded_fit
         self.freed_bytes = freed_bytes
         self.context_length = context_length
@@ -593,6 +605,8 @@ class ModelManagerDialog(QDialog):
     def _build_local_tab(self) -> QWidget:
         self.local_table = _table(["File", "Kind", "Architecture", "Quant", "Size",
                                    "On this machine", "Projector", "Folder"])
+        self.folder_delegate = KeepTheEnd(self.local_table)
+        self.local_table.setItemDelegateForColumn(7, self.folder_delegate)
         self.local_table.itemSelectionChanged.connect(self._local_selection_changed)
         self.local_table.cellDoubleClicked.connect(self._load_local)
         self.local_load = QPushButton("Load in chat")
@@ -665,12 +679,16 @@ class ModelManagerDialog(QDialog):
             t.setItem(row, 3, _item(quant_of(str(m.path)) or m.quant or "?"))
             t.setItem(row, 4, _item(size_text(m.size)))
             t.setItem(row, 5, _item(""))
-            t.setItem(row, 6, _item(m.mmproj.name if m.mmproj else ""))
+            # The loaded model's row shows the projector in use (an f32 picked by hand, or none),
+            # not the one its name pairs it with (the f16 beside it).
+            mmproj = self.loaded_mmproj if loaded else m.mmproj
+            t.setItem(row, 6, _item(mmproj.name if mmproj else "none (text only)" if loaded and m.mmproj else ""))
+            t.item(row, 6).setToolTip(f"In use: {mmproj}" if loaded and mmproj else str(mmproj or ""))
             how = ("opened from: " if m.path in self._recent
                    else f"found in {self._found_in[m.path]}: " if m.path in self._found_in
                    else "imported in place: " if m.imported_in_place else "")
-            t.setItem(row, 7, _item(how + str(m.folder)))  # a long folder loses its middle
-            t.item(row, 7).setToolTip(str(m.path))
+            t.setItem(row, 7, _item(how + str(m.folder)))  # a long one loses its start (KeepTheEnd)
+            t.item(row, 7).setToolTip(how + str(m.path))
             if m.error:
                 t.item(row, 0).setToolTip(m.error)
             if loaded:
@@ -695,9 +713,10 @@ class ModelManagerDialog(QDialog):
         self.local_empty.setText(looked_in_words(Path(self.models_dir) if self.models_dir else None, usual_places()))
         self.local_empty.setVisible(not self.local_models)
 
-    def set_loaded_model(self, path: str | None) -> None:
-        """Mark another model as the loaded one (or none)."""
+    def set_loaded_model(self, path: str | None, mmproj: str | None = None) -> None:
+        """Mark another model as the loaded one (or none), loaded with `mmproj` (or none)."""
         self.loaded_model = _resolved(path)
+        self.loaded_mmproj = Path(mmproj) if mmproj else None
         self.refresh_local()
         self._refresh_catalog_status()
 

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
+from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from support import FIXTURES  # noqa: E402
@@ -72,7 +73,8 @@ def test_models_dialog_screenshots(qtbot, tmp_path, scheme):
     with FakeHub(tiny_repos(tmp_path / "src")) as fake:
         dlg = ModelManagerDialog(tmp_path / "models", hub=Hub(endpoint=fake.endpoint, token=False),
                                  settings=settings, machine=MACHINE,
-                                 loaded_model=str(models / "mistral3_tiny-f32.gguf"))
+                                 loaded_model=str(models / "mistral3_tiny-f32.gguf"),
+                                 loaded_mmproj=str(models / "mmproj-mistral3_tiny-f32.gguf"))
         qtbot.addWidget(dlg)
         dlg.show()
         cat, local = dlg.catalog_table, dlg.local_table
@@ -83,9 +85,11 @@ def test_models_dialog_screenshots(qtbot, tmp_path, scheme):
         assert dlg.machine_label.text().startswith("This machine: cuda:0 GPU with 8 GB (simulated): 8.59 GB free")
         verdicts = {cat.item(r, 1).text() + " " + cat.item(r, 0).text().split(" (")[0]: cat.item(r, 3)
                     for r in range(cat.rowCount())}
+        open_rows = {cat.item(r, 1).text() + " " + cat.item(r, 0).text().split(" (")[0] for r in range(cat.rowCount())
+                     if not cat.item(r, 0).data(Qt.ItemDataRole.UserRole)[0].variant(cat.item(r, 1).text()).file}
         # the rows that pin no file (their sizes come from the repository's listing) say "?"
-        assert all(v.text() == "?" for k, v in verdicts.items() if "Reasoning" in k or "Magistral" in k)
-        assert {k: v.text() for k, v in verdicts.items() if not ("Reasoning" in k or "Magistral" in k)} == {
+        assert open_rows and all(verdicts[k].text() == "?" for k in open_rows)
+        assert {k: v.text() for k, v in verdicts.items() if k not in open_rows} == {
             "Q4_K_M Mistral Small 3.1 24B Instruct": "partly on the CPU",
             "Q8_0 Mistral Small 3.1 24B Instruct": "too big",  # 25 GB > 6.5 GB + 14 GB usable
             "Q4_K_M Ministral 3 3B Instruct": "on the GPU", "Q4_K_M Ministral 3 8B Instruct": "on the GPU",

@@ -12,10 +12,10 @@ from tramontane.engine.library.hub import HubError
 def test_the_catalogue_has_ministral_3_3b_8b_14b_with_sizes_and_shapes():
     by_id = {e.id: e for e in load_catalog()}
     # file sizes in bytes as published (see the report: two independent listings agree)
-    expected = {"ministral-3-3b-instruct": (2_147_023_008, 26, 3072, True),
-                "ministral-3-8b-instruct": (5_198_911_904, 34, 4096, False),
-                "ministral-3-14b-instruct": (8_239_593_024, 40, 5120, False)}
-    for entry_id, (size, layers, hidden, tied) in expected.items():
+    expected = {"ministral-3-3b-instruct": (2_147_023_008, 26, 3072, True, 841_501_856),
+                "ministral-3-8b-instruct": (5_198_911_904, 34, 4096, False, 858_283_168),
+                "ministral-3-14b-instruct": (8_239_593_024, 40, 5120, False, 879_258_784)}
+    for entry_id, (size, layers, hidden, tied, projector) in expected.items():
         e = by_id[entry_id]
         size_tag = entry_id.split("-")[2].upper()
         assert e.repo_id == f"mistralai/Ministral-3-{size_tag}-Instruct-2512-GGUF"
@@ -23,7 +23,7 @@ def test_the_catalogue_has_ministral_3_3b_8b_14b_with_sizes_and_shapes():
         assert v.file == f"Ministral-3-{size_tag}-Instruct-2512-Q4_K_M.gguf"
         assert v.size_gb == round(size / 1e9, 3)
         assert e.vision and e.mmproj_file == f"Ministral-3-{size_tag}-Instruct-2512-BF16-mmproj.gguf"
-        assert e.mmproj_size_gb is None  # not confirmed: shown once the repository is listed
+        assert e.mmproj_size_gb == round(projector / 1e9, 3)  # the BF16 projector, as published
         assert (e.shape.layers, e.shape.hidden, e.shape.tied) == (layers, hidden, tied)
     for e in by_id.values():  # every entry can be planned before it is downloaded
         assert isinstance(e.shape, ModelShape)
