@@ -73,13 +73,20 @@ def _rss_bytes() -> int:
 def test_cpu_kv_cache_is_resident_only_where_written():
     import torch
 
-    from tramontane.engine.runtime.kv_cache import KVCache
+    from tramontane.engine.mistral3.text import scatter_positions
+    from tramontane.engine.runtime.kv_cache import KVCache, KVPool
 
     before = _rss_bytes()
-    cache = KVCache(8, 8, 128, 128, 8192, torch.float32, torch.device("cpu"))  # 512 MiB of K/V
-    assert float(cache.k.sum()) == 0.0 and float(cache.v.max()) == float(cache.v.min()) == 0.0  # reads too
-    cache.layer_k[3][:, :100] = 1.0
-    cache.layer_v[3][:, :100] = 2.0
+    pool = KVPool(8, 128, 128, 256, [(8, torch.float32, torch.device("cpu"))])  # 8192 positions: 512 MiB of K/V
+    assert float(pool.ks[0].sum()) == 0.0 and float(pool.vs[0].max()) == float(pool.vs[0].min()) == 0.0  # reads too
+    cache = KVCache(pool, pool.positions)
+    cache.reserve(100)
+    table = cache.table("cpu")
+    scatter_positions(pool.layer_k[3], table, 0, torch.ones(100, 8, 128), pool.block)
+    scatter_positions(pool.layer_v[3], table, 0, torch.full((100, 8, 128), 2.0), pool.block)
+    cache.length = 100
     grown = _rss_bytes() - before
-    assert grown < 64 << 20, f"an unfilled 512 MiB cache made {grown >> 20} MiB resident"
-    assert float(cache.k[3, :, :100].sum()) == 8 * 100 * 128 and float(cache.k[3, :, 100:].abs().sum()) == 0.0
+    assert grown < 64 << 20, f"an unfilled 512 MiB pool made {grown >> 20} MiB resident"
+    k, v = cache.read_positions(3)
+    assert float(k.sum()) == 8 * 100 * 128 and float(v.sum()) == 2 * 8 * 100 * 128
+    assert float(pool.ks[0].abs().sum()) == 8 * 100 * 128  # nothing written past those positions

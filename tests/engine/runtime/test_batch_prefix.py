@@ -1,6 +1,6 @@
-"""The shared prefix cache's parts: chained block hashes, the byte-bounded LRU of KV blocks, and
-generated replies put back with their exact ids (otherwise the chat format's own encoding,
-which tests/engine/mistral3 tie to mistral-common)."""
+"""The shared prefix cache's parts: chained block hashes, the pool's named blocks spilled to the
+byte-bounded LRU of host copies, and generated replies put back with their exact ids (otherwise
+the chat format's own encoding, which tests/engine/mistral3 tie to mistral-common)."""
 from __future__ import annotations
 
 import io
@@ -13,7 +13,7 @@ from PIL import Image
 from tramontane.engine.api import ChatMessage, ImagePart
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.chat_format import encode_chat
-from tramontane.engine.runtime.kv_cache import KVCache
+from tramontane.engine.runtime.kv_cache import KVCache, KVPool
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 from tramontane.engine.runtime.prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
 from tramontane.engine.runtime.prefix_keys import position_keys
@@ -49,41 +49,61 @@ def test_an_image_changes_its_blocks_and_every_later_one():
     assert one[1] != two[1] and one[2] != two[2] and one[1] != plain[1]
 
 
-def _cache(capacity=32, layers=2):
-    return KVCache(layers, 2, 8, 8, capacity, torch.float32, torch.device("cpu"))
+def _pool(n_blocks=4, layers=2):
+    pool = KVPool(2, 8, 8, n_blocks, [(layers, torch.float32, torch.device("cpu"))], block=B)
+    g = torch.Generator().manual_seed(0)
+    for t in pool.ks + pool.vs:
+        t.copy_(torch.randn(t.shape, generator=g))
+    return pool
+
+
+def _written(pool, keys):
+    """A sequence over pool holding len(keys) positions, its full blocks published by name, released."""
+    seq = KVCache(pool, pool.positions)
+    seq.reserve(len(keys))
+    seq.length = len(keys)
+    hashes = block_hashes(keys, B)
+    seq.publish(hashes)
+    blocks = list(seq.blocks)
+    seq.release()
+    return hashes, blocks
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a[0] + a[1], b[0] + b[1]))
 
 
 def test_blocks_round_trip_exactly_and_the_lru_stays_in_budget():
-    src = _cache()
-    g = torch.Generator().manual_seed(0)
-    src.k.copy_(torch.randn(src.k.shape, generator=g))
-    src.v.copy_(torch.randn(src.v.shape, generator=g))
-    src.length = 14  # 3 full blocks
-    keys = list(range(100, 114))
-    hashes = block_hashes(keys, B)
-    block_bytes = 2 * 2 * 2 * B * 8 * 4  # k and v, 2 layers, 2 heads, B positions, 8 dims, f32
-    cache = PrefixCache(budget_bytes=3 * block_bytes, block=B)
-    assert cache.store(hashes, src) == 3 and cache.used == 3 * block_bytes
-    assert cache.store(hashes, src) == 0  # already held
-    dst = _cache()
-    assert cache.match(hashes) == 3
-    cache.load(hashes, dst)
-    assert dst.length == 12
-    assert torch.equal(dst.k[:, :, :12], src.k[:, :, :12]) and torch.equal(dst.v[:, :, :12], src.v[:, :, :12])
-    # a fourth block evicts the least recently used one: match touched 0, 1, 2 in order, so 0
-    other = block_hashes(list(range(500, 504)), B)
-    src.length = 4
-    cache.store(other, src)
-    assert cache.used <= cache.budget and len(cache) == 3
-    assert cache.match(hashes) == 0  # its first block is gone, so nothing after it is matched
-    assert hashes[1] in cache and hashes[2] in cache
+    pool = _pool()
+    hashes, blocks = _written(pool, list(range(100, 114)))  # 3 full blocks named, kept after release
+    assert pool.named() == 3 and pool.in_use() == 0 and pool.available() == 4
+    kept = [pool.read_block(b) for b in blocks[:3]]
+    cache = PrefixCache(budget_bytes=2 * pool.block_bytes, block=B)
+    pool.spill = cache.put
+    assert pool.find(hashes[1]) == blocks[1]  # block 1 used again: spilled last
+    seq = KVCache(pool, pool.positions)
+    seq.reserve(3 * B)  # the free block, then the least recently used named ones: 0, then 2
+    assert pool.find(hashes[0]) is None and pool.find(hashes[2]) is None and pool.find(hashes[1]) == blocks[1]
+    assert len(cache) == 2 and cache.used == 2 * pool.block_bytes
+    assert _same(cache.get(hashes[2]), kept[2]) and _same(cache.get(hashes[0]), kept[0])  # 0 read last
+    seq.reserve(4 * B)  # block 1 goes too: the least recently used of the host tier (2, after get(0)) out
+    assert pool.named() == 0 and cache.used <= cache.budget and len(cache) == 2
+    assert cache.get(hashes[2]) is None and _same(cache.get(hashes[1]), kept[1])
+    # read back into a fresh pool's block: the very positions written first
+    other = _pool()
+    for t in other.ks + other.vs:
+        t.zero_()
+    other.write_block(3, *cache.get(hashes[0]))
+    assert _same(other.read_block(3), kept[0])
 
 
 def test_a_zero_budget_holds_nothing():
-    src = _cache()
-    src.length = 8
+    pool = _pool(n_blocks=2)
+    hashes, _ = _written(pool, list(range(8)))
     cache = PrefixCache(0, block=B)
-    assert cache.store(block_hashes(list(range(8)), B), src) == 0 and len(cache) == 0
+    pool.spill = cache.put
+    KVCache(pool, pool.positions).reserve(2 * B)  # both named blocks reused: spilled, none kept
+    assert pool.named() == 0 and len(cache) == 0 and cache.used == 0 and cache.get(hashes[0]) is None
 
 
 def _photo(seed: int) -> ImagePart:

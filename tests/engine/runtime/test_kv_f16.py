@@ -108,9 +108,12 @@ def test_local_engine_kv_type():
     msgs = [ChatMessage.text("user", "hello there")]
     e32 = LocalEngine(path, None, device="cpu", context_length=128)
     e16 = LocalEngine(path, None, device="cpu", context_length=128, kv_type="f16")
-    assert e32.cache.dtype == torch.float32 and e16.cache.dtype == torch.float16
-    for e in (e32, e16):  # the plan counted the KV that was allocated: 4 or 2 bytes an element
-        assert sum(p.kv for p in e.plan.placements) == e.cache.nbytes
+    assert e32.pool.dtype == torch.float32 and e16.pool.dtype == torch.float16
+    for e in (e32, e16):  # the plan counted a whole context's KV as allocated: 4 or 2 bytes an element
+        seq = e.new_sequence()
+        seq.reserve(e.context_size)
+        assert sum(p.kv for p in e.plan.placements) == seq.nbytes
+        seq.release()
     assert e16.chat(msgs, greedy).token_ids == e32.chat(msgs, greedy).token_ids
     with pytest.raises(EngineError, match="KV type 'q8' is not one of f32, f16"):
         LocalEngine(path, None, device="cpu", context_length=128, kv_type="q8")

@@ -1,7 +1,7 @@
-"""runtime/prefix_cache.py on its own: chained block hashes, PrefixCache's match / load / store
-round trip (one pair of tensors per cache part), its byte budget evicting least recently used
-first, the disk tier's hooks (a recording stand-in: the real tier is tests/.../test_prefix_disk.py),
-its lock, and ReplyMemory with encode_reusing_replies."""
+"""runtime/prefix_cache.py on its own: chained block hashes, PrefixCache (the tier below the KV
+pool) keeping a pool's blocks by name through put / get (one pair of tensors per pool part), its
+byte budget evicting least recently used first, the disk tier's hooks (a recording stand-in: the
+real tier is tests/.../test_prefix_disk.py), its lock, and ReplyMemory with encode_reusing_replies."""
 from __future__ import annotations
 
 import threading
@@ -14,24 +14,24 @@ from tramontane.engine.api import ChatMessage, ImagePart, ToolCall
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.chat_format import encode_chat
 from tramontane.engine.mistral3.tokenizer import Tokenizer
-from tramontane.engine.runtime.kv_cache import KVCache
+from tramontane.engine.runtime.kv_cache import KVPool
 from tramontane.engine.runtime.prefix_cache import PrefixCache, ReplyMemory, block_hashes, encode_reusing_replies
 
 B = 4
 CPU = torch.device("cpu")
 
 
-def _cache(capacity=32, seed=0, parts=None):
-    """A random-filled cache of 2 layers, 2 heads, head_dim 8 (parts: a split cache)."""
-    cache = KVCache(2, 2, 8, 8, capacity, torch.float32, CPU, parts)
+def _pool(n_blocks=8, seed=0, parts=None):
+    """A random-filled pool of 2 layers, 2 heads, head_dim 8, blocks of B (parts: a split model)."""
+    pool = KVPool(2, 8, 8, n_blocks, parts or [(2, torch.float32, CPU)], block=B)
     g = torch.Generator().manual_seed(seed)
-    for t in cache.ks + cache.vs:
+    for t in pool.ks + pool.vs:
         t.copy_(torch.randn(t.shape, generator=g))
-    return cache
+    return pool
 
 
-def _block_bytes_of(cache) -> int:
-    return sum(t[:, :, :B].numel() * t.element_size() for t in cache.ks + cache.vs)
+def _equal(a, b) -> bool:
+    return len(a[0]) == len(b[0]) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a[0] + a[1], b[0] + b[1]))
 
 
 # -- block hashes ------------------------------------------------------------------------------
@@ -59,99 +59,67 @@ def test_an_image_keys_hash_differs_from_its_bare_id():
     assert block_hashes([1, (10, "a" * 64), 10, 10], B) != block_hashes([1, 10, (10, "a" * 64), 10], B)
 
 
-# -- match, load, store ------------------------------------------------------------------------
+# -- put, get ----------------------------------------------------------------------------------
 
-def test_store_then_load_copies_the_blocks_bit_for_bit():
-    src = _cache()
-    src.length = 14  # three full blocks written, two positions of a fourth
-    hashes = block_hashes(list(range(16)), B)
+def test_put_then_get_gives_the_pools_block_bit_for_bit():
+    pool = _pool()
+    hashes = block_hashes(list(range(12)), B)
     pc = PrefixCache(1 << 20, block=B)
-    assert pc.store(hashes, src) == 3 and len(pc) == 3  # only the blocks its positions cover
-    assert hashes[3] not in pc and pc.used == 3 * _block_bytes_of(src)
-    assert pc.store(hashes, src) == 0  # held already
-    assert pc.match(hashes) == 3
-    dst = KVCache(2, 2, 8, 8, 32, torch.float32, CPU)
-    pc.load(hashes[:3], dst)
-    assert dst.length == 12
-    assert torch.equal(dst.k[:, :, :12], src.k[:, :, :12]) and torch.equal(dst.v[:, :, :12], src.v[:, :, :12])
-    assert not dst.k[:, :, 12:].any()
-    src.k.zero_()  # the blocks are copies, not views of the source cache
-    pc.load(hashes[:3], dst)
-    assert dst.k[:, :, :12].any()
+    for i, digest in enumerate(hashes):
+        pc.put(digest, *pool.read_block(i))
+    assert len(pc) == 3 and pc.used == 3 * pool.block_bytes
+    pc.put(hashes[0], *pool.read_block(5))  # held already: kept as it was
+    assert len(pc) == 3 and pc.used == 3 * pool.block_bytes
+    for i, digest in enumerate(hashes):
+        assert _equal(pc.get(digest), pool.read_block(i))
+    assert pc.get(block_hashes(list(range(1, 5)), B)[0]) is None
+    # written back into another pool, the block is the one spilled
+    other = _pool(seed=9)
+    other.write_block(7, *pc.get(hashes[1]))
+    assert _equal(other.read_block(7), pool.read_block(1))
+    before = pool.read_block(2)
+    for t in pool.ks + pool.vs:  # the tier keeps copies, not views of the pool
+        t.zero_()
+    assert _equal(pc.get(hashes[2]), before)
 
 
-def test_load_from_a_later_block_keeps_the_positions_before_it():
-    src, dst = _cache(seed=1), _cache(seed=2)
-    src.length = 16
-    hashes = block_hashes(list(range(16)), B)
-    pc = PrefixCache(1 << 20, block=B)
-    pc.store(hashes, src)
-    dst.length = 8
-    before = dst.k[:, :, :8].clone()
-    pc.load(hashes, dst, first=2)
-    assert dst.length == 16
-    assert torch.equal(dst.k[:, :, :8], before) and torch.equal(dst.k[:, :, 8:16], src.k[:, :, 8:16])
-    dst.length = 7  # block 2 would leave position 7 unset
-    with pytest.raises(ValueError, match="loading from block 2 into a cache of 7 positions"):
-        pc.load(hashes, dst, first=2)
-
-
-def test_a_split_cache_keeps_one_pair_per_part():
+def test_a_split_pool_keeps_one_pair_per_part():
     parts = [(1, torch.float32, CPU), (1, torch.float16, CPU)]
-    src = _cache(parts=parts)
-    src.length = 8
-    hashes = block_hashes(list(range(8)), B)
+    pool = _pool(parts=parts)
+    digest = block_hashes(list(range(4)), B)[0]
     pc = PrefixCache(1 << 20, block=B)
-    assert pc.store(hashes, src) == 2
-    assert pc.used == 2 * _block_bytes_of(src)
-    dst = KVCache(2, 2, 8, 8, 32, torch.float32, CPU, parts)
-    pc.load(hashes, dst)
-    for a, b in zip(dst.ks + dst.vs, src.ks + src.vs):
-        assert a.dtype == b.dtype and torch.equal(a[:, :, :8], b[:, :, :8])
-
-
-def test_match_stops_at_the_first_missing_block():
-    src = _cache()
-    src.length = 32
-    hashes = block_hashes(list(range(32)), B)
-    pc = PrefixCache(1 << 20, block=B)
-    pc.store(hashes[:3], src)
-    assert pc.match(hashes) == 3
-    pc.forget([hashes[1]])  # a gap: block 2 is held but unreachable
-    assert pc.match(hashes) == 1 and hashes[2] in pc
-    assert pc.match(hashes, start=2) == 3  # the caller holds [0, 2) itself: counted, not looked up
-    assert pc.match(block_hashes(list(range(1, 33)), B)) == 0
+    pc.put(digest, *pool.read_block(3))
+    ks, vs = pc.get(digest)
+    assert [t.dtype for t in ks + vs] == [torch.float32, torch.float16] * 2
+    assert [tuple(t.shape) for t in ks] == [(1, 2, B, 8)] * 2
+    assert pc.used == pool.block_bytes and _equal((ks, vs), pool.read_block(3))
 
 
 def test_the_budget_evicts_least_recently_used_first():
-    src = _cache()
-    src.length = 32
-    hashes = block_hashes(list(range(32)), B)
-    size = _block_bytes_of(src)
+    pool = _pool()
+    hashes = block_hashes(list(range(16)), B)
+    size = pool.block_bytes
     pc = PrefixCache(3 * size, block=B)
-    assert pc.store(hashes[:3], src) == 3 and pc.used == 3 * size
-    assert pc.match(hashes[:1]) == 1  # block 0 becomes the most recently used
-    other = block_hashes(list(range(100, 104)), B)
-    assert pc.store(other, src) == 1  # another chat's block in: block 1, the least recently used, out
-    assert [h in pc for h in hashes[:3]] == [True, False, True] and other[0] in pc and pc.used == 3 * size
-    again = PrefixCache(3 * size, block=B)
-    again.store(hashes[:3], src)
-    assert again.store(hashes[:1], src) == 0  # storing a held block refreshes it too, as a match does
-    again.store(other, src)
-    assert [h in again for h in hashes[:3]] == [True, False, True]
+    for i in range(3):
+        pc.put(hashes[i], *pool.read_block(i))
+    assert pc.used == 3 * size
+    assert pc.get(hashes[0]) is not None  # block 0 becomes the most recently used
+    pc.put(hashes[3], *pool.read_block(3))  # block 1, the least recently used, out
+    assert [h in pc for h in hashes] == [True, False, True, True] and pc.used == 3 * size
+    assert pc.get(hashes[1]) is None
     pc.forget(hashes[:1])
     assert pc.used == 2 * size and len(pc) == 2 and hashes[0] not in pc
     pc.clear()
-    assert pc.used == 0 and len(pc) == 0 and pc.match(hashes) == 0
+    assert pc.used == 0 and len(pc) == 0 and pc.get(hashes[2]) is None
 
 
-def test_a_block_over_the_budget_and_a_zero_budget_store_nothing():
-    src = _cache()
-    src.length = 8
-    hashes = block_hashes(list(range(8)), B)
-    for budget in (0, _block_bytes_of(src) - 1):
+def test_a_block_over_the_budget_and_a_zero_budget_keep_nothing():
+    pool = _pool()
+    digest = block_hashes(list(range(4)), B)[0]
+    for budget in (0, pool.block_bytes - 1):
         pc = PrefixCache(budget, block=B)
-        assert pc.store(hashes, src) == 0 and len(pc) == 0 and pc.used == 0
+        pc.put(digest, *pool.read_block(0))
+        assert len(pc) == 0 and pc.used == 0 and pc.get(digest) is None
     assert PrefixCache(-5).budget == 0
 
 
@@ -192,56 +160,54 @@ class RecordingDisk:
         self.closed = True
 
 
-def test_every_block_stored_is_put_to_the_disk_once():
-    src = _cache()
-    src.length = 12
+def test_every_block_put_goes_to_the_disk_once():
+    pool = _pool()
     hashes = block_hashes(list(range(12)), B)
     disk = RecordingDisk()
     pc = PrefixCache(1 << 20, block=B, disk=disk)
-    pc.store(hashes, src)
-    pc.store(hashes, src)
+    for _ in range(2):
+        for i, digest in enumerate(hashes):
+            pc.put(digest, *pool.read_block(i))
     assert disk.puts == hashes and disk.put_calls == 3  # a block the disk holds is not offered again
-    assert torch.equal(disk.blocks[hashes[1]][0][0], src.k[:, :, 4:8])
+    assert torch.equal(disk.blocks[hashes[1]][0][0], pool.ks[0][:, 1])
+    pc.persist(hashes[0], *pool.read_block(0))  # published blocks are queued the same way
+    assert disk.put_calls == 3
     pc.forget(hashes[:1])
     assert disk.deleted == hashes[:1] and hashes[0] not in disk
 
 
+def test_a_zero_budget_still_puts_to_the_disk():
+    pool = _pool()
+    digest = block_hashes(list(range(4)), B)[0]
+    disk = RecordingDisk()
+    pc = PrefixCache(0, block=B, disk=disk)
+    pc.put(digest, *pool.read_block(2))
+    assert len(pc) == 0 and disk.puts == [digest]
+    assert _equal(pc.get(digest), pool.read_block(2))  # read back from its file
+
+
 def test_a_block_missing_from_memory_is_read_from_disk():
-    src = _cache()
-    src.length = 12
+    pool = _pool()
     hashes = block_hashes(list(range(12)), B)
     disk = RecordingDisk()
-    PrefixCache(1 << 20, block=B, disk=disk).store(hashes, src)
+    first = PrefixCache(1 << 20, block=B, disk=disk)
+    for i, digest in enumerate(hashes):
+        first.put(digest, *pool.read_block(i))
     restarted = PrefixCache(1 << 20, block=B, disk=disk)  # a new process: memory empty
-    assert len(restarted) == 0 and restarted.match(hashes) == 3 and len(restarted) == 3
-    dst = KVCache(2, 2, 8, 8, 32, torch.float32, CPU)
-    restarted.load(hashes, dst)
-    assert torch.equal(dst.k[:, :, :12], src.k[:, :, :12]) and torch.equal(dst.v[:, :, :12], src.v[:, :, :12])
-
-
-def test_reading_from_disk_never_evicts_the_run_being_matched():
-    src = _cache()
-    src.length = 12
-    hashes = block_hashes(list(range(12)), B)
-    size = _block_bytes_of(src)
-    disk = RecordingDisk()
-    PrefixCache(1 << 20, block=B, disk=disk).store(hashes, src)
-    small = PrefixCache(2 * size, block=B, disk=disk)  # room for two of the three blocks
-    assert small.match(hashes) == 2  # the third would push out the first: the run stops there
-    assert hashes[0] in small and hashes[1] in small and hashes[2] not in small
-    dst = KVCache(2, 2, 8, 8, 32, torch.float32, CPU)
-    small.load(hashes[:2], dst)
-    assert torch.equal(dst.k[:, :, :8], src.k[:, :, :8])
+    assert len(restarted) == 0
+    for i, digest in enumerate(hashes):
+        assert _equal(restarted.get(digest), pool.read_block(i))
+    assert restarted.get(block_hashes(list(range(1, 5)), B)[0]) is None
 
 
 def test_close_writes_the_blocks_the_disk_lacks_then_stops_it():
-    src = _cache()
-    src.length = 8
+    pool = _pool()
     hashes = block_hashes(list(range(8)), B)
     disk = RecordingDisk()
-    disk.full = True  # the writer was too far behind when the blocks were stored
+    disk.full = True  # the writer was too far behind when the blocks were put
     pc = PrefixCache(1 << 20, block=B, disk=disk)
-    pc.store(hashes, src)
+    for i, digest in enumerate(hashes):
+        pc.put(digest, *pool.read_block(i))
     assert disk.puts == []
     disk.full = True
     pc.close()
@@ -252,18 +218,17 @@ def test_close_writes_the_blocks_the_disk_lacks_then_stops_it():
 # -- the lock ----------------------------------------------------------------------------------
 
 def test_a_callers_held_lock_keeps_other_threads_out():
-    """A caller's match-then-load holds `lock`: another thread's store waits for it."""
-    src = _cache()
-    src.length = 8
-    hashes = block_hashes(list(range(8)), B)
+    """A caller holding `lock` (the pool's spill under its own lock): another thread's put waits."""
+    pool = _pool()
+    digest = block_hashes(list(range(4)), B)[0]
     pc = PrefixCache(1 << 20, block=B)
     stored = threading.Event()
-    worker = threading.Thread(target=lambda: (pc.store(hashes, src), stored.set()))
+    worker = threading.Thread(target=lambda: (pc.put(digest, *pool.read_block(0)), stored.set()))
     with pc.lock:
-        assert pc.match(hashes) == 0  # re-entrant: the holder's own calls go through
+        assert pc.get(digest) is None  # re-entrant: the holder's own calls go through
         worker.start()
         assert not stored.wait(0.3) and len(pc) == 0
-    assert stored.wait(10) and len(pc) == 2
+    assert stored.wait(10) and len(pc) == 1
     worker.join()
 
 

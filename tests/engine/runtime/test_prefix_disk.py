@@ -12,27 +12,28 @@ import pytest
 import torch
 
 from tramontane.engine.api import EngineError
-from tramontane.engine.runtime.kv_cache import KVCache
+from tramontane.engine.runtime.kv_cache import KVPool
 from tramontane.engine.runtime.prefix_cache import PrefixCache, block_hashes
 from tramontane.engine.runtime.prefix_disk import PrefixDisk, block_layout, file_identity
 
 B = 4
 
 
-def _cache(dtype=torch.float32, capacity=32, layers=2, seed=0):
-    cache = KVCache(layers, 2, 8, 8, capacity, dtype, torch.device("cpu"))
+def _cache(dtype=torch.float32, n_blocks=8, layers=2, seed=0, heads=2):
+    """A random-filled KV pool (heads KV heads, head_dim 8, blocks of B positions)."""
+    pool = KVPool(heads, 8, 8, n_blocks, [(layers, dtype, torch.device("cpu"))], block=B)
     g = torch.Generator().manual_seed(seed)
-    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
-    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
-    return cache
+    for t in pool.ks + pool.vs:
+        t.copy_(torch.randn(t.shape, generator=g))
+    return pool
 
 
-def _block(cache, i):
-    return [cache.k[:, :, i * B:(i + 1) * B].clone()], [cache.v[:, :, i * B:(i + 1) * B].clone()]
+def _block(pool, i):
+    return pool.read_block(i)
 
 
-def _disk(folder, cache, model="model-a", budget=1 << 20):
-    return PrefixDisk(folder, model, block_layout(cache, B), budget)
+def _disk(folder, pool, model="model-a", budget=1 << 20):
+    return PrefixDisk(folder, model, block_layout(pool), budget)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -113,8 +114,8 @@ def test_another_models_or_another_blocks_file_is_never_trusted(tmp_path, caplog
     with caplog.at_level(logging.WARNING):
         assert mine.get(other_digest) is None
     assert "expected " + other_digest.hex() in caplog.text
-    # a layout that is not this cache's (other head count): refused on write and on read
-    wide = KVCache(2, 4, 8, 8, 32, torch.float32, torch.device("cpu"))
+    # a layout that is not this pool's (other head count): refused on write and on read
+    wide = _cache(heads=4)
     assert not mine.put(b"\x06" * 16, *_block(wide, 0))
     wide_disk = _disk(tmp_path / "w", wide)
     wide_disk.put(b"\x06" * 16, *_block(wide, 0))
@@ -159,38 +160,30 @@ def test_an_unusable_folder_is_one_clear_error(tmp_path):
         _disk(blocker, _cache())
 
 
-def test_the_prefix_cache_reads_missing_blocks_from_disk_and_stops_at_a_bad_one(tmp_path, caplog):
+def test_the_prefix_cache_reads_missing_blocks_from_disk_and_drops_a_bad_one(tmp_path, caplog):
     src = _cache()
-    src.length = 14  # 3 full blocks
-    keys = list(range(100, 114))
-    hashes = block_hashes(keys, B)
+    hashes = block_hashes(list(range(100, 112)), B)  # 3 full blocks: pool blocks 0, 1, 2
     disk = _disk(tmp_path, src)
     first = PrefixCache(1 << 20, B, disk)
-    assert first.store(hashes, src) == 3
+    for i, digest in enumerate(hashes):
+        first.put(digest, *_block(src, i))
     first.close()  # written
     assert all(h in disk for h in hashes)
 
     restarted = PrefixCache(1 << 20, B, _disk(tmp_path, src))  # empty memory, same folder
-    dst = KVCache(2, 2, 8, 8, 32, torch.float32, torch.device("cpu"))
-    assert restarted.match(hashes) == 3
-    restarted.load(hashes, dst)
-    assert torch.equal(dst.k[:, :, :12], src.k[:, :, :12]) and torch.equal(dst.v[:, :, :12], src.v[:, :, :12])
+    assert len(restarted) == 0
+    dst = _cache(seed=5)
+    for i, digest in enumerate(hashes):  # read back into another pool's blocks, as the scheduler does
+        dst.write_block(7 - i, *restarted.get(digest))
+    for i in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(sum(dst.read_block(7 - i), []), sum(src.read_block(i), [])))
 
     _damage_payload(tmp_path / disk.name_of(hashes[1]))
     again = PrefixCache(1 << 20, B, _disk(tmp_path, src))
     with caplog.at_level(logging.WARNING):
-        assert again.match(hashes) == 1  # block 1 dropped: nothing after it is matched
-    assert "checksum mismatch" in caplog.text
-    # memory too small for the run: matching stops before evicting its own earlier blocks
-    block_bytes = 2 * 2 * 2 * B * 8 * 4
-    good_k, good_v = _block(src, 1)
-    fixed = _disk(tmp_path, src)
-    fixed.put(hashes[1], good_k, good_v)
-    fixed.flush()
-    small = PrefixCache(2 * block_bytes, B, _disk(tmp_path, src))
-    assert small.match(hashes) == 2 and small.used == 2 * block_bytes
-    small.load(hashes[:2], dst)
-    assert torch.equal(dst.k[:, :, :8], src.k[:, :, :8])
+        assert again.get(hashes[1]) is None  # dropped: the scheduler's match stops at this block
+    assert "checksum mismatch" in caplog.text and hashes[1] not in again.disk
+    assert again.get(hashes[0]) is not None and again.get(hashes[2]) is not None
 
 
 def test_file_identity_changes_with_the_file(tmp_path):
@@ -224,15 +217,16 @@ def test_blocks_the_writer_could_not_take_are_written_at_close(tmp_path, monkeyp
     from tramontane.engine.runtime import prefix_disk
 
     src = _cache()
-    src.length = 14
-    hashes = block_hashes(list(range(100, 114)), B)
+    hashes = block_hashes(list(range(100, 112)), B)
     disk = _disk(tmp_path, src)
     gate = threading.Event()
     real_write = disk._write
     monkeypatch.setattr(disk, "_write", lambda *a: (gate.wait(), real_write(*a))[1])  # a slow disk
     monkeypatch.setattr(prefix_disk, "PENDING_BYTES", disk.payload_bytes)  # room for one block
     cache = PrefixCache(1 << 20, B, disk)
-    assert cache.store(hashes, src) == 3
+    for i, digest in enumerate(hashes):
+        cache.put(digest, *_block(src, i))
+    assert len(cache) == 3
     assert sum(h in disk for h in hashes) == 1  # one queued, two refused while the writer is behind
     gate.set()
     cache.close()

@@ -1,7 +1,7 @@
 """The server on BatchExecutor: concurrent clients (the official `openai` client, each in its own
 thread) get the replies the engine gives each of them alone, a new conversation with a known
-system prompt reports cached tokens, a request's `n` choices decode as rows of one batch, and on
-a GPU the slots are carved out of the KV the plan counted."""
+system prompt reports cached tokens, a request's `n` choices decode as rows of one batch, and every
+served sequence takes blocks of the engine's one KV pool."""
 from __future__ import annotations
 
 import threading
@@ -123,27 +123,26 @@ def test_n_choices_decode_as_rows_of_one_batch_and_equal_one_greedy_run(served, 
     assert texts == [want] * 3
 
 
-def test_on_a_gpu_the_slots_are_the_engines_planned_kv():
-    # The GPU path (share_planned_kv, the default there) on the CPU: the plan's one context is
-    # carved into the slots, nothing allocated beside it.
+def test_served_sequences_take_blocks_of_the_engines_one_pool():
+    # Serving allocates no KV beside the engine's pool (what the plan counted): every sequence,
+    # of any lane, takes its blocks, and each may be the whole context (no slot carved out of it).
     engine = LocalEngine(MODEL, device="cpu", context_length=512)
     try:
-        executor = BatchExecutor(engine, slots=1, priority_slots=1, share_planned_kv=True, step_rows=64)
+        pool, nbytes = engine.pool, engine.pool.nbytes
+        params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+        executor = BatchExecutor(engine, slots=1, priority_slots=1, step_rows=64)
         try:
-            kv = engine.plan.placements[0].kv
-            caches = [s.cache for s in executor.scheduler.slots]
-            assert sum(c.nbytes for c in caches) == kv == engine.cache.nbytes
-            whole = engine.cache.ks[0]
-            end = whole.data_ptr() + whole.numel() * whole.element_size()
-            assert all(whole.data_ptr() <= c.ks[0].data_ptr() < end for c in caches)
-            assert executor.served_model().context_size == 256
-            text = executor.submit(lambda e: e.chat([ChatMessage.text("user", "hi")], SamplingParams(
-                max_tokens=5, temperature=0.0, ignore_eos=True)).text).result(timeout=120)
+            assert executor.scheduler.pool is pool and executor.served_model().context_size == 512
+            text = executor.submit(lambda e: e.chat([ChatMessage.text("user", "hi")], params).text).result(timeout=120)
+            assert pool.in_use() == 0 and pool.named() > 0  # let go of, its content kept by name
         finally:
             executor.shutdown()
-        assert text == engine.chat([ChatMessage.text("user", "hi")], SamplingParams(
-            max_tokens=5, temperature=0.0, ignore_eos=True), session_key="after").text  # its own chats still work
-        with pytest.raises(EngineError, match="3 sequences at once would get 128 tokens of context each"):
-            BatchExecutor(engine, slots=2, priority_slots=1, share_planned_kv=True)
+        assert text == engine.chat([ChatMessage.text("user", "hi")], params, session_key="after").text  # its own chats still work
+        executor = BatchExecutor(engine, slots=2, priority_slots=1)  # three at once: each still the whole context
+        try:
+            assert executor.scheduler.pool is pool and executor.served_model().context_size == 512
+        finally:
+            executor.shutdown()
+        assert engine.pool is pool and pool.nbytes == nbytes
     finally:
         engine.close()
