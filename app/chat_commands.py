@@ -166,9 +166,11 @@ class ChatCommands(QObject):
                                     self.window, new_chat=chat_id is None,
                                     reasoning=self.session.chat_reasoning(chat_id),
                                     can_think=info is not None and info.can_think,
-                                    chat_version=info.chat_version if info is not None else 0)
+                                    chat_version=info.chat_version if info is not None else 0,
+                                    overflow=self.session.chat_overflow(chat_id))
         if dialog.exec() == QDialog.DialogCode.Accepted:
             self.session.set_chat_sampling(chat_id, dialog.values())
+            self.session.set_chat_overflow(chat_id, dialog.overflow_choice())
             if not dialog.reasoning.isHidden():  # shown: the model can think
                 self.session.set_chat_reasoning(chat_id, dialog.reasoning.isChecked())
 

@@ -30,9 +30,10 @@ from .config import CHAT_SAMPLING_FIELDS, AppSettings, Sampling
 from .reasoning import REASONING_KEY, chat_reasoning_on
 from .store import Store, StoreError
 from .engine_info import EngineInfo
-from .worker import NO_MODEL_LOADED, ChatRequest, EngineWorker
+from .worker import NO_MODEL_LOADED, OVERFLOW_CHOICES, ChatRequest, EngineWorker
 
 CHAT_SAMPLING_KEY = "sampling"  # a chat's own sampling knobs, in its settings
+CHAT_OVERFLOW_KEY = "overflow"  # what the chat does when it outgrows the context (worker.OVERFLOW_CHOICES)
 
 LOAD_FIRST_HINT = "Load a model first (Models… or Open… in the model bar)."
 IMAGES_NEED_VISION = ("The loaded model has no vision projector, so it cannot read the attached "
@@ -90,6 +91,7 @@ class ChatSession(QObject):
         self.param_overrides: dict = {}  # extra SamplingParams fields (tests, power users)
         self.new_chat_sampling: dict | None = None  # Chat settings chosen before the new chat is saved
         self.new_chat_reasoning = True  # the reasoning switch chosen before the new chat is saved
+        self.new_chat_overflow = "stop"  # the overflow choice made before the new chat is saved
         self.tools = None  # app.tools.ToolBroker when the window has tool servers (the worker asks it)
         self.engine_info: EngineInfo | None = None  # set by whoever loads models
         self.loading: str | None = None  # model path being loaded
@@ -191,6 +193,8 @@ class ChatSession(QObject):
             binding["settings"] = {**binding.get("settings", {}), CHAT_SAMPLING_KEY: self.new_chat_sampling}
         if chat_id is None and not self.new_chat_reasoning:
             binding["settings"] = {**binding.get("settings", {}), REASONING_KEY: False}
+        if chat_id is None and self.new_chat_overflow != "stop":
+            binding["settings"] = {**binding.get("settings", {}), CHAT_OVERFLOW_KEY: self.new_chat_overflow}
 
         def write() -> int:
             cid = chat_id if chat_id is not None else store.create_chat(
@@ -326,7 +330,7 @@ class ChatSession(QObject):
         request = ChatRequest(
             self.pending.request_id, [], params, None, self.pending.cancel, prepare=prepare,
             checkpoint=lambda message_id, text, thought: store.checkpoint_reply(message_id, text, reasoning=thought),
-            finish=finish, fail=fail, tools=self.tools)
+            finish=finish, fail=fail, tools=self.tools, overflow=self.chat_overflow(self.current_chat_id))
         self.worker.chat(request)
 
     @Slot(int, int, int)
@@ -560,6 +564,26 @@ class ChatSession(QObject):
             self.new_chat_reasoning = bool(on)
         else:
             self._guard(self.store.update_chat_settings, chat_id, **{REASONING_KEY: None if on else False})
+
+    def chat_overflow(self, chat_id: int | None) -> str:
+        """What the chat does when it outgrows the context (a key of OVERFLOW_CHOICES; an
+        unknown stored value stops, as chats always did)."""
+        if chat_id is None:
+            return self.new_chat_overflow
+        try:
+            value = self.store.get_chat_info(chat_id).settings.get(CHAT_OVERFLOW_KEY)
+        except StoreError:
+            return "stop"
+        return value if value in OVERFLOW_CHOICES else "stop"
+
+    def set_chat_overflow(self, chat_id: int | None, value: str) -> None:
+        """Set the chat's overflow choice; "stop" is the default, so it is stored only otherwise."""
+        value = value if value in OVERFLOW_CHOICES else "stop"
+        if chat_id is None:
+            self.new_chat_overflow = value
+        else:
+            self._guard(self.store.update_chat_settings, chat_id,
+                        **{CHAT_OVERFLOW_KEY: None if value == "stop" else value})
 
     def bind_current_chat(self, binding: dict) -> None:
         """Remember what the current chat runs on (see ServerBinding.chat_binding)."""

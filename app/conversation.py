@@ -148,12 +148,21 @@ class Conversation(QObject):
             self.show_empty_state()
         w.tools_switch.update()
 
-    @Slot(int, int)
-    def on_images_reading(self, request_id: int, count: int) -> None:
-        """The reply being written in the chat on screen reads its images first."""
+    @Slot(int, int, int)
+    def on_images_reading(self, request_id: int, done: int, total: int) -> None:
+        """The reply being written in the chat on screen encodes its images first."""
         p = self.session.pending
         if p is not None and p.request_id == request_id and p.chat_id == self.session.current_chat_id:
-            self.window.view.show_images_reading(count)
+            self.window.view.show_images_reading(done, total)
+
+    @Slot(int, int)
+    def on_turns_left_out(self, request_id: int, count: int) -> None:
+        """The chat outgrew the context and its overflow choice left turns out of the prompt."""
+        p = self.session.pending
+        if p is not None and p.request_id == request_id:  # in the status bar: the busy line changes
+            self.window.statusBar().showMessage(
+                f"The chat is longer than the context: {count} earlier turn{'s' * (count != 1)} "
+                f"left out of this reply's prompt (Chat settings)", 30000)
 
     @Slot(object)
     def on_chat_changed(self, chat_id) -> None:

@@ -49,9 +49,11 @@ class ModelLoading(QObject):
         self.projector_note = ("", "")  # (model, why its neighbours were refused) of the load under way
         self.projector_picker = None  # Model ▸ Projector…'s dialog while it is open
         self.model_offer = None  # "open it as the model?" for a dropped .gguf, while it asks
+        self.before_load: tuple[str, str] | None = None  # (model, projector) loaded when the load began
         self.worker.loadProgress.connect(self.on_load_progress)
         self.worker.loaded.connect(self.on_loaded)
         self.worker.loadFailed.connect(self.on_load_failed)
+        self.worker.loadCancelled.connect(self.on_load_cancelled)
         self.worker.unloaded.connect(self.on_unloaded)
         # The model bar's memory figure follows the process (it grows as pages are touched).
         self.memory_timer = QTimer(self)
@@ -123,6 +125,11 @@ class ModelLoading(QObject):
         self.projector_note = ("", "")
         if self.session.pending is not None:
             self.session.pending.cancel.set()
+        info = self.session.engine_info
+        if info is not None and not info.remote:  # what Cancel brings back
+            self.before_load = (info.model_path, info.mmproj_path)
+        elif info is not None or not self.session.loading:  # a server's model, or none: nothing to reload
+            self.before_load = None
         self.session.loading = str(model_path)
         self.session.engine_info = None
         w.reload_button.hide()
@@ -199,6 +206,33 @@ class ModelLoading(QObject):
         if info is not None and info.model_path == model and info.mmproj_path != mmproj:
             self.start_load(model, mmproj)  # chosen by hand: no note about the neighbours
 
+    def cancel_load(self) -> None:
+        """The model bar's Cancel while a model loads: the worker stops it at its next layer
+        (`on_load_cancelled` then loads the model there was before, if any)."""
+        if not self.session.loading:
+            return
+        self.window.model_bar.show_cancelling()
+        self.worker.cancel_load()
+
+    @Slot(str)
+    def on_load_cancelled(self, model_path: str) -> None:
+        if self.session.loading != model_path:
+            return  # another load was asked meanwhile: it stands
+        w = self.window
+        self.session.loading = None
+        previous, self.before_load = self.before_load, None
+        words = f"Loading {Path(model_path).name} was cancelled"
+        if self.session.pending is not None:
+            self.session.pending.cancel.set()
+        if previous is not None and Path(previous[0]).is_file():
+            w.statusBar().showMessage(f"{words}: {Path(previous[0]).name} loads again", 15000)
+            self.start_load(*previous)  # Cancel on this load too leaves no model
+            return
+        w.statusBar().showMessage(words, 15000)
+        w.model_bar.show_info(None)
+        w.conversation.update_model_state()
+        w.conversation.refresh_view()
+
     def unload_model(self) -> None:
         info = self.session.engine_info
         if info is not None and info.remote:
@@ -224,6 +258,7 @@ class ModelLoading(QObject):
     def on_loaded(self, info: EngineInfo) -> None:
         w = self.window
         self.session.loading = None
+        self.before_load = None
         self.session.engine_info = info
         if not info.remote:
             self.settings.last_model = (info.model_path, info.mmproj_path)
@@ -252,6 +287,7 @@ class ModelLoading(QObject):
     def on_load_failed(self, message: str) -> None:
         w = self.window
         self.session.loading = None
+        self.before_load = None
         self.session.engine_info = None
         w.model_bar.show_info(None)  # the previous model is gone: no stale projector/device line
         w.model_bar.show_error(message)

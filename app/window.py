@@ -190,6 +190,7 @@ class MainWindow(QMainWindow):
         self.model_bar.models_button.clicked.connect(self.dialogs.open_model_manager)
         self.model_bar.open_button.clicked.connect(self.model_loading.open_model_file)
         self.model_bar.unload_button.clicked.connect(self.model_loading.unload_model)
+        self.model_bar.cancel_button.clicked.connect(self.model_loading.cancel_load)
         self.binding.add_server_picker(self.model_bar)
 
         self.chat_title = ElidedLabel()
@@ -211,6 +212,7 @@ class MainWindow(QMainWindow):
         self.view.versionRequested.connect(self.session.show_version)
         self.session.promptRead.connect(self.view.show_prompt_progress)
         self.worker.imagesReading.connect(self.conversation.on_images_reading)
+        self.worker.turnsLeftOut.connect(self.conversation.on_turns_left_out)
         self.view.tool_waiting = self.tools.waiting
         self.view.toolDecided.connect(self.tools.answer)
         self.empty = EmptyState()

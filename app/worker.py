@@ -71,6 +71,7 @@ class ChatRequest:
     finish: Callable[[int, GenerationResult, str, Thought], object] | None = None
     fail: Callable[[int, str, Thought], object] | None = None
     tools: object | None = None  # app.tools.ToolBroker: the reply may call tools (see run_chat)
+    overflow: str = "stop"  # when the chat outgrows the context: one of OVERFLOW_CHOICES (fit_overflow)
     documents: object | None = None  # set by the worker: engine/documents' DocumentPrompt, for `finish`
 
 
@@ -156,6 +157,74 @@ def thought_cut(engine, result: GenerationResult) -> bool:
     return not result.text and result.finish_reason != "stop"
 
 
+class _Stopped(Exception):
+    """Stop was asked between two images, or a load was cancelled between two layers."""
+
+
+# What a chat does when it outgrows the context (the chat's settings, "overflow"): stop with a
+# sentence (too_long_words), leave out its oldest turns, or keep its first turn and the latest.
+OVERFLOW_CHOICES = {"stop": "Stop and say so",
+                    "drop_oldest": "Leave out the oldest turns",
+                    "keep_first": "Keep the first turn and the latest ones"}
+
+
+def turns(messages) -> tuple[list, list[list]]:
+    """(system messages, turns): a turn is a user message with the replies and tool results
+    after it, so a reply is never left without the question it answers."""
+    system = [m for m in messages if m.role == "system"]
+    out: list[list] = []
+    for m in messages:
+        if m.role == "system":
+            continue
+        if m.role == "user" or not out:
+            out.append([])
+        out[-1].append(m)
+    return system, out
+
+
+def fit_overflow(engine, messages, max_tokens: int, policy: str) -> tuple[list, int]:
+    """(messages, turns left out): with `policy` 'drop_oldest' or 'keep_first', the fewest
+    whole turns left out (never the system prompt or the turn being answered) so that the
+    prompt fits by the engine's own rule (prompts.check_fits). Unchanged when it fits, when
+    the policy is 'stop', when the engine cannot count (a server), or when even the shortest
+    choice does not fit (the engine's sentence then says so)."""
+    from ..engine.runtime.prompts import check_fits
+
+    size = int(getattr(engine, "context_size", 0) or 0)
+    if policy not in ("drop_oldest", "keep_first") or not size or not messages:
+        return messages, 0
+
+    def fits(candidate) -> bool | None:
+        n = engine.count_tokens(candidate)
+        if n is None:
+            return None
+        try:
+            check_fits(n, max_tokens, size)
+        except EngineError:
+            return False
+        return True
+
+    if fits(messages) is not False:
+        return messages, 0
+    system, chat = turns(messages)
+    keep_first = policy == "keep_first" and len(chat) > 2
+    head, middle = (chat[:1], chat[1:-1]) if keep_first else ([], chat[:-1])
+
+    def without(k: int) -> list:  # the first k turns of `middle` left out
+        return system + [m for t in head + middle[k:] + chat[-1:] for m in t]
+
+    if not middle or not fits(without(len(middle))):
+        return messages, 0
+    lo, hi = 1, len(middle)  # the fewest turns to leave out: fits(without(hi)) holds
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(without(mid)):
+            hi = mid
+        else:
+            lo = mid + 1
+    return without(hi), hi
+
+
 def can_grow_context(context_size: int, context_limit: int) -> bool:
     """Whether raising Settings' context length would give more room (not at the file's limit)."""
     return context_size > 0 and (context_limit == 0 or context_size < context_limit)
@@ -196,6 +265,7 @@ class EngineWorker(QObject):
     loadProgress = Signal(float, str)  # fraction 0..1, what is loading
     loaded = Signal(object)  # EngineInfo
     loadFailed = Signal(str)  # readable message
+    loadCancelled = Signal(str)  # the model whose load was cancelled (cancel_load); nothing is loaded
     unloaded = Signal()
     started = Signal(int, int, int)  # request id, chat id, reply message id (after prepare)
     piece = Signal(int, str)  # request id, a piece of reply text (the answer)
@@ -203,11 +273,12 @@ class EngineWorker(QObject):
     finished = Signal(int, object)  # request id, GenerationResult (stats inside)
     failed = Signal(int, str)  # request id, readable message
     promptProgress = Signal(int, int, int)  # request id, prompt tokens read, of how many (before the first piece)
-    imagesReading = Signal(int, int)  # request id, images of the new turn the vision tower reads first
+    imagesReading = Signal(int, int, int)  # request id, images of the new turn encoded, of how many (before the prompt)
+    turnsLeftOut = Signal(int, int)  # request id, the chat's oldest turns left out to fit the context (its overflow choice)
     documentsPlaced = Signal(int, object)  # request id, engine/documents' DocumentPrompt (modes, sources, notes)
 
     # -- requests, queued into the worker thread ---------------------------------------------
-    _loadRequested = Signal(str, str, str, int, int)  # model, mmproj ('' none), device, context (0 default), GPU layers (-1 auto)
+    _loadRequested = Signal(str, str, str, int, int, object)  # model, mmproj ('' none), device, context (0 default), GPU layers (-1 auto), its cancel Event
     _remoteRequested = Signal(object)  # a ready-made engine object (RemoteEngine)
     _chatRequested = Signal(object)  # ChatRequest
     _unloadRequested = Signal()
@@ -228,6 +299,7 @@ class EngineWorker(QObject):
         self._batch = None  # BatchExecutor on the local engine while serving; set on the worker thread
         self._batch_lock = threading.Lock()
         self._thread: QThread | None = None
+        self._load_cancel = threading.Event()  # the latest load's (set from the UI thread: cancel_load)
         self._servingRequested.connect(self._set_serving)
         self._loadRequested.connect(self._load)
         self._remoteRequested.connect(self._use_engine)
@@ -264,8 +336,14 @@ class EngineWorker(QObject):
              device: str = "auto", context_length: int | None = None,
              gpu_layers: int | None = None) -> None:
         """`gpu_layers`: Settings' "GPU layers: N" (the last N layers on the GPU); None: planned."""
+        self._load_cancel = cancel = threading.Event()  # a load asked earlier keeps its own
         self._loadRequested.emit(str(model_path), str(mmproj_path or ""), device or "auto",
-                                 int(context_length or 0), -1 if gpu_layers is None else int(gpu_layers))
+                                 int(context_length or 0), -1 if gpu_layers is None else int(gpu_layers), cancel)
+
+    def cancel_load(self) -> None:
+        """Stop the load under way (or queued) at its next layer: `loadCancelled` follows, with
+        nothing loaded (the previous model was closed when the load began)."""
+        self._load_cancel.set()
 
     def use_engine(self, engine) -> None:
         """Switch to an engine built elsewhere (a RemoteEngine: its constructor does no I/O)."""
@@ -349,20 +427,34 @@ class EngineWorker(QObject):
             except Exception:  # noqa: BLE001 - closing must never take the app down
                 log.exception("closing the engine failed")
 
-    @Slot(str, str, str, int, int)
+    @Slot(str, str, str, int, int, object)
     def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int,
-              gpu_layers: int = -1) -> None:
+              gpu_layers: int = -1, cancel: threading.Event | None = None) -> None:
         from ..engine.library.fit import gpu_layers_device_map
         from ..engine.runtime.local import LocalEngine
 
+        cancel = cancel or threading.Event()
         self._close_engine()
+        if cancel.is_set():  # cancelled while it waited behind another job
+            self.loadCancelled.emit(model_path)
+            return
         before = private_ram()  # not the RSS: the mapped file's pages count as available already
+
+        def progress(frac: float, what: str) -> None:
+            # Raised between layers: the half-built model is dropped with the exception. Not at
+            # the end (1.0): the engine is whole then and is closed like any other.
+            if cancel.is_set() and frac < 1.0:
+                raise _Stopped
+            self.loadProgress.emit(float(frac), str(what))
+
         try:
             engine = LocalEngine(model_path, mmproj_path or None, device=device,
                                  context_length=context_length or None,
                                  device_map=gpu_layers_device_map(model_path, gpu_layers, device),
-                                 kv_disk_dir=self.kv_disk_dir,
-                                 progress=lambda frac, what: self.loadProgress.emit(float(frac), str(what)))
+                                 kv_disk_dir=self.kv_disk_dir, progress=progress)
+        except _Stopped:
+            self._after_cancelled_load(model_path)
+            return
         except EngineError as exc:
             self.loadFailed.emit(str(exc))
             return
@@ -373,10 +465,29 @@ class EngineWorker(QObject):
             log.exception("loading %s failed", model_path)
             self.loadFailed.emit(f"{Path(model_path).name}: cannot load: {type(exc).__name__}: {exc}")
             return
+        if cancel.is_set():
+            self.engine = engine
+            self._close_engine()
+            self._after_cancelled_load(model_path)
+            return
         self.engine = engine
         self._start_batch()
         info = describe_engine(engine, model_path, mmproj_path, context_length)
         self.loaded.emit(replace(info, resident_bytes=max(0, private_ram() - before) if before else 0))
+
+    def _after_cancelled_load(self, model_path: str) -> None:
+        """The weights read so far go back to the system before the window is told."""
+        import gc
+
+        gc.collect()  # the half-built model's tensors are in reference cycles of the exception's frames
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - only tidying
+            log.exception("freeing the cancelled load's GPU memory failed")
+        self.loadCancelled.emit(model_path)
 
     @Slot(object)
     def _use_engine(self, engine) -> None:
@@ -470,9 +581,9 @@ class EngineWorker(QObject):
         def on_prompt_progress(read: int, total: int) -> None:
             self.promptProgress.emit(rid, int(read), int(total))
 
-        images = new_images(req.messages) if getattr(self.engine, "vision", None) is not None else 0
-        if images:  # encoded before the prompt is read: minutes on a CPU for large photos
-            self.imagesReading.emit(rid, images)
+        req.messages, left_out = fit_overflow(engine, req.messages, req.params.max_tokens, req.overflow)
+        if left_out:
+            self.turnsLeftOut.emit(rid, left_out)
 
         def new_reply(reply_id: int) -> None:
             """A round of tool calls is saved; the reply goes on in a new row."""
@@ -484,6 +595,10 @@ class EngineWorker(QObject):
             self.started.emit(rid, chat_id, reply_id)
 
         try:
+            if not self._encode_new_images(req):
+                self._finish(req, message_id, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")), "",
+                             thought)
+                return
             if req.tools is not None and chat_id is not None and message_id is not None:
                 result, message_id = req.tools.run_chat(
                     engine, chat_id, req.messages, req.params, on_piece=on_piece, cancel=req.cancel,
@@ -510,6 +625,34 @@ class EngineWorker(QObject):
         self._finish(req, message_id, result, "".join(so_far),
                      thought.ended(time.monotonic(), thought_cut(self.engine, result)))
 
+    def _encode_new_images(self, req: ChatRequest) -> bool:
+        """Encode the new turn's images here, one at a time, saying how far it is
+        (`imagesReading`): minutes on a CPU for large photos, which the engine's own call does in
+        one go without a word. The tower keeps them by content, so the reply's call finds them
+        encoded. False when Stop was asked meanwhile."""
+        vision = getattr(self.engine, "vision", None)
+        count = new_images(req.messages) if vision is not None else 0
+        if not count:
+            return not req.cancel.is_set()
+        from ..engine.runtime.prompts import image_features
+
+        prompt = self.engine.encode(req.messages)
+        spans = prompt.image_spans
+        if len(spans) < count:
+            return True  # not this engine's way of placing images: its own call encodes them
+        # the scheduler's lock: while serving, the API's requests use the same tower
+        lock = getattr(getattr(self.engine, "scheduler", None), "_vision_lock", None)
+
+        def progress(done: int, total: int) -> None:
+            self.imagesReading.emit(req.request_id, done, total)
+            if req.cancel.is_set() and done < total:
+                raise _Stopped
+
+        try:
+            image_features(vision, prompt, spans[-count].start, lock, progress)
+        except _Stopped:
+            return False
+        return not req.cancel.is_set()
 
     def _documents_prompt(self, req: ChatRequest) -> list[ChatMessage]:
         """The messages with their documents in the prompt's form (engine/documents/prompt.py:

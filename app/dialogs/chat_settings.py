@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
                                QLabel, QLineEdit, QSpinBox, QVBoxLayout, QWidget)
 
 from ..config import SAMPLING_RANGES, Sampling, seed_from_text
 from ..reasoning import switch_words
+from ..worker import OVERFLOW_CHOICES
 
 
 class ChatSettingsDialog(QDialog):
@@ -17,8 +18,10 @@ class ChatSettingsDialog(QDialog):
     defaults."""
 
     def __init__(self, own: dict[str, Any] | None, defaults: Sampling, parent: QWidget | None = None, *,
-                 new_chat: bool = False, reasoning: bool = True, can_think: bool = False, chat_version: int = 0):
-        """`reasoning`: the chat's switch; shown only where the loaded model `can_think`."""
+                 new_chat: bool = False, reasoning: bool = True, can_think: bool = False, chat_version: int = 0,
+                 overflow: str = "stop"):
+        """`reasoning`: the chat's switch; shown only where the loaded model `can_think`.
+        `overflow`: what the chat does when it outgrows the context (worker.OVERFLOW_CHOICES)."""
         super().__init__(parent)
         self.setWindowTitle("Chat settings")
         self.defaults = defaults
@@ -44,6 +47,13 @@ class ChatSettingsDialog(QDialog):
         form.addRow("Top &p:", self.top_p)
         form.addRow("&Max tokens:", self.max_tokens)
         form.addRow("S&eed:", self.seed)
+        self.overflow = QComboBox()  # not a sampling knob: "Use the defaults" leaves it alone
+        for key, words in OVERFLOW_CHOICES.items():
+            self.overflow.addItem(words, key)
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(overflow)))
+        self.overflow.setToolTip("When the chat no longer fits the model's context: stop with a "
+                                 "sentence, or leave earlier turns out of the prompt (they stay "
+                                 "in the chat); the system prompt and your last message are always read")
         box = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         box.accepted.connect(self.accept)
         box.rejected.connect(self.reject)
@@ -53,6 +63,9 @@ class ChatSettingsDialog(QDialog):
         layout.addWidget(self.use_defaults)
         layout.addLayout(form)
         layout.addWidget(self.error)
+        overflow_row = QFormLayout()
+        overflow_row.addRow("When the chat is &longer than the context:", self.overflow)
+        layout.addLayout(overflow_row)
         label, note = switch_words(can_think, chat_version, reasoning)
         self.reasoning = QCheckBox("&Reasoning: the model thinks before it answers")
         self.reasoning.setChecked(reasoning)
@@ -98,6 +111,9 @@ class ChatSettingsDialog(QDialog):
             return None
         return {"temperature": self.temperature.value(), "top_p": self.top_p.value(),
                 "max_tokens": self.max_tokens.value(), "seed": seed_from_text(self.seed.text())}
+
+    def overflow_choice(self) -> str:
+        return str(self.overflow.currentData())
 
     def accept(self) -> None:
         try:

@@ -485,15 +485,18 @@ class MessageWidget(QFrame):
             if self.status.text().startswith("Reading "):
                 self.status.setText("thinking…")
 
-    def set_images_reading(self, count: int) -> None:
-        """A reply being written, before its prompt is read: the vision tower reads `count`
-        images first (a busy bar and 'Reading 3 images…'; the prompt's progress follows)."""
+    def set_images_reading(self, done: int, total: int) -> None:
+        """A reply being written, before its prompt is read: the vision tower has encoded `done`
+        of the new turn's `total` images (a bar and 'Encoding image 2 of 3…'; the prompt's
+        progress follows)."""
         if self.text:
             return
         self._prompt_bar()
-        self.prompt_bar.setRange(0, 0)  # busy: the tower does not say how far it is
+        self.prompt_bar.setRange(0, max(total, 1))
+        self.prompt_bar.setValue(min(done, total))
         self.prompt_bar.setVisible(True)
-        self.status.setText(f"Reading {count} image{'s' * (count != 1)}…")
+        self.status.setText(f"Encoding image {min(done + 1, total)} of {total}…" if total > 1
+                            else "Encoding the image…")
         self.status.setVisible(True)
 
     def _prompt_bar(self) -> None:
@@ -841,10 +844,10 @@ class ChatView(QScrollArea):
             self.streaming.status.setText(text)
             self.streaming.status.setVisible(bool(text))
 
-    def show_images_reading(self, count: int) -> None:
-        """The reply being written waits for its images to be read (before the prompt)."""
+    def show_images_reading(self, done: int, total: int) -> None:
+        """The reply being written waits for its images to be encoded (before the prompt)."""
         if self.streaming is not None:
-            self.streaming.set_images_reading(count)
+            self.streaming.set_images_reading(done, total)
 
     def show_prompt_progress(self, read: int, total: int) -> None:
         """How much of its prompt the reply being written has read (before its first piece)."""

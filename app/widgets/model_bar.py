@@ -57,6 +57,9 @@ class ModelBar(QFrame):
         self.unload_button = QPushButton("Unload")
         self.unload_button.setToolTip("Free the memory the model uses")
         self.unload_button.setEnabled(False)
+        self.cancel_button = QPushButton("Cancel")  # only while a model loads (a 24B takes a minute)
+        self.cancel_button.setToolTip("Stop loading this model: the one loaded before comes back")
+        self.cancel_button.hide()
         self.model_combo = None  # the servers' model picker, added by the window when available
         # Two rows: the name, the load's progress and the buttons; under them, across the whole
         # bar, the projector chip, where it runs, the memory and the context. Beside the
@@ -74,6 +77,7 @@ class ModelBar(QFrame):
         self.buttons = QHBoxLayout()
         self.buttons.addWidget(self.models_button)
         self.buttons.addWidget(self.open_button)
+        self.buttons.addWidget(self.cancel_button)
         self.buttons.addWidget(self.unload_button)
         top.addLayout(self.buttons)
         layout.addLayout(top)
@@ -99,6 +103,8 @@ class ModelBar(QFrame):
         self.progress.setFormat("%p %")
         self.progress.show()
         self.unload_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.cancel_button.show()
 
     def show_progress(self, frac: float, what: str) -> None:
         self.progress.setValue(int(1000 * max(0.0, min(1.0, frac))))
@@ -110,8 +116,15 @@ class ModelBar(QFrame):
         if name:
             self.model_label.setText(f"Loading {name}… · {what}" if what else f"Loading {name}…")
 
+    def show_cancelling(self) -> None:
+        """Cancel was pressed: the load stops at its next layer."""
+        self.cancel_button.setEnabled(False)
+        name = getattr(self, "_loading_name", "")
+        self.model_label.setText(f"Cancelling the load of {name}…" if name else "Cancelling…")
+
     def show_info(self, info: EngineInfo | None) -> None:
         self.progress.hide()
+        self.cancel_button.hide()
         self.model_label.setStyleSheet("")
         if info is None:
             self.model_label.setText("No model loaded")
@@ -182,6 +195,7 @@ class ModelBar(QFrame):
 
     def show_error(self, text: str) -> None:
         self.progress.hide()
+        self.cancel_button.hide()
         self.model_label.setText(text)
         self.model_label.setToolTip(text)  # the whole message; the chat shows it too
         self.model_label.setStyleSheet("color: #c62828;")

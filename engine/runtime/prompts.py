@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -40,9 +40,13 @@ def check_prompt_ids(ids: Sequence[int], vocab: int) -> None:
 
 
 def image_features(vision, prompt: EncodedPrompt, start: int = 0,
-                   lock: threading.Lock | None = None) -> list[torch.Tensor | None]:
+                   lock: threading.Lock | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> list[torch.Tensor | None]:
     """The vision tower's features of each image span of `prompt` that reaches past position
-    `start` (None for the spans before it, whose KV is reused), in span order."""
+    `start` (None for the spans before it, whose KV is reused), in span order. `progress(done,
+    total)`: called with (0, total) first and after each image, which are then encoded one at a
+    time (a large photo takes minutes on a CPU: the window says how far it is); it may raise to
+    stop between images."""
     spans = prompt.image_spans
     needed = [s for s in spans if s.end > start]
     if not needed:
@@ -50,7 +54,14 @@ def image_features(vision, prompt: EncodedPrompt, start: int = 0,
     if vision is None:
         raise EngineError("this model has no vision projector: load one to send images")
     with lock if lock is not None else contextlib.nullcontext():
-        encoded = vision.encode_image_parts([s.image for s in needed])
+        if progress is None:
+            encoded = vision.encode_image_parts([s.image for s in needed])
+        else:
+            progress(0, len(needed))
+            encoded = []
+            for done, span in enumerate(needed, 1):
+                encoded += vision.encode_image_parts([span.image])
+                progress(done, len(needed))
     it = iter(encoded)
     return [next(it) if s.end > start else None for s in spans]
 

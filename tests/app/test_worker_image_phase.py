@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QObject, Slot  # noqa: E402
+from PySide6.QtCore import QObject, Qt, Slot  # noqa: E402
 
 from tramontane.app.worker import new_images  # noqa: E402
 from tramontane.engine.api import ChatMessage, ImagePart  # noqa: E402
@@ -34,30 +34,69 @@ class BubbleAtImages(QObject):
     def __init__(self, window):
         super().__init__()
         self.window = window
-        self.seen: list[tuple[int, str, bool]] = []
+        self.seen: list[tuple[int, int, str, int, int]] = []
         window.worker.imagesReading.connect(self.on_images)  # after the window's own slot
 
-    @Slot(int, int)
-    def on_images(self, _rid, count):
+    @Slot(int, int, int)
+    def on_images(self, _rid, done, total):
         bubble = self.window.view.streaming
         bar = bubble.prompt_bar if bubble is not None else None
-        self.seen.append((count, bubble.status.text() if bubble else "",
-                          bar is not None and not bar.isHidden() and bar.maximum() == 0))
+        shown = bar is not None and not bar.isHidden()
+        self.seen.append((done, total, bubble.status.text() if bubble else "",
+                          bar.value() if shown else -1, bar.maximum() if shown else -1))
 
 
-def test_the_pending_bubble_says_the_images_are_being_read(qtbot, window, tmp_path):
+def test_the_pending_bubble_says_how_far_the_images_are_encoded(qtbot, window, tmp_path):
+    """Issue 35, item 3: 'Encoding image 2 of 3…' with a bar at 1/3, image by image, before
+    the prompt's own progress; the reply's engine call then finds them encoded (the tower's
+    cache), so nothing is encoded twice."""
     watch = BubbleAtImages(window)
-    for seed in (1, 2):
-        (tmp_path / f"{seed}.png").write_bytes(png_bytes(60, 40, seed))
-    assert window.composer.add_files([str(tmp_path / "1.png"), str(tmp_path / "2.png")]) == 2
+    paths = []
+    for seed in (1, 2, 3):
+        paths.append(tmp_path / f"{seed}.png")
+        paths[-1].write_bytes(png_bytes(60 + 10 * seed, 40, seed))
+    assert window.composer.add_files([str(p) for p in paths]) == 3
     window.composer.edit.setPlainText("What are these?")
+    vision = window.worker.engine.vision
+    misses = vision.cache_misses
     with qtbot.waitSignal(window.replyFinished, timeout=60000) as done:
         window.composer.send_button.click()
-    assert watch.seen == [(2, "Reading 2 images…", True)]
+    assert watch.seen == [(0, 3, "Encoding image 1 of 3…", 0, 3), (1, 3, "Encoding image 2 of 3…", 1, 3),
+                          (2, 3, "Encoding image 3 of 3…", 2, 3), (3, 3, "Encoding image 3 of 3…", 3, 3)]
+    assert vision.cache_misses - misses == 3  # the engine's own call hit the tower's cache
     bubble = window.view.widgets[-1]
-    assert bubble.message.id == done.args[0] and not bubble.status.text().startswith("Reading")
+    assert bubble.message.id == done.args[0] and not bubble.status.text().startswith("Encoding")
 
     window.composer.edit.setPlainText("And now, in words?")  # no new image: nothing to say
     with qtbot.waitSignal(window.replyFinished, timeout=60000):
         window.composer.send_button.click()
-    assert len(watch.seen) == 1
+    assert len(watch.seen) == 4
+
+
+def test_stop_between_images_stops_before_the_rest_are_encoded(qtbot, window, tmp_path):
+    """Stop while the first of three images is encoded: the others are not, and no empty
+    "stopped" bubble stays."""
+    paths = []
+    for seed in (4, 5, 6):
+        paths.append(tmp_path / f"{seed}.png")
+        paths[-1].write_bytes(png_bytes(50, 30 + seed, seed))
+    assert window.composer.add_files([str(p) for p in paths]) == 3
+    window.composer.edit.setPlainText("Describe them")
+    vision = window.worker.engine.vision
+    misses = vision.cache_misses
+    seen = []
+
+    class StopAtFirst(QObject):
+        @Slot(int, int, int)
+        def on_images(self, _rid, done, total):
+            seen.append((done, total))
+            if done == 0:
+                window.session.stop()  # sets the Event the worker reads between images
+
+    stopper = StopAtFirst()  # run on the worker as it says so: the Stop comes before the next image
+    window.worker.imagesReading.connect(stopper.on_images, Qt.ConnectionType.DirectConnection)
+    with qtbot.waitSignal(window.session.busyChanged, timeout=60000, check_params_cb=lambda busy: not busy):
+        window.composer.send_button.click()
+    assert seen == [(0, 3)]
+    assert vision.cache_misses == misses  # not one image encoded
+    assert not [w for w in window.view.widgets if w.message.role == "assistant"]

@@ -58,6 +58,7 @@ def test_long_chat_title_does_not_widen_the_window(qtbot, window):
     header = window.chat_title
     assert header.geometry().right() < window.system_button.geometry().left()  # no overlap
     assert "goes on" in header.toolTip()  # the whole title on hover
+    assert QLabel.text(header).endswith("…")  # cut with an ellipsis (issue 35), not clipped
 
 
 def test_long_load_error_does_not_widen_the_window(qtbot, window):
