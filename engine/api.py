@@ -182,6 +182,9 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per generated token when asked for
     # with SamplingParams.prompt_logprobs: log p(prompt[i] | prompt[:i]) for i = 1..len - 1
     prompt_logprobs: list[float] | None = None
+    # and with SamplingParams.logprobs = N > 0 too: the N most likely tokens at each of those
+    # positions, ((token id, log-probability), ...) most likely first
+    prompt_top_logprobs: list[tuple] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)  # the reply is these calls (then text)
     # a reasoning model's thought ([THINK]…[/THINK], runtime/reasoning.py), apart from `text`
     reasoning: str = ""

@@ -157,6 +157,7 @@ class _Sequence:
         self.drafted = self.accepted = 0
         self.logprobs = [] if req.params.logprobs is not None else None
         self.prompt_logprobs = [] if req.params.prompt_logprobs else None
+        self.prompt_top = [] if req.params.prompt_logprobs and req.params.logprobs else None
         self.stop = StopStringFilter(req.params.stop)
         self.generator = None
         self.seen = None
@@ -512,6 +513,9 @@ class BatchScheduler:
                 targets = torch.tensor(ids[first + 1:first + 1 + rows], device=logits.device)
                 logp = torch.log_softmax(logits[lo:lo + rows].float(), dim=-1)
                 s.prompt_logprobs.extend(logp.gather(1, targets[:, None]).squeeze(1).tolist())
+                if s.prompt_top is not None:  # the alternatives at each position (echo with logprobs N)
+                    values, ids = torch.topk(logp, min(s.req.params.logprobs, logp.shape[-1]))
+                    s.prompt_top.extend(tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist()))
             lo += n
 
     def _forward(self, parts: list, groups: list, logit_rows: list[int]) -> torch.Tensor:
@@ -902,6 +906,7 @@ class BatchScheduler:
         self._release(s, running)
         result.logprobs = s.logprobs
         result.prompt_logprobs = s.prompt_logprobs
+        result.prompt_top_logprobs = s.prompt_top
         if s.thought is not None:
             result.reasoning = s.thought.reasoning
         result.stats.drafted_tokens, result.stats.accepted_tokens = s.drafted, s.accepted

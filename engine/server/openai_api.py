@@ -556,10 +556,6 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise bad("echo", f"must be true or false, got {echo!r}")
-    if echo and top:  # logprobs 0 with echo: each prompt token's own log-probability (null for the first)
-        raise bad("logprobs", f"{top} with echo needs each prompt token's {top} most likely alternatives, which "
-                              "this server does not compute: send logprobs 0 with echo (every prompt token's own "
-                              "log-probability), or logprobs without echo", code="unsupported_parameter")
     grammar = structured_output_grammar(body)
     request = tool_request([], grammar_text=grammar, top_logprobs=top) if grammar or top is not None else None
     return ChatJob(sampling_params(body, model.context_size), stream, include_usage, prompt=prompts[0],

@@ -357,7 +357,8 @@ class Tasks:
                                      session_key=COMPLETIONS_SESSION)
             result.text = echoed + result.text
             if scored:  # the prompt's entries before the reply's (control tokens leave with them, below)
-                result.logprobs = prompt_token_logprobs(engine.tokenizer, prompt, result.prompt_logprobs or []) \
+                result.logprobs = prompt_token_logprobs(engine.tokenizer, prompt, result.prompt_logprobs or [],
+                                                        result.prompt_top_logprobs) \
                     + result.logprobs
             return result
 

@@ -386,12 +386,17 @@ def legacy_logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
             "text_offset": offsets}
 
 
-def prompt_token_logprobs(tokenizer, ids: list[int], scored: list[float]) -> list[TokenLogprob]:
+def prompt_token_logprobs(tokenizer, ids: list[int], scored: list[float], tops=None) -> list[TokenLogprob]:
     """An echoed prompt's entries for the legacy shape: `scored` is log p(ids[i] | ids[:i]) for
-    i >= 1 (GenerationResult.prompt_logprobs), so the first token has none (None); the prompt's
-    alternatives are not computed (top empty)."""
+    i >= 1 (GenerationResult.prompt_logprobs), so the first token has none (None); `tops` the
+    alternatives at each of those positions (GenerationResult.prompt_top_logprobs), if asked."""
     values = [None, *scored]
-    return [TokenLogprob(t, v, (), tokenizer.piece(t), tokenizer.token_bytes(t)) for t, v in zip(ids, values)]
+    alternatives = [(), *(tops or [()] * len(scored))]
+
+    def entry(t: int, v, top=()) -> TokenLogprob:
+        return TokenLogprob(t, v, tuple(entry(i, lp) for i, lp in top), tokenizer.piece(t), tokenizer.token_bytes(t))
+
+    return [entry(t, v, top) for t, v, top in zip(ids, values, alternatives)]
 
 
 def tool_call_deltas(calls: list[ToolCall]) -> list[dict]:

@@ -85,9 +85,23 @@ def test_echo_with_logprobs_scores_every_prompt_token(served):
     assert chunks[-1].choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
 
 
-def test_echo_with_alternatives_is_refused_in_one_sentence(served):
-    with pytest.raises(openai.BadRequestError, match="logprobs 0 with echo"):
-        gpt(served).completions.create(model="m", prompt="x", max_tokens=2, logprobs=2, echo=True)
+def test_echo_with_alternatives_gives_each_prompt_tokens_most_likely_ones(served):
+    # lm-eval-harness's is_greedy: the prompt token must be compared with the top alternative
+    c = gpt(served)
+    tok = served.engine.tokenizer
+    ids = tok.encode(PROMPT)[:10]
+    r = c.completions.create(model="m", prompt=ids, max_tokens=1, temperature=0, logprobs=3, echo=True,
+                             extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert lp.top_logprobs[0] is None  # nothing predicts the first token
+    with torch.no_grad():
+        logp = torch.log_softmax(served.engine.model.logits(ids, all_logits=True).float(), dim=-1)
+    for i in range(1, len(ids)):
+        values, top_ids = torch.topk(logp[i - 1], 3)
+        got = lp.top_logprobs[i]
+        assert list(got) == [tok.piece(t) for t in top_ids.tolist()]
+        assert list(got.values()) == pytest.approx(values.tolist(), abs=1e-4)
+        assert lp.token_logprobs[i] == pytest.approx(logp[i - 1, ids[i]].item(), abs=1e-4)
 
 
 def _greedy(c, **extra):
