@@ -246,7 +246,7 @@ def forced_flash(monkeypatch):
     interpreter runs the kernels), the rest on the float32 torch path; counts the kernel calls."""
     from tramontane.engine.mistral3 import text
 
-    calls = {"attention": 0, "decode_attention": 0}
+    calls = {"paged_attention": 0, "paged_decode_attention": 0}
     for name in calls:
         fn = getattr(attn, name)
 
@@ -282,11 +282,16 @@ def test_model_prefill_with_cached_kv_and_static_decode_match_sdpa_path(forced_f
         cache = new_cache(model, 64)
         first = model.logits(ids[:30], 0, cache, all_logits=True)
         reused = model.logits(ids[30:40], 30, cache, all_logits=True)
-        cache.k[:, :, 41:] = JUNK  # stale rows the decode mask must hide
-        step = model.decode_static(model.embed(ids[40:41]), torch.tensor([40], device=DEV), cache, 64)
+        cache.reserve(24)  # the table maps all 64 positions: stale rows the decode mask must hide
+        last, row = divmod(41, cache.block)
+        for ks in cache.pool.ks:
+            ks[:, cache.blocks[last], :, row:] = JUNK
+            ks[:, cache.blocks[last + 1:]] = JUNK
+        tables = cache.table(torch.device(DEV))[None]
+        step = model.decode_static(model.embed(ids[40:41]), torch.tensor([40], device=DEV), tables, cache, 64)
         results[on] = (first, reused, step)
     n_layers = model.cfg.n_layers
-    assert calls == {"attention": 3 * n_layers, "decode_attention": n_layers}
+    assert calls == {"paged_attention": 3 * n_layers, "paged_decode_attention": n_layers}
     for sdpa, flash in zip(results[False], results[True]):
         err = (sdpa - flash).abs().max().item()
         print(f"Triton vs sdpa logits: max abs diff {err:.1e} (max |logit| {sdpa.abs().max().item():.2f})")

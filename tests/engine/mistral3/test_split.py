@@ -1,7 +1,7 @@
 """A model split across devices computes what the unsplit model computes.
 
 On CPU the split is between two logical CPU devices ("cpu:0", "cpu:1"): separate weights per
-segment, separate KV tensors per segment, the hidden state copied at each boundary — the same
+segment, separate KV pool tensors per segment, the hidden state copied at each boundary — the same
 arithmetic as unsplit, so logits must match bit for bit. The CUDA+CPU split (bf16 GPU layers,
 f32 CPU layers) is checked against the whole-GPU model by the CUDA-marked tests at the end."""
 from __future__ import annotations
@@ -54,11 +54,11 @@ def test_split_model_has_one_segment_per_device_and_kv_per_segment(pair):
     _whole, split = pair
     assert [(s.name, s.layers) for s in split.segments] == [("cpu:0", range(0, 1)), ("cpu:1", range(1, 2))]
     cache = new_cache(split, 32)
-    assert len(cache.ks) == 2 and [k.shape[0] for k in cache.ks] == [1, 1]
-    # per-layer views are views of the segment tensors, not copies
-    assert cache.layer_k[1].data_ptr() == cache.ks[1].data_ptr()
-    with pytest.raises(AttributeError, match="split"):
-        cache.k
+    pool = cache.pool
+    assert len(pool.ks) == len(pool.vs) == 2 and [k.shape[0] for k in pool.ks] == [1, 1]
+    # per-layer pools are views of the segment tensors, not copies
+    assert [k.data_ptr() for k in cache.layer_k] == [k.data_ptr() for k in pool.ks]
+    assert [v.data_ptr() for v in cache.layer_v] == [v.data_ptr() for v in pool.vs]
 
 
 def test_split_logits_are_bit_identical_prefill_chunks_and_decode(pair):
@@ -76,7 +76,9 @@ def test_split_logits_are_bit_identical_prefill_chunks_and_decode(pair):
     assert torch.equal(caches[0][0], caches[1][0])
     (_, c_whole), (_, c_split) = caches
     assert c_whole.length == c_split.length == 40
-    assert torch.equal(c_whole.k[:, :, :40], torch.cat([k[:, :, :40] for k in c_split.ks]))
+    for layer in range(whole.cfg.n_layers):  # the same K/V, the split's in its segments' pools
+        assert all(torch.equal(a, b) for a, b in zip(c_whole.read_positions(layer, 40),
+                                                       c_split.read_positions(layer, 40)))
 
 
 def test_embedding_and_head_on_devices_of_their_own_change_nothing():
@@ -92,7 +94,8 @@ def test_embedding_and_head_on_devices_of_their_own_change_nothing():
 
 def test_decode_graphs_are_per_segment_with_an_eager_stand_in(monkeypatch):
     """The per-segment graph bookkeeping on CPU: a stand-in capture whose replay re-runs the
-    captured function; one "graph" per (segment, bucket), the row handed over at each boundary."""
+    captured function; one "graph" per (segment, row bucket, key bucket), the row handed over at each
+    boundary."""
     captured = eager_graph_capture(monkeypatch)
     path = os.path.join(FIXTURES, "ministral3_tiny-f32.gguf")
     whole = Mistral3Text.load(path, device="cpu")
@@ -102,7 +105,9 @@ def test_decode_graphs_are_per_segment_with_an_eager_stand_in(monkeypatch):
     full = whole.logits(ids, all_logits=True)
     cache = new_cache(split, 64)
     rows = [split.logits(ids[:10], 0, cache)] + [decode(split, int(t), cache) for t in ids[10:]]
-    assert set(cache.decode_graphs.graphs) == {(0, 64), (1, 64)} and len(captured) == 2
+    rows_buckets = cache.decode_graphs.row_buckets
+    assert set(cache.decode_graphs.graphs) == {(k, r, 64) for k in (0, 1) for r in rows_buckets}
+    assert len(captured) == 2 * len(rows_buckets)
     # the static decode attends over a masked bucket: equal to the eager logits within rounding
     assert (torch.stack(rows[:-1]) - full[9:29]).abs().max().item() < 1e-4
 
@@ -132,11 +137,12 @@ def test_decode_graphs_run_cpu_segments_eagerly_between_graphed_ones(monkeypatch
             want = [whole.logits(ids[:8], 0, whole_cache)] + [decode(whole, int(t), whole_cache) for t in ids[8:]]
             cache = new_cache(split, 64)
             rows = [split.logits(ids[:8], 0, cache)] + [decode(split, int(t), cache) for t in ids[8:]]
-            assert set(cache.decode_graphs.graphs) == {(1, 64)}
+            assert set(cache.decode_graphs.graphs) == {(1, r, 64) for r in cache.decode_graphs.row_buckets}
             assert rows[1].data_ptr() != captured[-1].data_ptr()  # a clone, not the graph's buffer
             # measured worst 1.7e-6 over 12 seeds on every variant: float32 rounding of 2 layers
             assert (torch.stack(rows) - torch.stack(want)).abs().max().item() < 1e-4
-    assert len(captured) == 2  # one capture per cache: the bucket is captured once, then replayed
+    # one capture per pool and row bucket: each (rows, keys) bucket is captured once, then replayed
+    assert len(captured) == 2 * len(cache.decode_graphs.row_buckets)
 
 
 def test_local_engine_split_reuses_prefixes_and_parks_chats_like_the_whole_model():

@@ -1,7 +1,8 @@
 """runtime/decoder.py on its own, on the tiny fixture model (a 512-token file): the default context
-(the plan's, capped by the file's), the KV dtypes it refuses, the caches new_cache makes (size, per
-segment dtype, the free-memory refusal, rope tables for every position) and decoding up to a full
-context, where it stops with a clear error and leaves the cache as it was."""
+(the plan's, capped by the file's), the KV dtypes it refuses, the sequences new_cache makes over a
+pool of their own (whole blocks, bytes, per segment dtype, the free-memory refusal, rope tables for
+every position) and decoding up to a full context, where it stops with a clear error and leaves
+the cache as it was."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +15,7 @@ from tramontane.engine.api import EngineError
 from tramontane.engine.mistral3.text import Mistral3Text, Segment
 from tramontane.engine.runtime import decoder
 from tramontane.engine.runtime.decoder import cpu_kv_dtype, decode, default_context_length, new_cache
+from tramontane.engine.runtime.kv_cache import BLOCK_TOKENS
 from tramontane.engine.runtime.memory import DEFAULT_CONTEXT
 from tramontane.kernels import cpu_native
 
@@ -68,11 +70,17 @@ def test_cpu_kv_dtype_refusals(monkeypatch):
 
 def test_new_cache_sizes(model):
     cache = new_cache(model, 48)
-    cfg = model.cfg
-    assert cache.k.shape == (cfg.n_layers, cfg.n_kv_heads, 48, cfg.head_dim)
-    assert cache.v.shape == (cfg.n_layers, cfg.n_kv_heads, 48, cfg.v_head_dim)
-    assert cache.dtype == torch.float32 and cache.length == 0 and cache.decode_graphs is None
-    assert cache.nbytes == 48 * model.kv_bytes_per_token()
+    cfg, pool = model.cfg, cache.pool
+    # a pool of its own, in whole blocks: 48 positions are 2 blocks of BLOCK_TOKENS
+    assert BLOCK_TOKENS == 32 and pool.n_blocks == 2 and pool.block == BLOCK_TOKENS
+    assert [k.shape for k in pool.ks] == [(cfg.n_layers, 2, cfg.n_kv_heads, BLOCK_TOKENS, cfg.head_dim)]
+    assert [v.shape for v in pool.vs] == [(cfg.n_layers, 2, cfg.n_kv_heads, BLOCK_TOKENS, cfg.v_head_dim)]
+    assert cache.capacity == 48 and cache.dtype == torch.float32 and cache.length == 0
+    assert cache.decode_graphs is None
+    assert pool.nbytes == 2 * BLOCK_TOKENS * model.kv_bytes_per_token()
+    assert cache.nbytes == 0  # a sequence's bytes are its blocks': none before a position is reserved
+    cache.reserve(BLOCK_TOKENS + 1)
+    assert len(cache.blocks) == 2 and cache.nbytes == pool.nbytes
     assert new_cache(model, 5000).capacity == FILE_CONTEXT  # capped by the file's context
     assert model.rope.length >= FILE_CONTEXT  # rope tables for every position the cache holds
     for bad in (0, -1):
@@ -87,11 +95,11 @@ def test_f16_kv_is_for_cpu_segments_only(planned, monkeypatch):
                         Segment("meta", meta, torch.bfloat16, range(1, 2))]
     monkeypatch.setattr(planned, "ensure_rope", lambda n: None)  # no rope tables on "meta"
     cache = new_cache(planned, 16, kv_type="f16")
-    assert [(k.shape[0], k.dtype, k.device.type) for k in cache.ks] == \
+    assert [(k.shape[0], k.dtype, k.device.type) for k in cache.pool.ks] == \
            [(1, torch.float16, "cpu"), (1, torch.bfloat16, "meta")]
-    assert [v.dtype for v in cache.vs] == [torch.float16, torch.bfloat16]
+    assert [v.dtype for v in cache.pool.vs] == [torch.float16, torch.bfloat16]
     cache = new_cache(planned, 16)  # f32: each segment's own dtype
-    assert [k.dtype for k in cache.ks] == [torch.float32, torch.bfloat16]
+    assert [k.dtype for k in cache.pool.ks] == [torch.float32, torch.bfloat16]
 
 
 def test_a_cache_larger_than_free_memory_is_refused(model, monkeypatch):
@@ -117,10 +125,11 @@ def test_decode_fills_the_context_then_stops(model):
     got = torch.stack(steps)
     assert got.shape == (3, model.cfg.vocab_size) and got.dtype == torch.float32
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
-    before = cache.k.clone()
+    blocks, before = list(cache.blocks), [t.clone() for t in cache.pool.ks + cache.pool.vs]
     with pytest.raises(EngineError, match=f"context full: the context length is {cache.capacity} tokens"):
         decode(model, 14, cache)
-    assert cache.length == cache.capacity and torch.equal(cache.k, before)
+    assert cache.length == cache.capacity and cache.blocks == blocks
+    assert all(torch.equal(t, b) for t, b in zip(cache.pool.ks + cache.pool.vs, before))
 
 
 def test_decode_over_a_split_cpu_model(planned):
@@ -132,7 +141,8 @@ def test_decode_over_a_split_cpu_model(planned):
     planned.segments = [Segment("cpu", CPU, torch.float32, range(0, 1)),
                         Segment("cpu:1", CPU, torch.float32, range(1, 2))]
     split = new_cache(planned, 8)
-    assert len(split.ks) == 2 and [k.shape[0] for k in split.ks] == [1, 1]
+    assert len(split.pool.ks) == 2 and [k.shape[0] for k in split.pool.ks] == [1, 1]
+    assert len(split.layer_k) == 2  # one pool per layer across the segments
     planned.logits(ids, 0, split)
     got = decode(planned, 40, split)
     assert split.length == 5
