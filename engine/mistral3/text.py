@@ -527,8 +527,8 @@ class Mistral3Text:
         tables[r] ((R, M) int32 on the device), shapes fixed by `bucket` keys: no host syncs, no
         data-dependent shapes (what a CUDA graph captures). Writes each row's K/V at its position
         through its table, attends over [0, bucket) hiding positions > pos[r]. A row at a
-        negative position is padding: its K/V go to block 0's row 0 (never read: every real
-        row's table maps its own positions) and its output is zeros or finite."""
+        negative position is padding: its K/V go to the pool's scratch block (no sequence holds
+        it) and its output is finite and ignored."""
         cfg = self.cfg
         n_rep = cfg.n_heads // cfg.n_kv_heads
         rope = seg.rope
@@ -536,7 +536,7 @@ class Mistral3Text:
         real = pos.clamp(min=0)
         cos_q, sin_q = rope.cos_q.index_select(0, real), rope.sin_q.index_select(0, real)
         cos_k, sin_k = rope.cos_k.index_select(0, real), rope.sin_k.index_select(0, real)
-        blocks = torch.where(pos >= 0, tables.gather(1, (real // block)[:, None])[:, 0].long(), 0)
+        blocks = torch.where(pos >= 0, tables.gather(1, (real // block)[:, None])[:, 0].long(), cache.scratch_block)
         rows = torch.where(pos >= 0, real % block, 0)
         flash = flash_attention_on(x.device)
         R = x.shape[0]

@@ -117,22 +117,21 @@ class DecodeGraphs:
         R = len(caches)
         rows = next(r for r in self.row_buckets if r >= R)
         bucket = bucket_for(max(c.length for c in caches) + 1, self.capacity)
+        # Inputs written on the devices: fills with scalars, and each sequence's table copied from
+        # its device copy (made once per new block): no host tensor per token.
         tokens = self.tokens[rows]
-        tokens.zero_()
-        tokens[:R].copy_(torch.tensor(list(token_ids), dtype=torch.long), non_blocking=True)
+        for r in range(rows):
+            tokens[r].fill_(int(token_ids[r]) if r < R else 0)
         x = model.embedding(tokens)
-        positions = torch.full((rows,), -1, dtype=torch.long)
-        positions[:R] = torch.tensor([c.length for c in caches], dtype=torch.long)
-        table = torch.zeros(rows, self.width, dtype=torch.int32)
-        for r, c in enumerate(caches):
-            table[r, :len(c.blocks)] = torch.tensor(c.blocks, dtype=torch.int32)
         last = len(model.segments) - 1
         replayed = False
         for k, (seg, graphed) in enumerate(zip(model.segments, self._graphed())):
             buf, at, tables = self.inputs[(k, rows)]
             buf.copy_(x)
-            at.copy_(positions, non_blocking=True)
-            tables.copy_(table, non_blocking=True)
+            for r in range(rows):
+                at[r].fill_(caches[r].length if r < R else -1)
+            for r, c in enumerate(caches):
+                tables[r, :len(c.blocks)].copy_(c.table(seg.device))
             if not graphed:
                 x = model.run_segment(seg, buf[:R], [(c, c.length, 1) for c in caches])
                 if R < rows:

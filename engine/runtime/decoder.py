@@ -115,6 +115,8 @@ def decode_rows(model, token_ids, caches) -> torch.Tensor:
         for c in caches:
             c.length += 1
         return logits
-    # the ids written on the table's device (a fill, not a host tensor copied over)
-    tokens = torch.tensor([int(t) for t in token_ids], dtype=torch.long).to(model.embedding_device)
+    # the ids written on the table's device (fills, not a host tensor copied over)
+    tokens = torch.empty(len(caches), dtype=torch.long, device=model.embedding_device)
+    for r, t in enumerate(token_ids):
+        tokens[r].fill_(int(t))
     return model.forward_batch(model.embed(tokens), [(c, c.length, 1) for c in caches], list(range(len(caches))))

@@ -60,8 +60,10 @@ class KVPool:
             raise EngineError(f"a KV pool needs blocks: got {n_blocks} of {block} positions")
         self.block = block
         self.n_blocks = n_blocks
-        self.ks = [_untouched_zeros((n, n_blocks, n_kv_heads, block, head_dim), dt, dev) for n, dt, dev in parts]
-        self.vs = [_untouched_zeros((n, n_blocks, n_kv_heads, block, v_head_dim), dt, dev) for n, dt, dev in parts]
+        # one block more, never handed out: where a CUDA graph bucket's padding rows write their K/V
+        self.scratch = n_blocks
+        self.ks = [_untouched_zeros((n, n_blocks + 1, n_kv_heads, block, head_dim), dt, dev) for n, dt, dev in parts]
+        self.vs = [_untouched_zeros((n, n_blocks + 1, n_kv_heads, block, v_head_dim), dt, dev) for n, dt, dev in parts]
         self.layer_k = [layer for k in self.ks for layer in k]
         self.layer_v = [layer for v in self.vs for layer in v]
         self.lock = threading.RLock()  # the scheduler's thread and the engine's callers (forget)
@@ -228,6 +230,11 @@ class KVCache:
     @property
     def native_steps(self) -> dict:
         return self.pool.native_steps
+
+    @property
+    def scratch_block(self) -> int:
+        """The pool's block no sequence holds (padding rows of a graph bucket write there)."""
+        return self.pool.scratch
 
     @property
     def decode_graphs(self):

@@ -171,7 +171,7 @@ def test_failures_are_messages(qtbot, worker, tmp_path):
 def test_unload_frees_the_engine(qtbot, worker):
     load(qtbot, worker)
     # what holds the memory: the model (weights, repacked copies) and its KV cache
-    model, cache = weakref.ref(worker.engine.model), weakref.ref(worker.engine.cache)
+    model, cache = weakref.ref(worker.engine.model), weakref.ref(worker.engine.pool)
     with qtbot.waitSignal(worker.unloaded, timeout=10000):
         worker.unload()
     assert worker.engine is None

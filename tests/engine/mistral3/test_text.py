@@ -335,9 +335,6 @@ def test_static_decode_step_equals_forward_for_every_bucket(ministral):
     assert cache.length == 40  # the static body touches no sequence's length
 
 
-@pytest.mark.xfail(strict=True, reason="issue 33 bug, reported to the lead: a padding row (position -1) writes "
-                   "its K/V into block 0's row 0, which the pool hands to the first sequence; strict, so "
-                   "this marker goes when padding writes somewhere no sequence reads")
 def test_static_decode_padding_rows_leave_every_sequence_alone(ministral):
     """A row bucket larger than the step (3 sequences in the 4-row graph): the padding row must
     not change any sequence's KV nor any real row's logits (each row equals its sequence's forward)."""

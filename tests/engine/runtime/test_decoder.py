@@ -73,8 +73,9 @@ def test_new_cache_sizes(model):
     cfg, pool = model.cfg, cache.pool
     # a pool of its own, in whole blocks: 48 positions are 2 blocks of BLOCK_TOKENS
     assert BLOCK_TOKENS == 32 and pool.n_blocks == 2 and pool.block == BLOCK_TOKENS
-    assert [k.shape for k in pool.ks] == [(cfg.n_layers, 2, cfg.n_kv_heads, BLOCK_TOKENS, cfg.head_dim)]
-    assert [v.shape for v in pool.vs] == [(cfg.n_layers, 2, cfg.n_kv_heads, BLOCK_TOKENS, cfg.v_head_dim)]
+    # and the scratch block (padding rows of a graph bucket write there), never handed out
+    assert [k.shape for k in pool.ks] == [(cfg.n_layers, 3, cfg.n_kv_heads, BLOCK_TOKENS, cfg.head_dim)]
+    assert [v.shape for v in pool.vs] == [(cfg.n_layers, 3, cfg.n_kv_heads, BLOCK_TOKENS, cfg.v_head_dim)]
     assert cache.capacity == 48 and cache.dtype == torch.float32 and cache.length == 0
     assert cache.decode_graphs is None
     assert pool.nbytes == 2 * BLOCK_TOKENS * model.kv_bytes_per_token()

@@ -23,8 +23,10 @@ def _pool(n_blocks: int = 8, block: int = 4, parts=None) -> KVPool:
 
 def test_layout_and_bytes():
     pool = _pool()
-    assert [k.shape for k in pool.ks] == [(3, 8, 2, 4, 8)] and [v.shape for v in pool.vs] == [(3, 8, 2, 4, 6)]
-    assert len(pool.layer_k) == 3 and pool.layer_k[1].shape == (8, 2, 4, 8)
+    # one block more than asked: the scratch block padding rows write to, never handed out
+    assert [k.shape for k in pool.ks] == [(3, 9, 2, 4, 8)] and [v.shape for v in pool.vs] == [(3, 9, 2, 4, 6)]
+    assert pool.scratch == 8 and pool.available() == 8
+    assert len(pool.layer_k) == 3 and pool.layer_k[1].shape == (9, 2, 4, 8)
     assert pool.layer_k[1].data_ptr() == pool.ks[0][1].data_ptr()  # views, not copies
     assert pool.block_bytes == 3 * 2 * 4 * (8 + 6) * 4 and pool.nbytes == 8 * pool.block_bytes
     assert pool.positions == 32
@@ -170,4 +172,4 @@ def test_cpu_zeros_commit_a_page_only_when_it_is_written():
 def test_an_empty_cpu_part_is_still_a_tensor():
     # a segment with no layers (a zero-byte mapping is impossible): plain zeros of that shape
     pool = KVPool(1, 4, 4, 2, [(0, torch.float32, CPU), (2, torch.float32, CPU)], block=4)
-    assert pool.ks[0].shape == (0, 2, 1, 4, 4) and len(pool.layer_k) == 2
+    assert pool.ks[0].shape == (0, 3, 1, 4, 4) and len(pool.layer_k) == 2

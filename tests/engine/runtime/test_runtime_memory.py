@@ -194,9 +194,6 @@ def test_local_engine_exposes_a_failed_capture_for_the_model_bar(monkeypatch):
         eng.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 33 regression, reported to the lead: DecodeGraphs.run "
-                   "(runtime/cuda_graphs.py) builds host tensors from the token ids, positions and block "
-                   "tables on every step; strict, so this marker goes when that is fixed")
 def test_decode_builds_no_host_tensor_per_token(monkeypatch):
     """The token id goes into a device tensor and its embedding row is gathered there: a step
     through the graphs makes no torch.tensor from Python values (a host-to-device copy on a GPU)."""
