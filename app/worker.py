@@ -630,18 +630,9 @@ class EngineWorker(QObject):
         (`imagesReading`): minutes on a CPU for large photos, which the engine's own call does in
         one go without a word. The tower keeps them by content, so the reply's call finds them
         encoded. False when Stop was asked meanwhile."""
-        vision = getattr(self.engine, "vision", None)
-        count = new_images(req.messages) if vision is not None else 0
+        count = new_images(req.messages) if self.engine.has_vision else 0
         if not count:
             return not req.cancel.is_set()
-        from ..engine.runtime.prompts import image_features
-
-        prompt = self.engine.encode(req.messages)
-        spans = prompt.image_spans
-        if len(spans) < count:
-            return True  # not this engine's way of placing images: its own call encodes them
-        # the scheduler's lock: while serving, the API's requests use the same tower
-        lock = getattr(getattr(self.engine, "scheduler", None), "_vision_lock", None)
 
         def progress(done: int, total: int) -> None:
             self.imagesReading.emit(req.request_id, done, total)
@@ -649,7 +640,7 @@ class EngineWorker(QObject):
                 raise _Stopped
 
         try:
-            image_features(vision, prompt, spans[-count].start, lock, progress)
+            self.engine.encode_images(req.messages, count, progress)
         except _Stopped:
             return False
         return not req.cancel.is_set()

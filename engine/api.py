@@ -270,6 +270,14 @@ class Engine(Protocol):
         """A deleted chat's KV is dropped (a no-op where none is kept)."""
         ...
 
+    def encode_images(self, messages: list[ChatMessage], last: int,
+                      progress: Callable[[int, int], None] | None = None) -> None:
+        """Encode the last `last` images of `messages` now, one at a time, `progress(done, total)`
+        after each (it may raise to stop between them); the engine keeps them by content, so the
+        reply's own call finds them encoded. A no-op where images are encoded elsewhere (a
+        remote server)."""
+        ...
+
     def close(self) -> None: ...
 
 

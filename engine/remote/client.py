@@ -405,6 +405,9 @@ class RemoteEngine:
     def forget_session(self, session_key: str) -> None:
         pass
 
+    def encode_images(self, messages, last: int, progress=None) -> None:
+        """The server encodes its images: nothing to do here."""
+
     @property
     def base_url(self) -> str:
         return self._endpoint.display

@@ -297,6 +297,13 @@ class BatchScheduler:
                 raise EngineError("the request could not be admitted: the KV pool cannot hold its context")
         return future.result()
 
+    def encode_images(self, prompt: EncodedPrompt, last: int, progress=None) -> None:
+        """The prompt's last `last` images through the tower now (one at a time with `progress`),
+        under the lock the requests' encoding takes; the tower keeps them by content."""
+        spans = prompt.image_spans
+        if last > 0 and spans and self.vision is not None:
+            image_features(self.vision, prompt, spans[-min(last, len(spans))].start, self._vision_lock, progress)
+
     def arrival(self) -> Arrival:
         """Announce a request on its way (see Arrival); call its done() once it is queued."""
         with self._cond:
@@ -1037,6 +1044,9 @@ class BatchedEngine:
 
     def forget_chat(self, messages: list[ChatMessage]) -> None:
         self.engine.forget_chat(messages)  # the prefix cache and reply ids are the engine's, shared
+
+    def encode_images(self, messages: list[ChatMessage], last: int, progress=None) -> None:
+        self.scheduler.encode_images(self.encode(messages), last, progress)
 
     def forget_session(self, session_key: str) -> None:
         """Nothing of its own: the scheduler finds KV by content (forget_chat drops it)."""

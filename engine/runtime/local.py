@@ -295,6 +295,10 @@ class LocalEngine:
         self.prefix_cache.forget(names)
         self.replies.forget([m.text_content for m in messages if m.role == "assistant"])
 
+    def encode_images(self, messages: list[ChatMessage], last: int, progress=None) -> None:
+        """See Engine.encode_images: the scheduler's tower, under its lock."""
+        self.scheduler.encode_images(self.encode(messages), last, progress)
+
     def forget_session(self, session_key: str) -> None:
         """Nothing to do: KV is found by content, not by chat (forget_chat drops a chat's blocks)."""
 
