@@ -101,10 +101,12 @@ def test_catalogue_listing_says_where_each_entry_would_run(tmp_path, capsys, mon
     monkeypatch.setattr(device_map, "detect_machine", lambda: gpu8)
     assert main(["list", "--catalog", "--json", "--dir", str(tmp_path)]) == 0
     rows = json.loads(capsys.readouterr().out)
-    # entries that pin no file (the reasoning rows: their files come from the repository's listing
-    # at download time) have no size to plan with, and say so
+    # entries that pin no size (their files come from the repository's listing at download time)
+    # have no size to plan with, and say so
+    from tramontane.engine.library.catalog import load_catalog
+
     unsized = {(r["id"], r["quant"]) for r in rows if r["fits"] is None}
-    assert unsized and all("reasoning" in i or "magistral" in i for i, _ in unsized)
+    assert unsized and unsized == {(e.id, v.quant) for e in load_catalog() for v in e.variants if v.size_gb is None}
     fits = {(r["id"], r["quant"]): r["fits"] for r in rows if r["fits"] is not None}
     assert fits == {("mistral-small-3.1-24b-instruct", "Q4_K_M"): "partial",
                     ("mistral-small-3.1-24b-instruct", "Q8_0"): "partial",
@@ -114,7 +116,7 @@ def test_catalogue_listing_says_where_each_entry_would_run(tmp_path, capsys, mon
     assert main(["list", "--catalog", "--dir", str(tmp_path)]) == 0
     lines = {" ".join(line.split()[:2]): line for line in capsys.readouterr().out.splitlines()}
     assert "15.21 GB  partly on the CPU" in lines["mistral-small-3.1-24b-instruct Q4_K_M"]
-    assert "5.20 GB + projector  on the GPU" in lines["ministral-3-8b-instruct Q4_K_M"]
+    assert "6.06 GB  on the GPU" in lines["ministral-3-8b-instruct Q4_K_M"]  # 5.20 GB + its 0.86 GB projector
     assert all("? (size not known)" in line for key, line in lines.items()
                if tuple(key.split()) in unsized)
     assert not any("?" in line for key, line in lines.items() if tuple(key.split()) not in unsized)
