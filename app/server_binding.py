@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject
 
 from .dialogs.servers import EngineChoiceCombo
-from .servers import EngineChoice, ServerList, engine_for_choice
+from .remote_endpoints import EngineChoice, ServerList, engine_for_choice
 
 
 class ServerBinding(QObject):

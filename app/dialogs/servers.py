@@ -1,7 +1,7 @@
 """Remote servers in the GUI: the settings page to add, edit, test and remove
 OpenAI-compatible servers, and the per-chat model picker ("Local model" + servers' models).
 
-The servers are kept by app/servers.py (ServerList, in the settings table); the API key
+The servers are kept by app/remote_endpoints.py (ServerList, in the settings table); the API key
 field here is a password field.
 
 Network calls (Test connection, refreshing the model lists) run as background jobs
@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 from ...engine.api import EngineError
 from ...engine.remote.transport import fetch_models, parse_base_url
 from ..jobs import Jobs
-from ..servers import EngineChoice, ServerConfig, ServerList, url_ok
+from ..remote_endpoints import EngineChoice, ServerConfig, ServerList, url_ok
 
 LOCAL_LABEL = "Local model"
 TEST_TIMEOUT_S = 10.0

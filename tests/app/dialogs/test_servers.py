@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QLineEdit  # noqa: E402
 
 from tramontane.app.dialogs.servers import (  # noqa: E402
     LOCAL_LABEL, EngineChoiceCombo, ServersDialog, ServersWidget)
-from tramontane.app.servers import (  # noqa: E402
+from tramontane.app.remote_endpoints import (  # noqa: E402
     SETTINGS_KEY, EngineChoice, ServerList, engine_for_choice)
 from tramontane.engine.api import ChatMessage, SamplingParams  # noqa: E402
 from tramontane.engine.remote.client import RemoteEngine  # noqa: E402

@@ -1,4 +1,4 @@
-"""Remote servers as the app keeps them: the saved list of OpenAI-compatible servers and
+"""Remote endpoints as the app keeps them: the saved list of OpenAI-compatible servers and
 what a chat runs on (the local model or a model on one of them). No widgets: the Servers
 dialog (dialogs/servers.py) and the window both use this.
 

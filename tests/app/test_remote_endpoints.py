@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tramontane.app.servers import ServerConfig, ServerList
+from tramontane.app.remote_endpoints import ServerConfig, ServerList
 from tramontane.engine.api import EngineError
 
 
