@@ -116,8 +116,6 @@ def memory_words(device: str) -> str:
 def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context_asked: int = 0) -> EngineInfo:
     device = engine.device_kind
     plan = engine.placement
-    vision = getattr(engine, "vision", None)  # a local engine's tower; a server has none to read
-    tokenizer = getattr(engine, "tokenizer", None)  # a server's is not ours to read
     return EngineInfo(
         description=engine.description,
         has_vision=bool(engine.has_vision),
@@ -131,9 +129,9 @@ def describe_engine(engine, model_path: str = "", mmproj_path: str = "", context
         remote=device == "remote",
         placement=str(plan.get("summary", "")),
         split=bool(plan.get("gpu_layers")) and bool(plan.get("cpu_layers")),
-        image_geometry=(int(vision.image_size), int(vision.patch_size), int(vision.merge)) if vision is not None else None,
-        can_think=bool(getattr(tokenizer, "can_think", False)),
-        chat_version=int(getattr(tokenizer, "version", 0) or 0),
+        image_geometry=engine.image_geometry,
+        can_think=engine.think_ids is not None,
+        chat_version=int(engine.chat_version),
     )
 
 
@@ -151,7 +149,7 @@ def thought_cut(engine, result: GenerationResult) -> bool:
     """Whether a reply's thought was cut off before its [/THINK] (Stop or Max tokens while it
     thought): read from the generated ids where the tokenizer names the think tokens; else a
     reply that wrote no answer and did not end by itself."""
-    ids = getattr(getattr(engine, "tokenizer", None), "think_ids", None)
+    ids = engine.think_ids
     if ids is not None and result.token_ids:
         return ids[1] not in result.token_ids
     return not result.text and result.finish_reason != "stop"
@@ -190,7 +188,7 @@ def fit_overflow(engine, messages, max_tokens: int, policy: str) -> tuple[list, 
     choice does not fit (the engine's sentence then says so)."""
     from ..engine.runtime.prompts import check_fits
 
-    size = int(getattr(engine, "context_size", 0) or 0)
+    size = int(engine.context_size or 0)
     if policy not in ("drop_oldest", "keep_first") or not size or not messages:
         return messages, 0
 

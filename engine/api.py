@@ -244,6 +244,23 @@ class Engine(Protocol):
         cannot count (a remote server)."""
         ...
 
+    @property
+    def image_geometry(self) -> tuple[int, int, int] | None:
+        """(image size, patch size, merge) of the vision tower this engine runs, for the image
+        chips' token costs; None without one (or a server's, not ours to read)."""
+        ...
+
+    @property
+    def think_ids(self) -> tuple[int, int] | None:
+        """([THINK], [/THINK]) ids of a model that thinks; None for one that does not, or where
+        the ids are not known (a server)."""
+        ...
+
+    @property
+    def chat_version(self) -> int:
+        """The chat format version of the model's tokenizer (7, 11, 13); 0 where not known."""
+        ...
+
     def chat(
         self,
         messages: list[ChatMessage],

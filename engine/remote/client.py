@@ -405,6 +405,10 @@ class RemoteEngine:
     def forget_session(self, session_key: str) -> None:
         pass
 
+    image_geometry = None  # the server's tower is not ours to read
+    think_ids = None  # nor its tokenizer's ids (its reasoning comes apart: reasoning_content)
+    chat_version = 0
+
     def encode_images(self, messages, last: int, progress=None) -> None:
         """The server encodes its images: nothing to do here."""
 

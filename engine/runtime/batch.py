@@ -1042,6 +1042,18 @@ class BatchedEngine:
     def count_tokens(self, messages: list[ChatMessage]) -> int:
         return len(self.encode(messages).ids)
 
+    @property
+    def image_geometry(self):
+        return self.engine.image_geometry
+
+    @property
+    def think_ids(self):
+        return self.engine.think_ids
+
+    @property
+    def chat_version(self) -> int:
+        return self.engine.chat_version
+
     def forget_chat(self, messages: list[ChatMessage]) -> None:
         self.engine.forget_chat(messages)  # the prefix cache and reply ids are the engine's, shared
 

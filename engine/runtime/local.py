@@ -179,6 +179,19 @@ class LocalEngine:
     def writes_tool_calls(self) -> bool:
         return True
 
+    @property
+    def image_geometry(self) -> tuple[int, int, int] | None:
+        v = self.vision
+        return (int(v.image_size), int(v.patch_size), int(v.merge)) if v is not None else None
+
+    @property
+    def think_ids(self) -> tuple[int, int] | None:
+        return self.tokenizer.think_ids
+
+    @property
+    def chat_version(self) -> int:
+        return int(self.tokenizer.version)
+
     def count_tokens(self, messages: list[ChatMessage]) -> int:
         return len(self.encode(messages).ids)
 

@@ -186,11 +186,11 @@ def test_thought_cut_reads_the_end_think_token_when_the_tokenizer_names_it():
     from tramontane.app.worker import thought_cut
     from tramontane.engine.api import GenerationResult, GenerationStats
 
-    thinking = SimpleNamespace(tokenizer=SimpleNamespace(think_ids=(34, 35)))
+    thinking = SimpleNamespace(think_ids=(34, 35))  # Engine.think_ids
     stopped = GenerationStats(finish_reason="cancelled")
     assert thought_cut(thinking, GenerationResult("", [34, 7, 8], [], stopped))
     assert not thought_cut(thinking, GenerationResult("", [34, 7, 35], [], stopped))  # closed, then stopped
-    server = SimpleNamespace()  # no tokenizer to read: an answer or a reply that ended itself closed it
+    server = SimpleNamespace(think_ids=None)  # ids not known: an answer or a reply that ended itself closed it
     assert thought_cut(server, GenerationResult("", [], [], stopped))
     assert not thought_cut(server, GenerationResult("Four.", [], [], stopped))
     assert not thought_cut(server, GenerationResult("", [], [], GenerationStats(finish_reason="stop")))
