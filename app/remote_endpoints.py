@@ -1,6 +1,6 @@
 """Remote endpoints as the app keeps them: the saved list of OpenAI-compatible servers and
 what a chat runs on (the local model or a model on one of them). No widgets: the Servers
-dialog (dialogs/servers.py) and the window both use this.
+dialog (dialogs/remote_endpoints.py) and the window both use this.
 
 Persistence goes through any settings object passed in: one with `get_setting(key, default)`
 / `set_setting(key, value)` (the app's Store), or `get(key[, default])` / `set(key,

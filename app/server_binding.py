@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject
 
-from .dialogs.servers import EngineChoiceCombo
+from .dialogs.remote_endpoints import EngineChoiceCombo
 from .remote_endpoints import EngineChoice, ServerList, engine_for_choice
 
 

@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Qt
 from PySide6.QtWidgets import QMenu
 
 from ..engine.runtime.threads import apply_threads
-from .dialogs.servers import ServersDialog
+from .dialogs.remote_endpoints import ServersDialog
 from .dialogs.settings import SettingsDialog
 from .engine_info import EngineInfo
 from .widgets.model_bar import device_line

@@ -11,7 +11,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QLineEdit  # noqa: E402
 
-from tramontane.app.dialogs.servers import (  # noqa: E402
+from tramontane.app.dialogs.remote_endpoints import (  # noqa: E402
     LOCAL_LABEL, EngineChoiceCombo, ServersDialog, ServersWidget)
 from tramontane.app.remote_endpoints import (  # noqa: E402
     SETTINGS_KEY, EngineChoice, ServerList, engine_for_choice)

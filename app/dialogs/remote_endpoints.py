@@ -1,4 +1,4 @@
-"""Remote servers in the GUI: the settings page to add, edit, test and remove
+"""Remote endpoints in the GUI: the settings page to add, edit, test and remove
 OpenAI-compatible servers, and the per-chat model picker ("Local model" + servers' models).
 
 The servers are kept by app/remote_endpoints.py (ServerList, in the settings table); the API key
