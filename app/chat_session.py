@@ -586,6 +586,6 @@ class ChatSession(QObject):
                         **{CHAT_OVERFLOW_KEY: None if value == "stop" else value})
 
     def bind_current_chat(self, binding: dict) -> None:
-        """Remember what the current chat runs on (see ServerBinding.chat_binding)."""
+        """Remember what the current chat runs on (see RemoteBinding.chat_binding)."""
         if self.current_chat_id is not None:
             self._guard(self.store.update_chat, self.current_chat_id, **binding)

@@ -4,7 +4,7 @@ The window only composes: it builds the widgets and the menus and wires them to 
 that act (each a module of its own, none importing this one): `ChatNavigation` (which chat is
 open), `ChatCommands` (rename, delete, branch, pin, export...), `ReplyCommands` (send, stop,
 regenerate), `Conversation` (what is shown of the open chat), `ModelLoading` (check, then load
-on the worker), `ServerBinding` (local model or a server's, per chat), `ToolsSwitch`,
+on the worker), `RemoteBinding` (local model or a server's, per chat), `ToolsSwitch`,
 `Appearance` (theme, zoom), `DropsToComposer`, `WindowDialogs` and `WarmUp` (the first turn
 on screen). What happens to the chats is `ChatSession`'s; models are loaded by the engine worker.
 """
@@ -28,7 +28,7 @@ from .drops import DropsToComposer
 from .jobs import Jobs
 from .model_loading import ModelLoading
 from .reply_commands import ReplyCommands
-from .server_binding import ServerBinding
+from .remote_binding import RemoteBinding
 from .serving import ServerStatusLabel, WindowServer
 from .single_instance import InstanceServer
 from .store import Store, StoreError
@@ -108,7 +108,7 @@ class MainWindow(QMainWindow):
         self.chats = ChatCommands(self)
         self.replies = ReplyCommands(self)
         self.conversation = Conversation(self)
-        self.binding = ServerBinding(self)
+        self.binding = RemoteBinding(self)
         self.tools_switch = ToolsSwitch(self)
         self.appearance = Appearance(self)
         self.dialogs = WindowDialogs(self)

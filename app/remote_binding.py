@@ -13,7 +13,7 @@ from .dialogs.remote_endpoints import EngineChoiceCombo
 from .remote_endpoints import EngineChoice, ServerList, engine_for_choice
 
 
-class ServerBinding(QObject):
+class RemoteBinding(QObject):
     """The model bar's engine picker and the open chat's binding to it."""
 
     def __init__(self, window):
@@ -88,4 +88,4 @@ class ServerBinding(QObject):
             combo.reload()
 
 
-__all__ = ["ServerBinding"]
+__all__ = ["RemoteBinding"]
