@@ -210,3 +210,46 @@ def test_a_prompt_longer_than_the_pool_is_refused_in_words(engine):
     sched = BatchScheduler(engine.model, engine.tokenizer, slots=2, priority_slots=0, pool=pool, context_length=512)
     with pytest.raises(EngineError, match=r"200 tokens \(needs 201 positions with the reply\), more than the context length of 128"):
         sched.submit(random_prompts(engine, [200], seed=23)[0], greedy(4))
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_a_chat_evicted_to_host_memory_or_disk_comes_back_exactly(engine, tier, tmp_path):
+    """Chat A's blocks are pushed out of a small pool by other chats (into host copies, or only
+    files), and A's next turn reads them back: as much reused as A left, the same greedy output
+    as the turn run cold."""
+    from tramontane.engine.runtime.prefix_cache import PrefixCache
+    from tramontane.engine.runtime.prefix_disk import PrefixDisk, block_layout
+
+    pool = new_pool(engine.model, 8 * 32, capture_graphs=False)  # 8 blocks: one chat of ~100 positions at a time
+    disk = PrefixDisk(tmp_path / "kv", "test-model", block_layout(pool)) if tier == "disk" else None
+    host = PrefixCache(1 << 30 if tier == "host" else 0, disk=disk)
+    sched = BatchScheduler(engine.model, engine.tokenizer, slots=1, priority_slots=0, pool=pool, context_length=256,
+                           prefix_cache=host, gather_s=0.0)
+
+    def run(prompt, n):
+        future = sched.submit(prompt, greedy(n))
+        while sched.step():
+            pass
+        return future.result(timeout=0)
+
+    a1 = random_prompts(engine, [90], seed=31)[0]
+    first = run(a1, 6)
+    for other in random_prompts(engine, [150, 150, 150], seed=32):  # more than the pool: A's blocks spill
+        run(other, 4)
+    # A's blocks after its first are gone from the pool (the first is every prompt's: its BOS keeps it in use)
+    assert all(pool.find(h) is None for h in block_hashes_of(a1)[1:])
+    if disk is not None:
+        disk.flush()
+    a2 = EncodedPrompt(a1.ids + first.token_ids[:-1] + random_prompts(engine, [12], seed=33)[0].ids[1:])
+    again = run(a2, 6)
+    kept = len(a1.ids) + len(first.token_ids) - 1
+    assert again.stats.reused_tokens >= kept // 32 * 32 > 0  # whole blocks, at least, back from the tier
+    assert again.token_ids == alone(engine, a2, greedy(6)).token_ids
+    host.close()
+
+
+def block_hashes_of(prompt: EncodedPrompt) -> list[bytes]:
+    from tramontane.engine.runtime.prefix_cache import block_hashes
+    from tramontane.engine.runtime.prefix_keys import position_keys
+
+    return block_hashes(position_keys(prompt.ids, prompt.image_spans))
