@@ -139,8 +139,8 @@ class ToolBroker(QObject):
     """The app's tool servers and the cards waiting for an answer."""
 
     cardChanged = Signal(object)  # chat id: a card was added, is waiting, or has its result
-    serverFailed = Signal(str)  # a tool server that could not be listed for a reply, in words
-    serversChanged = Signal()  # a background listing ended (listed or failed)
+    toolServerFailed = Signal(str)  # a tool server that could not be listed for a reply, in words
+    toolServersChanged = Signal()  # a background listing ended (listed or failed)
 
     def __init__(self, store, parent: QObject | None = None, *, max_steps: int = MAX_STEPS,
                  mcp: McpTools | None = None, list_wait_s: float = LIST_WAIT_S,
@@ -241,7 +241,7 @@ class ToolBroker(QObject):
                 current = self._starting.get(name) is done
                 waited = name in self._waited
             if current:
-                self._emit_from_pool(self.serverFailed, f"{exc} (its tools are left out of "
+                self._emit_from_pool(self.toolServerFailed, f"{exc} (its tools are left out of "
                                      f"{'this reply' if waited else 'replies until it answers'})")
         except Exception:  # noqa: BLE001 - a pool job must not raise; logged in full
             log.exception("listing the tools of %s failed", name)
@@ -251,7 +251,7 @@ class ToolBroker(QObject):
                     del self._starting[name]
                     self._waited.discard(name)
             done.set()
-            self._emit_from_pool(self.serversChanged)
+            self._emit_from_pool(self.toolServersChanged)
 
     def _emit_from_pool(self, signal, *args) -> None:
         """Emit from a pool job that may outlive the broker: a window closed while a server
@@ -276,7 +276,7 @@ class ToolBroker(QObject):
             if not event.wait(max(0.0, deadline - time.monotonic())):
                 late.append(name)
         if late:
-            self.serverFailed.emit(f"tool server{'s' * (len(late) > 1)} {', '.join(map(repr, late))} "
+            self.toolServerFailed.emit(f"tool server{'s' * (len(late) > 1)} {', '.join(map(repr, late))} "
                                    f"still starting: {'their' if len(late) > 1 else 'its'} tools are left "
                                    "out of this reply")
         return self.mcp.enabled_tools()

@@ -26,7 +26,7 @@ class ToolsDialog(QDialog):
         self.listed: dict[str, list] = {}  # server -> its tools, as last listed
         self._filling = False
         self._asking: set[str] = set()  # servers whose tools are being listed
-        broker.serversChanged.connect(self._mark_failures)  # a chat's background listing ended
+        broker.toolServersChanged.connect(self._mark_failures)  # a chat's background listing ended
 
         self.servers = QListWidget()
         self.servers.setAccessibleName("Tool servers")

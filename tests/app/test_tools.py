@@ -81,7 +81,7 @@ def broker(store, qapp):
 def test_a_server_that_never_answers_delays_a_reply_once_by_the_short_wait(broker):
     broker.apply_servers([McpServerConfig("silent", command=SILENT, timeout_s=5)])
     said: list[str] = []
-    broker.serverFailed.connect(said.append, Qt.ConnectionType.DirectConnection)
+    broker.toolServerFailed.connect(said.append, Qt.ConnectionType.DirectConnection)
     t0 = time.monotonic()
     assert broker.offered_tools() == []
     first = time.monotonic() - t0
@@ -103,14 +103,14 @@ def test_a_missing_command_is_remembered_as_failed_with_its_reason(broker, tmp_p
     assert broker.offered_tools() == [] and time.monotonic() - t0 < 0.1  # not started again
     broker.apply_servers([McpServerConfig("gone", command=OURS, timeout_s=5)])  # fixed in Settings
     assert broker.failure("gone") == ""
-    with qtbot.waitSignal(broker.serversChanged, timeout=30000):
+    with qtbot.waitSignal(broker.toolServersChanged, timeout=30000):
         broker.start_listing()
     assert {t.remote_name for t in broker.offered_tools()} == {"add", "fail", "crash", "hang"}
 
 
 def test_switching_tools_on_starts_the_servers_before_the_first_message(broker, qtbot):
     broker.apply_servers([McpServerConfig("ours", command=OURS, timeout_s=10)])
-    with qtbot.waitSignal(broker.serversChanged, timeout=30000):
+    with qtbot.waitSignal(broker.toolServersChanged, timeout=30000):
         broker.start_listing()
     calls = []
     real = broker.mcp.list_server_tools
@@ -125,7 +125,7 @@ def test_the_tools_page_marks_a_server_whose_command_does_not_exist(broker, qtbo
     missing = tmp_path / "no-such-mcp-server"
     broker.apply_servers([McpServerConfig("ours", command=OURS, timeout_s=10),
                           McpServerConfig("gone", command=str(missing), timeout_s=5)])
-    with qtbot.waitSignal(broker.serversChanged, timeout=30000,
+    with qtbot.waitSignal(broker.toolServersChanged, timeout=30000,
                           check_params_cb=lambda: bool(broker.failure("gone"))):
         broker.start_listing()  # a chat's tools switched on: both start in the background
     dialog = ToolsDialog(broker)
@@ -168,7 +168,7 @@ def test_a_server_chat_runs_the_tool_loop_with_its_cards(store, broker, qtbot, m
 
     broker.apply_servers([McpServerConfig("ours", command=OURS, timeout_s=20,
                                           disabled_tools=("crash", "fail", "hang"))])
-    with qtbot.waitSignal(broker.serversChanged, timeout=60000):
+    with qtbot.waitSignal(broker.toolServersChanged, timeout=60000):
         broker.start_listing()
     chat = store.create_chat("c")
     set_chat_tools(store, chat, True)
