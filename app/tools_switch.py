@@ -48,7 +48,7 @@ class ToolsSwitch(QObject):
         self.update(on)
 
     @Slot(str)
-    def server_failed(self, text: str) -> None:
+    def tool_server_failed(self, text: str) -> None:
         self.window.statusBar().showMessage(text, 20000)
 
 

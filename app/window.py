@@ -124,7 +124,7 @@ class MainWindow(QMainWindow):
         session.replyFinished.connect(self.replyFinished)
         session.replyFailed.connect(self.replyFailed)
         self.tools.cardChanged.connect(self.conversation.on_chat_changed)
-        self.tools.toolServerFailed.connect(self.tools_switch.server_failed)
+        self.tools.toolServerFailed.connect(self.tools_switch.tool_server_failed)
 
     def showEvent(self, event) -> None:  # noqa: N802
         super().showEvent(event)

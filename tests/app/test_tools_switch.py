@@ -64,6 +64,6 @@ def test_a_refused_write_leaves_the_switch_as_stored_and_says_why(idle_window, l
 
 
 def test_a_tool_server_that_fails_is_said_in_the_status_bar(idle_window):
-    idle_window.tools_switch.server_failed("weather: the server exited (code 1) before it listed its tools")
+    idle_window.tools_switch.tool_server_failed("weather: the server exited (code 1) before it listed its tools")
     assert idle_window.statusBar().currentMessage() == \
         "weather: the server exited (code 1) before it listed its tools"
