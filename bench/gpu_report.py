@@ -88,7 +88,7 @@ def main(argv=None) -> dict:
     out["warnings"] = eng.warnings
     model = eng.model
     graphs = eng.pool.decode_graphs
-    out["graphs"] = sorted(b for _, b in graphs.graphs) if graphs is not None else []
+    out["graphs"] = sorted({(r, b) for _, r, b in graphs.graphs}) if graphs is not None else []  # (rows, keys)
     # bytes a decode step reads: every layer, the head (not the embedding table: one row)
     sizes = eng.plan
     weights = model.weight_bytes - (model.embedding.weight.nbytes if model.head is not model.embedding.weight else 0)
@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
     bw = copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (256 << 20))
     out["copy_bandwidth_GBs"] = bw
     out["decode_bound_tok_s"] = bw * 1e9 / weights
-    print(f"placement: {out['placement']}; context {out['context']}; graphs for buckets {out['graphs']}")
+    print(f"placement: {out['placement']}; context {out['context']}; graphs for (rows, keys) buckets {out['graphs']}")
     print(f"load {out['load_s']:.1f} s; copy bandwidth {bw:.0f} GB/s; {weights / 1e9:.2f} GB read per token")
     vocab = model.cfg.vocab_size
     rng = np.random.default_rng(0)
@@ -143,6 +143,37 @@ def main(argv=None) -> dict:
         print(f"turn 2 ({len(prompt)} tokens, {reuse.stats.reused_tokens} reused): TTFT "
               f"{reuse.stats.ttft_s * 1000:.0f} ms, cold {cold.stats.ttft_s * 1000:.0f} ms")
 
+    def batched_decode():
+        """Decode steps of 1 and 8 sequences over the pool (paged attention, every row through its
+        block table), replayed from the (rows, keys) graph buckets against the same steps eager."""
+        from tramontane.engine.runtime.decoder import decode_rows
+
+        for streams in (1, 8):
+            for mode in ("graphed", "eager"):
+                saved = eng.pool.decode_graphs
+                if mode == "eager":
+                    eng.pool.decode_graphs = None
+                seqs = [eng.new_sequence() for _ in range(streams)]
+                try:
+                    for seq in seqs:
+                        model.forward(model.embed(ids(40)), 0, seq)
+                    tokens = [1000 + i for i in range(streams)]
+                    decode_rows(model, tokens, seqs)  # first launches
+                    _sync(device)
+                    t = time.perf_counter()
+                    steps = 16
+                    for _ in range(steps):
+                        tokens = decode_rows(model, tokens, seqs).argmax(-1).tolist()
+                    _sync(device)
+                    rate = streams * steps / (time.perf_counter() - t)
+                finally:
+                    eng.pool.decode_graphs = saved
+                    for seq in seqs:
+                        seq.release()
+                out[f"decode_{streams}_streams_{mode}_tok_s"] = rate
+            g, e = out[f"decode_{streams}_streams_graphed_tok_s"], out[f"decode_{streams}_streams_eager_tok_s"]
+            print(f"decode, {streams} stream(s) at once: graphed {g:.1f} tok/s, eager {e:.1f} tok/s ({g / e:.2f}x)")
+
     def image():
         pic = ImagePart(_png(a.image, 1), f"noise-{a.image}.png")
         eng.vision.encode_image_parts([ImagePart(_png(64, 2), "warm.png")])  # first launches
@@ -162,6 +193,7 @@ def main(argv=None) -> dict:
         step("warm-up", warm)
         step("prefill and decode", prefill_and_decode)
         step("turn 2", turn2)
+        step("batched decode", batched_decode)
         if eng.vision is not None:
             step("image", image)
         if device.type == "cuda":
