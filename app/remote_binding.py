@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject
 
 from .dialogs.remote_endpoints import EngineChoiceCombo
-from .remote_endpoints import EngineChoice, ServerList, engine_for_choice
+from .remote_endpoints import EngineChoice, RemoteEndpointList, engine_for_choice
 
 
 class RemoteBinding(QObject):
@@ -42,7 +42,7 @@ class RemoteBinding(QObject):
         choice = combo.current_choice() if combo is not None else None
         if choice is None or choice.is_local:
             return {"remote_url": None, "remote_model": None}
-        server = ServerList(self.store).find(choice.server)
+        server = RemoteEndpointList(self.store).find(choice.server)
         return {"remote_url": server.base_url if server else None, "remote_model": choice.model}
 
     def follow_chat_binding(self, chat_id: int) -> None:
@@ -54,7 +54,8 @@ class RemoteBinding(QObject):
         if not info.remote_url:
             wanted = EngineChoice()
         else:
-            server = next((s for s in ServerList(self.store).load() if s.base_url == info.remote_url), None)
+            saved = RemoteEndpointList(self.store).load()
+            server = next((s for s in saved if s.base_url == info.remote_url), None)
             if server is None:
                 notices[chat_id] = (f"This chat ran on {info.remote_model} at {info.remote_url}, "
                                     f"which is no longer in Settings → Servers.")
@@ -71,7 +72,7 @@ class RemoteBinding(QObject):
                 w.worker.unload()
             return
         try:
-            engine = engine_for_choice(choice, ServerList(self.store))
+            engine = engine_for_choice(choice, RemoteEndpointList(self.store))
         except Exception as exc:  # noqa: BLE001 - a bad server entry is shown, not raised
             w.model_bar.show_error(str(exc))
             return

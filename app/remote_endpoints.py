@@ -6,7 +6,7 @@ Persistence goes through any settings object passed in: one with `get_setting(ke
 / `set_setting(key, value)` (the app's Store), or `get(key[, default])` / `set(key,
 value)`, or a plain dict. Servers are saved under `remote_servers` as a JSON list of
 {name, base_url, api_key, default_model, models}. The key is stored there (the settings
-table, never a chat export) and is never shown: `ServerConfig.__repr__` leaves it out.
+table, never a chat export) and is never shown: `RemoteEndpoint.__repr__` leaves it out.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SETTINGS_KEY = "remote_servers"
 
 
 @dataclass
-class ServerConfig:
+class RemoteEndpoint:
     name: str
     base_url: str
     api_key: str = field(default="", repr=False)
@@ -46,7 +46,7 @@ class ServerConfig:
         return RemoteEngine(self.base_url, model, self.api_key or None, **kwargs)
 
     @classmethod
-    def from_dict(cls, obj: Any) -> "ServerConfig | None":
+    def from_dict(cls, obj: Any) -> "RemoteEndpoint | None":
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return None
         models = obj.get("models")
@@ -56,7 +56,7 @@ class ServerConfig:
                    models=[str(m) for m in models] if isinstance(models, list) else [])
 
 
-class ServerList:
+class RemoteEndpointList:
     """The saved servers, read from and written to the settings object."""
 
     def __init__(self, settings: Any):
@@ -80,7 +80,7 @@ class ServerList:
         else:
             s[SETTINGS_KEY] = value
 
-    def load(self) -> list[ServerConfig]:
+    def load(self) -> list[RemoteEndpoint]:
         raw = self._get()
         if isinstance(raw, str):  # a settings backend that keeps only strings
             try:
@@ -89,12 +89,12 @@ class ServerList:
                 raw = None
         if not isinstance(raw, list):
             return []
-        return [c for c in (ServerConfig.from_dict(o) for o in raw) if c is not None]
+        return [c for c in (RemoteEndpoint.from_dict(o) for o in raw) if c is not None]
 
-    def save(self, servers: list[ServerConfig]) -> None:
+    def save(self, servers: list[RemoteEndpoint]) -> None:
         self._set([asdict(s) for s in servers])
 
-    def find(self, name: str) -> ServerConfig | None:
+    def find(self, name: str) -> RemoteEndpoint | None:
         return next((s for s in self.load() if s.name == name), None)
 
 
@@ -110,7 +110,7 @@ class EngineChoice:
         return self.server is None
 
 
-def engine_for_choice(choice: EngineChoice, servers: ServerList, **kwargs) -> RemoteEngine | None:
+def engine_for_choice(choice: EngineChoice, servers: RemoteEndpointList, **kwargs) -> RemoteEngine | None:
     """The RemoteEngine for a remote choice; None for the local model."""
     if choice.is_local:
         return None

@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Qt
 from PySide6.QtWidgets import QMenu
 
 from ..engine.runtime.threads import apply_threads
-from .dialogs.remote_endpoints import ServersDialog
+from .dialogs.remote_endpoints import RemoteEndpointsDialog
 from .dialogs.settings import SettingsDialog
 from .engine_info import EngineInfo
 from .widgets.model_bar import device_line
@@ -81,7 +81,7 @@ class WindowDialogs(QObject):
                 w.reload_button.show()  # context, device, GPU layers: at the next load
 
     def open_servers(self) -> None:
-        ServersDialog(self.window.store, self.window).exec()
+        RemoteEndpointsDialog(self.window.store, self.window).exec()
         self.window.binding.reload_servers()
 
     def open_tools(self) -> None:

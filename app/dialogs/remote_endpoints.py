@@ -1,7 +1,7 @@
 """Remote endpoints in the GUI: the settings page to add, edit, test and remove
 OpenAI-compatible servers, and the per-chat model picker ("Local model" + servers' models).
 
-The servers are kept by app/remote_endpoints.py (ServerList, in the settings table); the API key
+The servers are kept by app/remote_endpoints.py (RemoteEndpointList, in the settings table); the API key
 field here is a password field.
 
 Network calls (Test connection, refreshing the model lists) run as background jobs
@@ -19,21 +19,21 @@ from PySide6.QtWidgets import (
 from ...engine.api import EngineError
 from ...engine.remote.transport import fetch_models, parse_base_url
 from ..jobs import Jobs
-from ..remote_endpoints import EngineChoice, ServerConfig, ServerList, url_ok
+from ..remote_endpoints import EngineChoice, RemoteEndpoint, RemoteEndpointList, url_ok
 
 LOCAL_LABEL = "Local model"
 TEST_TIMEOUT_S = 10.0
 
 
-class ServersWidget(QWidget):
+class RemoteEndpointsWidget(QWidget):
     """Add / edit / remove servers, and test a server's connection (lists its models)."""
 
-    serversChanged = Signal()
+    endpointsChanged = Signal()
     testFinished = Signal(bool, str)  # ok, message shown
 
     def __init__(self, settings: Any, parent: QWidget | None = None):
         super().__init__(parent)
-        self.servers = ServerList(settings)
+        self.servers = RemoteEndpointList(settings)
         self._configs = self.servers.load()
         self.jobs = Jobs(self)
         self._loading = False
@@ -85,10 +85,10 @@ class ServersWidget(QWidget):
         self._reload_list(0)
 
     # -- list -------------------------------------------------------------------------------
-    def configs(self) -> list[ServerConfig]:
+    def configs(self) -> list[RemoteEndpoint]:
         return list(self._configs)
 
-    def current(self) -> ServerConfig | None:
+    def current(self) -> RemoteEndpoint | None:
         row = self.list.currentRow()
         return self._configs[row] if 0 <= row < len(self._configs) else None
 
@@ -132,7 +132,7 @@ class ServersWidget(QWidget):
         elif name in taken:
             self._say(False, f"server name {name!r} is already used")
             return
-        self._configs.append(ServerConfig(name, base_url))
+        self._configs.append(RemoteEndpoint(name, base_url))
         self._save()
         self._reload_list(len(self._configs) - 1)
         self.name_edit.setFocus()
@@ -161,7 +161,7 @@ class ServersWidget(QWidget):
             self.name_edit.setText(config.name)
             return
         url = self.url_edit.text().strip()
-        updated = ServerConfig(name, url, self.key_edit.text().strip(),
+        updated = RemoteEndpoint(name, url, self.key_edit.text().strip(),
                                self.model_combo.currentText().strip(), list(config.models))
         if updated == config:
             return
@@ -178,7 +178,7 @@ class ServersWidget(QWidget):
 
     def _save(self) -> None:
         self.servers.save(self._configs)
-        self.serversChanged.emit()
+        self.endpointsChanged.emit()
 
     def _say(self, ok: bool, message: str) -> None:
         self.status.setStyleSheet("" if ok else "color: #b00020;")
@@ -226,13 +226,13 @@ class ServersWidget(QWidget):
         self.testFinished.emit(True, message)
 
 
-class ServersDialog(QDialog):
+class RemoteEndpointsDialog(QDialog):
     """The servers page as a dialog (Settings → Servers…)."""
 
     def __init__(self, settings: Any, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Servers")
-        self.widget = ServersWidget(settings, self)
+        self.widget = RemoteEndpointsWidget(settings, self)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         buttons.accepted.connect(self.accept)
@@ -254,7 +254,7 @@ class EngineChoiceCombo(QComboBox):
 
     def __init__(self, settings: Any, parent: QWidget | None = None):
         super().__init__(parent)
-        self.servers = ServerList(settings)
+        self.servers = RemoteEndpointList(settings)
         self.jobs = Jobs(self)
         self._pending = 0
         self.errors: dict[str, str] = {}  # server name -> last refresh error

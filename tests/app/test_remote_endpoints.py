@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tramontane.app.remote_endpoints import ServerConfig, ServerList
+from tramontane.app.remote_endpoints import RemoteEndpoint, RemoteEndpointList
 from tramontane.engine.api import EngineError
 
 
@@ -36,20 +36,20 @@ class StoreLikeSettings:
 @pytest.mark.parametrize("settings_cls", [dict, GetSetSettings, StoreLikeSettings])
 def test_server_list_round_trip(settings_cls):
     settings = settings_cls()
-    servers = ServerList(settings)
+    servers = RemoteEndpointList(settings)
     assert servers.load() == []
-    configs = [ServerConfig("a", "http://h:1/v1", "sk-x", "m", ["m", "n"]),
-               ServerConfig("b", "http://h:2")]
+    configs = [RemoteEndpoint("a", "http://h:1/v1", "sk-x", "m", ["m", "n"]),
+               RemoteEndpoint("b", "http://h:2")]
     servers.save(configs)
-    assert ServerList(settings).load() == configs
-    assert ServerList(settings).find("b") == configs[1]
+    assert RemoteEndpointList(settings).load() == configs
+    assert RemoteEndpointList(settings).find("b") == configs[1]
     assert "sk-x" not in repr(configs[0])
 
 
 def test_server_config_checks_fields():
     with pytest.raises(EngineError, match="server name: must not be empty"):
-        ServerConfig(" ", "http://h").check()
+        RemoteEndpoint(" ", "http://h").check()
     with pytest.raises(EngineError, match="server 'x'.*expected http"):
-        ServerConfig("x", "gopher://h").check()
+        RemoteEndpoint("x", "gopher://h").check()
     with pytest.raises(EngineError, match="no model chosen"):
-        ServerConfig("x", "http://h").engine()
+        RemoteEndpoint("x", "http://h").engine()

@@ -12,9 +12,9 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QLineEdit  # noqa: E402
 
 from tramontane.app.dialogs.remote_endpoints import (  # noqa: E402
-    LOCAL_LABEL, EngineChoiceCombo, ServersDialog, ServersWidget)
+    LOCAL_LABEL, EngineChoiceCombo, RemoteEndpointsDialog, RemoteEndpointsWidget)
 from tramontane.app.remote_endpoints import (  # noqa: E402
-    SETTINGS_KEY, EngineChoice, ServerList, engine_for_choice)
+    SETTINGS_KEY, EngineChoice, RemoteEndpointList, engine_for_choice)
 from tramontane.engine.api import ChatMessage, SamplingParams  # noqa: E402
 from tramontane.engine.remote.client import RemoteEngine  # noqa: E402
 
@@ -39,7 +39,7 @@ def fill(qtbot, edit: QLineEdit, text: str) -> None:
 
 def test_add_server_and_test_connection(qtbot, server):
     settings: dict = {}
-    widget = ServersWidget(settings)
+    widget = RemoteEndpointsWidget(settings)
     qtbot.addWidget(widget)
     assert widget.list.count() == 0 and not widget.form_box.isEnabled()
 
@@ -79,7 +79,7 @@ def test_add_server_and_test_connection(qtbot, server):
 
 def test_failed_connection_says_why_without_the_key(qtbot, server):
     settings = {SETTINGS_KEY: [{"name": "box", "base_url": server.url, "api_key": "sk-wrong-55c0ffee"}]}
-    widget = ServersWidget(settings)
+    widget = RemoteEndpointsWidget(settings)
     qtbot.addWidget(widget)
     assert widget.url_edit.text() == server.url
     with qtbot.waitSignal(widget.testFinished, timeout=5000) as signal:
@@ -92,7 +92,7 @@ def test_failed_connection_says_why_without_the_key(qtbot, server):
 
 def test_bad_url_and_duplicate_name_are_refused(qtbot):
     settings: dict = {}
-    widget = ServersWidget(settings)
+    widget = RemoteEndpointsWidget(settings)
     qtbot.addWidget(widget)
     widget.add_server("one")
     widget.add_server("two")
@@ -112,7 +112,7 @@ def test_bad_url_and_duplicate_name_are_refused(qtbot):
 
 
 def test_dialog_wraps_the_widget(qtbot):
-    dialog = ServersDialog({})
+    dialog = RemoteEndpointsDialog({})
     qtbot.addWidget(dialog)
     dialog.widget.add_server()
     assert dialog.widget.configs()[0].name == "Server 1"
@@ -137,11 +137,11 @@ def test_model_combo_fills_and_picks_an_engine(qtbot, server):
         assert combo.set_choice(EngineChoice("GPU box", "ministral-8b"))
     assert signal.args == [EngineChoice("GPU box", "ministral-8b")]
 
-    engine = engine_for_choice(combo.current_choice(), ServerList(settings), read_timeout=5)
+    engine = engine_for_choice(combo.current_choice(), RemoteEndpointList(settings), read_timeout=5)
     assert isinstance(engine, RemoteEngine) and engine.model == "ministral-8b"
     result = engine.chat([ChatMessage.text("user", "hello")], SamplingParams())
     assert result.text == "Hi from the server."
-    assert engine_for_choice(EngineChoice(), ServerList(settings)) is None
+    assert engine_for_choice(EngineChoice(), RemoteEndpointList(settings)) is None
 
     # the server is removed from the settings: the combo falls back to the local model
     with qtbot.waitSignal(combo.choiceChanged, timeout=1000) as signal:
