@@ -26,7 +26,7 @@ from .decoder import decode_rows, default_context_length, new_pool
 from .kv_cache import KVCache, KVPool, new_sequence
 from .speculative import check_draft_vocabulary
 
-DraftRequest = tuple  # (key, ids, k): see DraftModel.draft
+DraftRequest = tuple[object, Sequence[int], int]  # (key, ids, k): see DraftModel.draft
 
 
 @dataclass
@@ -124,10 +124,11 @@ class DraftModel:
 
     def _job(self, key, ids: list[int], k: int, busy: set) -> _Job | None:
         """Rewind `key`'s KV to what it shares with ids and say what is left to do; None for nothing."""
+        if k <= 0 or not ids:  # a plain step: whatever KV the key holds stays for its next draft
+            return None
         k = min(k, self.context_length - len(ids) + 1)  # the last draft is never read: ids + k - 1 positions
-        if k <= 0 or not ids:
-            if ids and key in self._seqs:  # the sequence outgrew the draft's context: its KV serves no call
-                self._forget(key)
+        if k <= 0:  # the sequence outgrew the draft's context: its KV serves no later call
+            self._forget(key)
             return None
         seq = self._seqs.get(key)
         if seq is None:

@@ -112,6 +112,10 @@ def test_a_later_call_reads_only_the_tokens_its_kv_lacks(target, monkeypatch):
     assert drafter.draft([("a", ids, 4)]) == [greedy_tokens(target, ids, 4)]
     assert spy.take() == (1 + 3, 4)
 
+    # a step with no draft wanted reads nothing and keeps the KV for the next one
+    assert drafter.draft([("a", ids + [plain[0]], 0)]) == [[]]
+    assert spy.take() == (0, 0) and drafter.keys() == ["a"]
+
     # a shorter ids list inside what was read (a turn rolled back): its last token is read again
     ids = PROMPT + plain[:4]
     assert drafter.draft([("a", ids, 2)]) == [plain[4:6]]
