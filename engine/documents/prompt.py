@@ -16,7 +16,12 @@ gets, before its text, the excerpts its question finds (`block.excerpts_block`),
 `sources` for the reply. The message that attached it carries a one-line note naming it (the
 same bytes every turn). Excerpts follow each question, so they sit in the newest message only:
 an earlier question's excerpts are not repeated, and the prompt from that message on is read
-again (the excerpts and the question, short by design)."""
+again (the excerpts and the question, short by design).
+
+The excerpts are cut to the room the context leaves (`fitting_excerpts`): a context smaller
+than retrieval's RETRIEVAL_TOKENS gets the best excerpts that fit, the last of them shortened,
+by the engine's own rule for a prompt that fits (runtime/prompts.check_fits) on the prompt as
+the engine counts it."""
 from __future__ import annotations
 
 import tempfile
@@ -24,17 +29,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..api import ChatMessage, DocumentPart
+from ..api import ChatMessage, DocumentPart, EngineError
 from ..mistral3.config import VisionConfig
 from .block import Source, document_block, excerpts_block, retrieved_note, sources
 from .document import Document, DocumentError, Limits
 from .extract import extract
-from .retrieval import Budget, DocumentIndex, Placement, place_documents
+from .retrieval import TOKEN, Budget, DocumentIndex, Hit, Placement, place_documents
 from .scans import render_scans, scan_note
 
 EXCERPTS = 5  # chunks a question brings in (recall@5 is what the retrieval tests hold)
 UNKNOWN_CONTEXT = 32768  # an engine that does not say its context (a remote server): assumed
 BYTES_PER_TOKEN = 3  # an engine that cannot count: a text's tokens guessed from its UTF-8 bytes
+MIN_EXCERPT_WORDS = 12  # an excerpt shortened to fit keeps at least this many words, or goes
 
 
 @dataclass
@@ -111,10 +117,65 @@ def documents_prompt(messages: Sequence[ChatMessage], count_tokens: Callable[[li
             blocks[part.sha256] = retrieved_note(part.document)
             if part.document.scanned_pages:
                 prompt.notes.append(f"{part.name}: its scanned pages are not searched (only text is), as it is too long to include whole.")
-    excerpts = _excerpts([p for p, pl in zip(parts, placements) if pl.mode == "retrieved"],
-                         _question(messages), index, prompt)
-    prompt.messages = _render(messages, blocks, images, excerpts)
+    hits = _search([p for p, pl in zip(parts, placements) if pl.mode == "retrieved"], _question(messages), index)
+
+    def render(chosen: list[Hit]) -> list[ChatMessage]:
+        return _render(messages, blocks, images, excerpts_block(chosen))
+
+    def count(rendered: list[ChatMessage]) -> int:
+        counted = count_tokens(rendered)
+        return counted if counted is not None else count_text(_all_text(rendered))
+
+    fitted = fitting_excerpts(hits, lambda chosen: count(render(chosen)), context_tokens or UNKNOWN_CONTEXT,
+                              reply_tokens)
+    if len(fitted) < len(hits) or fitted and fitted[-1].text != hits[len(fitted) - 1].text:
+        prompt.notes.append(f"The context leaves room for {_excerpt_words(hits, fitted)}: "
+                            "a larger context length would bring in more of the documents.")
+    prompt.sources = sources(fitted)
+    prompt.messages = render(fitted)
     return prompt
+
+
+def fitting_excerpts(hits: list[Hit], count_prompt: Callable[[list[Hit]], int], context_tokens: int,
+                     reply_tokens: int) -> list[Hit]:
+    """The most of `hits` (best first) whose prompt fits the context by the engine's rule
+    (check_fits: the prompt and the first reply token): as many whole excerpts as fit, then the
+    next one cut to the words that still fit (MIN_EXCERPT_WORDS at least). `count_prompt`: the
+    prompt's tokens with the given excerpts in it."""
+    from ..runtime.prompts import check_fits
+
+    def fits(chosen: list[Hit]) -> bool:
+        try:
+            check_fits(count_prompt(chosen), reply_tokens, context_tokens)
+        except EngineError:
+            return False
+        return True
+
+    kept = len(hits)
+    while kept > 0 and not fits(hits[:kept]):
+        kept -= 1
+    if kept == len(hits):
+        return list(hits)
+    pieces = TOKEN.findall(hits[kept].text.strip())
+
+    def cut(words: int) -> list[Hit]:
+        return hits[:kept] + [replace(hits[kept], text="".join(pieces[:words]).rstrip() + " …")]
+
+    lo, hi = MIN_EXCERPT_WORDS, len(pieces) - 1  # the most words that fit lie in [lo, hi], if any
+    if hi < lo or not fits(cut(lo)):
+        return hits[:kept]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(cut(mid)) else (lo, mid - 1)
+    return cut(lo)
+
+
+def _excerpt_words(hits: list[Hit], fitted: list[Hit]) -> str:
+    whole = sum(1 for found, kept in zip(hits, fitted) if found.text == kept.text)
+    words = f"{whole} of the {len(hits)} excerpts found"
+    if len(fitted) > whole:
+        words += " and part of the next"
+    return words
 
 
 def _scan_images(part: DocumentPart, vision: VisionConfig | None, limits: Limits, cancel, notes: list[str]) -> list:
@@ -131,21 +192,21 @@ def _question(messages: Sequence[ChatMessage]) -> str:
     return last_user.text_content if last_user is not None else ""
 
 
-def _excerpts(parts: list[DocumentPart], question: str, index: DocumentIndex | None, prompt: DocumentPrompt) -> str:
+def _search(parts: list[DocumentPart], question: str, index: DocumentIndex | None) -> list[Hit]:
+    """The EXCERPTS chunks of the retrieved documents the question finds (the chat's index, or
+    one for this call)."""
     if not parts:
-        return ""
+        return []
     with tempfile.TemporaryDirectory(prefix="tramontane-documents-") as scratch:
         own = index is None
         index = DocumentIndex(Path(scratch) / "index.sqlite") if own else index
         try:
             for part in parts:
                 index.add(part.document, part.sha256)
-            hits = index.search(question, EXCERPTS, [p.sha256 for p in parts])
+            return index.search(question, EXCERPTS, [p.sha256 for p in parts])
         finally:
             if own:
                 index.close()
-    prompt.sources = sources(hits)
-    return excerpts_block(hits)
 
 
 def _render(messages: Sequence[ChatMessage], blocks: dict[str, str], images: dict[str, list],
