@@ -1,8 +1,15 @@
 """Export a saved chat to Markdown or JSON, and import the JSON back.
 
 JSON (`"format": "tramontane-chat"`, version 1) carries everything the store keeps about a
-chat, images included as base64, so export -> import -> export gives the same document.
-Markdown is for reading: the images are written as files in a folder beside the .md.
+chat, images and attached documents included as base64, so export -> import -> export gives the
+same document. Markdown is for reading: the images and documents are written as files in
+folders beside the .md.
+
+A document's entry also says how the chat's replies read it (issue 37), for a reader of the
+export: its kind, and either the text a whole document put into the prompt (engine/documents'
+`document_block`) or, for one too long to read whole, the excerpts' sources its replies were
+given. The store keeps no mode of its own: a document is "retrieved" when a later reply's
+sources cite it, else "whole". Import restores the file; the rest is derived again from it.
 """
 from __future__ import annotations
 
@@ -16,10 +23,10 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import quote
 
-from ...engine.api import GenerationStats, ImagePart
+from ...engine.api import DocumentPart, GenerationStats, ImagePart
 from ..reasoning import thought_title
 from .errors import StoreError
-from .rows import ROLES, STATES, Chat
+from .rows import DOCUMENT_EXT_PREFIX, ROLES, STATES, Chat, Message, StoredImage
 from .store import Store
 
 FORMAT = "tramontane-chat"
@@ -30,6 +37,9 @@ _CHAT_KEYS = (
     "remote_model", "system_prompt", "settings", "pinned",
 )
 _STAT_KEYS = ("prompt_tokens", "generated_tokens", "reused_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s")
+DOCUMENT_MODES = ("whole", "retrieved")  # engine/documents' Placement.mode
+KIND_WORDS = {"pdf": "PDF", "docx": "Word", "html": "HTML", "csv": "CSV", "markdown": "Markdown",
+              "text": "text", "source": "source code"}  # engine/documents' Document.kind
 
 
 class ChatFileError(StoreError):
@@ -41,6 +51,7 @@ class ChatFileError(StoreError):
 
 def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
     chat = store.get_chat(chat_id)
+    readings = _DocumentReadings(store, chat)
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -63,6 +74,7 @@ def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
                     }
                     for img in m.images
                 ],
+                **({"documents": [readings.json(m, d) for d in m.documents]} if m.documents else {}),
                 **({"versions": [_version_json(v) for v in store.reply_versions(m.id)]}
                    if m.versions > 1 else {}),
                 **({"tool": m.tool} if m.tool else {}),  # tool calls, or a tool call's card
@@ -71,6 +83,83 @@ def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
             for m in chat.messages
         ],
     }
+
+
+class _DocumentReadings:
+    """How a chat's replies read each attached document: its kind, and the whole text that went
+    into the prompt or the sources of the excerpts its later replies were given."""
+
+    def __init__(self, store: Store, chat: Chat):
+        self.store = store
+        self.vision = bool(chat.projector_path)  # scanned pages went as images (document_block's flag)
+        self.cited: dict[int, list[dict]] = {}  # message id -> sources of later replies naming its documents
+        later: list[dict] = []
+        for m in reversed(chat.messages):
+            if m.role == "assistant":
+                later = [s for s in (m.tool or {}).get("sources", ()) if isinstance(s, dict)] + later
+            elif m.documents:
+                self.cited[m.id] = later
+        self._read: dict[str, Any] = {}
+
+    def read(self, attached: StoredImage) -> Any:
+        """The document as engine/documents reads it, or the DocumentError sentence."""
+        from ...engine.documents.document import DocumentError
+        from ...engine.documents.extract import extract
+
+        if attached.sha256 not in self._read:
+            try:
+                self._read[attached.sha256] = extract(self.store.image_bytes(attached.sha256, attached.ext),
+                                                      attached.name)
+            except DocumentError as exc:
+                self._read[attached.sha256] = str(exc)
+        return self._read[attached.sha256]
+
+    def sources(self, message: Message, attached: StoredImage) -> list[dict]:
+        found: list[dict] = []
+        for source in self.cited.get(message.id, ()):
+            if source.get("file") == attached.name and source not in found:
+                found.append(source)
+        return found
+
+    def mode(self, message: Message, attached: StoredImage) -> str:
+        return "retrieved" if self.sources(message, attached) else "whole"
+
+    def words(self, message: Message, attached: StoredImage) -> str:
+        """'PDF, 300 pages, searched (too long to read whole): Sources: report.pdf p. 12'."""
+        from ...engine.documents.block import Source, sources_line
+
+        document = self.read(attached)
+        if isinstance(document, str):
+            return document
+        what = [KIND_WORDS.get(document.kind, document.kind)]
+        if document.paged:
+            pages = document.total_pages or len(document.pages)
+            what.append(f"{pages} page{'s' * (pages != 1)}")
+        if self.mode(message, attached) == "whole":
+            return ", ".join(what + ["read whole"])
+        found = [s for s in map(Source.from_json, self.sources(message, attached)) if s is not None]
+        return ", ".join(what + ["searched (too long to read whole)"]) + f": {sources_line(found)}"
+
+    def json(self, message: Message, attached: StoredImage) -> dict[str, Any]:
+        from ...engine.documents.block import document_block
+
+        document = self.read(attached)
+        entry = {
+            "name": attached.name, "sha256": attached.sha256, "ext": attached.ext,
+            "text_offset": attached.text_offset,
+            "data_base64": base64.b64encode(self.store.image_bytes(attached.sha256, attached.ext)).decode("ascii"),
+        }
+        if isinstance(document, str):  # unreadable now (it was read when attached): say why
+            return {**entry, "error": document}
+        mode = self.mode(message, attached)
+        entry.update(kind=document.kind, mode=mode)
+        if document.paged:
+            entry["pages"] = document.total_pages or len(document.pages)
+        if mode == "whole":
+            entry["text"] = document_block(document, self.vision)
+        else:
+            entry["sources"] = self.sources(message, attached)
+        return entry
 
 
 def _version_json(version: dict[str, Any]) -> dict[str, Any]:
@@ -173,24 +262,19 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
         stats = _stats(doc, raw, at)
         images = []
         for where, raw_image in doc.objects(raw, f"{at}.images"):
-            encoded = doc.string(raw_image, f"{where}.data_base64")
-            try:
-                blob = base64.b64decode(encoded, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise ChatFileError(f"{source}: {where}.data_base64: not base64: {exc}") from exc
-            doc.require(len(blob) > 0, f"{where}.data_base64", "empty image")
-            sha = raw_image.get("sha256")
-            doc.require(
-                sha is None or sha == hashlib.sha256(blob).hexdigest(), f"{where}.sha256",
-                "does not match the image data (file damaged?)",
-            )
-            offset = raw_image.get("text_offset", 0)
-            doc.require(
-                isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= len(text),
-                f"{where}.text_offset", f"expected 0..{len(text)}, got {offset!r}",
-            )
+            blob, offset = _attached_file(doc, raw_image, where, text, "image")
             name = doc.string(raw_image, f"{where}.name", default="image")
             images.append((ImagePart(blob, name), offset))
+        for where, raw_document in doc.objects(raw, f"{at}.documents"):
+            blob, offset = _attached_file(doc, raw_document, where, text, "document")
+            name = doc.string(raw_document, f"{where}.name")
+            doc.require(bool(name.strip()), f"{where}.name", "empty name")
+            mode = raw_document.get("mode")
+            doc.require(mode is None or mode in DOCUMENT_MODES, f"{where}.mode",
+                        f"{mode!r} is not one of {', '.join(DOCUMENT_MODES)}")
+            images.append((DocumentPart(blob, name), offset))
+        # As to_chat_message orders them: by offset, images before documents at one offset.
+        images.sort(key=lambda pair: (pair[1], isinstance(pair[0], DocumentPart)))
         versions = []
         for where, raw_version in doc.objects(raw, f"{at}.versions"):
             version_stats = _stats(doc, raw_version, where)
@@ -215,6 +299,27 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
             **_reasoning_fields(doc, raw, at),
         })
     return store.restore_chat(fields, messages)
+
+
+def _attached_file(doc: "_Reader", raw: dict, where: str, text: str, kind: str) -> tuple[bytes, int]:
+    """An image's or document's bytes (base64, checked against its sha256) and text offset."""
+    encoded = doc.string(raw, f"{where}.data_base64")
+    try:
+        blob = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ChatFileError(f"{doc.source}: {where}.data_base64: not base64: {exc}") from exc
+    doc.require(len(blob) > 0, f"{where}.data_base64", f"empty {kind}")
+    sha = raw.get("sha256")
+    doc.require(
+        sha is None or sha == hashlib.sha256(blob).hexdigest(), f"{where}.sha256",
+        f"does not match the {kind} data (file damaged?)",
+    )
+    offset = raw.get("text_offset", 0)
+    doc.require(
+        isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= len(text),
+        f"{where}.text_offset", f"expected 0..{len(text)}, got {offset!r}",
+    )
+    return blob, offset
 
 
 def _is_number(value: Any) -> bool:
@@ -277,25 +382,39 @@ class _Reader:
 
 
 def export_markdown(store: Store, chat_id: int, path: str | Path) -> Path:
-    """Write the chat as Markdown; its images go to `<name>_images/` beside the file."""
+    """Write the chat as Markdown; its images go to `<name>_images/` beside the file, its
+    documents to `<name>_documents/`."""
     path = Path(path)
     chat = store.get_chat(chat_id)
     image_dir = path.with_name(f"{path.stem}_images")
+    document_dir = path.with_name(f"{path.stem}_documents")
+    readings = _DocumentReadings(store, chat)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         for m in chat.messages:
-            for img in m.images:
-                image_dir.mkdir(parents=True, exist_ok=True)
-                target = image_dir / f"{img.sha256}.{img.ext}"
+            for img, folder in [(i, image_dir) for i in m.images] + [(d, document_dir) for d in m.documents]:
+                folder.mkdir(parents=True, exist_ok=True)
+                target = folder / _file_name(img)
                 if not target.exists():
                     target.write_bytes(store.image_bytes(img.sha256, img.ext))
-        path.write_text(chat_to_markdown(chat, image_dir.name), encoding="utf-8")
+        text = chat_to_markdown(chat, image_dir.name, document_dir.name,
+                                {(m.id, d.sha256): readings.words(m, d) for m in chat.messages for d in m.documents})
+        path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise StoreError(f"{exc.filename or path}: cannot write export: {exc.strerror or exc}") from exc
     return path
 
 
-def chat_to_markdown(chat: Chat, image_folder: str) -> str:
+def _file_name(attached: StoredImage) -> str:
+    """An attachment's file in the export's folder: its content's hash, its own suffix."""
+    suffix = attached.ext[len(DOCUMENT_EXT_PREFIX):] if attached.is_document else attached.ext
+    return f"{attached.sha256}.{suffix}"
+
+
+def chat_to_markdown(chat: Chat, image_folder: str, document_folder: str = "",
+                     document_words: dict[tuple[int, str], str] | None = None) -> str:
+    """`document_words`: by (message id, sha256), how the replies read each document
+    (_DocumentReadings.words); without it a document is listed by its name alone."""
     lines = [f"# {' '.join(chat.title.split()) or 'Chat'}", ""]
     if chat.remote_url:
         lines.append(f"- Server: {chat.remote_url}" + (f", model `{chat.remote_model}`" if chat.remote_model else ""))
@@ -327,6 +446,13 @@ def chat_to_markdown(chat: Chat, image_folder: str) -> str:
         if m.text[pos:].strip():  # whole texts keep their indentation (code blocks)
             tail = m.text[pos:]
             lines += [tail.strip() if m.images else tail.strip("\n"), ""]
+        if m.documents:  # listed after the text: the prompt's form of them is not the message's
+            for d in m.documents:
+                name = d.name.replace("[", "(").replace("]", ")")
+                words = (document_words or {}).get((m.id, d.sha256), "")
+                lines.append(f"- Document: [{name}]({quote(document_folder)}/{_file_name(d)})"
+                             + (f" — {words}" if words else ""))
+            lines.append("")
         for call in (m.tool or {}).get("calls", ()) if m.role == "assistant" else ():
             lines += [f"*Called `{call.get('name', '?')}`*", ""]
         note = _reply_note(m)

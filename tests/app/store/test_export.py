@@ -170,3 +170,107 @@ def test_markdown_for_a_remote_chat(store, tmp_path):
     text = export_markdown(store, chat, tmp_path / "r.md").read_text(encoding="utf-8")
     assert "- Server: http://127.0.0.1:8080/v1, model `ministral`" in text
     assert not (tmp_path / "r_images").exists()
+
+
+# --------------------------------------------------------------------------- documents (issue 37)
+
+NOTES_MD = ("# Setup\n\nTurn the boiler valve twice.\n\n# Service\n\nThe boiler is serviced in May.\n" * 3).encode()
+
+
+def boiler_pdf() -> bytes:
+    fpdf = pytest.importorskip("fpdf")
+    pdf = fpdf.FPDF()
+    pdf.set_font("helvetica", size=10)
+    for text in ("The boiler room key hangs behind the blue door.", "Page two: the boiler is serviced in May."):
+        pdf.add_page()
+        pdf.multi_cell(0, 5, text)
+    return bytes(pdf.output())
+
+
+def document_chat(s: Store) -> tuple[int, bytes]:
+    """A whole PDF (its reply cites nothing) beside an image, then a Markdown file whose reply
+    was given excerpts of it (the sources the window saved)."""
+    from tramontane.engine.api import DocumentPart
+
+    pdf = boiler_pdf()
+    chat = s.create_chat("Boiler", model_path="/models/tiny.gguf")
+    s.add_chat_message(chat, ChatMessage("user", [ImagePart(PNG, "room.png"), DocumentPart(pdf, "boiler.pdf"),
+                                                  "Where is the key?"]))
+    s.finish_reply(s.begin_reply(chat), "Behind the blue door.")
+    s.add_chat_message(chat, ChatMessage("user", ["And this: ", DocumentPart(NOTES_MD, "notes.md"), "when?"]))
+    reply = s.begin_reply(chat)
+    s.finish_reply(reply, "In May.")
+    s.set_reply_sources(reply, [{"file": "notes.md", "page": None, "heading": "Service"},
+                                {"file": "notes.md", "page": None, "heading": "Setup"}])
+    return chat, pdf
+
+
+def test_json_export_carries_documents_and_how_they_were_read(store, tmp_path):
+    from tramontane.engine.documents.block import document_block
+    from tramontane.engine.documents.extract import extract
+
+    chat, pdf = document_chat(store)
+    path = export_json(store, chat, tmp_path / "boiler.json")
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    [whole] = doc["messages"][0]["documents"]
+    assert base64.b64decode(whole["data_base64"]) == pdf and whole["sha256"] == hashlib.sha256(pdf).hexdigest()
+    assert (whole["name"], whole["kind"], whole["mode"], whole["pages"]) == ("boiler.pdf", "pdf", "whole", 2)
+    assert whole["text"] == document_block(extract(pdf, "boiler.pdf")) and "behind the blue door" in whole["text"]
+    assert "sources" not in whole and [i["name"] for i in doc["messages"][0]["images"]] == ["room.png"]
+    [retrieved] = doc["messages"][2]["documents"]
+    assert (retrieved["name"], retrieved["kind"], retrieved["mode"], retrieved["text_offset"]) == (
+        "notes.md", "markdown", "retrieved", len("And this: "))
+    assert retrieved["sources"] == [{"file": "notes.md", "page": None, "heading": "Service"},
+                                    {"file": "notes.md", "page": None, "heading": "Setup"}]
+    assert "text" not in retrieved and "pages" not in retrieved
+
+
+def test_json_import_restores_documents(store, tmp_path):
+    from tramontane.engine.api import DocumentPart
+
+    chat, pdf = document_chat(store)
+    first = chat_to_json(store, chat)
+    with Store(tmp_path / "elsewhere") as other:
+        imported = import_json(other, export_json(store, chat, tmp_path / "c.json"))
+        assert chat_to_json(other, imported) == first
+        messages = other.engine_messages(imported)
+        assert messages == store.engine_messages(chat)
+        parts = messages[0].parts
+        assert [type(p) for p in parts] == [ImagePart, DocumentPart, str]
+        assert (parts[1].data, parts[1].name) == (pdf, "boiler.pdf")
+        assert messages[2].parts == ["And this: ", DocumentPart(NOTES_MD, "notes.md"), "when?"]
+        assert [d.name for d in other.get_chat(imported).messages[2].documents] == ["notes.md"]
+        assert other.get_chat(imported).messages[3].tool["sources"][0]["heading"] == "Service"
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda d: d["messages"][0]["documents"][0].update(data_base64="not base64!"), "messages[0].documents[0].data_base64"),
+    (lambda d: d["messages"][0]["documents"][0].update(sha256="0" * 64), "messages[0].documents[0].sha256"),
+    (lambda d: d["messages"][2]["documents"][0].update(text_offset=999), "messages[2].documents[0].text_offset"),
+    (lambda d: d["messages"][2]["documents"][0].update(mode="skimmed"), "messages[2].documents[0].mode"),
+    (lambda d: d["messages"][2]["documents"][0].pop("name"), "messages[2].documents[0].name"),
+    (lambda d: d["messages"][2].update(documents={}), "messages[2].documents"),
+])
+def test_bad_documents_in_json_name_the_field(store, tmp_path, mutate, field):
+    doc = _bad(chat_to_json(store, document_chat(store)[0]), mutate)
+    before = len(store.list_chats())
+    with pytest.raises(ChatFileError) as info:
+        chat_from_json(store, doc, source="d.json")
+    assert str(info.value).startswith(f"d.json: {field}"), str(info.value)
+    assert len(store.list_chats()) == before
+
+
+def test_markdown_lists_documents_with_their_files_beside_it(store, tmp_path):
+    chat, pdf = document_chat(store)
+    md_path = export_markdown(store, chat, tmp_path / "Boiler chat.md")
+    text = md_path.read_text(encoding="utf-8")
+    listed = re.findall(r"^- Document: \[([^\]]*)\]\(([^)]+)\) — (.*)$", text, flags=re.M)
+    assert [(name, words) for name, _, words in listed] == [
+        ("boiler.pdf", "PDF, 2 pages, read whole"),
+        ("notes.md", "Markdown, searched (too long to read whole): Sources: notes.md, Service, Setup")]
+    for (_, link, _), data in zip(listed, [pdf, NOTES_MD]):
+        assert unquote(link).startswith("Boiler chat_documents/")
+        assert (md_path.parent / unquote(link)).read_bytes() == data
+    assert unquote(listed[0][1]).endswith(f"{hashlib.sha256(pdf).hexdigest()}.pdf")
+    second_user = text.split("## User\n\n")[2]
+    assert second_user.startswith("And this: when?\n\n- Document: [notes.md](")  # after the text
