@@ -92,6 +92,7 @@ class ChatSession(QObject):
         self.new_chat_sampling: dict | None = None  # Chat settings chosen before the new chat is saved
         self.new_chat_reasoning = True  # the reasoning switch chosen before the new chat is saved
         self.new_chat_overflow = "stop"  # the overflow choice made before the new chat is saved
+        self.new_chat_own_prompt_only = False  # the chat's system prompt alone, chosen before it is saved
         self.tools = None  # app.tools.ToolBroker when the window has tool servers (the worker asks it)
         self.engine_info: EngineInfo | None = None  # set by whoever loads models
         self.loading: str | None = None  # model path being loaded
@@ -195,6 +196,10 @@ class ChatSession(QObject):
             binding["settings"] = {**binding.get("settings", {}), REASONING_KEY: False}
         if chat_id is None and self.new_chat_overflow != "stop":
             binding["settings"] = {**binding.get("settings", {}), CHAT_OVERFLOW_KEY: self.new_chat_overflow}
+        if chat_id is None and self.new_chat_own_prompt_only:
+            from .model_prompt import OWN_PROMPT_ONLY_KEY
+
+            binding["settings"] = {**binding.get("settings", {}), OWN_PROMPT_ONLY_KEY: True}
 
         def write() -> int:
             cid = chat_id if chat_id is not None else store.create_chat(
@@ -297,6 +302,41 @@ class ChatSession(QObject):
         if self.pending is not None:
             self.pending.cancel.set()
 
+    def with_model_prompt(self, chat_id: int, messages: list) -> list:
+        """The chat's messages with the loaded model's own system prompt first and the chat's
+        after it (app/model_prompt.py), unless the chat asked for its own alone. On the worker
+        thread (`prepare`), where the engine that answers is the worker's."""
+        from .model_prompt import compose_system_prompt, model_system_prompt, own_prompt_only
+
+        engine = self.worker.engine
+        model_parts = model_system_prompt(engine) if engine is not None else ()
+        if not model_parts:
+            return messages
+        can_think = bool(getattr(getattr(engine, "tokenizer", None), "can_think", False))
+        return compose_system_prompt(messages, model_parts, can_think,
+                                     own_prompt_only(self.store.get_chat_info(chat_id).settings))
+
+    def own_prompt_only(self, chat_id: int | None) -> bool:
+        """The chat sends its own system prompt alone, without the model's."""
+        from .model_prompt import own_prompt_only
+
+        if chat_id is None:
+            return self.new_chat_own_prompt_only
+        try:
+            return own_prompt_only(self.store.get_chat_info(chat_id).settings)
+        except StoreError:
+            return False
+
+    def set_own_prompt_only(self, chat_id: int | None, on: bool) -> None:
+        """Per chat: only the chat's own system prompt (True), or after the model's (the default,
+        so only True is stored)."""
+        from .model_prompt import OWN_PROMPT_ONLY_KEY
+
+        if chat_id is None:
+            self.new_chat_own_prompt_only = bool(on)
+        else:
+            self._guard(self.store.update_chat_settings, chat_id, **{OWN_PROMPT_ONLY_KEY: True if on else None})
+
     def _start_reply(self, write) -> None:
         """Generate a reply. On the worker, `write()` first saves what the user did (new
         message, edit, truncation) and returns the chat id; then the worker reads the chat,
@@ -308,6 +348,7 @@ class ChatSession(QObject):
             written = write()  # the chat id, or (chat id, the reply row to write again)
             chat_id, reply_id = written if isinstance(written, tuple) else (written, None)
             messages = store.engine_messages(chat_id)  # without the streaming reply
+            messages = self.with_model_prompt(chat_id, messages)
             return chat_id, messages, reply_id if reply_id is not None else store.begin_reply(chat_id)
 
         def finish(message_id: int, result: GenerationResult, so_far: str, thought) -> None:
@@ -346,6 +387,7 @@ class ChatSession(QObject):
         if new_chat:
             self.new_chat_sampling = None  # saved with the chat now
             self.new_chat_reasoning = True
+            self.new_chat_own_prompt_only = False
         if new_chat and self.current_chat_id is None:  # still on the new chat: show it
             self.current_chat_id = chat_id
         self.changed.emit(chat_id)

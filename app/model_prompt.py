@@ -1,0 +1,76 @@
+"""The model's own system prompt in a chat (issue 36): a catalogue model ships one (Magistral's and
+Ministral 3 Reasoning's tell it how to think), and a chat's own system prompt (or preset) is
+added after it, not put in its place, as LM Studio and Ollama keep a Modelfile's SYSTEM: a
+custom prompt must not silently turn thinking off (LM Studio #699). A chat may ask for its own
+prompt alone (settings_json `OWN_PROMPT_ONLY_KEY`).
+
+Which catalogue entry a loaded file is: the folder a download put it in (one per repository,
+engine/library/downloads.repo_folder), else its file name (a variant's pinned file, or the
+repository's model name that the publisher's file names begin with).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from ..engine.api import ChatMessage, Part, ThinkPart
+
+OWN_PROMPT_ONLY_KEY = "own_system_prompt_only"  # True: the chat's system prompt alone, not after the model's
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog():
+    from ..engine.library.catalog import load_catalog
+
+    return tuple(load_catalog())
+
+
+def catalog_entry_for(model_path: str | Path, catalog=None):
+    """The catalogue entry the file is one of, or None."""
+    from ..engine.library.downloads import repo_folder
+
+    entries = _catalog() if catalog is None else catalog
+    path = Path(model_path)
+    name, folder = path.name.lower(), path.parent.name.lower()
+    for entry in entries:
+        if folder == repo_folder(Path(), entry.repo_id).name.lower():
+            return entry
+    for entry in entries:
+        if any(v.file and v.file.lower() == name for v in entry.variants):
+            return entry
+    for entry in entries:  # e.g. Magistral-Small-2509-Q4_K_M.gguf of mistralai/Magistral-Small-2509-GGUF
+        model = entry.repo_id.rsplit("/", 1)[-1].lower().removesuffix("-gguf")
+        if name.startswith(model) and name[len(model):len(model) + 1] in ("-", ".", "_"):
+            return entry
+    return None
+
+
+def model_system_prompt(engine) -> tuple[Part, ...]:
+    """The system prompt shipped with the engine's model: () for a server (its own
+    template decides) and for a file the catalogue does not know."""
+    path = getattr(engine, "model_path", None)
+    if not path or getattr(engine, "device_kind", "") == "remote":
+        return ()
+    entry = catalog_entry_for(path)
+    return entry.system_prompt if entry is not None else ()
+
+
+def compose_system_prompt(messages: list[ChatMessage], model_parts: tuple[Part, ...] | list[Part],
+                          can_think: bool, own_only: bool = False) -> list[ChatMessage]:
+    """The engine messages with one system message first: the model's prompt, then the chat's
+    own (its text parts join with a blank line, as mistral-common joins text chunks). A thought
+    template is left out for a model whose format cannot hold one."""
+    if own_only or not model_parts:
+        return messages
+    parts = [p for p in model_parts if can_think or not isinstance(p, ThinkPart)]
+    if messages and messages[0].role == "system":
+        return [ChatMessage("system", parts + list(messages[0].parts)), *messages[1:]]
+    return [ChatMessage("system", parts), *messages]
+
+
+def own_prompt_only(settings: dict | None) -> bool:
+    return (settings or {}).get(OWN_PROMPT_ONLY_KEY) is True
+
+
+__all__ = ["OWN_PROMPT_ONLY_KEY", "catalog_entry_for", "compose_system_prompt", "model_system_prompt",
+           "own_prompt_only"]
