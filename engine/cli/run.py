@@ -131,8 +131,12 @@ def add_local_model_arguments(parser, context_help: str | None = None) -> None:
 def add_speculation_arguments(parser) -> None:
     """`run`'s and `serve`'s --spec and --spec-tokens (serve: every request's default)."""
     defaults = SamplingParams()
-    parser.add_argument("--spec", choices=("off", "ngram"), default=defaults.speculation,
-                        help="speculative decoding: ngram drafts from the conversation's own tokens (lossless)")
+    parser.add_argument("--spec", choices=("off", "ngram", "draft"), default=defaults.speculation,
+                        help="speculative decoding (lossless): ngram drafts from the conversation's own tokens, "
+                             "draft from --draft-model")
+    parser.add_argument("--draft-model", metavar="FILE",
+                        help="a smaller GGUF of the same vocabulary (e.g. Ministral 3 3B for Mistral Small 3.x) "
+                             "that drafts tokens for --spec draft")
     parser.add_argument("--spec-tokens", type=int, default=defaults.spec_tokens, metavar="K",
                         help="at most K drafted tokens verified a step (default %(default)s)")
 
@@ -149,12 +153,17 @@ def load_local(args, images: bool):
     if not Path(args.model).is_file():
         raise EngineError(f"{args.model}: no such model file")
     check_context_length(args, 1)
+    draft = getattr(args, "draft_model", None)
+    if getattr(args, "spec", "off") == "draft" and not draft:
+        raise EngineError("--spec draft needs --draft-model FILE (a smaller model of the same vocabulary)")
+    if draft and not Path(draft).is_file():
+        raise EngineError(f"{draft}: no such draft model file")
     # A text-only prompt never needs a projector: one found beside the model is only loaded for
     # images; an explicit --mmproj is always loaded (and checked).
     mmproj = projector_for(args, needed=images) if (images or args.mmproj) else None
     engine = LocalEngine(args.model, mmproj, device=args.device, context_length=args.context_length,
                          device_map=args.device_map, kv_disk_dir=getattr(args, "kv_disk", None),
-                         kv_type=getattr(args, "kv_type", "f32"))
+                         kv_type=getattr(args, "kv_type", "f32"), draft_model=draft)
     note_capped_context(args, engine)
     return engine
 

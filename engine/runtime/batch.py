@@ -153,7 +153,9 @@ class _Sequence:
         self.decoder = tokenizer.stream(skip_special=False) if req.params.control_text else tokenizer.stream()
         self.thought = ReasoningSplitter.for_tokenizer(tokenizer)  # None: a model that does not think
         self.lookup = PromptLookup(req.prompt.ids) if req.params.speculation == "ngram" else None
-        self.draft_length = AdaptiveDraftLength(SPEC_COST, req.params.spec_tokens) if self.lookup else None
+        self.drafting = req.params.speculation == "draft"  # the scheduler's draft model proposes (if it has one)
+        self.draft_length = AdaptiveDraftLength(SPEC_COST, req.params.spec_tokens) \
+            if self.lookup or self.drafting else None
         self.drafted = self.accepted = 0
         self.logprobs = [] if req.params.logprobs is not None else None
         self.prompt_logprobs = [] if req.params.prompt_logprobs else None
@@ -213,6 +215,7 @@ class BatchScheduler:
         self._last_news = -1.0  # when the last request was announced or queued (perf_counter)
         self.steps = 0  # forward passes run (a clock in steps, for tests and measurements)
         self.preempted = 0  # sequences sent back to the queue for want of blocks
+        self.draft_model = None  # a DraftModel (runtime/draft.py) for requests with speculation "draft"
 
     def use_slots(self, slots: int, priority_slots: int = 0, step_rows: int | None = None,
                   gather_s: float | None = None, context_length: int | None = None) -> None:
@@ -398,10 +401,12 @@ class BatchScheduler:
         row = 0
         stepped: list[_Sequence] = []  # in this step, in row order (blocks reserved for each)
         ids = []  # the decode rows' tokens, embedded in _forward
+        proposed = self._model_drafts(decoding)  # the draft model's, for all its sequences in one call
         for s in decoding:
             if s.req.resume is s:  # preempted for the blocks of one before it
                 continue
-            drafts = self._drafts(s)  # speculation: extra rows after its last token, verified below
+            # speculation: extra rows after its last token, verified below
+            drafts = proposed[s] if s in proposed else self._drafts(s)
             n = 1 + len(drafts)
             if not self._make_room(s, n, stepped):
                 continue
@@ -475,13 +480,40 @@ class BatchScheduler:
         if s.lookup is None:
             return []
         s.lookup.extend(s.generated[len(s.lookup.ids) - len(s.req.prompt.ids):])
-        cache = s.cache
-        room = min(s.draft_length.length(), cache.capacity - cache.length - 1,
-                   s.req.params.max_tokens - len(s.generated))
+        room = self._room(s)
         drafts = s.lookup.draft(room) if room > 0 else []
         if not drafts:
             s.draft_length.record(0, 0)
         return drafts
+
+    def _room(self, s: _Sequence) -> int:
+        """How many tokens `s` may have drafted this step: its adaptive length, within its context
+        and its token budget."""
+        cache = s.cache
+        return min(s.draft_length.length(), cache.capacity - cache.length - 1,
+                   s.req.params.max_tokens - len(s.generated))
+
+    def _draft_cost(self) -> SpeculationCost:
+        """SPEC_COST with a drafted token costing the draft model's decode step, by the bytes each
+        model's step reads (decode is bound by reading the weights)."""
+        share = self.draft_model.model.weight_bytes / max(1, self.model.weight_bytes)
+        return SpeculationCost(SPEC_COST.verify, draft_token=share)
+
+    def _model_drafts(self, decoding: list[_Sequence]) -> dict:
+        """{sequence: drafts} from the draft model for the decoding sequences that asked for it,
+        drafted together (one pass a token for all of them); {} without a draft model."""
+        if self.draft_model is None:
+            return {}
+        who = [s for s in decoding if s.drafting and s.req.resume is not s]
+        if not who:
+            return {}
+        # each one's confirmed tokens, then the token this step feeds: the drafts follow it
+        drafts = self.draft_model.draft([(s.req.order, s.req.prompt.ids + s.cached + [s.pending], max(0, self._room(s)))
+                                         for s in who])
+        for s, d in zip(who, drafts):
+            if not d:
+                s.draft_length.record(0, 0)
+        return dict(zip(who, drafts))
 
     def _verify(self, s: _Sequence, logits: torch.Tensor, at: int, drafts: list[int]) -> None:
         """Rows at, at+1, ... of `logits` follow `s`'s last token and then each draft: each row's
@@ -757,6 +789,8 @@ class BatchScheduler:
             raise
         if seq is None:
             seq = _Sequence(req, cache, reused, rows, self.tokenizer)
+            if seq.drafting and self.draft_model is not None:  # a draft token costs a draft model's step
+                seq.draft_length = AdaptiveDraftLength(self._draft_cost(), req.params.spec_tokens)
         else:  # it goes on: the token it had drawn is read with the rest, the next one drawn after
             seq.cache, seq.embeds, seq.read = cache, rows, 0
             seq.cached, seq.pending = keys[n_prompt:], None
@@ -867,6 +901,8 @@ class BatchScheduler:
     def _release(self, s: _Sequence, running: bool = True) -> None:
         if running:
             self._running.remove(s)
+        if s.drafting and self.draft_model is not None:
+            self.draft_model.forget(s.req.order)
         if s.req.kv is None:  # a caller's KV stays theirs (generate())
             s.cache.release()
         self._requeue(s.req)  # it ended before its prompt was read: those waiting for it read it

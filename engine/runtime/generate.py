@@ -168,8 +168,8 @@ def check_params(params: SamplingParams) -> None:
         problems.append(f"top logprobs must be 0..{MAX_TOP_LOGPROBS}, got {params.logprobs}")
     if params.seed is not None and not -(1 << 63) <= params.seed < 1 << 64:  # what torch's generator takes
         problems.append(f"seed must fit in 64 bits, got {params.seed}")
-    if params.speculation not in ("off", "ngram"):
-        problems.append(f"speculation must be off or ngram, got {params.speculation!r}")
+    if params.speculation not in ("off", "ngram", "draft"):
+        problems.append(f"speculation must be off, ngram or draft, got {params.speculation!r}")
     if not 1 <= params.spec_tokens <= 16:
         problems.append(f"spec_tokens must be 1..16, got {params.spec_tokens}")
     if problems:

@@ -46,7 +46,8 @@ class LocalEngine:
                  device: str = "auto", context_length: int | None = None,
                  kv_host_budget_mb: int = 2048, progress: LoadProgress | None = None,
                  device_map: str | None = None, kv_disk_dir: str | Path | None = None,
-                 kv_disk_budget_mb: int = DEFAULT_DISK_BYTES >> 20, kv_type: str = "f32"):
+                 kv_disk_budget_mb: int = DEFAULT_DISK_BYTES >> 20, kv_type: str = "f32",
+                 draft_model: str | Path | None = None):
         """device: auto / cuda (GPUs, with layers spilled to the CPU when the model does not
         fit: planned before loading), or cpu. device_map: a manual map, e.g. "cuda:0=30,cpu=10".
         context_length: None for the plan's default; a larger one is planned the same way
@@ -56,7 +57,10 @@ class LocalEngine:
         of recent chats survive a restart), at most kv_disk_budget_mb there; None: memory only.
         kv_type: the KV cache of the layers on the CPU, "f32" or "f16" (half the memory and the
         bytes a long context's decode step reads; keys and values rounded to float16, the
-        attention math float32). GPU layers keep the model's dtype."""
+        attention math float32). GPU layers keep the model's dtype.
+        draft_model: a smaller GGUF of the same vocabulary (runtime/draft.py) that drafts for
+        requests with speculation "draft", on the device of the model's output head; refused with
+        the reason when its vocabulary differs."""
         self.model_path = Path(model_path)
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         settle_torch_threads()  # torch out of the native pool's way (runtime/threads.py)
@@ -102,6 +106,16 @@ class LocalEngine:
         self.scheduler = BatchScheduler(self.model, self.tokenizer, self.vision, slots=1, priority_slots=0,
                                         pool=self.pool, context_length=context, prefix_cache=self.prefix_cache,
                                         replies=self.replies, source=self.model_path)
+        if draft_model is not None:
+            from .draft import DraftModel
+
+            if progress:
+                progress(0.97, "loading the draft model")
+            try:
+                self.scheduler.draft_model = DraftModel.load(draft_model, self.model_path, device=self.model.device,
+                                                             positions=context)
+            except GGUFError as exc:
+                raise EngineError(str(exc)) from None
         release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
@@ -227,6 +241,8 @@ class LocalEngine:
         """Give the memory back now: the weights (and their repacked copies), the KV cache, the
         prefix cache's blocks, and glibc's freed heap to the system. (No gc.collect() here: close runs on the
         window's worker thread, and a collection there could free Qt objects off the GUI thread.)"""
+        if self.scheduler.draft_model is not None:
+            self.scheduler.draft_model.close()
         self.scheduler.close()
         self.scheduler = None
         self.pool = None

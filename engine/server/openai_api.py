@@ -159,7 +159,7 @@ _CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "functions": ([],), "function_call":
                      "audio": None, "modalities": (["text"],), "prediction": None}
 _COMPLETION_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "suffix": ("",), "top_logprobs": 0}
 LEGACY_MAX_LOGPROBS = 5  # /v1/completions' `logprobs`: OpenAI's legacy API takes 0..5
-SPEC_MODES = ("off", "ngram")
+SPEC_MODES = ("off", "ngram", "draft")  # draft: the server's --draft-model (none loaded: plain steps)
 MAX_SPEC_TOKENS = 16  # runtime/generate.check_params' bound on SamplingParams.spec_tokens
 
 
@@ -210,9 +210,10 @@ def sampling_params(body: dict, context_size: int) -> SamplingParams:
 
 
 def request_speculation(body: dict) -> tuple[str, int | None] | None:
-    """A request's speculative decoding: Tramontane's `speculation` ("off" or "ngram", prompt
-    lookup) and llama-server's `speculative.n_max` (at most that many drafted tokens a step; 0
-    turns it off, more turns prompt lookup on, the one drafter here) and `speculative.n_min`.
+    """A request's speculative decoding: Tramontane's `speculation` ("off", "ngram": prompt
+    lookup, "draft": the server's draft model) and llama-server's `speculative.n_max` (at most
+    that many drafted tokens a step; 0 turns it off, more turns prompt lookup on unless the
+    request asks for the draft model) and `speculative.n_min`.
     None where the request says nothing: the server's default (`serve --spec`). Lossless either
     way: only the speed changes."""
     mode = body.get("speculation")
@@ -230,10 +231,10 @@ def request_speculation(body: dict) -> tuple[str, int | None] | None:
     if n_max is None:
         return None if mode is None else (mode, None)
     if n_max == 0 or mode == "off":
-        if mode == "ngram":
-            raise bad("speculative.n_max", "is 0 (no drafts) while speculation is ngram: send one of them")
+        if mode in ("ngram", "draft"):
+            raise bad("speculative.n_max", f"is 0 (no drafts) while speculation is {mode}: send one of them")
         return "off", None
-    return "ngram", n_max
+    return ("draft" if mode == "draft" else "ngram"), n_max
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:

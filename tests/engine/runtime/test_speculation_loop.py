@@ -80,7 +80,7 @@ def test_speculating_and_plain_sequences_share_steps(engine):
 
 
 def test_a_bad_speculation_setting_is_refused_in_words(engine):
-    with pytest.raises(EngineError, match="speculation must be off or ngram"):
+    with pytest.raises(EngineError, match="speculation must be off, ngram or draft"):
         engine.generate_from(EncodedPrompt([1, 5]), SamplingParams(speculation="draft-model"))
     with pytest.raises(EngineError, match="spec_tokens"):
         engine.generate_from(EncodedPrompt([1, 5]), SamplingParams(speculation="ngram", spec_tokens=0))

@@ -1,0 +1,87 @@
+"""Speculation with a draft model inside the one scheduler (issue 38 item 2): the draft proposes
+k tokens for every drafting sequence in one call, the target verifies them as k+1 rows of the
+step, and greedy output is the plain output token for token — alone, across turns (the draft's
+KV rolled back with the target's), and in a batch mixing drafting, prompt-lookup and plain
+sequences; a draft of another vocabulary is refused when the engine loads, naming both files."""
+from __future__ import annotations
+
+import pytest
+
+from tramontane.engine.api import EngineError, SamplingParams
+from tramontane.engine.runtime.batch import BatchScheduler
+from tramontane.engine.runtime.local import LocalEngine
+
+from support import FIXTURES
+from support.batch_runs import random_prompts
+
+MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
+DRAFT = FIXTURES / "mistral3_q256-Q4_K_M.gguf"  # another model of the same vocabulary: it often disagrees
+
+
+def _params(mode: str, k: int = 4, n: int = 24) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, speculation=mode, spec_tokens=k)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    plain = LocalEngine(MODEL, device="cpu", context_length=512)
+    own = LocalEngine(MODEL, device="cpu", context_length=512, draft_model=MODEL)  # its own draft: all accepted
+    yield plain, own
+    plain.close()
+    own.close()
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_with_the_model_as_its_own_draft_is_the_plain_output_and_accepts_every_draft(engines, k):
+    plain, own = engines
+    prompt = random_prompts(plain, [30], seed=51)[0]
+    want = plain.generate_from(prompt, _params("off")).token_ids
+    got = own.generate_from(prompt, _params("draft", k))
+    assert got.token_ids == want
+    assert got.stats.drafted_tokens > 0 and got.stats.accepted_tokens == got.stats.drafted_tokens
+
+
+def test_a_draft_that_disagrees_costs_nothing_in_output_and_rolls_back_across_turns():
+    plain = LocalEngine(MODEL, device="cpu", context_length=512)
+    other = LocalEngine(MODEL, device="cpu", context_length=512, draft_model=DRAFT)
+    try:
+        prompt = random_prompts(plain, [40], seed=52)[0]
+        first = plain.generate_from(prompt, _params("off"))
+        got = other.generate_from(prompt, _params("draft", 4))
+        assert got.token_ids == first.token_ids and got.stats.drafted_tokens > 0
+        assert got.stats.accepted_tokens < got.stats.drafted_tokens  # it does disagree
+        turn2 = type(prompt)(prompt.ids + first.token_ids + random_prompts(plain, [10], seed=53)[0].ids[1:])
+        assert other.generate_from(turn2, _params("draft", 4)).token_ids == \
+            plain.generate_from(turn2, _params("off")).token_ids
+    finally:
+        plain.close()
+        other.close()
+
+
+def test_a_batch_mixing_draft_lookup_and_plain_sequences_equals_each_alone(engines):
+    plain, own = engines
+    prompts = random_prompts(plain, [25, 40, 18, 33], seed=54)
+    modes = ["draft", "ngram", "off", "draft"]
+    want = [plain.generate_from(p, _params("off")).token_ids for p in prompts]
+    sched = BatchScheduler(own.model, own.tokenizer, slots=4, priority_slots=0, context_length=512, step_rows=64)
+    sched.draft_model = own.scheduler.draft_model
+    futures = [sched.submit(p, _params(m, 3)) for p, m in zip(prompts, modes)]
+    while sched.step():
+        pass
+    assert [f.result(timeout=0).token_ids for f in futures] == want
+    assert futures[0].result().stats.drafted_tokens > 0 and futures[2].result().stats.drafted_tokens == 0
+    assert own.scheduler.draft_model.keys() == []  # every sequence's draft KV let go when it ended
+
+
+def test_a_draft_of_another_vocabulary_is_refused_naming_both_files(tmp_path):
+    from gguf import GGUFReader
+
+    from support.gguf_edit import rewrite_gguf
+
+    field = GGUFReader(MODEL).fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+    tokens[1500], tokens[1700] = tokens[1700], tokens[1500]
+    other = rewrite_gguf(MODEL, tmp_path / "other-vocab.gguf", set_kv={"tokenizer.ggml.tokens": tokens})
+    with pytest.raises(EngineError) as info:
+        LocalEngine(MODEL, device="cpu", context_length=256, draft_model=other)
+    assert str(other) in str(info.value) and str(MODEL) in str(info.value)
