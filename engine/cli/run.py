@@ -28,6 +28,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", required=True, help="GGUF file, or the model name on --server")
     p.add_argument("--mmproj", help="vision projector GGUF (default: the one beside the model that fits it)")
     p.add_argument("--image", action="append", default=[], metavar="IMG")
+    p.add_argument("--document", action="append", default=[], metavar="FILE",
+                   help="a document (PDF, Word, HTML, CSV, text, source) attached to the message, read whole "
+                        "when it fits the context and searched when not, as the window does; its scanned pages "
+                        "are read with --mmproj (repeatable)")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--prompt", help="the user's message (after --messages when both are given)")
     p.add_argument("--messages", metavar="M.json",
@@ -229,13 +233,46 @@ def conversation(args) -> tuple[list[ChatMessage], bool]:
         messages += _from_file(args.messages, lambda: parse_messages(raw, RequestLimits()))
     images = [ImagePart.from_path(p) for p in args.image]
     check_images(images, args.image)
-    if args.prompt is not None or images:
-        # images first, then the prompt: what the window sends for a message with attachments
-        messages.append(ChatMessage("user", [*images, *([args.prompt] if args.prompt is not None else [])]))
+    documents = read_documents(getattr(args, "document", []))
+    if args.prompt is not None or images or documents:
+        # images, documents, then the prompt: what the window sends for a message with attachments
+        messages.append(ChatMessage("user", [*images, *documents, *([args.prompt] if args.prompt is not None else [])]))
     if messages[-1].role == "assistant":
         raise EngineError(f"{args.messages}: the last message is the assistant's: end with a user or "
                           "tool message (the model writes the reply)")
     return messages, any(m.images for m in messages)
+
+
+def read_documents(paths: list[str]) -> list:
+    """--document files read (engine/documents) before any model loads: a file that does not
+    read is its one sentence, naming it."""
+    from ..api import DocumentPart
+    from ..documents.prompt import read_document
+
+    parts = []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise EngineError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        parts.append(read_document(DocumentPart(data, Path(path).name)))
+    return parts
+
+
+def documents_in_prompt(engine, messages: list[ChatMessage], max_tokens: int):
+    """The conversation with its documents placed by the window's rule (engine_documents_prompt:
+    whole, or the excerpts the question finds), and that DocumentPrompt; (messages, None) without."""
+    if not any(m.documents for m in messages):
+        return messages, None
+    from ..documents.prompt import engine_documents_prompt
+
+    placed = engine_documents_prompt(engine, messages, max_tokens)
+    for placement in placed.placements.values():
+        print(f"[{placement.document.name}: {'read whole' if placement.mode == 'whole' else 'searched'}, "
+              f"{placement.tokens} tokens whole]", file=sys.stderr)
+    for note in placed.notes:
+        print(f"[{note}]", file=sys.stderr)
+    return placed.messages, placed
 
 
 def tool_request(args):
@@ -298,6 +335,7 @@ def run_main(args) -> int:
     cancel = threading.Event()
     try:
         try:
+            messages, placed = documents_in_prompt(engine, messages, params.max_tokens)
             result = engine.chat(messages, params, on_piece=None if args.json else show, cancel=cancel, **extra)
             if request is not None:
                 from ..server.tools_api import read_tool_calls
@@ -333,6 +371,10 @@ def run_main(args) -> int:
         }
         if args.server:
             out.update(usage=getattr(result, "usage", None), error=error)
+        if placed is not None:
+            out["documents"] = [{"name": p.document.name, "mode": p.mode, "tokens": p.tokens}
+                                for p in placed.placements.values()]
+            out["sources"] = [{"file": s.file, "page": s.page, "heading": s.heading} for s in placed.sources]
         if getattr(result, "tool_calls", None):
             from ..server.tools_api import tool_calls_json
 
