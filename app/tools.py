@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from ..engine.api import ChatMessage, GenerationResult, ReasoningPiece, ToolSpec
+from ..engine.api import ChatMessage, GenerationResult, ReasoningPiece, ThinkPart, ToolSpec
+from .reasoning import Thought
 
 if TYPE_CHECKING:  # imported when first used: asyncio and the SDK stay out of the window's start
     from ..engine.mcp_tools import McpServerConfig, McpTools
@@ -95,6 +96,32 @@ def allow_always(store, chat_id: int, tool_name: str) -> None:
     settings = dict(store.get_chat_info(chat_id).settings)
     settings["tools_always"] = sorted(always_allowed(store, chat_id) | {tool_name})
     store.update_chat(chat_id, settings=settings)
+
+
+TOOLS_REQUIRED_KEY = "tools_required"  # a chat's setting: its reply must call a tool first (a server's tool_choice)
+
+
+def chat_tools_required(store, chat_id: int | None) -> bool:
+    if chat_id is None:
+        return False
+    return store.get_chat_info(chat_id).settings.get(TOOLS_REQUIRED_KEY) is True
+
+
+def set_chat_tools_required(store, chat_id: int, on: bool) -> None:
+    store.update_chat_settings(chat_id, **{TOOLS_REQUIRED_KEY: True if on else None})
+
+
+def timed_pieces(on_piece: Callable[[str], None], thought: Thought) -> Callable[[str], None]:
+    """`on_piece` that also times the round's thought (its first piece to the first answer piece)."""
+
+    def piece(text: str) -> None:
+        if isinstance(text, ReasoningPiece):
+            thought.add(text, time.monotonic())
+        else:
+            thought.answered(time.monotonic())
+        on_piece(text)
+
+    return piece
 
 
 def uses_tools(engine) -> bool:
@@ -346,15 +373,21 @@ class ToolBroker(QObject):
         while True:
             capped = rounds >= self.max_steps
             offered = None if capped else specs
+            thought = Thought()  # this round's, timed here: a round of calls is saved here
+            timed = timed_pieces(on_piece, thought)
+            # a chat that forces a tool: its first round must call one (later rounds choose,
+            # else only the step limit would end the loop)
+            choice = "required" if offered and rounds == 0 and chat_tools_required(self.store, chat_id) else "auto"
             if local:
-                request = ToolRequest(tools=offered or [])
+                request = ToolRequest(tools=offered or [], choice=choice)
                 result = engine.chat(messages, engine_params(engine.tokenizer, request, params),
-                                     on_piece=text_before_calls(on_piece), cancel=cancel,
+                                     on_piece=text_before_calls(timed), cancel=cancel,
                                      session_key=session_key, tools=offered, on_prompt_progress=on_prompt_progress)
                 result = read_tool_calls(engine.tokenizer, request, result)
             else:
-                result = engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session_key,
-                                     tools=offered, on_prompt_progress=on_prompt_progress)
+                result = engine.chat(messages, params, on_piece=timed, cancel=cancel, session_key=session_key,
+                                     tools=offered, on_prompt_progress=on_prompt_progress,
+                                     **({"tool_choice": choice} if choice != "auto" else {}))
                 if capped:  # asked without tools, a server's model has none to call
                     result.tool_calls = []
             if not result.tool_calls or cancel.is_set():
@@ -362,10 +395,16 @@ class ToolBroker(QObject):
                 return result, reply_id
             rounds += 1
             calls = list(result.tool_calls)
-            self.store.finish_reply(reply_id, result.text, result.stats, finish_reason="tool_calls")
+            # the round's thought is kept with its calls, and sent back before them in the next
+            # round's prompt (a [THINK] chunk where the model's format has one)
+            reasoning = result.reasoning or thought.text
+            thought.ended(time.monotonic(), cut=False)  # it reached its calls: it was not cut off
+            self.store.finish_reply(reply_id, result.text, result.stats, finish_reason="tool_calls",
+                                    reasoning=reasoning, reasoning_s=thought.seconds if reasoning else None)
             self.store.set_tool(reply_id, {"calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
                                                      for c in calls]})
-            messages.append(ChatMessage("assistant", [result.text] if result.text else [], tool_calls=calls))
+            parts = ([ThinkPart(reasoning)] if reasoning else []) + ([result.text] if result.text else [])
+            messages.append(ChatMessage("assistant", parts, tool_calls=calls))
             stopped = False
             for i, call in enumerate(calls):
                 note = cap_note(self.max_steps) if rounds >= self.max_steps and i == len(calls) - 1 else ""

@@ -158,13 +158,23 @@ def tools_payload(tools: list[ToolSpec]) -> list[dict]:
             for t in tools]
 
 
+TOOL_CHOICES = ("auto", "required", "none")
+
+
 def chat_payload(model: str, messages: list[ChatMessage], params: SamplingParams,
-                 include_usage: bool = True, tools: list[ToolSpec] | None = None) -> dict:
+                 include_usage: bool = True, tools: list[ToolSpec] | None = None,
+                 tool_choice: str | None = None) -> dict:
+    """`tool_choice`: OpenAI's "required" (the reply must call a tool) or "none"; None or
+    "auto": the field is left out, the server chooses (OpenAI's default when tools are given)."""
+    if tool_choice is not None and tool_choice not in TOOL_CHOICES:
+        raise RemoteError(f"tool_choice {tool_choice!r}: expected one of {', '.join(TOOL_CHOICES)}", "config")
     body = {"model": model, "messages": [message_payload(m) for m in messages], "stream": True}
     if include_usage:
         body["stream_options"] = {"include_usage": True}
-    if tools:  # the server chooses (tool_choice "auto", OpenAI's default when tools are given)
+    if tools:
         body["tools"] = tools_payload(tools)
+        if tool_choice not in (None, "auto"):
+            body["tool_choice"] = tool_choice
     body.update(sampling_payload(params))
     return body
 
@@ -435,11 +445,11 @@ class RemoteEngine:
     def chat(self, messages: list[ChatMessage], params: SamplingParams,
              on_piece: PieceCallback | None = None, cancel: threading.Event | None = None,
              session_key: str | None = None, tools: list[ToolSpec] | None = None,
-             on_prompt_progress=None) -> RemoteGenerationResult:
+             on_prompt_progress=None, tool_choice: str | None = None) -> RemoteGenerationResult:
         # on_prompt_progress: never called (an OpenAI-compatible server does not report its prompt reading)
         if not messages:
             raise RemoteError("nothing to send: the chat has no messages", "config")
-        payload = chat_payload(self.model, messages, params, self._include_usage, tools)
+        payload = chat_payload(self.model, messages, params, self._include_usage, tools, tool_choice)
         try:
             return self._stream(payload, on_piece, cancel)
         except RemoteError as exc:

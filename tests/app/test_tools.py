@@ -216,6 +216,7 @@ def test_a_server_chat_runs_the_tool_loop_with_its_cards(store, broker, qtbot, m
     (called,) = stored[1].tool["calls"]
     assert called["name"] == "add" and json.loads(called["arguments"]) == {"a": 2, "b": 40}
     assert stored[1].finish_reason == "tool_calls"
+    assert stored[1].reasoning == "Add them." and stored[1].reasoning_s is not None  # the round's thought kept
     assert stored[2].text == "42" and stored[2].tool["call_id"] == called["id"]
     assert (stored[2].tool["status"], stored[2].tool["decision"], stored[2].tool["server"]) == ("done", "once", "ours")
     # the server was given the tool, the call and its result: its prompt is the model's own encoding
@@ -223,3 +224,80 @@ def test_a_server_chat_runs_the_tool_loop_with_its_cards(store, broker, qtbot, m
     sent = messages + [ChatMessage("assistant", [], tool_calls=[ToolCall(called["id"], "add", called["arguments"])]),
                        ChatMessage("tool", ["42"], tool_call_id=called["id"])]
     assert result.stats.prompt_tokens == len(served.engine.encode(sent, spec).ids)
+
+
+# --------------------------------------------------------------------------- a round's thought
+# Issue 36, item 2: a round that ends in tool calls keeps its thought with the calls (the store's
+# reasoning, timed), and the next round's prompt carries it before them as a [THINK] chunk, as
+# the model's v13 format (mistral-common) encodes an earlier assistant turn's thought.
+
+def test_a_tool_rounds_thought_is_stored_and_sent_back_before_its_calls(store, broker, qtbot, monkeypatch):
+    import json
+    import threading
+
+    from tramontane.app.tools import ALLOW_ONCE
+    from tramontane.engine.api import ChatMessage, SamplingParams, ThinkPart, ToolCall, ToolSpec
+    from tramontane.engine.runtime.local import LocalEngine
+
+    from support.scripted import script_logits
+    from support.served import MODEL, ScriptedReplies
+    from support.thinking import thinking_tokenizer
+
+    broker.apply_servers([McpServerConfig("ours", command=OURS, timeout_s=20,
+                                          disabled_tools=("crash", "fail", "hang"))])
+    with qtbot.waitSignal(broker.toolServersChanged, timeout=60000):
+        broker.start_listing()
+    chat = store.create_chat("c")
+    set_chat_tools(store, chat, True)
+    store.add_message(chat, "user", "What is 2 + 40?")
+    messages = [ChatMessage.text("user", "What is 2 + 40?")]
+    engine = LocalEngine(MODEL, None, device="cpu", context_length=2048)
+    try:
+        engine.tokenizer = thinking_tokenizer(MODEL)
+        script_logits(monkeypatch, ScriptedReplies(engine.tokenizer,
+                                                   ("[THINK]", "Add them.", "[/THINK]", "[TOOL_CALLS]", "add",
+                                                    "[ARGS]", json.dumps({"a": 2, "b": 40})),
+                                                   ("The sum is 42.",)))
+        reply_id = store.begin_reply(chat)
+        out = {}
+
+        def run():
+            try:
+                out["result"] = broker.run_chat(engine, chat, messages, SamplingParams(max_tokens=80, temperature=0.0),
+                                                on_piece=lambda _p: None, cancel=threading.Event(), session_key="k",
+                                                reply_id=reply_id, new_reply=lambda _id: None)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                out["error"] = exc
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        try:
+            def waiting_card():
+                cards = [m for m in store.get_chat(chat).messages if m.role == "tool"]
+                return cards[0].id if cards and broker.waiting(cards[0].id) else None
+
+            qtbot.waitUntil(lambda: waiting_card() is not None or not worker.is_alive(), timeout=120000)
+            assert waiting_card() is not None, out
+            assert broker.answer(waiting_card(), ALLOW_ONCE)
+        finally:
+            worker.join(120)
+        assert "error" not in out, out.get("error")
+        result, _final = out["result"]
+        assert result.text == "The sum is 42."
+        stored = store.get_chat(chat).messages
+        assert stored[1].finish_reason == "tool_calls" and stored[1].text == ""
+        assert stored[1].reasoning == "Add them." and not stored[1].reasoning_open
+        assert stored[1].reasoning_s is not None
+        (called,) = stored[1].tool["calls"]
+        spec = [ToolSpec(t.name, t.description, t.parameters) for t in broker.offered_tools()]
+        sent = messages + [ChatMessage("assistant", [ThinkPart("Add them.")],
+                                       tool_calls=[ToolCall(called["id"], "add", called["arguments"])]),
+                           ChatMessage("tool", ["42"], tool_call_id=called["id"])]
+        assert result.prompt_token_ids == engine.encode(sent, spec).ids
+        think, end_think = engine.tokenizer.think_ids
+        assert engine.tokenizer.decode(result.prompt_token_ids).count("Add them.") == 1
+        assert think in result.prompt_token_ids and end_think in result.prompt_token_ids
+        # the store gives the same thought back for a later reply of the chat
+        assert store.engine_messages(chat)[1].parts == [ThinkPart("Add them.")]
+    finally:
+        engine.close()

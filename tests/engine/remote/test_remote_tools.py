@@ -97,3 +97,16 @@ def test_a_stopped_reply_never_returns_its_half_written_calls(served, script):
     result = remote(served).chat([ChatMessage.text("user", "add")], GREEDY, on_piece=on_piece, cancel=cancel,
                                  tools=[ADD])
     assert result.finish_reason == "cancelled" and result.tool_calls == []
+
+
+def test_tool_choice_goes_out_only_with_tools_and_only_when_not_auto():
+    from tramontane.engine.remote.client import chat_payload
+
+    user = [ChatMessage.text("user", "What is 2 + 40?")]
+    assert chat_payload("m", user, GREEDY, tools=[ADD], tool_choice="required")["tool_choice"] == "required"
+    assert chat_payload("m", user, GREEDY, tools=[ADD], tool_choice="none")["tool_choice"] == "none"
+    assert "tool_choice" not in chat_payload("m", user, GREEDY, tools=[ADD], tool_choice="auto")
+    assert "tool_choice" not in chat_payload("m", user, GREEDY, tools=[ADD])
+    assert "tool_choice" not in chat_payload("m", user, GREEDY, tool_choice="required")  # no tools to choose from
+    with pytest.raises(RemoteError, match="tool_choice 'always'"):
+        chat_payload("m", user, GREEDY, tools=[ADD], tool_choice="always")
