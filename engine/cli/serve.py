@@ -1,6 +1,8 @@
 """`tramontane-cli serve`: the model behind an OpenAI-compatible server until Ctrl-C."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import sys
 import threading
 
@@ -87,9 +89,13 @@ def serve_main(args, stop: threading.Event | None = None) -> int:
     if any(not a for a in aliases):
         raise EngineError("--alias needs a name, got an empty one")
     check_context_length(args, 1)
+    if args.spec == "draft" and not args.draft_model:
+        raise EngineError("--spec draft needs --draft-model FILE (a smaller model of the same vocabulary)")
+    if args.draft_model and not Path(args.draft_model).is_file():
+        raise EngineError(f"{args.draft_model}: no such draft model file")
     engine = LocalEngine(args.model, projector_for(args, needed=False), device=args.device,
                          context_length=args.context_length, device_map=args.device_map,
-                         kv_disk_dir=args.kv_disk, kv_type=args.kv_type)
+                         kv_disk_dir=args.kv_disk, kv_type=args.kv_type, draft_model=args.draft_model)
     note_capped_context(args, engine)
     executor = BatchExecutor(engine, slots=args.parallel, priority_slots=0)  # no window here to keep a slot for
     limits = RequestLimits(max_body_bytes=args.max_body_mb << 20, max_image_bytes=args.max_image_mb << 20,

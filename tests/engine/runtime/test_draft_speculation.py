@@ -85,3 +85,19 @@ def test_a_draft_of_another_vocabulary_is_refused_naming_both_files(tmp_path):
     with pytest.raises(EngineError) as info:
         LocalEngine(MODEL, device="cpu", context_length=256, draft_model=other)
     assert str(other) in str(info.value) and str(MODEL) in str(info.value)
+
+
+def test_serve_and_run_say_a_draft_needs_its_file(tmp_path):
+    import argparse
+
+    from tramontane.engine.cli import run, serve
+
+    for module, argv in ((run, ["run", "--model", str(MODEL), "--prompt", "hi"]), (serve, ["serve", "--model", str(MODEL)])):
+        parser = argparse.ArgumentParser()
+        module.add_parsers(parser.add_subparsers())
+        args = parser.parse_args(argv + ["--spec", "draft"])
+        with pytest.raises(EngineError, match="--spec draft needs --draft-model FILE"):
+            args.func(args)
+        args = parser.parse_args(argv + ["--spec", "draft", "--draft-model", str(tmp_path / "none.gguf")])
+        with pytest.raises(EngineError, match="none.gguf: no such draft model file"):
+            args.func(args)
