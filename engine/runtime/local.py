@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from .. import host
 from ..api import ChatMessage, EngineError, GenerationResult, SamplingParams
 from ..mistral3.chat_format import EncodedPrompt, encode_chat
 from .batch import BatchScheduler
@@ -92,6 +93,9 @@ class LocalEngine:
             # on the CPU the pool is host memory, committed as blocks are written: the host budget
             # is more blocks of it (chats kept in the pool), not copies beside it
             per_token = self.model.kv_bytes_per_token(dtype=cpu_kv_dtype(kv_type))
+            free = host.available_ram()  # never more than half of what is free beside the context's own KV
+            if free:
+                host_budget = min(host_budget, max(0, free - context * per_token) // 2)
             positions, host_budget = context + host_budget // max(1, per_token), 0
         # the KV the plan counted: every sequence's blocks (decode graphs captured now)
         self.pool = new_pool(self.model, positions, kv_type=kv_type, context_length=context)
