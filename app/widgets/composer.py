@@ -237,15 +237,46 @@ def read_document(part: DocumentPart) -> DocumentPart:
     return engine_read(part)
 
 
-def document_words(part: DocumentPart) -> str:
-    """'report.pdf · 12 pages', 'notes.md' (pages only where the file has them)."""
+def document_tokens(part: DocumentPart, count_text) -> int | None:
+    """The tokens a read document takes whole (its prompt block, engine/documents/block.py),
+    by `count_text` (text -> tokens, the engine's); None without one. Run on the job pool."""
+    if count_text is None or part.document is None:
+        return None
+    from ...engine.documents.block import document_block
+
+    return count_text(document_block(part.document))
+
+
+def document_modes(parts: list[DocumentPart], tokens: list[int | None], room: int | None) -> list[str | None]:
+    """Whole or retrieved, by the engine's rule (retrieval.place_documents) for the room the
+    context has left; None where it is not known (no room, or a document not counted yet)."""
+    if room is None or not parts or any(t is None or p.document is None for p, t in zip(parts, tokens)):
+        return [None] * len(parts)
+    from ...engine.documents.block import document_block
+    from ...engine.documents.retrieval import Budget, place_documents
+
+    counted = {document_block(p.document): t for p, t in zip(parts, tokens)}  # counted once, off the UI thread
+    return [pl.mode for pl in place_documents([p.document for p in parts], counted.__getitem__, Budget(room, 0, 0))]
+
+
+def document_words(part: DocumentPart, tokens: int | None = None, mode: str | None = None) -> str:
+    """'report.pdf · 12 pages · 8,120 tokens', 'notes.md · retrieval (5 excerpts)' (pages only
+    where the file has them, the tokens a whole document takes, or how many excerpts a question
+    brings in when it is too long for the context)."""
+    from ...engine.documents.prompt import EXCERPTS
+
     document = part.document
     if document is None:
         return f"{part.name} · reading…"
+    words = [part.name]
     if document.paged:
         pages = document.total_pages or len(document.pages)
-        return f"{part.name} · {pages} page{'s' * (pages != 1)}"
-    return part.name
+        words.append(f"{pages} page{'s' * (pages != 1)}")
+    if mode == "retrieved":
+        words.append(f"retrieval ({EXCERPTS} excerpts)")
+    elif tokens is not None:
+        words.append(f"{tokens:,} tokens")
+    return " · ".join(words)
 
 
 class DocumentChip(QFrame):
@@ -256,6 +287,8 @@ class DocumentChip(QFrame):
     def __init__(self, part: DocumentPart, parent: QWidget | None = None):
         super().__init__(parent)
         self.part = part
+        self.tokens: int | None = None  # what it takes whole (set_part)
+        self.mode: str | None = None  # "whole" / "retrieved" for the room left (set_mode)
         self.setObjectName("attachment")
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.label = QLabel()
@@ -274,10 +307,19 @@ class DocumentChip(QFrame):
         layout.addWidget(self.remove_button, 0, Qt.AlignmentFlag.AlignTop)
         self.set_part(part)
 
-    def set_part(self, part: DocumentPart) -> None:
-        """The part once read (its `document` set): the chip says its pages."""
+    def set_part(self, part: DocumentPart, tokens: int | None = None) -> None:
+        """The part once read (its `document` set) and its tokens whole: the chip says its pages."""
         self.part = part
-        self.label.setText(document_words(part))
+        self.tokens = tokens
+        self._show()
+
+    def set_mode(self, mode: str | None) -> None:
+        self.mode = mode
+        self._show()
+
+    def _show(self) -> None:
+        part = self.part
+        self.label.setText(document_words(part, self.tokens, self.mode))
         notes = getattr(part.document, "notes", ()) or ()
         self.label.setToolTip("\n".join([part.name, *notes]))
 
@@ -308,6 +350,7 @@ class Composer(QFrame):
         self.send_when_checked = False
         self.image_geometry: tuple[int, int, int] | None = None  # the loaded tower's (set_image_geometry)
         self.context_room: int | None = None  # tokens the open chat leaves in the context
+        self.count_text = None  # text -> tokens, the engine's (set_token_counter): documents' cost
 
         self.edit = PromptEdit()
         self.edit.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
@@ -420,14 +463,32 @@ class Composer(QFrame):
             self.context_room = tokens
             self._show_images_cost()
 
+    def set_token_counter(self, count_text) -> None:
+        """The engine's text -> tokens (engine/documents/prompt.token_counter over its
+        count_tokens; None: none loaded), run on the job pool when a document is read."""
+        self.count_text = count_text
+
     def _show_images_cost(self) -> None:
+        """What the images and the whole documents take together, and what the context has
+        left (one rule for both: the total against the room)."""
         costs = [c.tokens for c in self.chips if c.tokens is not None]
-        self.images_cost.setVisible(bool(costs))
-        if not costs:
-            return
-        total = sum(costs)
-        words = f"{len(costs)} image{'s' * (len(costs) != 1)}: {total:,} tokens"
         room = self.context_room
+        image_room = None if room is None else room - sum(costs)  # the documents get what the images leave
+        modes = document_modes([c.part for c in self.document_chips], [c.tokens for c in self.document_chips],
+                               image_room)
+        for chip, mode in zip(self.document_chips, modes):
+            chip.set_mode(mode)
+        whole = [c.tokens for c, mode in zip(self.document_chips, modes) if c.tokens is not None and mode != "retrieved"]
+        self.images_cost.setVisible(bool(costs or whole))
+        if not costs and not whole:
+            return
+        total = sum(costs) + sum(whole)
+        parts = []
+        if costs:
+            parts.append(f"{len(costs)} image{'s' * (len(costs) != 1)}: {sum(costs):,} tokens")
+        if whole:
+            parts.append(f"{len(whole)} document{'s' * (len(whole) != 1)}: {sum(whole):,} tokens")
+        words = "; ".join(parts)
         if room is not None:
             words += (f" of the {room:,} the context has left" if total <= room else
                       f", more than the {room:,} the context has left")
@@ -515,21 +576,28 @@ class Composer(QFrame):
             return False
         chip = DocumentChip(part)
         chip.removed.connect(self.remove_document_chip)
+        count_text = self.count_text
         self.chip_row.insertWidget(len(self.chips) + len(self.document_chips), chip)
         self.document_chips.append(chip)
         self.documents.append(part)
         self.chip_box.show()
         key = part.sha256
         self.checking.add(key)
-        self.jobs.run(lambda: read_document(part), lambda read: self._document_read(key, read, None),
+
+        def read_and_count() -> tuple[DocumentPart, int | None]:
+            read = read_document(part)
+            return read, document_tokens(read, count_text)
+
+        self.jobs.run(read_and_count, lambda done: self._document_read(key, done, None),
                       lambda error: self._document_read(key, None, error))
         return True
 
-    def _document_read(self, key: str, read: DocumentPart | None, error: str | None) -> None:
+    def _document_read(self, key: str, done: tuple[DocumentPart, int | None] | None, error: str | None) -> None:
         for index, chip in enumerate(self.document_chips):
-            if chip.part.sha256 == key and read is not None:
-                chip.set_part(read)
-                self.documents[index] = read
+            if chip.part.sha256 == key and done is not None:
+                chip.set_part(*done)
+                self.documents[index] = done[0]
+        self._show_images_cost()
         if error is not None:
             for chip in [c for c in self.document_chips if c.part.sha256 == key]:
                 self.remove_document_chip(chip)
@@ -543,6 +611,7 @@ class Composer(QFrame):
         self.chip_row.removeWidget(chip)
         chip.deleteLater()
         self.chip_box.setVisible(bool(self.chips or self.document_chips))
+        self._show_images_cost()
 
     def add_files(self, paths: list[str]) -> int:
         """Attach image and document files; returns how many were accepted. Errors are shown, joined."""
