@@ -172,6 +172,35 @@ class _Sequence:
         return self.read < self.embeds.shape[0]
 
 
+@dataclass
+class _StepPlan:
+    """One step's rows: the input parts (the decode rows' ids first, then prompt chunks), one
+    group per sequence, the rows whose logits are wanted, and who is sampled from which row."""
+
+    parts: list = field(default_factory=list)
+    groups: list = field(default_factory=list)
+    logit_rows: list[int] = field(default_factory=list)
+    sampled: list = field(default_factory=list)  # (sequence, its first logits row, drafts)
+    stepped: list = field(default_factory=list)  # in row order, blocks reserved for each
+    decoded: list = field(default_factory=list)  # the decoding ones among them
+    read_now: list = field(default_factory=list)  # those reading their prompt
+    scored: list = field(default_factory=list)  # (sequence, its first row, rows) of prompts scored
+    row: int = 0
+
+    def add(self, s: "_Sequence", n: int, drafts: list[int] | None) -> None:
+        """n rows of `s` at the end of the step; drafts None: prompt rows (sampled from the last
+        one when they end its prompt), else a decode row and its drafts (each row's logits)."""
+        self.groups.append((s.cache, s.cache.length, n))
+        if drafts is not None:
+            self.sampled.append((s, len(self.logit_rows), drafts))
+            self.logit_rows.extend(range(self.row, self.row + n))
+        self.row += n
+        self.stepped.append(s)
+        if drafts is None and not s.reading:
+            self.sampled.append((s, len(self.logit_rows), []))
+            self.logit_rows.append(self.row - 1)
+
+
 class BatchScheduler:
     """Runs many generations on one model at once (see the module's docstring).
 
@@ -397,71 +426,74 @@ class BatchScheduler:
             # The window's prompt is read alone (the streams wait these few steps): its first
             # token comes as fast as on an idle engine.
             decoding = [s for s in decoding if s.req.priority]
-        parts, groups, logit_rows, sampled = [], [], [], []
-        row = 0
-        stepped: list[_Sequence] = []  # in this step, in row order (blocks reserved for each)
-        ids = []  # the decode rows' tokens, embedded in _forward
-        proposed = self._model_drafts(decoding)  # the draft model's, for all its sequences in one call
-        for s in decoding:
-            if s.req.resume is s:  # preempted for the blocks of one before it
-                continue
-            # speculation: extra rows after its last token, verified below
-            drafts = proposed[s] if s in proposed else self._drafts(s)
-            n = 1 + len(drafts)
-            if not self._make_room(s, n, stepped):
-                continue
-            ids += [s.pending, *drafts]
-            groups.append((s.cache, s.cache.length, n))
-            sampled.append((s, len(logit_rows), drafts))
-            logit_rows.extend(range(row, row + n))
-            row += n
-            stepped.append(s)
-        decoded = list(stepped)
-        if ids:
-            parts.append(ids)
-        read_now, scored = [], []  # scored: (sequence, its first row, rows) of prompts being scored
-        # driven by its one caller (no loop thread), nobody else can join or wait: a whole chunk
-        for s, n in zip(reading, self._prompt_shares(reading, self._thread is None) if reading else ()):
-            if n == 0 or s.req.resume is s or not self._make_room(s, n, stepped):
-                continue
-            parts.append(s.embeds[s.read:s.read + n])
-            groups.append((s.cache, s.cache.length, n))
-            if s.prompt_logprobs is not None:
-                scored.append((s, row, n))
-            s.read += n
-            row += n
-            stepped.append(s)
-            read_now.append(s)
-            if not s.reading:
-                sampled.append((s, len(logit_rows), []))
-                logit_rows.append(row - 1)
-        if not groups:  # every sequence was preempted for another's blocks
+        plan = _StepPlan()
+        self._plan_decode(plan, decoding)
+        self._plan_prompts(plan, reading)
+        if not plan.groups:  # every sequence was preempted for another's blocks
             return True
-        n_sampled = len(logit_rows)
-        for _, first, n in scored:  # every row of a scored prompt: its logits score the next token
-            logit_rows.extend(range(first, first + n))
+        n_sampled = len(plan.logit_rows)
+        for _, first, n in plan.scored:  # every row of a scored prompt: its logits score the next token
+            plan.logit_rows.extend(range(first, first + n))
         try:
-            logits = self._forward(parts, groups, logit_rows)
-            self._score(scored, logits[n_sampled:])
+            logits = self._forward(plan.parts, plan.groups, plan.logit_rows)
+            self._score(plan.scored, logits[n_sampled:])
         except BaseException as exc:  # noqa: BLE001 - every sequence of the step hears it
-            for s in stepped:
+            for s in plan.stepped:
                 self._fail(s, exc)
             if not isinstance(exc, Exception):
                 raise
             return True
         self.steps += 1
-        for s in decoded:
+        self._after_step(plan, logits)
+        return True
+
+    def _plan_decode(self, plan: "_StepPlan", decoding: list[_Sequence]) -> None:
+        """The step's decode rows: each decoding sequence's pending token and its drafts (the
+        draft model's for all its sequences in one call, or prompt lookup's), blocks reserved."""
+        ids = []  # the decode rows' tokens, embedded in _forward
+        proposed = self._model_drafts(decoding)
+        for s in decoding:
+            if s.req.resume is s:  # preempted for the blocks of one before it
+                continue
+            # speculation: extra rows after its last token, verified after the pass
+            drafts = proposed[s] if s in proposed else self._drafts(s)
+            n = 1 + len(drafts)
+            if not self._make_room(s, n, plan.stepped):
+                continue
+            ids += [s.pending, *drafts]
+            plan.add(s, n, drafts)
+        plan.decoded = list(plan.stepped)
+        if ids:
+            plan.parts.append(ids)
+
+    def _plan_prompts(self, plan: "_StepPlan", reading: list[_Sequence]) -> None:
+        """The step's prompt rows: each reading sequence's share (a whole chunk while its one
+        caller drives the steps: nobody else can join or wait), blocks reserved; a prompt read
+        to its end is sampled after the pass."""
+        for s, n in zip(reading, self._prompt_shares(reading, self._thread is None) if reading else ()):
+            if n == 0 or s.req.resume is s or not self._make_room(s, n, plan.stepped):
+                continue
+            plan.parts.append(s.embeds[s.read:s.read + n])
+            if s.prompt_logprobs is not None:
+                plan.scored.append((s, plan.row, n))
+            s.read += n
+            plan.add(s, n, None)
+            plan.read_now.append(s)
+
+    def _after_step(self, plan: "_StepPlan", logits: torch.Tensor) -> None:
+        """After the pass: the fed tokens are in the KV, the prompt blocks read so far are named,
+        progress is told, and every sampled row draws its token (first tokens first: a draw with
+        temperature costs 3-15 ms of CPU on a 131072-token vocabulary, so a new request's first
+        token must not wait for every stream's draw of this step)."""
+        for s in plan.decoded:
             s.cached.append(s.pending)
             s.pending = None
-        for s in stepped:
+        for s in plan.stepped:
             if s.n_sampled == 0:  # the blocks of the prompt read so far: later arrivals share them
                 s.cache.publish(s.hashes)
-        for s in read_now:
+        for s in plan.read_now:
             self._report_reading(s)
-        # First tokens first: a draw with temperature costs 3-15 ms of CPU on a 131072-token
-        # vocabulary (softmax, top-p's sort), so a new request's first token must not wait for
-        # every stream's draw of this step.
-        for s, at, drafts in sorted(sampled, key=lambda entry: entry[0].n_sampled > 0):
+        for s, at, drafts in sorted(plan.sampled, key=lambda entry: entry[0].n_sampled > 0):
             if s.n_sampled == 0 and s.req.followers:
                 self._start_followers(s, logits[at])
             try:
@@ -471,7 +503,6 @@ class BatchScheduler:
                     self._sample_next(s, logits[at])
             except BaseException as exc:  # noqa: BLE001 - a callback or NaN fails its own sequence
                 self._fail(s, exc)
-        return True
 
     # -- speculation -------------------------------------------------------------------------------
     def _drafts(self, s: _Sequence) -> list[int]:
