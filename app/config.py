@@ -31,8 +31,10 @@ SAMPLING_RANGES: dict[str, tuple[type, float, float]] = {
     "temperature": (float, 0.0, 5.0), "top_p": (float, TOP_P_MIN, 1.0), "top_k": (int, 0, 100000),
     "repetition_penalty": (float, 0.5, 5.0), "max_tokens": (int, 1, 1 << 20),
 }
-# Speculative decoding, as Settings offers it (SamplingParams.speculation): off, or prompt lookup
-SPECULATION_CHOICES = {"off": "Off", "ngram": "Prompt lookup (drafts from the chat's own text)"}
+# Speculative decoding, as Settings offers it (SamplingParams.speculation): off, prompt lookup, or a
+# draft model (AppSettings.draft_model, loaded with the model)
+SPECULATION_CHOICES = {"off": "Off", "ngram": "Prompt lookup (drafts from the chat's own text)",
+                       "draft": "Draft model (a smaller model of the same vocabulary)"}
 # The knobs a chat may set for itself (Chat ▸ Chat settings); the others stay the app's.
 CHAT_SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "seed")
 
@@ -185,6 +187,21 @@ class AppSettings:
     @context_length.setter
     def context_length(self, n: int) -> None:
         self._set("context_length", int(n))
+
+    @property
+    def draft_model(self) -> str:
+        """The file Settings chose as the draft model ('' none); used while speculation is 'draft'."""
+        return self._str("draft_model")
+
+    @draft_model.setter
+    def draft_model(self, path: str) -> None:
+        self._set("draft_model", str(path or ""))
+
+    @property
+    def draft_to_load(self) -> str:
+        """The draft file a model load takes: the chosen one while Settings' speculation is the
+        draft model, else '' (no draft's weights and KV held for nothing)."""
+        return self.draft_model if self.sampling.speculation == "draft" else ""
 
     @property
     def device(self) -> str:

@@ -50,6 +50,11 @@ class ModelLoading(QObject):
         self.projector_picker = None  # Model ▸ Projector…'s dialog while it is open
         self.model_offer = None  # "open it as the model?" for a dropped .gguf, while it asks
         self.before_load: tuple[str, str] | None = None  # (model, projector) loaded when the load began
+        # The draft model (Settings ▸ Speculative decoding) the latest load asked for ('' none),
+        # and what the worker said of it: (model, the draft loaded or '', why not or '').
+        self.draft_asked = ""
+        self.draft_outcome = ("", "", "")
+        self.worker.draftOutcome.connect(self.on_draft_outcome)
         self.worker.loadProgress.connect(self.on_load_progress)
         self.worker.loaded.connect(self.on_loaded)
         self.worker.loadFailed.connect(self.on_load_failed)
@@ -140,8 +145,9 @@ class ModelLoading(QObject):
             combo.blockSignals(False)
         w.model_bar.show_loading(Path(model_path).name)
         w.conversation.update_model_state()
+        self.draft_asked, self.draft_outcome = self.settings.draft_to_load, ("", "", "")
         self.worker.load(model_path, mmproj_path or None, self.settings.device,
-                         self.settings.context_length or None, self.settings.gpu_layers)
+                         self.settings.context_length or None, self.settings.gpu_layers, self.draft_asked)
 
     def open_model_file(self) -> None:
         start = self.settings.last_folder("models") or self.settings.models_dir or str(Path.home())
@@ -247,6 +253,26 @@ class ModelLoading(QObject):
         if info is not None and not info.remote:
             self.load_model(info.model_path, info.mmproj_path)
 
+    def apply_draft_setting(self) -> bool:
+        """Settings changed the draft model (or turned it on or off): the loaded local model
+        loads again with it, as LM Studio does. False when nothing needed to reload."""
+        info = self.session.engine_info
+        if info is None or info.remote or self.settings.draft_to_load == self.draft_asked:
+            return False
+        self.reload_model()
+        return True
+
+    @Slot(str, str, str)
+    def on_draft_outcome(self, model_path: str, draft: str, why_not: str) -> None:
+        self.draft_outcome = (model_path, draft, why_not)
+
+    @property
+    def draft_in_use(self) -> str:
+        """The draft model the loaded model drafts with ('' none)."""
+        info = self.session.engine_info
+        model, draft, _why = self.draft_outcome
+        return draft if info is not None and not info.remote and model == info.model_path else ""
+
     @Slot(float, str)
     def on_load_progress(self, frac: float, what: str) -> None:
         if self.session.loading:
@@ -268,6 +294,9 @@ class ModelLoading(QObject):
         if note and noted_model == info.model_path and not info.mmproj_path:
             w.model_bar.show_projector_note(note)
             w.statusBar().showMessage(note, 30000)
+        drafted_model, _draft, why_not = self.draft_outcome
+        if why_not and drafted_model == info.model_path and not info.remote:
+            w.statusBar().showMessage(why_not, 30000)  # the model runs, without the draft: said once
         w.conversation.update_context_meter()
         # What was said about the missing model (no model, no projector, a failed load) is no
         # longer true: in the composer and in every chat.

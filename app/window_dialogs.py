@@ -70,13 +70,17 @@ class WindowDialogs(QObject):
 
     def open_settings(self) -> None:
         w, appearance = self.window, self.window.appearance
-        dialog = SettingsDialog(self.settings, w, servers_dialog=self.open_servers, theme=appearance.theme)
+        local = self._local_info()
+        dialog = SettingsDialog(self.settings, w, servers_dialog=self.open_servers, theme=appearance.theme,
+                                loaded_model=local.model_path if local else None)
         if dialog.exec():
             w.api_server.apply(self.settings.serve, self.settings.serve_port, self.settings.serve_apis,
                                self.settings.serve_ollama_port)
             apply_threads(self.settings.cpu_threads)
             if dialog.theme_choice and dialog.theme_choice != appearance.theme:
                 appearance.set_theme(dialog.theme_choice)
+            if dialog.draft_changed and w.model_loading.apply_draft_setting():
+                return  # the model loads again now, with every setting a load takes
             if dialog.reload_needed and self._local_info() is not None:
                 w.reload_button.show()  # context, device, GPU layers: at the next load
 

@@ -264,6 +264,9 @@ class EngineWorker(QObject):
     loaded = Signal(object)  # EngineInfo
     loadFailed = Signal(str)  # readable message
     loadCancelled = Signal(str)  # the model whose load was cancelled (cancel_load); nothing is loaded
+    # before `loaded`, for a load asked with a draft model: (model, the draft loaded or '', why it
+    # was not: one sentence naming the file, or '')
+    draftOutcome = Signal(str, str, str)
     unloaded = Signal()
     started = Signal(int, int, int)  # request id, chat id, reply message id (after prepare)
     piece = Signal(int, str)  # request id, a piece of reply text (the answer)
@@ -276,7 +279,7 @@ class EngineWorker(QObject):
     documentsPlaced = Signal(int, object)  # request id, engine/documents' DocumentPrompt (modes, sources, notes)
 
     # -- requests, queued into the worker thread ---------------------------------------------
-    _loadRequested = Signal(str, str, str, int, int, object)  # model, mmproj ('' none), device, context (0 default), GPU layers (-1 auto), its cancel Event
+    _loadRequested = Signal(str, str, str, int, int, object, str)  # model, mmproj ('' none), device, context (0 default), GPU layers (-1 auto), its cancel Event, draft ('' none)
     _remoteRequested = Signal(object)  # a ready-made engine object (RemoteEngine)
     _chatRequested = Signal(object)  # ChatRequest
     _unloadRequested = Signal()
@@ -332,11 +335,14 @@ class EngineWorker(QObject):
     # -- requests (UI thread) ----------------------------------------------------------------
     def load(self, model_path: str | Path, mmproj_path: str | Path | None = None,
              device: str = "auto", context_length: int | None = None,
-             gpu_layers: int | None = None) -> None:
-        """`gpu_layers`: Settings' "GPU layers: N" (the last N layers on the GPU); None: planned."""
+             gpu_layers: int | None = None, draft_model: str | Path | None = None) -> None:
+        """`gpu_layers`: Settings' "GPU layers: N" (the last N layers on the GPU); None: planned.
+        `draft_model`: a file to draft with (speculation 'draft'); the model loads without it,
+        saying why (`draftOutcome`), when it cannot draft for the model or fails to load."""
         self._load_cancel = cancel = threading.Event()  # a load asked earlier keeps its own
         self._loadRequested.emit(str(model_path), str(mmproj_path or ""), device or "auto",
-                                 int(context_length or 0), -1 if gpu_layers is None else int(gpu_layers), cancel)
+                                 int(context_length or 0), -1 if gpu_layers is None else int(gpu_layers), cancel,
+                                 str(draft_model or ""))
 
     def cancel_load(self) -> None:
         """Stop the load under way (or queued) at its next layer: `loadCancelled` follows, with
@@ -425,11 +431,12 @@ class EngineWorker(QObject):
             except Exception:  # noqa: BLE001 - closing must never take the app down
                 log.exception("closing the engine failed")
 
-    @Slot(str, str, str, int, int, object)
+    @Slot(str, str, str, int, int, object, str)
     def _load(self, model_path: str, mmproj_path: str, device: str, context_length: int,
-              gpu_layers: int = -1, cancel: threading.Event | None = None) -> None:
+              gpu_layers: int = -1, cancel: threading.Event | None = None, draft_model: str = "") -> None:
         from ..engine.library.fit import gpu_layers_device_map
         from ..engine.runtime.local import LocalEngine
+        from .draft_models import draft_refusal
 
         cancel = cancel or threading.Event()
         self._close_engine()
@@ -445,11 +452,20 @@ class EngineWorker(QObject):
                 raise _Stopped
             self.loadProgress.emit(float(frac), str(what))
 
+        def new_engine(draft: str) -> LocalEngine:
+            return LocalEngine(model_path, mmproj_path or None, device=device,
+                               context_length=context_length or None,
+                               device_map=gpu_layers_device_map(model_path, gpu_layers, device),
+                               kv_disk_dir=self.kv_disk_dir, progress=progress, draft_model=draft or None)
+
+        draft, draft_failed = draft_model, ""
+        if draft:  # checked from the files before minutes of loading: a refused draft costs nothing
+            draft_failed = draft_refusal(model_path, draft)
+            draft = "" if draft_failed else draft
         try:
-            engine = LocalEngine(model_path, mmproj_path or None, device=device,
-                                 context_length=context_length or None,
-                                 device_map=gpu_layers_device_map(model_path, gpu_layers, device),
-                                 kv_disk_dir=self.kv_disk_dir, progress=progress)
+            engine, draft_error = self._engine_with_draft(new_engine, draft, cancel)
+            if draft_error:
+                draft, draft_failed = "", f"{Path(draft).name} did not load ({draft_error})"
         except _Stopped:
             self._after_cancelled_load(model_path)
             return
@@ -470,11 +486,34 @@ class EngineWorker(QObject):
             return
         self.engine = engine
         self._start_batch()
+        if draft_model:
+            self.draftOutcome.emit(model_path, draft, f"{Path(model_path).name} loaded without its draft model: "
+                                                      f"{draft_failed}." if draft_failed else "")
         info = describe_engine(engine, model_path, mmproj_path, context_length)
         self.loaded.emit(replace(info, resident_bytes=max(0, private_ram() - before) if before else 0))
 
-    def _after_cancelled_load(self, model_path: str) -> None:
-        """The weights read so far go back to the system before the window is told."""
+    def _engine_with_draft(self, new_engine, draft: str, cancel: threading.Event):
+        """(engine, '') built with `draft` ('' none); when that fails, (the engine built without
+        it, what went wrong) if the model loads alone; the model's own failure raises."""
+        if not draft:
+            return new_engine(""), ""
+        try:
+            return new_engine(draft), ""
+        except _Stopped:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the draft is read last: the model is tried alone
+            log.warning("loading with the draft %s failed: %s", draft, exc)
+            error = "not enough memory" if isinstance(exc, MemoryError) else str(exc).rstrip(".") or type(exc).__name__
+        # out of the handler: the half-built engine (in the exception's frames) goes before the retry
+        self._free_half_built()
+        if cancel.is_set():
+            raise _Stopped
+        self.loadProgress.emit(0.0, "loading again without the draft model")
+        return new_engine(""), error
+
+    @staticmethod
+    def _free_half_built() -> None:
+        """What a failed or cancelled load read goes back to the system."""
         import gc
 
         gc.collect()  # the half-built model's tensors are in reference cycles of the exception's frames
@@ -484,7 +523,11 @@ class EngineWorker(QObject):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         except Exception:  # noqa: BLE001 - only tidying
-            log.exception("freeing the cancelled load's GPU memory failed")
+            log.exception("freeing a half-built model's GPU memory failed")
+
+    def _after_cancelled_load(self, model_path: str) -> None:
+        """The weights read so far go back to the system before the window is told."""
+        self._free_half_built()
         self.loadCancelled.emit(model_path)
 
     @Slot(object)

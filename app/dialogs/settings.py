@@ -12,23 +12,28 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 from ...engine.server.urls import SHOWN_NAMES, client_urls
 from ..config import (DEVICES, MAX_CPU_THREADS, MAX_GPU_LAYERS, SERVE_APIS, SPECULATION_CHOICES, TOP_P_MIN,
                       AppSettings, Sampling, seed_from_text)
+from .settings_draft import DraftPicker
 
 THEMES = (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark"))
 
 
 class SettingsDialog(QDialog):
-    """Default system prompt, sampling, context length, device, GPU layers, models folder, API server."""
+    """Default system prompt, sampling (speculative decoding and its draft model), context length,
+    device, GPU layers, models folder, API server."""
 
     def __init__(self, settings: AppSettings, parent: QWidget | None = None, *, servers_dialog=None,
-                 theme: str | None = None):
+                 theme: str | None = None, loaded_model: str | None = None):
         """`theme`: the window's ('system', 'light', 'dark'): shown as a choice when given;
         after OK `theme_choice` holds the one picked and `reload_needed` says whether a
-        setting that applies at the next load changed."""
+        setting that applies at the next load changed. `loaded_model`: the local model's file,
+        which the draft model picker's files must suit (else the model loaded last)."""
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.settings = settings
         self.theme_choice = theme
         self.reload_needed = False
+        self.draft_changed = False  # after OK: the draft a load takes changed (the model reloads)
+        self.draft_picker = DraftPicker(settings, loaded_model)
         self._sampling_fields(settings)
         self._loading_fields(settings)
         folder = self._models_folder_row(settings)
@@ -63,7 +68,9 @@ class SettingsDialog(QDialog):
             self.speculation.addItem(label, value)
         self.speculation.setCurrentIndex(max(0, self.speculation.findData(s.speculation)))
         self.speculation.setToolTip("Drafted tokens checked in one pass: the same replies, faster when "
-                                    "the reply repeats the chat (code edits, quotes)")
+                                    "the drafts are right. Prompt lookup drafts from the chat's own text "
+                                    "(code edits, quotes); a draft model is a smaller model of the same "
+                                    "vocabulary, loaded beside the model (it loads again when this changes)")
 
     def _loading_fields(self, settings: AppSettings) -> None:
         """Context length, device, GPU layers (applied at the next load) and CPU threads."""
@@ -166,6 +173,10 @@ class SettingsDialog(QDialog):
         form.addRow("&Max tokens:", self.max_tokens)
         form.addRow("S&eed:", self.seed)
         form.addRow("Speculative &decoding:", self.speculation)
+        form.addRow("Draft mode&l:", self.draft_picker)
+        form.labelForField(self.draft_picker).setBuddy(self.draft_picker.combo)
+        self.speculation.currentIndexChanged.connect(lambda _i: self._show_draft_row(form))
+        self._show_draft_row(form)
         form.addRow("&Context length:", self.context_length)
         form.addRow("&Device:", self.device)
         form.addRow("&GPU layers:", self.gpu_layers)
@@ -183,6 +194,13 @@ class SettingsDialog(QDialog):
             self.theme.setToolTip("Light or dark colours, or the desktop's (also in View → Theme)")
             form.addRow("Theme:", self.theme)  # its letters are all other rows' shortcuts
         return form
+
+    def _show_draft_row(self, form: QFormLayout) -> None:
+        """The draft model's row only with that mode; its files are read when it first shows."""
+        draft = self.speculation.currentData() == "draft"
+        form.setRowVisible(self.draft_picker, draft)
+        if draft:
+            self.draft_picker.look()
 
     def _buttons(self, servers_dialog) -> QDialogButtonBox:
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -227,10 +245,20 @@ class SettingsDialog(QDialog):
         if folder and Path(folder).exists() and not Path(folder).is_dir():
             self.error.setText(f"Models folder {folder}: is a file, not a folder")
             return
+        draft = self.speculation.currentData() == "draft"
+        if draft and not self.draft_picker.chosen():
+            self.error.setText("Speculative decoding: choose a draft model, or another mode"
+                               + ("" if self.draft_picker.is_checked else " (the files are still being read)"))
+            self.draft_picker.combo.setFocus()
+            return
+        draft_before = self.settings.draft_to_load
         self.settings.sampling = Sampling(
             temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             repetition_penalty=self.repetition_penalty.value(), max_tokens=self.max_tokens.value(),
             seed=seed, speculation=self.speculation.currentData())
+        if draft:  # another mode keeps the chosen file for when draft mode is back
+            self.settings.draft_model = self.draft_picker.chosen()
+        self.draft_changed = self.settings.draft_to_load != draft_before
         self.settings.default_system_prompt = self.system_prompt.toPlainText()
         gpu_layers = self.gpu_layers.value() if self.gpu_layers.value() >= 0 else None
         self.reload_needed = ((self.context_length.value(), self.device.currentText(), gpu_layers)

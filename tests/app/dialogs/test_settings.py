@@ -31,7 +31,7 @@ def test_speculation_is_off_by_default_and_prompt_lookup_reaches_the_reply(qtbot
     assert settings.sampling.speculation == "off"
     dialog = SettingsDialog(settings)
     qtbot.addWidget(dialog)
-    assert [dialog.speculation.itemData(i) for i in range(dialog.speculation.count())] == ["off", "ngram"]
+    assert [dialog.speculation.itemData(i) for i in range(dialog.speculation.count())] == ["off", "ngram", "draft"]
     dialog.speculation.setCurrentIndex(dialog.speculation.findData("ngram"))
     dialog.accept()
     params = settings.sampling.params()
