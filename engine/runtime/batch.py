@@ -988,7 +988,9 @@ class BatchScheduler:
 
     def _fail(self, s: _Sequence, exc: BaseException) -> None:
         # The cache's length counts only rows whose forward pass completed (a prefix of the
-        # prompt and of what was fed back): a caller's KV is left holding just those.
+        # prompt and of what was fed back): those are named for the next try (a retry after a
+        # failed callback reuses them), and a caller's KV is left holding just those.
+        self._publish(s, s.req.keys + s.cached)
         self._release(s)
         s.req.future.set_exception(exc)
 

@@ -46,7 +46,7 @@ def test_self_test_passes_with_the_fixture_model(qapp):
 def test_each_conversation_step_checks_what_it_claims(monkeypatch):
     """The steps fail, naming why, when the engine does not do what a user relies on."""
     from tramontane.engine.runtime.local import LocalEngine
-    from tramontane.engine.runtime.prefix_cache import PrefixCache
+    from tramontane.engine.runtime.batch import BatchScheduler
 
     real_chat = LocalEngine.chat
 
@@ -54,11 +54,10 @@ def test_each_conversation_step_checks_what_it_claims(monkeypatch):
 
     def no_cache(self, messages, params, on_piece=None, cancel=None, session_key=None):
         calls.append(session_key)
-        self.forget_session(session_key)  # the slot keeps nothing, and the prefix cache finds nothing:
         return real_chat(self, messages, params, on_piece, cancel, session_key)  # the whole chat recomputed
 
     monkeypatch.setattr(LocalEngine, "chat", no_cache)
-    monkeypatch.setattr(PrefixCache, "match", lambda self, hashes, start=0: start)
+    monkeypatch.setattr(BatchScheduler, "_match", lambda self, hashes, keys: ([], 0))  # no block is ever found
     code, text = run(gui=False, gpu=False)
     assert code == 1
     assert text.splitlines()[-1] == ("FAILED: turn2: no prompt token came from the KV cache: "

@@ -54,11 +54,11 @@ def test_deleting_a_chat_deletes_what_the_cache_kept_of_it(qtbot, tmp_path):
         send(qtbot, w, LONG)
         chat_id = w.session.current_chat_id
         engine = w.worker.engine
-        qtbot.waitUntil(lambda: len(engine.prefix_cache) > 0, timeout=30000)
+        qtbot.waitUntil(lambda: engine.pool.named() > 0, timeout=30000)  # its blocks, named in the pool
         w.chats.delete_chat(chat_id)
         w.chats.commit_deletes()  # the Undo offer ends: deleted from the store
         folder = data / KV_CACHE_FOLDER
         qtbot.waitUntil(lambda: not any(folder.iterdir()), timeout=30000)  # the worker deletes them
-        assert len(engine.prefix_cache) == 0
+        assert engine.pool.named() == 0 and len(engine.prefix_cache) == 0
     finally:
         close_window(w)
