@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QDialog, QFileDialog, QInputDialog, QMessageBox
 from .dialogs.chat_settings import ChatSettingsDialog
 from .dialogs.system_prompt import SystemPromptDialog
 from .store import StoreError
+from .tools import chat_tools_on
 
 
 class ChatCommands(QObject):
@@ -159,7 +160,8 @@ class ChatCommands(QObject):
     def edit_chat_settings(self) -> None:
         """Chat ▸ Chat settings: the open chat's own temperature, top_p, max tokens and seed
         (for the new chat, those it will be saved with), or the defaults; its reasoning switch
-        where the model can think."""
+        where the model can think; its own system prompt alone; a tool call first, where it
+        may call tools."""
         chat_id = self.session.current_chat_id
         info = self.session.engine_info
         dialog = ChatSettingsDialog(self.session.chat_sampling(chat_id), self.window.settings.sampling,
@@ -167,12 +169,27 @@ class ChatCommands(QObject):
                                     reasoning=self.session.chat_reasoning(chat_id),
                                     can_think=info is not None and info.can_think,
                                     chat_version=info.chat_version if info is not None else 0,
-                                    overflow=self.session.chat_overflow(chat_id))
+                                    overflow=self.session.chat_overflow(chat_id),
+                                    own_prompt_only=self.session.own_prompt_only(chat_id),
+                                    tools_required=self.session.tools_required(chat_id)
+                                    if self.chat_tools_on(chat_id) else None)
         if dialog.exec() == QDialog.DialogCode.Accepted:
             self.session.set_chat_sampling(chat_id, dialog.values())
             self.session.set_chat_overflow(chat_id, dialog.overflow_choice())
             if not dialog.reasoning.isHidden():  # shown: the model can think
                 self.session.set_chat_reasoning(chat_id, dialog.reasoning.isChecked())
+            self.session.set_own_prompt_only(chat_id, dialog.own_prompt_only.isChecked())
+            if not dialog.tools_required.isHidden():  # shown: tools are on for the chat
+                self.session.set_tools_required(chat_id, dialog.tools_required.isChecked())
+
+    def chat_tools_on(self, chat_id: int | None) -> bool:
+        """The chat's Tools switch (for the new chat, the one it will be saved with)."""
+        if chat_id is None:
+            return self.window.tools_switch.new_chat_tools
+        try:
+            return chat_tools_on(self.store, chat_id)
+        except StoreError:
+            return False
 
 
 __all__ = ["ChatCommands"]

@@ -93,6 +93,7 @@ class ChatSession(QObject):
         self.new_chat_reasoning = True  # the reasoning switch chosen before the new chat is saved
         self.new_chat_overflow = "stop"  # the overflow choice made before the new chat is saved
         self.new_chat_own_prompt_only = False  # the chat's system prompt alone, chosen before it is saved
+        self.new_chat_tools_required = False  # its first reply must call a tool, chosen before it is saved
         self.tools = None  # app.tools.ToolBroker when the window has tool servers (the worker asks it)
         self.engine_info: EngineInfo | None = None  # set by whoever loads models
         self.loading: str | None = None  # model path being loaded
@@ -200,6 +201,10 @@ class ChatSession(QObject):
             from .model_prompt import OWN_PROMPT_ONLY_KEY
 
             binding["settings"] = {**binding.get("settings", {}), OWN_PROMPT_ONLY_KEY: True}
+        if chat_id is None and self.new_chat_tools_required:
+            from .tools import TOOLS_REQUIRED_KEY
+
+            binding["settings"] = {**binding.get("settings", {}), TOOLS_REQUIRED_KEY: True}
 
         def write() -> int:
             cid = chat_id if chat_id is not None else store.create_chat(
@@ -302,17 +307,24 @@ class ChatSession(QObject):
         if self.pending is not None:
             self.pending.cancel.set()
 
-    def with_model_prompt(self, chat_id: int, messages: list) -> list:
+    def with_model_prompt(self, chat_id: int, messages: list, info: EngineInfo | None = None) -> list:
         """The chat's messages with the loaded model's own system prompt first and the chat's
         after it (app/model_prompt.py), unless the chat asked for its own alone. On the worker
-        thread (`prepare`), where the engine that answers is the worker's."""
+        thread (`prepare`), where the engine that answers is the worker's; on the UI thread
+        (a deleted chat's prompt, for the engine to forget), from `info`, the loaded model as
+        the window knows it (the same path and thought format, so the same prompt)."""
+        from types import SimpleNamespace
+
         from .model_prompt import compose_system_prompt, model_system_prompt, own_prompt_only
 
-        engine = self.worker.engine
+        if info is None:
+            engine = self.worker.engine
+            can_think = bool(getattr(getattr(engine, "tokenizer", None), "can_think", False))
+        else:  # what model_system_prompt reads of an engine
+            engine, can_think = SimpleNamespace(model_path=info.model_path, device_kind=info.device), info.can_think
         model_parts = model_system_prompt(engine) if engine is not None else ()
         if not model_parts:
             return messages
-        can_think = bool(getattr(getattr(engine, "tokenizer", None), "can_think", False))
         return compose_system_prompt(messages, model_parts, can_think,
                                      own_prompt_only(self.store.get_chat_info(chat_id).settings))
 
@@ -336,6 +348,25 @@ class ChatSession(QObject):
             self.new_chat_own_prompt_only = bool(on)
         else:
             self._guard(self.store.update_chat_settings, chat_id, **{OWN_PROMPT_ONLY_KEY: True if on else None})
+
+    def tools_required(self, chat_id: int | None) -> bool:
+        """The chat's replies must call a tool in their first round (where tools are on)."""
+        from .tools import chat_tools_required
+
+        if chat_id is None:
+            return self.new_chat_tools_required
+        try:
+            return chat_tools_required(self.store, chat_id)
+        except StoreError:
+            return False
+
+    def set_tools_required(self, chat_id: int | None, on: bool) -> None:
+        from .tools import set_chat_tools_required
+
+        if chat_id is None:
+            self.new_chat_tools_required = bool(on)
+        else:
+            self._guard(set_chat_tools_required, self.store, chat_id, bool(on))
 
     def _start_reply(self, write) -> None:
         """Generate a reply. On the worker, `write()` first saves what the user did (new
@@ -388,6 +419,7 @@ class ChatSession(QObject):
             self.new_chat_sampling = None  # saved with the chat now
             self.new_chat_reasoning = True
             self.new_chat_own_prompt_only = False
+            self.new_chat_tools_required = False
         if new_chat and self.current_chat_id is None:  # still on the new chat: show it
             self.current_chat_id = chat_id
         self.changed.emit(chat_id)
@@ -487,8 +519,10 @@ class ChatSession(QObject):
     def delete_chat(self, chat_id: int) -> bool:
         if self.pending is not None and self.pending.chat_id == chat_id:
             self.pending.cancel.set()
-        try:
-            messages = self.store.engine_messages(chat_id)  # what the engine may have cached of it
+        try:  # what the engine may have cached of it: the prompt its replies were read from
+            messages = self.store.engine_messages(chat_id)
+            if messages and self.engine_info is not None:
+                messages = self.with_model_prompt(chat_id, messages, self.engine_info)
         except (StoreError, OSError):  # a chat that cannot be read is still deleted
             messages = []
         if self._guard(self.store.delete_chat, chat_id) is False:

@@ -6,6 +6,8 @@ arrows point from the window to its parts only).
 """
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Slot
@@ -14,6 +16,29 @@ from .store import StoreError
 from .widgets.chat_view import context_used
 from .widgets.model_bar import NO_VISION_HINT, escape
 from .worker import can_grow_context
+
+log = logging.getLogger(__name__)
+
+
+def composer_counter(engine):
+    """The composer's text -> tokens for a document chip, by `engine`'s own tokenizer, called on
+    the job pool only: token_counter counts an empty message first, so it is made at the first
+    count, there, not on the UI thread. LocalEngine.count_tokens only reads the tokenizer's
+    tables (and the memory of replies, never for a user message), so a count on the pool is safe
+    while the worker writes a reply. A count that fails (the model closed meanwhile) leaves the
+    chip without its cost, rather than refusing the document."""
+    from ..engine.documents.prompt import token_counter
+
+    # two first counts at once make it twice: no harm
+    counter = functools.cache(lambda: token_counter(engine.count_tokens))
+
+    def count(text: str) -> int | None:
+        try:
+            return counter()(text)
+        except Exception:  # noqa: BLE001 - the document still attaches, without its cost
+            log.warning("counting a document's tokens failed", exc_info=True)
+            return None
+    return count
 
 
 def local_models(models_dir: str | None) -> list[tuple[str, str]]:
@@ -33,6 +58,7 @@ class Conversation(QObject):
         self.session = window.session
         self.local_found: list[tuple[str, str]] | None = None  # models found on this computer
         self.scanning = False
+        self.counted_for = None  # the EngineInfo the composer's token counter was made for
 
     def refresh_view(self) -> None:
         """Show the current chat as the store has it, with the reply being written."""
@@ -144,9 +170,21 @@ class Conversation(QObject):
         else:
             w.composer.set_vision(vision, "" if vision else NO_VISION_HINT)
         w.composer.set_image_geometry(info.image_geometry if info is not None else None)
+        self.update_token_counter(info)
         if w.stack.currentWidget() is w.empty:
             self.show_empty_state()
         w.tools_switch.update()
+
+    def update_token_counter(self, info) -> None:
+        """Document chips count with the loaded local model's tokenizer; a server's chat (whose
+        tokenizer is not ours) and no model: none (the chip shows its name and pages)."""
+        if info is self.counted_for:
+            return
+        self.counted_for = info
+        # the worker's engine, read here only for its count_tokens, which the job pool calls
+        engine = self.session.worker.engine if info is not None and not info.remote else None
+        local = engine is not None and getattr(engine, "device_kind", "remote") != "remote"
+        self.window.composer.set_token_counter(composer_counter(engine) if local else None)
 
     @Slot(int, int, int)
     def on_images_reading(self, request_id: int, done: int, total: int) -> None:
@@ -184,4 +222,4 @@ class Conversation(QObject):
             self.show_status(str(exc))
 
 
-__all__ = ["Conversation", "local_models"]
+__all__ = ["Conversation", "composer_counter", "local_models"]

@@ -1,6 +1,8 @@
 """The Chat settings dialog: one chat's own temperature, top_p, max tokens and seed, or the
 app's (Settings) when "Use the defaults" is ticked; and, for a model that can think, the
-chat's reasoning switch (app/reasoning.py), with what it can and cannot do for that model."""
+chat's reasoning switch (app/reasoning.py), with what it can and cannot do for that model; whether
+the chat's system prompt is sent alone, without the model's shipped one first (app/model_prompt.py);
+and, where the chat may call tools, whether its replies must call one first (app/tools.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -19,9 +21,11 @@ class ChatSettingsDialog(QDialog):
 
     def __init__(self, own: dict[str, Any] | None, defaults: Sampling, parent: QWidget | None = None, *,
                  new_chat: bool = False, reasoning: bool = True, can_think: bool = False, chat_version: int = 0,
-                 overflow: str = "stop"):
+                 overflow: str = "stop", own_prompt_only: bool = False, tools_required: bool | None = None):
         """`reasoning`: the chat's switch; shown only where the loaded model `can_think`.
-        `overflow`: what the chat does when it outgrows the context (worker.OVERFLOW_CHOICES)."""
+        `overflow`: what the chat does when it outgrows the context (worker.OVERFLOW_CHOICES).
+        `own_prompt_only`: the chat's system prompt alone. `tools_required`: the chat's replies
+        must call a tool first; None where tools are off for the chat (the box is hidden)."""
         super().__init__(parent)
         self.setWindowTitle("Chat settings")
         self.defaults = defaults
@@ -76,6 +80,17 @@ class ChatSettingsDialog(QDialog):
         self.reasoning_note.setVisible(bool(label))
         layout.addWidget(self.reasoning)
         layout.addWidget(self.reasoning_note)
+        self.own_prompt_only = QCheckBox("Send only this chat's &system prompt, not the model's own first")
+        self.own_prompt_only.setChecked(own_prompt_only)
+        self.own_prompt_only.setToolTip("Some models ship a system prompt (Magistral's tells it how to think): "
+                                        "it is sent first and this chat's after it, unless this is ticked")
+        layout.addWidget(self.own_prompt_only)
+        self.tools_required = QCheckBox("Each reply must &call a tool first")
+        self.tools_required.setChecked(bool(tools_required))
+        self.tools_required.setVisible(tools_required is not None)
+        self.tools_required.setToolTip("The reply's first round must call one of the chat's tools "
+                                       "(tool_choice 'required'); later rounds choose")
+        layout.addWidget(self.tools_required)
         layout.addWidget(box)
         self.use_defaults.toggled.connect(self._defaults_toggled)
         self.use_defaults.setChecked(own is None)

@@ -65,7 +65,11 @@ def test_a_dropped_pdf_reaches_the_prompt_and_is_stored_with_its_chat(qtbot, win
     drop_files(window.composer, [path])
     wait_read(qtbot, window)
     [chip] = window.composer.document_chips
-    assert chip.label.text() == "report.pdf · 2 pages"
+    from tramontane.engine.documents.block import document_block
+    from tramontane.engine.documents.prompt import token_counter
+
+    tokens = token_counter(window.worker.engine.count_tokens)(document_block(window.composer.documents[0].document))
+    assert chip.label.text() == f"report.pdf · 2 pages · {tokens:,} tokens"  # the loaded model's count
     assert window.composer.documents[0].document is not None  # read on the job pool
 
     send(qtbot, window, "What is the cat called?")
