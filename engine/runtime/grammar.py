@@ -191,6 +191,30 @@ class GrammarConstraint:
         return logits.masked_fill(~allowed, float("-inf"))
 
 
+class AfterThought:
+    """A grammar for a reasoning model's answer: the thought ([THINK] ... [/THINK], when the reply
+    opens with [THINK]) is free, the grammar (a GrammarConstraint) applies from the token after
+    [/THINK] on, fed only the answer's tokens; a reply that does not open with [THINK] is the
+    grammar's from its first token (the first token may be [THINK] or what the grammar allows)."""
+
+    def __init__(self, inner: GrammarConstraint, think_ids: tuple[int, int]):
+        self.inner = inner
+        self.begin, self.end = think_ids
+
+    def __call__(self, generated: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if not generated:
+            allowed = self.inner.allowed([]).clone()
+            allowed[self.begin] = True
+            return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+        if generated[0] != self.begin:
+            return self.inner(generated, logits)
+        try:
+            answer_from = generated.index(self.end) + 1
+        except ValueError:
+            return logits  # still thinking
+        return self.inner(generated[answer_from:], logits)
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(ceil(V/32),) int32 words on the CPU, bit j of word w = token 32w + j -> bool (V,).
     numpy's unpackbits: one pass on one thread (~20 us for 131k tokens), where torch's shifts

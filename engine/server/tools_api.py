@@ -311,7 +311,9 @@ def engine_params(tokenizer, request: ToolRequest, params: SamplingParams) -> Sa
                                           parallel=request.parallel)
         text = grammar.either_grammar(calls, text)
     if text is not None:
-        processors.append(grammar.GrammarConstraint(tokenizer, text))
+        constraint = grammar.GrammarConstraint(tokenizer, text)
+        think_ids = tokenizer.think_ids  # a reasoning model thinks freely first
+        processors.append(grammar.AfterThought(constraint, think_ids) if think_ids else constraint)
     return replace(params, logits_processors=tuple(processors), control_text=request.calls_tools,
                    logprobs=request.top_logprobs)
 
