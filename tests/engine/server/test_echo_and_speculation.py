@@ -142,7 +142,7 @@ def test_speculation_per_request_and_per_server_keeps_greedy_output(served, monk
 @pytest.mark.parametrize("extra, words", [
     ({"speculative.n_max": 17}, "0..16"),
     ({"speculative.n_min": 3}, "no minimum"),
-    ({"speculation": "draft"}, "off, ngram"),
+    ({"speculation": "lookahead"}, "off, ngram, draft"),
     ({"speculation": "ngram", "speculative.n_max": 0}, "send one of them"),
 ])
 def test_speculation_fields_refused_in_words(served, extra, words):
