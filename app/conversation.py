@@ -182,9 +182,9 @@ class Conversation(QObject):
             return
         self.counted_for = info
         # the worker's engine, read here only for its count_tokens, which the job pool calls
+        # (EngineInfo says local or not: nothing of the engine itself runs on the UI thread)
         engine = self.session.worker.engine if info is not None and not info.remote else None
-        local = engine is not None and getattr(engine, "device_kind", "remote") != "remote"
-        self.window.composer.set_token_counter(composer_counter(engine) if local else None)
+        self.window.composer.set_token_counter(composer_counter(engine) if engine is not None else None)
 
     @Slot(int, int, int)
     def on_images_reading(self, request_id: int, done: int, total: int) -> None:
