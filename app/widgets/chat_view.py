@@ -274,73 +274,13 @@ class MessageWidget(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(14, 8, 14, 8)
         layout.setSpacing(4)
-        header = QHBoxLayout()
-        header.setSpacing(2)
-        header.addWidget(self.role_label)
-        self.versions_label = None
-        self.version_buttons: dict[str, QToolButton] = {}
-        if getattr(message, "versions", 1) > 1:
-            self._add_version_switch(header)
-        header.addStretch(1)
-        self.buttons: dict[str, QToolButton] = {}
-        self.hovered = False
-        self._copied = QTimer(self)
-        self._copied.setSingleShot(True)
-        self._copied.setInterval(COPIED_MS)
-        self._copied.timeout.connect(self._copy_done)
-        self._add_button(header, "copy", "Copy", "Copy this message's text", self._copy)
-        if message.role == "user":
-            self._add_button(header, "edit", "Edit", "Edit this message and send it again",
-                             self._start_edit)
-        if message.role == "assistant":
-            self._add_button(header, "regenerate", "Regenerate", "Write this reply again",
-                             lambda: self.regenerateRequested.emit(self.message.id))
-        self._add_button(header, "branch", "Branch", "Start a new chat that copies the "
-                         "conversation up to this message",
-                         lambda: self.branchRequested.emit(self.message.id), enabled=message.state != "streaming")
-        layout.addLayout(header)
-
+        layout.addLayout(self._header(message))
         self.thumbs = []
         if message.images:
-            row = QHBoxLayout()
-            for image in message.images:
-                button = QToolButton()
-                pixmap = thumbnail(image.path)
-                if pixmap.isNull() or min(pixmap.width(), pixmap.height()) < MIN_THUMB_SIDE:
-                    # A thin strip's thumbnail is a line: an invisible button. Say what it is.
-                    reader = QImageReader(str(image.path))
-                    full = reader.size()
-                    button.setText(f"{image.name} ({full.width()}×{full.height()})" if full.isValid()
-                                   else image.name)
-                    button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
-                else:
-                    button.setIcon(QIcon(pixmap))
-                    button.setIconSize(pixmap.size())
-                button.setToolTip(f"{image.name} — click to open at full size")
-                button.setAccessibleName(f"Image {image.name}")
-                button.setAutoRaise(True)
-                button.clicked.connect(lambda _=False, p=str(image.path), n=image.name:
-                                       self.imageOpened.emit(p, n))
-                row.addWidget(button)
-                self.thumbs.append(button)
-            row.addStretch(1)
-            layout.addLayout(row)
+            layout.addLayout(self._image_row(message.images))
         self.document_buttons = []
         if getattr(message, "documents", None):  # issue 37: what was attached, opened by a click
-            row = QHBoxLayout()
-            for document in message.documents:
-                button = QToolButton()
-                button.setText(f"📄 {document.name}")
-                button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
-                button.setToolTip(f"{document.name} — click to open it")
-                button.setAccessibleName(f"Document {document.name}")
-                button.setAutoRaise(True)
-                button.clicked.connect(lambda _=False, p=str(document.path):
-                                       QDesktopServices.openUrl(QUrl.fromLocalFile(p)))
-                row.addWidget(button)
-                self.document_buttons.append(button)
-            row.addStretch(1)
-            layout.addLayout(row)
+            layout.addLayout(self._document_row(message.documents))
         self.thought = ReasoningBlock(self)  # a reasoning model's thought, above the answer (issue 36)
         layout.addWidget(self.thought)
         if getattr(message, "reasoning", ""):
@@ -366,6 +306,77 @@ class MessageWidget(QFrame):
         self.set_stats(live)
         self.set_error(error)
         self.set_busy(busy, can_regenerate, can_reply)
+
+    def _header(self, message) -> QHBoxLayout:
+        """The role, the reply's version switch, and the actions this role and place allow."""
+        header = QHBoxLayout()
+        header.setSpacing(2)
+        header.addWidget(self.role_label)
+        self.versions_label = None
+        self.version_buttons: dict[str, QToolButton] = {}
+        if getattr(message, "versions", 1) > 1:
+            self._add_version_switch(header)
+        header.addStretch(1)
+        self.buttons: dict[str, QToolButton] = {}
+        self.hovered = False
+        self._copied = QTimer(self)
+        self._copied.setSingleShot(True)
+        self._copied.setInterval(COPIED_MS)
+        self._copied.timeout.connect(self._copy_done)
+        self._add_button(header, "copy", "Copy", "Copy this message's text", self._copy)
+        if message.role == "user":
+            self._add_button(header, "edit", "Edit", "Edit this message and send it again",
+                             self._start_edit)
+        if message.role == "assistant":
+            self._add_button(header, "regenerate", "Regenerate", "Write this reply again",
+                             lambda: self.regenerateRequested.emit(self.message.id))
+        self._add_button(header, "branch", "Branch", "Start a new chat that copies the "
+                         "conversation up to this message",
+                         lambda: self.branchRequested.emit(self.message.id), enabled=message.state != "streaming")
+        return header
+
+    def _image_row(self, images) -> QHBoxLayout:
+        """One thumbnail button per picture (kept in self.thumbs); a click opens it at full size."""
+        row = QHBoxLayout()
+        for image in images:
+            button = QToolButton()
+            pixmap = thumbnail(image.path)
+            if pixmap.isNull() or min(pixmap.width(), pixmap.height()) < MIN_THUMB_SIDE:
+                # A thin strip's thumbnail is a line: an invisible button. Say what it is.
+                reader = QImageReader(str(image.path))
+                full = reader.size()
+                button.setText(f"{image.name} ({full.width()}×{full.height()})" if full.isValid()
+                               else image.name)
+                button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+            else:
+                button.setIcon(QIcon(pixmap))
+                button.setIconSize(pixmap.size())
+            button.setToolTip(f"{image.name} — click to open at full size")
+            button.setAccessibleName(f"Image {image.name}")
+            button.setAutoRaise(True)
+            button.clicked.connect(lambda _=False, p=str(image.path), n=image.name:
+                                   self.imageOpened.emit(p, n))
+            row.addWidget(button)
+            self.thumbs.append(button)
+        row.addStretch(1)
+        return row
+
+    def _document_row(self, documents) -> QHBoxLayout:
+        """One button per attached document (kept in self.document_buttons); a click opens the file."""
+        row = QHBoxLayout()
+        for document in documents:
+            button = QToolButton()
+            button.setText(f"📄 {document.name}")
+            button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+            button.setToolTip(f"{document.name} — click to open it")
+            button.setAccessibleName(f"Document {document.name}")
+            button.setAutoRaise(True)
+            button.clicked.connect(lambda _=False, p=str(document.path):
+                                   QDesktopServices.openUrl(QUrl.fromLocalFile(p)))
+            row.addWidget(button)
+            self.document_buttons.append(button)
+        row.addStretch(1)
+        return row
 
     def set_busy(self, busy: bool, can_regenerate: bool, can_reply: bool = True) -> None:
         """Edit/Regenerate are off while a reply is written, and without a model to write one;
