@@ -76,6 +76,21 @@ class ToolCard(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.setSpacing(4)
+        self._add_header(layout, card, waiting)
+        self._add_arguments(layout, card, mono)
+        self.buttons: dict[str, QPushButton] = {}
+        if waiting:
+            self._add_decision_buttons(layout)
+        self._add_error(layout, card)
+        self._add_result(layout, message, card, waiting, mono)
+        self.note = QLabel(str(card.get("note") or ""))
+        self.note.setWordWrap(True)
+        self.note.setStyleSheet("font-style: italic;")
+        self.note.setVisible(bool(card.get("note")))
+        layout.addWidget(self.note)
+
+    def _add_header(self, layout: QVBoxLayout, card: dict, waiting: bool) -> None:
+        """The tool's name (and its server) on the left, the call's status on the right."""
         server = card.get("server")
         self.title = QLabel(f"Tool <b>{escape(str(card.get('name', '?')))}</b>"
                             + (f" <span style='color: gray'>({escape(str(server))})</span>" if server else ""))
@@ -88,6 +103,7 @@ class ToolCard(QFrame):
         header.addWidget(self.status)
         layout.addLayout(header)
 
+    def _add_arguments(self, layout: QVBoxLayout, card: dict, mono) -> None:
         self.arguments = QLabel(pretty_arguments(card.get("arguments", "{}")))
         self.arguments.setFont(mono)
         self.arguments.setWordWrap(True)
@@ -95,22 +111,23 @@ class ToolCard(QFrame):
         self.arguments.setAccessibleName("Arguments")
         layout.addWidget(self.arguments)
 
-        self.buttons: dict[str, QPushButton] = {}
-        if waiting:
-            row = QHBoxLayout()
-            for decision, text, tip in (
-                    (ALLOW_ONCE, "Allow once", "Run this call"),
-                    (ALWAYS, "Always for this chat", "Run this call, and this tool's later calls in "
-                                                     "this chat without asking"),
-                    (DENY, "Deny", "Do not run it; the model is told the user denied it")):
-                button = QPushButton(text)
-                button.setToolTip(tip)
-                button.clicked.connect(lambda _=False, d=decision: self._decide(d))
-                row.addWidget(button)
-                self.buttons[decision] = button
-            row.addStretch(1)
-            layout.addLayout(row)
+    def _add_decision_buttons(self, layout: QVBoxLayout) -> None:
+        """Allow once / Always for this chat / Deny, shown while the worker waits for the answer."""
+        row = QHBoxLayout()
+        for decision, text, tip in (
+                (ALLOW_ONCE, "Allow once", "Run this call"),
+                (ALWAYS, "Always for this chat", "Run this call, and this tool's later calls in "
+                                                 "this chat without asking"),
+                (DENY, "Deny", "Do not run it; the model is told the user denied it")):
+            button = QPushButton(text)
+            button.setToolTip(tip)
+            button.clicked.connect(lambda _=False, d=decision: self._decide(d))
+            row.addWidget(button)
+            self.buttons[decision] = button
+        row.addStretch(1)
+        layout.addLayout(row)
 
+    def _add_error(self, layout: QVBoxLayout, card: dict) -> None:
         self.error = QLabel(f"Error: {card['error']}" if card.get("error") else "")
         self.error.setObjectName("errorLine")
         self.error.setStyleSheet("color: #c62828;")
@@ -119,6 +136,8 @@ class ToolCard(QFrame):
         self.error.setVisible(bool(card.get("error")))
         layout.addWidget(self.error)
 
+    def _add_result(self, layout: QVBoxLayout, message, card: dict, waiting: bool, mono) -> None:
+        """The result (its first RESULT_CHARS), shown once the call has one and did not fail."""
         live = waiting or card.get("status") == "running"  # no result yet (the row says "not run")
         has_result = bool(message.text) and not card.get("error") and not live
         self.result_caption = QLabel("Result:")
@@ -133,12 +152,6 @@ class ToolCard(QFrame):
         self.result.setAccessibleName("Result")
         self.result.setVisible(has_result)
         layout.addWidget(self.result)
-
-        self.note = QLabel(str(card.get("note") or ""))
-        self.note.setWordWrap(True)
-        self.note.setStyleSheet("font-style: italic;")
-        self.note.setVisible(bool(card.get("note")))
-        layout.addWidget(self.note)
 
     def _decide(self, decision: str) -> None:
         for button in self.buttons.values():
