@@ -304,34 +304,38 @@ def tool_request(args):
         raise EngineError(f"{where}: {exc.message}") from None
 
 
-def run_main(args) -> int:
-    messages, has_images = conversation(args)
-    request = tool_request(args)
-    if args.server and (request is not None or any(m.tool_calls or m.role == "tool" for m in messages)):
-        raise EngineError("--tools, --tool-choice, --response-format and tool messages work with a local "
-                          "model (not --server)")
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, min_p=args.min_p,
-                            repetition_penalty=args.repetition_penalty, seed=args.seed,
-                            stop=list(args.stop), ignore_eos=args.ignore_eos, speculation=args.spec,
-                            spec_tokens=args.spec_tokens)
-    engine = connect_remote(args) if args.server else load_local(args, images=has_images)
-    extra = {}
-    if request is not None:
-        from ..server.tools_api import engine_params
+def run_sampling(args) -> SamplingParams:
+    """The reply's sampling as `run`'s options give it."""
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed,
+                          stop=list(args.stop), ignore_eos=args.ignore_eos, speculation=args.spec,
+                          spec_tokens=args.spec_tokens)
 
-        try:
-            params = engine_params(engine.tokenizer, request, params)
-        except BaseException:
-            engine.close()
-            raise
-        extra = {"tools": request.tools} if request.tools else {}
 
+def with_tools(engine, request, params: SamplingParams) -> tuple[SamplingParams, dict]:
+    """The params the tool request asks for (its grammar, tool choice) and the chat's extra
+    arguments (its tools); the engine is closed if that fails."""
+    if request is None:
+        return params, {}
+    from ..server.tools_api import engine_params
+
+    try:
+        params = engine_params(engine.tokenizer, request, params)
+    except BaseException:
+        engine.close()
+        raise
+    return params, ({"tools": request.tools} if request.tools else {})
+
+
+def write_reply(args, engine, request, messages: list[ChatMessage], params: SamplingParams, extra: dict):
+    """The reply, streamed to stdout unless --json, with its tool calls read; (result, placed
+    documents). The engine is closed after, whatever happens; a --server's failure is
+    CommandFailed (not a usage error)."""
     def show(piece: str) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    description = engine.description  # for the summary line, after the engine is closed
     cancel = threading.Event()
     try:
         try:
@@ -352,45 +356,69 @@ def run_main(args) -> int:
             raise
     finally:
         engine.close()
-    s = result.stats
-    error = getattr(result, "error", None)
-    if args.json:
-        out = {
-            "text": result.text,
-            "prompt_token_ids": list(result.prompt_token_ids),
-            "token_ids": list(result.token_ids),
-            "finish_reason": result.finish_reason,
-            "prompt_tokens": s.prompt_tokens,
-            "cached_tokens": s.reused_tokens,
-            "generated_tokens": s.generated_tokens,
-            "ttft_s": s.ttft_s,
-            "prefill_tok_s": s.prefill_tok_s,
-            "decode_tok_s": s.decode_tok_s,
-            "drafted_tokens": s.drafted_tokens,
-            "accepted_tokens": s.accepted_tokens,
-        }
-        if args.server:
-            out.update(usage=getattr(result, "usage", None), error=error)
-        if placed is not None:
-            out["documents"] = [{"name": p.document.name, "mode": p.mode, "tokens": p.tokens}
-                                for p in placed.placements.values()]
-            out["sources"] = [{"file": s.file, "page": s.page, "heading": s.heading} for s in placed.sources]
-        if getattr(result, "tool_calls", None):
-            from ..server.tools_api import tool_calls_json
+    return result, placed
 
-            # cut by the token limit inside a call: "length", with the calls so far (as the server answers)
-            out["finish_reason"] = "length" if result.finish_reason == "length" else "tool_calls"
-            out["tool_calls"] = tool_calls_json(result.tool_calls)
-        print(json.dumps(out, ensure_ascii=False))
+
+def reply_json(args, result, placed) -> dict:
+    """--json's one object: the reply, its tokens and stats, its documents and tool calls."""
+    s = result.stats
+    out = {
+        "text": result.text,
+        "prompt_token_ids": list(result.prompt_token_ids),
+        "token_ids": list(result.token_ids),
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": s.prompt_tokens,
+        "cached_tokens": s.reused_tokens,
+        "generated_tokens": s.generated_tokens,
+        "ttft_s": s.ttft_s,
+        "prefill_tok_s": s.prefill_tok_s,
+        "decode_tok_s": s.decode_tok_s,
+        "drafted_tokens": s.drafted_tokens,
+        "accepted_tokens": s.accepted_tokens,
+    }
+    if args.server:
+        out.update(usage=getattr(result, "usage", None), error=getattr(result, "error", None))
+    if placed is not None:
+        out["documents"] = [{"name": p.document.name, "mode": p.mode, "tokens": p.tokens}
+                            for p in placed.placements.values()]
+        out["sources"] = [{"file": s.file, "page": s.page, "heading": s.heading} for s in placed.sources]
+    if getattr(result, "tool_calls", None):
+        from ..server.tools_api import tool_calls_json
+
+        # cut by the token limit inside a call: "length", with the calls so far (as the server answers)
+        out["finish_reason"] = "length" if result.finish_reason == "length" else "tool_calls"
+        out["tool_calls"] = tool_calls_json(result.tool_calls)
+    return out
+
+
+def print_summary(result, description: str) -> None:
+    """After the streamed text: its tool calls and a stats line, on stderr."""
+    s = result.stats
+    print()
+    for call in getattr(result, "tool_calls", None) or []:
+        print(f"[tool call {call.id}: {call.name}({call.arguments})]", file=sys.stderr)
+    print(f"[{s.prompt_tokens} prompt tokens, {s.generated_tokens} generated, TTFT {s.ttft_s:.3f}s, "
+          f"prefill {s.prefill_tok_s:.1f} tok/s, decode {s.decode_tok_s:.1f} tok/s, "
+          f"{s.finish_reason}, {description}]", file=sys.stderr)
+
+
+def run_main(args) -> int:
+    messages, has_images = conversation(args)
+    request = tool_request(args)
+    if args.server and (request is not None or any(m.tool_calls or m.role == "tool" for m in messages)):
+        raise EngineError("--tools, --tool-choice, --response-format and tool messages work with a local "
+                          "model (not --server)")
+    params = run_sampling(args)
+    engine = connect_remote(args) if args.server else load_local(args, images=has_images)
+    params, extra = with_tools(engine, request, params)
+    description = engine.description  # for the summary line, after the engine is closed
+    result, placed = write_reply(args, engine, request, messages, params, extra)
+    if args.json:
+        print(json.dumps(reply_json(args, result, placed), ensure_ascii=False))
     else:
-        print()
-        for call in getattr(result, "tool_calls", None) or []:
-            print(f"[tool call {call.id}: {call.name}({call.arguments})]", file=sys.stderr)
-        print(f"[{s.prompt_tokens} prompt tokens, {s.generated_tokens} generated, TTFT {s.ttft_s:.3f}s, "
-              f"prefill {s.prefill_tok_s:.1f} tok/s, decode {s.decode_tok_s:.1f} tok/s, "
-              f"{s.finish_reason}, {description}]", file=sys.stderr)
+        print_summary(result, description)
     if result.finish_reason == "interrupted":
-        raise CommandFailed(f"the reply was interrupted: {error}")
+        raise CommandFailed(f"the reply was interrupted: {getattr(result, 'error', None)}")
     return 0
 
 
