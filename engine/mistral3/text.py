@@ -76,7 +76,7 @@ def _native_f32(*tensors: torch.Tensor) -> bool:
 def _native_kv(q: torch.Tensor, pool_k: torch.Tensor) -> bool:
     """The native attention takes these: a float32 CPU query over a CPU KV pool of float32 or
     float16 (the engine's kv_type)."""
-    return _native_f32(q) and pool_k.is_cpu and pool_k.dtype in _linear_mod.cpu_native.KV_ELEM_SIZES
+    return q.dtype == torch.float32 and _native_f32_kv(q.device, pool_k)
 
 
 def _native_f32_kv(device: torch.device, pool_k: torch.Tensor) -> bool:

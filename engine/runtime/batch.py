@@ -98,6 +98,7 @@ class _Request:
     rows: torch.Tensor | None = None  # input rows of the positions after the reused ones, given by the caller
     history: Sequence[int] | None = None  # the repetition penalty's tokens, when not the prompt's ids
     kv: KVCache | None = None  # the caller's sequence KV (generate()): used as it is, kept afterwards
+    hashes: list[bytes] = field(default_factory=list)  # its prompt's block names, made when it was submitted
     resume: "_Sequence | None" = None  # a preempted sequence going on where it stopped
 
 
@@ -296,9 +297,11 @@ class BatchScheduler:
         check_fits(n, params.max_tokens, self.lane_context(priority), self.model.cfg.context_length, self.source)
         features = [] if rows is not None else image_features(self.vision, prompt, lock=self._vision_lock)
         future: Future = Future()
-        req = _Request(prompt, position_keys(prompt.ids, prompt.image_spans), params, on_piece, cancel,
-                       priority, features, future, t0, next(self._order), on_prompt_progress, gate=gate,
-                       rows=rows, history=history, kv=kv)
+        keys = position_keys(prompt.ids, prompt.image_spans)
+        # named here, in the caller's thread: admission asks them every step it waits
+        req = _Request(prompt, keys, params, on_piece, cancel, priority, features, future, t0, next(self._order),
+                       on_prompt_progress, gate=gate, rows=rows, history=history, kv=kv,
+                       hashes=block_hashes(keys, self.pool.block))
         with self._cond:
             if self._closed:
                 raise self._closed_error
@@ -722,8 +725,8 @@ class BatchScheduler:
         b = self.pool.block
         n = len(req.keys) + (len(req.resume.cached) + 1 if req.resume is not None else 1)
         known = 0
-        for digest in block_hashes(req.keys, b)[:n // b]:
-            if self.pool.find(digest) is None:
+        for digest in req.hashes[:n // b]:
+            if not self.pool.holds(digest):
                 break
             known += 1
         need = -(-n // b) - known
@@ -791,12 +794,13 @@ class BatchScheduler:
             return
         seq, req.resume = req.resume, None
         keys = req.keys + (seq.cached + ([seq.pending] if seq.pending is not None else []) if seq else [])
+        # a preempted sequence's output goes on the prompt's chain of names
+        hashes = block_hashes(keys, self.pool.block, req.hashes) if len(keys) > len(req.keys) else req.hashes
         if req.kv is not None:  # the caller's sequence, holding keys[:length] (generate())
             cache = req.kv
             reused = cache.length
         else:
             cache = KVCache(self.pool, self.context)
-            hashes = block_hashes(keys, self.pool.block)
             # a scored prompt is read whole: every token's log-probability comes from this pass
             blocks, held = ([], 0) if req.params.prompt_logprobs else self._match(hashes, keys)
             reused = reusable_prefix(keys[:held], keys, req.prompt.image_spans) if blocks else 0
@@ -825,7 +829,7 @@ class BatchScheduler:
         else:  # it goes on: the token it had drawn is read with the rest, the next one drawn after
             seq.cache, seq.embeds, seq.read = cache, rows, 0
             seq.cached, seq.pending = keys[n_prompt:], None
-        seq.hashes = block_hashes(keys, self.pool.block)
+        seq.hashes = hashes
         self._running.append(seq)
         if seq.reading:
             self._report_reading(seq)

@@ -48,7 +48,7 @@ def cpu_kv_dtype(kv_type: str) -> torch.dtype:
 
 
 def new_pool(model, positions: int, capture_graphs: bool = True, kv_type: str = "f32",
-             context_length: int | None = None, max_rows: int | None = None) -> KVPool:
+             context_length: int | None = None) -> KVPool:
     """The KV pool of `model`: blocks for `positions` positions in all (every sequence's,
     and the chats kept in it), on each segment's device; on a model with GPU segments the decode
     graphs of its (rows, keys) buckets are captured now for sequences of up to `context_length`
@@ -73,7 +73,7 @@ def new_pool(model, positions: int, capture_graphs: bool = True, kv_type: str = 
              for seg in model.segments]
     pool = KVPool(cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim, -(-n // BLOCK_TOKENS), parts)
     if capture_graphs and graphs_enabled(model):
-        graphs = DecodeGraphs(model, context, pool.block, **({"max_rows": max_rows} if max_rows else {}))
+        graphs = DecodeGraphs(model, context, pool.block)
         pool.decode_graphs = graphs
         for failure in graphs.capture_all(KVCache(pool, context)):
             if failure not in model.graph_failures:

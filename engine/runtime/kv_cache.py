@@ -172,6 +172,13 @@ class KVPool:
                 self._known.move_to_end(digest)
             return b
 
+    def holds(self, digest: bytes) -> bool:
+        """Whether a block of that name is in the pool (a question: no use recorded)."""
+        return digest in self._known
+
+    def names_of(self, b: int) -> tuple[bytes, ...]:
+        return tuple(self._names.get(b, ()))
+
     def digest_of(self, b: int) -> bytes | None:
         """The block's own name (None: unnamed)."""
         names = self._names.get(b)
@@ -325,7 +332,7 @@ class KVCache:
         with pool.lock:
             for i, digest in enumerate(hashes[:self.length // b]):
                 mine = self.blocks[i]
-                if digest in pool._names.get(mine, ()):
+                if digest in pool.names_of(mine):
                     continue
                 other = pool.find(digest)
                 if other is None:
