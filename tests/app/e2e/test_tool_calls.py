@@ -19,34 +19,13 @@ from tramontane.app.widgets.tool_card import ToolCard  # noqa: E402
 from tramontane.engine.api import ToolSpec  # noqa: E402
 from tramontane.engine.mcp_tools import McpServerConfig  # noqa: E402
 
-from support.scripted import ScriptedLogits, script_logits
+from support.scripted import script_logits
+from support.served import ScriptedReplies as Replies  # each reply written exactly, then EOS
 from support.app_window import GREEDY, close_window, make_window  # noqa: E402
 
 SERVER = Path(__file__).resolve().parents[2] / "support" / "mcp_test_server.py"
 OURS = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))}"
 WAIT_MS = 60000
-
-
-class Replies:
-    """The model's next replies in order (the last one repeats): each written exactly, then EOS."""
-
-    def __init__(self, tok, *replies):
-        self.tok = tok
-        self.scripts = [self._ids(r) for r in replies]
-        self.count = 0
-        self.current = None
-
-    def _ids(self, pieces) -> list[int]:
-        ids = []
-        for piece in pieces:
-            ids += [self.tok.token_id(piece)] if piece == "[TOOL_CALLS]" else self.tok.encode(piece)
-        return ids
-
-    def __call__(self, generated, logits):
-        if not generated:  # a new reply
-            self.current = ScriptedLogits(self.scripts[min(self.count, len(self.scripts) - 1)], self.tok.eos_id)
-            self.count += 1
-        return self.current(generated, logits)
 
 
 def call(name: str, **arguments) -> tuple[str, str]:
