@@ -80,8 +80,9 @@ def _native_kv(q: torch.Tensor, pool_k: torch.Tensor) -> bool:
 
 
 def _native_f32_kv(device: torch.device, pool_k: torch.Tensor) -> bool:
-    """_native_kv for float32 rows on `device`, asked once per pass."""
-    return (device.type == "cpu" and _linear_mod.cpu_native.AVAILABLE and pool_k.is_cpu
+    """_native_kv for float32 rows on `device`, asked once per pass. Gated by _native_f32 (with
+    no tensors: whether the module is built), so one switch turns every native step off."""
+    return (device.type == "cpu" and _native_f32() and pool_k.is_cpu
             and pool_k.dtype in _linear_mod.cpu_native.KV_ELEM_SIZES)
 
 
