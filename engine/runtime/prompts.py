@@ -14,14 +14,19 @@ from ..api import EngineError
 from ..mistral3.chat_format import EncodedPrompt
 
 
+def fits(n_prompt: int, context: int, max_tokens: int = 1) -> bool:
+    """The one "does it fit" rule: a prompt of n_prompt tokens and, when a reply is asked for,
+    the reply's first position, within a context of `context` positions."""
+    return n_prompt + (1 if max_tokens > 0 else 0) <= context
+
+
 def check_fits(n_prompt: int, max_tokens: int, context: int, limit: int = 0,
                path: str | Path | None = None) -> None:
-    """EngineError unless a prompt of n_prompt tokens and its first reply token fit a context of
-    `context` positions. The advice offers a larger context only below the file's own `limit`
-    (0: not known)."""
-    room = 1 if max_tokens > 0 else 0  # the first reply token's position
-    if n_prompt + room <= context:
+    """EngineError unless the prompt fits (`fits`). The advice offers a larger context only
+    below the file's own `limit` (0: not known)."""
+    if fits(n_prompt, context, max_tokens):
         return
+    room = 1 if max_tokens > 0 else 0
     needs = f"{n_prompt} tokens" + (f" (needs {n_prompt + room} positions with the reply)" if room else "")
     grow = " or raise the context length" if not limit or context < limit else \
         f" (this model's file allows no more than {limit})"

@@ -22,6 +22,7 @@ from ..api import ChatMessage, DocumentPart, EngineError, GenerationResult, Imag
 from ..documents.document import DocumentError
 from ..documents.file_parts import file_part_bytes
 from ..remote.client import image_mime
+from ..runtime.prompts import fits
 from ..runtime.reasoning import END_THINK, THINK
 from .errors import ApiError, bad  # noqa: F401 - ApiError: the callers' one import
 from .tools_api import (ToolRequest, legacy_logprobs_json, logprobs_json, parse_tool_calls_field,
@@ -300,11 +301,11 @@ def check_text_fits(param: str, text_bytes, model: ServedModel, other_tokens: in
         return
     if callable(text_bytes):  # counted only when needed: a character is at least one byte
         chars_bound = -(-text_bytes(False) // model.max_token_bytes) + other_tokens
-        if chars_bound + 1 > model.context_size:
+        if not fits(chars_bound, model.context_size):
             raise context_exceeded(param, chars_bound, model, at_least=True)
         text_bytes = text_bytes(True)
     at_least = -(-text_bytes // model.max_token_bytes) + other_tokens  # ceil
-    if at_least + 1 > model.context_size:
+    if not fits(at_least, model.context_size):
         raise context_exceeded(param, at_least, model, at_least=True)
 
 
@@ -550,7 +551,7 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if isinstance(p, str):
             check_text_fits(where, lambda in_bytes, p=p: _utf8_len(p) if in_bytes else len(p), model)
-        elif len(p) + 1 > model.context_size:
+        elif not fits(len(p), model.context_size):
             raise context_exceeded(where, len(p), model)
     stream, include_usage = _stream_flags(body)
     top = _legacy_logprobs(body)

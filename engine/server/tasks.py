@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..api import EngineError, GenerationResult, ReasoningPiece, SamplingParams
 from ..runtime.generate import InvalidLogitsError
+from ..runtime.prompts import fits
 from .errors import ApiError
 from .executor import EngineExecutor, ModelUnavailable
 from .openai_api import ChatJob, ConversationKeys, RequestLimits, ServedModel, context_exceeded, stop_reason
@@ -87,7 +88,7 @@ def surely_fits(messages, context_size: int) -> bool:
             if not isinstance(part, str):
                 return False
             tokens += len(part.encode("utf-8", "surrogatepass")) + 2
-    return tokens + 1 <= context_size
+    return fits(tokens, context_size)
 
 
 def choice_params(params: SamplingParams, choice: int) -> SamplingParams:
@@ -299,7 +300,7 @@ class Tasks:
             if job.continue_final and prompt.ids and prompt.ids[-1] == engine.tokenizer.eos_id:
                 # mistral-common's prefix=True: the last assistant message without its </s>
                 prompt.ids.pop()
-            if len(prompt.ids) + 1 > model.context_size:  # counted here: OpenAI's error code
+            if not fits(len(prompt.ids), model.context_size):  # counted here: OpenAI's error code
                 raise context_exceeded("messages", len(prompt.ids), model)
             return [prompt]
 
@@ -336,7 +337,7 @@ class Tasks:
             for i, prompt in enumerate(job.prompts):
                 if isinstance(prompt, str):
                     prompt = [engine.tokenizer.bos_id, *engine.tokenizer.encode(prompt)]
-                if len(prompt) + 1 > model.context_size:
+                if not fits(len(prompt), model.context_size):
                     raise context_exceeded("prompt" if len(job.prompts) == 1 else f"prompt[{i}]",
                                            len(prompt), model)
                 prompts.append(prompt)
