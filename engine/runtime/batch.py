@@ -558,6 +558,8 @@ class BatchScheduler:
         cache = s.cache
         start = cache.length - len(drafts) - 1  # the position of the token this step fed first
         accepted = 0
+        # counted as they happen: a reply that ends in this step has its result made inside _sample_next
+        s.drafted += len(drafts)
         for j in range(len(drafts) + 1):
             cache.length = start + j + 1  # valid through the input of row j
             self._sample_next(s, logits[at + j])
@@ -567,11 +569,10 @@ class BatchScheduler:
                 s.cached.append(s.pending)
                 s.pending = None
                 accepted += 1
+                s.accepted += 1
                 continue
             break
         s.draft_length.record(len(drafts), accepted)
-        s.drafted += len(drafts)
-        s.accepted += accepted
 
     @staticmethod
     def _score(scored: list, logits: torch.Tensor) -> None:
