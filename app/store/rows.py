@@ -53,8 +53,9 @@ class Message:
     prefill_tok_s: float | None
     decode_tok_s: float | None
     created_at: float
-    images: list[StoredImage] = field(default_factory=list)
-    documents: list[StoredImage] = field(default_factory=list)  # attached documents (a user message's)
+    # The attached images and documents in one list, in the message's order (message_images.idx):
+    # two at one text offset keep the order they were sent in.
+    attachments: list[StoredImage] = field(default_factory=list)
     versions: int = 1  # how many versions the reply has (regenerate keeps the older ones)
     version: int = 0  # which of them is shown (0-based)
     # Tool use (schema v5): an assistant message's {"calls": [{id, name, arguments}]}, or a tool
@@ -65,6 +66,15 @@ class Message:
     reasoning: str = ""
     reasoning_s: float | None = None
     reasoning_open: bool = False
+
+    @property
+    def images(self) -> list[StoredImage]:
+        return [a for a in self.attachments if not a.is_document]
+
+    @property
+    def documents(self) -> list[StoredImage]:
+        """Attached documents (a user message's)."""
+        return [a for a in self.attachments if a.is_document]
 
 
 @dataclass
@@ -112,14 +122,13 @@ def chat_info(row: sqlite3.Row) -> ChatInfo:
 
 def message(row: sqlite3.Row, attached: list[StoredImage]) -> Message:
     """`attached`: the message's images and documents, in their order."""
-    images = [a for a in attached if not a.is_document]
     return Message(
         id=row["id"], chat_id=row["chat_id"], position=row["position"], role=row["role"],
         text=row["text"], state=row["state"], finish_reason=row["finish_reason"],
         prompt_tokens=row["prompt_tokens"], generated_tokens=row["generated_tokens"],
         reused_tokens=row["reused_tokens"], ttft_s=row["ttft_s"], prefill_tok_s=row["prefill_tok_s"],
-        decode_tok_s=row["decode_tok_s"], created_at=row["created_at"], images=images,
-        tool=tool_data(row["tool_json"]), documents=[a for a in attached if a.is_document],
+        decode_tok_s=row["decode_tok_s"], created_at=row["created_at"], attachments=list(attached),
+        tool=tool_data(row["tool_json"]),
         reasoning=row["reasoning"], reasoning_s=row["reasoning_s"], reasoning_open=bool(row["reasoning_open"]),
     )
 
@@ -156,11 +165,12 @@ def to_chat_message(message: Message, read_image: Callable[[str, str], bytes]) -
         return ChatMessage("assistant", thought + ([message.text] if message.text else []))
     if message.role == "tool":
         return ChatMessage("tool", [message.text], tool_call_id=tool.get("call_id") or None)
-    if not message.images and not message.documents:
+    if not message.attachments:
         return ChatMessage(message.role, [message.text])  # type: ignore[arg-type]
     parts: list[Any] = []
     pos = 0
-    for attached in sorted(message.images + message.documents, key=lambda a: a.text_offset):
+    # a stable sort: those at one offset stay in the message's order
+    for attached in sorted(message.attachments, key=lambda a: a.text_offset):
         offset = min(max(attached.text_offset, pos), len(message.text))
         if offset > pos:
             parts.append(message.text[pos:offset])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tramontane.app.store import NotFoundError, StoreError
-from tramontane.engine.api import ChatMessage, ImagePart
+from tramontane.engine.api import ChatMessage, DocumentPart, ImagePart
 from support.store_data import JPG, PNG, conversation, image_files
 
 
@@ -95,6 +95,21 @@ def test_engine_messages_keep_images_in_place(store):
     # an edit that shortens the text keeps the images, at most at the end
     store.edit_message(store.get_chat(chat).messages[2].id, "Cmp")
     assert store.engine_messages(chat)[3].parts == ["Cmp", a, b]
+
+
+def test_documents_and_images_at_one_offset_come_back_in_the_order_sent(store):
+    """The store reads a message's images and documents as one ordered list: a document sent
+    before an image at the same place in the text is still before it (it came back after)."""
+    chat = store.create_chat()
+    doc, image = DocumentPart(b"notes: the cat is grey", "notes.txt"), ImagePart(PNG, "a.png")
+    sent = [ChatMessage("user", ["Read ", doc, image, " then ", image, doc]),
+            ChatMessage("user", [doc, image, "x"])]
+    for message in sent:
+        store.add_chat_message(chat, message)
+    assert store.engine_messages(chat, include_system_prompt=False) == sent
+    first = store.get_chat(chat).messages[0]
+    assert [a.name for a in first.attachments] == ["notes.txt", "a.png", "a.png", "notes.txt"]
+    assert [a.name for a in first.images] == ["a.png", "a.png"] and len(first.documents) == 2
 
 
 def test_update_settings_sets_and_removes_keys_keeping_the_others(store):

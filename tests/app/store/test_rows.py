@@ -117,14 +117,14 @@ def test_plain_message_is_its_text():
 
 def test_attachments_sit_at_their_offsets_in_the_text():
     # listed out of order; one offset past the text's end (it goes last), one before a previous one
-    m = msg("user", "abcdef", images=[stored("late", "png", 99), stored("first", "png", 0)],
-            documents=[stored("doc", "doc.pdf", 3, name="paper.pdf")])
+    m = msg("user", "abcdef", attachments=[stored("late", "png", 99), stored("first", "png", 0),
+                                           stored("doc", "doc.pdf", 3, name="paper.pdf")])
     parts = to_chat_message(m, fake_bytes).parts
     assert parts == [ImagePart(b"first|png", "first.png"), "abc", DocumentPart(b"doc|doc.pdf", "paper.pdf"),
                      "def", ImagePart(b"late|png", "late.png")]
     assert isinstance(parts[2], DocumentPart) and isinstance(parts[0], ImagePart)
     # offsets a damaged row may hold: below zero is the start, past the end the end (no empty text)
-    odd = msg("user", "xy", images=[stored("neg", "png", -1), stored("p1", "png", 50), stored("p2", "png", 60)])
+    odd = msg("user", "xy", attachments=[stored("neg", "png", -1), stored("p1", "png", 50), stored("p2", "png", 60)])
     assert [p if isinstance(p, str) else p.name for p in to_chat_message(odd, fake_bytes).parts] == \
         ["neg.png", "xy", "p1.png", "p2.png"]
 
@@ -141,19 +141,20 @@ def test_split_parts_then_to_chat_message_gives_the_parts_back():
         ext = "doc.pdf" if isinstance(part, DocumentPart) else "png"
         blobs[(f"s{i}", ext)] = part.data
         rows.append(stored(f"s{i}", ext, offset, name=part.name))
-    m = msg("user", text, images=[r for r in rows if not r.is_document],
-            documents=[r for r in rows if r.is_document])
+    m = msg("user", text, attachments=rows)
     back = to_chat_message(m, lambda sha, ext: blobs[(sha, ext)]).parts
     # adjacent text parts merge ("at this"); everything else comes back in place
     assert back == ["look ", image, "at this", doc, " please", image]
 
 
-@pytest.mark.xfail(strict=True, reason="rows.message keeps images and documents in two lists, so "
-                   "to_chat_message puts an image before a document at the same offset whatever their order")
 def test_a_document_before_an_image_at_one_offset_keeps_its_place():
     m = message(message_row(role="user", text="ab"), [stored("d", "doc.pdf", 1), stored("i", "png", 1)])
     kinds = [type(p) for p in to_chat_message(m, fake_bytes).parts]
     assert kinds == [str, DocumentPart, ImagePart, str]
+    # and the other way round: the order is the message's, not images first
+    m = message(message_row(role="user", text="ab"), [stored("i", "png", 1), stored("d", "doc.pdf", 1)])
+    assert [type(p) for p in to_chat_message(m, fake_bytes).parts] == [str, ImagePart, DocumentPart, str]
+    assert [a.sha256 for a in m.images] == ["i"] and [a.sha256 for a in m.documents] == ["d"]
 
 
 def test_split_parts_refuses_a_part_it_cannot_store():
