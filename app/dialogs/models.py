@@ -738,6 +738,9 @@ class ModelManagerDialog(QDialog):
         generation = self._plans
         loaded, loaded_fit, freed = self.loaded_model, self.loaded_fit, self.freed_bytes
         budget = Budget(max_seq_len=self.context_length) if self.context_length > 0 else None
+        # the draft model a load would take beside the model (Settings): planned with it
+        draft = self.settings.draft_to_load if self.settings else ""
+        draft = draft if draft and os.path.isfile(draft) else None
 
         def fit_or_running(path, fit_of):
             # The model running now is judged by where it runs, not planned against the memory
@@ -754,7 +757,7 @@ class ModelManagerDialog(QDialog):
                 fits["catalog", entry.id, quant] = fit_or_running(files[0], lambda: fit_of_catalog_entry(
                     entry, sizes, files, machine, device, budget))
             for path, proj in local:
-                fits[("local", path)] = fit_or_running(path, lambda: fit_of_file(path, proj, machine, device, budget))
+                fits[("local", path)] = fit_or_running(path, lambda: fit_of_file(path, proj, machine, device, budget, draft))
             return generation, detected, fits
 
         self.jobs.run(plan, self._show_fits, lambda text: self.show_message(

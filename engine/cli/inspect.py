@@ -18,6 +18,7 @@ def add_parsers(sub) -> None:
     plan.add_argument("--mmproj", help="projector to count (default: the one beside the model that fits it)")
     plan.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
     plan.add_argument("--device-map", metavar="MAP", help="a manual map to check, e.g. cpu=10,cuda:0=30")
+    plan.add_argument("--draft-model", metavar="FILE", help="a draft model for speculative decoding, planned beside the model")
     for name, default in (("max-seq-len", 4096), ("max-batch-size", 1), ("max-num-images", 1),
                           ("max-image-length", 1024)):
         plan.add_argument(f"--{name}", type=int, default=default, metavar="N",
@@ -74,7 +75,7 @@ def _plan(args, gf):
     budget = Budget(args.max_seq_len, args.max_batch_size, args.max_num_images, args.max_image_length,
                     kv_type=args.kv_type)
     mmproj = args.mmproj or find_projector(args.model)
-    return plan_for_files(gf, mmproj, args.device, args.device_map, budget)
+    return plan_for_files(gf, mmproj, args.device, args.device_map, budget, draft_path=args.draft_model)
 
 
 def tokenize_main(model_path: str, text: str, as_json: bool = False) -> int:

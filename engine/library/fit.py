@@ -92,16 +92,17 @@ def fit_of_sizes(sizes: ModelSizes, machine: Machine, budget: Budget | None = No
 
 
 def fit_of_file(model_path: str | os.PathLike, mmproj_path: str | os.PathLike | None,
-                machine: Machine, device: str = "auto", budget: Budget | None = None) -> Fit | None:
-    """The plan of a model file (and its projector) read from their headers; None when the
-    file is not a model the engine runs (loading it says why). `budget`: the context planned
-    for (default: the loader's default)."""
+                machine: Machine, device: str = "auto", budget: Budget | None = None,
+                draft_path: str | os.PathLike | None = None) -> Fit | None:
+    """The plan of a model file (and its projector, and the draft model the engine would load
+    beside it) read from their headers; None when the file is not a model the engine runs
+    (loading it says why). `budget`: the context planned for (default: the loader's default)."""
     from ..gguf import open_gguf
 
     try:
         with open_gguf(model_path) as gf:
             plan = plan_for_files(gf, mmproj_path, "cpu" if device == "cpu" else "auto",
-                                  machine=machine, budget=budget or Budget())
+                                  machine=machine, budget=budget or Budget(), draft_path=draft_path)
     except PlanError as exc:
         return Fit("too_big", str(exc))
     except (EngineError, OSError):

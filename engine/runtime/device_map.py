@@ -12,7 +12,9 @@ Where it goes further than that anchor, cheaply:
 - the output head runs on every token: it goes to the first GPU, with the last layers, so a
   split model has one boundary per step (CPU layers first, then the GPU layers and the head);
 - the token embedding is a row lookup: on a split model it stays in CPU memory;
-- the vision tower is placed whole on a GPU when it fits there (an image encodes in one piece).
+- the vision tower is placed whole on a GPU when it fits there (an image encodes in one piece);
+- a draft model (speculative decoding) is placed whole after the model: beside the head when it
+  fits, else the CPU; its weights, KV pool and own pass are terms of that device like the rest.
 Every byte is counted by runtime/memory.py's terms, stage by stage (load, vision encode, prefill
 chunk, decode): a device's need is its worst stage, and the loader allocates what the plan
 counted (the KV cache for the plan's `context_length`, nothing from "what is left").
@@ -305,8 +307,10 @@ def vision_activation_bytes(sizes: ModelSizes, budget: Budget, device_kind: str)
 # ----------------------------------------------------------------------------- the plan
 
 # Resident parts that exist only once the model runs (not while its weights load).
-RUNTIME_PARTS = ("cuBLAS workspace", "CUDA graph pool")
-STAGES = ("load", "vision encode", "prefill chunk", "decode")
+RUNTIME_PARTS = ("cuBLAS workspace", "CUDA graph pool", "draft KV", "draft CUDA graph pool")
+STAGES = ("load", "vision encode", "prefill chunk", "decode", "draft")
+# The draft model's KV elements on a CPU: its pool is made with new_pool's default (draft.py)
+DRAFT_KV_TYPE = "f32"
 
 
 @dataclass
@@ -323,6 +327,7 @@ class Placement:
     decode_scratch: int = 0  # one row and the logits (a GPU's live in its graph pool)
     vision_activations: int = 0  # when the tower is here
     load_scratch: int = 0  # one fused weight in flight while loading
+    draft_scratch: int = 0  # the draft model's own pass (a prompt chunk or a decode step), when it is here
 
     @property
     def name(self) -> str:
@@ -340,6 +345,8 @@ class Placement:
                "decode": self.resident + self.decode_scratch}
         if self.vision_activations:
             out["vision encode"] = self.resident + self.vision_activations
+        if self.draft_scratch:  # the draft runs its own passes, never inside the target's
+            out["draft"] = self.resident + self.draft_scratch
         return {s: out[s] for s in STAGES if s in out}
 
     @property
@@ -359,6 +366,8 @@ class DevicePlan:
     manual: bool = False
     warnings: list[str] = field(default_factory=list)
     context_length: int = DEFAULT_CONTEXT  # what the loader allocates (context_of)
+    draft: str | None = None  # the draft model's file name, when one is planned
+    draft_device: str | None = None  # where it runs whole (its weights, its KV pool)
 
     def layer_devices(self) -> list[str]:
         out = [""] * self.n_layers
@@ -409,6 +418,8 @@ class DevicePlan:
             "head": self.head_device,
             "vision": self.vision_device,
             "fit": self.fit,
+            "draft": {"model": self.draft, "device": self.draft_device,
+                      "bytes": self._draft_bytes()} if self.draft else None,
             "manual": self.manual,
             "warnings": list(self.warnings),
         }
@@ -434,14 +445,19 @@ class DevicePlan:
                 lines.append(f"  {'KV per layer':<22} {self._kv_arithmetic(p)}")
             transient = [("one fused weight at load", p.load_scratch), ("prefill chunk rows", p.activations),
                          ("prefill scratch", p.prefill_scratch), ("decode step", p.decode_scratch),
-                         ("one image's activations", p.vision_activations)]
+                         ("one image's activations", p.vision_activations), ("draft pass", p.draft_scratch)]
             lines.append("  while running: " + ", ".join(f"{what} {_gib(n)}" for what, n in transient if n))
             lines.append("  stages: " + ", ".join(f"{s} {_gib(n)}" for s, n in p.stages().items()))
             lines.append(f"  {'peak':<22} {_gib(p.total)} of {_gib(d.usable)}")
         lines.extend(f"warning: {w}" for w in self.warnings)
-        lines.append(f"=> {self.summary()}")
+        lines.append(f"=> {self.summary()}" + (f"; draft {self.draft} on {self.draft_device}" if self.draft else ""))
         return "\n".join(lines)
 
+
+    def _draft_bytes(self) -> int:
+        """The draft's resident bytes: its weights, its KV pool, its decode graphs."""
+        p = next(p for p in self.placements if p.name == self.draft_device)
+        return sum(p.parts.get(k, 0) for k in ("draft model", "draft KV", "draft CUDA graph pool"))
 
     def _kv_arithmetic(self, p: Placement) -> str:
         """One layer's KV as its factors: positions x values per position x bytes of the
@@ -495,8 +511,17 @@ def gpu_layers_map(n_layers: int, gpu_layers: int, gpu: str = "cuda:0") -> list[
 
 
 def plan_devices(sizes: ModelSizes, machine: Machine, budget: Budget = Budget(),
-                 manual: Sequence[tuple[str, int]] | None = None) -> DevicePlan:
-    """Place the model (automatic, or the counts of `manual`). PlanError when it cannot fit."""
+                 manual: Sequence[tuple[str, int]] | None = None, draft: ModelSizes | None = None) -> DevicePlan:
+    """Place the model (automatic, or the counts of `manual`), and a draft model for speculative
+    decoding beside it (`draft`, see _place_draft). PlanError when they cannot fit."""
+    plan = _plan_model(sizes, machine, budget, manual)
+    if draft is not None:
+        _place_draft(plan, sizes, draft, machine)
+    return plan
+
+
+def _plan_model(sizes: ModelSizes, machine: Machine, budget: Budget,
+                manual: Sequence[tuple[str, int]] | None) -> DevicePlan:
     devices = machine.devices
     if not devices:
         raise PlanError("no device to run on (no GPU and no CPU memory reported)")
@@ -570,10 +595,11 @@ def plan_devices(sizes: ModelSizes, machine: Machine, budget: Budget = Budget(),
 
 
 def plan_for_files(model_gf, mmproj_path=None, device: str = "auto", device_map: str | None = None,
-                   budget: Budget = Budget(), machine: Machine | None = None) -> DevicePlan:
-    """The plan for an open model GGUF (+ projector file) on this machine: `device` "cpu" keeps
-    to the CPU, "auto" / "cuda" plan over the GPUs and the CPU; `device_map` is a manual map.
-    A projector that cannot be read is left out (loading it reports why)."""
+                   budget: Budget = Budget(), machine: Machine | None = None, draft_path=None) -> DevicePlan:
+    """The plan for an open model GGUF (+ projector file, + a draft model's file) on this
+    machine: `device` "cpu" keeps to the CPU, "auto" / "cuda" plan over the GPUs and the CPU;
+    `device_map` is a manual map. A projector that cannot be read is left out (loading it
+    reports why); a draft that cannot be read is an EngineError naming it (it was asked for)."""
     from ..gguf import GGUFError, open_gguf
     from ..mistral3.config import read_config
 
@@ -598,7 +624,11 @@ def plan_for_files(model_gf, mmproj_path=None, device: str = "auto", device_map:
     finally:
         if mm is not None:
             mm.close()
-    return plan_devices(sizes, machine, budget, parse_device_map(device_map) if device_map else None)
+    draft = None
+    if draft_path is not None:
+        with open_gguf(draft_path) as dgf:
+            draft = sizes_of_files(dgf)
+    return plan_devices(sizes, machine, budget, parse_device_map(device_map) if device_map else None, draft)
 
 
 def _holds_head(p: Placement, sizes: ModelSizes, budget: Budget) -> bool:
@@ -694,6 +724,67 @@ def _add_vision(p: Placement, sizes: ModelSizes, budget: Budget) -> Placement:
     return p
 
 
+def draft_parts(draft: ModelSizes, context: int, device: DeviceInfo) -> dict[str, int]:
+    """What a draft model keeps on `device` (runtime/draft.py's DraftModel.load): its weights as
+    stored, a KV pool of `context` positions (the target's context: the loader's `positions`),
+    and on a GPU the decode graphs its pool captures."""
+    kv = mem.kv_bytes(context, draft.kv_width, draft.n_layers, kv_value_bytes(device, DRAFT_KV_TYPE))
+    head = draft.head_bytes - (draft.embedding_bytes if draft.tied else 0)  # a tied table is held once
+    parts = {"draft model": sum(draft.layer_bytes) + draft.embedding_bytes + head, "draft KV": kv}
+    if device.kind == "cuda":
+        parts["draft CUDA graph pool"] = mem.GRAPH_POOL_BYTES
+    return parts
+
+
+def draft_scratch_bytes(draft: ModelSizes, context: int, device: DeviceInfo) -> int:
+    """The draft's own pass at its peak: a prompt chunk (rows and attention state; draft.py asks
+    no logits of it) or a decode step (a row, the scores, the logits), whichever is larger."""
+    rows = mem.prefill_rows(context, device.kind)
+    prefill = (mem.prefill_activation_bytes(rows, draft.row_width, device.value_bytes)
+               + mem.attention_scratch_bytes(rows, draft.n_heads, draft.head_dim))
+    decode = mem.decode_scratch_bytes(draft.n_heads, context, draft.vocab, draft.row_width, device.value_bytes)
+    return max(prefill, decode)
+
+
+def _with_draft(p: Placement, draft: ModelSizes, context: int) -> Placement:
+    p.parts.update(draft_parts(draft, context, p.device))
+    p.draft_scratch = draft_scratch_bytes(draft, context, p.device)
+    if p.device.kind == "cuda":
+        _add_runtime(p, graphs=False)
+    return p
+
+
+def _place_draft(plan: DevicePlan, sizes: ModelSizes, draft: ModelSizes, machine: Machine) -> None:
+    """The draft model whole on one device, after the target is placed (the target's layers come
+    first on a GPU): beside the output head (its drafts are read there) when it fits, else the
+    CPU (added to the plan if it held nothing). Neither: PlanError naming both models (a manual
+    map: a warning, as for its layers)."""
+    context = plan.context_length
+    order = [p for p in plan.placements if p.name == plan.head_device]
+    cpu = next((p for p in plan.placements if p.device.kind == "cpu"), None)
+    if cpu is None and machine.cpu is not None and machine.cpu in machine.devices:
+        cpu = Placement(machine.cpu)
+    if cpu is not None and cpu not in order:
+        order.append(cpu)
+    for p in order:
+        trial = _with_draft(_copy(p), draft, context)
+        if trial.total <= p.device.usable or (plan.manual and p is order[-1]):
+            if trial.total > p.device.usable:
+                plan.warnings.append(f"{p.name} is asked to hold {_gib(trial.total)} with the draft model "
+                                     f"{draft.name}, more than its {_gib(p.device.usable)} usable: "
+                                     f"loading may run out of memory")
+            _with_draft(p, draft, context)
+            if p not in plan.placements:
+                plan.placements.append(p)
+            plan.draft, plan.draft_device = draft.name, p.name
+            return
+    need = sum(draft_parts(draft, context, order[0].device).values())
+    room = ", ".join(f"{p.name} {_gib(max(p.device.usable - p.total, 0))}" for p in order)
+    raise PlanError(f"the draft model {draft.name} does not fit beside {sizes.name} with a {context}-token "
+                    f"context: it needs {_gib(need)} (weights and KV) and the devices have {room} left; "
+                    f"use a smaller draft or quantization, lower the context length, or turn the draft off")
+
+
 def _does_not_fit(plan: DevicePlan, sizes: ModelSizes, remaining: Sequence[int], short: int) -> PlanError:
     where = " + ".join(f"{p.name} {_gib(p.device.usable)}" for p in plan.placements)
     what = (f"{len(remaining)} of {sizes.n_layers} layers ({_gib(short)} short) are left over"
@@ -742,5 +833,5 @@ def _manual_plan(sizes: ModelSizes, machine: Machine, budget: Budget,
 __all__ = ["Budget", "DeviceInfo", "Machine", "ModelSizes", "Placement", "DevicePlan", "PlanError",
            "detect_machine", "model_sizes", "sizes_of_files", "plan_devices", "plan_for_files", "parse_device_map",
            "gpu_layers_map", "kv_bytes_per_layer", "kv_value_bytes", "vision_tower_bytes", "cpu_tower_runs_bf16", "gpu_tower_runs_bf16",
-           "activation_bytes",
+           "activation_bytes", "draft_parts", "draft_scratch_bytes",
            "vision_activation_bytes", "image_patches", "context_of", "prefill_scratch_bytes", "STAGES"]

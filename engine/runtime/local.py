@@ -60,8 +60,9 @@ class LocalEngine:
         bytes a long context's decode step reads; keys and values rounded to float16, the
         attention math float32). GPU layers keep the model's dtype.
         draft_model: a smaller GGUF of the same vocabulary (runtime/draft.py) that drafts for
-        requests with speculation "draft", on the device of the model's output head; refused with
-        the reason when its vocabulary differs."""
+        requests with speculation "draft", where the plan puts it (beside the model's output head
+        when it fits, else the CPU: its weights and KV are part of the plan); refused with the
+        reason when its vocabulary differs or the two do not fit together."""
         self.model_path = Path(model_path)
         self.mmproj_path = Path(mmproj_path) if mmproj_path else None
         settle_torch_threads()  # torch out of the native pool's way (runtime/threads.py)
@@ -74,9 +75,14 @@ class LocalEngine:
             if self.mmproj_path is not None:  # a foreign projector: refused from the headers
                 check_pair(self.model_path, self.mmproj_path, cfg.hidden)  # the model's header read once
             self.tokenizer = Tokenizer.from_gguf(gf)
+            if draft_model is not None:  # a draft of another vocabulary is refused before minutes of loading
+                from .speculative import check_draft_vocabulary
+
+                check_draft_vocabulary(self.model_path, draft_model)
             budget = Budget(kv_type=kv_type) if not context_length else \
                 Budget(max_seq_len=int(context_length), kv_type=kv_type)
-            self.plan = plan_for_files(gf, self.mmproj_path, device, device_map, budget)
+            # the draft's weights and KV are planned with the model's: together they fit, or are refused
+            self.plan = plan_for_files(gf, self.mmproj_path, device, device_map, budget, draft_path=draft_model)
             self.model = Mistral3Text.load(gf, plan=self.plan, progress=_scaled(progress, 0.0, 0.85))
         except GGUFError as exc:
             raise EngineError(str(exc)) from None
@@ -116,7 +122,8 @@ class LocalEngine:
             if progress:
                 progress(0.97, "loading the draft model")
             try:
-                self.scheduler.draft_model = DraftModel.load(draft_model, self.model_path, device=self.model.device,
+                self.scheduler.draft_model = DraftModel.load(draft_model, self.model_path,
+                                                             device=torch_device(self.plan.draft_device),
                                                              positions=context)
             except GGUFError as exc:
                 raise EngineError(str(exc)) from None
