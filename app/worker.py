@@ -256,6 +256,59 @@ def too_long_words(engine, messages) -> str:
             f"tokens. {advice[0].upper()}{advice[1:]}.")
 
 
+def _cancelled() -> GenerationResult:
+    """The result of a reply stopped before the engine was asked."""
+    return GenerationResult("", [], [], GenerationStats(finish_reason="cancelled"))
+
+
+class _ReplyStream:
+    """One reply on its way to the window: its answer's pieces and thought as they stream
+    (`on_piece`, on the engine's thread), saved into its row every CHECKPOINT_EVERY_S (the first
+    piece at once); a round of tool calls moves it to a new row (`new_reply`)."""
+
+    def __init__(self, worker: "EngineWorker", req: ChatRequest, chat_id: int | None, message_id: int | None):
+        self.worker, self.req = worker, req
+        self.chat_id, self.message_id = chat_id, message_id
+        self.pieces: list[str] = []
+        self.thought = Thought()
+        self.last_save = float("-inf")
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def on_piece(self, text: str) -> None:
+        rid = self.req.request_id
+        if isinstance(text, ReasoningPiece):  # the thought streams apart (a str across the signal)
+            self.thought.add(text, time.monotonic())
+            self.worker.thoughtPiece.emit(rid, str(text))
+        else:
+            self.thought.answered(time.monotonic())
+            self.worker.piece.emit(rid, text)
+            self.pieces.append(text)
+        if self.req.checkpoint is None or self.message_id is None:
+            return
+        now = time.monotonic()
+        if now - self.last_save < CHECKPOINT_EVERY_S:
+            return
+        self.last_save = now
+        try:
+            self.req.checkpoint(self.message_id, self.text, self.thought.text)
+        except Exception:  # noqa: BLE001 - a failed save must not stop the reply
+            log.exception("checkpointing the reply failed")
+
+    def on_prompt_progress(self, read: int, total: int) -> None:
+        self.worker.promptProgress.emit(self.req.request_id, int(read), int(total))
+
+    def new_reply(self, reply_id: int) -> None:
+        """A round of tool calls is saved; the reply goes on in a new row."""
+        self.message_id = reply_id
+        self.pieces.clear()
+        self.thought = Thought()
+        self.last_save = float("-inf")
+        self.worker.started.emit(self.req.request_id, self.chat_id, reply_id)
+
+
 class EngineWorker(QObject):
     """Lives in its own QThread (see `start()`); owns at most one engine at a time."""
 
@@ -565,106 +618,91 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def _chat(self, req: ChatRequest) -> None:
-        rid = req.request_id
+        """One reply: the message saved, its documents placed, the prompt fitted to the context,
+        the new images encoded, then the engine's reply streamed and saved."""
         if self.engine is None:
-            self.failed.emit(rid, NO_MODEL_LOADED)
+            self.failed.emit(req.request_id, NO_MODEL_LOADED)
             return
         # while serving, the window's reply is a sequence of the batch, on the priority lane
         engine = self._batch.priority if self._batch is not None else self.engine
-        message_id = chat_id = None
-        if req.prepare is not None:
-            try:
-                chat_id, req.messages, message_id = req.prepare()
-            except Exception as exc:  # noqa: BLE001 - StoreError and the like, in words
-                log.exception("saving the message failed")
-                self.failed.emit(rid, f"Could not save the message: {exc}")
-                return
-            req.session_key = str(chat_id)
-            self.started.emit(rid, chat_id, message_id)
-        so_far: list[str] = []
-        thought = Thought()
-        if req.cancel.is_set():  # stopped while it waited behind a load
-            self._finish(req, message_id, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")),
-                         "", thought)
+        saved = self._save_message(req)
+        if saved is None:
             return
-        if any(m.documents for m in req.messages):
-            try:
-                req.messages = self._documents_prompt(req)
-            except EngineError as exc:  # DocumentError: the file's one sentence
-                self._fail(req, message_id, "", str(exc) or type(exc).__name__, thought)
-                return
-            except Exception as exc:  # noqa: BLE001 - a reader bug must not crash the app
-                log.exception("reading the documents failed")
-                self._fail(req, message_id, "", f"Reading the documents failed: {type(exc).__name__}: {exc}",
-                           thought)
-                return
-        last_save = [float("-inf")]
-
-        def on_piece(text: str) -> None:
-            if isinstance(text, ReasoningPiece):  # the thought streams apart (a str across the signal)
-                thought.add(text, time.monotonic())
-                self.thoughtPiece.emit(rid, str(text))
-            else:
-                thought.answered(time.monotonic())
-                self.piece.emit(rid, text)
-                so_far.append(text)
-            if req.checkpoint is None or message_id is None:
-                return
-            now = time.monotonic()
-            if now - last_save[0] < CHECKPOINT_EVERY_S:  # the first piece is saved at once
-                return
-            last_save[0] = now
-            try:
-                req.checkpoint(message_id, "".join(so_far), thought.text)
-            except Exception:  # noqa: BLE001 - a failed save must not stop the reply
-                log.exception("checkpointing the reply failed")
-
-        def on_prompt_progress(read: int, total: int) -> None:
-            self.promptProgress.emit(rid, int(read), int(total))
-
+        stream = _ReplyStream(self, req, *saved)
+        if req.cancel.is_set():  # stopped while it waited behind a load
+            self._finish(req, stream.message_id, _cancelled(), "", stream.thought)
+            return
+        if any(m.documents for m in req.messages) and not self._place_documents(req, stream):
+            return
         req.messages, left_out = fit_overflow(engine, req.messages, req.params.max_tokens, req.overflow)
         if left_out:
-            self.turnsLeftOut.emit(rid, left_out)
-
-        def new_reply(reply_id: int) -> None:
-            """A round of tool calls is saved; the reply goes on in a new row."""
-            nonlocal message_id, thought
-            message_id = reply_id
-            so_far.clear()
-            thought = Thought()
-            last_save[0] = float("-inf")
-            self.started.emit(rid, chat_id, reply_id)
-
+            self.turnsLeftOut.emit(req.request_id, left_out)
         try:
             if not self._encode_new_images(req):
-                self._finish(req, message_id, GenerationResult("", [], [], GenerationStats(finish_reason="cancelled")), "",
-                             thought)
+                self._finish(req, stream.message_id, _cancelled(), "", stream.thought)
                 return
-            if req.tools is not None and chat_id is not None and message_id is not None:
-                result, message_id = req.tools.run_chat(
-                    engine, chat_id, req.messages, req.params, on_piece=on_piece, cancel=req.cancel,
-                    session_key=req.session_key, reply_id=message_id, new_reply=new_reply,
-                    on_prompt_progress=on_prompt_progress)
-            else:
-                result = engine.chat(req.messages, req.params, on_piece=on_piece,
-                                     cancel=req.cancel, session_key=req.session_key,
-                                     on_prompt_progress=on_prompt_progress)
-        except EngineError as exc:
-            words = too_long_words(engine, req.messages) or str(exc) or type(exc).__name__
-            self._fail(req, message_id, "".join(so_far), words, thought.ended(time.monotonic(), not so_far))
+            result = self._generate(engine, req, stream)
+        except Exception as exc:  # noqa: BLE001 - in words (_failure_words): an engine bug must not crash the app
+            self._fail(req, stream.message_id, stream.text, self._failure_words(engine, req, exc),
+                       stream.thought.ended(time.monotonic(), not stream.pieces))
             return
-        except MemoryError:
-            self._fail(req, message_id, "".join(so_far), "Out of memory while generating: shorten "
-                                                         "the chat or lower the context length",
-                       thought.ended(time.monotonic(), not so_far))
-            return
-        except Exception as exc:  # noqa: BLE001 - an engine bug must not crash the app
-            log.exception("generation failed")
-            self._fail(req, message_id, "".join(so_far), f"The engine failed: {type(exc).__name__}: {exc}",
-                       thought.ended(time.monotonic(), not so_far))
-            return
-        self._finish(req, message_id, result, "".join(so_far),
-                     thought.ended(time.monotonic(), thought_cut(self.engine, result)))
+        self._finish(req, stream.message_id, result, stream.text,
+                     stream.thought.ended(time.monotonic(), thought_cut(self.engine, result)))
+
+    def _save_message(self, req: ChatRequest) -> tuple[int | None, int | None] | None:
+        """(chat id, reply row id) once the user's message is saved (`req.prepare`, which gives
+        the messages the reply reads) and the window told (`started`); (None, None) for a
+        request that saves nothing; None when the save failed (said by `failed`)."""
+        if req.prepare is None:
+            return None, None
+        try:
+            chat_id, req.messages, message_id = req.prepare()
+        except Exception as exc:  # noqa: BLE001 - StoreError and the like, in words
+            log.exception("saving the message failed")
+            self.failed.emit(req.request_id, f"Could not save the message: {exc}")
+            return None
+        req.session_key = str(chat_id)
+        self.started.emit(req.request_id, chat_id, message_id)
+        return chat_id, message_id
+
+    def _place_documents(self, req: ChatRequest, stream: "_ReplyStream") -> bool:
+        """The messages' documents in the prompt's form (`_documents_prompt`); False when
+        reading them failed, said as the reply's failure."""
+        try:
+            req.messages = self._documents_prompt(req)
+            return True
+        except EngineError as exc:  # DocumentError: the file's one sentence
+            words = str(exc) or type(exc).__name__
+        except Exception as exc:  # noqa: BLE001 - a reader bug must not crash the app
+            log.exception("reading the documents failed")
+            words = f"Reading the documents failed: {type(exc).__name__}: {exc}"
+        self._fail(req, stream.message_id, "", words, stream.thought)
+        return False
+
+    @staticmethod
+    def _generate(engine, req: ChatRequest, stream: "_ReplyStream") -> GenerationResult:
+        """The engine's reply, streamed into `stream`: through the tool loop for a chat with
+        tools (each round of calls saved, the reply going on in a new row), else one call."""
+        if req.tools is not None and stream.chat_id is not None and stream.message_id is not None:
+            result, stream.message_id = req.tools.run_chat(
+                engine, stream.chat_id, req.messages, req.params, on_piece=stream.on_piece, cancel=req.cancel,
+                session_key=req.session_key, reply_id=stream.message_id, new_reply=stream.new_reply,
+                on_prompt_progress=stream.on_prompt_progress)
+            return result
+        return engine.chat(req.messages, req.params, on_piece=stream.on_piece,
+                           cancel=req.cancel, session_key=req.session_key,
+                           on_prompt_progress=stream.on_prompt_progress)
+
+    @staticmethod
+    def _failure_words(engine, req: ChatRequest, exc: Exception) -> str:
+        """What a failed reply says: the engine's sentence (or, for a prompt past the context,
+        what to do), memory's advice, or an unexpected error by its type (logged)."""
+        if isinstance(exc, EngineError):
+            return too_long_words(engine, req.messages) or str(exc) or type(exc).__name__
+        if isinstance(exc, MemoryError):
+            return "Out of memory while generating: shorten the chat or lower the context length"
+        log.exception("generation failed")
+        return f"The engine failed: {type(exc).__name__}: {exc}"
 
     def _encode_new_images(self, req: ChatRequest) -> bool:
         """Encode the new turn's images here, one at a time, saying how far it is
