@@ -100,3 +100,43 @@ def test_stop_between_images_stops_before_the_rest_are_encoded(qtbot, window, tm
     assert seen == [(0, 3)]
     assert vision.cache_misses == misses  # not one image encoded
     assert not [w for w in window.view.widgets if w.message.role == "assistant"]
+
+
+def test_a_turn_with_a_new_image_runs_the_tower_once_and_replies_as_the_engine_alone(qtbot, worker):
+    """Issue 35, item 3: the worker's progress phase encodes the new image (Engine.encode_images),
+    then the reply's own engine call takes its features from the tower's content cache: one
+    vision forward in the turn, not two, and the reply token for token a lone engine's."""
+    import threading
+
+    from tramontane.app.worker import ChatRequest
+    from tramontane.engine.api import SamplingParams
+    from tramontane.engine.runtime.local import LocalEngine
+    from support.app_window import MMPROJ, MODEL
+
+    def count_forwards(vision) -> list[int]:
+        calls = []
+        forward = vision.encode_images
+        vision.encode_images = lambda pixels: calls.append(len(pixels)) or forward(pixels)
+        return calls
+
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    messages = [ChatMessage("user", ["What is this?", image(11)])]
+    with qtbot.waitSignal(worker.loaded, timeout=30000):
+        worker.load(MODEL, MMPROJ, "cpu")
+    forwards = count_forwards(worker.engine.vision)
+    seen = []
+    worker.imagesReading.connect(lambda _rid, done, total: seen.append((done, total)))
+    with qtbot.waitSignal(worker.finished, timeout=60000) as blocker:
+        worker.chat(ChatRequest(3, messages, greedy, "img", threading.Event()))
+    result = blocker.args[1]
+    qtbot.waitUntil(lambda: seen == [(0, 1), (1, 1)], timeout=5000)  # the progress phase ran
+    assert forwards == [1]
+
+    direct = LocalEngine(MODEL, MMPROJ, device="cpu")
+    try:
+        alone = count_forwards(direct.vision)
+        expect = direct.chat(messages, greedy)
+    finally:
+        direct.close()
+    assert alone == [1]
+    assert result.token_ids == expect.token_ids and result.text == expect.text
