@@ -87,12 +87,15 @@ class ChatNavigation(QObject):
             w.composer.edit.setPlainText(self.session.draft(chat_id))
             w.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
             self.draft_shown = True
+        changed = chat_id != self.session.current_chat_id
         self.session.current_chat_id = chat_id
         if chat_id is not None:
             w.settings.last_chat_id = chat_id
             w.binding.follow_chat_binding(chat_id)
         self.select_current_in_list()
         w.conversation.refresh_view()
+        if changed:
+            w.find_bar.chat_changed()
 
     def new_chat(self) -> None:
         self.open_chat(None)

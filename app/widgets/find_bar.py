@@ -6,7 +6,7 @@ The chat list's search (Ctrl+F) finds chats; this finds the place inside the one
 Matches are looked for again at each step, so a reply that came in meanwhile is included."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QLineEdit, QTextEdit, QToolButton, QWidget
 
@@ -120,6 +120,13 @@ class FindBar(QFrame):
             self.count.setText("")
         else:
             self.count.setText(f"{self.current + 1} of {len(self.matches)}" if self.matches else "No match")
+
+    def chat_changed(self) -> None:
+        """Another chat is on screen: an open bar finds its text there, from the first match.
+        After the events already queued: the layout shows the chat's new bubbles by a queued call,
+        and until then they count as hidden."""
+        if self.isVisible():
+            QTimer.singleShot(0, self, lambda: self.search(0, restart=True))
 
     def close_bar(self) -> None:
         self.hide()

@@ -69,3 +69,20 @@ def test_find_marks_steps_and_closes(qtbot, idle_window):
     assert bar.count.text() == "1 of 2"
     qtbot.keyClick(bar.edit, Qt.Key.Key_Escape)
     assert not bar.isVisible() and marks(window) == [] and window.composer.edit.hasFocus()
+
+
+def test_an_open_bar_finds_again_in_the_chat_opened(qtbot, idle_window):
+    """Opening another chat while the bar is open: its count and marks are the new chat's, not
+    the previous chat's "1 of 3" over an unmarked view."""
+    window = idle_window
+    first = chat_with(window, ["Is the mistral cold?", "The mistral is cold and dry.", "Mistral again?"])
+    window.find_bar.open_bar()
+    qtbot.keyClicks(window.find_bar.edit, "mistral")
+    assert window.find_bar.count.text() == "1 of 3"
+    second = chat_with(window, ["And the bora?", "The bora blows on the Adriatic, unlike the mistral."])
+    assert window.session.current_chat_id == second != first
+    qtbot.waitUntil(lambda: window.find_bar.count.text() == "1 of 1", timeout=2000)
+    assert [(i, text) for i, text, _ in marks(window)] == [(1, "mistral")]
+    window.navigation.new_chat()  # an empty chat: nothing to find
+    qtbot.waitUntil(lambda: window.find_bar.count.text() == "No match", timeout=2000)
+    assert marks(window) == []
