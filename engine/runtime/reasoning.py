@@ -25,6 +25,25 @@ if TYPE_CHECKING:
 
 THINK, END_THINK = "[THINK]", "[/THINK]"
 
+# A request's reasoning effort (OpenAI's `reasoning_effort`, the Responses API's `reasoning.effort`):
+# mistral-common's names for it (protocol/instruct/request.py, ReasoningEffort). mistral-common
+# writes an effort into the prompt only from tokenizer v15 on (its [MODEL_SETTINGS] block) and
+# refuses one for any earlier version; every format these models use (v7, v11, v13) has no effort
+# control, a v13 model thinking as its system prompt tells it. So, as vLLM serves them
+# (vllm/tokenizers/mistral.py: the effort is handed to mistral-common only for version >= 15, and
+# validate_request_params refuses only a value outside these names), an effort is accepted and
+# changes nothing; "none" too (llama.cpp turns thinking off for it, which a Mistral template
+# cannot: its thinking lives in the system prompt).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def reasoning_effort_error(value) -> str | None:
+    """What is wrong with a request's reasoning effort (None when not given), for the refusal that
+    names its field; None when it is accepted, which for these models changes nothing."""
+    if value is None or (isinstance(value, str) and value in REASONING_EFFORTS):
+        return None
+    return f"must be one of {', '.join(REASONING_EFFORTS)}, got {value!r}"
+
 
 @dataclass(frozen=True)
 class ReasoningDelta:

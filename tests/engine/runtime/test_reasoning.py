@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from tramontane.engine.api import ThinkPart
-from tramontane.engine.runtime.reasoning import ReasoningDelta, ReasoningSplitter, split_reasoning
+from tramontane.engine.runtime.reasoning import (REASONING_EFFORTS, ReasoningDelta, ReasoningSplitter,
+                                                   reasoning_effort_error, split_reasoning)
 
 from support.tekken_versions import our_tokenizer
 
@@ -151,3 +152,35 @@ def test_only_a_model_that_thinks_gets_a_splitter(tok):
         ReasoningSplitter(5, 5)
     with pytest.raises(ValueError):
         ReasoningSplitter(*tok.think_ids).push_many([1, 2], ["a"])
+
+
+# ----------------------------------------------------------------------------- reasoning effort
+
+def test_the_effort_names_are_mistral_commons_and_v13_has_no_effort_control(tmp_path):
+    """What `reasoning_effort_error` accepts is mistral-common's ReasoningEffort, and the premise of
+    accepting it without effect holds: mistral-common encodes a v13 request without an effort and
+    refuses one with any (only a v15 tokenizer writes it), so no Mistral 3 model here has one."""
+    from mistral_common.exceptions import InvalidRequestException
+    from mistral_common.protocol.instruct.messages import UserMessage
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest, ReasoningEffort
+
+    from support.tekken_versions import reference_tokenizer
+
+    assert REASONING_EFFORTS == tuple(e.value for e in ReasoningEffort)
+    ref = reference_tokenizer(13, tmp_path)
+    ref.encode_chat_completion(ChatCompletionRequest(messages=[UserMessage(content="q")]))
+    for effort in REASONING_EFFORTS:
+        with pytest.raises(InvalidRequestException, match="reasoning_effort"):
+            ref.encode_chat_completion(ChatCompletionRequest(messages=[UserMessage(content="q")],
+                                                             reasoning_effort=effort))
+
+
+@pytest.mark.parametrize("value", [None, "none", "low", "medium", "high", "max"])
+def test_an_effort_by_name_is_accepted(value):
+    assert reasoning_effort_error(value) is None
+
+
+@pytest.mark.parametrize("value", ["hidden", "HIGH", "", 3, True, ["high"]])
+def test_another_effort_is_refused_naming_the_values(value):
+    assert reasoning_effort_error(value) == (
+        f"must be one of none, minimal, low, medium, high, xhigh, max, got {value!r}")
