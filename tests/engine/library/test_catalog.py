@@ -106,3 +106,24 @@ def test_bad_chips_sampling_and_system_prompt_name_the_field():
         parse_catalog(entry(system_prompt=[{"text": "a"}, {"thought": "b"}]))
     with pytest.raises(HubError, match=r"models\[0\]\.system_prompt: expected a non-empty list"):
         parse_catalog(entry(system_prompt="just text"))
+
+
+def test_devstral_small_1_1_and_magistral_1_1s_shipped_thinking_prompt():
+    """Issue 36: Devstral Small 1.1 (2507: v13 calls, text only, Unsloth's GGUF) is in the catalogue
+    beside 1.0; Magistral Small 1.1 ships the thinking prompt its card moved into the system prompt
+    (without 1.2's heading; its thought ends 'Use the same language as the input.'), so a chat on it
+    thinks as the model was trained to."""
+    by_id = {e.id: e for e in load_catalog()}
+    dev = by_id["devstral-small-2507-24b"]
+    assert dev.repo_id == "unsloth/Devstral-Small-2507-GGUF" and not dev.vision and dev.mmproj_file is None
+    assert set(dev.capabilities) == {"tools", "coding"} and dev.shape == by_id["devstral-small-2505-24b"].shape
+    assert [v.quant for v in dev.variants] == ["Q4_K_M", "Q8_0"]
+    assert all(v.file is None and v.size_gb is None for v in dev.variants)  # no size guessed
+    assert dev.sampling is None and dev.system_prompt == ()  # neither confirmed from Mistral's card
+    text, thought, tail = by_id["magistral-small-1.1-24b"].system_prompt
+    assert text.startswith("First draft your thinking process (inner monologue)")
+    assert text.endswith("\n\nYour thinking process must follow the template below:")
+    assert isinstance(thought, ThinkPart) and thought.closed
+    assert thought.text.endswith("until you are confident to generate the response. Use the same language as the input.")
+    assert tail == "Here, provide a self-contained response."
+    assert by_id["magistral-small-1.2-24b"].system_prompt[0].startswith("# HOW YOU SHOULD THINK AND ANSWER\n\n")
