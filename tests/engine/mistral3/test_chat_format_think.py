@@ -1,7 +1,9 @@
 """Reasoning models' prompts (issue 36): thoughts in earlier assistant turns and in system
 messages, with tools, images and system prompts, token-exact with mistral-common's
 `encode_chat_completion` for v13 (think chunks) and, for v7 / v11 (no think chunks), the same
-conversation without its thoughts; the chat-format version and thinking read from the file.
+conversation without its thoughts; the chat-format version and thinking read from the file,
+also from the real templates the family's GGUF files carry; and every catalogue model's chat
+(its shipped system prompt with the chat's, images, thoughts, tools) for its version.
 
 Reference: mistral-common's tokenizers of support.tekken_versions, with Mistral Small 3.1's image
 settings so images are encoded by its own image encoder; ours gets mistral-common's rows/cols per
@@ -10,6 +12,7 @@ image through `image_grid` and must place the tokens where it does.
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -223,3 +226,88 @@ def test_thought_text_typed_by_a_user_is_text():
     tok = our_tokenizer(13)
     ids = encode_chat(tok, [U("[THINK]not a thought[/THINK]")]).ids
     assert tok.token_id("[THINK]") not in ids and tok.token_id("[/THINK]") not in ids
+
+
+# ----------------------------------------------------------------------------- real files' templates
+
+REAL_TEMPLATES = os.path.join(os.path.dirname(__file__), "chat_templates")  # see its README
+
+
+@pytest.mark.parametrize("name, version", [
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", 11),
+    ("unsloth-mistral-Devstral-Small-2507.jinja", 13),  # what llama.cpp writes for every v13 file
+    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", 13),
+])
+def test_the_templates_real_files_carry_tell_their_version(name, version):
+    """The chat templates the family's GGUF files carry (llama.cpp's converter writes the first two
+    by tokenizer version; Ministral 3 Reasoning's is its own) make the version its tokenizer is: a
+    v13 file whose template writes no [THINK] (Devstral 1.1's, which Magistral 1.1/1.2 files made from
+    Mistral's format carry too) still thinks, and Small 3.2's v11, with the [THINK] slots, does not."""
+    with open(os.path.join(REAL_TEMPLATES, name), encoding="utf-8") as f:
+        template = f.read()
+    tok = our_tokenizer(version, template=template)
+    assert tok.version == version and tok.can_think == (version == 13)
+    assert our_tokenizer(7, template=template).version == 7  # a v7 vocabulary (no [ARGS]) stays v7
+
+
+# ----------------------------------------------------------------------------- the catalogue's models
+
+# Each catalogue model's chat format (its tekken file's version): Mistral Small 3.1 and Devstral 1.0
+# v7 (no [ARGS]; llama.cpp names their template "mistral-v7-tekken"), Mistral Small 3.2 v11 ([CALL_ID]
+# calls, [TOOL_CONTENT] results), and Magistral 1.1 / 1.2, Devstral 1.1 and every Ministral 3 v13
+# ([TOOL_CALLS]name[ARGS], [THINK] chunks). A row added to the catalogue needs its version here.
+CATALOGUE_VERSIONS = {
+    "mistral-small-3.1-24b-instruct": 7, "devstral-small-2505-24b": 7,
+    "mistral-small-3.2-24b-instruct": 11,
+    "magistral-small-1.1-24b": 13, "magistral-small-1.2-24b": 13, "devstral-small-2507-24b": 13,
+    "ministral-3-3b-instruct": 13, "ministral-3-8b-instruct": 13, "ministral-3-14b-instruct": 13,
+    "ministral-3-3b-reasoning": 13, "ministral-3-8b-reasoning": 13, "ministral-3-14b-reasoning": 13,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mc_catalogue")
+    return {v: (our_tokenizer(v), reference_tokenizer(v, folder, image=SMALL31_IMAGE)) for v in (7, 11, 13)}
+
+
+def test_every_catalogue_model_has_its_chat_format():
+    from tramontane.engine.library.catalog import load_catalog
+
+    assert {e.id for e in load_catalog()} == set(CATALOGUE_VERSIONS)
+
+
+def _catalogue_conversation(entry, can_think: bool):
+    """A chat on the entry as the window sends it: the model's shipped system prompt composed with
+    the chat's own, an image where it sees, an earlier thought where it reasons, a tool round where
+    it calls tools, then the next question."""
+    from tramontane.app.model_prompt import compose_system_prompt
+
+    thought = [Th("Let me look first.\nThen answer.")] if "reasoning" in entry.capabilities else []
+    messages = [S("Answer briefly."), U("What is in this picture?", IMG_A) if entry.vision else U("Weather in Paris?")]
+    tools = [WEATHER] if "tools" in entry.capabilities else None
+    if tools:
+        messages += [A(*thought, calls=[CALL]), T(CALL.id, "21 degrees"), A(*thought, "It is 21 °C.")]
+    else:
+        messages += [A(*thought, "A red box.")]
+    messages.append(U("Thanks. And tomorrow?"))
+    return compose_system_prompt(messages, entry.system_prompt, can_think), tools
+
+
+@pytest.mark.parametrize("entry_id", sorted(CATALOGUE_VERSIONS))
+def test_each_catalogue_models_chat_matches_mistral_common(tokenizers, entry_id):
+    """Every catalogue model's prompt ids equal mistral-common's for its version: its shipped system
+    prompt (the [THINK] template of the reasoning models as a think chunk) with the chat's, images,
+    earlier thoughts, tool calls and results."""
+    from tramontane.engine.library.catalog import load_catalog
+
+    entry = next(e for e in load_catalog() if e.id == entry_id)
+    version = CATALOGUE_VERSIONS[entry_id]
+    tok, ref = tokenizers[version]
+    messages, tools = _catalogue_conversation(entry, tok.can_think)
+    if entry.system_prompt:
+        assert messages[0].parts[:len(entry.system_prompt)] == list(entry.system_prompt)
+    ours = encode_chat(tok, messages, _grid_from(ref) if entry.vision else None, tools=tools).ids
+    assert ours == _reference_ids(ref, messages, tools, keep_thoughts=True)
+    thoughts = sum(isinstance(p, ThinkPart) for m in messages for p in m.parts)
+    assert (ours.count(tok.think_ids[0]) if tok.can_think else 0) == thoughts  # each one a think chunk
