@@ -45,7 +45,7 @@ class Sampling:
     """The sampling Mistral recommends for the model (its model card)."""
 
     temperature: float
-    top_p: float
+    top_p: float | None = None  # None: the card names none (Ministral 3 Reasoning: a temperature only)
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,13 @@ def _parse_sampling(raw: Any, where: str) -> Sampling | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise _catalog_error(where, "expected an object with temperature and top_p")
+        raise _catalog_error(where, "expected an object with temperature (and top_p where the card names one)")
     values = []
     for key, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
         value = raw.get(key)
+        if value is None and key == "top_p":
+            values.append(None)
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
             raise _catalog_error(f"{where}.{key}", f"expected a number from {low} to {high}")
         values.append(float(value))
