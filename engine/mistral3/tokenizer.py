@@ -166,11 +166,11 @@ class Tokenizer:
     def version(self) -> int:
         """The mistral-common chat format the file's model was trained on: 7, 11 or 13.
 
-        A vocabulary without an [ARGS] control token is v7 (Mistral Small 3.1 2503: llama.cpp
-        writes its template as the name "mistral-v7-tekken", for a v7 tokenizer only). With
-        [ARGS], the file's template text tells v11 (Mistral Small 3.2 2506: its calls carry
-        [CALL_ID] and its results [TOOL_CONTENT]) from v13 (Magistral 1.1/1.2, Ministral 3,
-        Devstral: `[TOOL_CALLS]name[ARGS]{...}`, results without ids, [THINK] chunks), which
+        A vocabulary without an [ARGS] control token is v7 (Mistral Small 3.1 2503, Devstral 1.0
+        2505: llama.cpp writes its template as the name "mistral-v7-tekken", for a v7 tokenizer
+        only). With [ARGS], the file's template text tells v11 (Mistral Small 3.2 2506: its calls
+        carry [CALL_ID] and its results [TOOL_CONTENT]) from v13 (Magistral 1.1/1.2, Ministral 3,
+        Devstral 1.1: `[TOOL_CALLS]name[ARGS]{...}`, results without ids, [THINK] chunks), which
         writes neither, or writes [THINK] (v11 has no thoughts). A file without a template is
         taken as the newer format."""
         template = (self.chat_template or "").strip()
