@@ -10,11 +10,14 @@ schema v5) that first waits for the user's answer (Allow once / Always for this 
 the worker blocks in `ask()` on a threading.Event the UI sets through `answer()`, and Stop (the
 reply's cancel Event) ends the wait. Results go back to the model until it answers in text, at
 most `max_steps` rounds of calls; then it is asked once more without tools, and the last card
-says so. Tool calls themselves block on the worker, bounded by each server's timeout
-(engine/mcp_tools.py never raises for a server's failures: an error becomes the card's error).
+says so. A call the token limit cut off (its arguments unfinished) is recorded as such, never
+asked for nor run, and the reply ends there. Tool calls themselves block on the worker, bounded
+by each server's timeout (engine/mcp_tools.py never raises for a server's failures: an error
+becomes the card's error).
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -49,6 +52,20 @@ STOPPED = "The user stopped the reply before this tool call ran."
 
 def cap_note(steps: int) -> str:
     return f"Step limit reached ({steps} rounds of tool calls): the model was asked to answer without tools."
+
+
+def unfinished_call(max_tokens: int) -> str:
+    """A call cut off by the reply's token limit: why its card was not asked for, nor run."""
+    return (f"the reply reached its limit of {max_tokens} tokens while writing this call, so its "
+            "arguments are unfinished and it was not run (Max tokens is in Chat settings)")
+
+
+def whole_arguments(arguments: str) -> bool:
+    """Whether a call's arguments (ToolCall.arguments, JSON text) are a whole JSON object."""
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
 
 
 # ----------------------------------------------------------------------------- settings
@@ -406,22 +423,36 @@ class ToolBroker(QObject):
             parts = ([ThinkPart(reasoning)] if reasoning else []) + ([result.text] if result.text else [])
             messages.append(ChatMessage("assistant", parts, tool_calls=calls))
             stopped = False
+            # a round the token limit cut inside its calls: its last call is unfinished (the
+            # engine keeps it, as OpenAI does); it is not asked for nor run, and the reply ends
+            # there, as a text reply cut by the limit does
+            cut = result.stats.finish_reason == "length" and not whole_arguments(calls[-1].arguments)
             for i, call in enumerate(calls):
-                note = cap_note(self.max_steps) if rounds >= self.max_steps and i == len(calls) - 1 else ""
-                text, stopped = self._one_call(chat_id, call, cancel, stopped, note)
+                last = i == len(calls) - 1
+                note = cap_note(self.max_steps) if rounds >= self.max_steps and last else ""
+                unfinished = unfinished_call(params.max_tokens) if cut and last else None
+                text, stopped = self._one_call(chat_id, call, cancel, stopped, note, unfinished)
                 messages.append(ChatMessage("tool", [text], tool_call_id=call.id))
-            if stopped:
-                stats = replace(result.stats, finish_reason="cancelled")
+            if stopped or cut:
+                stats = replace(result.stats, finish_reason="cancelled" if stopped else "length")
                 return GenerationResult("", [], [], stats), None
             reply_id = self.store.begin_reply(chat_id)
             new_reply(reply_id)
 
-    def _one_call(self, chat_id: int, call, cancel: threading.Event, stopped: bool, note: str) -> tuple[str, bool]:
-        """Ask, run and record one call: (the result the model gets, whether Stop was pressed)."""
+    def _one_call(self, chat_id: int, call, cancel: threading.Event, stopped: bool, note: str,
+                  unfinished: str | None = None) -> tuple[str, bool]:
+        """Ask, run and record one call: (the result the model gets, whether Stop was pressed).
+        `unfinished`: why the call, cut off, is recorded as such without asking or running it."""
         tool = self.mcp.tool(call.name)
         card = {"call_id": call.id, "name": call.name, "server": tool.server if tool else "",
                 "arguments": call.arguments, "status": "waiting", "decision": "", "error": None,
                 "elapsed_s": None, "note": note}
+        if unfinished is not None:
+            card.update(status="unfinished", error=unfinished)
+            text = f"Error: {unfinished}"
+            self.store.add_tool_message(chat_id, text, card)
+            self.cardChanged.emit(chat_id)
+            return text, False
         # saved as not run until it has run: a chat closed meanwhile tells the model so
         message_id = self.store.add_tool_message(chat_id, STOPPED, card)
         if stopped or cancel.is_set():

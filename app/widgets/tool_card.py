@@ -22,6 +22,7 @@ STATUS_WORDS = {
     "error": "Failed",
     "denied": "Denied",
     "stopped": "Not run: the reply was stopped",
+    "unfinished": "Not run: the call was cut off",
 }
 DECISION_WORDS = {ALLOW_ONCE: "allowed once", ALWAYS: "always allowed in this chat"}
 

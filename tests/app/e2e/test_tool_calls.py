@@ -21,7 +21,7 @@ from tramontane.engine.mcp_tools import McpServerConfig  # noqa: E402
 
 from support.scripted import script_logits
 from support.served import ScriptedReplies as Replies  # each reply written exactly, then EOS
-from support.app_window import GREEDY, close_window, make_window  # noqa: E402
+from support.app_window import GREEDY, close_window, make_window, send  # noqa: E402
 
 SERVER = Path(__file__).resolve().parents[2] / "support" / "mcp_test_server.py"
 OURS = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))}"
@@ -203,6 +203,36 @@ def test_stop_while_a_card_waits_ends_the_reply(qtbot, tool_window):
     assert rows[2].text == STOPPED and rows[2].tool["status"] == "stopped"
     assert not cards(w)[0].buttons and w.session.pending is None
 
+
+
+def test_a_chat_that_requires_a_tool_shows_a_card_from_a_model_that_would_not_call(qtbot, tool_window):
+    """Issue 35, item 4: nothing let a user see a tool card without a model that decides to call.
+    The tiny model left to itself (greedy, no script) writes text; with 'Each reply must call a
+    tool first' chosen for the chat, its first round is held to a call of one of the chat's
+    tools. That call's number runs on until the token limit cuts it: the card says so and is
+    neither asked for nor run (it asked to run arguments the model never finished), and the
+    reply ends there."""
+    w = tool_window
+    w.session.param_overrides = dict(w.session.param_overrides, max_tokens=40)
+    reply = send(qtbot, w, "Hello")  # a model that would not call: a text reply, no card
+    assert not cards(w) and w.store.get_message(reply).tool is None
+    w.navigation.new_chat()
+    w.session.set_tools_required(None, True)  # Chat settings' box, for the chat not saved yet
+    with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
+        type_and_send(qtbot, w, "Hello")
+    rows = stored(w)
+    assert [m.role for m in rows] == ["user", "assistant", "tool"]
+    (called,) = rows[1].tool["calls"]
+    assert called["name"] == "add" and called["arguments"].startswith('{"a": ')  # the grammar's call
+    assert rows[1].finish_reason == "tool_calls" and rows[2].tool["status"] == "unfinished"
+    assert rows[2].tool["decision"] == "" and rows[2].tool["elapsed_s"] is None  # never run
+    (card,) = cards(w)
+    assert not card.buttons and card.status.text() == "Not run: the call was cut off"
+    assert card.error.text() == ("Error: the reply reached its limit of 40 tokens while writing this "
+                                 "call, so its arguments are unfinished and it was not run (Max "
+                                 "tokens is in Chat settings)")
+    assert rows[2].text == card.error.text()  # what the model reads in the next turn
+    assert w.session.pending is None
 
 def test_a_remote_engine_keeps_the_chats_tools(qtbot, tool_window):
     """A server's model gets the same tools (issue 36 item 5: its OpenAI tool calls, the same loop)."""
