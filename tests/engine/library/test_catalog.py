@@ -129,12 +129,14 @@ def test_devstral_small_1_1_and_magistral_1_1s_shipped_thinking_prompt():
     assert by_id["magistral-small-1.2-24b"].system_prompt[0].startswith("# HOW YOU SHOULD THINK AND ANSWER\n\n")
 
 
-def test_ministral_3_reasonings_card_temperature_without_a_top_p():
+def test_cards_that_name_a_temperature_without_a_top_p():
     """The Ministral 3 Reasoning cards recommend 'a temperature of 0.7 for most environments' and no
     top_p: the entry pins the temperature alone (top_p None), and a catalogue may say so."""
     by_id = {e.id: e for e in load_catalog()}
     for size in ("3b", "8b", "14b"):
         assert by_id[f"ministral-3-{size}-reasoning"].sampling == Sampling(0.7, None)
+    # Mistral Small 3.1's card: "a relatively low temperature, such as temperature=0.15", no top_p
+    assert by_id["mistral-small-3.1-24b-instruct"].sampling == Sampling(0.15, None)
     one = {"models": [{"id": "x", "name": "x", "repo_id": "a/b", "license": "MIT",
                        "variants": [{"quant": "Q4_K_M"}], "sampling": {"temperature": 0.3, "top_p": None}}]}
     assert parse_catalog(one)[0].sampling == Sampling(0.3, None)
