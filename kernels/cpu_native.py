@@ -83,14 +83,10 @@ def variants() -> list[str]:
     return list(_cpu.variants()) if _cpu is not None else []
 
 
-# Bumped by use_variant: weights re-plan then (a repacked weight runs on one variant only).
-VARIANT_EPOCH = 0
-
-
 def use_variant(name: str) -> None:
-    global VARIANT_EPOCH
+    """Run the kernels of variant `name` from now on (tests, benchmarks); the module holds the
+    choice, and a weight planned for another variant is planned again (kernels.linear._plan)."""
     _cpu.use_variant(name)
-    VARIANT_EPOCH += 1
 
 
 def _start_on_the_asked_variant() -> None:

@@ -25,9 +25,10 @@ Outputs come back in x.dtype.
 """
 from __future__ import annotations
 
+import functools
+import threading
 import warnings
 import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,51 +71,53 @@ PREFILL_CHUNK_BYTES = 32 << 20  # dequantized scratch per chunk (CPU float32 / G
 CPU_DENSE_CACHE_BYTES = 1 << 30
 
 
-@dataclass
-class CpuPathState:
-    """What this process's CPU matmuls depend on beyond their arguments, in one place.
-
-    `exact`: the native kernels quantize activations to int8 per block (as llama.cpp does;
-    relative error per product ~1e-3); exact keeps the float32 torch path instead (slow, dense
-    caches): TRAMONTANE_CPU_EXACT=1, set_cpu_exact() or `with cpu_exact():`.
-    `dense_cache_used`: bytes of float32 weight copies held (CPU_DENSE_CACHE_BYTES bounds them).
-    `warned_no_native`: the missing-kernels warning was given (once a process)."""
-
-    exact: bool = False
-    dense_cache_used: int = 0
-    warned_no_native: bool = False
+@functools.cache
+def is_cpu_exact() -> bool:
+    """Whether CPU matmuls keep the float32 torch path (TRAMONTANE_CPU_EXACT, read once from the
+    settings, tramontane/env.py): the native kernels quantize activations to int8 per block (as
+    llama.cpp does; relative error per product ~1e-3), the exact path does not (slow, dense
+    caches). Nothing here changes it; a test that runs both paths sets the variable and calls
+    is_cpu_exact.cache_clear() (tests/support/cpu_kernels.cpu_exact)."""
+    return read_env().cpu_exact
 
 
-CPU = CpuPathState(exact=read_env().cpu_exact)
+class DenseCacheBudget:
+    """The bytes of float32 weight copies (QWeight._dense) this process holds, against the one
+    CPU_DENSE_CACHE_BYTES budget: a copy is admitted while the total stays within it and its bytes
+    are given back when its weight dies. Weights of any thread share it, hence the lock."""
+
+    def __init__(self) -> None:
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def admit(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.used + nbytes > CPU_DENSE_CACHE_BYTES:
+                return False
+            self.used += nbytes
+            return True
+
+    def give_back(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
 
 
-def set_cpu_exact(on: bool) -> None:
-    CPU.exact = bool(on)
+DENSE_CACHE = DenseCacheBudget()
 
 
-@contextmanager
-def cpu_exact(on: bool = True):
-    """Float32 torch matmuls on the CPU inside the block (the previous setting after)."""
-    before, CPU.exact = CPU.exact, bool(on)
-    try:
-        yield
-    finally:
-        CPU.exact = before
-
-
+@functools.cache
 def _warn_no_native() -> None:
-    if not CPU.warned_no_native:
-        CPU.warned_no_native = True
-        warnings.warn(
-            "tramontane: the native CPU kernels are not built "
-            f"({cpu_native.IMPORT_ERROR}); quantized matmuls on the CPU use the much slower torch "
-            "reference path (reinstall with `pip install -e .` and a C compiler to build them)",
-            RuntimeWarning, stacklevel=3)
+    """The missing-kernels warning, once a process (the cache remembers that it was given)."""
+    warnings.warn(
+        "tramontane: the native CPU kernels are not built "
+        f"({cpu_native.IMPORT_ERROR}); quantized matmuls on the CPU use the much slower torch "
+        "reference path (reinstall with `pip install -e .` and a C compiler to build them)",
+        RuntimeWarning, stacklevel=3)
 
 
 def native_cpu(w: "QWeight") -> bool:
     """Whether `linear` runs this CPU weight on the native kernels (F32 weights go to torch)."""
-    return (not CPU.exact and w.data.device.type == "cpu" and w.ggml_type != F32
+    return (not is_cpu_exact() and w.data.device.type == "cpu" and w.ggml_type != F32
             and cpu_native.supports(w.ggml_type))
 
 
@@ -169,9 +172,9 @@ class QWeight:
     # True when `data` views the model file's read-only mapping (from_gguf on the CPU)
     mapped: bool = field(default=False, repr=False, compare=False)
     # CPU native kernels: (ggml_type, data pointer, row bytes, out_features) once checked, False
-    # if not native; made for the kernel variant of _native_epoch (cpu_native.VARIANT_EPOCH)
+    # if not native; made for the kernel variant _native_variant (cpu_native.variant() then)
     _native: tuple | bool | None = field(default=None, repr=False, compare=False)
-    _native_epoch: int = field(default=-1, repr=False, compare=False)
+    _native_variant: str | None = field(default=None, repr=False, compare=False)
     # CPU, Q4_K or Q6_K on a repacking variant: the rows the plan points at (cpu_native.repack)
     _repacked: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
@@ -269,10 +272,6 @@ def _chunk_rows(w: QWeight, bytes_per_value: int) -> int:
     return max(1, PREFILL_CHUNK_BYTES // (w.shape[1] * bytes_per_value))
 
 
-def _release_cache(nbytes: int) -> None:
-    CPU.dense_cache_used -= nbytes
-
-
 def _cached_dense(w: QWeight) -> torch.Tensor | None:
     """The CPU float32 dense weight if cached or if it fits the remaining budget, else None."""
     if w._dense is not None:
@@ -282,11 +281,10 @@ def _cached_dense(w: QWeight) -> torch.Tensor | None:
         return None
     if w.ggml_type == F32:
         return w.data  # already dense float32 (a view of the file)
-    if CPU.dense_cache_used + nbytes > CPU_DENSE_CACHE_BYTES:
+    if not DENSE_CACHE.admit(nbytes):
         return None
     w._dense = dequantize(w.data.reshape(-1), w.ggml_type, w.shape)
-    CPU.dense_cache_used += nbytes
-    weakref.finalize(w, _release_cache, nbytes)
+    weakref.finalize(w, DENSE_CACHE.give_back, nbytes)
     return w._dense
 
 
@@ -326,12 +324,12 @@ def _linear_float(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 
 def _native_plan(w: QWeight) -> tuple | bool:
-    """(ggml_type, data pointer, row bytes, out_features), cached per weight (CPU.exact is
+    """(ggml_type, data pointer, row bytes, out_features), cached per weight (is_cpu_exact() is
     checked on every call, not here). A Q4_K or Q6_K weight on a repacking variant is repacked
     here, once (decode is compute-bound on Q4_K there: ~1.2x the GB/s repacked; Q6_K prefill
     loses its in-register transposes), and the file's pages it was read from are given back, so
     resident memory stays about the file's size."""
-    w._native_epoch = cpu_native.VARIANT_EPOCH
+    w._native_variant = cpu_native.variant()
     if (w.data.device.type != "cpu" or w.ggml_type == F32 or not cpu_native.supports(w.ggml_type)
             or w.data.dim() != 2 or w.data.stride(1) != 1):
         return False
@@ -350,8 +348,9 @@ def prepare(w: QWeight) -> None:
 
 
 def _plan(w: QWeight) -> tuple | bool:
-    """w's cached native plan, made again after a change of kernel variant."""
-    if w._native is None or w._native_epoch != cpu_native.VARIANT_EPOCH:
+    """w's cached native plan, made again after a change of kernel variant (the native module
+    holds which variant runs; a repacked weight runs on its own only)."""
+    if w._native is None or w._native_variant != cpu_native.variant():
         w._native = _native_plan(w)
     return w._native
 
@@ -385,7 +384,7 @@ def cuda_kernel_for(n_rows: int, dtype: torch.dtype) -> str:
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """x (..., in) -> (..., out) in x.dtype; weight stays quantized."""
     plan = _plan(w)
-    if plan and x.is_cpu and not CPU.exact and x.shape[-1] == w.shape[1]:
+    if plan and x.is_cpu and not is_cpu_exact() and x.shape[-1] == w.shape[1]:
         return _linear_native_fast(x, w, plan)
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: x has {x.shape[-1]} features, weight {w!r} expects {w.shape[1]}")
@@ -403,7 +402,7 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     if x.device.type == "cpu":
         if native_cpu(w):
             return _linear_native(x, w)
-        if not cpu_native.AVAILABLE and not CPU.exact:
+        if not cpu_native.AVAILABLE and not is_cpu_exact():
             _warn_no_native()
     return linear_reference(x, w)
 
@@ -412,7 +411,7 @@ def native_plans(weights, x: torch.Tensor) -> list[tuple] | None:
     """(ggml_type, data pointer, row bytes, out_features) of each weight when the CPU kernels
     can multiply x (2-D contiguous float32 on the CPU) by all of them in one call, else None."""
     k = x.shape[-1]
-    if CPU.exact or not x.is_cpu or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() \
+    if is_cpu_exact() or not x.is_cpu or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() \
             or len(weights) > 8:
         return None
     plans = []
@@ -446,12 +445,12 @@ def linear_add(x: torch.Tensor, w: QWeight, residual: torch.Tensor) -> torch.Ten
 def native_decode_layers(layers, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, v_head_dim: int,
                          eps: float, block_size: int | None = None):
     """One native call per decode step for a run of layers (cpu_native.DecodeLayers), or None
-    where it does not apply (torch path, CPU.exact, a weight the kernels do not run, a fused
+    where it does not apply (torch path, is_cpu_exact(), a weight the kernels do not run, a fused
     QKV / gate-up, a KV cache that is neither float32 nor float16): then the per-op path runs, which gives the
     same row bit for bit. `layers`: (attn_norm, ffn_norm, (wq, wk, wv, wo, w_gate, w_up,
     w_down), k_cache, v_cache) each; block_size: the caches are paged pools (n_blocks, kv_heads,
     block_size, d) read through a block table at each run."""
-    if CPU.exact or not cpu_native.AVAILABLE:
+    if is_cpu_exact() or not cpu_native.AVAILABLE:
         return None
     rows = []
     for attn_norm, ffn_norm, weights, k_cache, v_cache in layers:

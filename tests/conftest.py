@@ -91,7 +91,7 @@ def float32_cpu_path():
     float32 torch path. The native kernels (int8 activations, llama.cpp's method) are tested
     against gguf.quants + float64 in tests/kernels/test_cpu_native.py and end to end in
     tests/engine/mistral3/test_text_cpu_native.py."""
-    from tramontane.kernels.linear import cpu_exact
+    from support.cpu_kernels import cpu_exact
 
     with cpu_exact():
         yield

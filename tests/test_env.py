@@ -137,7 +137,7 @@ def test_the_import_time_settings_reach_their_readers():
     if not cpu_native.AVAILABLE:
         pytest.skip("the native CPU kernels are not built here")
     code = ("from tramontane.kernels import cpu_native, linear; "
-            "print(cpu_native.variant(), linear.CPU.exact)")
+            "print(cpu_native.variant(), linear.is_cpu_exact())")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TRAMONTANE_")}
 
     def run(**settings) -> list[str]:

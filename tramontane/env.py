@@ -67,7 +67,7 @@ class Env:
     # How generation runs
     cpu_exact: bool = _setting("TRAMONTANE_CPU_EXACT", _on_unless_blank_or_zero)
     """float32 torch matmuls on the CPU instead of the native kernels' int8 activations
-    (kernels.linear's starting value; set_cpu_exact() changes it later)."""
+    (kernels.linear.is_cpu_exact reads it once)."""
     cpu_variant: str | None = _setting("TRAMONTANE_CPU_VARIANT", _name)
     """the native kernels' variant (avx2, avx512, generic, neon, ...) where this CPU runs it;
     else the best one it runs."""

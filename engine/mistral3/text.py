@@ -570,8 +570,8 @@ class Mistral3Text:
         stored on it; each run takes the sequence's block table); None where the per-op path runs."""
         if seg.device.type != "cpu" or not native_cpu():
             return None
-        key = _linear_mod.cpu_native.VARIANT_EPOCH
-        made = cache.native_steps  # the segment's first layer -> (variant epoch, step)
+        key = _linear_mod.cpu_native.variant()
+        made = cache.native_steps  # the segment's first layer -> (kernel variant, step)
         if made.get(seg.layers.start, (None,))[0] != key:
             cfg = self.cfg
             made[seg.layers.start] = (key, _linear_mod.native_decode_layers(

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from ...kernels import cpu_native
 from ...kernels.ggml_types import BF16, F16
-from ...kernels.linear import CPU, FLOAT_DTYPES, QWeight, linear, native_plans
+from ...kernels.linear import FLOAT_DTYPES, QWeight, is_cpu_exact, linear, native_plans
 from ..api import EngineError, ImagePart
 from ..gguf import GGUFError, GGUFFile, open_gguf
 # the planner asks the same questions (device_map.DeviceInfo.bf16_dot, DeviceInfo.capability)
@@ -401,7 +401,7 @@ class VisionTower:
 
         if cpu_bf16 is None:
             # not in exact mode, whose float32 path would never read them (the planner counts the same)
-            cpu_bf16 = dtype is None and device.type == "cpu" and cpu_has_bf16_dot() and not CPU.exact
+            cpu_bf16 = dtype is None and device.type == "cpu" and cpu_has_bf16_dot() and not is_cpu_exact()
         bf16 = bf16_weights(patch, blocks, merger, mm1, mm2) if cpu_bf16 and device.type == "cpu" else None
         if dtype is None:
             dtype = tower_dtype(device)
@@ -526,9 +526,9 @@ class VisionTower:
 
     def _steps(self) -> _TorchSteps:
         """How this call's steps run: the one choice between the paths (the module's docstring)."""
-        if self.bf16 is not None and not CPU.exact:
+        if self.bf16 is not None and not is_cpu_exact():
             return _Bf16Steps(self, cpu_native.threads() if cpu_native.AVAILABLE else 1)
-        if self.native and not CPU.exact:
+        if self.native and not is_cpu_exact():
             return _NativeSteps(self, cpu_native.threads())
         return _TorchSteps(self, 1)
 

@@ -77,7 +77,7 @@ def want_dense(gf: GGUFFile, cfg: TextConfig, device: torch.device, requested: b
 
 def native_cpu() -> bool:
     """CPU linears run on the native kernels (not built, or TRAMONTANE_CPU_EXACT: torch)."""
-    return _linear_mod.cpu_native.AVAILABLE and not _linear_mod.CPU.exact
+    return _linear_mod.cpu_native.AVAILABLE and not _linear_mod.is_cpu_exact()
 
 
 def _fusable(gf: GGUFFile, names: Sequence[str], device: torch.device | None = None) -> bool:

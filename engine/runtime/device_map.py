@@ -703,9 +703,9 @@ def vision_tower_bytes(sizes: ModelSizes, device_kind: str, cpu_bf16: bool = Fal
 def cpu_tower_runs_bf16(device: DeviceInfo) -> bool:
     """Whether the vision tower loaded on `device` takes the CPU's bf16 path: a CPU with bf16 dot
     products, outside exact mode (the loader's default, VisionTower.load)."""
-    from ...kernels.linear import CPU  # torch: only once a tower is planned
+    from ...kernels.linear import is_cpu_exact  # torch: only once a tower is planned
 
-    return device.kind == "cpu" and device.bf16_dot and not CPU.exact
+    return device.kind == "cpu" and device.bf16_dot and not is_cpu_exact()
 
 
 def gpu_tower_runs_bf16(device: DeviceInfo) -> bool:

@@ -166,7 +166,8 @@ def test_argmax_is_torch_argmax(variant):
 def test_linears_is_linear_per_weight(rows):
     """One native call for several weights of one input (q, k, v of mixed types): bit for bit
     what one `linear` per weight gives, on the native kernels and on the float32 torch path."""
-    from tramontane.kernels.linear import QWeight, cpu_exact, linear, linears
+    from tramontane.kernels.linear import QWeight, linear, linears
+    from support.cpu_kernels import cpu_exact
 
     rng = np.random.default_rng(10)
     weights = [QWeight.from_raw(make_weight(t, n, 512, rng)[0], t, (n, 512))
@@ -261,6 +262,7 @@ def test_decode_layers_are_the_per_op_path_bit_for_bit(name):
     from support import FIXTURES
     from tramontane.engine.mistral3.text import Mistral3Text
     from tramontane.engine.runtime.decoder import new_cache
+    from support.cpu_kernels import cpu_exact
     from tramontane.kernels import linear as linear_mod
 
     model = Mistral3Text.load(os.path.join(FIXTURES, f"{name}.gguf"), device="cpu")
@@ -277,7 +279,7 @@ def test_decode_layers_are_the_per_op_path_bit_for_bit(name):
         pos = per_op.length
         per_op.reserve(1)  # the row's block, as forward_batch reserves before the layers
         fused.reserve(1)
-        with linear_mod.cpu_exact(False):  # the per-op native path
+        with cpu_exact(False):  # the per-op native path
             layers = [(model.layers[i], i) for i in seg.layers]
             want = x
             attend = model.rows_attention(seg, [(per_op, pos, 1)], want.device)

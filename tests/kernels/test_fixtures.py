@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tramontane.kernels import ggml_types as gt
-from tramontane.kernels.linear import QWeight, cpu_exact, dequantize, linear, native_cpu
+from tramontane.kernels.linear import QWeight, dequantize, linear, native_cpu
+from support.cpu_kernels import cpu_exact
 
 from support import FIXTURES
 from support.cpu_reference import act_block, quantize_rows

@@ -11,7 +11,8 @@ import torch
 from support.quant_bytes import gguf_dequantized, random_quant_bytes
 from tramontane.kernels import cpu_native, ggml_types as gt
 from tramontane.kernels import linear as lin
-from tramontane.kernels.linear import QWeight, cpu_exact, linear, linear_add, linears
+from tramontane.kernels.linear import QWeight, linear, linear_add, linears
+from support.cpu_kernels import cpu_exact
 
 TYPES = [gt.Q4_0, gt.Q8_0, gt.Q4_K, gt.Q6_K, gt.F16]
 PATHS = [*(f"native-{v}" for v in (cpu_native.variants() if cpu_native.AVAILABLE else [])), "exact"]
@@ -42,17 +43,39 @@ def weight(ggml_type: int, shape: tuple[int, int], seed: int) -> tuple[QWeight, 
 
 def test_the_exact_switch_is_restored_and_decides_the_path():
     w, _ = weight(gt.Q8_0, (32, 64), 0)
-    before = lin.CPU.exact
+    before = lin.is_cpu_exact()
     with cpu_exact():
-        assert lin.CPU.exact and not lin.native_cpu(w)
+        assert lin.is_cpu_exact() and not lin.native_cpu(w)
         with cpu_exact(False):
-            assert not lin.CPU.exact
+            assert not lin.is_cpu_exact()
             assert lin.native_cpu(w) == (cpu_native.AVAILABLE and cpu_native.supports(gt.Q8_0))
-        assert lin.CPU.exact
-    assert lin.CPU.exact == before
+        assert lin.is_cpu_exact()
+    assert lin.is_cpu_exact() == before
     f32 = QWeight(gt.F32, (4, 8), torch.zeros(4, 8))
     with cpu_exact(False):
         assert not lin.native_cpu(f32)  # float32 weights always go to torch
+
+
+@pytest.mark.skipif(not cpu_native.AVAILABLE, reason="the native CPU kernels are not built here")
+def test_the_kernel_variant_is_held_by_the_native_module_alone(restore_cpu_kernel_settings):
+    """Choosing a variant and planning a weight for it rebinds no global of kernels.linear or
+    kernels.cpu_native: a weight's plan names the variant it was made for, and is made again on
+    another one only."""
+    w, _ = weight(gt.Q4_K, (32, 256), 1)
+    x = torch.randn(1, 256)
+    globals_before = {m.__name__: dict(vars(m)) for m in (lin, cpu_native)}
+    with cpu_exact(False):
+        for name in cpu_native.variants():
+            cpu_native.use_variant(name)
+            linear(x, w)
+            assert w._native_variant == name
+            plan = w._native
+            cpu_native.use_variant(name)
+            linear(x, w)
+            assert w._native is plan  # the same variant again: the same plan
+    globals_after = {m.__name__: dict(vars(m)) for m in (lin, cpu_native)}
+    assert {m: set(g) for m, g in globals_after.items()} == {m: set(g) for m, g in globals_before.items()}
+    assert [(m, n) for m, g in globals_after.items() for n, v in g.items() if v is not globals_before[m][n]] == []
 
 
 @pytest.mark.parametrize("cpu_path", PATHS, indirect=True)

@@ -108,16 +108,16 @@ def test_cpu_dense_cache_is_bounded_and_released(monkeypatch):
 
     rng = np.random.default_rng(9)
     shape = (64, 256)  # 64 KiB dense float32
-    monkeypatch.setattr(linear_mod, "CPU_DENSE_CACHE_BYTES", linear_mod.CPU.dense_cache_used + 100_000)
-    used0 = linear_mod.CPU.dense_cache_used
+    monkeypatch.setattr(linear_mod, "CPU_DENSE_CACHE_BYTES", linear_mod.DENSE_CACHE.used + 100_000)
+    used0 = linear_mod.DENSE_CACHE.used
     a = QWeight.from_raw(random_quant_bytes(gt.Q4_K, shape, rng), gt.Q4_K, shape, "cpu")
     b = QWeight.from_raw(random_quant_bytes(gt.Q6_K, shape, rng), gt.Q6_K, shape, "cpu")
     x = torch.randn(2, 256)
     ya, yb = linear(x, a), linear(x, b)
     assert a._dense is not None and b._dense is None  # the second one did not fit the budget
-    assert linear_mod.CPU.dense_cache_used == used0 + 64 * 256 * 4
+    assert linear_mod.DENSE_CACHE.used == used0 + 64 * 256 * 4
     torch.testing.assert_close(ya, x @ a.dequantize().t())  # cached path
     torch.testing.assert_close(yb, x @ b.dequantize().t())  # chunked path
     del a
     gc.collect()
-    assert linear_mod.CPU.dense_cache_used == used0
+    assert linear_mod.DENSE_CACHE.used == used0

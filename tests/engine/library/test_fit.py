@@ -180,7 +180,7 @@ def test_a_q8_0_projector_not_yet_downloaded_is_planned_as_the_tower_will_hold_i
     numbers above and to the plan of the real inventory (gguf-py's sizes)."""
     from tramontane.engine.mistral3.config import VisionConfig, text_config
     from tramontane.engine.runtime.device_map import model_sizes, vision_tower_bytes
-    from tramontane.kernels.linear import cpu_exact
+    from support.cpu_kernels import cpu_exact
 
     entry = _q8_entry(catalog)
     assert entry.mmproj_type == "Q8_0" and sum(t.nbytes for t in _q8_reference_inventory().values()) == Q8_PROJECTOR

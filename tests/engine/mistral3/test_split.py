@@ -21,7 +21,7 @@ from tramontane.engine.runtime.decoder import decode, new_cache
 from tramontane.engine.runtime.device_map import (DeviceInfo, Machine, parse_device_map, plan_devices,
                                                   sizes_of_files)
 from tramontane.engine.runtime.local import LocalEngine
-from tramontane.kernels.linear import cpu_exact
+from support.cpu_kernels import cpu_exact
 
 # every test here runs on each CPU kernel variant this machine can force
 pytestmark = pytest.mark.cpu_variants

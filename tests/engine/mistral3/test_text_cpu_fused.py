@@ -19,7 +19,7 @@ from tramontane.engine.mistral3 import text as text_mod
 from tramontane.engine.mistral3.text import Mistral3Text
 from tramontane.engine.runtime.decoder import decode, new_cache
 from tramontane.kernels import cpu_native
-from tramontane.kernels.linear import cpu_exact
+from support.cpu_kernels import cpu_exact
 
 pytestmark = [pytest.mark.skipif(not cpu_native.AVAILABLE, reason="native CPU kernels not built"),
               pytest.mark.cpu_variants]  # once per kernel variant this CPU can force

@@ -21,7 +21,7 @@ from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 from tramontane.engine.mistral3.text import Mistral3Text
 from tramontane.kernels import cpu_native
-from tramontane.kernels.linear import cpu_exact
+from support.cpu_kernels import cpu_exact
 from support.fixture_models import greedy_tokens
 
 pytestmark = [pytest.mark.skipif(not cpu_native.AVAILABLE, reason="native CPU kernels not built"),

@@ -28,7 +28,7 @@ from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3 import vision as vision_module
 from tramontane.engine.mistral3.vision import VisionTower, cpu_has_bf16_dot
 from tramontane.kernels import cpu_native
-from tramontane.kernels.linear import cpu_exact
+from support.cpu_kernels import cpu_exact
 
 from support import FIXTURES, pixtral_hf
 from support.pixtral_hf import hf_encode, photo, relative_errors

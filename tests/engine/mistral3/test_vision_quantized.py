@@ -29,7 +29,7 @@ import torch
 from tramontane.engine.mistral3 import vision as vision_module
 from tramontane.engine.mistral3.vision import VisionTower
 from tramontane.kernels import cpu_native
-from tramontane.kernels.linear import cpu_exact
+from support.cpu_kernels import cpu_exact
 
 from support import pixtral_hf
 from support.pixtral_hf import hf_encode, photo, relative_errors

@@ -14,7 +14,8 @@ from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3 import weights
 from tramontane.engine.mistral3.text import Mistral3Text
 from tramontane.kernels import cpu_native, ggml_types as gt
-from tramontane.kernels.linear import QWeight, cpu_exact
+from tramontane.kernels.linear import QWeight
+from support.cpu_kernels import cpu_exact
 
 F32_MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 Q4_K_M_MODEL = FIXTURES / "mistral3_q256-Q4_K_M.gguf"

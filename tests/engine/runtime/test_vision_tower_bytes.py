@@ -21,7 +21,7 @@ from tramontane.engine.mistral3.vision import VisionTower
 from tramontane.engine.runtime import device_map
 from tramontane.engine.runtime.device_map import (Budget, DeviceInfo, Machine, cpu_tower_runs_bf16, model_sizes,
                                                   plan_devices, sizes_of_files, vision_tower_bytes)
-from tramontane.kernels.linear import cpu_exact
+from support.cpu_kernels import cpu_exact
 
 GiB = 1 << 30
 H, FFN, LAYERS, TEXT_HIDDEN, PATCH = 64, 128, 2, 96, 14
