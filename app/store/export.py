@@ -2,7 +2,9 @@
 
 JSON (`"format": "tramontane-chat"`, version 1) carries everything the store keeps about a
 chat, images and attached documents included as base64, so export -> import -> export gives the
-same document. Markdown is for reading: the images and documents are written as files in
+same document. Each image's and document's `position` is its place among the message's
+attachments (images and documents apart in two lists, which older readers of version 1 read
+as before; an export without positions is read by offset, images first). Markdown is for reading: the images and documents are written as files in
 folders beside the .md.
 
 A document's entry also says how the chat's replies read it (issue 37), for a reader of the
@@ -70,11 +72,14 @@ def chat_to_json(store: Store, chat_id: int) -> dict[str, Any]:
                         "sha256": img.sha256,
                         "ext": img.ext,
                         "text_offset": img.text_offset,
+                        "position": position,
                         "data_base64": base64.b64encode(store.image_bytes(img.sha256, img.ext)).decode("ascii"),
                     }
-                    for img in m.images
+                    for position, img in enumerate(m.attachments) if not img.is_document
                 ],
-                **({"documents": [readings.json(m, d) for d in m.documents]} if m.documents else {}),
+                **({"documents": [{**readings.json(m, d), "position": position}
+                                  for position, d in enumerate(m.attachments) if d.is_document]}
+                   if m.documents else {}),
                 **({"versions": [_version_json(v) for v in store.reply_versions(m.id)]}
                    if m.versions > 1 else {}),
                 **({"tool": m.tool} if m.tool else {}),  # tool calls, or a tool call's card
@@ -260,11 +265,11 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
         doc.require(state in STATES, f"{at}.state", f"{state!r} is not one of {', '.join(STATES)}")
         text = doc.string(raw, f"{at}.text", default="")
         stats = _stats(doc, raw, at)
-        images = []
+        attached = []  # (where, its entry, the part, its text offset)
         for where, raw_image in doc.objects(raw, f"{at}.images"):
             blob, offset = _attached_file(doc, raw_image, where, text, "image")
             name = doc.string(raw_image, f"{where}.name", default="image")
-            images.append((ImagePart(blob, name), offset))
+            attached.append((where, raw_image, ImagePart(blob, name), offset))
         for where, raw_document in doc.objects(raw, f"{at}.documents"):
             blob, offset = _attached_file(doc, raw_document, where, text, "document")
             name = doc.string(raw_document, f"{where}.name")
@@ -272,9 +277,8 @@ def chat_from_json(store: Store, data: Any, source: str = "chat JSON") -> int:
             mode = raw_document.get("mode")
             doc.require(mode is None or mode in DOCUMENT_MODES, f"{where}.mode",
                         f"{mode!r} is not one of {', '.join(DOCUMENT_MODES)}")
-            images.append((DocumentPart(blob, name), offset))
-        # As to_chat_message orders them: by offset, images before documents at one offset.
-        images.sort(key=lambda pair: (pair[1], isinstance(pair[0], DocumentPart)))
+            attached.append((where, raw_document, DocumentPart(blob, name), offset))
+        images = [(part, offset) for _, _, part, offset in _in_message_order(doc, attached)]
         versions = []
         for where, raw_version in doc.objects(raw, f"{at}.versions"):
             version_stats = _stats(doc, raw_version, where)
@@ -320,6 +324,25 @@ def _attached_file(doc: "_Reader", raw: dict, where: str, text: str, kind: str) 
         f"{where}.text_offset", f"expected 0..{len(text)}, got {offset!r}",
     )
     return blob, offset
+
+
+def _in_message_order(doc: "_Reader", attached: list[tuple[str, dict, Any, int]]) -> list[tuple[str, dict, Any, int]]:
+    """A message's images and documents in the order the store kept them (rows.Message.
+    attachments): by their `position`, which every entry has, or none (an export written before
+    positions: by offset, images before documents at one offset, as those exports were read)."""
+    placed = [entry for entry in attached if "position" in entry[1]]
+    if not placed:
+        return sorted(attached, key=lambda entry: (entry[3], isinstance(entry[2], DocumentPart)))
+    positions = []
+    for where, raw, _, _ in attached:
+        doc.require("position" in raw, f"{where}.position", "missing (the message's other attachments have one)")
+        position = raw["position"]
+        doc.require(isinstance(position, int) and not isinstance(position, bool)
+                    and 0 <= position < len(attached) and position not in positions,
+                    f"{where}.position", f"expected one of 0..{len(attached) - 1} not taken by another "
+                    f"attachment of the message, got {position!r}")
+        positions.append(position)
+    return [entry for _, entry in sorted(zip(positions, attached), key=lambda pair: pair[0])]
 
 
 def _is_number(value: Any) -> bool:

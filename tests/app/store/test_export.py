@@ -243,6 +243,54 @@ def test_json_import_restores_documents(store, tmp_path):
         assert other.get_chat(imported).messages[3].tool["sources"][0]["heading"] == "Service"
 
 
+def document_then_image_chat(s: Store) -> int:
+    """A document sent before an image at one text offset (the store keeps that order)."""
+    from tramontane.engine.api import DocumentPart
+
+    chat = s.create_chat("Order", model_path="/models/tiny.gguf")
+    s.add_chat_message(chat, ChatMessage("user", ["See ", DocumentPart(NOTES_MD, "notes.md"), ImagePart(PNG, "a.png"),
+                                                  "here", ImagePart(JPG, "b.jpg")]))
+    return chat
+
+
+def test_json_keeps_a_document_before_an_image_at_one_offset(store, tmp_path):
+    from tramontane.engine.api import DocumentPart
+
+    chat = document_then_image_chat(store)
+    first = chat_to_json(store, chat)
+    with Store(tmp_path / "elsewhere") as other:
+        imported = import_json(other, export_json(store, chat, tmp_path / "order.json"))
+        assert [a.name for a in other.get_chat(imported).messages[0].attachments] == ["notes.md", "a.png", "b.jpg"]
+        assert other.engine_messages(imported)[0].parts == [
+            "See ", DocumentPart(NOTES_MD, "notes.md"), ImagePart(PNG, "a.png"), "here", ImagePart(JPG, "b.jpg")]
+        assert chat_to_json(other, imported) == first
+    [message] = first["messages"]
+    assert [(i["name"], i["position"]) for i in message["images"]] == [("a.png", 1), ("b.jpg", 2)]
+    assert [(d["name"], d["position"]) for d in message["documents"]] == [("notes.md", 0)]
+
+
+def test_json_without_positions_reads_as_before(store):
+    """An export written before positions: by offset, images before documents at one offset."""
+    doc = chat_to_json(store, document_then_image_chat(store))
+    for entry in doc["messages"][0]["images"] + doc["messages"][0]["documents"]:
+        del entry["position"]
+    imported = chat_from_json(store, doc)
+    assert [a.name for a in store.get_chat(imported).messages[0].attachments] == ["a.png", "notes.md", "b.jpg"]
+
+
+@pytest.mark.parametrize("mutate,problem", [
+    (lambda d: d["messages"][0]["images"][1].pop("position"), "images[1].position: missing"),
+    (lambda d: d["messages"][0]["images"][1].update(position=1), "images[1].position: expected one of 0..2"),
+    (lambda d: d["messages"][0]["documents"][0].update(position=3), "documents[0].position: expected one of 0..2"),
+    (lambda d: d["messages"][0]["documents"][0].update(position=True), "documents[0].position: expected one of"),
+])
+def test_bad_positions_name_the_field(store, mutate, problem):
+    doc = _bad(chat_to_json(store, document_then_image_chat(store)), mutate)
+    with pytest.raises(ChatFileError) as info:
+        chat_from_json(store, doc, source="p.json")
+    assert str(info.value).startswith(f"p.json: messages[0].{problem}"), str(info.value)
+
+
 @pytest.mark.parametrize("mutate,field", [
     (lambda d: d["messages"][0]["documents"][0].update(data_base64="not base64!"), "messages[0].documents[0].data_base64"),
     (lambda d: d["messages"][0]["documents"][0].update(sha256="0" * 64), "messages[0].documents[0].sha256"),
