@@ -56,6 +56,21 @@ class PendingReply:
     sent: tuple[str, int] | None = None  # a new message's text and image count, shown until saved
 
 
+TITLE_CHARS = 60  # a new chat's title: its first message's first line, at most this long
+
+
+def chat_title(text: str) -> str:
+    """A new chat's title from its first message: the first line, cut at a word within
+    TITLE_CHARS and ended with "…" when cut (the 60 characters cut "how warm its colours" into
+    "how warm it", read as a word of its own); "Image chat" for a message with no text."""
+    line = (text.strip().splitlines() or [""])[0].strip()
+    if len(line) <= TITLE_CHARS:
+        return line or "Image chat"
+    space = line.rfind(" ", 0, TITLE_CHARS)  # the words before it leave room for "…"
+    cut = line[:space] if space >= TITLE_CHARS // 2 else line[:TITLE_CHARS - 1]  # else one long word (a link)
+    return cut.rstrip(" ,;:.-") + "…"
+
+
 def thought_fields(text: str, thought) -> dict:
     """Store.finish_reply's reasoning fields from the worker's Thought (app/reasoning.py)."""
     return dict(reasoning=text, reasoning_s=thought.seconds, reasoning_open=thought.cut)
@@ -187,7 +202,7 @@ class ChatSession(QObject):
         if refused:
             return refused
         store, chat_id = self.store, self.current_chat_id
-        title = (text.strip().splitlines() or ["Image chat"])[0][:60] or "Image chat"
+        title = chat_title(text)
         system_prompt = self.settings.default_system_prompt
         images = list(images)
         binding = dict(binding or {})

@@ -104,3 +104,29 @@ def test_drafts_stay_with_their_chat_across_restarts(qtbot, tmp_path):
         assert window.store.get_setting(f"draft.{second}") is None
     finally:
         close_window(window)
+
+
+def test_a_long_first_message_titles_the_chat_cut_at_a_word_with_an_ellipsis(qtbot, window):
+    """The README's screenshot showed "… how would I measure how warm it": the first line cut at
+    60 characters inside "its". The title ends at a whole word and says it was cut."""
+    window.composer.edit.setPlainText("What is in this picture? And how would I measure how warm "
+                                      "its colours are?\nMore")
+    with qtbot.waitSignal(window.replyFinished, timeout=30000):
+        window.composer.submit()
+    title = window.store.get_chat_info(window.session.current_chat_id).title
+    assert title == "What is in this picture? And how would I measure how warm…"
+    assert len(title) <= 60 and window.windowTitle() == f"{title} — Tramontane"
+
+
+@pytest.mark.parametrize("text, title", [
+    ("  Short question?  \nsecond line", "Short question?"),
+    ("", "Image chat"),
+    ("x" * 61, "x" * 59 + "…"),  # one long word (a link) is cut inside it
+    ("a" * 58 + " bb", "a" * 58 + "…"),
+    ("word, " * 12, "word, word, word, word, word, word, word, word, word, word…"),
+    ("y" * 60, "y" * 60),  # exactly the limit: whole
+])
+def test_chat_title(text, title):
+    from tramontane.app.chat_session import chat_title
+
+    assert chat_title(text) == title
