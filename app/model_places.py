@@ -151,6 +151,17 @@ def distinct_names(rows: list[tuple[str, Path]]) -> list[str]:
     return out
 
 
+def home_path(path: str | os.PathLike) -> str:
+    """A folder as its owner reads it: under the home folder written from ~ (the Models
+    dialog's "Models folder: ~/.local/share/Tramontane/models"), else whole."""
+    path = Path(path)
+    try:
+        rest = path.relative_to(Path.home())
+    except ValueError:
+        return str(path)
+    return "~" if rest == Path() else str(Path("~") / rest)
+
+
 def looked_in_words(models_dir: Path | None, places: list[tuple[str, Path]]) -> str:
     """Where models were looked for, for an empty list: "No GGUF models found. Looked in the
     models folder (…), Downloads (…), …"."""
@@ -159,5 +170,5 @@ def looked_in_words(models_dir: Path | None, places: list[tuple[str, Path]]) -> 
         if folder in seen:
             continue
         seen.add(folder)
-        parts.append(f"{what} ({folder})")
+        parts.append(f"{what} ({home_path(folder)})")
     return "No GGUF models found. Looked in " + ", ".join(parts) + "." if parts else "No GGUF models found."

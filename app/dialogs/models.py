@@ -36,7 +36,7 @@ from ...engine.library.sizes import size_text
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
-from ..model_places import distinct_names, find_models, looked_in_words, shown_name, usual_places
+from ..model_places import distinct_names, find_models, home_path, looked_in_words, shown_name, usual_places
 from ..widgets.model_bar import quant_of
 from ..config import AppSettings
 
@@ -272,7 +272,7 @@ class ModelManagerDialog(QDialog):
 
         self.token_button = QPushButton("Hub token…")
         self.token_button.clicked.connect(self._ask_token)
-        self.folder_label = QLabel(f"Models folder: {self.models_dir}")
+        self.folder_label = QLabel(f"Models folder: {home_path(self.models_dir)}")
         self.folder_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         bottom = QHBoxLayout()
         bottom.addWidget(self.folder_label, 1)

@@ -168,3 +168,21 @@ def test_the_models_dialog_says_where_it_looked_when_it_found_nothing(qtbot, tmp
     assert dlg.local_table.rowCount() == 0
     assert dlg.local_empty.text() == looked_in_words(tmp_path / "models", [("elsewhere", nowhere)])
     assert str(nowhere) in dlg.local_empty.text() and str(tmp_path / "models") in dlg.local_empty.text()
+
+
+def test_folders_under_the_home_folder_are_written_from_the_tilde(qtbot, tmp_path, monkeypatch, models_dialog):
+    """The Models dialog said "Models folder: /home/you/.local/share/Tramontane/models" (in the
+    README's picture, the tests' temporary folder); under the home folder it is written from ~,
+    in the folder line and in the list of places looked in, and whole elsewhere."""
+    from tramontane.app.model_places import home_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert home_path(tmp_path / "models") == os.path.join("~", "models")
+    assert home_path(tmp_path) == "~" and home_path("/usr/share/ollama") == "/usr/share/ollama"
+    assert home_path(str(tmp_path) + "-other") == str(tmp_path) + "-other"  # a sibling, not inside
+    nowhere = tmp_path / "Downloads"
+    dlg = models_dialog(nowhere)
+    assert dlg.folder_label.text() == f"Models folder: {os.path.join('~', 'models')}"
+    qtbot.waitUntil(dlg.local_empty.isVisible, timeout=30000)
+    assert dlg.local_empty.text() == ("No GGUF models found. Looked in the models folder "
+                                      f"({os.path.join('~', 'models')}), elsewhere ({os.path.join('~', 'Downloads')}).")
