@@ -95,7 +95,9 @@ def save(shot, name: str) -> None:
 
 
 def test_screenshots_light_and_dark(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(tmp_path / "models"))
+    home = tmp_path / "home" / "you"  # the Models dialog shows its folder from ~, as a user's would
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("TRAMONTANE_MODELS_DIR", str(home / ".local" / "share" / "Tramontane" / "models"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     app = QApplication.instance()
     old_style, old_palette = app.style().name(), app.palette()
