@@ -424,7 +424,7 @@ class Launcher:
             if art.cc == cc:
                 check_layout(art)
                 self.by_kernel.setdefault(art.kernel, []).append(art)
-        self._functions: dict[tuple, int] = {}
+        self._functions: dict[tuple, int] = {}  # (cubin path, entry, device) -> its loaded CUfunction
         self._picked: dict[tuple, Artifact] = {}
 
     def driver_accepts(self, device: int) -> bool:
@@ -435,7 +435,7 @@ class Launcher:
         if art is None:
             return False
         try:
-            self._functions[(id(art), device)] = _driver().load(art, device)
+            self._functions[(art.path, art.name, device)] = _driver().load(art, device)
         except AotError as exc:
             _report_once(("load", self.cc, device), f"tramontane: the GPU driver does not load the ahead-of-time "
                                                     f"kernels for sm_{self.cc} ({exc}); quantized matmuls use the "
@@ -478,9 +478,9 @@ class Launcher:
     def launch(self, kernel, grid, args: dict, constexprs: dict, num_warps: int, options: dict,
                num_stages: int, device: int, stream: int) -> None:
         art = self.pick(kernel, args, constexprs, num_warps, options, num_stages)
-        fn = self._functions.get((id(art), device))
+        fn = self._functions.get((art.path, art.name, device))
         if fn is None:
-            fn = self._functions[(id(art), device)] = _driver().load(art, device)
+            fn = self._functions[(art.path, art.name, device)] = _driver().load(art, device)
         grid = tuple(grid) + (1,) * (3 - len(grid))
         if grid[0] * grid[1] * grid[2] == 0:
             return  # nothing to do (as Triton's launcher: the driver rejects an empty grid)
