@@ -47,7 +47,9 @@ def style_sheet(dark: bool) -> str:
         QToolButton#sendButton {{ background: {ACCENT}; border: none; border-radius: 15px;
                                   min-width: 30px; min-height: 30px; }}
         QToolButton#sendButton:disabled {{ background: {muted}; }}
-        QToolButton#toolsSwitch {{ border: 1px solid {border}; border-radius: 6px; padding: 2px 8px; }}
+        QToolButton#toolsSwitch, QToolButton#headerButton {{ border: 1px solid {border}; border-radius: 6px;
+                                                             padding: 2px 8px; }}
+        QToolButton#toolsSwitch:hover:!checked, QToolButton#headerButton:hover {{ background: {hover}; }}
         QToolButton#toolsSwitch:checked {{ background: {ACCENT}; border-color: {ACCENT}; color: #ffffff; }}
         QListView#chatList {{ background: transparent; border: none; }}
         QListView#chatList::item {{ padding: 5px 6px; border-radius: 6px; }}

@@ -66,3 +66,14 @@ def test_long_load_error_does_not_widen_the_window(qtbot, window):
     _shrink_to_laptop(qtbot, window, "error_800.png")
     assert window.minimumSizeHint().width() <= 800
     assert window.width() == 800
+
+
+def test_the_headers_buttons_stand_apart(qtbot, window):
+    """In the README's screenshots the Tools switch and System prompt… touched, reading as one
+    button of two halves of different heights (no spacing in the header's layout; only the
+    switch was styled)."""
+    window.resize(1100, 700)
+    qtbot.wait(50)
+    tools, system = window.tools_button.geometry(), window.system_button.geometry()
+    assert system.left() - tools.right() > 4, (tools, system)
+    assert (tools.top(), tools.height()) == (system.top(), system.height())
