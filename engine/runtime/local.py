@@ -92,17 +92,8 @@ class LocalEngine:
         if progress:
             progress(0.95, "allocating the KV cache, capturing the decode graphs")
         self.kv_type = kv_type
-        host_budget = self._host_kv_budget(kv_host_budget_mb << 20)
         context = self.plan.context_length
-        positions = context
-        if not self.model.on_gpu:
-            # on the CPU the pool is host memory, committed as blocks are written: the host budget
-            # is more blocks of it (chats kept in the pool), not copies beside it
-            per_token = self.model.kv_bytes_per_token(dtype=cpu_kv_dtype(kv_type))
-            free = host.available_ram()  # never more than half of what is free beside the context's own KV
-            if free:
-                host_budget = min(host_budget, max(0, free - context * per_token) // 2)
-            positions, host_budget = context + host_budget // max(1, per_token), 0
+        positions, host_budget = self._pool_positions(context, self._host_kv_budget(kv_host_budget_mb << 20))
         # the KV the plan counted: every sequence's blocks (decode graphs captured now)
         self.pool = new_pool(self.model, positions, kv_type=kv_type, context_length=context)
         disk = None
@@ -117,19 +108,35 @@ class LocalEngine:
                                         pool=self.pool, context_length=context, prefix_cache=self.prefix_cache,
                                         replies=self.replies, source=self.model_path)
         if draft_model is not None:
-            from .draft import DraftModel
-
             if progress:
                 progress(0.97, "loading the draft model")
-            try:
-                self.scheduler.draft_model = DraftModel.load(draft_model, self.model_path,
-                                                             device=torch_device(self.plan.draft_device),
-                                                             positions=context)
-            except GGUFError as exc:
-                raise EngineError(str(exc)) from None
+            self.scheduler.draft_model = self._load_draft(draft_model, context)
         release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
+
+    def _pool_positions(self, context: int, host_budget: int) -> tuple[int, int]:
+        """(positions of the KV pool, bytes of host memory for blocks beside it). On the CPU the
+        pool is host memory, committed as blocks are written: the host budget is more blocks of
+        it (chats kept in the pool), not copies beside it, and never more than half of what is
+        free beside the context's own KV."""
+        if self.model.on_gpu:
+            return context, host_budget
+        per_token = self.model.kv_bytes_per_token(dtype=cpu_kv_dtype(self.kv_type))
+        free = host.available_ram()
+        if free:
+            host_budget = min(host_budget, max(0, free - context * per_token) // 2)
+        return context + host_budget // max(1, per_token), 0
+
+    def _load_draft(self, draft_model: str | Path, context: int):
+        """The draft model (runtime/draft.py) where the plan put it, its pool `context` positions."""
+        from .draft import DraftModel
+
+        try:
+            return DraftModel.load(draft_model, self.model_path, device=torch_device(self.plan.draft_device),
+                                   positions=context)
+        except GGUFError as exc:
+            raise EngineError(str(exc)) from None
 
     @property
     def tokenizer(self) -> Tokenizer:
