@@ -44,7 +44,8 @@ def served_model_of(engine) -> ServedModel | None:
     if engine.device_kind == "remote":
         return None
     return ServedModel(Path(engine.model_path).stem, bool(engine.has_vision), int(engine.context_size),
-                       max_token_bytes=longest_token_bytes(engine.tokenizer))
+                       max_token_bytes=longest_token_bytes(engine.tokenizer),
+                       vocab_size=int(engine.tokenizer.vocab_size))
 
 
 class BatchExecutor:

@@ -15,7 +15,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api import ChatMessage, DocumentPart, EngineError, GenerationResult, ImagePart, SamplingParams, ToolSpec
@@ -47,6 +47,7 @@ class ServedModel:
     context_size: int
     created: int = field(default_factory=lambda: int(time.time()))
     max_token_bytes: int = 0  # the tokenizer's longest token (0: unknown): bounds tokens by bytes
+    vocab_size: int = 0  # the tokenizer's token ids are 0..vocab_size - 1 (0: unknown)
     aliases: tuple[str, ...] = ()  # more ids /v1/models lists (the server's --alias)
     strict: bool = False  # refuse model names not listed (else any name gets this model)
 
@@ -153,7 +154,7 @@ def _refuse_unsupported(body: dict, supported_defaults: dict[str, Any]) -> None:
 
 
 _COMMON_UNSUPPORTED = {
-    "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": ({},), "best_of": 1,
+    "presence_penalty": 0, "frequency_penalty": 0, "best_of": 1,
 }
 # chat: tools, tool_choice, response_format, logprobs and top_logprobs are tools_api's
 _CHAT_UNSUPPORTED = {**_COMMON_UNSUPPORTED, "functions": ([],), "function_call": ("none", "auto"),
@@ -208,6 +209,55 @@ def sampling_params(body: dict, context_size: int) -> SamplingParams:
     except EngineError as exc:
         raise ApiError(400, str(exc)) from None
     return params
+
+
+MAX_LOGIT_BIAS = 100  # OpenAI's bound on a `logit_bias` value
+
+
+class LogitBias:
+    """OpenAI's `logit_bias` as a logits processor: each listed token's bias (-100..100) added to
+    its logit before sampling (and before any grammar's mask), as OpenAI and vLLM apply it; -100
+    in effect bans the token, 100 makes it all but certain. Log-probabilities stay the model's."""
+
+    def __init__(self, bias: dict[int, float]):
+        self.bias = bias
+        self._on: dict = {}  # device -> (ids, values): made once per device
+
+    def __call__(self, generated: list[int], logits):
+        import torch
+
+        if logits.device not in self._on:
+            self._on[logits.device] = (
+                torch.tensor(list(self.bias), dtype=torch.long, device=logits.device),
+                torch.tensor(list(self.bias.values()), dtype=logits.dtype, device=logits.device))
+        ids, values = self._on[logits.device]
+        out = logits.clone()
+        out[..., ids] += values
+        return out
+
+
+def with_logit_bias(body: dict, params: SamplingParams, model: ServedModel) -> SamplingParams:
+    """`params` with the request's `logit_bias` ({token id: bias}, ids as JSON keys: strings),
+    checked against the model's vocabulary."""
+    value = body.get("logit_bias")
+    if value is None or value == {}:
+        return params
+    if not isinstance(value, dict):
+        raise bad("logit_bias", f"must be an object of token id to bias, got {value!r}")
+    bias: dict[int, float] = {}
+    for key, b in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad("logit_bias", f"{key!r} is not a token id (an integer)") from None
+        if token < 0 or (model.vocab_size and token >= model.vocab_size):
+            raise bad("logit_bias", f"token id {token} is not in the model's vocabulary "
+                                    f"(0..{model.vocab_size - 1})")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+            raise bad("logit_bias", f"the bias of token {token} must be a number in "
+                                    f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {b!r}")
+        bias[token] = float(b)
+    return replace(params, logits_processors=(*params.logits_processors, LogitBias(bias)))
 
 
 def request_speculation(body: dict) -> tuple[str, int | None] | None:
@@ -451,7 +501,8 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
     _refuse_unsupported(body, _CHAT_UNSUPPORTED)
     messages = parse_messages(body.get("messages"), limits)
     stream, include_usage = _stream_flags(body)
-    job = chat_job(messages, model, sampling_params(body, model.context_size), stream,
+    params = with_logit_bias(body, sampling_params(body, model.context_size), model)
+    job = chat_job(messages, model, params, stream,
                    parse_tool_request(body), include_usage=include_usage, n=_choice_count(body))
     job.reasoning_format = _reasoning_format(body)
     job.speculation = request_speculation(body)
@@ -560,7 +611,8 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
         raise bad("echo", f"must be true or false, got {echo!r}")
     grammar = structured_output_grammar(body)
     request = tool_request([], grammar_text=grammar, top_logprobs=top) if grammar or top is not None else None
-    return ChatJob(sampling_params(body, model.context_size), stream, include_usage, prompt=prompts[0],
+    params = with_logit_bias(body, sampling_params(body, model.context_size), model)
+    return ChatJob(params, stream, include_usage, prompt=prompts[0],
                    n=_choice_count(body), prompts=prompts, tool_request=request, echo=echo,
                    speculation=request_speculation(body))
 

@@ -1,7 +1,7 @@
 """The edges clients and peers' suites trip on: llama-server's --cors-origin forms (`localhost`
 for any page served from this machine, an origin without a scheme), the key as `x-api-key` as
 well as Bearer, and JSON Schemas closed by default on the OpenAI path (a pydantic model's schema
-leaves additionalProperties unset), through the official `openai` client."""
+leaves additionalProperties unset), OpenAI's `logit_bias`, through the official `openai` client."""
 from __future__ import annotations
 
 import http.client
@@ -94,3 +94,31 @@ def test_a_pydantic_schema_is_closed_by_default_on_chat_completions(served, seed
     parsed = c.chat.completions.parse(model="m", messages=[{"role": "user", "content": "Weather?"}],
                                       max_tokens=120, temperature=1.0, seed=seed, response_format=Weather)
     assert isinstance(parsed.choices[0].message.parsed, Weather)
+
+
+A, B = 1097, 1098  # the tiny tokenizer's byte tokens "a" and "b" (1000 control slots, then the bytes)
+
+
+def test_logit_bias_moves_the_draw_on_chat_and_completions(served):
+    """OpenAI's logit_bias (llama.cpp's suite and LangChain send it): added to the logits before
+    sampling, so +100 makes a token all but certain and -100 bans it; it was refused before."""
+    c = openai.OpenAI(base_url=served.url, api_key=KEY, max_retries=0, timeout=120)
+    chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                     temperature=1.0, seed=3, logit_bias={str(A): 100})
+    assert chat.choices[0].message.content == "aaaa"
+    text = c.completions.create(model="m", prompt="Once", max_tokens=4, temperature=0.0,
+                                logit_bias={str(A): -100, str(B): 100})
+    assert text.choices[0].text == "bbbb"
+
+
+@pytest.mark.parametrize("bias, words", [
+    ({"2048": 1}, "token id 2048 is not in the model's vocabulary (0..2047)"),
+    ({"x": 1}, "'x' is not a token id"),
+    ({str(A): 101}, "must be a number in [-100, 100], got 101"),
+])
+def test_a_logit_bias_outside_openais_bounds_is_refused_by_name(served, bias, words):
+    c = openai.OpenAI(base_url=served.url, api_key=KEY, max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                  logit_bias=bias)
+    assert words in refused.value.body["message"] and refused.value.body["param"] == "logit_bias"
