@@ -34,6 +34,7 @@ class ProjectorPicker(QDialog):
         self.list.setAccessibleName("Projectors that fit the model")
         for choice in choices:
             self._add(str(choice.path) if choice is not None else "")
+        self._name_rows()
         self._select(current)
         self.list.itemDoubleClicked.connect(lambda _item: self.accept())
         self.other_button = QPushButton("Other file…")
@@ -67,6 +68,16 @@ class ProjectorPicker(QDialog):
         else:
             self.list.addItem(item)
         return item
+
+    def _name_rows(self) -> None:
+        """Each row by its file's name, told apart by its folders from another of that name (a
+        projector of the same name picked from another folder) as the Models dialog does."""
+        from ..model_places import distinct_names
+
+        items = [item for item in map(self.list.item, range(self.list.count())) if item.data(PATH_ROLE)]
+        paths = [Path(item.data(PATH_ROLE)) for item in items]
+        for item, name in zip(items, distinct_names([(path.name, path) for path in paths])):
+            item.setText(name)
 
     def _select(self, path: str) -> None:
         for i in range(self.list.count()):
@@ -106,6 +117,7 @@ class ProjectorPicker(QDialog):
         rows = [self.list.item(i).data(PATH_ROLE) for i in range(self.list.count())]
         if path not in rows:
             self._add(path)
+            self._name_rows()
         self._select(path)
 
 
