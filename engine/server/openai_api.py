@@ -500,6 +500,7 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
     check_model(body, model)
     _refuse_unsupported(body, _CHAT_UNSUPPORTED)
     messages = parse_messages(body.get("messages"), limits)
+    _check_continuation(body, messages)
     stream, include_usage = _stream_flags(body)
     params = with_logit_bias(body, sampling_params(body, model.context_size), model)
     job = chat_job(messages, model, params, stream,
@@ -507,6 +508,25 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
     job.reasoning_format = _reasoning_format(body)
     job.speculation = request_speculation(body)
     return job
+
+
+def _check_continuation(body: dict, messages: list[ChatMessage]) -> None:
+    """vLLM's `add_generation_prompt` / `continue_final_message`: a last assistant message is
+    continued (mistral-common's prefix=True) whether or not the request says so, as llama-server
+    prefills it; both set true, or continuing a message that is not the assistant's, is refused
+    (vLLM's and llama-server's rules), never answered as something else."""
+    flags = {}
+    for name in ("add_generation_prompt", "continue_final_message"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise bad(name, f"must be true or false, got {value!r}")
+        flags[name] = value
+    if flags["continue_final_message"] and flags["add_generation_prompt"]:
+        raise bad("continue_final_message", "cannot be true with add_generation_prompt true: a reply "
+                                            "either continues the last message or starts a new one")
+    if flags["continue_final_message"] and messages and messages[-1].role != "assistant":
+        raise bad("continue_final_message", f"needs a last message from the assistant to continue, "
+                                            f"got one from {messages[-1].role}")
 
 
 # llama.cpp's `reasoning_format` (its --reasoning-format): "none" leaves the thought inline in the

@@ -122,3 +122,39 @@ def test_a_logit_bias_outside_openais_bounds_is_refused_by_name(served, bias, wo
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
                                   logit_bias=bias)
     assert words in refused.value.body["message"] and refused.value.body["param"] == "logit_bias"
+
+
+def post(served, path: str, body: dict) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Authorization": f"Bearer {KEY}",
+                                                      "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+PREFILL = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
+
+
+@pytest.mark.parametrize("flags, messages, words", [
+    ({"add_generation_prompt": True, "continue_final_message": True}, PREFILL,
+     "continue_final_message: cannot be true with add_generation_prompt true"),
+    ({"continue_final_message": True}, PREFILL[:1], "needs a last message from the assistant to continue, got one from user"),
+    ({"continue_final_message": "yes"}, PREFILL, "continue_final_message: must be true or false"),
+])
+def test_vllms_continuation_flags_that_contradict_the_messages_are_refused(served, flags, messages, words):
+    """vLLM's add_generation_prompt / continue_final_message (llama.cpp's suite sends them): a
+    contradiction was answered as a continuation (200), as if the flags were not there."""
+    status, body = post(served, "/v1/chat/completions", {"messages": messages, "max_tokens": 2, **flags})
+    assert status == 400 and words in body["error"]["message"]
+
+
+def test_continue_final_message_continues_the_last_assistant_message(served):
+    status, body = post(served, "/v1/chat/completions", {
+        "messages": PREFILL, "max_tokens": 2, "temperature": 0, "add_generation_prompt": False,
+        "continue_final_message": True})
+    status_plain, plain = post(served, "/v1/chat/completions", {"messages": PREFILL, "max_tokens": 2, "temperature": 0})
+    assert status == status_plain == 200
+    assert body["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
