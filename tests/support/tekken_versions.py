@@ -8,11 +8,14 @@ them; ours also gets the chat template text llama.cpp's converter writes per ver
 markers matter)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 
 import numpy as np
+from PIL import Image
 
+from tramontane.engine.api import ImagePart
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 
@@ -27,6 +30,29 @@ TEMPLATES = {7: "mistral-v7-tekken",
                  "{{- '[TOOL_RESULTS]' + content + '[/TOOL_RESULTS]' }}"}
 # Mistral-Small-3.1's image settings (patch 14, merge 2 -> 28 px per token, longest side 1540)
 SMALL31_IMAGE = {"image_patch_size": 14, "max_image_size": 1540, "spatial_merge_size": 2}
+
+
+def pil_image(image: ImagePart) -> Image.Image:
+    """An image part as PIL opens it (what mistral-common's image encoder is given)."""
+    return Image.open(io.BytesIO(image.data))
+
+
+def reference_grid(ref):
+    """mistral-common's (rows, cols) of image tokens of an image part, from the reference
+    tokenizer `ref`: the image_grid our encode_chat is compared with."""
+    encoder = ref.instruct_tokenizer.image_encoder
+
+    def image_grid(image: ImagePart) -> tuple[int, int]:
+        cols, rows = encoder._image_to_num_tokens(pil_image(image))
+        return rows, cols
+
+    return image_grid
+
+
+def tekken_tokenizer() -> Tokenizer:
+    """Our tokenizer of the tekken_240911 file as it is (its own slots and template)."""
+    with open_gguf(TEKKEN_GGUF) as gf:
+        return Tokenizer.from_gguf(gf)
 
 
 def our_tokenizer(version: int, controls: dict[int, str] | None = None,

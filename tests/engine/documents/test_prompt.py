@@ -8,7 +8,6 @@ tokenizer, counted through our encoder."""
 from __future__ import annotations
 
 import json
-import os
 import random
 
 import pytest
@@ -19,12 +18,11 @@ from tramontane.engine.documents.document import DocumentError
 from tramontane.engine.documents.extract import extract
 from tramontane.engine.documents.prompt import documents_prompt, token_counter
 from tramontane.engine.documents.retrieval import DocumentIndex
-from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.chat_format import encode_chat
 from tramontane.engine.mistral3.config import VisionConfig
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 
-from support import FIXTURES
+from support.tekken_versions import tekken_tokenizer
 
 fpdf = pytest.importorskip("fpdf")
 pytest.importorskip("mistral_common")
@@ -33,7 +31,6 @@ from mistral_common.protocol.instruct.messages import AssistantMessage, UserMess
 from mistral_common.protocol.instruct.request import ChatCompletionRequest  # noqa: E402
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # noqa: E402
 
-TEKKEN_GGUF = os.path.join(FIXTURES, "tekken_240911_tokenizer.gguf")
 SMALL_TOWER = VisionConfig(112, 16, 2, 64, 128, 2, 4, 1e-5, (0.5,) * 3, (0.5,) * 3, "silu", 1e4, 64, "mmproj")
 FILLER = ("quarterly ledger shipment harbour crane invoice weather timber schedule "
           "northern freight customs office lantern bridge pier vessel cargo manifest").split()
@@ -45,8 +42,7 @@ FACTS = [("The lighthouse keeper is named Ottoline Brack.", "Who keeps the light
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    with open_gguf(TEKKEN_GGUF) as gf:
-        return Tokenizer.from_gguf(gf)
+    return tekken_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 
 from support import FIXTURES
+from support.tekken_versions import pil_image, reference_grid, tekken_tokenizer
 
 pytest.importorskip("mistral_common")
 from PIL import Image  # noqa: E402
@@ -31,7 +32,6 @@ from mistral_common.protocol.instruct.messages import (  # noqa: E402
 from mistral_common.protocol.instruct.request import ChatCompletionRequest  # noqa: E402
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # noqa: E402
 
-TEKKEN_GGUF = os.path.join(FIXTURES, "tekken_240911_tokenizer.gguf")
 TINY_GGUF = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
 TINY_JSON = os.path.join(FIXTURES, "tekken_tiny.json")
 # Mistral-Small-3.1's image settings (patch 14, merge 2 -> 28 px per token, longest side 1540)
@@ -52,8 +52,7 @@ IMG_D = _png(1, 1)
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    with open_gguf(TEKKEN_GGUF) as gf:
-        return Tokenizer.from_gguf(gf)
+    return tekken_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -66,24 +65,10 @@ def ref(tmp_path_factory) -> MistralTokenizer:
     return MistralTokenizer.from_file(str(path))
 
 
-def _pil(image: ImagePart) -> Image.Image:
-    return Image.open(io.BytesIO(image.data))
-
-
-def _grid_from(ref: MistralTokenizer):
-    encoder = ref.instruct_tokenizer.image_encoder
-
-    def image_grid(image: ImagePart) -> tuple[int, int]:
-        cols, rows = encoder._image_to_num_tokens(_pil(image))
-        return rows, cols
-
-    return image_grid
-
-
 def _to_mistral_common(messages: list[ChatMessage]):
     out = []
     for m in messages:
-        chunks = [TextChunk(text=p) if isinstance(p, str) else ImageChunk(image=_pil(p)) for p in m.parts]
+        chunks = [TextChunk(text=p) if isinstance(p, str) else ImageChunk(image=pil_image(p)) for p in m.parts]
         content = m.parts[0] if len(m.parts) == 1 and isinstance(m.parts[0], str) else chunks
         if m.role == "system":
             out.append(SystemMessage(content=content))
@@ -156,7 +141,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_mistral_common(tok, ref, name):
     messages = CASES[name]
-    grid = _grid_from(ref)
+    grid = reference_grid(ref)
     enc = encode_chat(tok, messages, grid)
     assert enc.ids == _reference_ids(ref, messages)
     assert enc.ids[0] == tok.bos_id
@@ -176,7 +161,7 @@ def test_prompt_structure(tok, ref):
 
 
 def test_known_image_token_counts(tok, ref):
-    grid = _grid_from(ref)
+    grid = reference_grid(ref)
     assert grid(_png(640, 480)) == (18, 23)  # 414 [IMG], see docs/mistral3.md
     assert grid(IMG_C) == (9, 55)
     enc = encode_chat(tok, [M(U, _png(640, 480))], grid)
@@ -189,7 +174,7 @@ def test_random_conversations_match(tok, ref):
     """Random role/part sequences; those mistral-common refuses (e.g. ending on an assistant
     turn, or a system message right after an assistant) are left out."""
     rng = random.Random(2024)
-    grid = _grid_from(ref)
+    grid = reference_grid(ref)
     words = ["hi", " there", "\n\n", "  ", "", "[INST]", "😀", "x y z", "\t", "end "]
     images = [IMG_A, IMG_B, IMG_D]
     compared = 0
@@ -274,7 +259,7 @@ def test_tiny_model_vocabulary_matches_its_own_v7_tokenizer():
     ref = MistralTokenizer.from_file(TINY_JSON)
     if ref.instruct_tokenizer.image_encoder is None:
         pytest.skip("tekken_tiny.json has no image settings")
-    grid = _grid_from(ref)
+    grid = reference_grid(ref)
     for name in ["multi-turn", "system in the middle", "images across turns", "control text typed",
                  "text then image (mistral-common moves the image first)"]:
         messages = CASES[name]

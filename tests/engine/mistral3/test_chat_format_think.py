@@ -19,7 +19,8 @@ import pytest
 from tramontane.engine.api import ChatMessage, EngineError, ImagePart, ThinkPart, ToolCall, ToolSpec
 from tramontane.engine.mistral3.chat_format import encode_chat
 
-from support.tekken_versions import LATER_CONTROLS, SMALL31_IMAGE, TEMPLATES, our_tokenizer, reference_tokenizer
+from support.tekken_versions import (LATER_CONTROLS, SMALL31_IMAGE, TEMPLATES, our_tokenizer, pil_image, reference_grid,
+                                     reference_tokenizer)
 
 pytest.importorskip("mistral_common")
 from PIL import Image  # noqa: E402
@@ -44,10 +45,6 @@ def _png(w: int, h: int, color=(200, 30, 60)) -> ImagePart:
     return ImagePart(buf.getvalue(), f"{w}x{h}.png")
 
 
-def _pil(image: ImagePart) -> Image.Image:
-    return Image.open(io.BytesIO(image.data))
-
-
 IMG_A = _png(60, 30)  # 3 cols x 2 rows
 IMG_B = _png(100, 200, (10, 200, 10))  # 4 x 8
 
@@ -59,7 +56,7 @@ def _chunk(part):
         return TextChunk(text=part)
     if isinstance(part, ThinkPart):
         return ThinkChunk(thinking=part.text, closed=part.closed)
-    return ImageChunk(image=_pil(part))
+    return ImageChunk(image=pil_image(part))
 
 
 def _content(parts, keep_thoughts: bool):
@@ -88,16 +85,6 @@ def _reference_ids(ref, messages, tools, keep_thoughts: bool) -> list[int]:
         tools=[Tool(function=Function(name=t.name, description=t.description, parameters=t.parameters))
                for t in tools] if tools else None)
     return ref.encode_chat_completion(request).tokens
-
-
-def _grid_from(ref):
-    encoder = ref.instruct_tokenizer.image_encoder
-
-    def image_grid(image: ImagePart) -> tuple[int, int]:
-        cols, rows = encoder._image_to_num_tokens(_pil(image))
-        return rows, cols
-
-    return image_grid
 
 
 # ----------------------------------------------------------------------------- conversations
@@ -163,9 +150,9 @@ def test_prompt_ids_match_mistral_common(pair, name):
     messages, tools = CONVERSATIONS[name]
     if version < 13 and any(isinstance(p, ThinkPart) for m in messages if m.role == "system" for p in m.parts):
         with pytest.raises(EngineError, match=r"tekken-v\d+\.gguf: .*cannot hold a thought"):
-            encode_chat(tok, messages, _grid_from(ref), tools=tools)
+            encode_chat(tok, messages, reference_grid(ref), tools=tools)
         return
-    ours = encode_chat(tok, messages, _grid_from(ref), tools=tools).ids
+    ours = encode_chat(tok, messages, reference_grid(ref), tools=tools).ids
     if version < 13 and name == "thought_only_reply":
         # without its thought the reply is empty, which mistral-common refuses: ours is </s>
         # (the empty-reply rule), between the two user turns mistral-common encodes
@@ -307,7 +294,7 @@ def test_each_catalogue_models_chat_matches_mistral_common(tokenizers, entry_id)
     messages, tools = _catalogue_conversation(entry, tok.can_think)
     if entry.system_prompt:
         assert messages[0].parts[:len(entry.system_prompt)] == list(entry.system_prompt)
-    ours = encode_chat(tok, messages, _grid_from(ref) if entry.vision else None, tools=tools).ids
+    ours = encode_chat(tok, messages, reference_grid(ref) if entry.vision else None, tools=tools).ids
     assert ours == _reference_ids(ref, messages, tools, keep_thoughts=True)
     thoughts = sum(isinstance(p, ThinkPart) for m in messages for p in m.parts)
     assert (ours.count(tok.think_ids[0]) if tok.can_think else 0) == thoughts  # each one a think chunk

@@ -19,12 +19,12 @@ from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.tokenizer import TEKKEN_PATTERN, Tokenizer, TokenizerError, TokenType
 
 from support import FIXTURES
+from support.tekken_versions import TEKKEN_GGUF, tekken_tokenizer
 
 Tekkenizer = pytest.importorskip("mistral_common.tokens.tokenizers.tekken").Tekkenizer
 from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy  # noqa: E402
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # noqa: E402
 
-TEKKEN_GGUF = os.path.join(FIXTURES, "tekken_240911_tokenizer.gguf")
 TEKKEN_JSON = MistralTokenizer._data_path() / "tekken_240911.json"
 # another engineer's tiny model, converted by llama.cpp from tekken_tiny.json (2048 tokens)
 TINY_GGUF = os.path.join(FIXTURES, "mistral3_tiny-f32.gguf")
@@ -75,8 +75,7 @@ def _mixed_strings(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    with open_gguf(TEKKEN_GGUF) as gf:
-        return Tokenizer.from_gguf(gf)
+    return tekken_tokenizer()
 
 
 @pytest.fixture(scope="module")
