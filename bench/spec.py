@@ -1,30 +1,33 @@
-"""Prompt-lookup speculation end to end, Tramontane's server beside llama.cpp's llama-server in
-the same mode on the same GGUF, in one run (issue 38, bench (c)).
+"""Speculative decoding end to end, Tramontane's server beside llama.cpp's llama-server in the
+same mode on the same GGUF files, in one run (issue 38, bench (c)): prompt lookup and a draft model.
 
-    python bench/spec.py --model FILE.gguf [--llama-server /path/llama-server] [--clients 1 8]
-                         [--rounds 3] [--tokens 128] [--spec-tokens 8] [--threads 2]
+    python bench/spec.py --model TARGET.gguf [--draft-model DRAFT.gguf] [--llama-server /path/llama-server]
+                         [--runs ngram:copy draft:text] [--clients 1 8] [--rounds 3] [--tokens 128]
+                         [--spec-tokens 8] [--threads 2]
 
-Four servers, each its own process with the same thread count and -np slots, all up for the
-whole run: ours plain, ours speculating (`serve --spec ngram`), llama-server plain, llama-server
-speculating (`--spec-type ngram-simple`, or the n-gram type its --help offers, --llama-spec to
-choose). If this checkout's `serve` has no --spec yet, one server of ours serves both, the
-speculating requests asking for it in the body ("speculation": "ngram", "speculative.n_max": K); the
-header line says which. Without --llama-server only ours run.
+Servers, each its own process with the same thread count and -np slots, all up for the whole
+run: ours plain, ours speculating in each mode run (`serve --spec ngram`, `serve --spec draft
+--draft-model F`), llama-server plain and speculating in the same modes (`--spec-type
+ngram-simple`, or the n-gram type its --help offers, --llama-spec to choose; `--spec-type
+draft-simple --model-draft F` where its --help has them). Without --llama-server only ours run.
 
-The task is copy-heavy: a held-out stdlib passage, then the same passage with an identifier
-renamed, cut after its first line (bench/train_pair.py's copy prompt), sent raw to
-/v1/completions (no chat template: both servers read the same tokens; both sides' prompt tokens
-are printed), greedy with ignore_eos, each client its own passage. A model that copies (a real
-one, or bench/train_pair.py's trained target: `--model /tmp/tramontane-pair/stdlib-target-f32.gguf`)
-lets prompt lookup draft; random weights never copy, so on them this measures what speculation
-costs when it does not pay.
+Tasks (--runs MODE:TASK, default ngram:copy, and draft:text with --draft-model), each client its
+own held-out stdlib file (bench/train_pair.py's held-out split), sent raw to /v1/completions (no
+chat template: both servers read the same tokens; both sides' prompt tokens are printed),
+greedy with ignore_eos:
+- copy: a passage, then the same passage with an identifier renamed, cut after its first line
+  (train_pair's copy prompt): prompt lookup's task;
+- text: --lines lines of code from a `def` a third into the file, to continue: the draft
+  model's task (nothing to copy but the file's own start).
+A model that copies (a real one, or train_pair's trained target) lets prompt lookup draft;
+random weights never copy, so on them this measures what speculation costs when it does not pay.
 
-Rounds are paired: for each N, every round runs the four configurations one after another, the
-order rotated each round, so slow spells of a shared machine fall on all; medians over rounds.
-Printed: aggregate tok/s per configuration, the ratios spec/plain on each side and ours/llama in
-each mode, drafted and accepted tokens as each server reports them (both: the response's
-timings.draft_n / draft_n_accepted), and whether each side's speculative text is its plain text
-(greedy speculation is lossless: it must be).
+Rounds are paired: for each run and N, every round runs ours plain, ours speculating, llama
+plain and llama speculating one after another, the order rotated each round, so slow spells of
+a shared machine fall on all; medians over rounds. Printed: aggregate tok/s per configuration,
+the ratios spec/plain on each side and ours/llama in each mode, drafted and accepted tokens as
+each server reports them (both: the response's timings.draft_n / draft_n_accepted), and whether
+each side's speculative text is its plain text (greedy speculation is lossless: it must be).
 """
 from __future__ import annotations
 
@@ -47,29 +50,69 @@ from batch import wait_ready  # noqa: E402  (bench/batch.py: up and serving /v1/
 NGRAM_PREFERENCE = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 
 
-def copy_prompts(n: int, lines: int) -> list[str]:
-    """n copy-with-a-change prompts from the held-out stdlib files (train_pair's split and prompt)."""
+def text_prompt(text: str, lines: int) -> str | None:
+    """`lines` lines from a `def` a third into the file (where copy_prompt starts looking), to continue."""
+    all_lines = text.splitlines()
+    starts = [i for i, line in enumerate(all_lines) if line.lstrip().startswith("def ")]
+    if not starts:
+        return None
+    start = starts[len(starts) // 3]
+    return "\n".join(all_lines[start:start + lines]) + "\n"
+
+
+def held_out_prompts(task: str, n: int, lines: int) -> list[str]:
+    """n prompts of `task` (copy or text) from the held-out stdlib files (train_pair's split)."""
     from train_pair import copy_prompt, corpus_files
 
+    make = {"copy": copy_prompt, "text": text_prompt}[task]
     out: list[str] = []
     for path in corpus_files()[1]:
-        prompt = copy_prompt(path.read_text(encoding="utf-8", errors="replace"), lines)
+        prompt = make(path.read_text(encoding="utf-8", errors="replace"), lines)
         if prompt:
             out.append(prompt)
         if len(out) == n:
             return out
     if not out:
-        sys.exit("bench/spec.py: no copy prompt could be made from the standard library's held-out files")
+        sys.exit(f"bench/spec.py: no {task} prompt could be made from the standard library's held-out files")
     return [out[i % len(out)] for i in range(n)]  # fewer files than clients: passages shared
 
 
-def llama_spec_args(binary: str, wanted: str | None, k: int) -> tuple[list[str], str]:
-    """llama-server's arguments for n-gram speculation with at most k drafts, read off its --help
-    (the spec types and flag names change between builds), and the type chosen."""
+def llama_help(binary: str) -> str:
     try:
-        text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         sys.exit(f"bench/spec.py: {binary} --help failed: {exc}")
+
+
+def offers(text: str, flag: str) -> bool:
+    return re.search(rf"(^|[\s,]){re.escape(flag)}[\s,=]", text) is not None
+
+
+def llama_draft_args(text: str, binary: str, draft: str, k: int, threads: int) -> list[str]:
+    """llama-server's arguments for a draft model proposing at most k tokens, read off its --help:
+    `--spec-type draft-simple` where it has spec types, the draft's length under the name this
+    build gives it, the draft on the CPU with our thread count."""
+    if not offers(text, "--model-draft"):
+        sys.exit(f"bench/spec.py: {binary} has no --model-draft (a build without draft models)")
+    args = ["--model-draft", draft, "-ngld", "0"]
+    if "draft-simple" in text:
+        args += ["--spec-type", "draft-simple"]
+    for flag in ("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"):
+        if offers(text, flag):
+            args += [flag, str(k)]
+            break
+    else:
+        print(f"bench/spec.py: {binary} --help names no draft length: its default", file=sys.stderr)
+    for flag in ("--threads-draft", "-td"):
+        if offers(text, flag):
+            args += [flag, str(threads)]
+            break
+    return args
+
+
+def llama_ngram_args(text: str, binary: str, wanted: str | None, k: int) -> list[str]:
+    """llama-server's arguments for n-gram speculation with at most k drafts, read off its --help
+    (the spec types and flag names change between builds)."""
     if "--spec-type" not in text:
         sys.exit(f"bench/spec.py: {binary} has no --spec-type (a build without n-gram speculation)")
     offered = [t for t in NGRAM_PREFERENCE if t in text]
@@ -78,28 +121,19 @@ def llama_spec_args(binary: str, wanted: str | None, k: int) -> tuple[list[str],
         sys.exit(f"bench/spec.py: {binary} --help offers none of {wanted or NGRAM_PREFERENCE} for --spec-type")
     from tramontane.engine.runtime.speculative import NGRAM_SIZES
 
-    def offers(flag: str) -> bool:
-        return re.search(rf"(^|[\s,]){re.escape(flag)}[\s,]", text) is not None
-
     args = ["--spec-type", kind]
     # its names for the longest draft of that type (builds of late 2026 refuse the old --draft-max)
     for flag in (f"--spec-{kind}-size-m", f"--spec-{kind}-n-max"):
-        if offers(flag):
+        if offers(text, flag):
             args += [flag, str(k)]
             break
     else:
         print(f"bench/spec.py: {binary} --help names no draft length for {kind}: its default", file=sys.stderr)
     # the n-gram looked up: ours' longest (ngram-simple's default, 12, drafts nothing when it
     # exceeds the draft length: its copy must be at least the n-gram long)
-    if offers(f"--spec-{kind}-size-n"):
+    if offers(text, f"--spec-{kind}-size-n"):
         args += [f"--spec-{kind}-size-n", str(min(max(NGRAM_SIZES), k))]
-    return args, kind
-
-
-def ours_has_spec_flag() -> bool:
-    text = subprocess.run([sys.executable, "-m", "tramontane.engine.cli.main", "serve", "--help"],
-                          capture_output=True, text=True, timeout=120).stdout
-    return re.search(r"--spec[\s,\[{]", text) is not None
+    return args
 
 
 def spec_counts(body) -> tuple[int, int]:
@@ -128,13 +162,13 @@ def spec_counts(body) -> tuple[int, int]:
 
 
 class Config:
-    def __init__(self, name: str, port: int, extra: dict | None = None):
-        self.name, self.port, self.extra = name, port, extra or {}
+    def __init__(self, name: str, port: int):
+        self.name, self.port = name, port
 
 
 def one_request(cfg: Config, prompt: str, tokens: int) -> dict:
     body = json.dumps({"model": "bench", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": False, **cfg.extra}).encode()
+                       "ignore_eos": True, "stream": False}).encode()
     conn = http.client.HTTPConnection("127.0.0.1", cfg.port, timeout=900)
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
@@ -175,93 +209,81 @@ def run_round(cfg: Config, prompts: list[str], tokens: int) -> tuple[float, list
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
+    ap.add_argument("--draft-model", default=None, help="a draft model for the draft mode (both servers)")
+    ap.add_argument("--runs", nargs="+", default=None, metavar="MODE:TASK",
+                    help="modes (ngram, draft) and tasks (copy, text) to measure "
+                         "(default: ngram:copy, and draft:text with --draft-model)")
     ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary (default: only ours)")
-    ap.add_argument("--llama-spec", default=None, help="llama-server's --spec-type (default: the first of "
+    ap.add_argument("--llama-spec", default=None, help="llama-server's n-gram --spec-type (default: the first of "
                     + ", ".join(NGRAM_PREFERENCE) + " its --help offers)")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--spec-tokens", type=int, default=8, metavar="K")
-    ap.add_argument("--lines", type=int, default=16, help="lines of the passage to copy")
+    ap.add_argument("--lines", type=int, default=16, help="lines of each prompt's passage")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--parallel", type=int, default=8, help="sequences at once on every server")
     ap.add_argument("--context", type=int, default=1024, help="tokens per slot")
-    ap.add_argument("--port", type=int, default=18441, help="first of four consecutive ports")
+    ap.add_argument("--port", type=int, default=18441, help="first of the consecutive ports (two per mode, plus two)")
     args = ap.parse_args(argv)
+    runs = [tuple(r.split(":")) for r in (args.runs or ["ngram:copy"] + (["draft:text"] if args.draft_model else []))]
+    for run in runs:
+        if len(run) != 2 or run[0] not in ("ngram", "draft") or run[1] not in ("copy", "text"):
+            sys.exit(f"bench/spec.py: --runs takes MODE:TASK with MODE ngram or draft and TASK copy or text, "
+                     f"got {':'.join(run)!r}")
+    modes = list(dict.fromkeys(mode for mode, _ in runs))
+    if "draft" in modes and not args.draft_model:
+        sys.exit("bench/spec.py: a draft run needs --draft-model FILE")
 
-    prompts = copy_prompts(max(args.clients), args.lines)
+    prompts = {task: held_out_prompts(task, max(args.clients), args.lines) for task in {t for _, t in runs}}
     env = dict(os.environ, TRAMONTANE_THREADS=str(args.threads))
     serve = [sys.executable, "-m", "tramontane.engine.cli.main", "serve", "--model", args.model, "--device", "cpu",
              "--parallel", str(args.parallel), "--context-length", str(args.context)]
-    flag = ours_has_spec_flag()
     procs: list[subprocess.Popen] = []
-    configs: list[Config] = []
+    configs: dict[str, int] = {}  # name: port
+    how: dict[str, str] = {}
 
-    def start(cmd: list[str], port: int, environ=None) -> None:
-        procs.append(subprocess.Popen(cmd, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    def start(name: str, cmd: list[str], environ=None) -> None:
+        port = args.port + len(procs)
+        procs.append(subprocess.Popen(cmd + ["--port", str(port)], env=environ,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         procs[-1].port = port
+        configs[name] = port
 
-    p = args.port
-    start(serve + ["--port", str(p)], p, env)
-    configs.append(Config("ours-plain", p))
-    if flag:
-        start(serve + ["--port", str(p + 1), "--spec", "ngram", "--spec-tokens", str(args.spec_tokens)], p + 1, env)
-        configs.append(Config("ours-spec", p + 1))
-        how = f"serve --spec ngram --spec-tokens {args.spec_tokens}"
-    else:  # the same server, speculation asked for per request
-        configs.append(Config("ours-spec", p, {"speculation": "ngram", "speculative.n_max": args.spec_tokens}))
-        how = (f'one serve, "speculation": "ngram", "speculative.n_max": {args.spec_tokens} in the body '
-               f'(no serve --spec here)')
-    llama_how = ""
+    start("ours-plain", serve, env)
+    for mode in modes:
+        spec = ["--spec", mode, "--spec-tokens", str(args.spec_tokens)]
+        spec += ["--draft-model", args.draft_model] if mode == "draft" else []
+        start(f"ours-{mode}", serve + spec, env)
+        how[f"ours-{mode}"] = "serve " + " ".join(spec)
     if args.llama_server:
-        spec_args, kind = llama_spec_args(args.llama_server, args.llama_spec, args.spec_tokens)
+        text = llama_help(args.llama_server)
         base = [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "-np", str(args.parallel),
                 "-c", str(args.context * args.parallel), "-t", str(args.threads), "-tb", str(args.threads), "-ngl", "0"]
-        start(base + ["--port", str(p + 2)], p + 2)
-        configs.append(Config("llama-plain", p + 2))
-        start(base + ["--port", str(p + 3), *spec_args], p + 3)
-        configs.append(Config("llama-spec", p + 3))
-        llama_how = " ".join(spec_args)
+        start("llama-plain", base)
+        for mode in modes:
+            spec = (llama_ngram_args(text, args.llama_server, args.llama_spec, args.spec_tokens) if mode == "ngram"
+                    else llama_draft_args(text, args.llama_server, args.draft_model, args.spec_tokens, args.threads))
+            start(f"llama-{mode}", base + spec)
+            how[f"llama-{mode}"] = "llama-server " + " ".join(spec)
     try:
         for proc in procs:
             wait_ready(proc.port, proc)
-        for cfg in configs:  # warm-up: first touch of the weights, the prompts' prefixes cached on every side
-            run_round(cfg, prompts[:2], 8)
-        print(f"model {os.path.basename(args.model)}, {args.threads} threads, {args.tokens} tokens a reply "
-              f"(greedy, ignore_eos), {args.rounds} paired rounds, -np {args.parallel}; ours: {how}"
-              + (f"; llama-server: {llama_how}" if llama_how else "; no llama-server"))
+        for name, port in configs.items():  # warm-up: first touch of the weights, prefixes cached on every side
+            for task_prompts in prompts.values():
+                run_round(Config(name, port), task_prompts[:2], 8)
+        print(f"model {os.path.basename(args.model)}"
+              + (f", draft {os.path.basename(args.draft_model)}" if args.draft_model else "")
+              + f", {args.threads} threads, {args.tokens} tokens a reply (greedy, ignore_eos), "
+              f"{args.rounds} paired rounds, -np {args.parallel}")
+        for name, line in how.items():
+            print(f"  {name}: {line}")
         print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-        for n in args.clients:
-            rates: dict[str, list[float]] = {c.name: [] for c in configs}
-            counts = {c.name: [0, 0] for c in configs}
-            texts: dict[str, list[str]] = {}
-            prompt_tokens: dict[str, list[int]] = {}
-            for r in range(args.rounds):
-                shift = r % len(configs)
-                for cfg in configs[shift:] + configs[:shift]:
-                    rate, replies = run_round(cfg, prompts[:n], args.tokens)
-                    rates[cfg.name].append(rate)
-                    counts[cfg.name][0] += sum(x["drafted"] for x in replies)
-                    counts[cfg.name][1] += sum(x["accepted"] for x in replies)
-                    texts.setdefault(cfg.name, [x["text"] for x in replies])
-                    prompt_tokens.setdefault(cfg.name, [x["prompt_tokens"] for x in replies])
-            med = {name: statistics.median(v) for name, v in rates.items()}
-            print(f"\nN = {n}: prompt tokens " + ", ".join(f"{k} {v[:3]}" for k, v in prompt_tokens.items()
-                                                          if not k.endswith("spec")))
-            for cfg in configs:
-                drafted, accepted = counts[cfg.name]
-                note = (f"drafted {drafted}, accepted {accepted} ({100 * accepted / drafted:.0f} %)" if drafted
-                        else "no drafted tokens reported")
-                print(f"  {cfg.name:<12} {med[cfg.name]:8.1f} tok/s   rounds {[round(x, 1) for x in rates[cfg.name]]}"
-                      + (f"   {note}" if cfg.name.endswith("spec") else ""))
-            for side in ("ours", "llama"):
-                if f"{side}-spec" in med:
-                    same = texts[f"{side}-spec"] == texts[f"{side}-plain"]
-                    print(f"  {side}: spec / plain {med[f'{side}-spec'] / med[f'{side}-plain']:.2f}x, "
-                          f"speculative text {'==' if same else '!='} plain text")
-            if "llama-spec" in med:
-                print(f"  ours / llama: spec {med['ours-spec'] / med['llama-spec']:.2f}x, "
-                      f"plain {med['ours-plain'] / med['llama-plain']:.2f}x", flush=True)
+        for mode, task in runs:
+            sides = [s for s in ("ours", "llama") if f"{s}-plain" in configs]
+            cfgs = [Config(f"{side}-{kind}", configs[f"{side}-{kind}"]) for side in sides for kind in ("plain", mode)]
+            for n in args.clients:
+                measure_clients(cfgs, mode, task, prompts[task][:n], args.rounds, args.tokens)
         print(f"\nload average after: {os.getloadavg()[0]:.2f}")
     finally:
         for proc in procs:
@@ -271,6 +293,40 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
     return 0
+
+
+def measure_clients(configs: list[Config], mode: str, task: str, prompts: list[str], rounds: int, tokens: int) -> None:
+    """Paired rounds of len(prompts) clients on each configuration, printed."""
+    rates: dict[str, list[float]] = {c.name: [] for c in configs}
+    counts = {c.name: [0, 0] for c in configs}
+    texts: dict[str, list[str]] = {}
+    prompt_tokens: dict[str, list[int]] = {}
+    for r in range(rounds):
+        shift = r % len(configs)
+        for cfg in configs[shift:] + configs[:shift]:
+            rate, replies = run_round(cfg, prompts, tokens)
+            rates[cfg.name].append(rate)
+            counts[cfg.name][0] += sum(x["drafted"] for x in replies)
+            counts[cfg.name][1] += sum(x["accepted"] for x in replies)
+            texts.setdefault(cfg.name, [x["text"] for x in replies])
+            prompt_tokens.setdefault(cfg.name, [x["prompt_tokens"] for x in replies])
+    med = {name: statistics.median(v) for name, v in rates.items()}
+    print(f"\n{mode} on {task}, N = {len(prompts)}: prompt tokens "
+          + ", ".join(f"{k} {v[:3]}" for k, v in prompt_tokens.items() if k.endswith("plain")))
+    for cfg in configs:
+        drafted, accepted = counts[cfg.name]
+        note = (f"drafted {drafted}, accepted {accepted} ({100 * accepted / drafted:.0f} %)" if drafted
+                else "no drafted tokens reported")
+        print(f"  {cfg.name:<12} {med[cfg.name]:8.1f} tok/s   rounds {[round(x, 1) for x in rates[cfg.name]]}"
+              + ("" if cfg.name.endswith("plain") else f"   {note}"))
+    for side in ("ours", "llama"):
+        if f"{side}-{mode}" in med:
+            same = texts[f"{side}-{mode}"] == texts[f"{side}-plain"]
+            print(f"  {side}: spec / plain {med[f'{side}-{mode}'] / med[f'{side}-plain']:.2f}x, "
+                  f"speculative text {'==' if same else '!='} plain text")
+    if f"llama-{mode}" in med:
+        print(f"  ours / llama: spec {med[f'ours-{mode}'] / med[f'llama-{mode}']:.2f}x, "
+              f"plain {med['ours-plain'] / med['llama-plain']:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
