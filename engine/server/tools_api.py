@@ -112,8 +112,11 @@ def parse_response_format(raw) -> str | None:
     kind = raw.get("type")
     if kind == "text":
         return None
-    if kind == "json_object":
-        return output_grammar(None, "response_format")
+    if kind == "json_object":  # llama-server's extension: a `schema` beside the type
+        schema = raw.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise _bad("response_format.schema", f"must be a JSON Schema object, got {schema!r}")
+        return output_grammar(schema, "response_format.schema" if schema is not None else "response_format")
     if kind == "json_schema":
         spec = raw.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
@@ -144,15 +147,17 @@ def output_grammar(schema: dict | None, where: str) -> str:
 
 
 GUIDED = ("guided_json", "guided_choice", "guided_regex", "guided_grammar")  # vLLM's older names
+LLAMA_CPP_OUTPUTS = {"json_schema": "guided_json", "grammar": "gbnf"}  # llama-server's fields: a schema, GBNF
 _STRUCTURED_KINDS = {"json": "guided_json", "choice": "guided_choice", "regex": "guided_regex",
                      "grammar": "guided_grammar"}
 
 
 def structured_output_grammar(body: dict) -> str | None:
     """vLLM's structured outputs (`structured_outputs: {json | choice | regex | grammar}`, or
-    the older `guided_*` fields) as a grammar: honoured where llguidance can (a grammar is Lark
-    text, as llguidance reads it), refused in one sentence otherwise; never ignored."""
-    asked = {name: body[name] for name in GUIDED if body.get(name) is not None}
+    the older `guided_*` fields) and llama-server's `json_schema` / `grammar` (GBNF, converted by
+    llguidance's own gbnf_to_lark) as a grammar: honoured where llguidance can (vLLM's grammar is
+    Lark text, as llguidance reads it), refused in one sentence otherwise; never ignored."""
+    asked = {name: body[name] for name in (*GUIDED, *LLAMA_CPP_OUTPUTS) if body.get(name) is not None}
     nested = body.get("structured_outputs")
     if nested is not None:
         if not isinstance(nested, dict):
@@ -171,7 +176,10 @@ def structured_output_grammar(body: dict) -> str | None:
     if len(asked) > 1:
         raise _bad(sorted(asked)[1], f"only one structured output at a time, got {', '.join(sorted(asked))}")
     ((name, value),) = asked.items()
-    kind = _STRUCTURED_KINDS.get(name.removeprefix("structured_outputs."), name)
+    if name.startswith("structured_outputs."):
+        kind = _STRUCTURED_KINDS[name.removeprefix("structured_outputs.")]
+    else:
+        kind = LLAMA_CPP_OUTPUTS.get(name, name)
     from ..runtime import grammar
 
     if kind == "guided_json":
@@ -191,6 +199,16 @@ def structured_output_grammar(body: dict) -> str | None:
         if not isinstance(value, str) or not value:
             raise _bad(name, "must be a regular expression (a non-empty string)")
         text = "start: /" + value.replace("/", "\\/") + "/"
+    elif kind == "gbnf":  # llama.cpp's grammar format, as llguidance converts it to its Lark
+        if not isinstance(value, str) or not value.strip():
+            raise _bad(name, "must be a grammar (GBNF text, as llama.cpp reads it)")
+        from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+
+        try:
+            text = gbnf_to_lark(value)
+        except GbnfToLarkError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise _bad(name, f"is not a GBNF grammar this server can read: {first}", code="invalid_grammar") from None
     else:
         if not isinstance(value, str) or not value.strip():
             raise _bad(name, "must be a grammar (Lark text)")
@@ -198,7 +216,8 @@ def structured_output_grammar(body: dict) -> str | None:
     problem = grammar.check_grammar(text)
     if problem:
         first = problem.strip().splitlines()[0]
-        raise _bad(name, f"cannot be used (this server reads grammars as llguidance's Lark): {first}",
+        reads = "llama.cpp's GBNF" if kind == "gbnf" else "llguidance's Lark"
+        raise _bad(name, f"cannot be used (this server reads this grammar as {reads}): {first}",
                    code="invalid_grammar")
     return text
 
@@ -227,7 +246,8 @@ def parse_tool_request(body: dict) -> ToolRequest:
     output = parse_response_format(body.get("response_format"))
     structured = structured_output_grammar(body)
     if structured is not None and output is not None:
-        raise _bad("response_format", "cannot be combined with vLLM's structured outputs (guided_*)")
+        raise _bad("response_format", "cannot be combined with vLLM's structured outputs (guided_*) "
+                                      "or llama-server's json_schema / grammar")
     return tool_request(tools, choice, named, parallel, output or structured, parse_logprobs(body))
 
 

@@ -205,6 +205,22 @@ def test_vllms_structured_outputs_are_honoured_or_refused(served):
             c.chat.completions.create(model="m", messages=ask, extra_body=extra, max_tokens=5)
 
 
+def test_llama_servers_grammar_and_schema_fields_constrain_the_reply(served):
+    """llama-server's `grammar` (GBNF), `json_schema` and `response_format: {type: json_object,
+    schema}`, as its own server suite sends them (they were answered unconstrained)."""
+    c = gpt(served)
+    free = {"temperature": 1.0, "seed": 11, "max_tokens": 40}
+    ask = [{"role": "user", "content": "Pick."}]
+    r = c.completions.create(model="m", prompt="Say", extra_body={"grammar": 'root ::= ("yes" | "no") "!"'}, **free)
+    assert r.choices[0].text in ("yes!", "no!")
+    r = c.chat.completions.create(model="m", messages=ask, extra_body={"json_schema": SCHEMA}, **free)
+    assert set(json.loads(r.choices[0].message.content)) == {"city"}
+    r = c.chat.completions.create(model="m", messages=ask, **free,
+                                  response_format={"type": "json_object", "schema": SCHEMA})
+    assert set(json.loads(r.choices[0].message.content)) == {"city"}
+    with pytest.raises(openai.BadRequestError, match="GBNF"):
+        c.chat.completions.create(model="m", messages=ask, extra_body={"grammar": "root ::= ("}, max_tokens=5)
+
 def test_completions_logprobs_in_the_legacy_shape_and_echo(served):
     c = gpt(served)
     r = c.completions.create(model="m", prompt="Once upon", max_tokens=6, temperature=0, logprobs=2,

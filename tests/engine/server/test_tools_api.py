@@ -140,3 +140,30 @@ def test_the_stream_shows_text_before_the_marker_and_holds_the_rest():
     assert "".join(d["content"] for d in shown) == "no call: "
     text = "no call: [TOOL_CALLS] broken"
     assert plain.finish(result(text)) == [{"content": "[TOOL_CALLS] broken"}]  # held text, as content
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_llama_servers_schema_and_grammar_fields_are_the_grammars_vllms_names_give():
+    """llama-server's `json_schema`, `grammar` (GBNF) and `response_format: {type: json_object,
+    schema}` (its server suite and its web UI send them) constrain as vLLM's fields do."""
+    pytest.importorskip("llguidance")
+    structured = tools_api.structured_output_grammar
+    assert structured({"json_schema": SCHEMA}) == structured({"guided_json": SCHEMA})
+    assert tools_api.parse_response_format({"type": "json_object", "schema": SCHEMA}) \
+        == tools_api.parse_response_format({"type": "json_schema", "json_schema": {"schema": SCHEMA}})
+    assert tools_api.parse_response_format({"type": "json_object"}) == tools_api.output_grammar(None, "x")
+    # GBNF read as llama.cpp reads it: its `root` is Lark's `start`
+    assert structured({"grammar": 'root ::= "yes" | "no"'}).split() == ["%llguidance", "{}", "start:", '"yes"',
+                                                                        "|", '"no"']
+    bad = refused(structured, {"grammar": "root ::= ("})
+    assert (bad.param, bad.code) == ("grammar", "invalid_grammar") and "GBNF" in bad.message
+    assert refused(structured, {"grammar": 'start: "yes"'}).param == "grammar"  # Lark is not GBNF
+    assert refused(structured, {"grammar": " "}).param == "grammar"
+    assert refused(structured, {"json_schema": SCHEMA, "grammar": 'root ::= "a"'}).param == "json_schema"
+    assert refused(tools_api.parse_response_format, {"type": "json_object", "schema": "x"}).param \
+        == "response_format.schema"
+    both = refused(tools_api.parse_tool_request, {"response_format": {"type": "json_object"},
+                                                  "grammar": 'root ::= "a"'})
+    assert both.param == "response_format" and "grammar" in both.message
