@@ -323,21 +323,21 @@ class ChatSession(QObject):
             self.pending.cancel.set()
 
     def with_model_prompt(self, chat_id: int, messages: list, info: EngineInfo | None = None) -> list:
-        """The chat's messages with the loaded model's own system prompt first and the chat's
-        after it (app/model_prompt.py), unless the chat asked for its own alone. On the worker
-        thread (`prepare`), where the engine that answers is the worker's; on the UI thread
+        """The chat's messages with the chat's own system prompt first and the loaded model's
+        appended after it (app/model_prompt.py), unless the chat asked for its own alone. On the
+        worker thread (`prepare`), where the engine that answers is the worker's; on the UI thread
         (a deleted chat's prompt, for the engine to forget), from `info`, the loaded model as
         the window knows it (the same path and thought format, so the same prompt)."""
-        from types import SimpleNamespace
-
         from .model_prompt import compose_system_prompt, model_system_prompt, own_prompt_only
 
         if info is None:
             engine = self.worker.engine
-            can_think = bool(getattr(getattr(engine, "tokenizer", None), "can_think", False))
-        else:  # what model_system_prompt reads of an engine
-            engine, can_think = SimpleNamespace(model_path=info.model_path, device_kind=info.device), info.can_think
-        model_parts = model_system_prompt(engine) if engine is not None else ()
+            if engine is None:
+                return messages
+            model_path, can_think = engine.model_path, engine.think_ids is not None
+        else:
+            model_path, can_think = (None if info.remote else info.model_path), info.can_think
+        model_parts = model_system_prompt(model_path)
         if not model_parts:
             return messages
         return compose_system_prompt(messages, model_parts, can_think,
@@ -355,8 +355,8 @@ class ChatSession(QObject):
             return False
 
     def set_own_prompt_only(self, chat_id: int | None, on: bool) -> None:
-        """Per chat: only the chat's own system prompt (True), or after the model's (the default,
-        so only True is stored)."""
+        """Per chat: only the chat's own system prompt (True), or with the model's appended after
+        it (the default, so only True is stored)."""
         from .model_prompt import OWN_PROMPT_ONLY_KEY
 
         if chat_id is None:

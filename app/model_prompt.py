@@ -1,8 +1,14 @@
 """The model's own system prompt in a chat (issue 36): a catalogue model ships one (Magistral's and
 Ministral 3 Reasoning's tell it how to think), and a chat's own system prompt (or preset) is
-added after it, not put in its place, as LM Studio and Ollama keep a Modelfile's SYSTEM: a
-custom prompt must not silently turn thinking off (LM Studio #699). A chat may ask for its own
-prompt alone (settings_json `OWN_PROMPT_ONLY_KEY`).
+composed with it, not put in its place: a custom prompt must not silently turn thinking off
+(LM Studio #699). The order is the one Ministral 3 Reasoning's model card gives ("Use our
+provided system prompt, and append it to your custom system prompt"): the chat's prompt first,
+the model's after it. Magistral's card asks for its prompt without naming an order, so the same
+rule serves it. A chat may ask for its own prompt alone (settings_json `OWN_PROMPT_ONLY_KEY`).
+
+The sampling the catalogue entry recommends (its card's temperature, top_p) is found here too
+(`recommended_sampling`): the window applies it where the user left Settings' value at its
+default (app/config.Sampling.with_recommended), as LM Studio applies a model's preset.
 
 Which catalogue entry a loaded file is: the folder a download put it in (one per repository,
 engine/library/downloads.repo_folder), else its file name (a variant's pinned file, or the
@@ -45,26 +51,32 @@ def catalog_entry_for(model_path: str | Path, catalog=None):
     return None
 
 
-def model_system_prompt(engine) -> tuple[Part, ...]:
-    """The system prompt shipped with the engine's model: () for a server (its own
-    template decides) and for a file the catalogue does not know."""
-    path = getattr(engine, "model_path", None)
-    if not path or getattr(engine, "device_kind", "") == "remote":
-        return ()
-    entry = catalog_entry_for(path)
+def model_system_prompt(model_path: str | Path | None) -> tuple[Part, ...]:
+    """The system prompt shipped with the model in `model_path` (an engine's `model_path`): ()
+    for a server (None: its own template decides) and for a file the catalogue does not know."""
+    entry = catalog_entry_for(model_path) if model_path else None
     return entry.system_prompt if entry is not None else ()
+
+
+def recommended_sampling(model_path: str | Path | None):
+    """The catalogue's `Sampling` for the model in `model_path` (the temperature and top_p its
+    card recommends); None for a server, a file the catalogue does not know, or an entry that
+    pins none."""
+    entry = catalog_entry_for(model_path) if model_path else None
+    return entry.sampling if entry is not None else None
 
 
 def compose_system_prompt(messages: list[ChatMessage], model_parts: tuple[Part, ...] | list[Part],
                           can_think: bool, own_only: bool = False) -> list[ChatMessage]:
-    """The engine messages with one system message first: the model's prompt, then the chat's
-    own (its text parts join with a blank line, as mistral-common joins text chunks). A thought
-    template is left out for a model whose format cannot hold one."""
+    """The engine messages with one system message first: the chat's own prompt, then the model's
+    appended after it, as Ministral 3 Reasoning's card asks (its text parts join with a blank
+    line, as mistral-common joins text chunks). A thought template is left out for a model whose
+    format cannot hold one."""
     if own_only or not model_parts:
         return messages
     parts = [p for p in model_parts if can_think or not isinstance(p, ThinkPart)]
     if messages and messages[0].role == "system":
-        return [ChatMessage("system", parts + list(messages[0].parts)), *messages[1:]]
+        return [ChatMessage("system", list(messages[0].parts) + parts), *messages[1:]]
     return [ChatMessage("system", parts), *messages]
 
 
@@ -73,4 +85,4 @@ def own_prompt_only(settings: dict | None) -> bool:
 
 
 __all__ = ["OWN_PROMPT_ONLY_KEY", "catalog_entry_for", "compose_system_prompt", "model_system_prompt",
-           "own_prompt_only"]
+           "own_prompt_only", "recommended_sampling"]

@@ -251,6 +251,12 @@ class Engine(Protocol):
         ...
 
     @property
+    def model_path(self) -> Path | None:
+        """The model file this engine runs on this machine; None for a server's model (not ours
+        to read), so nothing of a file is looked up for it (its catalogue entry, its prompt)."""
+        ...
+
+    @property
     def think_ids(self) -> tuple[int, int] | None:
         """([THINK], [/THINK]) ids of a model that thinks; None for one that does not, or where
         the ids are not known (a server)."""
@@ -302,7 +308,7 @@ class LocalModelEngine(Engine, Protocol):
     """An engine on a model file of this machine: what the local API server and the CLI use on
     top of `Engine` (LocalEngine, and BatchedEngine on its scheduler)."""
 
-    model_path: Path
+    model_path: Path  # never None here
     mmproj_path: Path | None
 
     @property

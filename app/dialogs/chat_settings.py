@@ -1,7 +1,7 @@
 """The Chat settings dialog: one chat's own temperature, top_p, max tokens and seed, or the
 app's (Settings) when "Use the defaults" is ticked; and, for a model that can think, the
 chat's reasoning switch (app/reasoning.py), with what it can and cannot do for that model; whether
-the chat's system prompt is sent alone, without the model's shipped one first (app/model_prompt.py);
+the chat's system prompt is sent alone, without the model's shipped one after it (app/model_prompt.py);
 and, where the chat may call tools, whether its replies must call one first (app/tools.py)."""
 from __future__ import annotations
 
@@ -80,10 +80,11 @@ class ChatSettingsDialog(QDialog):
         self.reasoning_note.setVisible(bool(label))
         layout.addWidget(self.reasoning)
         layout.addWidget(self.reasoning_note)
-        self.own_prompt_only = QCheckBox("Send only this chat's &system prompt, not the model's own first")
+        self.own_prompt_only = QCheckBox("Send only this chat's &system prompt, without the model's own after it")
         self.own_prompt_only.setChecked(own_prompt_only)
         self.own_prompt_only.setToolTip("Some models ship a system prompt (Magistral's tells it how to think): "
-                                        "it is sent first and this chat's after it, unless this is ticked")
+                                        "it is appended after this chat's, as the model's card asks, unless "
+                                        "this is ticked")
         layout.addWidget(self.own_prompt_only)
         self.tools_required = QCheckBox("Each reply must &call a tool first")
         self.tools_required.setChecked(bool(tools_required))

@@ -415,7 +415,8 @@ class RemoteEngine:
     def forget_session(self, session_key: str) -> None:
         pass
 
-    image_geometry = None  # the server's tower is not ours to read
+    model_path = None  # the server's model file is not ours to read
+    image_geometry = None  # nor its tower
     think_ids = None  # nor its tokenizer's ids (its reasoning comes apart: reasoning_content)
     chat_version = 0
 

@@ -42,31 +42,32 @@ def test_the_reasoning_entries_ship_a_think_template():
     assert any(isinstance(p, ThinkPart) for p in parts) and isinstance(parts[-1], str)
 
 
-def test_the_model_prompt_goes_first_and_the_chats_after_it():
-    model = entry(MAGISTRAL).system_prompt
+@pytest.mark.parametrize("entry_id", [MAGISTRAL, "ministral-3-8b-reasoning"])
+def test_the_chats_prompt_goes_first_and_the_models_is_appended_after_it(entry_id):
+    """Ministral 3 Reasoning's card: "Use our provided system prompt, and append it to your custom
+    system prompt" (Magistral's names no order: the same rule)."""
+    model = entry(entry_id).system_prompt
     user = [ChatMessage.text("user", "Hi")]
     chat = [ChatMessage.text("system", "Answer in French."), *user]
     composed = compose_system_prompt(chat, model, can_think=True)
-    assert composed[0].role == "system" and composed[0].parts == [*model, "Answer in French."]
+    assert composed[0].role == "system" and composed[0].parts == ["Answer in French.", *model]
+    assert isinstance(composed[0].parts[-2], ThinkPart)  # the [THINK] template stays last, before the turns
     assert composed[1:] == user
     assert compose_system_prompt(user, model, can_think=True)[0].parts == list(model)  # no prompt of its own
     assert compose_system_prompt(chat, model, can_think=True, own_only=True) == chat
     assert compose_system_prompt(chat, (), can_think=True) == chat  # a model that ships none
     # a format without [THINK] chunks keeps the template's words, not its thought
     flat = compose_system_prompt(chat, model, can_think=False)[0].parts
-    assert flat == [p for p in model if isinstance(p, str)] + ["Answer in French."]
+    assert flat == ["Answer in French."] + [p for p in model if isinstance(p, str)]
 
 
 def test_a_server_has_no_model_prompt_of_ours():
-    class Remote:
-        device_kind = "remote"
-        model_path = "/m/mistralai__Magistral-Small-2509-GGUF/x.gguf"
+    from tramontane.engine.remote.client import RemoteEngine
 
-    class Local(Remote):
-        device_kind = "cpu"
-
-    assert model_system_prompt(Remote()) == ()
-    assert model_system_prompt(Local()) == entry(MAGISTRAL).system_prompt
+    path = "/m/mistralai__Magistral-Small-2509-GGUF/x.gguf"
+    assert RemoteEngine("http://127.0.0.1:9", "magistral").model_path is None
+    assert model_system_prompt(None) == () and model_system_prompt("") == ()
+    assert model_system_prompt(path) == entry(MAGISTRAL).system_prompt
 
 
 # --------------------------------------------------------------------------- through the worker
@@ -112,13 +113,14 @@ def test_the_prompt_the_engine_reads_holds_both_system_prompts(qtbot, worker, ma
         ids = reply("Hi")
         chat_id = session.current_chat_id
         model = entry(MAGISTRAL).system_prompt
-        expected = engine.encode([ChatMessage("system", [*model, "Answer in French."]),
+        expected = engine.encode([ChatMessage("system", ["Answer in French.", *model]),
                                   ChatMessage.text("user", "Hi")]).ids
         assert ids == expected
         think, end_think = engine.tokenizer.think_ids
         assert think in ids and end_think in ids  # Magistral's reasoning instructions survived
-        french = engine.tokenizer.encode("Answer in French.")
-        assert any(ids[i:i + len(french)] == french for i in range(len(ids)))
+        french = engine.tokenizer.encode("Answer in French")  # its "." joins the "\n\n" after it
+        at = next(i for i in range(len(ids)) if ids[i:i + len(french)] == french)
+        assert at < ids.index(think)  # the chat's prompt first, the model's [THINK] template after it
         # what the store keeps is the chat's own prompt: the model's is added for each reply
         assert store.get_chat_info(chat_id).system_prompt == "Answer in French."
 

@@ -293,7 +293,7 @@ def test_each_catalogue_models_chat_matches_mistral_common(tokenizers, entry_id)
     tok, ref = tokenizers[version]
     messages, tools = _catalogue_conversation(entry, tok.can_think)
     if entry.system_prompt:
-        assert messages[0].parts[:len(entry.system_prompt)] == list(entry.system_prompt)
+        assert messages[0].parts[-len(entry.system_prompt):] == list(entry.system_prompt)  # after the chat's
     ours = encode_chat(tok, messages, reference_grid(ref) if entry.vision else None, tools=tools).ids
     assert ours == _reference_ids(ref, messages, tools, keep_thoughts=True)
     thoughts = sum(isinstance(p, ThinkPart) for m in messages for p in m.parts)
