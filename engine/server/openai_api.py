@@ -23,7 +23,7 @@ from ..documents.document import DocumentError
 from ..documents.file_parts import file_part_bytes
 from ..remote.client import image_mime
 from ..runtime.prompts import fits
-from ..runtime.reasoning import END_THINK, THINK
+from ..runtime.reasoning import END_THINK, THINK, reasoning_effort_error
 from .errors import ApiError, bad  # noqa: F401 - ApiError: the callers' one import
 from .tools_api import (ToolRequest, legacy_logprobs_json, logprobs_json, parse_tool_calls_field,
                         parse_tool_message, parse_tool_request, structured_output_grammar, tool_calls_json,
@@ -506,8 +506,18 @@ def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJ
     job = chat_job(messages, model, params, stream,
                    parse_tool_request(body), include_usage=include_usage, n=_choice_count(body))
     job.reasoning_format = _reasoning_format(body)
+    check_reasoning_effort(body.get("reasoning_effort"), "reasoning_effort")
     job.speculation = request_speculation(body)
     return job
+
+
+def check_reasoning_effort(value, field: str) -> None:
+    """OpenAI's `reasoning_effort` (the Responses API's `reasoning.effort`), by runtime.reasoning's
+    rule: one of mistral-common's names is accepted and, for these models' formats, changes
+    nothing (as vLLM serves them); anything else is refused naming the field."""
+    problem = reasoning_effort_error(value)
+    if problem:
+        raise bad(field, problem)
 
 
 def _check_continuation(body: dict, messages: list[ChatMessage]) -> None:

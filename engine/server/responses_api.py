@@ -19,7 +19,8 @@ from aiohttp import web
 
 from ..api import ChatMessage, ToolCall
 from .errors import ApiError, bad
-from .openai_api import ServedModel, chat_job, check_image_count, check_model, data_url_image, sampling_params
+from .openai_api import (ServedModel, chat_job, check_image_count, check_model, check_reasoning_effort, data_url_image,
+                         sampling_params)
 from .streaming import SSE_TYPE, open_stream, sse
 from .tasks import reasoning_of, reply_events
 from .tools_api import ARGUMENT_PIECE, check_tool_count, output_grammar, tool_request, tool_spec
@@ -431,6 +432,10 @@ def parse_responses_request(body, model: ServedModel, limits, store: ResponseSto
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise bad("parallel_tool_calls", f"must be true or false, got {parallel!r}")
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise bad("reasoning", "must be an object ({\"effort\": ...})")
+    check_reasoning_effort((reasoning or {}).get("effort"), "reasoning.effort")
     grammar = _text_format(body.get("text"))
     request = tool_request(tools, choice, named, parallel, grammar) if tools or grammar else None
     job = chat_job(messages, model, params, stream, request, param="input")
@@ -439,5 +444,6 @@ def parse_responses_request(body, model: ServedModel, limits, store: ResponseSto
             body.get("max_output_tokens"), "temperature": params.temperature, "top_p": params.top_p,
             "parallel_tool_calls": parallel, "tool_choice": body.get("tool_choice") or "auto",
             "tools": body.get("tools") or [], "text": body.get("text") or {"format": {"type": "text"}},
-            "truncation": "disabled", "store": store_it, "metadata": body.get("metadata") or {}}
+            "truncation": "disabled", "store": store_it, "metadata": body.get("metadata") or {},
+            "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")} if reasoning else None}
     return job, history, echo

@@ -66,11 +66,19 @@ def test_sampling_fields_map_to_the_engine_params():
     ("logprobs", "yes", "logprobs: must be true or false"),
     ("tools", {"type": "function"}, "tools: must be a list"),
     ("response_format", "json", "response_format: must be an object"),
+    ("reasoning_effort", "extreme", "reasoning_effort: must be one of none, minimal, low"),
+    ("reasoning_effort", 3, "reasoning_effort: must be one of"),
 ])
 def test_bad_or_unsupported_fields_are_refused_by_name(field, value, words):
     err = refused({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], field: value})
     assert err.status == 400 and words in err.message and err.param == field
     assert err.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_known_reasoning_effort_is_accepted_and_changes_nothing():
+    """mistral-common's names, as vLLM accepts them for formats before v15 (runtime.reasoning)."""
+    for effort in ("none", "low", "high"):
+        assert chat(reasoning_effort=effort).params == chat().params
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted():

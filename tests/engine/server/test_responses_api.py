@@ -193,3 +193,20 @@ def test_the_store_is_bounded_in_count_and_bytes():
     assert [store.get(f"r{i}") is None for i in range(5)] == [True, True, False, False, False]
     store.put("big", [ChatMessage.text("user", "y" * 90)])
     assert store.get("r3") is None and store.get("r4") is not None and store.get("big") is not None  # 100 bytes
+
+
+def test_reasoning_effort_by_the_one_rule(served, script):
+    """The Responses API's `reasoning.effort` (the openai client's `reasoning=`): one of
+    mistral-common's names is accepted, changing nothing for these formats, and repeated in the
+    response; any other value, or a reasoning that is no object, is refused naming the field."""
+    c = gpt(served)
+    script("Bonjour.")
+    r = c.responses.create(model="m", input="hi", max_output_tokens=20, reasoning={"effort": "high"})
+    assert r.output_text == "Bonjour." and r.reasoning.effort == "high"
+    script("Bonjour.")
+    plain = c.responses.create(model="m", input="hi", max_output_tokens=20)
+    assert plain.output_text == "Bonjour." and plain.reasoning is None
+    for reasoning, field in [({"effort": "extreme"}, "reasoning.effort"), ("high", "reasoning")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            c.responses.create(model="m", input="hi", max_output_tokens=5, reasoning=reasoning)
+        assert info.value.body["param"] == field and field in info.value.message
