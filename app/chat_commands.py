@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QDialog, QFileDialog, QInputDialog, QMessageBox
 
 from .dialogs.chat_settings import ChatSettingsDialog
 from .dialogs.system_prompt import SystemPromptDialog
+from .model_prompt import recommended_words
 from .store import StoreError
 from .tools import chat_tools_on
 
@@ -164,7 +165,8 @@ class ChatCommands(QObject):
         may call tools."""
         chat_id = self.session.current_chat_id
         info = self.session.engine_info
-        dialog = ChatSettingsDialog(self.session.chat_sampling(chat_id), self.window.settings.sampling,
+        recommended = self.window.settings.sampling.recommended_values(self.session.model_sampling())
+        dialog = ChatSettingsDialog(self.session.chat_sampling(chat_id), self.session.default_sampling(),
                                     self.window, new_chat=chat_id is None,
                                     reasoning=self.session.chat_reasoning(chat_id),
                                     can_think=info is not None and info.can_think,
@@ -172,7 +174,8 @@ class ChatCommands(QObject):
                                     overflow=self.session.chat_overflow(chat_id),
                                     own_prompt_only=self.session.own_prompt_only(chat_id),
                                     tools_required=self.session.tools_required(chat_id)
-                                    if self.chat_tools_on(chat_id) else None)
+                                    if self.chat_tools_on(chat_id) else None,
+                                    recommended=recommended_words(recommended))
         if dialog.exec() == QDialog.DialogCode.Accepted:
             self.session.set_chat_sampling(chat_id, dialog.values())
             self.session.set_chat_overflow(chat_id, dialog.overflow_choice())

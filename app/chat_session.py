@@ -626,10 +626,24 @@ class ChatSession(QObject):
             return None
         return own if isinstance(own, dict) else None
 
+    def model_sampling(self):
+        """The loaded model's recommended sampling (its catalogue entry's `Sampling`); None for a
+        server, a file the catalogue does not know, or none loaded."""
+        from .model_prompt import recommended_sampling
+
+        info = self.engine_info
+        return recommended_sampling(info.model_path if info is not None and not info.remote else None)
+
+    def default_sampling(self) -> Sampling:
+        """What a chat that uses the defaults samples with: the app's settings, with the loaded
+        model's recommended temperature and top_p where the user left those at their defaults
+        (Sampling.recommended_values)."""
+        return self.settings.sampling.with_recommended(self.model_sampling())
+
     def sampling_for(self, chat_id: int | None) -> Sampling:
-        """What a reply in the chat samples with: the app's settings, with the chat's own
-        values in their place (a value the store holds out of range keeps the app's)."""
-        return self.settings.sampling.overlaid(self.chat_sampling(chat_id), CHAT_SAMPLING_FIELDS)
+        """What a reply in the chat samples with: the defaults (`default_sampling`), with the
+        chat's own values in their place (a value the store holds out of range keeps the default)."""
+        return self.default_sampling().overlaid(self.chat_sampling(chat_id), CHAT_SAMPLING_FIELDS)
 
     def set_chat_sampling(self, chat_id: int | None, values: dict | None) -> None:
         """Give the chat its own values of CHAT_SAMPLING_FIELDS; None: back to the app's."""

@@ -37,6 +37,9 @@ SPECULATION_CHOICES = {"off": "Off", "ngram": "Prompt lookup (drafts from the ch
                        "draft": "Draft model (a smaller model of the same vocabulary)"}
 # The knobs a chat may set for itself (Chat ▸ Chat settings); the others stay the app's.
 CHAT_SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "seed")
+# The knobs a catalogue model's card recommends (engine/library/catalog.Sampling), used where the
+# user left Settings' at their defaults (Sampling.recommended_values)
+RECOMMENDED_FIELDS = ("temperature", "top_p")
 
 
 def seed_from_text(text: str) -> int | None:
@@ -89,6 +92,21 @@ class Sampling:
                 value = raw[name]
                 setattr(out, name, value if name in ("seed", "speculation") else SAMPLING_RANGES[name][0](value))
         return out
+
+    def recommended_values(self, recommended: Any) -> dict[str, float]:
+        """What the loaded model's recommended sampling (a catalogue `Sampling`: the temperature and
+        top_p its card names) sets here: each of RECOMMENDED_FIELDS that this one leaves at the app's
+        default, where the card names a value; {} for None. A value the user set wins, as LM
+        Studio's own choices win over a model's preset."""
+        if recommended is None:
+            return {}
+        default = Sampling()
+        return {name: getattr(recommended, name) for name in RECOMMENDED_FIELDS
+                if getattr(recommended, name) is not None and getattr(self, name) == getattr(default, name)}
+
+    def with_recommended(self, recommended: Any) -> "Sampling":
+        """A copy with `recommended_values(recommended)` in place of its own."""
+        return self.overlaid(self.recommended_values(recommended))
 
     def chat_values(self) -> dict[str, Any]:
         """The knobs a chat keeps as its own (CHAT_SAMPLING_FIELDS), as stored with it."""

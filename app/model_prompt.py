@@ -66,6 +66,13 @@ def recommended_sampling(model_path: str | Path | None):
     return entry.sampling if entry is not None else None
 
 
+def recommended_words(values: dict[str, float]) -> str:
+    """Knobs of the model's recommended sampling in words ("temperature 0.7 and top-p 0.95"); ''
+    for none. `values`: a catalogue Sampling's as Sampling.recommended_values gives them."""
+    names = {"temperature": "temperature", "top_p": "top-p"}
+    return " and ".join(f"{names[k]} {v:g}" for k, v in values.items())
+
+
 def compose_system_prompt(messages: list[ChatMessage], model_parts: tuple[Part, ...] | list[Part],
                           can_think: bool, own_only: bool = False) -> list[ChatMessage]:
     """The engine messages with one system message first: the chat's own prompt, then the model's
@@ -85,4 +92,4 @@ def own_prompt_only(settings: dict | None) -> bool:
 
 
 __all__ = ["OWN_PROMPT_ONLY_KEY", "catalog_entry_for", "compose_system_prompt", "model_system_prompt",
-           "own_prompt_only", "recommended_sampling"]
+           "own_prompt_only", "recommended_sampling", "recommended_words"]

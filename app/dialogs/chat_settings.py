@@ -21,8 +21,11 @@ class ChatSettingsDialog(QDialog):
 
     def __init__(self, own: dict[str, Any] | None, defaults: Sampling, parent: QWidget | None = None, *,
                  new_chat: bool = False, reasoning: bool = True, can_think: bool = False, chat_version: int = 0,
-                 overflow: str = "stop", own_prompt_only: bool = False, tools_required: bool | None = None):
-        """`reasoning`: the chat's switch; shown only where the loaded model `can_think`.
+                 overflow: str = "stop", own_prompt_only: bool = False, tools_required: bool | None = None,
+                 recommended: str = ""):
+        """`defaults`: what a chat that uses the defaults samples with (Settings', with the loaded
+        model's recommended values where Settings leaves them at theirs); `recommended`: those
+        values in words ('' none). `reasoning`: the chat's switch; shown only where the loaded model `can_think`.
         `overflow`: what the chat does when it outgrows the context (worker.OVERFLOW_CHOICES).
         `own_prompt_only`: the chat's system prompt alone. `tools_required`: the chat's replies
         must call a tool first; None where tools are off for the chat (the box is hidden)."""
@@ -30,9 +33,11 @@ class ChatSettingsDialog(QDialog):
         self.setWindowTitle("Chat settings")
         self.defaults = defaults
         shown = defaults.overlaid(own) if own is not None else defaults
-        self.use_defaults = QCheckBox("Use the defaults (Settings)")
-        self.use_defaults.setToolTip("This chat follows the sampling settings of Settings, "
-                                     "also when they change later")
+        self.use_defaults = QCheckBox(f"Use the defaults (Settings; {recommended}: the model's recommended)"
+                                      if recommended else "Use the defaults (Settings)")
+        self.use_defaults.setToolTip("This chat follows the sampling settings of Settings, also when they "
+                                     "change later; where Settings leaves temperature or top-p at its default, "
+                                     "the loaded model's recommended value (its card's) is used")
         self.temperature = self._double("temperature", 0.05, shown.temperature)
         self.temperature.setToolTip("0 = always the most likely token (greedy)")
         self.top_p = self._double("top_p", 0.05, shown.top_p)

@@ -35,6 +35,7 @@ class SettingsDialog(QDialog):
         self.draft_changed = False  # after OK: the draft a load takes changed (the model reloads)
         self.draft_picker = DraftPicker(settings, loaded_model)
         self._sampling_fields(settings)
+        self._recommended_note(loaded_model)
         self._loading_fields(settings)
         folder = self._models_folder_row(settings)
         serving = self._serving_row(settings)
@@ -71,6 +72,41 @@ class SettingsDialog(QDialog):
                                     "the drafts are right. Prompt lookup drafts from the chat's own text "
                                     "(code edits, quotes); a draft model is a smaller model of the same "
                                     "vocabulary, loaded beside the model (it loads again when this changes)")
+
+    def _recommended_note(self, loaded_model: str | None) -> None:
+        """Under Top-p: the loaded model's recommended temperature and top-p (its catalogue entry's,
+        from its card), and whether they are in use, which they are while the fields are left at
+        their defaults (Sampling.recommended_values); hidden for a model that recommends none."""
+        from ..model_prompt import catalog_entry_for
+
+        self.recommended = QLabel()
+        self.recommended.setObjectName("statusLine")
+        self.recommended.setWordWrap(True)
+        entry = catalog_entry_for(loaded_model) if loaded_model else None
+        self._model_sampling = entry.sampling if entry is not None else None
+        self._model_name = entry.name if entry is not None else ""
+        for box in (self.temperature, self.top_p):
+            box.valueChanged.connect(self._show_recommended)
+        self._show_recommended()
+
+    def _show_recommended(self) -> None:
+        from ..model_prompt import recommended_words
+
+        if self._model_sampling is None:
+            return
+        shown = Sampling(temperature=self.temperature.value(), top_p=self.top_p.value())
+        used = shown.recommended_values(self._model_sampling)
+        every = Sampling().recommended_values(self._model_sampling)
+        default = Sampling()
+        if used:
+            text = (f"In use: {recommended_words(used)}, the model's recommended ({self._model_name}), "
+                    f"while {'these are' if len(used) > 1 else 'this is'} left at the default; "
+                    "a chat's own values win.")
+        else:
+            text = (f"The model's recommended: {recommended_words(every)} ({self._model_name}); the values "
+                    f"set here are used instead (the model's are used where these are left at "
+                    f"{default.temperature:g} and {default.top_p:g}).")
+        self.recommended.setText(text)
 
     def _loading_fields(self, settings: AppSettings) -> None:
         """Context length, device, GPU layers (applied at the next load) and CPU threads."""
@@ -168,6 +204,8 @@ class SettingsDialog(QDialog):
         form.addRow("Default &system prompt:", self.system_prompt)
         form.addRow("&Temperature:", self.temperature)
         form.addRow("Top-&p:", self.top_p)
+        form.addRow("", self.recommended)
+        form.setRowVisible(self.recommended, self._model_sampling is not None)
         form.addRow("Top-&k:", self.top_k)
         form.addRow("&Repetition penalty:", self.repetition_penalty)
         form.addRow("&Max tokens:", self.max_tokens)
