@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 
 ENDPOINTS = ("GET /health, GET /v1/models[/NAME], POST /v1/chat/completions, POST /v1/completions "
              "(also without /v1), POST /v1/messages[/count_tokens], POST /v1/responses, GET /v1/responses/ID, "
-             "Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version")
+             "POST /tokenize, POST /detokenize, Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
+             "/api/version")
 PARSE_OFF_LOOP_BYTES = 1 << 20  # bodies larger than this are parsed on a worker thread
 ACCEPT_BACKOFF_S = (0.05, 2.0)  # after an accept() error: first wait, doubling up to the last
 ACCEPT_LOG_EVERY_S = 10.0  # accept() errors are logged at most this often (with a count)

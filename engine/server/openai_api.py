@@ -611,6 +611,77 @@ def _is_token_list(value) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
+
+@dataclass
+class TokenizeJob:
+    """A /tokenize body: a text (`content`, llama-server's; `prompt`, vLLM's) or a chat
+    (`messages`, vLLM's: the prompt the chat format renders), BOS added or not, and whether each
+    id comes with its piece (llama-server's `with_pieces`)."""
+
+    text: str | None
+    messages: list[ChatMessage] | None
+    add_special: bool
+    with_pieces: bool
+
+
+def parse_tokenize_request(body, limits: RequestLimits) -> TokenizeJob:
+    """llama-server's /tokenize ({content, add_special = false, with_pieces}) and vLLM's ({prompt
+    or messages, add_special_tokens = true}): each API's default for adding BOS, its names in a
+    refusal."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body: must be a JSON object")
+    given = [name for name in ("content", "prompt", "messages") if body.get(name) is not None]
+    if len(given) != 1:
+        raise bad("content", "give one of content (llama-server's), prompt or messages (vLLM's), got "
+                             + (", ".join(given) or "none"))
+    (name,) = given
+    flag, default = ("add_special", False) if name == "content" else ("add_special_tokens", name == "prompt")
+    add_special = body.get(flag, default)
+    with_pieces = body.get("with_pieces", False)
+    for field_name, value in ((flag, add_special), ("with_pieces", with_pieces)):
+        if not isinstance(value, bool):
+            raise bad(field_name, f"must be true or false, got {value!r}")
+    if name == "messages":
+        if add_special:
+            raise bad(flag, "cannot be true with messages: the chat format writes its own BOS")
+        return TokenizeJob(None, parse_messages(body["messages"], limits), add_special, with_pieces)
+    if not isinstance(body[name], str):
+        raise bad(name, f"must be a string, got {body[name]!r}")
+    return TokenizeJob(body[name], None, add_special, with_pieces)
+
+
+def tokenize_reply(engine, job: TokenizeJob, model: ServedModel) -> dict:
+    """The ids (on the engine's thread): with their pieces, llama-server's shape (a piece that is
+    not whole UTF-8 as its bytes), and vLLM's `count` and `max_model_len` beside them."""
+    tok = engine.tokenizer
+    if job.messages is not None:  # the chat format's ids, its BOS first
+        ids = list(engine.encode(job.messages).ids)
+    else:
+        ids = ([tok.bos_id] if job.add_special else []) + tok.encode(job.text)
+    tokens: list = ids
+    if job.with_pieces:
+        tokens = []
+        for i in ids:
+            raw = tok.piece(i).encode() if tok.is_control(i) else tok.token_bytes(i)
+            try:
+                piece = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)
+            tokens.append({"id": i, "piece": piece})
+    return {"tokens": tokens, "count": len(ids), "max_model_len": model.context_size}
+
+
+def parse_detokenize_request(body, model: ServedModel) -> list[int]:
+    """/detokenize's `tokens` (llama-server's and vLLM's), checked against the vocabulary."""
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise bad("tokens", "must be a list of token ids (integers)")
+    for i, t in enumerate(tokens):
+        if t < 0 or (model.vocab_size and t >= model.vocab_size):
+            raise bad(f"tokens[{i}]", f"token id {t} is not in the model's vocabulary (0..{model.vocab_size - 1})")
+    return tokens
+
+
 def parse_completion_request(body, model: ServedModel, limits: RequestLimits) -> ChatJob:
     """A /v1/completions body: `prompt` is a string (BOS is added, control-token text stays
     text), a list of token ids (used as given), or a list of either (one answer each; choices

@@ -13,7 +13,8 @@ from ..documents.document import DocumentError
 from ..documents.prompt import engine_documents_prompt
 from .errors import ApiError, bad
 from .openai_api import ChatJob, Reply, chat_job, model_not_found, model_object, models_response, \
-    parse_chat_request, parse_completion_request, timings_of, usage_of
+    parse_chat_request, parse_completion_request, parse_detokenize_request, parse_tokenize_request, timings_of, \
+    tokenize_reply, usage_of
 from .streaming import SSE_TYPE, open_stream, sse
 from .tasks import Generation
 from .tools_api import ToolStream
@@ -35,7 +36,8 @@ class OpenAIRoutes:
                     ("GET", f"{prefix}/models/{{name}}", self.one_model),
                     ("POST", f"{prefix}/chat/completions", self.chat),
                     ("POST", f"{prefix}/completions", self.completions)]
-        return out
+        # llama-server's and vLLM's token endpoints (at the root, where both serve them)
+        return out + [("POST", "/tokenize", self.tokenize), ("POST", "/detokenize", self.detokenize)]
 
     public = ("health",)  # answered without the API key (a load balancer's probe)
     always = ("health", "models", "one_model")  # served whichever families are on (every client lists models)
@@ -67,6 +69,20 @@ class OpenAIRoutes:
         if name not in model.ids:
             raise model_not_found(name, model)
         return web.json_response(model_object(model, name))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        model = self.server.model()
+        job = parse_tokenize_request(await self.server.read_json(request), self.server.limits)
+        reply = self.server.executor.submit(lambda engine: tokenize_reply(engine, job, model))
+        return web.json_response(await asyncio.wrap_future(reply))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """The ids' text with control tokens by name (llama-server and vLLM both keep them), under
+        llama-server's name (`content`) and vLLM's (`prompt`)."""
+        ids = parse_detokenize_request(await self.server.read_json(request), self.server.model())
+        text = await asyncio.wrap_future(self.server.executor.submit(
+            lambda engine: engine.tokenizer.decode(ids, skip_special=False)))
+        return web.json_response({"content": text, "prompt": text})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         model = self.server.model()

@@ -13,6 +13,7 @@ openai = pytest.importorskip("openai", reason="the official client is the refere
 pydantic = pytest.importorskip("pydantic")
 pytest.importorskip("llguidance")
 
+from tramontane.engine.api import ChatMessage  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer  # noqa: E402
@@ -29,6 +30,7 @@ def served():
     engine = LocalEngine(MODEL, device="cpu", context_length=2048)
     executor = ThreadExecutor(engine)
     server = OpenAIServer(executor, port=0, api_key=KEY, cors_origins=("localhost", "example.com:3000")).start()
+    server.engine = engine
     yield server
     server.stop()
     executor.shutdown()
@@ -158,3 +160,46 @@ def test_continue_final_message_continues_the_last_assistant_message(served):
     status_plain, plain = post(served, "/v1/chat/completions", {"messages": PREFILL, "max_tokens": 2, "temperature": 0})
     assert status == status_plain == 200
     assert body["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+
+
+def post(served, path: str, body) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Authorization": f"Bearer {KEY}",
+                                                                   "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_tokenize_and_detokenize_in_llama_servers_and_vllms_shapes(served):
+    """llama-server's /tokenize ({content, add_special, with_pieces}: its server suite, and
+    clients counting tokens, call it) and vLLM's ({prompt | messages, add_special_tokens}), and
+    /detokenize for both (they were 404)."""
+    tok = served.engine.tokenizer
+    text = "What is the capital of France? 媽 🤗"
+    ids = tok.encode(text)
+    status, body = post(served, "/tokenize", {"content": text})
+    assert status == 200 and body["tokens"] == ids and body["count"] == len(ids)  # llama-server: no BOS
+    assert post(served, "/tokenize", {"content": text, "add_special": True})[1]["tokens"] == [tok.bos_id, *ids]
+    assert post(served, "/tokenize", {"prompt": text})[1]["tokens"] == [tok.bos_id, *ids]  # vLLM: BOS
+    assert post(served, "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"] == ids
+    pieces = post(served, "/tokenize", {"content": text, "with_pieces": True})[1]["tokens"]
+    assert [p["id"] for p in pieces] == ids
+    whole = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode() for p in pieces)
+    assert whole.decode("utf-8") == text  # a piece that is not whole UTF-8 comes as its bytes
+    chat = [{"role": "user", "content": text}]
+    status, body = post(served, "/tokenize", {"messages": chat})
+    assert status == 200 and body["tokens"] == list(served.engine.encode([ChatMessage.text("user", text)]).ids)
+    assert body["tokens"][0] == tok.bos_id and body["count"] == len(body["tokens"])
+    status, body = post(served, "/detokenize", {"tokens": [tok.bos_id, *ids]})
+    assert status == 200 and body["content"] == body["prompt"] == tok.piece(tok.bos_id) + text
+    for path, bad, param in [("/tokenize", {}, "content"), ("/tokenize", {"content": text, "prompt": text}, "content"),
+                             ("/tokenize", {"content": 3}, "content"),
+                             ("/tokenize", {"messages": chat, "add_special_tokens": True}, "add_special_tokens"),
+                             ("/tokenize", {"content": text, "add_special": "yes"}, "add_special"),
+                             ("/detokenize", {"tokens": "1 2"}, "tokens"),
+                             ("/detokenize", {"tokens": [1, tok.vocab_size]}, "tokens[1]")]:
+        status, body = post(served, path, bad)
+        assert status == 400 and body["error"]["param"] == param, (path, bad, body)
