@@ -6,6 +6,11 @@ downloads in the app's `Downloads` (app/downloads.py), which the window owns so 
 this dialog leaves them running. `load_requested(model_path, mmproj_path)` asks the chat
 window to load a model ('' when there is no projector): the Load buttons, or a double-click.
 
+Every row says what the model can do in chips ("Can": vision / reasoning / tools / coding): a
+catalogue entry from the catalogue's own fields, a file found on disk from what is read from it
+off the UI thread (its tokenizer's chat format: [THINK] control tokens, [TOOL_CALLS]; the
+projector paired with it), and coding where the file is a catalogue model's.
+
 Every catalogue entry and local model says whether it fits this machine ("on the GPU", "partly
 on the CPU", "too big"), planned off the UI thread by the engine's device planner
 (engine/library/fit.py). With the app's settings the dialog remembers its tab and the import's
@@ -26,17 +31,20 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QFileDialo
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from ...engine.library.downloads import DownloadManager, DownloadRequest, DownloadState, DownloadStatus
-from ...engine.library.catalog import CatalogEntry, load_catalog, resolve_catalog_entry
+from ...engine.api import EngineError
+from ...engine.library.catalog import CAPABILITIES, CatalogEntry, load_catalog, resolve_catalog_entry
 from ...engine.library.fit import (Fit, catalog_bytes, catalog_size_text, fit_of_catalog_entry,
                                   fit_of_file, machine_for, machine_for_a_switch, without_the_loaded_model)
 from ...engine.library.hub import Hub, ModelChoice
 from ...engine.library.models_folder import (LocalModel, catalog_files, delete_model, describe_model,
                                      import_model, scan_models)
 from ...engine.library.sizes import size_text
+from ...engine.mistral3.tokenizer import FileChatFormat, read_chat_format
 from ...engine.runtime.device_map import UNKNOWN_RAM, Budget, Machine
 from ..downloads import Downloads
 from ..jobs import Jobs
 from ..model_places import distinct_names, find_models, home_path, looked_in_words, shown_name, usual_places
+from ..model_prompt import catalog_entry_for
 from ..widgets.model_bar import quant_of
 from ..config import AppSettings
 
@@ -184,6 +192,69 @@ def _table(headers: list[str]) -> QTableWidget:
     return t
 
 
+CHIPS = ("vision", *CAPABILITIES)  # the "Can" column's chips, in this order
+
+
+def catalog_chips(entry: CatalogEntry) -> list[str]:
+    """A catalogue row's chips, from its own fields: vision (it has a projector), and its
+    capabilities (reasoning, tools, coding)."""
+    return [c for c in CHIPS if (entry.vision if c == "vision" else c in entry.capabilities)]
+
+
+def file_chips(fmt: FileChatFormat | None, projector: Path | None, entry: CatalogEntry | None) -> tuple[list[str], str]:
+    """(chips, their tooltip) of a model file found on disk, from what is read from the file: its
+    chat format (`fmt`, None while unread or unreadable: [THINK] control tokens, a [TOOL_CALLS]
+    token) and the projector paired with it; coding only where the file is a catalogue model's
+    (nothing in a file says it was trained for code)."""
+    have, why = set(), []
+    if fmt is not None:
+        why.append(f"Its tokenizer: Mistral chat format v{fmt.version}"
+                   + (" with [THINK] / [/THINK] control tokens (it reasons before it answers)" if fmt.can_think else "")
+                   + (", [TOOL_CALLS] (it calls tools)" if fmt.tool_calls else "") + ".")
+        have |= {"reasoning"} if fmt.can_think else set()
+        have |= {"tools"} if fmt.tool_calls else set()
+    if projector is not None:
+        have.add("vision")
+        why.append(f"Vision: the projector {projector.name} is paired with it.")
+    if entry is not None and "coding" in entry.capabilities:
+        have.add("coding")
+        why.append(f"Coding: it is the catalogue's {entry.name}.")
+    return [c for c in CHIPS if c in have], "\n".join(why)
+
+
+def read_file_format(path: Path) -> FileChatFormat | None:
+    """The file's chat format (off the UI thread); None for a file whose tokenizer cannot tell."""
+    from ...engine.gguf import open_gguf
+
+    try:
+        with open_gguf(path) as gf:
+            return read_chat_format(gf.kv, str(path))
+    except (EngineError, OSError):
+        return None
+
+
+def chips_cell(names: list[str], tip: str) -> QWidget:
+    """A table cell of chips, one label each (the model bar's chip style)."""
+    cell = QWidget()
+    cell.setObjectName("chips")
+    row = QHBoxLayout(cell)
+    row.setContentsMargins(4, 0, 4, 0)
+    row.setSpacing(3)
+    for name in names:
+        chip = QLabel(name)
+        chip.setObjectName("quantChip")
+        row.addWidget(chip)
+    row.addStretch(1)
+    cell.setToolTip(tip)
+    return cell
+
+
+def cell_chips(table: QTableWidget, row: int, column: int = 1) -> list[str]:
+    """The chips shown in a cell (for a test, or a screen reader's text)."""
+    cell = table.cellWidget(row, column)
+    return [label.text() for label in cell.findChildren(QLabel)] if cell is not None else []
+
+
 class KeepTheEnd(QStyledItemDelegate):
     """A column of folders cut at their start ('…/Jan/data/llamacpp/models'): the end of a path
     tells two folders apart, its middle ('opene…tures') nothing; the whole one is in the
@@ -247,6 +318,7 @@ class ModelManagerDialog(QDialog):
         self._found: list[tuple[str, LocalModel, str]] = []  # (where, model, shown name) found elsewhere (model_places)
         self._found_in: dict[Path, str] = {}
         self._looked_elsewhere = False
+        self._formats: dict[Path, FileChatFormat | None] = {}  # model files' chat formats, once read
         self._plans = 0  # planning jobs started: only the latest one's results are shown
         self.downloads.status_changed.connect(self._on_status)
         self.downloads.pair_ready.connect(self._on_pair_ready)
@@ -347,7 +419,7 @@ class ModelManagerDialog(QDialog):
     # -- recommended --------------------------------------------------------------------
 
     def _build_catalog_tab(self) -> QWidget:
-        self.catalog_table = _table(["Model", "Quant", "Download", "On this machine", "License",
+        self.catalog_table = _table(["Model", "Can", "Quant", "Download", "On this machine", "License",
                                      "Status"])
         for entry in self.catalog:
             for v in entry.variants:
@@ -355,11 +427,15 @@ class ModelManagerDialog(QDialog):
                 self.catalog_table.insertRow(r)
                 name = entry.name + ("" if entry.vision else " (text only)")
                 self.catalog_table.setItem(r, 0, _item(name, (entry, v.quant)))
-                self.catalog_table.setItem(r, 1, _item(v.quant))
-                self.catalog_table.setItem(r, 2, _item(""))
+                chips = catalog_chips(entry)
+                self.catalog_table.setItem(r, 1, _item("", ", ".join(chips)))
+                self.catalog_table.setCellWidget(r, 1, chips_cell(chips, "From the catalogue: " + (
+                    ", ".join(chips) if chips else "a text model without tools")))
+                self.catalog_table.setItem(r, 2, _item(v.quant))
                 self.catalog_table.setItem(r, 3, _item(""))
-                self.catalog_table.setItem(r, 4, _item(entry.license))
-                self.catalog_table.setItem(r, 5, _item(""))
+                self.catalog_table.setItem(r, 4, _item(""))
+                self.catalog_table.setItem(r, 5, _item(entry.license))
+                self.catalog_table.setItem(r, 6, _item(""))
                 self.catalog_table.item(r, 0).setToolTip(
                     f"{entry.repo_id}\n{entry.description}\n{entry.notes}".strip())
                 self._show_catalog_size(r)
@@ -390,7 +466,7 @@ class ModelManagerDialog(QDialog):
     def _show_catalog_size(self, row: int) -> None:
         entry, quant = self.catalog_table.item(row, 0).data(Qt.UserRole)
         model, mmproj = self.catalog_bytes(entry, quant)
-        cell = self.catalog_table.item(row, 2)
+        cell = self.catalog_table.item(row, 3)
         # Every vision row says "+ projector": with its size once known (a sum alone read
         # like a text-only model beside rows whose projector size is still open).
         cell.setText(f"{size_text(model)} + {size_text(mmproj)} projector" if model and mmproj
@@ -427,7 +503,7 @@ class ModelManagerDialog(QDialog):
     def _on_listing_failed(self, entry: CatalogEntry, text: str) -> None:
         for r in range(self.catalog_table.rowCount()):
             if self.catalog_table.item(r, 0).data(Qt.UserRole)[0] == entry:
-                self.catalog_table.item(r, 2).setToolTip(f"The hub could not be asked: {text}")
+                self.catalog_table.item(r, 3).setToolTip(f"The hub could not be asked: {text}")
 
     def _refresh_catalog_status(self) -> None:
         for r in range(self.catalog_table.rowCount()):
@@ -442,11 +518,11 @@ class ModelManagerDialog(QDialog):
                 status = "projector missing"
             else:
                 status = ""
-            self.catalog_table.item(r, 5).setText(status)
+            self.catalog_table.item(r, 6).setText(status)
         row = self.catalog_table.currentRow()
-        ready = row >= 0 and self.catalog_table.item(row, 5).text() in ("ready", "loaded")
+        ready = row >= 0 and self.catalog_table.item(row, 6).text() in ("ready", "loaded")
         self.catalog_load.setEnabled(ready)
-        busy_row = row >= 0 and self.catalog_table.item(row, 5).text() == "downloading…"
+        busy_row = row >= 0 and self.catalog_table.item(row, 6).text() == "downloading…"
         self.catalog_download.setEnabled(row >= 0 and not ready and not busy_row
                                          and not self.hub.offline)
 
@@ -603,10 +679,10 @@ class ModelManagerDialog(QDialog):
     # -- local files --------------------------------------------------------------------
 
     def _build_local_tab(self) -> QWidget:
-        self.local_table = _table(["File", "Kind", "Architecture", "Quant", "Size",
+        self.local_table = _table(["File", "Can", "Kind", "Architecture", "Quant", "Size",
                                    "On this machine", "Projector", "Folder"])
         self.folder_delegate = KeepTheEnd(self.local_table)
-        self.local_table.setItemDelegateForColumn(7, self.folder_delegate)
+        self.local_table.setItemDelegateForColumn(8, self.folder_delegate)
         self.local_table.itemSelectionChanged.connect(self._local_selection_changed)
         self.local_table.cellDoubleClicked.connect(self._load_local)
         self.local_load = QPushButton("Load in chat")
@@ -643,6 +719,7 @@ class ModelManagerDialog(QDialog):
         or deleted since the dialog opened shows up or goes)."""
         self._looked_elsewhere = False
         self._found = []
+        self._formats = {}  # a file replaced since is read again
         self.local_empty.hide()
         self.refresh_local()
 
@@ -673,22 +750,24 @@ class ModelManagerDialog(QDialog):
             t.insertRow(row)
             loaded = m.path == self.loaded_model
             t.setItem(row, 0, _item(name + ("  (loaded)" if loaded else ""), m))
-            t.setItem(row, 1, _item("projector" if m.is_projector else "model"))
-            t.setItem(row, 2, _item(m.architecture or ("unreadable" if m.error else "?")))
+            t.setItem(row, 1, _item(""))
+            t.setItem(row, 2, _item("projector" if m.is_projector else "model"))
+            t.setItem(row, 3, _item(m.architecture or ("unreadable" if m.error else "?")))
             # The file's own name says Q4_K_M; the header's commonest type only Q4_K.
-            t.setItem(row, 3, _item(quant_of(str(m.path)) or m.quant or "?"))
-            t.setItem(row, 4, _item(size_text(m.size)))
-            t.setItem(row, 5, _item(""))
+            t.setItem(row, 4, _item(quant_of(str(m.path)) or m.quant or "?"))
+            t.setItem(row, 5, _item(size_text(m.size)))
+            t.setItem(row, 6, _item(""))
             # The loaded model's row shows the projector in use (an f32 picked by hand, or none),
             # not the one its name pairs it with (the f16 beside it).
             mmproj = self.loaded_mmproj if loaded else m.mmproj
-            t.setItem(row, 6, _item(mmproj.name if mmproj else "none (text only)" if loaded and m.mmproj else ""))
-            t.item(row, 6).setToolTip(f"In use: {mmproj}" if loaded and mmproj else str(mmproj or ""))
+            t.setItem(row, 7, _item(mmproj.name if mmproj else "none (text only)" if loaded and m.mmproj else ""))
+            t.item(row, 7).setToolTip(f"In use: {mmproj}" if loaded and mmproj else str(mmproj or ""))
+            self._show_chips(row, m, mmproj)
             how = ("opened from: " if m.path in self._recent
                    else f"found in {self._found_in[m.path]}: " if m.path in self._found_in
                    else "imported in place: " if m.imported_in_place else "")
-            t.setItem(row, 7, _item(how + str(m.folder)))  # a long one loses its start (KeepTheEnd)
-            t.item(row, 7).setToolTip(how + str(m.path))
+            t.setItem(row, 8, _item(how + str(m.folder)))  # a long one loses its start (KeepTheEnd)
+            t.item(row, 8).setToolTip(how + str(m.path))
             if m.error:
                 t.item(row, 0).setToolTip(m.error)
             if loaded:
@@ -697,6 +776,7 @@ class ModelManagerDialog(QDialog):
                 t.item(row, 0).setFont(bold)
         self._local_selection_changed()
         self._plan()
+        self._read_formats()
         if not self._looked_elsewhere:
             self._looked_elsewhere = True
             skip = set(listed)
@@ -704,6 +784,36 @@ class ModelManagerDialog(QDialog):
             self.jobs.run(lambda: [(what, replace(describe_model(path), path=path), shown_name(path))
                                    for what, path in find_models(usual_places(), skip)],
                           self._on_found_elsewhere)
+
+    def _show_chips(self, row: int, m: LocalModel, mmproj: Path | None) -> None:
+        """A model file's chips (file_chips): what its header says once read, the projector its
+        row shows (for the loaded model, the one in use)."""
+        if m.is_projector or m.error is not None:
+            return
+        fmt = self._formats.get(m.path)
+        chips, tip = file_chips(fmt, mmproj, catalog_entry_for(m.path, self.catalog))
+        if m.path not in self._formats:
+            tip = "\n".join(filter(None, ["Reading the file's tokenizer…", tip]))
+        elif fmt is None:
+            tip = "\n".join(filter(None, ["Its tokenizer does not say which Mistral chat format it has.", tip]))
+        self.local_table.item(row, 1).setData(Qt.UserRole, ", ".join(chips))
+        self.local_table.setCellWidget(row, 1, chips_cell(chips, tip))
+
+    def _read_formats(self) -> None:
+        """The chat formats of the model files not read yet, read off the UI thread (their
+        tokenizer's control tokens and template), then their chips shown."""
+        todo = [m.path for m in self.local_models
+                if not m.is_projector and m.error is None and m.path not in self._formats]
+        if todo:
+            self.jobs.run(lambda: {path: read_file_format(path) for path in todo}, self._on_formats)
+
+    def _on_formats(self, found: dict) -> None:
+        self._formats.update(found)
+        for row in range(self.local_table.rowCount()):
+            m = self.local_table.item(row, 0).data(Qt.UserRole)
+            if m.path in found:
+                loaded = m.path == self.loaded_model
+                self._show_chips(row, m, self.loaded_mmproj if loaded else m.mmproj)
 
     def _on_found_elsewhere(self, found: list) -> None:
         """Models already on this computer (Downloads, other apps' folders): listed too."""
@@ -774,12 +884,12 @@ class ModelManagerDialog(QDialog):
         for r in range(self.catalog_table.rowCount()):
             entry, quant = self.catalog_table.item(r, 0).data(Qt.UserRole)
             if ("catalog", entry.id, quant) in fits:
-                _show_fit(self.catalog_table.item(r, 3), fits["catalog", entry.id, quant],
+                _show_fit(self.catalog_table.item(r, 4), fits["catalog", entry.id, quant],
                           "Not known yet: the size of this model is not known until the hub is asked.")
         for r in range(self.local_table.rowCount()):
             m = self.local_table.item(r, 0).data(Qt.UserRole)
             if ("local", m.path) in fits:
-                _show_fit(self.local_table.item(r, 5), fits["local", m.path],
+                _show_fit(self.local_table.item(r, 6), fits["local", m.path],
                           "Not a Mistral 3 model this app runs: loading it says why.")
 
     def _selected_local(self) -> LocalModel | None:

@@ -16,7 +16,7 @@ import codecs
 import json
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,6 +55,58 @@ class TokenType(IntEnum):
     USER_DEFINED = 4
     UNUSED = 5
     BYTE = 6
+
+
+def chat_format_version(has_control: Callable[[str], bool], chat_template: str | None) -> int:
+    """The mistral-common chat format a file's model was trained on, 7, 11 or 13, from which control
+    tokens its vocabulary has (`has_control(piece)`) and its tokenizer.chat_template.
+
+    A vocabulary without an [ARGS] control token is v7 (Mistral Small 3.1 2503, Devstral 1.0
+    2505: llama.cpp writes its template as the name "mistral-v7-tekken", for a v7 tokenizer
+    only). With [ARGS], the file's template text tells v11 (Mistral Small 3.2 2506: its calls
+    carry [CALL_ID] and its results [TOOL_CONTENT]) from v13 (Magistral 1.1/1.2, Ministral 3,
+    Devstral 1.1: `[TOOL_CALLS]name[ARGS]{...}`, results without ids, [THINK] chunks), which
+    writes neither, or writes [THINK] (v11 has no thoughts). A file without a template is
+    taken as the newer format."""
+    template = (chat_template or "").strip()
+    if not has_control("[ARGS]") or template in ("mistral-v7-tekken", "mistral-v7"):
+        return 7
+    if ("[CALL_ID]" in template and "[TOOL_CONTENT]" in template and "[THINK]" not in template
+            and has_control("[CALL_ID]")):
+        return 11
+    return 13
+
+
+def thinks(version: int, has_control: Callable[[str], bool]) -> bool:
+    """Whether a model of that chat format version and vocabulary writes [THINK]…[/THINK] chunks:
+    v13 with both control tokens."""
+    return version >= 13 and has_control("[THINK]") and has_control("[/THINK]")
+
+
+@dataclass(frozen=True)
+class FileChatFormat:
+    """What a file's tokenizer metadata says of its chat format, read without building its
+    tokenizer (`read_chat_format`)."""
+
+    version: int  # 7, 11, 13 (chat_format_version)
+    can_think: bool  # [THINK] / [/THINK] chunks (thinks)
+    tool_calls: bool  # a [TOOL_CALLS] control token: the model writes tool calls
+
+
+def read_chat_format(kv: dict[str, Any], source: str) -> FileChatFormat:
+    """The chat format of a GGUF's tokenizer metadata (`GGUFFile.kv`) by the same rules as
+    `Tokenizer.version` / `think_ids`, from its control tokens and template only (what the
+    Models dialog shows of a file found on disk). Raises TokenizerError naming the file when
+    the tokens or their types are missing."""
+    meta = Metadata(kv, source, TokenizerError)
+    tokens = meta.array_of("tokenizer.ggml.tokens", "string", default=[])
+    types = meta.array_of("tokenizer.ggml.token_type", "int", default=None)
+    if not tokens or types is None or len(types) != len(tokens):
+        raise TokenizerError(f"{source}: tokenizer.ggml.tokens and token_type (one type per token) are "
+                             "needed to tell its chat format")
+    control = {tokens[int(i)] for i in np.flatnonzero(np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN]))}
+    version = chat_format_version(control.__contains__, meta.string("tokenizer.chat_template", default=None))
+    return FileChatFormat(version, thinks(version, control.__contains__), "[TOOL_CALLS]" in control)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -164,27 +216,14 @@ class Tokenizer:
     # ------------------------------------------------------------------ which model it is
     @property
     def version(self) -> int:
-        """The mistral-common chat format the file's model was trained on: 7, 11 or 13.
-
-        A vocabulary without an [ARGS] control token is v7 (Mistral Small 3.1 2503, Devstral 1.0
-        2505: llama.cpp writes its template as the name "mistral-v7-tekken", for a v7 tokenizer
-        only). With [ARGS], the file's template text tells v11 (Mistral Small 3.2 2506: its calls
-        carry [CALL_ID] and its results [TOOL_CONTENT]) from v13 (Magistral 1.1/1.2, Ministral 3,
-        Devstral 1.1: `[TOOL_CALLS]name[ARGS]{...}`, results without ids, [THINK] chunks), which
-        writes neither, or writes [THINK] (v11 has no thoughts). A file without a template is
-        taken as the newer format."""
-        template = (self.chat_template or "").strip()
-        if not self.has_control("[ARGS]") or template in ("mistral-v7-tekken", "mistral-v7"):
-            return 7
-        if ("[CALL_ID]" in template and "[TOOL_CONTENT]" in template and "[THINK]" not in template
-                and self.has_control("[CALL_ID]")):
-            return 11
-        return 13
+        """The mistral-common chat format the file's model was trained on: 7, 11 or 13
+        (`chat_format_version`)."""
+        return chat_format_version(self.has_control, self.chat_template)
 
     @property
     def think_ids(self) -> tuple[int, int] | None:
         """([THINK], [/THINK]) ids where the model can think (v13 with both control tokens)."""
-        if self.version < 13 or not (self.has_control("[THINK]") and self.has_control("[/THINK]")):
+        if not thinks(self.version, self.has_control):
             return None
         return self.token_id("[THINK]"), self.token_id("[/THINK]")
 

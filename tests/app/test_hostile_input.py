@@ -214,7 +214,7 @@ def test_hostile_files_in_the_models_folder(qtbot, window, tmp_path):
     qtbot.waitUntil(lambda: table.rowCount() >= 2, timeout=10000)  # and the model loaded lately
     rows = {table.item(r, 0).text(): r for r in range(table.rowCount())}
     broken = rows["name.gguf"]
-    assert table.item(broken, 2).text() == "unreadable"
+    assert table.item(broken, 3).text() == "unreadable"
     assert "'general.name' should be a string, found array of 2 uint8" in table.item(broken, 0).toolTip()
     table.selectRow(broken)
     assert not dialog.local_load.isEnabled()

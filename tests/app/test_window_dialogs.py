@@ -41,9 +41,9 @@ def test_a_file_opened_from_elsewhere_is_listed_marked_and_double_click_loads_it
     table = dialog.local_table
     row = _row_of(table, "mine.gguf")
     assert table.item(row, 0).text() == "mine.gguf  (loaded)"
-    assert table.item(row, 7).text() == f"opened from: {elsewhere.resolve()}"
-    qtbot.waitUntil(lambda: table.item(row, 5).text() != "", timeout=TIMEOUT)
-    assert table.item(row, 5).text() in ("on the CPU", "on the GPU", "partly on the CPU")
+    assert table.item(row, 8).text() == f"opened from: {elsewhere.resolve()}"
+    qtbot.waitUntil(lambda: table.item(row, 6).text() != "", timeout=TIMEOUT)
+    assert table.item(row, 6).text() in ("on the CPU", "on the GPU", "partly on the CPU")
 
     # another model, then back by a double-click in the dialog
     window.model_loading.load_model(str(MODEL))
@@ -107,10 +107,10 @@ def test_the_running_model_is_not_called_too_big(qtbot, window, tmp_path, monkey
     window.dialogs.open_model_manager(tab=2)
     table = window.dialogs.model_manager.local_table
     loaded, spare = _row_of(table, MODEL.name), _row_of(table, "other.gguf")
-    qtbot.waitUntil(lambda: table.item(loaded, 5).text() != "" and table.item(spare, 5).text() != "",
+    qtbot.waitUntil(lambda: table.item(loaded, 6).text() != "" and table.item(spare, 6).text() != "",
                     timeout=TIMEOUT)
-    assert table.item(loaded, 5).text() == "on the CPU" and "Loaded now" in table.item(loaded, 5).toolTip()
-    assert table.item(spare, 5).text() == "on the CPU"  # planned with the loaded model's RAM free
+    assert table.item(loaded, 6).text() == "on the CPU" and "Loaded now" in table.item(loaded, 6).toolTip()
+    assert table.item(spare, 6).text() == "on the CPU"  # planned with the loaded model's RAM free
     assert "256-token context (the one in use)" in window.dialogs.model_manager.machine_label.text()
 
 
@@ -131,7 +131,7 @@ def test_models_dialog_chooses_nothing_for_the_user(qtbot, window, tmp_path):
     assert not [b.text() for b in dialog.findChildren(QPushButton) if b.isDefault() or b.autoDefault()]
     table = dialog.local_table
     row = _row_of(table, "mistral3_q256-Q4_K_M.gguf")
-    assert table.item(row, 3).text() == "Q4_K_M"
+    assert table.item(row, 4).text() == "Q4_K_M"
     dialog.show_message("The hub could not be asked", error=True)
     dialog.tabs.setCurrentIndex(2)
     assert dialog.message.text() == ""
@@ -167,7 +167,7 @@ def test_models_already_on_this_computer_are_found(qtbot, window, tmp_path, monk
     qtbot.waitUntil(lambda: table.rowCount() == 3, timeout=TIMEOUT)
     names = sorted(table.item(r, 0).text() for r in range(table.rowCount()))
     assert names == ["sha256-4f2a", "tiny-Q8_0.gguf", "tiny-from-the-browser.gguf"]
-    where = table.item(_row_of(table, "tiny-from-the-browser.gguf"), 7).text()
+    where = table.item(_row_of(table, "tiny-from-the-browser.gguf"), 8).text()
     assert where.startswith("found in ") and str(downloads) in where
 
 

@@ -60,7 +60,7 @@ def test_catalogue_download_then_one_click_load(qtbot, dialog, fake, tmp_path):
     model_key = DownloadRequest(REPO, MODEL_FILE).key
     qtbot.waitUntil(lambda: model_key in dialog._rows and
                     dialog._rows[model_key].load_button.isVisible(), timeout=TIMEOUT)
-    assert dialog.catalog_table.item(0, 5).text() == "ready"
+    assert dialog.catalog_table.item(0, 6).text() == "ready"
     assert dialog.catalog_load.isEnabled()
     with qtbot.waitSignal(dialog.load_requested, timeout=TIMEOUT) as sig:
         qtbot.mouseClick(dialog._rows[model_key].load_button, qtbot_left())
@@ -75,7 +75,7 @@ def test_catalogue_download_then_one_click_load(qtbot, dialog, fake, tmp_path):
     # the local tab lists both, paired (it is refreshed by a job after each finished download:
     # the last refresh may still be on its way)
     def local_rows():
-        return {dialog.local_table.item(r, 0).text(): dialog.local_table.item(r, 6).text()
+        return {dialog.local_table.item(r, 0).text(): dialog.local_table.item(r, 7).text()
                 for r in range(dialog.local_table.rowCount())}
 
     qtbot.waitUntil(lambda: local_rows() == {MODEL_FILE: PROJ_FILE, PROJ_FILE: ""}, timeout=TIMEOUT)
@@ -103,7 +103,7 @@ def test_search_pick_file_download_and_load_from_local_tab(qtbot, dialog, fake):
     qtbot.waitUntil(lambda: dialog.local_table.rowCount() == 2, timeout=TIMEOUT)
     r = [dialog.local_table.item(i, 0).text() for i in range(2)].index("Tiny-Vision-Q4_0.gguf")
     dialog.local_table.selectRow(r)
-    assert dialog.local_table.item(r, 3).text() == "Q4_0"
+    assert dialog.local_table.item(r, 4).text() == "Q4_0"
     with qtbot.waitSignal(dialog.load_requested, timeout=TIMEOUT) as sig:
         qtbot.mouseClick(dialog.local_load, qtbot_left())
     assert sig.args[0].endswith("Tiny-Vision-Q4_0.gguf") and sig.args[1].endswith(PROJ_FILE)
@@ -191,7 +191,7 @@ def test_offline_mode_shows_disk_only(qtbot, fake, tmp_path, monkeypatch):
     dlg = ModelManagerDialog(models, hub=Hub(endpoint=fake.endpoint), catalog=tiny_catalog())
     qtbot.addWidget(dlg)
     assert dlg.tabs.currentIndex() == 2
-    assert dlg.local_table.rowCount() == 1 and dlg.local_table.item(0, 3).text() == "Q8_0"
+    assert dlg.local_table.rowCount() == 1 and dlg.local_table.item(0, 4).text() == "Q8_0"
     assert not dlg.search_button.isEnabled() and not dlg.catalog_download.isEnabled()
     dlg.close()
     assert fake.requests == []
@@ -213,7 +213,7 @@ def test_import_and_delete_from_the_local_tab(qtbot, dialog, tmp_path):
     dialog.import_file(str(src), copy=False)
     assert "Imported mine-Q4_0.gguf" in dialog.message.text()
     rows = {dialog.local_table.item(r, 0).text(): r for r in range(dialog.local_table.rowCount())}
-    assert "imported in place" in dialog.local_table.item(rows["mine-Q4_0.gguf"], 7).text()
+    assert "imported in place" in dialog.local_table.item(rows["mine-Q4_0.gguf"], 8).text()
     dialog.local_table.selectRow(rows["mine-Q4_0.gguf"])
     with qtbot.waitSignal(dialog.load_requested, timeout=TIMEOUT) as sig:
         qtbot.mouseClick(dialog.local_load, qtbot_left())
@@ -249,7 +249,7 @@ def _column(table, row: int, title: str) -> str:
 
 def _catalogue_rows(dlg) -> dict[tuple[str, str], int]:
     t = dlg.catalog_table
-    return {(t.item(r, 0).data(0x0100)[0].id, t.item(r, 1).text()): r for r in range(t.rowCount())}
+    return {(t.item(r, 0).data(0x0100)[0].id, t.item(r, 2).text()): r for r in range(t.rowCount())}
 
 
 def _tiny_pair(folder):
@@ -288,10 +288,10 @@ def test_every_catalogue_entry_has_a_size_and_says_whether_it_fits(qtbot, fake, 
     assert sizes[("ministral-3-3b-instruct", "Q4_K_M")] == "2.15 GB + 842.0 MB projector"
     assert "?" not in sizes.values()
     # the tooltip holds the planner's arithmetic
-    tip = t.item(rows[("mistral-small-3.1-24b-instruct", "Q4_K_M")], 3).toolTip()
+    tip = t.item(rows[("mistral-small-3.1-24b-instruct", "Q4_K_M")], 4).toolTip()
     assert "cuda:0 (simulated 8 GB)" in tip and "layers on GPU" in tip
     # every size is in the catalogue (Ministral's projectors too): the hub is not asked for them
-    assert t.item(rows[("ministral-3-8b-instruct", "Q4_K_M")], 2).toolTip() == "model 5.20 GB + projector 858.0 MB"
+    assert t.item(rows[("ministral-3-8b-instruct", "Q4_K_M")], 3).toolTip() == "model 5.20 GB + projector 858.0 MB"
     assert not dlg.listed
     dlg.close()
 
@@ -304,7 +304,7 @@ def test_cpu_only_and_too_small_machines(qtbot, fake, tmp_path, monkeypatch):
     rows, t = _catalogue_rows(dlg), dlg.catalog_table
     qtbot.waitUntil(lambda: all(_column(t, r, "On this machine") for r in rows.values()), timeout=TIMEOUT)
     assert _column(t, rows[("mistral-small-3.1-24b-instruct", "Q8_0")], "On this machine") == "too big"
-    assert "does not fit this machine" in t.item(rows[("mistral-small-3.1-24b-instruct", "Q8_0")], 3).toolTip()
+    assert "does not fit this machine" in t.item(rows[("mistral-small-3.1-24b-instruct", "Q8_0")], 4).toolTip()
     assert _column(t, rows[("ministral-3-3b-instruct", "Q4_K_M")], "On this machine") == "on the CPU"
     dlg.close()
     assert fake.requests == []
@@ -320,9 +320,9 @@ def test_sizes_the_catalogue_leaves_open_come_from_the_hub_listing(qtbot, fake, 
     files = fake.repos[REPO].files
     from tramontane.engine.library.downloads import size_text
     shown = f"{size_text(len(files[MODEL_FILE]))} + {size_text(len(files[PROJ_FILE]))} projector"
-    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 2).text() == shown, timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 3).text() == shown, timeout=TIMEOUT)
     assert dlg.listed[("open", "Q8_0")] == (len(files[MODEL_FILE]), len(files[PROJ_FILE]))
-    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 3).text() == "on the GPU", timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 4).text() == "on the GPU", timeout=TIMEOUT)
     dlg.close()
 
 
@@ -335,7 +335,7 @@ def test_loaded_model_is_marked_and_double_click_loads(qtbot, fake, tmp_path):
     row = next(r for r in range(t.rowCount()) if t.item(r, 0).data(0x0100).path == model.resolve())
     assert t.item(row, 0).text() == "mistral3_tiny-f32.gguf  (loaded)" and t.item(row, 0).font().bold()
     qtbot.waitUntil(lambda: _column(t, row, "On this machine") == "on the GPU", timeout=TIMEOUT)
-    assert "vision tower" in t.item(row, 5).toolTip()  # planned with its projector
+    assert "vision tower" in t.item(row, 6).toolTip()  # planned with its projector
     proj_row = 1 - row
     assert _column(t, proj_row, "On this machine") == "" and not t.item(proj_row, 0).font().bold()
     # a double-click on the projector does nothing; on the model it loads the pair
@@ -365,15 +365,15 @@ def test_catalogue_row_marked_loaded_and_double_click_loads(qtbot, fake, tmp_pat
     with qtbot.assertNotEmitted(dlg.load_requested):  # not downloaded yet
         _double_click(qtbot, dlg.catalog_table, 0)
     dlg.start_pair(*pair)
-    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 5).text() == "ready", timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: dlg.catalog_table.item(0, 6).text() == "ready", timeout=TIMEOUT)
     model = final_path(models, DownloadRequest(REPO, MODEL_FILE))
     with qtbot.waitSignal(dlg.load_requested, timeout=TIMEOUT) as sig:
         _double_click(qtbot, dlg.catalog_table, 0)
     assert sig.args[0] == str(model)
     dlg.set_loaded_model(str(model))
-    assert dlg.catalog_table.item(0, 5).text() == "loaded"
+    assert dlg.catalog_table.item(0, 6).text() == "loaded"
     # downloaded: planned from the file itself now
-    qtbot.waitUntil(lambda: "vision tower" in dlg.catalog_table.item(0, 3).toolTip(), timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: "vision tower" in dlg.catalog_table.item(0, 4).toolTip(), timeout=TIMEOUT)
     dlg.close()
 
 
@@ -426,7 +426,7 @@ def test_the_hub_is_asked_for_open_sizes_once_per_session(qtbot, fake, tmp_path)
     for _ in range(2):
         dlg = ModelManagerDialog(downloads=downloads, catalog=catalog, machine=GPU8)
         qtbot.addWidget(dlg)
-        qtbot.waitUntil(lambda d=dlg: d.catalog_table.item(0, 2).text() == size_text(size), timeout=TIMEOUT)
+        qtbot.waitUntil(lambda d=dlg: d.catalog_table.item(0, 3).text() == size_text(size), timeout=TIMEOUT)
         dlg.close()
     assert len(listings()) == 1
     downloads.shutdown()

@@ -78,15 +78,15 @@ def test_models_dialog_screenshots(qtbot, tmp_path, scheme):
         qtbot.addWidget(dlg)
         dlg.show()
         cat, local = dlg.catalog_table, dlg.local_table
-        qtbot.waitUntil(lambda: all(cat.item(r, 3).text() for r in range(cat.rowCount()))
-                        and all(local.item(r, 5).text() for r in range(local.rowCount())
-                                if local.item(r, 1).text() == "model")
-                        and all(cat.item(r, 2).toolTip() for r in range(cat.rowCount())), timeout=30_000)
+        qtbot.waitUntil(lambda: all(cat.item(r, 4).text() for r in range(cat.rowCount()))
+                        and all(local.item(r, 6).text() for r in range(local.rowCount())
+                                if local.item(r, 2).text() == "model")
+                        and all(cat.item(r, 3).toolTip() for r in range(cat.rowCount())), timeout=30_000)
         assert dlg.machine_label.text().startswith("This machine: cuda:0 GPU with 8 GB (simulated): 8.59 GB free")
-        verdicts = {cat.item(r, 1).text() + " " + cat.item(r, 0).text().split(" (")[0]: cat.item(r, 3)
+        verdicts = {cat.item(r, 2).text() + " " + cat.item(r, 0).text().split(" (")[0]: cat.item(r, 4)
                     for r in range(cat.rowCount())}
-        open_rows = {cat.item(r, 1).text() + " " + cat.item(r, 0).text().split(" (")[0] for r in range(cat.rowCount())
-                     if not cat.item(r, 0).data(Qt.ItemDataRole.UserRole)[0].variant(cat.item(r, 1).text()).file}
+        open_rows = {cat.item(r, 2).text() + " " + cat.item(r, 0).text().split(" (")[0] for r in range(cat.rowCount())
+                     if not cat.item(r, 0).data(Qt.ItemDataRole.UserRole)[0].variant(cat.item(r, 2).text()).file}
         # the rows that pin no file (their sizes come from the repository's listing) say "?"
         assert open_rows and all(verdicts[k].text() == "?" for k in open_rows)
         assert {k: v.text() for k, v in verdicts.items() if k not in open_rows} == {
