@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..engine.api import ChatMessage, Part, ThinkPart
 
-OWN_PROMPT_ONLY_KEY = "own_system_prompt_only"  # True: the chat's system prompt alone, not after the model's
+OWN_PROMPT_ONLY_KEY = "own_system_prompt_only"  # True: the chat's system prompt alone, without the model's after it
 
 
 @functools.lru_cache(maxsize=1)
