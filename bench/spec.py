@@ -51,13 +51,14 @@ NGRAM_PREFERENCE = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 
 
 def text_prompt(text: str, lines: int) -> str | None:
-    """`lines` lines from a `def` a third into the file (where copy_prompt starts looking), to continue."""
+    """`lines` lines from the first `def` where copy_prompt starts looking, to continue."""
+    from train_pair import passage_starts
+
     all_lines = text.splitlines()
-    starts = [i for i, line in enumerate(all_lines) if line.lstrip().startswith("def ")]
+    starts = passage_starts(all_lines)
     if not starts:
         return None
-    start = starts[len(starts) // 3]
-    return "\n".join(all_lines[start:start + lines]) + "\n"
+    return "\n".join(all_lines[starts[0]:starts[0] + lines]) + "\n"
 
 
 def held_out_prompts(task: str, n: int, lines: int) -> list[str]:

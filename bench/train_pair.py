@@ -262,17 +262,23 @@ KEYWORDS = {"self", "def", "return", "import", "from", "class", "for", "while", 
             "False", "with", "else", "elif", "try", "except", "raise", "pass", "lambda", "yield", "the"}
 
 
+def passage_starts(all_lines: list[str]) -> list[int]:
+    """The lines where a `def` starts, from a third into the file on (past its imports and
+    docstring): where the held-out prompts' passages begin."""
+    starts = [i for i, line in enumerate(all_lines) if line.lstrip().startswith("def ")]
+    return starts[len(starts) // 3:]
+
+
 def copy_prompt(text: str, lines: int = 24) -> str | None:
     """A passage of `lines` lines from a `def`, then the same passage with its most frequent
     identifier renamed, cut after its first line: continuing it is copying with a change."""
     all_lines = text.splitlines()
-    starts = [i for i, line in enumerate(all_lines) if line.lstrip().startswith("def ")]
-    for start in starts[len(starts) // 3:]:
+    for start in passage_starts(all_lines):
         passage = "\n".join(all_lines[start:start + lines])
         names = [w for w in re.findall(r"\b[a-z_][a-z_0-9]{3,}\b", passage) if w not in KEYWORDS]
         if len(passage) < 600 or not names:
             continue
-        name = max(set(names), key=names.count)
+        name = max(sorted(set(names)), key=names.count)  # ties: the first by name (a set's order changes per run)
         edited = re.sub(rf"\b{name}\b", name + "_v2", passage)
         return passage + "\n\n# The same, with " + name + " renamed:\n" + edited.splitlines()[0] + "\n"
     return None
