@@ -14,7 +14,7 @@ import uuid
 
 from aiohttp import web
 
-from ..api import ChatMessage, ToolCall
+from ..api import ChatMessage, ThinkPart, ToolCall
 from .errors import ApiError, bad
 from .openai_api import ServedModel, chat_job, check_image_count, check_model, decoded_image, remote_image, \
     sampling_params
@@ -261,8 +261,12 @@ def parse_conversation(raw, limits) -> list[ChatMessage]:
                 if block.get("is_error"):
                     text = "Error: " + text
                 messages.append(ChatMessage("tool", [text], tool_call_id=call_id))
-            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-                continue  # earlier reasoning is not shown to the model again
+            elif kind == "thinking" and role == "assistant":  # an earlier thought, mistral-common's think chunk
+                if not isinstance(block.get("thinking"), str):
+                    raise bad(f"{at}.thinking", "must be a string")
+                parts.append(ThinkPart(block["thinking"]))
+            elif kind == "redacted_thinking" and role == "assistant":
+                continue  # Anthropic's encrypted thought: nothing this model can read
             elif kind == "document":
                 raise bad(f"{at}.type", "document blocks are not supported by this server yet (send the text)")
             else:

@@ -13,7 +13,7 @@ import time
 
 from aiohttp import web
 
-from ..api import ChatMessage, ToolCall
+from ..api import ChatMessage, ThinkPart, ToolCall
 from .errors import ApiError, bad
 from .openai_api import ServedModel, chat_job, check_image_count, check_model, decoded_image, sampling_params
 from .streaming import NDJSON_TYPE, ndjson, open_stream
@@ -296,6 +296,10 @@ def _message_list(raw, limits) -> list[ChatMessage]:
             raise bad(f"{where}.images", f"images can only be sent in user messages, not {role} messages")
         calls = []
         if role == "assistant":
+            thought = m.get("thinking")  # an earlier thought, Ollama's field: the think chunk before the answer
+            if thought is not None and not isinstance(thought, str):
+                raise bad(f"{where}.thinking", "must be a string")
+            parts = ([ThinkPart(thought)] if thought else []) + parts
             for j, call in enumerate(m.get("tool_calls") or []):
                 fn = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):

@@ -18,7 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..api import ChatMessage, DocumentPart, EngineError, GenerationResult, ImagePart, SamplingParams, ToolSpec
+from ..api import ChatMessage, DocumentPart, EngineError, GenerationResult, ImagePart, SamplingParams, ThinkPart, \
+    ToolSpec
 from ..documents.document import DocumentError
 from ..documents.file_parts import file_part_bytes
 from ..remote.client import image_mime
@@ -489,9 +490,25 @@ def parse_messages(raw, limits: RequestLimits) -> list[ChatMessage]:
             raise bad(f"{where}.role", f"must be system, user, assistant or tool, got {role!r}")
         parts = _content_parts(m.get("content"), f"{where}.content", role, images, limits)
         calls = parse_tool_calls_field(m.get("tool_calls"), where) if role == "assistant" else []
+        if role == "assistant":
+            parts = _earlier_thought(m, where) + parts
         messages.append(ChatMessage(_ROLES[role], parts, calls))
     return messages  # a last assistant message is a prefix to continue (mistral-common's prefix=True)
 
+
+
+def _earlier_thought(m: dict, where: str) -> list:
+    """An earlier assistant turn's thought, sent back in vLLM's field (`reasoning_content`, or its
+    newer `reasoning`), as the think chunk mistral-common encodes before the answer (the window's
+    rule; a model that does not think leaves it out, chat_format)."""
+    for name in ("reasoning_content", "reasoning"):
+        value = m.get(name)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise bad(f"{where}.{name}", f"must be a string, got {value!r}")
+        return [ThinkPart(value)]
+    return []
 
 def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJob:
     """A /v1/chat/completions body, checked; raises ApiError naming the field."""
@@ -736,6 +753,9 @@ def _message_digest(message: ChatMessage) -> bytes:
     for part in message.parts:
         if isinstance(part, ImagePart):
             h.update(b"\x00i" + bytes.fromhex(part.sha256))
+        elif isinstance(part, ThinkPart):  # an earlier thought sent back: a conversation of its own
+            data = part.text.encode("utf-8", "surrogatepass")
+            h.update(b"\x00k" + bytes([part.closed]) + len(data).to_bytes(8, "little") + data)
         else:
             data = part.encode("utf-8", "surrogatepass")
             h.update(b"\x00t" + len(data).to_bytes(8, "little") + data)

@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 from aiohttp import web
 
-from ..api import ChatMessage, ToolCall
+from ..api import ChatMessage, ThinkPart, ToolCall
 from .errors import ApiError, bad
 from .openai_api import (ServedModel, chat_job, check_image_count, check_model, check_reasoning_effort, data_url_image,
                          sampling_params)
@@ -41,7 +41,8 @@ class ResponseStore:
         self._bytes = 0
 
     def put(self, response_id: str, messages: list[ChatMessage]) -> None:
-        size = sum(len(p) if isinstance(p, str) else len(getattr(p, "data", b"")) for m in messages for p in m.parts)
+        size = sum(len(p) if isinstance(p, str) else len(getattr(p, "data", getattr(p, "text", b"")))
+                   for m in messages for p in m.parts)
         self._items[response_id] = (messages, size)
         self._bytes += size
         while self._items and (len(self._items) > self.capacity or self._bytes > self.max_bytes):
@@ -101,8 +102,9 @@ class ResponsesRoutes:
     def _finish(self, reply: "ResponseReply", result, history: list[ChatMessage], echo: dict) -> dict:
         body = reply.body(result)
         if echo["store"]:
-            _, text = reasoning_of(result)
-            self.store.put(reply.id, history + [ChatMessage("assistant", [text] if text else [], result.tool_calls)])
+            reasoning, text = reasoning_of(result)
+            parts = ([ThinkPart(reasoning)] if reasoning else []) + ([text] if text else [])
+            self.store.put(reply.id, history + [ChatMessage("assistant", parts, result.tool_calls)])
             self._bodies[reply.id] = body
             while len(self._bodies) > self.store.capacity:
                 self._bodies.popitem(last=False)
@@ -338,8 +340,14 @@ def parse_input(raw, limits) -> list[ChatMessage]:
             if not isinstance(output, str):
                 raise bad(f"{where}.output", "must be a string")
             messages.append(ChatMessage("tool", [output], tool_call_id=call_id))
-        elif kind == "reasoning":
-            continue  # earlier reasoning is not shown to the model again
+        elif kind == "reasoning":  # an earlier thought: the think chunk before that turn's answer
+            content = item.get("content") or []
+            if not isinstance(content, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                                        for p in content):
+                raise bad(f"{where}.content", "must be a list of {\"type\": \"reasoning_text\", \"text\": ...}")
+            thought = "".join(p["text"] for p in content)
+            if thought:  # the answer's message or calls that follow join this assistant turn
+                messages.append(ChatMessage("assistant", [ThinkPart(thought)]))
         else:
             raise bad(f"{where}.type", f"{kind!r} items are not supported (message, function_call, "
                                        "function_call_output)")

@@ -12,6 +12,7 @@ ollama = pytest.importorskip("ollama", reason="the official client is the refere
 openai = pytest.importorskip("openai", reason="the official client is the reference (test extra)")
 pytest.importorskip("llguidance")
 
+from tramontane.engine.api import ChatMessage, ThinkPart  # noqa: E402
 from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer  # noqa: E402
@@ -32,7 +33,8 @@ def served():
     engine = LocalEngine(MODEL, device="cpu", context_length=1024)
     engine.tokenizer = thinking_tokenizer(MODEL)
     executor = ThreadExecutor(engine)
-    server = OpenAIServer(executor, port=0, ollama_port=0).start()
+    server = OpenAIServer(executor, port=0, ollama_port=0, on_finished=lambda f: server.finished.append(f)).start()
+    server.finished = []
     server.engine = engine
     yield server
     server.stop()
@@ -168,3 +170,53 @@ def test_responses_reasoning_item_before_the_message_whole_and_streamed(served, 
     (done,) = [e for e in events if e.type == "response.reasoning_text.done"]
     assert done.text == THOUGHT and done.item_id == final.output[0].id == thought[0].item_id
     assert [item.type for item in final.output] == ["reasoning", "message"] and final.output_text == ANSWER
+
+
+def test_an_earlier_thought_sent_back_is_in_the_prompt_as_the_window_sends_it(served, think):
+    """An earlier assistant turn's thought, as OpenAI clients send it back (vLLM's
+    `reasoning_content` or `reasoning`), as Anthropic's do (a `thinking` block), Ollama's
+    (`thinking`), and in the
+    Responses API (a reasoning item; the stored response of previous_response_id), is the think
+    chunk mistral-common encodes before that turn's answer, the prompt a local chat gets (the
+    Ministral 3 Reasoning cards ask for earlier traces kept); before, it was dropped."""
+    engine = served.engine
+    want = engine.encode([ChatMessage.text("user", "hi"), ChatMessage("assistant", [ThinkPart(THOUGHT), ANSWER]),
+                          ChatMessage.text("user", "again")]).ids
+    assert engine.tokenizer.think_ids[0] in want
+
+    def prompt():
+        return list(served.finished[-1].result.prompt_token_ids)
+
+    for field in ("reasoning_content", "reasoning"):
+        think(THOUGHT, ANSWER)
+        gpt(served).chat.completions.create(model="m", max_tokens=20, messages=[
+            *HI, {"role": "assistant", "content": ANSWER, field: THOUGHT}, {"role": "user", "content": "again"}])
+        assert prompt() == list(want), field
+    think(THOUGHT, ANSWER)
+    claude = anthropic.Anthropic(base_url=served.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=60)
+    history = [*HI, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": THOUGHT, "signature": ""},
+        {"type": "redacted_thinking", "data": "opaque"}, {"type": "text", "text": ANSWER}]},
+        {"role": "user", "content": "again"}]
+    claude.messages.create(model="m", max_tokens=20, messages=history)
+    assert prompt() == list(want)
+    assert claude.messages.count_tokens(model="m", messages=history).input_tokens == len(want)
+    think(THOUGHT, ANSWER)  # Ollama's `thinking` on the assistant message
+    ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}").chat(model="m", options={"num_predict": 20}, messages=[
+        *HI, {"role": "assistant", "content": ANSWER, "thinking": THOUGHT}, {"role": "user", "content": "again"}])
+    assert prompt() == list(want)
+    think(THOUGHT, ANSWER)  # the Responses API: a reasoning item, and previous_response_id
+    gpt(served).responses.create(model="m", max_output_tokens=20, input=[
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": THOUGHT}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": ANSWER}]},
+        {"role": "user", "content": "again"}])
+    assert prompt() == list(want)
+    think(THOUGHT, ANSWER)
+    first = gpt(served).responses.create(model="m", max_output_tokens=20, input="hi")
+    think(THOUGHT, ANSWER)
+    gpt(served).responses.create(model="m", max_output_tokens=20, input="again", previous_response_id=first.id)
+    assert prompt() == list(want)
+    with pytest.raises(openai.BadRequestError, match=r"messages\[1\].reasoning_content"):
+        gpt(served).chat.completions.create(model="m", max_tokens=5, messages=[
+            *HI, {"role": "assistant", "content": ANSWER, "reasoning_content": 3}, {"role": "user", "content": "x"}])
