@@ -76,7 +76,7 @@ def test_catalogue_rows_show_the_catalogues_chips(dialog):
     assert chips["ministral-3-8b-reasoning"] == ["vision", "reasoning", "tools"]
     assert chips["ministral-3-8b-instruct"] == ["vision", "tools"]
     assert chips["devstral-small-2507-24b"] == ["tools", "coding"]
-    assert chips["mistral-small-3.1-24b-instruct"] == ["vision"]
+    assert chips["mistral-small-3.1-24b-instruct"] == ["vision", "tools"]
     if SHOTS:
         dialog.tabs.setCurrentIndex(0)
         dialog.grab().save(os.path.join(SHOTS, "models-recommended-chips.png"))

@@ -63,7 +63,8 @@ def test_reasoning_entries_carry_their_chips_sampling_and_thinking_system_prompt
         assert thought.closed and tail == "Here, provide a self-contained response."
     assert by_id["magistral-small-1.2-24b"].sampling == Sampling(0.7, 0.95)
     assert by_id["magistral-small-1.2-24b"].repo_id == "mistralai/Magistral-Small-2509-GGUF"
-    assert not by_id["mistral-small-3.1-24b-instruct"].capabilities  # nothing pinned: no chips
+    # no reasoning on an instruct model; tools from its card's "native function calling"
+    assert by_id["mistral-small-3.1-24b-instruct"].capabilities == ("tools",)
 
 
 def test_the_rest_of_the_family_small_3_2_devstral_and_ministral_3_3b_reasoning():
