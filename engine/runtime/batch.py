@@ -53,7 +53,7 @@ from .kv_cache import KVCache, KVPool, KVPoolFull
 from .generate import StopStringFilter, check_params, draw_token, make_generator, reply_stats, seen_mask, stop_reason
 from .prefix_cache import PrefixCache, ReplyMemory, block_hashes, prefix_names, tail_hash
 from .reasoning import ReasoningSplitter
-from .speculative import AdaptiveDraftLength, PromptLookup, SpeculationCost
+from .speculative import AdaptiveDraftLength, PromptLookup, SpeculationCost, StepTimes
 from .prompts import check_fits, check_prompt_ids, image_features, prompt_rows
 from .prefix_keys import Key, position_keys, reusable_prefix
 
@@ -70,8 +70,9 @@ GATHER_S_CPU = 0.02
 GATHER_S_GPU = 0.005
 GATHER_QUIET_S = 0.003  # a burst has ended when no request came for this long (the server takes them one by one)
 DEFAULT_SLOTS = 8
-# What verifying k drafted tokens costs against a one-row step, until measured per machine: decode
-# reads the weights once for all rows (the issue's yardstick: 5 rows at most 1.3x one row)
+# What verifying k drafted tokens costs against a one-row step until this machine's steps are
+# measured (StepTimes): decode reads the weights once for all rows (the issue's yardstick: 5 rows
+# at most 1.3x one row)
 SPEC_COST = SpeculationCost(tuple(1.0 + 0.06 * k for k in range(17)))
 PREFIX_CACHE_BYTES = 1 << 30
 
@@ -243,6 +244,8 @@ class BatchScheduler:
         self._closed_error = EngineError("the engine was closed: load the model again")
         self._arriving = 0  # announced requests not yet queued (Arrival)
         self._last_news = -1.0  # when the last request was announced or queued (perf_counter)
+        self.step_times = StepTimes()  # decode steps by their rows: what a drafted row costs here
+        self.acceptance_seen: dict[str, tuple[float, float]] = {}  # mode: the last reply's (accepted, tried)
         self.steps = 0  # forward passes run (a clock in steps, for tests and measurements)
         self.preempted = 0  # sequences sent back to the queue for want of blocks
         self.draft_model = None  # a DraftModel (runtime/draft.py) for requests with speculation "draft"
@@ -437,6 +440,7 @@ class BatchScheduler:
         n_sampled = len(plan.logit_rows)
         for _, first, n in plan.scored:  # every row of a scored prompt: its logits score the next token
             plan.logit_rows.extend(range(first, first + n))
+        t0 = time.perf_counter()
         try:
             logits = self._forward(plan.parts, plan.groups, plan.logit_rows)
             self._score(plan.scored, logits[n_sampled:])
@@ -448,12 +452,15 @@ class BatchScheduler:
             return True
         self.steps += 1
         self._after_step(plan, logits)
+        if not plan.read_now:  # a decode step: its pass and its draws, by its rows
+            self.step_times.record(plan.row, time.perf_counter() - t0)
         return True
 
     def _plan_decode(self, plan: "_StepPlan", decoding: list[_Sequence]) -> None:
         """The step's decode rows: each decoding sequence's pending token and its drafts (the
         draft model's for all its sequences in one call, or prompt lookup's), blocks reserved."""
         ids = []  # the decode rows' tokens, embedded in _forward
+        self._retune_drafts(decoding)
         proposed = self._model_drafts(decoding)
         for s in decoding:
             if s.req.resume is s:  # preempted for the blocks of one before it
@@ -519,6 +526,25 @@ class BatchScheduler:
         if not drafts:
             s.draft_length.record(0, 0)
         return drafts
+
+    def _carry_acceptance(self, s: _Sequence) -> None:
+        """A new reply starts from the acceptance the last one of its mode ended with (a chat's
+        next reply drafts about as well as its last): with measured costs where a drafted row
+        is dear, the prior's even odds would keep it from ever trying."""
+        seen = self.acceptance_seen.get(s.req.params.speculation)
+        if s.draft_length is not None and seen is not None:
+            s.draft_length.start_from(*seen)
+
+    def _retune_drafts(self, decoding: list[_Sequence]) -> None:
+        """Each speculating sequence's draft length weighed with this machine's measured step
+        costs beside the rows decoding now (a drafted row that costs nearly a step switches
+        drafting off, one that costs nearly nothing keeps it)."""
+        tuned = [s for s in decoding if s.draft_length is not None and s.req.resume is not s]
+        if not tuned:
+            return
+        batch = sum(1 for s in decoding if s.req.resume is not s)
+        for s in tuned:
+            s.draft_length.retune(self.step_times.cost(batch, s.draft_length.prior), batch)
 
     def _room(self, s: _Sequence) -> int:
         """How many tokens `s` may have drafted this step: its adaptive length, within its context
@@ -827,6 +853,7 @@ class BatchScheduler:
             seq = _Sequence(req, cache, reused, rows, self.tokenizer)
             if seq.drafting and self.draft_model is not None:  # a draft token costs a draft model's step
                 seq.draft_length = AdaptiveDraftLength(self._draft_cost(), req.params.spec_tokens)
+            self._carry_acceptance(seq)
         else:  # it goes on: the token it had drawn is read with the rest, the next one drawn after
             seq.cache, seq.embeds, seq.read = cache, rows, 0
             seq.cached, seq.pending = keys[n_prompt:], None
@@ -854,6 +881,7 @@ class BatchScheduler:
                 self.pool.share(b)
             cache.adopt(leader.cache.blocks, n)
             seq = _Sequence(req, cache, n, leader.embeds[:0], self.tokenizer)
+            self._carry_acceptance(seq)
             seq.hashes = leader.hashes
             self._running.append(seq)
             try:
@@ -974,6 +1002,8 @@ class BatchScheduler:
                 self._preempt(max(victims, key=lambda v: v.req.order))
 
     def _finish(self, s: _Sequence, reason: FinishReason, running: bool = True) -> None:
+        if s.draft_length is not None and s.drafted:
+            self.acceptance_seen[s.req.params.speculation] = s.draft_length.counts
         if not s.stop.stopped:
             self._emit_text(s, None, s.decoder.flush())
         cache = s.cache

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -120,13 +121,23 @@ class SpeculationCost:
         t = np.maximum.accumulate(t / t[0])
         return cls(tuple(float(x) for x in t), draft_token)
 
-    def step(self, k: int) -> float:
+    def beside(self, base: int) -> "SpeculationCost":
+        """The same machine's costs for k drafts added to a step of `base` decoding rows, in units
+        of that step: verify[base - 1 + k] / verify[base - 1] (this table's rows are counted from one)."""
+        if base <= 1:
+            return self
+        first = self._verify(base - 1)
+        return SpeculationCost(tuple(self._verify(base - 1 + k) / first for k in range(len(self.verify))),
+                               self.draft_token)
+
+    def _verify(self, k: int) -> float:
         if k < len(self.verify):
-            verify = self.verify[k]
-        else:
-            per_row = self.verify[-1] - self.verify[-2]
-            verify = self.verify[-1] + per_row * (k - len(self.verify) + 1)
-        return verify + k * self.draft_token
+            return self.verify[k]
+        per_row = self.verify[-1] - self.verify[-2]
+        return self.verify[-1] + per_row * (k - len(self.verify) + 1)
+
+    def step(self, k: int) -> float:
+        return self._verify(k) + k * self.draft_token
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -135,6 +146,38 @@ def expected_tokens(acceptance: float, k: int) -> float:
     if acceptance >= 1.0:
         return float(k + 1)
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+class StepTimes:
+    """This machine's decode steps, measured: seconds of a step with only decode rows (its pass
+    and its draws) by the step's row count, the fastest of the last `window` of each (a busy
+    machine only ever adds time to a step, so the fastest is its own cost; a median of
+    millisecond steps swings with whatever else runs). What verifying k drafts beside `base` decoding rows
+    costs is then t(base + k) / t(base), not a guess: on a CPU whose multi-row matmuls are
+    compute-bound a drafted row costs almost a step, on a GPU almost nothing. Steps that read a
+    prompt are not decode steps and are left out; a row count is used once `least` are known."""
+
+    def __init__(self, window: int = 9, least: int = 3):
+        self.window, self.least = window, least
+        self._seen: dict[int, deque] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        if rows >= 1 and seconds > 0:
+            self._seen.setdefault(rows, deque(maxlen=self.window)).append(seconds)
+
+    def seconds(self) -> dict[int, float]:
+        """{rows: seconds} of the row counts measured often enough."""
+        return {rows: min(times) for rows, times in self._seen.items() if len(times) >= self.least}
+
+    def cost(self, base: int, prior: SpeculationCost) -> SpeculationCost:
+        """The verify costs beside `base` decoding rows, from the steps measured at `base` rows and
+        above (interpolated between them, extrapolated past the last); `prior`'s (a table from one
+        row, so taken beside `base`) until `base` and one wider step have both been measured. The
+        draft token's cost is prior's."""
+        measured = {rows - base + 1: t for rows, t in self.seconds().items() if rows >= base}
+        if 1 not in measured or len(measured) < 2:
+            return prior.beside(base)
+        return SpeculationCost.from_timings(measured, len(prior.verify) - 1, prior.draft_token)
 
 
 class AdaptiveDraftLength:
@@ -155,15 +198,18 @@ class AdaptiveDraftLength:
                  min_gain: float = 0.03, memory: float = 0.9, prior: tuple[float, float] = (1.0, 2.0)):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        self.cost = cost
+        self.cost = self.prior = cost  # prior: the costs assumed until measured (retune)
+        self.batch = 1  # sequences decoding in the step (retune)
         self.max_tokens = max_tokens
         self.min_gain = min_gain
         self.memory = memory
         self.accepted, self.trials = prior  # decayed counts of accepted drafts and of drafts tried
         self.probe_tokens = min(2, max_tokens)
-        self.probe_every = max(1, math.ceil((cost.step(self.probe_tokens) - 1.0) / (budget / 2)))
+        self.budget = budget
+        self.probe_every = self._probe_every(cost)
         self._backoff = 1
         self._until_probe = 0
+        self._verified = False  # no verification recorded yet
         self._k = self._best_length(1.0 + min_gain)
 
     @property
@@ -171,10 +217,37 @@ class AdaptiveDraftLength:
         return self.accepted / self.trials if self.trials > 0 else 0.0
 
     def _best_length(self, least_gain: float) -> int:
-        a = self.acceptance
-        gains = [expected_tokens(a, k) / self.cost.step(k) for k in range(1, self.max_tokens + 1)]
+        # tokens a unit of cost for the whole step: the other batch - 1 rows' tokens wait for
+        # this sequence's drafts too (batch 1: this sequence's tokens / the step's cost)
+        a, b = self.acceptance, self.batch
+        gains = [(b - 1 + expected_tokens(a, k)) / (b * self.cost.step(k)) for k in range(1, self.max_tokens + 1)]
         best = int(np.argmax(gains))
         return best + 1 if gains[best] >= least_gain else 0
+
+    @property
+    def counts(self) -> tuple[float, float]:
+        """The decayed (accepted, tried) counts: what a next sequence may start from."""
+        return self.accepted, self.trials
+
+    def start_from(self, accepted: float, tried: float) -> None:
+        """Begin with another sequence's counts in place of the prior."""
+        if not 0 <= accepted <= tried:
+            raise ValueError(f"accepted {accepted} of {tried} tried")
+        self.accepted, self.trials = accepted, tried
+        self._k = self._best_length(1.0 + self.min_gain)
+
+    def _probe_every(self, cost: SpeculationCost) -> int:
+        return max(1, math.ceil((cost.step(self.probe_tokens) - 1.0) / (self.budget / 2)))
+
+    def retune(self, cost: SpeculationCost, batch: int = 1) -> None:
+        """Before a step: the costs as measured now (StepTimes) and how many sequences decode in
+        it; a length that no longer pays is switched off, as a verification that does not pay."""
+        self.cost, self.batch = cost, max(1, batch)
+        self.probe_every = self._probe_every(cost)
+        if self._k:
+            self._k = self._best_length(1.0)
+            if not self._k and self._verified:  # one that never tried yet still probes at once
+                self._until_probe = self.probe_every * self._backoff
 
     def length(self) -> int:
         """How many tokens to draft this step (0: a plain step)."""
@@ -191,6 +264,7 @@ class AdaptiveDraftLength:
             self._until_probe -= 1  # a plain step; a probe with nothing to draft stays due
             return
         was_on = bool(self._k)
+        self._verified = True
         tried = accepted + (1 if accepted < drafted else 0)
         self.accepted = self.accepted * self.memory + accepted
         self.trials = self.trials * self.memory + tried

@@ -24,6 +24,7 @@ from tramontane.engine.runtime.batch import BatchScheduler
 from tramontane.engine.runtime.draft import DraftModel
 from tramontane.engine.runtime.generate import process_logits
 from tramontane.engine.runtime.local import LocalEngine
+from tramontane.engine.runtime.speculative import AdaptiveDraftLength
 
 from support import FIXTURES
 from support.batch_runs import random_prompts
@@ -52,6 +53,22 @@ def engine(tmp_path_factory):
     yield eng
     eng.draft.close()
     eng.close()
+
+
+class FixedDraftLength(AdaptiveDraftLength):
+    """Every step drafts spec_tokens: the rule under test is verification's, not when drafting
+    pays (64 sequences a step on this machine's measured costs would switch it off)."""
+
+    def length(self) -> int:
+        return self.max_tokens
+
+    def retune(self, cost, batch=1) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _draft_every_step(monkeypatch):
+    monkeypatch.setattr(batch, "AdaptiveDraftLength", FixedDraftLength)
 
 
 # ----------------------------------------------------------------------------- the reference

@@ -11,6 +11,7 @@ import torch
 from tramontane.engine.api import EngineError, SamplingParams
 from tramontane.engine.mistral3.chat_format import EncodedPrompt
 from tramontane.engine.runtime.batch import BatchScheduler
+from tramontane.engine.runtime.speculative import StepTimes
 
 from support import FIXTURES
 from support.batch_runs import Recorder, random_prompts
@@ -50,6 +51,24 @@ def test_greedy_with_drafts_accepted_is_the_plain_output(engine, monkeypatch, k)
     decode_rows = [n for groups in rec.steps[1:] for n in groups]
     assert max(decode_rows) <= k + 1 and max(decode_rows) > 1
     assert len(rec.steps) - 1 <= len(want) - spec.stats.accepted_tokens  # a pass per token not drafted right
+
+
+def test_measured_step_costs_switch_drafting_off_where_it_loses(engine, monkeypatch):
+    """Issue 38: on a machine where a drafted row costs more than a step (a 2-core CPU's
+    compute-bound multi-row matmuls), drafts accepted every time still lose: the scheduler's
+    measured step times turn prompt lookup off, but for probes, and the output is the plain one."""
+    prompt, body = _repeating_prompt(engine)
+    want = (body[6:] + body) * 2
+    script_logits(monkeypatch, ScriptedLogits(want, engine.tokenizer.eos_id))
+    plain = engine.generate_from(prompt, _params(False, max_tokens=len(want)))
+    times = StepTimes()
+    for rows in range(1, 10):
+        for _ in range(times.least):
+            times.record(rows, 0.01 * (1 + 1.2 * (rows - 1)))  # each row 1.2 steps more
+    monkeypatch.setattr(engine.scheduler, "step_times", times)
+    spec = engine.generate_from(prompt, _params(True, max_tokens=len(want), spec_tokens=8))
+    assert spec.token_ids == plain.token_ids == want
+    assert spec.stats.drafted_tokens <= 8 + 2 * 3  # the first step's draft on the prior, then a few probes
 
 
 def test_greedy_on_the_random_model_is_the_plain_output(engine):

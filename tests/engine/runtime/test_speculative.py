@@ -18,7 +18,7 @@ from tramontane.engine.mistral3.tokenizer import TokenizerError
 from tramontane.engine.runtime import generate
 from tramontane.engine.runtime.generate import InvalidLogitsError, apply_processors, process_logits, seen_mask
 from tramontane.engine.runtime.speculative import (
-    AdaptiveDraftLength, DraftModelError, PromptLookup, SpeculationCost, Verdict, check_draft_vocabulary,
+    AdaptiveDraftLength, DraftModelError, PromptLookup, SpeculationCost, StepTimes, Verdict, check_draft_vocabulary,
     draft_vocabulary_mismatch, expected_tokens, processed_rows, verify_greedy, verify_sampled)
 
 from support import FIXTURES
@@ -442,3 +442,61 @@ def test_a_different_size_or_a_broken_file_is_said(tmp_path):
     mmproj = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
     with pytest.raises(TokenizerError, match=str(mmproj)):
         draft_vocabulary_mismatch(TINY, mmproj)
+
+
+# ----------------------------------------------------------------------------- measured costs
+
+def test_step_times_give_this_machines_verify_costs():
+    times = StepTimes(window=5, least=3)
+    prior = SpeculationCost(tuple(1.0 + 0.06 * k for k in range(9)))
+    for t1, t3 in [(0.012, 0.024), (0.011, 0.021), (0.5, 0.020), (0.010, 5.0), (0.013, 0.022)]:
+        times.record(1, t1)  # stalls only add time: the fastest of each is its cost
+        times.record(3, t3)
+    times.record(1, 0.001)
+    for _ in range(5):
+        times.record(1, 0.010)  # the window forgets a step older than its last 5
+    times.record(5, 0.03)  # seen once: not used yet
+    cost = times.cost(1, prior)
+    assert cost.verify[2] == pytest.approx(2.0) and cost.verify[1] == pytest.approx(1.5)
+    assert cost.verify[4] == pytest.approx(3.0)  # extrapolated from 1 and 3 rows
+    beside = times.cost(2, prior)  # two rows never measured: the prior, counted from a step of two
+    assert beside.verify[3] == pytest.approx(prior.verify[4] / prior.verify[1])
+    assert prior.beside(1) is prior
+    assert times.cost(1, DRAFT_MODEL).draft_token == DRAFT_MODEL.draft_token
+
+
+def test_a_drafted_row_that_costs_a_step_switches_drafting_off():
+    controller = AdaptiveDraftLength(CPU_LIKE)
+    for _ in range(5):
+        controller.record(controller.length(), controller.length())  # every draft accepted
+    assert controller.length() == 8
+    step_bound = SpeculationCost(tuple(1.0 + 1.1 * k for k in range(9)))  # a row costs more than a step
+    controller.retune(step_bound)
+    assert controller.length() == 0
+    spent, tokens = simulate(controller, lambda step, k: k, 400)  # probes only, and they lose
+    assert spent / tokens <= 1.03
+
+
+def test_beside_other_sequences_a_draft_must_pay_for_their_wait_too():
+    """Alone, drafts accepted a third of the time pay on 6 % a row; beside 7 other decoding sequences
+    the step's extra cost delays their tokens too, and the same drafts do not pay."""
+    cheap = SpeculationCost(tuple(1.0 + 0.06 * k for k in range(9)))
+    alone, beside = AdaptiveDraftLength(cheap), AdaptiveDraftLength(cheap)
+    for c in (alone, beside):
+        c.record(2, 0)  # acceptance now 0.9 / 2.8, about a third
+    beside.retune(cheap, batch=8)
+    assert alone.length() > 0 and beside.length() == 0
+
+
+def test_a_reply_starts_from_the_last_ones_acceptance_and_probes_at_once():
+    dear = SpeculationCost(tuple(1.0 + 0.6 * k for k in range(9)))
+    fresh = AdaptiveDraftLength(CPU_LIKE)
+    fresh.retune(dear)  # even odds on dear rows: off, but it has never tried: a probe now
+    assert fresh.length() == fresh.probe_tokens
+    fresh.record(fresh.probe_tokens, 0)
+    assert fresh.length() == 0  # tried and lost: the next probe waits
+    seasoned = AdaptiveDraftLength(dear)
+    seasoned.start_from(9.5, 10.0)  # the last reply's drafts were nearly all accepted
+    assert seasoned.length() > 2 and seasoned.counts == (9.5, 10.0)
+    with pytest.raises(ValueError):
+        seasoned.start_from(3.0, 2.0)
