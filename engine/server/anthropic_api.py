@@ -54,6 +54,7 @@ class AnthropicRoutes:
         model = self.server.model()
         body = await self.server.read_json(request)
         job = parse_messages_request(body, model, self.server.limits)
+        job.count_prompt = job.stream  # message_start says the prompt's tokens
         generation = self.server.tasks.chat(job, model)
         try:
             if job.stream:
@@ -86,7 +87,7 @@ class AnthropicRoutes:
 
         start = {"id": message_id, "type": "message", "role": "assistant", "content": [], "model": model.id,
                  "stop_reason": None, "stop_sequence": None,
-                 "usage": {"input_tokens": 0, "output_tokens": 0}}  # counted once the prompt is read
+                 "usage": {"input_tokens": generation.prompt_tokens or 0, "output_tokens": 0}}
         await response.write(event("message_start", message=start) + event("ping"))
         index = 0
         open_kind = None  # the block streaming now: "thinking" (the thought comes first), then "text"

@@ -111,6 +111,7 @@ class ChatJob:
     reasoning_format: str = "auto"  # chat: llama.cpp's field, where a thought goes (REASONING_FORMATS)
     # the request's own speculation (mode, drafted tokens at most a step or None); None: the server's
     speculation: tuple[str, int | None] | None = None
+    count_prompt: bool = False  # encoded before the reply, its size known at once (Anthropic's message_start)
 
     @property
     def tools(self) -> list[ToolSpec]:

@@ -170,6 +170,7 @@ class Generation:
         job = tasks.with_speculation(job)
         self.job = job
         self.key = key
+        self.prompt_tokens: int | None = None  # the first prompt's, once encoded (before its first event)
         self._cancel = threading.Event()
         relay = _Relay(asyncio.get_running_loop(), self._cancel)
         self.events = relay.events
@@ -201,6 +202,8 @@ class Generation:
             for p, prompt in enumerate(prepare(engine)):  # every prompt checked before any reply
                 if cancel.is_set():
                     return outcomes
+                if p == 0 and prompt is not None:  # None: the engine encodes it (prepare)
+                    self.prompt_tokens = len(prompt if isinstance(prompt, list) else prompt.ids)  # raw ids or encoded
                 if job.n > 1:  # a batching engine decodes a prompt's choices as rows of the same steps
                     outcomes += engine.run_together(functools.partial(choice, p=p, prompt=prompt), job.n)
                     continue
@@ -294,7 +297,7 @@ class Tasks:
         tools = job.tools or None
 
         def prepare(engine):
-            if not job.continue_final and not tools and surely_fits(job.messages, model.context_size):
+            if not (job.continue_final or tools or job.count_prompt) and surely_fits(job.messages, model.context_size):
                 return [None]  # the engine encodes it (once)
             prompt = engine.encode(job.messages, tools=tools)
             if job.continue_final and prompt.ids and prompt.ids[-1] == engine.tokenizer.eos_id:

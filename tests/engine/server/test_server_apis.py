@@ -70,6 +70,18 @@ def test_anthropic_message_whole_and_streamed(served, script):
     assert text == "Bonjour." and final.content[0].text == "Bonjour." and final.stop_reason == "end_turn"
 
 
+def test_anthropic_stream_starts_with_the_prompts_token_count(served, script):
+    """message_start's usage holds the prompt's tokens, as Anthropic sends it (clients that show
+    context use read it there; it said 0 until message_delta): the count_tokens answer."""
+    script("Bonjour.")
+    messages = [{"role": "user", "content": "hi there"}]
+    events = list(claude(served).messages.create(model="m", max_tokens=20, messages=messages, stream=True))
+    assert events[0].type == "message_start"
+    counted = claude(served).messages.count_tokens(model="m", messages=messages).input_tokens
+    assert events[0].message.usage.input_tokens == counted > 0
+    assert events[-2].type == "message_delta" and events[-2].usage.input_tokens == counted
+
+
 def test_anthropic_tool_round(served, script):
     tools = [{"name": "get_weather", "description": "Weather", "input_schema": SCHEMA}]
     script("[TOOL_CALLS]", CALL_TEXT)
