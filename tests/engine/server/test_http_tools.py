@@ -59,21 +59,6 @@ def served(request):
     s.close()
 
 
-@pytest.fixture
-def script(served, monkeypatch):
-    """script(text, control=()) : the model's next replies write exactly these texts."""
-    tok = served.engine.tokenizer
-
-    def set_reply(*pieces):
-        ids = []
-        for piece in pieces:
-            ids += [tok.token_id(piece)] if piece.startswith("[") and piece.endswith("]") and \
-                tok.has_token(piece) and tok.is_control(tok.token_id(piece)) else tok.encode(piece)
-        script_logits(monkeypatch, ScriptedLogits(ids, tok.eos_id))
-
-    return set_reply
-
-
 def _reference_prompt(messages, tools):
     """mistral-common's prompt ids for an OpenAI conversation, on the tiny model's vocabulary."""
     import pathlib

@@ -18,7 +18,6 @@ from tramontane.engine.runtime.local import LocalEngine  # noqa: E402
 from tramontane.engine.server.executor import ThreadExecutor  # noqa: E402
 from tramontane.engine.server.http import OpenAIServer  # noqa: E402
 
-from support.scripted import ScriptedLogits, script_logits
 from support import FIXTURES  # noqa: E402
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
@@ -36,19 +35,6 @@ def served():
     server.stop()
     executor.shutdown()
     engine.close()
-
-
-@pytest.fixture
-def script(served, monkeypatch):
-    tok = served.engine.tokenizer
-
-    def set_reply(*pieces):
-        ids = []
-        for piece in pieces:
-            ids += [tok.token_id(piece)] if piece == "[TOOL_CALLS]" else tok.encode(piece)
-        script_logits(monkeypatch, ScriptedLogits(ids, tok.eos_id))
-
-    return set_reply
 
 
 def claude(served):
