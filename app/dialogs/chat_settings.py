@@ -38,31 +38,10 @@ class ChatSettingsDialog(QDialog):
         self.use_defaults.setToolTip("This chat follows the sampling settings of Settings, also when they "
                                      "change later; where Settings leaves temperature or top-p at its default, "
                                      "the loaded model's recommended value (its card's) is used")
-        self.temperature = self._double("temperature", 0.05, shown.temperature)
-        self.temperature.setToolTip("0 = always the most likely token (greedy)")
-        self.top_p = self._double("top_p", 0.05, shown.top_p)
-        self.top_p.setToolTip("Nucleus sampling; 1 = off")
-        self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(*(int(v) for v in SAMPLING_RANGES["max_tokens"][1:]))
-        self.max_tokens.setValue(shown.max_tokens)
-        self.max_tokens.setToolTip("Longest reply, in tokens")
-        self.seed = QLineEdit("" if shown.seed is None else str(shown.seed))
-        self.seed.setPlaceholderText("random")
-        self.seed.setToolTip("A number makes replies repeatable; empty = random")
+        form = self._sampling_form(shown)
         self.error = QLabel()
         self.error.setStyleSheet("color: #c62828;")
-        form = QFormLayout()
-        form.addRow("&Temperature:", self.temperature)
-        form.addRow("Top &p:", self.top_p)
-        form.addRow("&Max tokens:", self.max_tokens)
-        form.addRow("S&eed:", self.seed)
-        self.overflow = QComboBox()  # not a sampling knob: "Use the defaults" leaves it alone
-        for key, words in OVERFLOW_CHOICES.items():
-            self.overflow.addItem(words, key)
-        self.overflow.setCurrentIndex(max(0, self.overflow.findData(overflow)))
-        self.overflow.setToolTip("When the chat no longer fits the model's context: stop with a "
-                                 "sentence, or leave earlier turns out of the prompt (they stay "
-                                 "in the chat); the system prompt and your last message are always read")
+        self._overflow_choice(overflow)
         box = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         box.accepted.connect(self.accept)
         box.rejected.connect(self.reject)
@@ -75,6 +54,44 @@ class ChatSettingsDialog(QDialog):
         overflow_row = QFormLayout()
         overflow_row.addRow("When the chat is &longer than the context:", self.overflow)
         layout.addLayout(overflow_row)
+        self._chat_switches(layout, can_think, chat_version, reasoning, own_prompt_only, tools_required)
+        layout.addWidget(box)
+        self.use_defaults.toggled.connect(self._defaults_toggled)
+        self.use_defaults.setChecked(own is None)
+        self._defaults_toggled(own is None)
+
+    def _sampling_form(self, shown: Sampling) -> QFormLayout:
+        """The sampling knobs, set to what the chat samples with now."""
+        self.temperature = self._double("temperature", 0.05, shown.temperature)
+        self.temperature.setToolTip("0 = always the most likely token (greedy)")
+        self.top_p = self._double("top_p", 0.05, shown.top_p)
+        self.top_p.setToolTip("Nucleus sampling; 1 = off")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(*(int(v) for v in SAMPLING_RANGES["max_tokens"][1:]))
+        self.max_tokens.setValue(shown.max_tokens)
+        self.max_tokens.setToolTip("Longest reply, in tokens")
+        self.seed = QLineEdit("" if shown.seed is None else str(shown.seed))
+        self.seed.setPlaceholderText("random")
+        self.seed.setToolTip("A number makes replies repeatable; empty = random")
+        form = QFormLayout()
+        form.addRow("&Temperature:", self.temperature)
+        form.addRow("Top &p:", self.top_p)
+        form.addRow("&Max tokens:", self.max_tokens)
+        form.addRow("S&eed:", self.seed)
+        return form
+
+    def _overflow_choice(self, overflow: str) -> None:
+        self.overflow = QComboBox()  # not a sampling knob: "Use the defaults" leaves it alone
+        for key, words in OVERFLOW_CHOICES.items():
+            self.overflow.addItem(words, key)
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(overflow)))
+        self.overflow.setToolTip("When the chat no longer fits the model's context: stop with a "
+                                 "sentence, or leave earlier turns out of the prompt (they stay "
+                                 "in the chat); the system prompt and your last message are always read")
+
+    def _chat_switches(self, layout: QVBoxLayout, can_think: bool, chat_version: int, reasoning: bool,
+                       own_prompt_only: bool, tools_required: bool | None) -> None:
+        """Reasoning, the model's own system prompt and tools required: the chat's switches."""
         label, note = switch_words(can_think, chat_version, reasoning)
         self.reasoning = QCheckBox("&Reasoning: the model thinks before it answers")
         self.reasoning.setChecked(reasoning)
@@ -97,10 +114,6 @@ class ChatSettingsDialog(QDialog):
         self.tools_required.setToolTip("The reply's first round must call one of the chat's tools "
                                        "(tool_choice 'required'); later rounds choose")
         layout.addWidget(self.tools_required)
-        layout.addWidget(box)
-        self.use_defaults.toggled.connect(self._defaults_toggled)
-        self.use_defaults.setChecked(own is None)
-        self._defaults_toggled(own is None)
 
     def _double(self, name: str, step: float, value: float) -> QDoubleSpinBox:
         _, lo, hi = SAMPLING_RANGES[name]
