@@ -233,3 +233,22 @@ def test_unpack_bitmask_bit_order():
     words = torch.tensor(np.array([1 | (1 << 31), 0b110], dtype=np.uint32).view(np.int32))
     mask = grammar.unpack_bitmask(words, 36)
     assert mask.nonzero().flatten().tolist() == [0, 31, 33, 34]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_speculation_under_a_grammar_draws_the_plain_output(engine, seed):
+    """Issue 38: prompt lookup's drafts go through the grammar as the plain draws do (a draft the
+    grammar forbids is rejected, the matcher rolled back to the accepted tokens): seeded output
+    under a JSON Schema is the plain output, token for token, and still validates."""
+    schema = {"type": "array", "items": {"enum": ["north wind", "south wind"]}, "minItems": 6, "maxItems": 6}
+
+    def run(speculation):
+        constraint = grammar.GrammarConstraint(engine.tokenizer, grammar.json_schema_grammar(schema))
+        params = SamplingParams(max_tokens=120, temperature=1.0, seed=seed, logits_processors=(constraint,),
+                                speculation=speculation, spec_tokens=4)
+        return engine.chat(HI, params, session_key=None)
+
+    plain, spec = run("off"), run("ngram")
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == plain.finish_reason == "stop"
+    jsonschema.validate(json.loads(spec.text), schema)
+    assert spec.stats.drafted_tokens > 0  # the repeated items are drafted from the reply itself
