@@ -1,11 +1,13 @@
 """Helpers of the batch scheduler's tests: greedy settings, a request run alone (the reference),
-random prompts, and a spy on what each batch step held."""
+random prompts, a spy on what each batch step held, and speculation that drafts every step."""
 from __future__ import annotations
 
 import torch
 
 from tramontane.engine.api import SamplingParams
 from tramontane.engine.mistral3.chat_format import EncodedPrompt
+from tramontane.engine.runtime import batch
+from tramontane.engine.runtime.speculative import AdaptiveDraftLength
 
 
 def greedy(n: int, **kw) -> SamplingParams:
@@ -68,3 +70,18 @@ class PrefillSpy:
     @property
     def prefill(self):
         return self.calls[0]
+
+
+class FixedDraftLength(AdaptiveDraftLength):
+    """Every step drafts spec_tokens, whatever the measured costs: for tests whose subject is
+    verification, not when drafting pays."""
+
+    def length(self) -> int:
+        return self.max_tokens
+
+    def retune(self, cost, batch=1) -> None:
+        pass
+
+
+def draft_every_step(monkeypatch) -> None:
+    monkeypatch.setattr(batch, "AdaptiveDraftLength", FixedDraftLength)

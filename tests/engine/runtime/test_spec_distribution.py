@@ -24,10 +24,9 @@ from tramontane.engine.runtime.batch import BatchScheduler
 from tramontane.engine.runtime.draft import DraftModel
 from tramontane.engine.runtime.generate import process_logits
 from tramontane.engine.runtime.local import LocalEngine
-from tramontane.engine.runtime.speculative import AdaptiveDraftLength
 
 from support import FIXTURES
-from support.batch_runs import random_prompts
+from support.batch_runs import draft_every_step, random_prompts
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 REPLIES = 3000
@@ -55,20 +54,11 @@ def engine(tmp_path_factory):
     eng.close()
 
 
-class FixedDraftLength(AdaptiveDraftLength):
-    """Every step drafts spec_tokens: the rule under test is verification's, not when drafting
-    pays (64 sequences a step on this machine's measured costs would switch it off)."""
-
-    def length(self) -> int:
-        return self.max_tokens
-
-    def retune(self, cost, batch=1) -> None:
-        pass
-
-
 @pytest.fixture(autouse=True)
 def _draft_every_step(monkeypatch):
-    monkeypatch.setattr(batch, "AdaptiveDraftLength", FixedDraftLength)
+    """The rule under test is verification's, not when drafting pays (64 sequences a step on
+    this machine's measured costs would switch it off)."""
+    draft_every_step(monkeypatch)
 
 
 # ----------------------------------------------------------------------------- the reference

@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tramontane.engine.api import EngineError, SamplingParams
+from tramontane.engine.api import ChatMessage, EngineError, ImagePart, SamplingParams
 from tramontane.engine.mistral3.chat_format import EncodedPrompt
 from tramontane.engine.runtime.batch import BatchScheduler
+from tramontane.engine.runtime.draft import DraftModel
 from tramontane.engine.runtime.speculative import StepTimes
 
 from support import FIXTURES
-from support.batch_runs import Recorder, random_prompts
+from support.batch_runs import Recorder, draft_every_step, random_prompts
 from support.engines import local_engine_fixture
 from support.scripted import ScriptedLogits, script_logits
 
@@ -69,6 +70,36 @@ def test_measured_step_costs_switch_drafting_off_where_it_loses(engine, monkeypa
     spec = engine.generate_from(prompt, _params(True, max_tokens=len(want), spec_tokens=8))
     assert spec.token_ids == plain.token_ids == want
     assert spec.stats.drafted_tokens <= 8 + 2 * 3  # the first step's draft on the prior, then a few probes
+
+
+vision_engine = local_engine_fixture(MODEL, FIXTURES / "mmproj-mistral3_tiny-f32.gguf", context_length=512)
+
+
+@pytest.mark.parametrize("spec", ["ngram", "draft"])
+def test_an_image_in_the_prompt_speculates_as_plain(vision_engine, monkeypatch, request, spec):
+    """Issue 38: with an image in the prompt (its rows spliced among the text's), drafted and
+    verified tokens are the plain reply's: prompt lookup drafts from the text after the image
+    (a scripted reply that repeats it), the draft model (the same file, without the vision
+    tower: it reads the image's placeholder tokens) drafts the random model's own greedy reply."""
+    draft_every_step(monkeypatch)  # the subject is what is verified, not when drafting pays here
+    if spec == "draft":
+        draft = DraftModel.load(MODEL, MODEL, positions=2 * 512)
+        request.addfinalizer(draft.close)
+        monkeypatch.setattr(vision_engine.scheduler, "draft_model", draft)
+    tok = vision_engine.tokenizer
+    text = "def add(a, b):\n    return a + b\n"
+    messages = [ChatMessage("user", [ImagePart.from_path(FIXTURES / "ref_image_112x84.png"), text])]
+    want = tok.encode(text) * 3
+    if spec == "ngram":
+        script_logits(monkeypatch, ScriptedLogits(want, tok.eos_id))
+    plain = vision_engine.chat(messages, _params(False, max_tokens=len(want)))
+    spec_reply = vision_engine.chat(messages, SamplingParams(max_tokens=len(want), temperature=0.0, ignore_eos=True,
+                                                             speculation=spec, spec_tokens=4))
+    assert spec_reply.token_ids == plain.token_ids and len(plain.token_ids) == len(want)
+    if spec == "ngram":
+        assert plain.token_ids == want and spec_reply.stats.accepted_tokens > len(want) // 3
+    else:  # the draft, blind to the image, agrees only now and then; what it gets right is kept
+        assert spec_reply.stats.accepted_tokens > 0 and spec_reply.stats.drafted_tokens > 2 * len(want)
 
 
 def test_greedy_on_the_random_model_is_the_plain_output(engine):
