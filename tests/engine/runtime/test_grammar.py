@@ -252,3 +252,22 @@ def test_speculation_under_a_grammar_draws_the_plain_output(engine, seed):
     assert spec.token_ids == plain.token_ids and spec.finish_reason == plain.finish_reason == "stop"
     jsonschema.validate(json.loads(spec.text), schema)
     assert spec.stats.drafted_tokens > 0  # the repeated items are drafted from the reply itself
+
+
+@pytest.mark.parametrize("seed", SEEDS[:4])
+def test_speculation_under_a_tool_call_grammar_draws_the_plain_calls(versioned, seed):
+    """Parallel tool calls under prompt lookup (the tools' names and keys repeat from the prompt's
+    tools block and from the first call) are the plain draws, token for token, in each format."""
+    version, engine = versioned
+    tools = [WEATHER, TIME]
+
+    def run(speculation):
+        constraint = grammar.GrammarConstraint(engine.tokenizer, grammar.tool_call_grammar(
+            engine.tokenizer, version, tools, parallel=True))
+        params = SamplingParams(max_tokens=300, temperature=1.0, seed=seed, logits_processors=(constraint,),
+                                control_text=True, speculation=speculation, spec_tokens=4)
+        return engine.chat(HI, params, tools=tools, session_key=None)
+
+    plain, spec = run("off"), run("ngram")
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == "stop"
+    assert parse_tool_calls(spec.text, version).tool_calls and spec.stats.accepted_tokens > 0
