@@ -123,3 +123,22 @@ def test_update_settings_sets_and_removes_keys_keeping_the_others(store):
     with pytest.raises(StoreError, match="not JSON-serialisable"):
         store.update_chat_settings(chat, sampling={1, 2})
     assert store.get_chat_info(chat).settings == {"tools": False}  # the failed write left nothing
+
+
+def test_a_branch_keeps_the_documents_and_outlives_the_original(store):
+    """Issue 37 item 4: a branch holds its messages' documents (shared files, as images), in
+    their place among the attachments; deleting the original chat leaves the branch's documents
+    readable, and deleting the branch too removes the files."""
+    chat = store.create_chat()
+    doc = DocumentPart(b"# Report\n\nthe harbour wall is 40 m long", "report.md")
+    sent = [ChatMessage("user", ["Read this ", doc, ImagePart(PNG, "a.png")]), ChatMessage.text("assistant", "Read.")]
+    for message in sent:
+        store.add_chat_message(chat, message)
+    before = image_files(store)
+    branch = store.branch_chat(chat)
+    assert store.engine_messages(branch, include_system_prompt=False) == sent
+    assert len(before) == 2 and image_files(store) == before  # the document and the image, shared, not copied
+    store.delete_chat(chat)
+    assert store.engine_messages(branch, include_system_prompt=False) == sent
+    store.delete_chat(branch)
+    assert image_files(store) == set()
