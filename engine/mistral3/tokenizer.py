@@ -99,12 +99,8 @@ def read_chat_format(kv: dict[str, Any], source: str) -> FileChatFormat:
     Models dialog shows of a file found on disk). Raises TokenizerError naming the file when
     the tokens or their types are missing."""
     meta = Metadata(kv, source, TokenizerError)
-    tokens = meta.array_of("tokenizer.ggml.tokens", "string", default=[])
-    types = meta.array_of("tokenizer.ggml.token_type", "int", default=None)
-    if not tokens or types is None or len(types) != len(tokens):
-        raise TokenizerError(f"{source}: tokenizer.ggml.tokens and token_type (one type per token) are "
-                             "needed to tell its chat format")
-    control = {tokens[int(i)] for i in np.flatnonzero(np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN]))}
+    tokens, types, _merges = _vocabulary(meta, lambda msg: TokenizerError(f"{source}: {msg}"))
+    control = {tokens[int(i)] for i in np.flatnonzero(_control_mask(types))}
     version = chat_format_version(control.__contains__, meta.string("tokenizer.chat_template", default=None))
     return FileChatFormat(version, thinks(version, control.__contains__), "[TOOL_CALLS]" in control)
 
@@ -378,11 +374,16 @@ class _VocabularyData:
     special_pieces: dict[str, int]  # text -> id of the tokens outside the BPE vocabulary
 
 
+def _control_mask(types: np.ndarray) -> np.ndarray:
+    """Which tokens are control tokens (llama.cpp's CONTROL and UNKNOWN types), never text."""
+    return np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN])
+
+
 def _read_vocabulary(tokens: Sequence[str], types: np.ndarray, fail) -> _VocabularyData:
     """One pass over the vocabulary, keeping nothing per token but its decoded bytes (in one
     blob) and, for an ordinary token, its entry in the BPE model's JSON text."""
     n = len(tokens)
-    is_control = np.isin(types, [TokenType.CONTROL, TokenType.UNKNOWN])
+    is_control = _control_mask(types)
     data = _VocabularyData(bytearray(), np.zeros(n + 1, dtype=np.int64), bytearray(), 0, is_control, {})
     blob, special_pieces = data.blob, data.special_pieces
     for i, (piece, ttype) in enumerate(zip(tokens, types.tolist())):
