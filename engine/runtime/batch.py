@@ -543,8 +543,12 @@ class BatchScheduler:
         if not tuned:
             return
         batch = sum(1 for s in decoding if s.req.resume is not s)
+        costs: dict[SpeculationCost, SpeculationCost] = {}  # one table per prior (mode) a step
         for s in tuned:
-            s.draft_length.retune(self.step_times.cost(batch, s.draft_length.prior), batch)
+            prior = s.draft_length.prior
+            if prior not in costs:
+                costs[prior] = self.step_times.cost(batch, prior)
+            s.draft_length.retune(costs[prior], batch)
 
     def _room(self, s: _Sequence) -> int:
         """How many tokens `s` may have drafted this step: its adaptive length, within its context
