@@ -4,7 +4,6 @@ engine worker on the tiny model made to think (filed as Magistral Small 1.2), th
 engine read: the model's prompt (its [THINK] template) and the chat's, or the chat's alone."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -78,12 +77,9 @@ def magistral_engine(tmp_path):
     from tramontane.engine.runtime.local import LocalEngine
 
     from support.served import MODEL
-    from support.thinking import thinking_tokenizer
+    from support.thinking import as_magistral_download, thinking_tokenizer
 
-    folder = tmp_path / "models" / "mistralai__Magistral-Small-2509-GGUF"
-    folder.mkdir(parents=True)
-    path = folder / "Magistral-Small-2509-Q4_K_M.gguf"
-    os.symlink(MODEL, path)
+    path = as_magistral_download(MODEL, tmp_path)
     engine = LocalEngine(path, None, device="cpu", context_length=2048)
     engine.tokenizer = thinking_tokenizer(MODEL)
     yield engine

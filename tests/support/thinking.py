@@ -3,6 +3,9 @@
 have them; with `script_logits` a test makes it write a thought, then an answer."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 
@@ -17,3 +20,13 @@ def thinking_tokenizer(model_path) -> Tokenizer:
     tok = Tokenizer.from_kv(kv, "tiny-thinking.gguf")
     assert tok.can_think
     return tok
+
+
+def as_magistral_download(model_path, tmp_path) -> Path:
+    """`model_path` linked as a downloaded Magistral Small 1.2 file (its repository's folder under
+    tmp_path/models): the catalogue takes it for that entry (its system prompt, its sampling)."""
+    folder = Path(tmp_path) / "models" / "mistralai__Magistral-Small-2509-GGUF"
+    folder.mkdir(parents=True)
+    path = folder / "Magistral-Small-2509-Q4_K_M.gguf"
+    os.symlink(model_path, path)
+    return path

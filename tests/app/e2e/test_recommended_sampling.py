@@ -22,6 +22,7 @@ from tramontane.app.engine_info import EngineInfo  # noqa: E402
 from tramontane.engine.library.catalog import Sampling as CardSampling  # noqa: E402
 
 from support.app_window import MODEL, close_window, load_and_wait, make_window, send  # noqa: E402
+from support.thinking import as_magistral_download  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -40,10 +41,7 @@ def test_the_models_values_fill_only_the_knobs_left_at_their_defaults():
 
 @pytest.fixture
 def magistral(tmp_path):
-    folder = tmp_path / "models" / "mistralai__Magistral-Small-2509-GGUF"
-    folder.mkdir(parents=True)
-    path = folder / "Magistral-Small-2509-Q4_K_M.gguf"
-    os.symlink(MODEL, path)
+    path = as_magistral_download(MODEL, tmp_path)
     return path
 
 

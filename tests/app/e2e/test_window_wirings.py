@@ -13,7 +13,6 @@ The tiny model is filed as a downloaded Magistral (the repository's folder), so 
 gives it Magistral's system prompt."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -31,6 +30,7 @@ from tramontane.engine.documents.extract import extract  # noqa: E402
 from tramontane.engine.documents.prompt import token_counter  # noqa: E402
 
 from support.app_window import MODEL, close_window, load_and_wait, make_window, send  # noqa: E402
+from support.thinking import as_magistral_download  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -41,10 +41,7 @@ CHAT_PROMPT = "Answer in French."
 @pytest.fixture
 def magistral(tmp_path):
     """The tiny model as a downloaded Magistral file; the words its catalogue prompt begins with."""
-    folder = tmp_path / "models" / "mistralai__Magistral-Small-2509-GGUF"
-    folder.mkdir(parents=True)
-    path = folder / "Magistral-Small-2509-Q4_K_M.gguf"
-    os.symlink(MODEL, path)
+    path = as_magistral_download(MODEL, tmp_path)
     words = next(p for p in catalog_entry_for(path).system_prompt if isinstance(p, str))
     assert len(words) > 40
     return path, words[:40]
