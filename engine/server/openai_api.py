@@ -497,7 +497,6 @@ def parse_messages(raw, limits: RequestLimits) -> list[ChatMessage]:
     return messages  # a last assistant message is a prefix to continue (mistral-common's prefix=True)
 
 
-
 def _earlier_thought(m: dict, where: str) -> list:
     """An earlier assistant turn's thought, sent back in vLLM's field (`reasoning_content`, or its
     newer `reasoning`), as the think chunk mistral-common encodes before the answer (the window's
@@ -510,6 +509,7 @@ def _earlier_thought(m: dict, where: str) -> list:
             raise bad(f"{where}.{name}", f"must be a string, got {value!r}")
         return [ThinkPart(value)]
     return []
+
 
 def parse_chat_request(body, model: ServedModel, limits: RequestLimits) -> ChatJob:
     """A /v1/chat/completions body, checked; raises ApiError naming the field."""
@@ -627,7 +627,6 @@ def chat_job(messages: list[ChatMessage], model: ServedModel, params: SamplingPa
 def _is_token_list(value) -> bool:
     return isinstance(value, list) and bool(value) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value)
-
 
 
 @dataclass
