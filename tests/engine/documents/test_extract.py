@@ -8,18 +8,9 @@ import pytest
 
 from tramontane.engine.documents.extract import DocumentError, Limits, extract
 
+from support.documents import text_pdf as make_pdf
+
 fpdf = pytest.importorskip("fpdf")
-
-
-def make_pdf(pages: list[str], password: str | None = None) -> bytes:
-    pdf = fpdf.FPDF()
-    pdf.set_font("helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 8, text)
-    if password is not None:
-        pdf.set_encryption(owner_password="owner", user_password=password)
-    return bytes(pdf.output())
 
 
 def make_scanned_pdf() -> bytes:

@@ -11,26 +11,9 @@ import pytest
 
 from tramontane.engine.documents.extract import DocumentError, Limits, detect, extract
 
-docx = pytest.importorskip("docx")
+from support.documents import docx_bomb, docx_bytes as make_docx, rezip
 
-
-def make_docx() -> bytes:
-    document = docx.Document()
-    document.add_heading("Harbour report", level=1)
-    document.add_paragraph("The ferry leaves at noon.")
-    document.add_heading("Crew", level=2)
-    document.add_paragraph("Ada Vance keeps the light.", style="List Bullet")
-    table = document.add_table(rows=3, cols=3)
-    for r, row in enumerate([["Name", "Role", "Shift"], ["Ada", "Keeper", "Night"], ["Ben", "Pilot", "Day"]]):
-        for c, value in enumerate(row):
-            table.cell(r, c).text = value
-    merged = document.add_table(rows=1, cols=3)
-    merged.cell(0, 0).merge(merged.cell(0, 1)).text = "wide"
-    merged.cell(0, 2).text = "narrow"
-    document.add_paragraph("After the tables.")
-    out = io.BytesIO()
-    document.save(out)
-    return out.getvalue()
+pytest.importorskip("docx")
 
 
 def test_docx_keeps_headings_lists_tables_in_order():
@@ -42,18 +25,8 @@ def test_docx_keeps_headings_lists_tables_in_order():
         "| wide | narrow |\n\nAfter the tables.")
 
 
-def rezip(data: bytes, replace: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
-        for info in src.infolist():
-            dst.writestr(info.filename, replace.get(info.filename, src.read(info.filename)))
-        for extra in set(replace) - set(src.namelist()):
-            dst.writestr(extra, replace[extra])
-    return out.getvalue()
-
-
 def test_a_docx_zip_bomb_is_refused_from_its_directory():
-    bomb = rezip(make_docx(), {"word/media/image1.png": bytes(64 * 2**20)})
+    bomb = docx_bomb()
     assert len(bomb) < 2**20
     tracemalloc.start()
     started = time.monotonic()

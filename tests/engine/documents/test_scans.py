@@ -1,8 +1,6 @@
 """Scanned pages rendered for the vision tower: an image-only PDF page (fpdf2 writes it) comes
 back as RGB at a size the tower's preprocessing keeps as it is (whole tiles, within
 image_size), its dark box where the page has it; without vision, one sentence."""
-import io
-
 import numpy as np
 import pytest
 
@@ -12,28 +10,11 @@ from tramontane.engine.documents.scans import MAX_SCANS, render_scans, scan_note
 from tramontane.engine.mistral3.config import VisionConfig
 from tramontane.engine.mistral3.image import image_grid, preprocess
 
-fpdf = pytest.importorskip("fpdf")
+from support.documents import scanned_pdf
+
+pytest.importorskip("fpdf")
 # Mistral Small 3.1's tower: 1540-pixel images, 14-pixel patches merged 2x2.
 PIXTRAL = VisionConfig(1540, 14, 2, 1024, 4096, 24, 16, 1e-5, (0.5,) * 3, (0.5,) * 3, "silu", 1e4, 5120, "mmproj")
-
-
-def scanned_pdf(pages: int, text_page: bool = False) -> bytes:
-    """A4 pages each holding one photo of a page: white with a black box in its top-left quarter."""
-    from PIL import Image
-
-    photo = Image.new("RGB", (400, 560), (255, 255, 255))
-    photo.paste((0, 0, 0), (20, 20, 180, 260))
-    png = io.BytesIO()
-    photo.save(png, format="PNG")
-    pdf = fpdf.FPDF(format="A4")
-    pdf.set_font("helvetica", size=12)
-    for _ in range(pages):
-        pdf.add_page()
-        pdf.image(io.BytesIO(png.getvalue()), x=0, y=0, w=210, h=297)
-    if text_page:
-        pdf.add_page()
-        pdf.cell(0, 10, "typed page")
-    return bytes(pdf.output())
 
 
 def test_a_scanned_page_renders_at_a_size_the_tower_keeps():
