@@ -373,3 +373,16 @@ def test_every_source_package_is_installed():
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder)
             assert ".".join([package, *rel.parts]) in listed, init
+
+
+def test_building_the_package_prints_no_setuptools_warning(tmp_path):
+    """Issue 34 item 9: every install printed ~90 lines of setuptools warnings (data folders that
+    were not packages). build_py is the step that warned; it copies sources only (no C build), so
+    it runs here in seconds. Only setuptools' own 'byte-compiling is disabled' line may remain."""
+    res = subprocess.run([sys.executable, "-W", "always", "setup.py", "build_py", "--build-lib", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    said = [line for line in (res.stdout + res.stderr).splitlines()
+            if ("warn" in line.lower() or "!!" in line) and "byte-compiling is disabled" not in line]
+    assert not said, "\n".join(said[:40])
+    assert (tmp_path / "tramontane" / "resources" / "catalog.json").is_file()
