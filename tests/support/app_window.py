@@ -126,6 +126,31 @@ def close_window(window) -> None:
     window._test_store.close()
 
 
+class PromptRecorder:
+    """The EncodedPrompts the local engine generates from, reply by reply (worker thread)."""
+
+    def __init__(self, engine):
+        self.engine, self.prompts = engine, []
+        generate_from = engine.generate_from
+
+        def recording(prompt, *args, **kwargs):
+            self.prompts.append(prompt)
+            return generate_from(prompt, *args, **kwargs)
+        engine.generate_from = recording
+
+    @property
+    def ids(self) -> list[list[int]]:
+        return [list(p.ids) for p in self.prompts]
+
+    def text(self, reply: int = -1) -> str:
+        return self.engine.tokenizer.decode(list(self.prompts[reply].ids))
+
+
+def wait_read(qtbot, window, timeout_ms: int = 30000) -> None:
+    """Until the composer has read (or refused) every document and image attached."""
+    qtbot.waitUntil(lambda: not window.composer.checking, timeout=timeout_ms)
+
+
 def send(qtbot, window, text: str) -> int:
     """Type `text` into the composer, press Enter and wait for the reply; its message id."""
     edit = window.composer.edit

@@ -8,43 +8,15 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("pytestqt")
-fpdf = pytest.importorskip("fpdf")
+pytest.importorskip("fpdf")
 
 from tramontane.app.store import Store  # noqa: E402
 from tramontane.engine.api import DocumentPart  # noqa: E402
 
-from support.app_window import close_window, drop_files, make_window, png_bytes, send  # noqa: E402
+from support.app_window import PromptRecorder, close_window, drop_files, make_window, png_bytes, send, wait_read  # noqa: E402
+from support.documents import text_pdf  # noqa: E402
 
 PLANTED = "The lighthouse keeper's cat is named Sardine."
-
-
-def pdf_bytes(pages: list[str]) -> bytes:
-    pdf = fpdf.FPDF()
-    pdf.set_font("Helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 8, text)
-    return bytes(pdf.output())
-
-
-class PromptRecorder:
-    """The EncodedPrompt ids the local engine generates from, reply by reply (worker thread)."""
-
-    def __init__(self, engine):
-        self.engine, self.ids = engine, []
-        generate_from = engine.generate_from
-
-        def recording(prompt, *args, **kwargs):
-            self.ids.append(list(prompt.ids))
-            return generate_from(prompt, *args, **kwargs)
-        engine.generate_from = recording
-
-    def text(self, reply: int = -1) -> str:
-        return self.engine.tokenizer.decode(self.ids[reply])
-
-
-def wait_read(qtbot, window) -> None:
-    qtbot.waitUntil(lambda: not window.composer.checking, timeout=30000)
 
 
 @pytest.fixture
@@ -55,7 +27,7 @@ def window(qtbot, tmp_path, isolated):
 
 
 def test_a_dropped_pdf_reaches_the_prompt_and_is_stored_with_its_chat(qtbot, window, tmp_path):
-    data = pdf_bytes(["Chapter one: the coast road.", f"Chapter two. {PLANTED}"])
+    data = text_pdf(["Chapter one: the coast road.", f"Chapter two. {PLANTED}"])
     path = tmp_path / "report.pdf"
     path.write_bytes(data)
     recorder = PromptRecorder(window.worker.engine)
