@@ -334,24 +334,31 @@ def test_parallel_calls_each_get_a_card_and_always_covers_the_next(qtbot, tool_w
     assert [c.result.text() for c in cards(w)] == ["3", "42"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 35 item 4, not fixed: engine/mistral3/chat_format.py puts the tools block before the "
-    "last user message for v7/v11 (as mistral-common does), so each new turn moves it and breaks "
-    "the prefix after <s>; the fix is the engine's (tools before the first user message, as v13)"))
-def test_the_next_turn_of_a_tool_chat_reuses_the_turn_before(qtbot, tool_window):
-    """Issue 35, item 4: each turn of a tool chat reused 1 token from the cache, so a long tool
-    chat read its whole prompt again every turn. What the first turn left in the KV (its prompt
-    and its reply, the last id at most read again) is what the second should reuse, as without
-    tools; with the tools block before the first user message (the tokenizer made v13) it does."""
+def test_each_turn_of_a_tool_chat_reuses_all_but_the_last_exchange(qtbot, tool_window):
+    """Issue 35, item 4: each turn of a tool chat reused 1 token from the cache. Tokenizers v7 and
+    v11 put the tools block before the last user message (mistral-common, the reference, and the
+    models' own chat templates do), so a new turn moves it: turn 2 cannot reuse what followed the
+    tools in turn 1. The prefix before the block is the same ids in the same places from turn to
+    turn, so from turn 3 on everything before the previous turn's tools block is reused, and a long
+    tool chat reads only its last exchange and the tools block again, not the whole chat."""
     w = tool_window
-    assert w.worker.engine.tokenizer.version == 7  # the fixture's tekken: tools before the last [INST]
-    w.script(("Hello there.",), ("Again.",))
+    tokenizer = w.worker.engine.tokenizer
+    assert tokenizer.version == 7  # the fixture's tekken: tools before the last [INST]
+    w.script(("Hello there.",), ("Again.",), ("Once more.",))
     finished = []
     w.worker.finished.connect(lambda _rid, result: finished.append(result))
-    for text in ("First question", "Second question"):
+    for text in ("First question", "Second question", "Third question"):
         with qtbot.waitSignal(w.replyFinished, timeout=WAIT_MS):
             type_and_send(qtbot, w, text)
-    first, second = (w.session.live_stats[m.id] for m in stored(w) if m.role == "assistant")
-    assert w.tools.offered_tools() and finished[-1].prompt_token_ids.count(
-        w.worker.engine.tokenizer.token_id("[AVAILABLE_TOOLS]")) == 1  # the tools were in the prompt
-    assert second.reused_tokens >= first.prompt_tokens + first.generated_tokens - 1, second
+    stats = [w.session.live_stats[m.id] for m in stored(w) if m.role == "assistant"]
+    prompts = [list(r.prompt_token_ids) for r in finished]
+    tools = tokenizer.token_id("[AVAILABLE_TOOLS]")
+    assert w.tools.offered_tools() and all(p.count(tools) == 1 for p in prompts)
+    # the reference's format: the block moves to each turn's last user message
+    before = [p.index(tools) for p in prompts]
+    assert before[0] < before[1] < before[2]
+    for turn in (1, 2):
+        assert prompts[turn][:before[turn - 1]] == prompts[turn - 1][:before[turn - 1]]
+        # turn 2 reuses what came before turn 1's block (<s>), turn 3 all before turn 2's block
+        assert stats[turn].reused_tokens >= before[turn - 1], (turn, stats[turn], before)
+    assert before[1] > 10  # turn 1's question and answer, read again in turn 2, reused in turn 3
