@@ -318,8 +318,8 @@ class _Conversation:
         res = engine.chat(messages, params, on_piece=on_piece, cancel=cancel, session_key=session)
         if "".join(pieces) != res.text:
             raise SelfTestFailure("the streamed pieces differ from the reply's text")
-        vocab = getattr(engine.model.cfg, "vocab_size", None)
-        if vocab and not all(0 <= t < vocab for t in res.token_ids):
+        vocab = engine.model.cfg.vocab_size
+        if not all(0 <= t < vocab for t in res.token_ids):
             raise SelfTestFailure(f"token ids out of range: {res.token_ids}")
         return res
 
@@ -337,7 +337,7 @@ class _Conversation:
         detail = ""
         engine = self.state[self.key]
         if engine.model.on_gpu and read_env().cuda_graphs:
-            graphs = getattr(getattr(engine.pool, "decode_graphs", None), "graphs", None)
+            graphs = engine.pool.decode_graphs.graphs if engine.pool.decode_graphs is not None else {}
             if not graphs:
                 raise SelfTestFailure("the reply was decoded without a CUDA graph")
             detail = f", decoded in {len(graphs)} CUDA graph(s)"
