@@ -21,7 +21,7 @@ def entry(entry_id: str):
 
 @pytest.mark.parametrize("path, expected", [
     # a download: the repository's own folder
-    ("/m/mistralai__Magistral-Small-2509-GGUF/anything.gguf", MAGISTRAL),
+    ("/m/unsloth__Magistral-Small-2509-GGUF/anything.gguf", MAGISTRAL),
     # a variant's pinned file, anywhere
     ("/d/mistralai_Mistral-Small-3.1-24B-Instruct-2503-Q8_0.gguf", "mistral-small-3.1-24b-instruct"),
     # the publisher's file names begin with the repository's model name
@@ -63,7 +63,7 @@ def test_the_chats_prompt_goes_first_and_the_models_is_appended_after_it(entry_i
 def test_a_server_has_no_model_prompt_of_ours():
     from tramontane.engine.remote.client import RemoteEngine
 
-    path = "/m/mistralai__Magistral-Small-2509-GGUF/x.gguf"
+    path = "/m/unsloth__Magistral-Small-2509-GGUF/x.gguf"
     assert RemoteEngine("http://127.0.0.1:9", "magistral").model_path is None
     assert model_system_prompt(None) == () and model_system_prompt("") == ()
     assert model_system_prompt(path) == entry(MAGISTRAL).system_prompt

@@ -25,7 +25,7 @@ def thinking_tokenizer(model_path) -> Tokenizer:
 def as_magistral_download(model_path, tmp_path) -> Path:
     """`model_path` linked as a downloaded Magistral Small 1.2 file (its repository's folder under
     tmp_path/models): the catalogue takes it for that entry (its system prompt, its sampling)."""
-    folder = Path(tmp_path) / "models" / "mistralai__Magistral-Small-2509-GGUF"
+    folder = Path(tmp_path) / "models" / "unsloth__Magistral-Small-2509-GGUF"
     folder.mkdir(parents=True)
     path = folder / "Magistral-Small-2509-Q4_K_M.gguf"
     os.symlink(model_path, path)

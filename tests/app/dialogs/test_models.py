@@ -267,7 +267,8 @@ def test_every_catalogue_entry_has_a_size_and_says_whether_it_fits(qtbot, fake, 
     the planner on the real tensor inventories (tests/engine/library/test_fit.py checks the
     estimates against them): Mistral Small 24B needs 16 of 40 layers on the CPU, Ministral 3
     14B 10 of 40; 3B and 8B fit the GPU."""
-    pinned = [e for e in load_catalog() if all(v.size_gb for v in e.variants)]
+    pinned = [e for e in load_catalog() if all(v.size_gb for v in e.variants)
+              and (e.mmproj_size_gb or not e.vision)]
     dlg = _open(qtbot, tmp_path, Hub(endpoint=fake.endpoint, token=False), catalog=pinned,
                 machine=GPU8)
     rows = _catalogue_rows(dlg)
@@ -280,12 +281,15 @@ def test_every_catalogue_entry_has_a_size_and_says_whether_it_fits(qtbot, fake, 
                      ("mistral-small-3.1-24b-instruct", "Q8_0"): "partly on the CPU",
                      ("ministral-3-3b-instruct", "Q4_K_M"): "on the GPU",
                      ("ministral-3-8b-instruct", "Q4_K_M"): "on the GPU",
-                     ("ministral-3-14b-instruct", "Q4_K_M"): "partly on the CPU"}
+                     ("ministral-3-14b-instruct", "Q4_K_M"): "partly on the CPU",
+                     ("mistral-small-3.2-24b-instruct", "Q4_K_M"): "partly on the CPU",
+                     ("mistral-small-3.2-24b-instruct", "Q8_0"): "partly on the CPU"}
     sizes = {key: _column(t, r, "Download") for key, r in rows.items()}
     # every vision row says "+ projector" (issue 26, item 9): with the size once it is known
     assert sizes[("mistral-small-3.1-24b-instruct", "Q4_K_M")] == "14.33 GB + 878.0 MB projector"
     assert sizes[("ministral-3-8b-instruct", "Q4_K_M")] == "5.20 GB + 858.0 MB projector"
     assert sizes[("ministral-3-3b-instruct", "Q4_K_M")] == "2.15 GB + 842.0 MB projector"
+    assert sizes[("mistral-small-3.2-24b-instruct", "Q8_0")] == "25.05 GB + 878.0 MB projector"
     assert "?" not in sizes.values()
     # the tooltip holds the planner's arithmetic
     tip = t.item(rows[("mistral-small-3.1-24b-instruct", "Q4_K_M")], 4).toolTip()

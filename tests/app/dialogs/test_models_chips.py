@@ -72,7 +72,7 @@ def test_catalogue_rows_show_the_catalogues_chips(dialog):
     assert t.horizontalHeaderItem(1).text() == "Can"
     chips = {t.item(r, 0).data(0x0100)[0].id: cell_chips(t, r) for r in range(t.rowCount())}
     assert len(chips) == len(load_catalog())
-    assert chips["magistral-small-1.2-24b"] == ["reasoning"]
+    assert chips["magistral-small-1.2-24b"] == ["vision", "reasoning"]  # Unsloth's repository ships its encoder
     assert chips["ministral-3-8b-reasoning"] == ["vision", "reasoning", "tools"]
     assert chips["ministral-3-8b-instruct"] == ["vision", "tools"]
     assert chips["devstral-small-2507-24b"] == ["tools", "coding"]

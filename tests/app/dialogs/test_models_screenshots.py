@@ -93,7 +93,11 @@ def test_models_dialog_screenshots(qtbot, tmp_path, scheme):
             "Q4_K_M Mistral Small 3.1 24B Instruct": "partly on the CPU",
             "Q8_0 Mistral Small 3.1 24B Instruct": "too big",  # 25 GB > 6.5 GB + 14 GB usable
             "Q4_K_M Ministral 3 3B Instruct": "on the GPU", "Q4_K_M Ministral 3 8B Instruct": "on the GPU",
-            "Q4_K_M Ministral 3 14B Instruct": "partly on the CPU"}
+            "Q4_K_M Ministral 3 14B Instruct": "partly on the CPU",
+            "Q4_K_M Mistral Small 3.2 24B Instruct": "partly on the CPU",
+            "Q8_0 Mistral Small 3.2 24B Instruct": "too big",
+            "Q4_K_M Devstral Small 1.1 24B": "partly on the CPU",
+            "Q4_K_M Ministral 3 8B Reasoning": "on the GPU", "Q4_K_M Ministral 3 14B Reasoning": "partly on the CPU"}
         red = verdicts["Q8_0 Mistral Small 3.1 24B Instruct"].foreground().color()
         assert red.red() > 150 and red.green() < 60
         shots = {}

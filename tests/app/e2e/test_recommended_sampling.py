@@ -137,6 +137,6 @@ def test_a_file_the_catalogue_does_not_know_and_a_server_get_the_apps_defaults(q
     assert chat_settings(window)[0] == "Use the defaults (Settings)"
     # a server's model, even one named as a catalogue file, is the server's to sample
     window.session.engine_info = EngineInfo("magistral on a server", False, device="remote", remote=True,
-                                            model_path="/m/mistralai__Magistral-Small-2509-GGUF/x.gguf")
+                                            model_path="/m/unsloth__Magistral-Small-2509-GGUF/x.gguf")
     assert window.session.model_sampling() is None and window.session.default_sampling() == Sampling()
     close_window(window)

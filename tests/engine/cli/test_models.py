@@ -112,11 +112,20 @@ def test_catalogue_listing_says_where_each_entry_would_run(tmp_path, capsys, mon
                     ("mistral-small-3.1-24b-instruct", "Q8_0"): "partial",
                     ("ministral-3-3b-instruct", "Q4_K_M"): "gpu",
                     ("ministral-3-8b-instruct", "Q4_K_M"): "gpu",
-                    ("ministral-3-14b-instruct", "Q4_K_M"): "partial"}
+                    ("ministral-3-14b-instruct", "Q4_K_M"): "partial",
+                    ("mistral-small-3.2-24b-instruct", "Q4_K_M"): "partial",
+                    ("mistral-small-3.2-24b-instruct", "Q8_0"): "partial",
+                    ("devstral-small-2507-24b", "Q4_K_M"): "partial",
+                    ("ministral-3-8b-reasoning", "Q4_K_M"): "gpu",
+                    ("ministral-3-14b-reasoning", "Q4_K_M"): "partial"}
     assert main(["list", "--catalog", "--dir", str(tmp_path)]) == 0
     lines = {" ".join(line.split()[:2]): line for line in capsys.readouterr().out.splitlines()}
     assert "15.21 GB  partly on the CPU" in lines["mistral-small-3.1-24b-instruct Q4_K_M"]
     assert "6.06 GB  on the GPU" in lines["ministral-3-8b-instruct Q4_K_M"]  # 5.20 GB + its 0.86 GB projector
+    assert "15.21 GB  partly on the CPU" in lines["mistral-small-3.2-24b-instruct Q4_K_M"]  # 14.33 + 0.88 GB
+    assert "14.33 GB  partly on the CPU" in lines["devstral-small-2507-24b Q4_K_M"]  # text only
+    # a projector the catalogue leaves to the listing is said to be there, its size not guessed
+    assert "5.20 GB + projector  on the GPU" in lines["ministral-3-8b-reasoning Q4_K_M"]
     assert all("? (size not known)" in line for key, line in lines.items()
                if tuple(key.split()) in unsized)
     assert not any("?" in line for key, line in lines.items() if tuple(key.split()) not in unsized)

@@ -21,7 +21,9 @@ TINY_PROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
 
 # (catalogue id, layers, hidden, ffn) of the entries whose real Q4_K_M inventory we can write
 REAL = [("mistral-small-3.1-24b-instruct", 40, 5120, 32768), ("ministral-3-8b-instruct", 34, 4096, 14336),
-        ("ministral-3-14b-instruct", 40, 5120, 16384)]
+        ("ministral-3-14b-instruct", 40, 5120, 16384), ("mistral-small-3.2-24b-instruct", 40, 5120, 32768),
+        ("devstral-small-2507-24b", 40, 5120, 32768), ("ministral-3-8b-reasoning", 34, 4096, 14336),
+        ("ministral-3-14b-reasoning", 40, 5120, 16384)]
 
 
 def _gpu(gib: float) -> Machine:
