@@ -44,8 +44,8 @@ def catalog_entry_for(model_path: str | Path, catalog=None):
     for entry in entries:
         if any(v.file and v.file.lower() == name for v in entry.variants):
             return entry
-    for entry in entries:  # e.g. Magistral-Small-2509-Q4_K_M.gguf of mistralai/Magistral-Small-2509-GGUF
-        model = entry.repo_id.rsplit("/", 1)[-1].lower().removesuffix("-gguf")
+    for entry in entries:  # e.g. Magistral-Small-2509-Q4_K_M.gguf of unsloth/Magistral-Small-2509-GGUF
+        model = entry.repo_id.rsplit("/", 1)[-1].lower().removesuffix("-gguf").removesuffix("_gguf")
         if name.startswith(model) and name[len(model):len(model) + 1] in ("-", ".", "_"):
             return entry
     return None

@@ -29,6 +29,8 @@ def entry(entry_id: str):
     ("/d/Ministral-3-8B-Instruct-2512-Q4_K_M.gguf", "ministral-3-8b-instruct"),
     ("/d/Magistral-Small-2509-Q8_0.gguf", MAGISTRAL),
     ("/d/Magistral-Small-25090-Q8_0.gguf", None),  # a longer name is another model
+    # Mistral's Devstral 1.1 repository ends "_gguf": its unpinned Q8_0 file is still the model's
+    ("/d/Devstral-Small-2507-Q8_0.gguf", "devstral-small-2507-24b"),
     ("/d/mistral3_tiny-f32.gguf", None),
 ])
 def test_a_file_is_matched_to_its_catalogue_entry(path, expected):
