@@ -22,12 +22,15 @@ from PySide6.QtWidgets import (QApplication, QDialog, QFrame, QHBoxLayout, QLabe
                                QWidget)
 
 from ...engine.api import GenerationStats
+from ..jobs import Jobs
 from .icons import icon
 from .markdown import COPY_SCHEME, code_blocks, render_markdown
 from .reasoning_block import ReasoningBlock
 from .speculation_status import speculation_note
 
 RENDER_INTERVAL_MS = 50
+PAGE_SIDE = 1600  # px: the longest side of a document page shown (DocumentPageViewer)
+SOURCE_SCHEME = "tramontane-source"  # the sources line's links: tramontane-source:<index>
 THUMB_SIZE = 96
 COLUMN_WIDTH = 760  # the conversation's text column, centred (lines stay readable at 1600 px)
 MIN_THUMB_SIDE = 6  # px: a thumbnail thinner than this is shown as the image's name and size
@@ -94,12 +97,13 @@ class ImageViewer(QDialog):
     """An attached image, fitted to the window (never enlarged); "Actual size" (or a
     double-click) shows it at 100 %, scrollable, and back. Closed with Esc."""
 
-    def __init__(self, path: str | Path, title: str = "", parent: QWidget | None = None):
+    def __init__(self, path: str | Path, title: str = "", parent: QWidget | None = None,
+                 pixmap: QPixmap | None = None):
         super().__init__(parent)
         self.setWindowTitle(title or Path(path).name)
         self.label = QLabel()
         self.label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.pixmap = QPixmap(str(path))
+        self.pixmap = pixmap if pixmap is not None else QPixmap(str(path))
         self.fit = True
         if self.pixmap.isNull():
             self.label.setText(f"{Path(path).name}: cannot show this image")
@@ -112,7 +116,7 @@ class ImageViewer(QDialog):
         self.size_button.clicked.connect(self.toggle_fit)
         self.size_button.setEnabled(not self.pixmap.isNull())
         self.zoom_label = QLabel()
-        bar = QHBoxLayout()
+        self.bar = bar = QHBoxLayout()
         bar.setContentsMargins(8, 4, 8, 4)
         bar.addWidget(self.zoom_label)
         bar.addStretch(1)
@@ -126,6 +130,13 @@ class ImageViewer(QDialog):
         limit = screen.availableSize() * 0.9 if screen else QSize(1200, 900)
         size = self.pixmap.size() if not self.pixmap.isNull() else QSize(300, 100)
         self.resize(min(size.width() + 24, limit.width()), min(size.height() + 60, limit.height()))
+        self._show_pixmap()
+
+    def set_pixmap(self, pixmap: QPixmap) -> None:
+        """Show `pixmap` instead (a page rendered meanwhile), as fitted as the last one was."""
+        self.pixmap = pixmap
+        self.size_button.setEnabled(not pixmap.isNull())
+        self.label.setText("")
         self._show_pixmap()
 
     def toggle_fit(self) -> None:
@@ -154,13 +165,85 @@ class ImageViewer(QDialog):
         self.toggle_fit()
 
 
-def reply_sources(message) -> str:
-    """'Sources: report.pdf p. 12, p. 40' for a reply that was given document excerpts."""
-    from ...engine.documents.block import Source, sources_line
+class DocumentPageViewer(ImageViewer):
+    """A page of a PDF the chat holds (the one a reply's source names), rendered by PDFium off
+    the UI thread; Previous / Next turn the pages, "Open file" opens the whole document in the
+    system's viewer (as the message's document button does)."""
+
+    def __init__(self, path: str | Path, name: str, page: int, parent: QWidget | None = None):
+        super().__init__(path, name, parent, pixmap=QPixmap())
+        self.path, self.name = str(path), name
+        self.page, self.pages = page, None  # the page asked for; the PDF's count once one is rendered
+        self.jobs = Jobs(self)
+        self.page_label = QLabel()
+        self.previous_button = QPushButton("Previous page")
+        self.previous_button.clicked.connect(lambda: self.show_page(self.page - 1))
+        self.next_button = QPushButton("Next page")
+        self.next_button.clicked.connect(lambda: self.show_page(self.page + 1))
+        self.open_button = QPushButton("Open file")
+        self.open_button.setToolTip(f"Open {name} in the system's viewer")
+        self.open_button.clicked.connect(lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(self.path)))
+        for at, widget in enumerate((self.page_label, self.previous_button, self.next_button)):
+            self.bar.insertWidget(at, widget)
+        self.bar.addWidget(self.open_button)
+        screen = QGuiApplication.primaryScreen()
+        limit = screen.availableSize() * 0.9 if screen else QSize(900, 1100)
+        self.resize(min(900, limit.width()), min(1100, limit.height()))
+        self.show_page(page)
+
+    def show_page(self, number: int) -> None:
+        self.page = number
+        self.setWindowTitle(f"{self.name} — page {number}")
+        self.page_label.setText(f"Page {number}" + (f" of {self.pages}" if self.pages else ""))
+        self.previous_button.setEnabled(number > 1)
+        self.next_button.setEnabled(self.pages is None or number < self.pages)
+        self.pixmap = QPixmap()
+        self.label.setPixmap(QPixmap())
+        self.label.setText(f"{self.name}: page {number}…")
+        path, name = self.path, self.name
+        self.jobs.run(lambda: page_png(path, name, number), lambda done: self._rendered(number, done), self._failed)
+
+    def _rendered(self, number: int, done: tuple[bytes, int]) -> None:
+        if number != self.page:
+            return  # another page was asked for meanwhile
+        png, self.pages = done
+        pixmap = QPixmap()
+        pixmap.loadFromData(png, "PNG")
+        self.page_label.setText(f"Page {number} of {self.pages}")
+        self.next_button.setEnabled(number < self.pages)
+        self.set_pixmap(pixmap)
+
+    def _failed(self, error: str) -> None:
+        self.label.setText(error)
+
+
+def reply_source_list(message) -> list:
+    """The engine/documents Sources of a reply that was given document excerpts (stored with it)."""
+    from ...engine.documents.block import Source
 
     raw = (getattr(message, "tool", None) or {}).get("sources") if message.role == "assistant" else None
-    found = [s for s in map(Source.from_json, raw if isinstance(raw, list) else []) if s is not None]
-    return sources_line(found)
+    return [s for s in map(Source.from_json, raw if isinstance(raw, list) else []) if s is not None]
+
+
+def reply_sources(message) -> str:
+    """'Sources: report.pdf p. 12, p. 40' for a reply that was given document excerpts."""
+    from ...engine.documents.block import sources_line
+
+    return sources_line(reply_source_list(message))
+
+
+def page_png(path: str | Path, name: str, number: int) -> tuple[bytes, int]:
+    """Page `number` of the stored PDF at `path` as PNG bytes (PAGE_SIDE pixels on its longest
+    side), and the PDF's page count; a DocumentError naming `name` when it cannot be shown."""
+    from ...engine.documents.document import DocumentError
+    from ...engine.documents.scans import render_page
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise DocumentError(f"{name}: the chat's copy of the document cannot be read ({exc.strerror or exc}).") from exc
+    page, count = render_page(data, name, number, PAGE_SIDE)
+    return page.image_part(name).data, count
 
 
 def thumbnail(path: str | Path, size: int = THUMB_SIZE) -> QPixmap:
@@ -246,6 +329,7 @@ class MessageWidget(QFrame):
     branchRequested = Signal(int)  # message id to branch after
     versionRequested = Signal(int, int)  # message id, which version of the reply to show
     imageOpened = Signal(str, str)  # path, name
+    sourceOpened = Signal(str, int)  # a source's file name and page (a link of the sources line)
 
     def __init__(self, message, *, dark: bool, can_regenerate: bool, busy: bool, can_reply: bool = True,
                  context: tuple[int, bool] = (0, True), live: GenerationStats | None = None, error: str = "",
@@ -287,11 +371,21 @@ class MessageWidget(QFrame):
             self.thought.set_thought(message.reasoning, seconds=message.reasoning_s, cut=message.reasoning_open,
                                      thinking=message.state == "streaming" and not message.text)
         layout.addWidget(self.body)
-        self.sources_label = QLabel(reply_sources(message))  # issue 37: the excerpts a reply read
+        # issue 37: the excerpts a reply read, each page a link that opens the document there
+        from ...engine.documents.block import sources_line
+
+        self.sources = reply_source_list(message)
+        self.sources_text = reply_sources(message)  # the line in plain words
+        self.sources_label = QLabel(sources_line(self.sources, link=lambda s: f"{SOURCE_SCHEME}:{self.sources.index(s)}"))
         self.sources_label.setObjectName("sourcesLine")
+        self.sources_label.setTextFormat(Qt.TextFormat.RichText)
         self.sources_label.setWordWrap(True)
-        self.sources_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.sources_label.setVisible(bool(self.sources_label.text()))
+        self.sources_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                                   | Qt.TextInteractionFlag.LinksAccessibleByMouse
+                                                   | Qt.TextInteractionFlag.LinksAccessibleByKeyboard)
+        self.sources_label.setToolTip("Click a page to open the document there")
+        self.sources_label.linkActivated.connect(self._source_clicked)
+        self.sources_label.setVisible(bool(self.sources_text))
         layout.addWidget(self.sources_label)
         self.editor: QPlainTextEdit | None = None
         self.edit_box = QWidget()
@@ -306,6 +400,13 @@ class MessageWidget(QFrame):
         self.set_stats(live)
         self.set_error(error)
         self.set_busy(busy, can_regenerate, can_reply)
+
+    def _source_clicked(self, href: str) -> None:
+        scheme, _, index = href.partition(":")
+        if scheme == SOURCE_SCHEME and index.isdigit() and int(index) < len(self.sources):
+            source = self.sources[int(index)]
+            if source.page is not None:
+                self.sourceOpened.emit(source.file, source.page)
 
     def _header(self, message) -> QHBoxLayout:
         """The role, the reply's version switch, and the actions this role and place allow."""
@@ -406,7 +507,7 @@ class MessageWidget(QFrame):
                 and getattr(mine, "versions", 1) == getattr(message, "versions", 1)
                 and getattr(mine, "version", 0) == getattr(message, "version", 0)
                 and mine.finish_reason == message.finish_reason and self.error == error
-                and self.sources_label.text() == reply_sources(message)  # saved just after the text
+                and self.sources_text == reply_sources(message)  # saved just after the text
                 and self.has_live == (live is not None) and self.dark == dark and self.editor is None)
 
     def _add_button(self, layout, key: str, text: str, tip: str, slot, enabled: bool = True) -> None:
@@ -659,6 +760,7 @@ class ChatView(QScrollArea):
         self.can_reply = True  # a model is there to write replies (else Edit/Regenerate are off)
         self.context = (0, True)  # the loaded model's context size, and whether Settings can raise it
         self.widgets: list[MessageWidget] = []
+        self.messages: list = []  # the chat's messages shown (a source's document is found among them)
         self.open_thoughts: set[int] = set()  # replies whose thought the user opened: open when shown again
         self.notice = QLabel()
         self.notice.setObjectName("errorLine")
@@ -729,6 +831,7 @@ class ChatView(QScrollArea):
         self._pending_text = self._pending_thought = None
         self.streaming = None
         self.drop_queued()
+        self.messages = list(messages)
         last_assistant = next((m.id for m in reversed(messages) if m.role == "assistant"), None)
         # widgets[k] shows messages[first + k]; older ones may still be in the backlog.
         first = self._first
@@ -830,6 +933,7 @@ class ChatView(QScrollArea):
             w.branchRequested.connect(self.branchRequested)
             w.versionRequested.connect(self.versionRequested)
             w.imageOpened.connect(self._open_image)
+            w.sourceOpened.connect(lambda file, page, mid=message.id: self.open_source(mid, file, page))
             if message.id in self.open_thoughts:
                 w.thought.user_chose = True
                 w.thought.set_expanded(True)
@@ -914,6 +1018,22 @@ class ChatView(QScrollArea):
             self.queued = None
             if not self._backlog_timer.isActive():
                 self._backlog_timer.start()
+
+    def open_source(self, reply_id: int, file: str, page: int) -> None:
+        """A reply's source clicked: the PDF it names (the latest one of that name attached
+        before the reply) opened at `page`."""
+        document = None
+        for message in self.messages:
+            if message.id == reply_id:
+                break
+            document = next((d for d in getattr(message, "documents", None) or () if d.name == file), document)
+        if document is None:
+            self.show_notice(f"{file}: this chat no longer holds the document, so its page cannot be shown.")
+            return
+        viewer = DocumentPageViewer(document.path, document.name, page, self)
+        viewer.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        viewer.show()
+        self.last_viewer = viewer
 
     def _open_image(self, path: str, name: str) -> None:
         viewer = ImageViewer(path, name, self)

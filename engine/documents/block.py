@@ -7,8 +7,10 @@ retrieved document brings `excerpts_block` (the best chunks, numbered, each with
 and `sources` (the list shown under the reply)."""
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from .document import Document
 from .scans import MAX_SCANS
@@ -111,17 +113,25 @@ def sources(hits) -> list[Source]:
     return out
 
 
-def sources_line(found: list[Source]) -> str:
+def sources_line(found: list[Source], link: Callable[[Source], str] | None = None) -> str:
     """The line under a reply: 'Sources: report.pdf p. 12, p. 40; notes.md, Setup' (each file
-    once, its pages or headings in the order the search ranked them); '' for none."""
-    by_file: dict[str, list[str]] = {}
+    once, its pages or headings in the order the search ranked them); '' for none. With `link`
+    the line is rich text: its words HTML-escaped, each page a link to `link(source)`."""
+    words = html.escape if link is not None else str
+
+    def place(source: Source) -> str:
+        if source.page is None:
+            return words(source.heading)
+        page = f"p. {source.page}"
+        return f'<a href="{html.escape(link(source))}">{page}</a>' if link is not None else page
+
+    by_file: dict[str, list[Source]] = {}
     for source in found:
-        where = by_file.setdefault(source.file, [])
-        if source.page is not None:
-            where.append(f"p. {source.page}")
-        elif source.heading:
-            where.append(source.heading)
-    if not by_file:
-        return ""
-    return "Sources: " + "; ".join(f"{file} {', '.join(where)}" if where and where[0].startswith("p. ")
-                                   else ", ".join([file, *where]) for file, where in by_file.items())
+        by_file.setdefault(source.file, []).append(source)
+    shown = []
+    for file, cited in by_file.items():
+        placed = [s for s in cited if s.page is not None or s.heading]
+        places = [place(s) for s in placed]
+        paged = bool(placed) and placed[0].page is not None
+        shown.append(f"{words(file)} {', '.join(places)}" if paged else ", ".join([words(file), *places]))
+    return "Sources: " + "; ".join(shown) if shown else ""

@@ -1,6 +1,7 @@
 """Scanned PDF pages as images for the vision tower: rendered by PDFium to RGB at the size the
 tower reads without resizing (sides a multiple of patch x merge, the longest within its
-image_size), at most MAX_SCANS a document; without a vision tower, one sentence instead."""
+image_size), at most MAX_SCANS a document; without a vision tower, one sentence instead. Any
+page, at a size asked, for the window (`render_page`: the page a reply's source names)."""
 from __future__ import annotations
 
 import io
@@ -66,18 +67,41 @@ def render_scans(data: bytes, document: Document, vision: VisionConfig | None, l
         images = []
         for number in numbers:
             check_running(document.name, started, limits, cancel)
-            page = pdf[number - 1]
-            try:
-                width, height = page.get_size()
-                target = scan_size(width, height, vision)
-                bitmap = page.render(scale=min(target[0] / width, target[1] / height))
-                image = bitmap.to_pil().convert("RGB")
-                bitmap.close()
-            finally:
-                page.close()
-            if image.size != target:  # PDFium rounds the scaled size; a pixel or two of stretch
-                image = image.resize(target, Image.Resampling.LANCZOS)
-            images.append(PageImage(number, image))
+            images.append(PageImage(number, _rendered(pdf, number, lambda w, h: scan_size(w, h, vision))))
         return images
     finally:
         pdf.close()
+
+
+def render_page(data: bytes, name: str, number: int, longest: int) -> tuple[PageImage, int]:
+    """Page `number` of a PDF as RGB, its longest side `longest` pixels (a page the window
+    shows: one a reply's source names), and how many pages the PDF has."""
+    pdf = open_pdf(data, name)
+    try:
+        count = len(pdf)
+        if not 1 <= number <= count:
+            raise DocumentError(f"{name}: the PDF has no page {number} (it has {count}).")
+
+        def size(width: float, height: float) -> tuple[int, int]:
+            scale = longest / max(width, height)
+            return max(1, round(width * scale)), max(1, round(height * scale))
+        return PageImage(number, _rendered(pdf, number, size)), count
+    finally:
+        pdf.close()
+
+
+def _rendered(pdf, number: int, size) -> Image.Image:
+    """Page `number` of an open PdfDocument rendered by PDFium to RGB at `size(width, height)`
+    pixels for its size in points."""
+    page = pdf[number - 1]
+    try:
+        width, height = page.get_size()
+        target = size(width, height)
+        bitmap = page.render(scale=min(target[0] / width, target[1] / height))
+        image = bitmap.to_pil().convert("RGB")
+        bitmap.close()
+    finally:
+        page.close()
+    if image.size != target:  # PDFium rounds the scaled size; a pixel or two of stretch
+        image = image.resize(target, Image.Resampling.LANCZOS)
+    return image

@@ -125,8 +125,8 @@ def test_planted_facts_of_a_long_pdf_reach_the_prompt_and_their_pages_are_shown(
         if hit:
             assert fact_pages[i] in pages  # the source names the fact's page
             def shown() -> str:
-                labels = [w.sources_label for w in window.view.widgets if w.message.id == reply_id]
-                return labels[0].text() if labels and labels[0].isVisible() else ""
+                shown_in = [w for w in window.view.widgets if w.message.id == reply_id]
+                return shown_in[0].sources_text if shown_in and shown_in[0].sources_label.isVisible() else ""
             qtbot.waitUntil(lambda: bool(shown()), timeout=5000)  # the view redraws the finished reply
             assert shown().startswith("Sources: report.pdf p. ") and f"p. {fact_pages[i]}" in shown()
     assert window.worker.engine.context_size > 512  # the longer context took (the app plans at most 4k here)
