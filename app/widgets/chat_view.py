@@ -246,6 +246,12 @@ def page_png(path: str | Path, name: str, number: int) -> tuple[bytes, int]:
     return page.image_part(name).data, count
 
 
+def button_text(text: str) -> str:
+    """A file's name as a button shows it: Qt takes '&' as a shortcut marker (it would underline
+    the next letter and hide itself), so each one is doubled."""
+    return text.replace("&", "&&")
+
+
 def thumbnail(path: str | Path, size: int = THUMB_SIZE) -> QPixmap:
     """A small pixmap of an image file, decoded at reduced size where the format allows."""
     reader = QImageReader(str(path))
@@ -446,8 +452,8 @@ class MessageWidget(QFrame):
                 # A thin strip's thumbnail is a line: an invisible button. Say what it is.
                 reader = QImageReader(str(image.path))
                 full = reader.size()
-                button.setText(f"{image.name} ({full.width()}×{full.height()})" if full.isValid()
-                               else image.name)
+                button.setText(button_text(f"{image.name} ({full.width()}×{full.height()})" if full.isValid()
+                                           else image.name))
                 button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
             else:
                 button.setIcon(QIcon(pixmap))
@@ -467,7 +473,7 @@ class MessageWidget(QFrame):
         row = QHBoxLayout()
         for document in documents:
             button = QToolButton()
-            button.setText(f"📄 {document.name}")
+            button.setText(button_text(f"📄 {document.name}"))
             button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
             button.setToolTip(f"{document.name} — click to open it")
             button.setAccessibleName(f"Document {document.name}")

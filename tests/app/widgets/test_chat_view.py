@@ -76,3 +76,21 @@ def test_regenerate_keeps_the_replies_as_versions(qtbot, window):
     assert reply.versions_label.text() == "2/3" and reply.version_buttons["next"].isEnabled()
     stored = window.store.reply_versions(reply_id)
     assert [v["shown"] for v in stored] == [0, 1, 0] and reply.text == stored[1]["text"]
+
+
+def test_a_file_name_with_an_ampersand_is_shown_as_named(qtbot, window, tmp_path):
+    """'notes & plans.txt' on its button: Qt would take '&' as a shortcut marker, underline the
+    space after it and hide the '&' (seen on a screenshot as 'notes _plans.txt')."""
+    from PySide6.QtGui import QKeySequence
+
+    from support.app_window import drop_files, wait_read
+
+    path = tmp_path / "notes & plans.txt"
+    path.write_text("The meeting moved to Thursday.\n")
+    drop_files(window.composer, [path])
+    wait_read(qtbot, window)
+    send(qtbot, window, "When is the meeting?")
+    user = window.view.widgets[0]
+    (button,) = user.document_buttons
+    assert QKeySequence.mnemonic(button.text()).isEmpty(), button.text()  # no shortcut marker left
+    assert button.text().replace("&&", "&").endswith("notes & plans.txt")
