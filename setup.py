@@ -10,10 +10,17 @@ the torch path and says so); TRAMONTANE_REQUIRE_NATIVE=1 turns that into an erro
 """
 import os
 import sys
+import warnings
 from glob import glob
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+# An editable install of a mapped layout (package-dir: app/ -> tramontane.app, ...) goes through
+# setuptools' meta path finder, which then warns to "be careful with folders in your working
+# directory with the same name as your package": here that folder is tramontane/, the package
+# itself, so the note says nothing to act on; pip shows it on every `pip install -e .`.
+warnings.filterwarnings("ignore", message=r"Editable installation\.")
 
 # the x86 variant files compile to nothing on ARM and the NEON ones to nothing on x86
 SOURCES = ["kernels/cpu/module.c", "kernels/cpu/dispatch.c", "kernels/cpu/pool.c", "kernels/cpu/matmul.c",

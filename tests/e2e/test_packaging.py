@@ -386,3 +386,21 @@ def test_building_the_package_prints_no_setuptools_warning(tmp_path):
             if ("warn" in line.lower() or "!!" in line) and "byte-compiling is disabled" not in line]
     assert not said, "\n".join(said[:40])
     assert (tmp_path / "tramontane" / "resources" / "catalog.json").is_file()
+
+
+def test_an_editable_install_prints_no_setuptools_warning(tmp_path):
+    """The README's install is `pip install -e .`: pip shows the backend's warnings, and the
+    editable finder warned "be careful with folders ... with the same name as your package" on
+    every install (the folder is tramontane/, the package itself; setup.py says so). The build
+    runs as pip runs it, the C extensions left out (they are built by the install itself)."""
+    code = ("from setuptools.command.build_ext import build_ext\n"
+            "build_ext.run = lambda self: None\n"
+            "from setuptools import build_meta\n"
+            f"print(build_meta.build_editable({str(tmp_path)!r}))\n")
+    res = subprocess.run([sys.executable, "-W", "always", "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    said = [line for line in (res.stdout + res.stderr).splitlines()
+            if "warn" in line.lower() or "careful" in line.lower() or "!!" in line]
+    assert not said, "\n".join(said[:40])
+    assert res.stdout.strip().splitlines()[-1].endswith(".whl")
