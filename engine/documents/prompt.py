@@ -129,7 +129,7 @@ def documents_prompt(messages: Sequence[ChatMessage], count_tokens: Callable[[li
     fitted = fitting_excerpts(hits, lambda chosen: count(render(chosen)), context_tokens or UNKNOWN_CONTEXT,
                               reply_tokens)
     if len(fitted) < len(hits) or fitted and fitted[-1].text != hits[len(fitted) - 1].text:
-        prompt.notes.append(f"The context leaves room for {_excerpt_words(hits, fitted)}: "
+        prompt.notes.append(f"The context leaves room for {excerpt_words(hits, fitted)}: "
                             "a larger context length would bring in more of the documents.")
     prompt.sources = sources(fitted)
     prompt.messages = render(fitted)
@@ -170,12 +170,17 @@ def fitting_excerpts(hits: list[Hit], count_prompt: Callable[[list[Hit]], int], 
     return cut(lo)
 
 
-def _excerpt_words(hits: list[Hit], fitted: list[Hit]) -> str:
+def excerpt_words(hits: list[Hit], fitted: list[Hit]) -> str:
+    """What of the excerpts found went in: '2 of the 5 excerpts found and part of the next',
+    'part of the 1 excerpt found', 'part of the best of the 3 excerpts found'."""
     whole = sum(1 for found, kept in zip(hits, fitted) if found.text == kept.text)
-    words = f"{whole} of the {len(hits)} excerpts found"
-    if len(fitted) > whole:
-        words += " and part of the next"
-    return words
+    found = f"{len(hits)} excerpt{'' if len(hits) == 1 else 's'} found"
+    part = len(fitted) > whole
+    if whole == 0:
+        if not part:
+            return f"none of the {found}"
+        return f"part of the best of the {found}" if len(hits) > 1 else f"part of the {found}"
+    return f"{whole} of the {found}" + (" and part of the next" if part else "")
 
 
 def _scan_images(part: DocumentPart, vision: VisionConfig | None, limits: Limits, cancel, notes: list[str]) -> list:

@@ -92,3 +92,18 @@ def test_the_last_excerpt_is_cut_to_the_most_words_that_fit():
     # too little room for the shortest cut: the whole ones only, and none when none fit
     assert fitting_excerpts(hits, count, 50 + 100 + MIN_EXCERPT_WORDS, 8) == hits[:1]
     assert fitting_excerpts(hits, count, 40, 8) == []
+
+
+@pytest.mark.parametrize("found, whole, part, words", [
+    (1, 0, True, "part of the 1 excerpt found"),  # was "0 of the 1 excerpts found and part of the next"
+    (3, 0, True, "part of the best of the 3 excerpts found"),
+    (3, 0, False, "none of the 3 excerpts found"),
+    (5, 2, True, "2 of the 5 excerpts found and part of the next"),
+    (5, 4, False, "4 of the 5 excerpts found"),
+])
+def test_the_note_says_which_excerpts_went_in(found, whole, part, words):
+    from tramontane.engine.documents.prompt import excerpt_words
+
+    hits = [Hit("f.pdf", i + 1, "", f"excerpt {i} text", float(i)) for i in range(found)]
+    fitted = hits[:whole] + ([replace(hits[whole], text="excerpt")] if part else [])
+    assert excerpt_words(hits, fitted) == words
