@@ -498,8 +498,12 @@ class Composer(QFrame):
         self.images_cost.style().polish(self.images_cost)
 
     def show_message(self, text: str, error: bool = True) -> None:
+        """A line above the composer: what went wrong (the theme's error colour), or a note on what
+        was done (`error` False: the muted colour, e.g. how a reply's documents were read)."""
         self.message.setProperty("error", error)
-        self.message.setStyleSheet("color: #c62828;" if error else "")
+        self.message.setObjectName("composerMessage" if error else "composerNote")
+        self.message.style().unpolish(self.message)
+        self.message.style().polish(self.message)
         self.message.setText(text)
         self.message.setVisible(bool(text))
 

@@ -31,6 +31,7 @@ def style_sheet(dark: bool) -> str:
         QLabel#statusLine {{ color: {muted}; }}
         QLabel#errorLine {{ color: {error}; }}
         QLabel#composerMessage {{ color: {error}; }}
+        QLabel#composerNote {{ color: {muted}; }}
         QLabel#emptyTitle {{ font-size: 18pt; font-weight: 600; }}
         QLabel#groupLabel {{ color: {muted}; font-weight: 600; }}
         QFrame#composerBox {{ background: {box}; border: 1px solid {border}; border-radius: 18px; }}

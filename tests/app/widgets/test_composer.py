@@ -102,3 +102,26 @@ def test_send_with_images_then_accepted_empties_and_busy_swaps_the_buttons(qtbot
     assert composer.edit.toPlainText() == "" and composer.images == [] and not composer.chip_box.isVisible()
     composer.submit()  # nothing to send
     assert len(sent) == 1
+
+
+def test_a_note_is_not_shown_in_the_error_colour(qtbot, window):
+    """How a reply's documents were read ('searched (too long to read whole)') is a note, not a
+    failure: it was shown red like a refused file, and with a light-theme red in the dark theme."""
+    from PySide6.QtGui import QPalette
+
+    label = window.composer.message
+
+    def colour():
+        label.ensurePolished()
+        return label.palette().color(QPalette.ColorRole.WindowText).name()
+
+    for scheme in ("light", "dark"):
+        window.appearance.set_theme(scheme)
+        qtbot.wait(50)
+        window.composer.show_message("report.pdf: searched (too long to read whole)", error=False)
+        note = colour()
+        window.composer.show_message("report.pdf: the file is encrypted")
+        error = colour()
+        assert note != error, (scheme, note)
+        window.composer.show_message("report.pdf: read whole", error=False)
+        assert colour() == note
