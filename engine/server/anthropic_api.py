@@ -16,11 +16,11 @@ from aiohttp import web
 
 from ..api import ChatMessage, ThinkPart, ToolCall
 from .errors import ApiError, bad
-from .openai_api import ServedModel, chat_job, check_image_count, check_model, decoded_image, remote_image, \
-    sampling_params
+from .openai_api import ServedModel, chat_job, check_image_count, check_model, check_reasoning_effort, \
+    decoded_image, remote_image, sampling_params
 from .streaming import SSE_TYPE, open_stream, sse
 from .tasks import reasoning_of, reply_events
-from .tools_api import check_tool_count, tool_request, tool_spec
+from .tools_api import check_tool_count, output_grammar, tool_request, tool_spec
 
 # Anthropic's error types by status (https error shape: {"type": "error", "error": {...}})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -324,6 +324,34 @@ def check_thinking(raw) -> None:
             raise bad("thinking.budget_tokens", f"must be an integer of at least 1024, got {budget!r}")
 
 
+def output_format_grammar(body: dict) -> str | None:
+    """Anthropic's structured outputs as a grammar: `output_config.format` (or the beta's
+    `output_format`), `{"type": "json_schema", "schema": ...}`, closed by default as every API's
+    schemas are (`tools_api.output_grammar`). `output_config.effort` is checked as
+    `reasoning_effort` is; anything else in `output_config` is refused by name."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise bad("output_config", "must be an object ({\"format\": ..., \"effort\": ...})")
+    config = config or {}
+    for name in config:
+        if name not in ("format", "effort") and config[name] is not None:
+            raise bad(f"output_config.{name}", "not supported by this server (format and effort are)",
+                      code="unsupported_parameter")
+    check_reasoning_effort(config.get("effort"), "output_config.effort")
+    where, fmt = "output_config.format", config.get("format")
+    if body.get("output_format") is not None:
+        if fmt is not None:
+            raise bad("output_format", "give output_config.format or the beta's output_format, not both")
+        where, fmt = "output_format", body["output_format"]
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise bad(f"{where}.type", f"must be json_schema, got {fmt.get('type') if isinstance(fmt, dict) else fmt!r}")
+    if not isinstance(fmt.get("schema"), dict):
+        raise bad(f"{where}.schema", "must be a JSON Schema object")
+    return output_grammar(fmt["schema"], f"{where}.schema")
+
+
 def parse_messages_request(body, model: ServedModel, limits, counting: bool = False):
     if not isinstance(body, dict):
         raise ApiError(400, "request body: must be a JSON object")
@@ -356,5 +384,6 @@ def parse_messages_request(body, model: ServedModel, limits, counting: bool = Fa
         raise
     tools = _tools(body)
     choice, named, parallel = _tool_choice(body.get("tool_choice"), tools)
-    request = tool_request(tools, choice, named, parallel) if tools else None
+    grammar = output_format_grammar(body)
+    request = tool_request(tools, choice, named, parallel, grammar) if tools or grammar else None
     return chat_job(messages, model, params, stream and not counting, request)

@@ -86,6 +86,37 @@ def test_anthropic_tool_round(served, script):
     assert c.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi"}]).input_tokens > 0
 
 
+def test_anthropic_structured_outputs_constrain_the_text(served):
+    """Anthropic's structured outputs: `output_config.format` (what the client's `messages.parse`
+    and LangChain's ChatAnthropic json_schema method send) and the beta's `output_format`
+    (pydantic-ai's NativeOutput) were ignored: the random model's text came back unparsable."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Place(BaseModel):  # the client drops maxLength from what it sends (Anthropic's rule): an enum
+        city: Literal["Paris", "Lyon"]
+        coastal: bool
+
+    c = claude(served)
+    ask = [{"role": "user", "content": "Where?"}]
+    for seed in (3, 4, 5):
+        parsed = c.messages.parse(model="m", max_tokens=200, messages=ask, output_format=Place,
+                                  extra_body={"seed": seed, "temperature": 1.0}).parsed_output
+        assert isinstance(parsed, Place)
+        beta = c.messages.create(model="m", max_tokens=200, messages=ask,
+                                 extra_body={"seed": seed, "temperature": 1.0, "output_format": {"type": "json_schema", "schema": SCHEMA}})
+        assert set(json.loads(beta.content[0].text)) == {"city"}  # closed by default, as response_format
+    effort = c.messages.create(model="m", max_tokens=5, messages=ask, output_config={"effort": "high"})
+    assert effort.stop_reason in ("max_tokens", "end_turn")  # mistral-common's effort names: accepted
+    for body, words in [({"output_config": {"format": {"type": "xml"}}}, "output_config.format.type"),
+                        ({"output_config": {"verbosity": "low"}}, "output_config.verbosity"),
+                        ({"output_format": {"type": "json_schema", "schema": SCHEMA},
+                          "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}, "not both")]:
+        with pytest.raises(anthropic.BadRequestError, match=words):
+            c.messages.create(model="m", max_tokens=5, messages=ask, extra_body=body)
+
+
 def test_anthropic_errors_in_anthropic_shape(served):
     with pytest.raises(anthropic.BadRequestError) as info:
         claude(served).messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
