@@ -26,7 +26,7 @@ from .errors import ApiError
 from .executor import EngineExecutor, ModelUnavailable
 from .openai_api import ChatJob, ConversationKeys, RequestLimits, ServedModel, context_exceeded, stop_reason
 from .openai_api import reasoning_of  # noqa: F401 - the APIs read it from here, beside reply_events
-from .tools_api import ToolStream, engine_params, prompt_token_logprobs, read_tool_calls
+from .tools_api import ToolStream, engine_params, prompt_token_logprobs, read_tool_calls, shown_pieces
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +310,8 @@ class Tasks:
         def run(engine, prompt, params, on_piece, cancel):
             if job.tool_request is not None:  # a grammar, tool calls read back, logprobs
                 params = engine_params(engine.tokenizer, job.tool_request, params)
+                if on_piece is not None and params.control_text:
+                    on_piece = shown_pieces(engine.tokenizer, on_piece)
                 result = reply(engine, prompt, params, on_piece, cancel)
                 return read_tool_calls(engine.tokenizer, job.tool_request, result)
             return reply(engine, prompt, params, on_piece, cancel)

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 
-from ..api import GenerationResult, SamplingParams, TokenLogprob, ToolCall, ToolSpec
+from ..api import GenerationResult, ReasoningPiece, SamplingParams, TokenLogprob, ToolCall, ToolSpec
 from .errors import bad
 
 MAX_TOOLS = 128
@@ -354,24 +354,47 @@ def read_tool_calls(tokenizer, request: ToolRequest, result: GenerationResult) -
     elif result.finish_reason == "length":  # cut inside the calls: those so far, never the wire text
         parsed = parse_cut_tool_calls(result.text, instruct_version(tokenizer))
         if parsed is not None:
-            result.text = parsed.content
+            result.text = _without_control_names(tokenizer, result, parsed.content)
             result.tool_calls = [c for c in parsed.tool_calls if c.name in offered]
             return result
     if parsed is None or any(c.name not in offered for c in parsed.tool_calls):
-        result.text = _without_control_names(tokenizer, result)
+        result.text = _without_control_names(tokenizer, result, result.text)
         return result
-    result.text = parsed.content
+    result.text = _without_control_names(tokenizer, result, parsed.content)
     result.tool_calls = parsed.tool_calls if request.parallel else parsed.tool_calls[:1]
     return result
 
 
-def _without_control_names(tokenizer, result: GenerationResult) -> str:
-    """The reply as plain text: the names of the control tokens it wrote taken out (the text is
-    kept as generated otherwise, stop string cut included)."""
-    text = result.text
+def _without_control_names(tokenizer, result: GenerationResult, text: str) -> str:
+    """`text` (the reply, or its content before the calls) as plain text: the names of the
+    control tokens the reply wrote taken out (kept as generated otherwise, stop string cut
+    included)."""
     for name in {tokenizer.piece(t) for t in result.token_ids if tokenizer.is_control(t)}:
         text = text.replace(name, "")
     return text
+
+
+def shown_pieces(tokenizer, on_piece):
+    """`on_piece` for a tool-mode reply, given each piece as the content shows it: control tokens
+    are written by name so that the calls can be read back (`engine_params`), and a token's piece
+    ends with its name (after any text it flushed), which is taken out as the whole reply's
+    content leaves it out (`read_tool_calls`); [TOOL_CALLS] stays, for `ToolStream` to find."""
+
+    def shown(piece: str) -> None:
+        if not isinstance(piece, ReasoningPiece):  # a thought comes without names (runtime.reasoning)
+            piece = _without_control_suffix(tokenizer, piece)
+        if piece:
+            on_piece(piece)
+
+    return shown
+
+
+def _without_control_suffix(tokenizer, piece: str) -> str:
+    for at in range(len(piece)):
+        name = piece[at:]
+        if name != MARKER and tokenizer.has_token(name) and tokenizer.is_control(tokenizer.token_id(name)):
+            return piece[:at]
+    return piece
 
 
 # ----------------------------------------------------------------------------- reply shapes

@@ -12,7 +12,7 @@ from support.thinking import thinking_tokenizer
 
 MODEL = FIXTURES / "mistral3_tiny-f32.gguf"
 MMPROJ = FIXTURES / "mmproj-mistral3_tiny-f32.gguf"
-CONTROL = ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]")
+CONTROL = ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]", "<SPECIAL_20>")
 
 
 @contextlib.contextmanager

@@ -204,6 +204,30 @@ def test_a_call_cut_by_max_tokens_is_length_with_the_call_so_far_on_every_api(se
     assert o.message.tool_calls[0].function.name == "get_weather"
 
 
+def test_a_control_token_in_a_tool_replys_text_is_left_out_whole_and_streamed(served, script):
+    """With tools offered, control tokens are written by name (to read the calls back): a stream
+    sent those names as content ("ang<SPECIAL_584> by...", which LangChain and litellm showed on
+    the random model) while the whole reply left them out, and content before a call kept them."""
+    ask = [{"role": "user", "content": "Weather?"}]
+    oc = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}")
+    for pieces, calls in [(("Bon", "<SPECIAL_20>", "jour."), 0),
+                          (("Bon", "<SPECIAL_20>", "jour.", "[TOOL_CALLS]", CALL_TEXT), 1)]:
+        script(*pieces)
+        whole = gpt(served).chat.completions.create(model="m", messages=ask, tools=OPENAI_TOOLS, max_tokens=60)
+        assert whole.choices[0].message.content == "Bonjour." and len(whole.choices[0].message.tool_calls or []) == calls
+        script(*pieces)
+        chunks = list(gpt(served).chat.completions.create(model="m", messages=ask, tools=OPENAI_TOOLS, max_tokens=60,
+                                                          stream=True))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Bonjour."
+        script(*pieces)
+        assert "".join(p.message.content for p in oc.chat(model="m", messages=ask, tools=OPENAI_TOOLS, stream=True,
+                                                          options={"num_predict": 60})) == "Bonjour."
+        script(*pieces)
+        with claude(served).messages.stream(model="m", max_tokens=60, messages=ask,
+                                            tools=[{"name": "get_weather", "input_schema": SCHEMA}]) as stream:
+            assert "".join(stream.text_stream) == "Bonjour."
+
+
 def test_capabilities_are_one_answer_in_models_and_show(served):
     listing = gpt(served).models.list().model_dump()
     shown = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}").show("m").capabilities
