@@ -969,8 +969,8 @@ class BatchScheduler:
     def _release(self, s: _Sequence, running: bool = True) -> None:
         if running:
             self._running.remove(s)
-        if s.drafting and self.draft_model is not None:
-            self.draft_model.forget(s.req.order)
+        if s.drafting and self.draft_model is not None:  # its draft KV serves a next turn or the same prompt again
+            self.draft_model.retire(s.req.order)
         if s.req.kv is None:  # a caller's KV stays theirs (generate())
             s.cache.release()
         self._requeue(s.req)  # it ended before its prompt was read: those waiting for it read it

@@ -9,6 +9,11 @@ sequence's together). Then k decode steps, each one pass for every sequence
 (runtime.decoder.decode_rows), draw the drafts by argmax. The target decides every token (its
 verification is lossless whatever the draft proposes), so a draft's only duty is to be cheap
 and often right.
+
+A sequence that ended is retired (`retire`), not dropped: its KV serves the next new key whose
+ids share the most of it (a chat's next turn, the same prompt sent again), as the target's
+prefix cache serves the target, so drafting for a reply does not start by reading its whole
+prompt again; retired KV is the first to go when a call needs blocks.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from .kv_cache import KVCache, KVPool, new_sequence
 from .speculative import check_draft_vocabulary
 
 DraftRequest = tuple[object, Sequence[int], int]  # (key, ids, k): see DraftModel.draft
+# Ended sequences kept for a later one to take over (each new key compares its ids with every one)
+RETIRED_KEPT = 32
 
 
 @dataclass
@@ -67,12 +74,16 @@ def _target_file(target) -> str:
                       f"{type(target).__name__} names none")
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def _common_prefix(a: Sequence[int], b: Sequence[int], stride: int = 64) -> int:
+    """How many leading tokens a and b share: whole strides compared as list slices (in C), then
+    token by token inside the first stride that differs."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    i = 0
+    while i + stride <= n and a[i:i + stride] == b[i:i + stride]:
+        i += stride
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class DraftModel:
@@ -83,25 +94,29 @@ class DraftModel:
         self.pool = pool
         self.context_length = int(context_length)  # one sequence's most positions
         self._seqs: OrderedDict[object, _Sequence] = OrderedDict()  # least recently drafted first
+        self._retired: OrderedDict[object, _Sequence] = OrderedDict()  # ended sequences' KV, oldest first
         self._lock = threading.Lock()  # the scheduler's thread drafts; forget may come from elsewhere
         self._closed = False
         self._promised = 0
 
     @classmethod
     def load(cls, path: str | os.PathLike, target_tokenizer_or_file, device: str | torch.device = "cpu",
-             positions: int | None = None, **load_kwargs) -> "DraftModel":
+             positions: int | None = None, context_length: int | None = None,
+             **load_kwargs) -> "DraftModel":
         """Check `path`'s vocabulary against the target's file (a path, or the target's Tokenizer
         or model, which name theirs), then load its weights on `device` (Mistral3Text.load;
         `load_kwargs` go there, e.g. plan=) and make a KV pool of `positions` positions for all
-        sequences together (default: the model's default context). DraftModelError naming both
-        files when the vocabularies differ."""
+        sequences together (default: the model's default context), each sequence at most
+        `context_length` of them (default: all). DraftModelError naming both files when the
+        vocabularies differ."""
         check_draft_vocabulary(_target_file(target_tokenizer_or_file), path)
         model = Mistral3Text.load(path, device=device, **load_kwargs)
         n = default_context_length(model) if positions is None else int(positions)
         if n <= 0:
             raise EngineError(f"{os.fspath(path)}: a draft model's KV pool needs positions, got {n}")
-        pool = new_pool(model, n)
-        return cls(model, pool, min(n, model.cfg.context_length))
+        context = min(n, int(context_length or n), model.cfg.context_length)
+        pool = new_pool(model, n, context_length=context)
+        return cls(model, pool, context)
 
     # ------------------------------------------------------------------------------ drafting
     def draft(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
@@ -132,7 +147,7 @@ class DraftModel:
             return None
         seq = self._seqs.get(key)
         if seq is None:
-            seq = self._seqs[key] = _Sequence(new_sequence(self.pool, self.context_length))
+            seq = self._seqs[key] = self._take_over(ids)
         self._seqs.move_to_end(key)
         keep = _common_prefix(seq.fed, ids)
         first = seq.after[keep - 1] if keep == len(ids) else None
@@ -145,6 +160,9 @@ class DraftModel:
         # blocks for what this call reads; idle sequences' KV goes first (least recently drafted)
         need = -(-(len(ids) + k - 1) // self.pool.block) - len(seq.cache.blocks)
         while self._promised + need > self.pool.available():
+            if self._retired:
+                self._retired.popitem(last=False)[1].cache.release()
+                continue
             idle = next((other for other in self._seqs if other not in busy), None)
             if idle is None:
                 self._forget(key)
@@ -152,6 +170,18 @@ class DraftModel:
             self._forget(idle)
         self._promised += need
         return job
+
+    def _take_over(self, ids: list[int]) -> _Sequence:
+        """A new key's sequence: the retired one sharing the longest prefix with `ids` (its KV
+        cut back to that prefix by the caller), or an empty one."""
+        best, shared = None, 0
+        for old, seq in self._retired.items():
+            n = _common_prefix(seq.fed, ids)
+            if n > shared:
+                best, shared = old, n
+        if best is not None:
+            return self._retired.pop(best)
+        return _Sequence(new_sequence(self.pool, self.context_length))
 
     def _read_prompts(self, jobs: list[_Job]) -> None:
         """Every job's tokens to read but the last (that one is its first decode step), in passes of
@@ -192,21 +222,39 @@ class DraftModel:
         with self._lock:
             self._forget(key)
 
+    def retire(self, key) -> None:
+        """The sequence ended: its draft KV is kept for a later key that shares its prefix (the
+        newest RETIRED_KEPT of them), and goes first when a call needs blocks; unknown keys are fine."""
+        with self._lock:
+            seq = self._seqs.pop(key, None)
+            if seq is None or self._closed:
+                return
+            self._retired[object()] = seq  # a key of its own: the caller may use `key` again
+            while len(self._retired) > RETIRED_KEPT:
+                self._retired.popitem(last=False)[1].cache.release()
+
     def _forget(self, key) -> None:
         seq = self._seqs.pop(key, None)
         if seq is not None:
             seq.cache.release()
 
     def keys(self) -> list:
-        """The sequences holding draft KV, least recently drafted first."""
+        """The live sequences holding draft KV, least recently drafted first (retired ones not named)."""
         with self._lock:
             return list(self._seqs)
+
+    def retired(self) -> int:
+        """How many ended sequences' KV is kept for a later one."""
+        with self._lock:
+            return len(self._retired)
 
     def close(self) -> None:
         """Release every sequence and the model; draft() refuses afterwards."""
         with self._lock:
             for key in list(self._seqs):
                 self._forget(key)
+            while self._retired:
+                self._retired.popitem()[1].cache.release()
             self._closed = True
             self.model = None
             self.pool = None

@@ -110,7 +110,7 @@ class LocalEngine:
         if draft_model is not None:
             if progress:
                 progress(0.97, "loading the draft model")
-            self.scheduler.draft_model = self._load_draft(draft_model, context)
+            self.scheduler.draft_model = self._load_draft(draft_model, self.pool.positions, context)
         release_freed_heap()  # the tokenizer's and the loader's temporaries
         if progress:
             progress(1.0, "ready")
@@ -128,13 +128,15 @@ class LocalEngine:
             host_budget = min(host_budget, max(0, free - context * per_token) // 2)
         return context + host_budget // max(1, per_token), 0
 
-    def _load_draft(self, draft_model: str | Path, context: int):
-        """The draft model (runtime/draft.py) where the plan put it, its pool `context` positions."""
+    def _load_draft(self, draft_model: str | Path, positions: int, context: int):
+        """The draft model (runtime/draft.py) where the plan put it: a pool of the target pool's
+        `positions` (every sequence decoding at once, and ended ones kept for their next turn; on
+        the CPU a pool is committed as it is written), sequences of up to `context` positions."""
         from .draft import DraftModel
 
         try:
             return DraftModel.load(draft_model, self.model_path, device=torch_device(self.plan.draft_device),
-                                   positions=context)
+                                   positions=positions, context_length=context)
         except GGUFError as exc:
             raise EngineError(str(exc)) from None
 

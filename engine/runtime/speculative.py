@@ -160,6 +160,10 @@ class StepTimes:
     def __init__(self, window: int = 9, least: int = 3):
         self.window, self.least = window, least
         self._seen: dict[int, deque] = {}
+        # the tables worked out from the current fastest times, by (base, prior): a step asks for
+        # them every time, and they change only when one of those times does
+        self._costs: dict[tuple[int, SpeculationCost], SpeculationCost] = {}
+        self._costs_from: dict[int, float] = {}
 
     def record(self, rows: int, seconds: float) -> None:
         if rows >= 1 and seconds > 0:
@@ -174,10 +178,15 @@ class StepTimes:
         above (interpolated between them, extrapolated past the last); `prior`'s (a table from one
         row, so taken beside `base`) until `base` and one wider step have both been measured. The
         draft token's cost is prior's."""
-        measured = {rows - base + 1: t for rows, t in self.seconds().items() if rows >= base}
-        if 1 not in measured or len(measured) < 2:
-            return prior.beside(base)
-        return SpeculationCost.from_timings(measured, len(prior.verify) - 1, prior.draft_token)
+        seconds = self.seconds()
+        if seconds != self._costs_from:
+            self._costs, self._costs_from = {}, seconds
+        key = (base, prior)
+        if key not in self._costs:
+            measured = {rows - base + 1: t for rows, t in seconds.items() if rows >= base}
+            self._costs[key] = prior.beside(base) if 1 not in measured or len(measured) < 2 else \
+                SpeculationCost.from_timings(measured, len(prior.verify) - 1, prior.draft_token)
+        return self._costs[key]
 
 
 class AdaptiveDraftLength:
@@ -191,8 +200,9 @@ class AdaptiveDraftLength:
     worth, enough that a draft accepted half the time is not switched off by a bad run, few
     enough that a repeat starting or ending shows within a few steps. While off, a probe of `probe_tokens` drafts every
     `probe_every` plain steps (doubling after each probe that does not pay, up to 8x) keeps the
-    extra cost under `budget` / 2; the rest of the budget is the few steps the estimate takes to
-    fall when the sequence stops paying."""
+    extra cost under `budget` / 2, for the whole batch: a probe makes the step of all `batch`
+    sequences dearer, and each of them probes, so each probes `batch` times less often; the rest
+    of the budget is the few steps the estimate takes to fall when the sequence stops paying."""
 
     def __init__(self, cost: SpeculationCost, max_tokens: int = 8, *, budget: float = 0.03,
                  min_gain: float = 0.03, memory: float = 0.9, prior: tuple[float, float] = (1.0, 2.0)):
@@ -237,7 +247,7 @@ class AdaptiveDraftLength:
         self._k = self._best_length(1.0 + self.min_gain)
 
     def _probe_every(self, cost: SpeculationCost) -> int:
-        return max(1, math.ceil((cost.step(self.probe_tokens) - 1.0) / (self.budget / 2)))
+        return max(1, math.ceil(self.batch * (cost.step(self.probe_tokens) - 1.0) / (self.budget / 2)))
 
     def retune(self, cost: SpeculationCost, batch: int = 1) -> None:
         """Before a step: the costs as measured now (StepTimes) and how many sequences decode in

@@ -163,6 +163,34 @@ def test_forget_frees_the_blocks_and_close_refuses():
         DraftModel.load(TINY, TINY, positions=64).draft([("a", PROMPT, 1), ("a", PROMPT, 2)])
 
 
+def test_a_retired_sequence_serves_the_next_one_that_shares_its_prefix(target, monkeypatch):
+    """A chat's next turn (or the same prompt again) under a new key reads only what the ended
+    sequence's KV does not hold; retired KV goes first when a call needs blocks, and close frees it."""
+    drafter = DraftModel.load(TINY, TINY, positions=128)  # four blocks of 32
+    spy = RowSpy(drafter, monkeypatch)
+    first = PROMPT * 3  # 27 ids
+    assert drafter.draft([("a", first, 3)]) == [greedy_tokens(target, first, 3)]
+    spy.take()
+    drafter.retire("a")
+    assert drafter.keys() == [] and drafter.retired() == 1 and drafter.pool.in_use() == 1
+    turn2 = first + [1100, 1200, 1300]
+    assert drafter.draft([("b", turn2, 2)]) == [greedy_tokens(target, turn2, 2)]
+    assert spy.take() == (3 + 1, 1 + 2)  # the three new ids (two in a chunk, one decoded), then a draft read
+    assert drafter.retired() == 0 and drafter.keys() == ["b"]
+    drafter.retire("b")
+    other = [1, 1999, 1888, 1777]  # shares only the first token: still taken over, cut back to it
+    assert drafter.draft([("c", other, 2)]) == [greedy_tokens(target, other, 2)]
+    assert spy.take() == (3 + 1, 1 + 2) and drafter.retired() == 0
+    drafter.retire("c")
+    long = (PROMPT * 14)[:120]  # 4 blocks: the retired one's block goes to it
+    assert drafter.draft([("d", [1999] + long[1:], 2)]) == [greedy_tokens(target, [1999] + long[1:], 2)]
+    assert drafter.retired() == 0 and drafter.pool.in_use() == 4
+    drafter.retire("d")
+    pool = drafter.pool
+    drafter.close()
+    assert pool.in_use() == 0
+
+
 def test_a_full_context_or_pool_drafts_less_or_nothing(target):
     drafter = DraftModel.load(TINY, TINY, positions=64)  # two blocks of 32: one sequence's context is 64
     long = (PROMPT * 8)[:62]

@@ -70,7 +70,33 @@ def test_a_batch_mixing_draft_lookup_and_plain_sequences_equals_each_alone(engin
         pass
     assert [f.result(timeout=0).token_ids for f in futures] == want
     assert futures[0].result().stats.drafted_tokens > 0 and futures[2].result().stats.drafted_tokens == 0
-    assert own.scheduler.draft_model.keys() == []  # every sequence's draft KV let go when it ended
+    assert own.scheduler.draft_model.keys() == []  # every sequence's draft KV retired when it ended
+
+
+def test_a_second_reply_to_the_same_prompt_does_not_make_the_draft_read_it_again(engines, monkeypatch):
+    """The draft's KV of an ended reply serves the next one (the same prompt again, or the chat's
+    next turn), as the prefix cache serves the target: its prompt is not read a second time.
+    The draft's pool holds as many positions as the target's, for every sequence at once."""
+    plain, own = engines
+    drafter = own.scheduler.draft_model
+    assert drafter.pool.positions == own.pool.positions
+    prompt = random_prompts(plain, [60], seed=55)[0]
+    want = plain.generate_from(prompt, _params("off", n=8)).token_ids
+    read = []
+    real = drafter.model.forward_batch
+
+    def counted(embeds, groups, logits_of):
+        if not logits_of:  # a prompt chunk (decode steps ask for every row's logits)
+            read.append(sum(n for _, _, n in groups))
+        return real(embeds, groups, logits_of)
+
+    monkeypatch.setattr(drafter.model, "forward_batch", counted)
+    first = own.generate_from(prompt, _params("draft", 3, n=8))
+    assert first.token_ids == want and sum(read) >= len(prompt.ids) - 1
+    read.clear()
+    again = own.generate_from(prompt, _params("draft", 3, n=8))
+    assert again.token_ids == want and again.stats.drafted_tokens > 0
+    assert sum(read) == 0
 
 
 def test_a_draft_of_another_vocabulary_is_refused_naming_both_files(tmp_path):

@@ -465,6 +465,28 @@ def test_step_times_give_this_machines_verify_costs():
     assert times.cost(1, DRAFT_MODEL).draft_token == DRAFT_MODEL.draft_token
 
 
+def test_step_costs_are_worked_out_again_only_when_a_fastest_time_changes(monkeypatch):
+    times = StepTimes(window=5)
+    for rows, t in ((1, 0.010), (2, 0.015), (3, 0.020)):
+        for _ in range(3):
+            times.record(rows, t)
+    made = []
+    real = SpeculationCost.from_timings.__func__
+
+    def counted(cls, *args, **kw):
+        made.append(args)
+        return real(cls, *args, **kw)
+
+    monkeypatch.setattr(SpeculationCost, "from_timings", classmethod(counted))
+    first = times.cost(1, DRAFT_MODEL)
+    times.record(1, 0.012)  # slower than the fastest: the same costs
+    assert times.cost(1, DRAFT_MODEL) is first and len(made) == 1
+    times.cost(2, DRAFT_MODEL)  # another base is a table of its own
+    assert len(made) == 2
+    times.record(2, 0.011)  # a faster two-row step: worked out again
+    assert times.cost(1, DRAFT_MODEL).verify[1] == pytest.approx(1.1) and len(made) == 3
+
+
 def test_a_drafted_row_that_costs_a_step_switches_drafting_off():
     controller = AdaptiveDraftLength(CPU_LIKE)
     for _ in range(5):
@@ -475,6 +497,30 @@ def test_a_drafted_row_that_costs_a_step_switches_drafting_off():
     assert controller.length() == 0
     spent, tokens = simulate(controller, lambda step, k: k, 400)  # probes only, and they lose
     assert spent / tokens <= 1.03
+
+
+def test_the_probes_of_eight_sequences_together_cost_the_batch_under_three_percent():
+    """Beside 7 others, each sequence's probe makes the step of all 8 dearer: eight sequences off
+    for a reply's 300 steps, each probing on its own schedule (arrivals staggered), cost the batch
+    under 3 %, where alone each would have probed every few dozen steps."""
+    dear = SpeculationCost(tuple(1.0 + 0.3 * k for k in range(17)))  # the table beside the 8 rows
+    alone = AdaptiveDraftLength(dear)
+    alone.record(2, 0)
+    assert alone.probe_every * 7 < 300  # alone: probes 40, 120 and 280 steps on (backing off)
+    batch = [AdaptiveDraftLength(dear) for _ in range(8)]
+    for i, c in enumerate(batch):
+        c.retune(dear, batch=8)
+        c.record(2, 0)  # tried and lost: off, its next probe due later
+        for _ in range(i * 5):  # arrivals staggered
+            c.record(0, 0)
+    spent, steps = 0.0, 300
+    for _ in range(steps):
+        ks = [c.length() for c in batch]
+        spent += dear.step(sum(ks))
+        for c, k in zip(batch, ks):
+            c.record(k, 0)
+            c.retune(dear, batch=8)
+    assert spent / steps <= 1.03
 
 
 def test_beside_other_sequences_a_draft_must_pay_for_their_wait_too():
