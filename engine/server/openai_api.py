@@ -112,6 +112,7 @@ class ChatJob:
     # the request's own speculation (mode, drafted tokens at most a step or None); None: the server's
     speculation: tuple[str, int | None] | None = None
     count_prompt: bool = False  # encoded before the reply, its size known at once (Anthropic's message_start)
+    param: str = "messages"  # the conversation's field, as the request's API names it (a refusal's `param`)
 
     @property
     def tools(self) -> list[ToolSpec]:
@@ -621,7 +622,7 @@ def chat_job(messages: list[ChatMessage], model: ServedModel, params: SamplingPa
     check_vision(messages, model, param)
     check_text_fits(param, lambda in_bytes: message_text_bytes(messages, in_bytes), model)
     return ChatJob(params, stream, include_usage, messages=messages, n=n,
-                   continue_final=messages[-1].role == "assistant", tool_request=tool_request)
+                   continue_final=messages[-1].role == "assistant", tool_request=tool_request, param=param)
 
 
 def _is_token_list(value) -> bool:

@@ -304,7 +304,7 @@ class Tasks:
                 # mistral-common's prefix=True: the last assistant message without its </s>
                 prompt.ids.pop()
             if not fits(len(prompt.ids), model.context_size):  # counted here: OpenAI's error code
-                raise context_exceeded("messages", len(prompt.ids), model)
+                raise context_exceeded(job.param, len(prompt.ids), model)
             return [prompt]
 
         def run(engine, prompt, params, on_piece, cancel):

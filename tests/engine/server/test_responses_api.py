@@ -170,6 +170,16 @@ def test_refusals_name_the_field(served):
         c.responses.create(model="m", input="hi", background=True)
 
 
+def test_a_prompt_over_the_context_names_input(served):
+    """Counted after encoding (its tools make it too long), the refusal named `messages`, a field
+    the Responses API has not got (pydantic-ai's tool runs met it on the tiny model's context)."""
+    many = [dict(TOOLS[0], name=f"tool_{i}", description="Looks the weather up in one city. " * 8)
+            for i in range(40)]
+    with pytest.raises(openai.BadRequestError) as info:
+        gpt(served).responses.create(model="m", input="hi", tools=many, max_output_tokens=5)
+    assert info.value.body["param"] == "input" and info.value.body["message"].startswith("input: ")
+
+
 def test_the_store_is_bounded_in_count_and_bytes():
     from tramontane.engine.api import ChatMessage
 
