@@ -569,15 +569,18 @@ class BatchScheduler:
         if self.draft_model is None:
             return {}
         who = [s for s in decoding if s.drafting and s.req.resume is not s]
-        if not who:
-            return {}
-        # each one's confirmed tokens, then the token this step feeds: the drafts follow it
-        drafts = self.draft_model.draft([(s.req.order, s.req.prompt.ids + s.cached + [s.pending], max(0, self._room(s)))
-                                         for s in who])
-        for s, d in zip(who, drafts):
-            if not d:
+        rooms = [self._room(s) for s in who]
+        # each one's confirmed tokens, then the token this step feeds: the drafts follow it; a
+        # sequence with no draft wanted is not named (its draft KV waits for its next probe)
+        asked = [(s, room) for s, room in zip(who, rooms) if room > 0]
+        drafts = self.draft_model.draft([(s.req.order, s.req.prompt.ids + s.cached + [s.pending], room)
+                                         for s, room in asked]) if asked else []
+        proposed = dict.fromkeys(who, [])
+        proposed.update(zip((s for s, _ in asked), drafts))
+        for s in who:
+            if not proposed[s]:
                 s.draft_length.record(0, 0)
-        return dict(zip(who, drafts))
+        return proposed
 
     def _verify(self, s: _Sequence, logits: torch.Tensor, at: int, drafts: list[int]) -> None:
         """Rows at, at+1, ... of `logits` follow `s`'s last token and then each draft: each row's

@@ -99,6 +99,24 @@ def test_a_second_reply_to_the_same_prompt_does_not_make_the_draft_read_it_again
     assert sum(read) == 0
 
 
+def test_while_drafting_is_off_the_draft_model_is_not_called(engines, monkeypatch):
+    """A sequence whose draft length is 0 costs the draft model nothing: no call, no row; its
+    draft KV catches up in one pass at its next probe."""
+    from tramontane.engine.runtime.speculative import AdaptiveDraftLength
+
+    plain, own = engines
+    drafter = own.scheduler.draft_model
+    prompt = random_prompts(plain, [30], seed=56)[0]
+    want = plain.generate_from(prompt, _params("off", n=12)).token_ids
+    calls = []
+    real = drafter.draft
+    monkeypatch.setattr(drafter, "draft", lambda requests: calls.append(list(requests)) or real(requests))
+    monkeypatch.setattr(AdaptiveDraftLength, "length", lambda self: 0)
+    got = own.generate_from(prompt, _params("draft", 3, n=12))
+    assert got.token_ids == want and got.stats.drafted_tokens == 0
+    assert calls == []
+
+
 def test_a_draft_of_another_vocabulary_is_refused_naming_both_files(tmp_path):
     from gguf import GGUFReader
 
