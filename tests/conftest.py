@@ -2,8 +2,16 @@ import gc
 import os
 import sys
 import traceback
+from pathlib import Path
 
-import torch
+# The checkout's folders are installed as tramontane.app, .engine, .kernels; the checkout itself on
+# sys.path (`python -m pytest` puts the working directory there) would shadow real distributions
+# of the same names: transformers >= 5.25 imports the `kernels` distribution as it loads, and got
+# this repository's kernels/ folder instead.
+_CHECKOUT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _CHECKOUT]
+
+import torch  # noqa: E402
 
 # The Triton interpreter is read when kernels are decorated, so it must be set before any
 # kernels module is imported. With a GPU the real compiler runs instead.
