@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import MISTRAL_SMALL_SHAPES, _types, gpu_time_ms, random_weight  # noqa: E402
+from quant_matmul import MISTRAL_SMALL_SHAPES, _types, gpu_time_ms, random_weight  # noqa: E402
 from tramontane.kernels import ggml_types as gt  # noqa: E402
 
 

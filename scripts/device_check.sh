@@ -255,7 +255,7 @@ if [ -n "$BUILD_PID" ]; then
 fi
 section llama-bench 40 llama_bench
 # Further checks, in order, while their budgets still fit (add `section NAME SECONDS command...`):
-section kernels-bench 80 "$PY" bench/kernels.py --rows 1,8 --dense  # decode GB/s vs copy, vs dequant+cuBLAS
+section kernels-bench 80 "$PY" bench/quant_matmul.py --rows 1,8 --dense  # decode GB/s vs copy, vs dequant+cuBLAS
 section split-bench 55 "$PY" bench/split.py --device cuda --shape ministral-3b --prompt 32 --steps 12
 section self-test 35 "$PY" -m tramontane.engine.cli.main self-test  # a user's first minutes, with graphs
 

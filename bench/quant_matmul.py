@@ -6,10 +6,10 @@ ratio to a device-to-device copy measured on the same GPU (read + write bytes / 
 speed-up over dequantize-to-bf16 + cuBLAS matmul. Goal on H200: >= 0.80 of copy for Q4_K and
 Q6_K at 1 row.
 
-    python bench/kernels.py                 # default types, 1 activation row
-    python bench/kernels.py --types all --rows 1,4,8
-    python bench/kernels.py --sweep         # try decode configs for Q4_K/Q6_K, print the best
-    python bench/kernels.py --ptx           # no GPU needed: instruction-count proxy (below)
+    python bench/quant_matmul.py                 # default types, 1 activation row
+    python bench/quant_matmul.py --types all --rows 1,4,8
+    python bench/quant_matmul.py --sweep         # try decode configs for Q4_K/Q6_K, print the best
+    python bench/quant_matmul.py --ptx           # no GPU needed: instruction-count proxy (below)
 
 Without a GPU it runs a reduced CPU mode (torch reference path on small shapes) and says so.
 
