@@ -20,7 +20,7 @@ from .openai_api import ServedModel, chat_job, check_image_count, check_model, c
     decoded_image, remote_image, sampling_params
 from .streaming import SSE_TYPE, open_stream, sse
 from .tasks import reasoning_of, reply_events
-from .tools_api import check_tool_count, output_grammar, tool_request, tool_spec
+from .tools_api import arguments_object, check_tool_count, output_grammar, tool_request, tool_spec
 
 # Anthropic's error types by status (https error shape: {"type": "error", "error": {...}})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -170,16 +170,8 @@ def content_blocks(result) -> list[dict]:
     if text:
         blocks.append({"type": "text", "text": text})
     for call in result.tool_calls:
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _arguments(call)})
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments_object(call)})
     return blocks
-
-
-def _arguments(call: ToolCall):
-    try:
-        value = json.loads(call.arguments)
-    except json.JSONDecodeError:  # a call cut by max_tokens: what was written, as Anthropic cannot say
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def message_body(model: ServedModel, result, reason: str | None) -> dict:

@@ -18,7 +18,7 @@ from .errors import ApiError, bad
 from .openai_api import ServedModel, chat_job, check_image_count, check_model, decoded_image, sampling_params
 from .streaming import NDJSON_TYPE, ndjson, open_stream
 from .tasks import reasoning_of, reply_events
-from .tools_api import output_grammar, parse_tools, tool_request
+from .tools_api import arguments_object, output_grammar, parse_tools, tool_request
 
 API_VERSION = "0.12.0"  # the Ollama API version whose endpoints and fields this module follows
 _REFUSED = ("pull", "push", "create", "copy", "delete", "embed", "embeddings", "blobs/{digest}")
@@ -174,7 +174,7 @@ def _final(model: ServedModel, kind: str, result, started_ns: int, whole: bool) 
         if reasoning and whole:
             message["thinking"] = reasoning
         if result.tool_calls:
-            message["tool_calls"] = [{"function": {"name": c.name, "arguments": _arguments(c)}}
+            message["tool_calls"] = [{"function": {"name": c.name, "arguments": arguments_object(c)}}
                                      for c in result.tool_calls]
         out["message"] = message
     else:
@@ -182,14 +182,6 @@ def _final(model: ServedModel, kind: str, result, started_ns: int, whole: bool) 
         if reasoning and whole:
             out["thinking"] = reasoning
     return out
-
-
-def _arguments(call: ToolCall):
-    try:
-        value = json.loads(call.arguments)
-    except json.JSONDecodeError:  # a call cut by the token limit: Ollama's arguments are an object
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 # ----------------------------------------------------------------------------- the request

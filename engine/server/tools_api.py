@@ -404,6 +404,98 @@ def tool_calls_json(calls: list[ToolCall]) -> list[dict]:
             for c in calls]
 
 
+def arguments_object(call: ToolCall) -> dict:
+    """A call's arguments as the object Anthropic's `input` and Ollama's `arguments` are. A call cut
+    by the token limit gives what it had written, read as the streaming clients read the pieces so
+    far (the anthropic SDK's partial JSON mode): open containers closed, a value still being
+    written left out with its key, so a whole reply says what its stream says."""
+    try:
+        value, _, _ = _partial_value(call.arguments, 0)
+    except ValueError:  # not JSON at all: nothing to give
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+_CUT = object()  # a value the text ends inside of
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_LITERALS = {"true": True, "false": False, "null": None}
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
+
+
+def _partial_value(text: str, at: int):
+    """(value, end, cut) of the JSON value at `at`; value is _CUT when the text ends before one is
+    whole, cut is True when a container was closed because the text ended in it."""
+    at = _skip_space(text, at)
+    if at == len(text):
+        return _CUT, at, True
+    if text[at] in "{[":
+        return _partial_container(text, at)
+    if text[at] == '"':
+        return _partial_string(text, at)
+    for word, value in _LITERALS.items():
+        if text.startswith(word, at):
+            return value, at + len(word), False
+        if word.startswith(text[at:]):
+            return _CUT, len(text), True
+    number = _NUMBER.match(text, at)
+    if number and number.end() == len(text):  # whole as far as it goes (the anthropic SDK keeps it)
+        return json.loads(number.group()), number.end(), True
+    if number and not re.fullmatch(r"[0-9.eE+-]+", text[number.end():]):
+        return json.loads(number.group()), number.end(), False
+    if re.fullmatch(r"-?[0-9.eE+-]*", text[at:]):  # a number still being written: 1., -, 1.5e
+        return _CUT, len(text), True
+    raise ValueError(f"not JSON at {at}")
+
+
+def _partial_string(text: str, at: int):
+    end = at + 1
+    while end < len(text) and text[end] != '"':
+        end += 2 if text[end] == "\\" else 1
+    if end >= len(text):
+        return _CUT, len(text), True
+    try:
+        return json.decoder.scanstring(text, at + 1)[0], end + 1, False
+    except json.JSONDecodeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _partial_container(text: str, at: int):
+    is_object, close = text[at] == "{", "}" if text[at] == "{" else "]"
+    out: dict | list = {} if is_object else []
+    at += 1
+    while True:
+        at = _skip_space(text, at)
+        if at == len(text):
+            return out, at, True
+        if text[at] == close:
+            return out, at + 1, False
+        if out and text[at] == ",":
+            at = _skip_space(text, at + 1)
+        elif out:
+            raise ValueError(f"expected , or {close} at {at}")
+        if is_object:
+            key, at, cut = _partial_string(text, at) if at < len(text) and text[at] == '"' else (_CUT, at, True)
+            at = _skip_space(text, at)
+            if key is _CUT or at == len(text):
+                return out, at, True
+            if text[at] != ":":
+                raise ValueError(f"expected : at {at}")
+            at += 1
+        value, at, cut = _partial_value(text, at)
+        if value is not _CUT:
+            if is_object:
+                out[key] = value
+            else:
+                out.append(value)
+        if cut:
+            return out, at, True
+
+
 def logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
     if entries is None:
         return None

@@ -204,6 +204,29 @@ def test_a_call_cut_by_max_tokens_is_length_with_the_call_so_far_on_every_api(se
     assert o.message.tool_calls[0].function.name == "get_weather"
 
 
+def test_a_call_cut_after_its_first_argument_keeps_it_whole_and_streamed(served, script):
+    # the anthropic SDK reads a streamed input with a partial JSON parser: the whole reply's input
+    # is what the client makes of the stream (it was {} whenever the call was cut)
+    tok = served.engine.tokenizer
+    text = '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]'
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}}
+    cut = 1 + len(tok.encode(text)) - 4
+    tools = [{"name": "get_weather", "input_schema": schema}]
+    ask = [{"role": "user", "content": "Weather?"}]
+    script("[TOOL_CALLS]", text)
+    whole = claude(served).messages.create(model="m", max_tokens=cut, messages=ask, tools=tools)
+    script("[TOOL_CALLS]", text)
+    with claude(served).messages.stream(model="m", max_tokens=cut, messages=ask, tools=tools) as stream:
+        streamed = stream.get_final_message()
+    assert whole.stop_reason == streamed.stop_reason == "max_tokens"
+    assert whole.content[0].input == streamed.content[0].input == {"city": "Paris"}
+    script("[TOOL_CALLS]", text)
+    o = ollama.Client(host=f"http://127.0.0.1:{served.ollama_port}").chat(
+        model="m", messages=ask, options={"num_predict": cut},
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": schema}}])
+    assert o.message.tool_calls[0].function.arguments == {"city": "Paris"}
+
+
 def test_a_control_token_in_a_tool_replys_text_is_left_out_whole_and_streamed(served, script):
     """With tools offered, control tokens are written by name (to read the calls back): a stream
     sent those names as content ("ang<SPECIAL_584> by...", which LangChain and litellm showed on

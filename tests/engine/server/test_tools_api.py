@@ -167,3 +167,20 @@ def test_llama_servers_schema_and_grammar_fields_are_the_grammars_vllms_names_gi
     both = refused(tools_api.parse_tool_request, {"response_format": {"type": "json_object"},
                                                   "grammar": 'root ::= "a"'})
     assert both.param == "response_format" and "grammar" in both.message
+
+
+ARGUMENT_TEXTS = ['{"city": "Paris", "n": 12, "x": [1, 2.5e3, {"b": true, "c": null}], "s": "a\\"b\\\\c\\u00e9",'
+                  ' "e": {}, "f": [], "neg": -0.5, "z": false}',
+                  '{ "a" : [ "x" , "y" ] , "b" :  { "c" : -12.25E+2 } }', '{"k":"v"}', '["not", "an object"]']
+
+
+def test_a_cut_calls_arguments_are_what_the_anthropic_sdk_reads_from_its_stream():
+    # jiter's partial mode is how the anthropic SDK builds a tool_use input from input_json_delta
+    # pieces: a whole reply's input must be what the client makes of the same reply streamed
+    jiter = pytest.importorskip("jiter", reason="the anthropic and openai clients' JSON reader (test extra)")
+    for text in ARGUMENT_TEXTS:
+        for end in range(1, len(text) + 1):
+            want = jiter.from_json(text[:end].encode(), partial_mode=True)
+            got = tools_api.arguments_object(ToolCall("c1", "f", text[:end]))
+            assert got == (want if isinstance(want, dict) else {}), text[:end]
+    assert tools_api.arguments_object(ToolCall("c1", "f", "not json")) == {}
