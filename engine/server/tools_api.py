@@ -519,8 +519,17 @@ def legacy_logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
         at += len(decoder.decode(e.token_bytes))
     # a prompt's first token (nothing before it to predict it): null and null, as OpenAI writes it
     return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [None if e.logprob is None else {t.token: t.logprob for t in e.top} for e in entries],
+            "top_logprobs": [None if e.logprob is None else _legacy_top(e) for e in entries],
             "text_offset": offsets}
+
+
+def _legacy_top(e: TokenLogprob) -> dict:
+    """One place's {token: logprob}: the k most likely, then the token itself when it is not among
+    them (OpenAI: "always the logprob of the sampled token", up to logprobs+1 entries; logprobs 0
+    gives just it)."""
+    top = {t.token: t.logprob for t in e.top}
+    top.setdefault(e.token, e.logprob)
+    return top
 
 
 def prompt_token_logprobs(tokenizer, ids: list[int], scored: list[float], tops=None) -> list[TokenLogprob]:

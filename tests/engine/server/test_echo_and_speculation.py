@@ -67,7 +67,8 @@ def test_echo_with_logprobs_scores_every_prompt_token(served):
     # the BOS the text leaves out predicts its first token: a real value, not OpenAI's null
     assert lp.token_logprobs[:n] == pytest.approx(want, abs=1e-4)
     assert lp.token_logprobs[n:] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-4)
-    assert lp.top_logprobs == [{}] * len(lp.tokens)  # logprobs 0: no alternatives
+    # logprobs 0: no alternatives, only the token's own (OpenAI's "up to logprobs+1")
+    assert lp.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
     # each prompt token at its place in the text (the random reply's may be parts of a character)
     assert [r.choices[0].text[a:b] for a, b in zip(lp.text_offset[:n], lp.text_offset[1:n + 1])] == lp.tokens[:n]
     assert r.usage.prompt_tokens == n + 1
@@ -99,9 +100,12 @@ def test_echo_with_alternatives_gives_each_prompt_tokens_most_likely_ones(served
     for i in range(1, len(ids)):
         values, top_ids = torch.topk(logp[i - 1], 3)
         got = lp.top_logprobs[i]
-        assert list(got) == [tok.piece(t) for t in top_ids.tolist()]
-        assert list(got.values()) == pytest.approx(values.tolist(), abs=1e-4)
+        assert list(got)[:3] == [tok.piece(t) for t in top_ids.tolist()]
+        assert list(got.values())[:3] == pytest.approx(values.tolist(), abs=1e-4)
         assert lp.token_logprobs[i] == pytest.approx(logp[i - 1, ids[i]].item(), abs=1e-4)
+        # the prompt token itself is there too, after the three when it is not one of them
+        assert got[tok.piece(ids[i])] == pytest.approx(lp.token_logprobs[i], abs=1e-4)
+        assert len(got) == 3 + (tok.piece(ids[i]) not in [tok.piece(t) for t in top_ids.tolist()])
 
 
 def _greedy(c, **extra):

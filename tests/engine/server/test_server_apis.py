@@ -331,6 +331,24 @@ def test_completions_logprobs_in_the_legacy_shape_and_echo(served):
             c.completions.create(model="m", prompt="x", max_tokens=2, **extra)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_top_logprobs_always_hold_the_sampled_token(served, stream):
+    """OpenAI's legacy logprobs: "the API will always return the logprob of the sampled token,
+    so there may be up to logprobs+1 elements": logprobs 0 gives {token: its logprob} at each
+    place, and a sampled token outside the top k is added to them (vLLM's tests check the same)."""
+    c = gpt(served)
+    for k in (0, 1):
+        r = c.completions.create(model="m", prompt="Once upon", max_tokens=12, temperature=1.5, seed=7,
+                                 logprobs=k, stream=stream, extra_body={"ignore_eos": True})
+        lp = list(r)[-1].choices[0].logprobs if stream else r.choices[0].logprobs
+        assert lp.tokens and len(lp.top_logprobs) == len(lp.tokens)
+        for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            assert token in top and top[token] == pytest.approx(value, abs=1e-5)
+            assert 1 <= len(top) <= k + 1
+        if k == 0:
+            assert all(len(top) == 1 for top in lp.top_logprobs)
+
+
 def test_chat_logprobs_never_show_a_control_token_the_content_leaves_out(served, script):
     script("[TOOL_CALLS]", CALL_TEXT)
     r = gpt(served).chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather?"}],
