@@ -23,7 +23,9 @@ it lives in a `Secret` and any server message that echoes it is redacted.
 
 What a local reply carries, a server's does too: a thought the server separates (vLLM's
 `reasoning_content`, newer vLLM's and Ollama's `reasoning`, llama.cpp's `reasoning_content`)
-streams as `ReasoningPiece`s and ends in `GenerationResult.reasoning`; OpenAI `tool_calls`
+streams as `ReasoningPiece`s and ends in `GenerationResult.reasoning`, and so does one it
+leaves in the content, `[THINK]thought[/THINK]answer` (llama.cpp's `--reasoning-format none`,
+this project's `serve` asked for `reasoning_format: none`; see `_InlineThought`); OpenAI `tool_calls`
 (streamed in pieces by index) end in `GenerationResult.tool_calls`, so the window's tool loop
 runs on a server as it does on the local model. Tools go out as OpenAI `tools`, earlier calls as
 assistant `tool_calls` and their results as `tool` messages.
@@ -192,6 +194,67 @@ def _reasoning_of(obj: dict) -> str:
     return ""
 
 
+THINK, END_THINK = "[THINK]", "[/THINK]"
+
+
+def _held_prefix(text: str, marker: str) -> int:
+    """How many characters at the end of `text` begin `marker` (and could be the start of it,
+    completed by the next piece): held back until the next piece tells."""
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class _InlineThought:
+    """A thought a server left in the content: a reply whose content begins with `[THINK]`
+    (a Mistral reasoning model's control token, as llama.cpp writes it when it does not parse
+    the thought out) has its thought up to `[/THINK]` routed apart, as the local engine splits it
+    at the tokens (engine/runtime/reasoning.py). Text-level and streamed: a marker split across
+    pieces is held back until the next piece (or the reply's end) tells. Content that does not
+    begin with [THINK] is all answer; a thought never closed is all thought; the markers
+    themselves are in neither. A server that separates the thought itself (`reasoning_content`)
+    is never looked at this way."""
+
+    def __init__(self) -> None:
+        self.state = "start"  # deciding (no content yet, or a prefix of [THINK]); "thought"; "answer"
+        self.held = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        """(thought, answer) that this piece of content adds."""
+        thought: list[str] = []
+        answer: list[str] = []
+        text, self.held = self.held + text, ""
+        while text:
+            if self.state == "start":
+                if text.startswith(THINK):
+                    self.state, text = "thought", text[len(THINK):]
+                elif THINK.startswith(text):
+                    self.held = text
+                    break
+                else:
+                    self.state = "answer"
+            elif self.state == "thought":
+                at = text.find(END_THINK)
+                if at >= 0:
+                    thought.append(text[:at])
+                    self.state, text = "answer", text[at + len(END_THINK):]
+                    continue
+                keep = _held_prefix(text, END_THINK)
+                thought.append(text[:len(text) - keep])
+                self.held = text[len(text) - keep:]
+                break
+            else:
+                answer.append(text)
+                break
+        return "".join(thought), "".join(answer)
+
+    def flush(self) -> tuple[str, str]:
+        """The held-back text at the reply's end, to the side it was on."""
+        held, self.held = self.held, ""
+        return (held, "") if self.state == "thought" else ("", held)
+
+
 @dataclass
 class _CallSoFar:
     """A streamed tool call: OpenAI sends its id and name first, its arguments in pieces."""
@@ -238,6 +301,8 @@ def _finished_calls(calls: dict[int, _CallSoFar]) -> list[ToolCall]:
 class _Progress:
     pieces: list[str] = field(default_factory=list)
     thought: list[str] = field(default_factory=list)  # reasoning pieces
+    separated: bool = False  # the server sent a reasoning field: its content is all answer
+    inline: _InlineThought = field(default_factory=_InlineThought)  # else a thought left in the content
     calls: dict[int, _CallSoFar] = field(default_factory=dict)
     token_chunks: int = 0
     t_first: float | None = None  # first chunk with text
@@ -271,6 +336,37 @@ def _stream_error_message(obj: dict) -> str | None:
     return None
 
 
+def _add_thought(progress: _Progress, text: str, on_piece: PieceCallback | None) -> None:
+    if text:
+        progress.thought.append(text)
+        if on_piece is not None:
+            on_piece(ReasoningPiece(text))
+
+
+def _add_text(progress: _Progress, text: str, on_piece: PieceCallback | None) -> None:
+    if text:
+        progress.pieces.append(text)
+        if on_piece is not None:
+            on_piece(text)
+
+
+def _add_content(progress: _Progress, content: str, on_piece: PieceCallback | None) -> None:
+    """The server's content: answer, or a thought it left there (`_InlineThought`)."""
+    if progress.separated and progress.inline.state == "start":
+        _add_text(progress, content, on_piece)
+        return
+    thought, answer = progress.inline.push(content)
+    _add_thought(progress, thought, on_piece)
+    _add_text(progress, answer, on_piece)
+
+
+def _flush_inline(progress: _Progress, on_piece: PieceCallback | None) -> None:
+    """The reply ended: text held back as a possible marker goes where it was."""
+    thought, answer = progress.inline.flush()
+    _add_thought(progress, thought, on_piece)
+    _add_text(progress, answer, on_piece)
+
+
 def _consume_chunk(obj: dict, progress: _Progress, on_piece: PieceCallback | None,
                    now: float) -> None:
     if progress.t_first_any is None:
@@ -298,16 +394,13 @@ def _consume_chunk(obj: dict, progress: _Progress, on_piece: PieceCallback | Non
                 progress.t_first = now
             progress.t_last = now
         if thought:
-            progress.thought.append(thought)
-            if on_piece is not None:
-                on_piece(ReasoningPiece(thought))
+            progress.separated = True
+            _add_thought(progress, thought, on_piece)
         if isinstance(content, str) and content:
             if progress.t_first is None:
                 progress.t_first = now
             progress.t_last = now
-            progress.pieces.append(content)
-            if on_piece is not None:
-                on_piece(content)
+            _add_content(progress, content, on_piece)
         if choice.get("finish_reason"):
             progress.server_finish = str(choice["finish_reason"])
             progress.stop_reason = choice.get("stop_reason")
@@ -508,6 +601,7 @@ class RemoteEngine:
         finally:
             watch.stop()
             conn.close()
+        _flush_inline(progress, on_piece)
 
         complete = progress.done or progress.server_finish is not None
         if not complete and (watch.fired or (cancel is not None and cancel.is_set())):
@@ -579,14 +673,12 @@ class RemoteEngine:
         progress.t_first_any = progress.t_first = progress.t_last = now
         _add_tool_call_deltas(progress.calls, message.get("tool_calls"))
         if thought:
-            progress.thought.append(thought)
-            if on_piece is not None:
-                on_piece(ReasoningPiece(thought))
+            progress.separated = True
+            _add_thought(progress, thought, on_piece)
         if text:
-            progress.pieces.append(text)
             progress.token_chunks = 1
-            if on_piece is not None:
-                on_piece(text)
+            _add_content(progress, text, on_piece)
+            _flush_inline(progress, on_piece)
         progress.server_finish = choice.get("finish_reason") or "stop"
         progress.stop_reason = choice.get("stop_reason")
         progress.usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None

@@ -125,14 +125,15 @@ def test_llama_server_returns_the_thought_in_reasoning_content(chain, llama_url)
     assert [k for k, _ in kinds] == sorted((k for k, _ in kinds), key=lambda k: k != "reasoning_content")
 
 
-def remote_reply(url: str, streamed: bool, monkeypatch) -> tuple:
+def remote_reply(url: str, streamed: bool, monkeypatch, params: SamplingParams = PARAMS, **extra) -> tuple:
     """RemoteEngine's reply from the server at `url` (…/v1), and the pieces it streamed: as it
     asks (stream: true), or with the request made non-streamed (the server answers one JSON
-    completion, RemoteEngine's path for a server that ignores stream)."""
+    completion, RemoteEngine's path for a server that ignores stream); `extra` fields added to
+    the request."""
     real_payload = client.chat_payload
 
     def payload(*args, **kwargs):
-        body = real_payload(*args, **kwargs)
+        body = {**real_payload(*args, **kwargs), **extra}
         if not streamed:
             body["stream"] = False
             body.pop("stream_options", None)
@@ -142,7 +143,7 @@ def remote_reply(url: str, streamed: bool, monkeypatch) -> tuple:
     model = fetch_models(url)[0].id
     engine = RemoteEngine(url, model, read_timeout=60)
     pieces: list[str] = []
-    result = engine.chat([ChatMessage.text("user", QUESTION)], PARAMS, on_piece=pieces.append)
+    result = engine.chat([ChatMessage.text("user", QUESTION)], params, on_piece=pieces.append)
     return engine, result, pieces
 
 
@@ -168,13 +169,17 @@ def stored_parts(engine, result, tmp_path) -> list:
     return messages[1].parts
 
 
-@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "not-streamed"])
-@pytest.mark.parametrize("server", ["llama-server", "serve"])
-def test_a_chat_bound_to_a_server_gets_the_thought_apart(server, streamed, chain, local, request, monkeypatch,
-                                                         tmp_path):
+def server_url(server: str, request) -> str:
     # serve's cases run without llama.cpp too
-    url = request.getfixturevalue("llama_url") + "/v1" if server == "llama-server" else request.getfixturevalue("serve_url")
-    engine, result, pieces = remote_reply(url, streamed, monkeypatch)
+    if server == "llama-server":
+        return request.getfixturevalue("llama_url") + "/v1"
+    return request.getfixturevalue("serve_url")
+
+
+def check_split(chain, server, streamed, reply, local, tmp_path) -> None:
+    """RemoteEngine's reply is the chain's thought apart from its answer, streamed as it came, and
+    the window keeps of it what it keeps of the local model's reply."""
+    engine, result, pieces = reply
     assert result.finish_reason == "stop" and result.error is None
     assert (result.reasoning, result.text) == (chain.thought, chain.answer)
     # streamed as it came: the thought's pieces (ReasoningPiece) first, then the answer's
@@ -190,3 +195,55 @@ def test_a_chat_bound_to_a_server_gets_the_thought_apart(server, streamed, chain
     parts = stored_parts(engine, result, tmp_path / "d")
     assert parts == stored_parts(local_engine, local_result, tmp_path / "local") == \
         [ThinkPart(chain.thought, closed=True), chain.answer]
+
+
+SERVERS = pytest.mark.parametrize("server", ["llama-server", "serve"])
+STREAMED = pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "not-streamed"])
+
+
+@STREAMED
+@SERVERS
+def test_a_chat_bound_to_a_server_gets_the_thought_apart(server, streamed, chain, local, request, monkeypatch,
+                                                         tmp_path):
+    reply = remote_reply(server_url(server, request), streamed, monkeypatch)
+    check_split(chain, server, streamed, reply, local, tmp_path)
+
+
+@STREAMED
+@SERVERS
+def test_a_thought_left_in_the_content_comes_apart(server, streamed, chain, local, request, monkeypatch, tmp_path):
+    """reasoning_format "none" (llama-server's --reasoning-format none, per request here; serve
+    takes the same field): the server leaves the thought unparsed, [THINK]...[/THINK] at the
+    start of the content. The chat still shows and keeps it apart, as a local chat does."""
+    url = server_url(server, request)
+    raw = post_json(url + "/chat/completions", {"model": fetch_models(url)[0].id, "max_tokens": 32, "temperature": 0.0,
+                                                "messages": [{"role": "user", "content": QUESTION}],
+                                                "reasoning_format": "none"})
+    message = raw["choices"][0]["message"]
+    assert message["content"] == f"[THINK]{chain.thought}[/THINK]{chain.answer}" and not message.get("reasoning_content")
+    reply = remote_reply(url, streamed, monkeypatch, reasoning_format="none")
+    check_split(chain, server, streamed, reply, local, tmp_path)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5])
+@STREAMED
+@SERVERS
+def test_a_reply_cut_by_max_tokens_splits_as_the_local_one(server, streamed, max_tokens, chain, request, monkeypatch,
+                                                          tmp_path):
+    """Cut inside the thought (1: only [THINK] written; 2, 3: part of it, never closed) or inside
+    the answer (5): the remote reply's thought, answer and stored parts are the local model's for
+    the same limit. (4, the thought closed and no answer yet, is left out: a server says nothing
+    of a [/THINK] it parsed, and the window takes a reply with no answer that did not end by
+    itself for a thought cut off.)"""
+    from tramontane.engine.runtime.local import LocalEngine
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0)
+    engine, result, _ = remote_reply(server_url(server, request), streamed, monkeypatch, params)
+    local_engine = LocalEngine(chain.path, None, device="cpu", context_length=512)
+    try:
+        local_result = local_engine.chat([ChatMessage.text("user", QUESTION)], params)
+        assert local_result.finish_reason == result.finish_reason == "length"
+        assert (result.reasoning, result.text) == (local_result.reasoning, local_result.text)
+        assert stored_parts(engine, result, tmp_path / "d") == stored_parts(local_engine, local_result, tmp_path / "local")
+    finally:
+        local_engine.close()
