@@ -721,8 +721,13 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if isinstance(p, str):
             check_text_fits(where, lambda in_bytes, p=p: _utf8_len(p) if in_bytes else len(p), model)
-        elif not fits(len(p), model.context_size):
-            raise context_exceeded(where, len(p), model)
+        else:
+            wrong = next((t for t in p if t < 0 or (model.vocab_size and t >= model.vocab_size)), None)
+            if wrong is not None:  # named here: the engine's own refusal has no field to name
+                known = f" (0..{model.vocab_size - 1})" if model.vocab_size else ""
+                raise bad(where, f"token id {wrong} is outside the vocabulary{known}")
+            if not fits(len(p), model.context_size):
+                raise context_exceeded(where, len(p), model)
     stream, include_usage = _stream_flags(body)
     top = _legacy_logprobs(body)
     echo = body.get("echo", False)

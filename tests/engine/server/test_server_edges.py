@@ -203,3 +203,13 @@ def test_tokenize_and_detokenize_in_llama_servers_and_vllms_shapes(served):
                              ("/detokenize", {"tokens": [1, tok.vocab_size]}, "tokens[1]")]:
         status, body = post(served, path, bad)
         assert status == 400 and body["error"]["param"] == param, (path, bad, body)
+
+
+@pytest.mark.parametrize("prompt, param", [([5, 99999], "prompt"), ([-1], "prompt"),
+                                           (["a", [1, 2048]], "prompt[1]")])
+def test_a_prompt_token_id_outside_the_vocabulary_is_refused_naming_the_prompt(served, prompt, param):
+    """OpenAI's error names the field (`param`), as the other refusals do; it was null."""
+    c = openai.OpenAI(base_url=served.url, api_key=KEY, max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.completions.create(model="m", prompt=prompt, max_tokens=2)
+    assert refused.value.param == param and "vocabulary (0..2047)" in refused.value.message
