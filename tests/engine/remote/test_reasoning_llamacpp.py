@@ -11,7 +11,7 @@ reply into `reasoning_content` (message and streamed deltas). `serve` splits it 
 tokens (engine/runtime/reasoning.py). Each server's reply is read by RemoteEngine streamed and
 not streamed (its path for a server that answers one JSON completion), and what the window would
 store of it (the reply's row, read back as a ThinkPart and the answer) is what it stores of the
-same model's local reply.
+same model's local reply. serve's cases run without llama.cpp too.
 """
 from __future__ import annotations
 
@@ -162,8 +162,8 @@ def stored_parts(engine, result, tmp_path) -> list:
         chat = store.create_chat("c")
         store.add_message(chat, "user", QUESTION)
         reply = store.begin_reply(chat)
-        store.finish_reply(reply, result.text, result.stats,
-                           **thought_fields(result.reasoning, thought.ended(time.monotonic(), thought_cut(engine, result))))
+        ended = thought.ended(time.monotonic(), thought_cut(engine, result))
+        store.finish_reply(reply, result.text, result.stats, **thought_fields(result.reasoning, ended))
         messages = store.engine_messages(chat)
     assert [m.role for m in messages] == ["user", "assistant"]
     return messages[1].parts
@@ -220,7 +220,8 @@ def test_a_thought_left_in_the_content_comes_apart(server, streamed, chain, loca
                                                 "messages": [{"role": "user", "content": QUESTION}],
                                                 "reasoning_format": "none"})
     message = raw["choices"][0]["message"]
-    assert message["content"] == f"[THINK]{chain.thought}[/THINK]{chain.answer}" and not message.get("reasoning_content")
+    assert message["content"] == f"[THINK]{chain.thought}[/THINK]{chain.answer}"
+    assert not message.get("reasoning_content")
     reply = remote_reply(url, streamed, monkeypatch, reasoning_format="none")
     check_split(chain, server, streamed, reply, local, tmp_path)
 
@@ -244,6 +245,7 @@ def test_a_reply_cut_by_max_tokens_splits_as_the_local_one(server, streamed, max
         local_result = local_engine.chat([ChatMessage.text("user", QUESTION)], params)
         assert local_result.finish_reason == result.finish_reason == "length"
         assert (result.reasoning, result.text) == (local_result.reasoning, local_result.text)
-        assert stored_parts(engine, result, tmp_path / "d") == stored_parts(local_engine, local_result, tmp_path / "local")
+        assert stored_parts(engine, result, tmp_path / "d") == \
+            stored_parts(local_engine, local_result, tmp_path / "local")
     finally:
         local_engine.close()
