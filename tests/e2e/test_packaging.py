@@ -392,12 +392,14 @@ def test_an_editable_install_prints_no_setuptools_warning(tmp_path):
     """The README's install is `pip install -e .`: pip shows the backend's warnings, and the
     editable finder warned "be careful with folders ... with the same name as your package" on
     every install (the folder is tramontane/, the package itself; setup.py says so). The build
-    runs as pip runs it, the C extensions left out (they are built by the install itself)."""
+    runs as pip runs it, the C extensions left out (they are built by the install itself): pip's
+    hook runner is a script of pip's, so the checkout is not first on sys.path (-P), where its
+    kernels/ would stand for the kernels distribution whose egg_info writer setuptools loads."""
     code = ("from setuptools.command.build_ext import build_ext\n"
             "build_ext.run = lambda self: None\n"
             "from setuptools import build_meta\n"
             f"print(build_meta.build_editable({str(tmp_path)!r}))\n")
-    res = subprocess.run([sys.executable, "-W", "always", "-c", code], cwd=ROOT, capture_output=True,
+    res = subprocess.run([sys.executable, "-P", "-W", "always", "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
     said = [line for line in (res.stdout + res.stderr).splitlines()
