@@ -199,7 +199,28 @@ class ReasoningPiece(str):
     beside the answer's plain str pieces; the result keeps them apart (`GenerationResult.reasoning`)."""
 
 
-PieceCallback = Callable[[str], None]  # answer text, and ReasoningPiece for a thought
+class LoggedPiece(str):
+    """A streamed piece of the answer, when logprobs are asked for (`SamplingParams.logprobs`),
+    with the entries of the tokens drawn since the previous piece: a stream's chunk carries the
+    logprobs of the text it shows, as OpenAI's do; the result still has them all."""
+
+    logprobs: list[TokenLogprob]
+
+    def __new__(cls, text: str, logprobs: list[TokenLogprob]):
+        piece = super().__new__(cls, text)
+        piece.logprobs = list(logprobs)
+        return piece
+
+    @staticmethod
+    def joined(first: str, second: str) -> str:
+        """Two consecutive pieces as one, with both pieces' entries."""
+        entries = [e for piece in (first, second) if isinstance(piece, LoggedPiece) for e in piece.logprobs]
+        if not isinstance(first, LoggedPiece) and not isinstance(second, LoggedPiece):
+            return first + second
+        return LoggedPiece(first + second, entries)
+
+
+PieceCallback = Callable[[str], None]  # answer text (LoggedPiece with logprobs), and ReasoningPiece for a thought
 
 
 class Engine(Protocol):

@@ -45,8 +45,8 @@ from typing import Callable, Sequence, TypeVar
 
 import torch
 
-from ..api import (ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, ReasoningPiece,
-                   SamplingParams, TokenLogprob)
+from ..api import (ChatMessage, EngineError, FinishReason, GenerationResult, GenerationStats, LoggedPiece,
+                   ReasoningPiece, SamplingParams, TokenLogprob)
 from ..mistral3.chat_format import EncodedPrompt
 from .decoder import decode_rows, default_context_length, new_pool
 from .kv_cache import KVCache, KVPool, KVPoolFull
@@ -160,6 +160,7 @@ class _Sequence:
             if self.lookup or self.drafting else None
         self.drafted = self.accepted = 0
         self.logprobs = [] if req.params.logprobs is not None else None
+        self.logprobs_streamed = 0  # of those, the ones a streamed piece has carried
         self.prompt_logprobs = [] if req.params.prompt_logprobs else None
         self.prompt_top = [] if req.params.prompt_logprobs and req.params.logprobs else None
         self.stop = StopStringFilter(req.params.stop)
@@ -947,6 +948,10 @@ class BatchScheduler:
     @staticmethod
     def _emit(s: _Sequence, piece: str) -> None:
         if piece and s.req.on_piece is not None:
+            if s.logprobs is not None and not isinstance(piece, ReasoningPiece):
+                # the tokens drawn since the last piece (a stop string's held text waits with its entries)
+                piece = LoggedPiece(piece, s.logprobs[s.logprobs_streamed:])
+                s.logprobs_streamed = len(s.logprobs)
             s.req.on_piece(piece)
 
     def _publish(self, s: _Sequence, keys: Sequence[Key] | None = None) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api import ChatMessage, DocumentPart, EngineError, GenerationResult, ImagePart, SamplingParams, ThinkPart, \
-    ToolSpec
+    TokenLogprob, ToolSpec
 from ..documents.document import DocumentError
 from ..documents.file_parts import file_part_bytes
 from ..remote.client import image_mime
@@ -878,6 +878,10 @@ class Reply:
         self.created = int(time.time())
         self.include_usage = include_usage  # streamed: a last chunk carries the usage
         self.speculating = speculating  # timings: drafted and accepted tokens
+        # streamed logprobs, per choice: entries already sent with pieces, and (text completions)
+        # the text offset the next entry starts at
+        self._logprobs_sent: dict[int, int] = {}
+        self._text_offset: dict[int, int] = {}
 
     def _body(self, streamed: bool, choices: list) -> dict:
         kind = ("chat.completion.chunk" if streamed else "chat.completion") if self.chat else "text_completion"
@@ -924,16 +928,30 @@ class Reply:
         return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
 
-    def piece(self, text: str) -> dict:
-        return self._chunk(self._choice(True, text))
+    def piece(self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0) -> dict:
+        """A chunk of streamed text, with the logprobs of the tokens it shows when given."""
+        chunk = self._chunk(self._choice(True, text))
+        if logprobs is not None:
+            chunk["choices"][0]["logprobs"] = self._streamed_logprobs(index, logprobs)
+        return chunk
 
-    def closing(self, result: GenerationResult, reason: str | None) -> list[dict]:
-        """The chunk with the finish reason, then the usage chunk when it was asked for."""
+    def _streamed_logprobs(self, index: int, entries: list[TokenLogprob]) -> dict:
+        self._logprobs_sent[index] = self._logprobs_sent.get(index, 0) + len(entries)
+        if self.chat:
+            return logprobs_json(entries)
+        start = self._text_offset.get(index, 0)
+        shaped = legacy_logprobs_json(entries, start)
+        self._text_offset[index] = start + len(b"".join(e.token_bytes for e in entries).decode("utf-8", "replace"))
+        return shaped
+
+    def closing(self, result: GenerationResult, reason: str | None, index: int = 0) -> list[dict]:
+        """The chunk with the finish reason (and the logprobs no piece carried: a held stop
+        string's, the end token's), then the usage chunk when it was asked for."""
         chunks = [self._chunk(self._choice(True, "", finish_reason(result), reason))]
         chunks[0]["timings"] = timings_of([result], self.speculating)  # llama-server: on the reply's last chunk
-        if result.logprobs is not None:  # every token's, with the last chunk
-            chunks[0]["choices"][0]["logprobs"] = (logprobs_json if self.chat else legacy_logprobs_json)(
-                result.logprobs)
+        if result.logprobs is not None:
+            rest = result.logprobs[self._logprobs_sent.get(index, 0):]
+            chunks[0]["choices"][0]["logprobs"] = self._streamed_logprobs(index, rest)
         if self.include_usage:
             body = self._body(True, [])
             body["usage"] = usage(result)

@@ -9,6 +9,7 @@ import dataclasses
 
 from aiohttp import web
 
+from ..api import LoggedPiece
 from ..documents.document import DocumentError
 from ..documents.prompt import engine_documents_prompt
 from .errors import ApiError, bad
@@ -153,7 +154,8 @@ class OpenAIRoutes:
                     out += [_indexed(_delta(reply.piece(""), _answered(reply, index, d)), index)
                             for d in stream.feed(data)]
                 elif kind == "text":
-                    out.append(_indexed(reply.piece(reply.thoughts.answer(index, data)), index))
+                    logprobs = data.logprobs if isinstance(data, LoggedPiece) else None
+                    out.append(_indexed(reply.piece(reply.thoughts.answer(index, data), logprobs, index), index))
                 else:
                     result, reason = data
                     results.append(result)
@@ -161,7 +163,7 @@ class OpenAIRoutes:
                         stream = tool_streams.setdefault(index, ToolStream())
                         out += [_indexed(_delta(reply.piece(""), _answered(reply, index, d)), index)
                                 for d in stream.finish(result)]
-                    finish, *usage_chunks = reply.closing(result, reason)
+                    finish, *usage_chunks = reply.closing(result, reason, index)
                     out.append(_indexed(finish, index))
             await response.write(b"".join(sse(chunk) for chunk in out))
         try:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..api import EngineError, GenerationResult, ReasoningPiece, SamplingParams
+from ..api import EngineError, GenerationResult, LoggedPiece, ReasoningPiece, SamplingParams
 from ..runtime.generate import InvalidLogitsError
 from ..runtime.prompts import fits
 from .errors import ApiError
@@ -127,7 +127,8 @@ class _Relay:
     def post(self, index: int, piece: str) -> None:  # engine thread
         # The one place a streamed thought (ReasoningPiece) becomes its own kind of event: the
         # merging below makes plain str of it, and every API reads the kind, not the type.
-        self._add(("reasoning" if isinstance(piece, ReasoningPiece) else "text", index, str(piece)))
+        # An answer's piece stays itself (a LoggedPiece keeps its tokens' logprobs).
+        self._add(("reasoning", index, str(piece)) if isinstance(piece, ReasoningPiece) else ("text", index, piece))
 
     def choice_done(self, index: int, outcome) -> None:  # engine thread
         self._add(("end", index, outcome))
@@ -150,7 +151,7 @@ class _Relay:
         merged: list[tuple] = []
         for event in arrived:
             if merged and event[0] in STREAMED and merged[-1][:2] == event[:2]:
-                merged[-1] = (event[0], event[1], merged[-1][2] + event[2])
+                merged[-1] = (event[0], event[1], LoggedPiece.joined(merged[-1][2], event[2]))
             else:
                 merged.append(event)
         for event in merged:
@@ -186,11 +187,15 @@ class Generation:
 
         def choice(engine, i: int, p: int, prompt):
             index = p * job.n + i
-            on_piece = (lambda text: relay.post(index, text)) if job.stream else None
+            def on_piece(text: str) -> None:
+                if isinstance(text, LoggedPiece):
+                    text = LoggedPiece(text, shown_logprobs(engine.tokenizer, text.logprobs))
+                relay.post(index, text)
+
             params = choice_params(job.params, i)
-            result = run(engine, prompt, params, on_piece, cancel)
-            if result.logprobs:  # the tokens the content shows: no control token it leaves out
-                result.logprobs = [e for e in result.logprobs if not engine.tokenizer.is_control(e.token_id)]
+            result = run(engine, prompt, params, on_piece if job.stream else None, cancel)
+            if result.logprobs:
+                result.logprobs = shown_logprobs(engine.tokenizer, result.logprobs)
             full = engine.tokenizer.decode(result.token_ids) if result.finish_reason == "stop_string" else ""
             outcome = (result, stop_reason(result, params, full))
             if job.stream:
@@ -262,6 +267,15 @@ class Generation:
                 yield batch
             if item is None:
                 item = await self.events.get()
+
+
+def shown_logprobs(tokenizer, entries: list) -> list:
+    """The entries of the tokens the content shows: no control token it leaves out."""
+    return [e for e in entries if not tokenizer.is_control(e.token_id)]
+
+
+def _without_logprobs(on_piece):
+    return lambda text: on_piece(str(text) if isinstance(text, LoggedPiece) else text)
 
 
 class Tasks:
@@ -359,6 +373,8 @@ class Tasks:
                 if job.echo else ""
             if echoed and on_piece is not None:
                 on_piece(echoed)
+            if scored and on_piece is not None:  # the prompt's entries come first, with the result: all on the last chunk
+                on_piece = _without_logprobs(on_piece)
             result = engine.complete(prompt, params, on_piece=on_piece, cancel=cancel,
                                      session_key=COMPLETIONS_SESSION)
             result.text = echoed + result.text

@@ -507,13 +507,14 @@ def logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
             "refusal": None}
 
 
-def legacy_logprobs_json(entries: list[TokenLogprob] | None) -> dict | None:
+def legacy_logprobs_json(entries: list[TokenLogprob] | None, start: int = 0) -> dict | None:
     """OpenAI's legacy (/v1/completions) shape: tokens, token_logprobs, top_logprobs (one
-    {token: logprob} per token) and text_offset (each token's first character in the text)."""
+    {token: logprob} per token) and text_offset (each token's first character in the text; the
+    first entry's is `start`, a streamed chunk's place in it)."""
     if entries is None:
         return None
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    offsets, at = [], 0
+    offsets, at = [], start
     for e in entries:
         offsets.append(at)
         at += len(decoder.decode(e.token_bytes))

@@ -319,7 +319,10 @@ def test_completions_logprobs_in_the_legacy_shape_and_echo(served):
     chunks = list(c.completions.create(model="m", prompt="Once upon", max_tokens=6, temperature=0, logprobs=2,
                                        stream=True, extra_body={"ignore_eos": True}))
     assert "".join(ch.choices[0].text for ch in chunks) == want.text
-    assert chunks[-1].choices[0].logprobs.tokens == lp.tokens  # every token's, with the last chunk
+    streamed = legacy_logprobs_of(chunks)  # each chunk its own tokens', in order, offsets into the whole text
+    assert streamed["tokens"] == lp.tokens and streamed["text_offset"] == lp.text_offset
+    assert streamed["token_logprobs"] == pytest.approx(lp.token_logprobs, abs=1e-5)
+    assert all(ch.choices[0].logprobs.tokens for ch in chunks if ch.choices[0].text)
     echoed = c.completions.create(model="m", prompt="Once upon", max_tokens=6, temperature=0, echo=True,
                                   extra_body={"ignore_eos": True})
     assert echoed.choices[0].text == "Once upon" + want.text
@@ -340,13 +343,48 @@ def test_completions_top_logprobs_always_hold_the_sampled_token(served, stream):
     for k in (0, 1):
         r = c.completions.create(model="m", prompt="Once upon", max_tokens=12, temperature=1.5, seed=7,
                                  logprobs=k, stream=stream, extra_body={"ignore_eos": True})
-        lp = list(r)[-1].choices[0].logprobs if stream else r.choices[0].logprobs
-        assert lp.tokens and len(lp.top_logprobs) == len(lp.tokens)
-        for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        lp = legacy_logprobs_of(list(r)) if stream else vars(r.choices[0].logprobs)
+        assert lp["tokens"] and len(lp["top_logprobs"]) == len(lp["tokens"])
+        for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
             assert token in top and top[token] == pytest.approx(value, abs=1e-5)
             assert 1 <= len(top) <= k + 1
         if k == 0:
-            assert all(len(top) == 1 for top in lp.top_logprobs)
+            assert all(len(top) == 1 for top in lp["top_logprobs"])
+
+
+def legacy_logprobs_of(chunks) -> dict:
+    """A text completion stream's logprobs, the chunks' lists joined."""
+    joined = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for ch in chunks:
+        if ch.choices and ch.choices[0].logprobs is not None:
+            for name, values in joined.items():
+                values += getattr(ch.choices[0].logprobs, name)
+    return joined
+
+
+def test_a_streamed_chats_chunks_carry_the_logprobs_of_their_own_tokens(served, script):
+    """OpenAI streams each content chunk with the logprobs of the tokens it shows (llama.cpp's
+    server suite checks the tokens' text against the chunk's); they were all on the last chunk."""
+    c = gpt(served)
+    ask = dict(model="m", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=40,
+               temperature=0, logprobs=True, top_logprobs=2)
+    story = "Once upon a time, a café by the sea sold naïve crêpes."
+    script(story)
+    whole = c.chat.completions.create(**ask).choices[0]
+    assert whole.message.content == story
+    script(story)
+    chunks = [ch for ch in c.chat.completions.create(**ask, stream=True) if ch.choices]
+    shown = [ch for ch in chunks if ch.choices[0].delta.content]
+    assert len(shown) > 1 and all(ch.choices[0].logprobs is not None for ch in shown)
+    for ch in shown:  # the chunk's text is its tokens' bytes
+        entries = ch.choices[0].logprobs.content
+        assert entries and b"".join(bytes(e.bytes) for e in entries).decode("utf-8", "replace") == \
+            ch.choices[0].delta.content
+    streamed = [e for ch in chunks if ch.choices[0].logprobs is not None for e in ch.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in whole.logprobs.content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in whole.logprobs.content], abs=1e-5)
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == \
+        [[t.token for t in e.top_logprobs] for e in whole.logprobs.content]
 
 
 def test_chat_logprobs_never_show_a_control_token_the_content_leaves_out(served, script):
