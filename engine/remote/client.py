@@ -54,6 +54,7 @@ from ..api import (
     ToolCall,
     ToolSpec,
 )
+from ..runtime.reasoning import END_THINK, THINK
 from .transport import (
     CancelWatch, check_api_key, connect, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S,
     fetch_models, loads_json, parse_base_url, read_body, RemoteError, RemoteModel, request_headers, Secret,
@@ -194,18 +195,6 @@ def _reasoning_of(obj: dict) -> str:
     return ""
 
 
-THINK, END_THINK = "[THINK]", "[/THINK]"
-
-
-def _held_prefix(text: str, marker: str) -> int:
-    """How many characters at the end of `text` begin `marker` (and could be the start of it,
-    completed by the next piece): held back until the next piece tells."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
 class _InlineThought:
     """A thought a server left in the content: a reply whose content begins with `[THINK]`
     (a Mistral reasoning model's control token, as llama.cpp writes it when it does not parse
@@ -218,41 +207,38 @@ class _InlineThought:
 
     def __init__(self) -> None:
         self.state = "start"  # deciding (no content yet, or a prefix of [THINK]); "thought"; "answer"
-        self.held = ""
+        self.held = ""  # while deciding: what could still begin [THINK]
+        self._thought = None  # in the thought: a StopStringFilter at [/THINK] (it holds back a partial one)
+        self._in_thought = ""  # everything fed to it
 
     def push(self, text: str) -> tuple[str, str]:
         """(thought, answer) that this piece of content adds."""
-        thought: list[str] = []
-        answer: list[str] = []
-        text, self.held = self.held + text, ""
-        while text:
-            if self.state == "start":
-                if text.startswith(THINK):
-                    self.state, text = "thought", text[len(THINK):]
-                elif THINK.startswith(text):
+        if self.state == "start":
+            text, self.held = self.held + text, ""
+            if not text.startswith(THINK):
+                if THINK.startswith(text):  # could still become [THINK]
                     self.held = text
-                    break
-                else:
-                    self.state = "answer"
-            elif self.state == "thought":
-                at = text.find(END_THINK)
-                if at >= 0:
-                    thought.append(text[:at])
-                    self.state, text = "answer", text[at + len(END_THINK):]
-                    continue
-                keep = _held_prefix(text, END_THINK)
-                thought.append(text[:len(text) - keep])
-                self.held = text[len(text) - keep:]
-                break
-            else:
-                answer.append(text)
-                break
-        return "".join(thought), "".join(answer)
+                    return "", ""
+                self.state = "answer"
+                return "", text
+            from ..runtime.generate import StopStringFilter  # torch: not at the CLI parser's import
+
+            self.state, self._thought, text = "thought", StopStringFilter(END_THINK), text[len(THINK):]
+        if self.state == "answer":
+            return "", text
+        self._in_thought += text
+        thought = self._thought.feed(text)
+        if not self._thought.stopped:
+            return thought, ""
+        self.state = "answer"  # what followed the first [/THINK]: the filter keeps the text before it
+        return thought, self._in_thought[len(self._thought.text) + len(END_THINK):]
 
     def flush(self) -> tuple[str, str]:
         """The held-back text at the reply's end, to the side it was on."""
+        if self.state == "thought":
+            return self._thought.feed("", final=True), ""
         held, self.held = self.held, ""
-        return (held, "") if self.state == "thought" else ("", held)
+        return "", held
 
 
 @dataclass
