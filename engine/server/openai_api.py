@@ -253,9 +253,7 @@ def with_logit_bias(body: dict, params: SamplingParams, model: ServedModel) -> S
             token = int(key)
         except (TypeError, ValueError):
             raise bad("logit_bias", f"{key!r} is not a token id (an integer)") from None
-        if token < 0 or (model.vocab_size and token >= model.vocab_size):
-            raise bad("logit_bias", f"token id {token} is not in the model's vocabulary "
-                                    f"(0..{model.vocab_size - 1})")
+        check_token_id(token, model, "logit_bias")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
             raise bad("logit_bias", f"the bias of token {token} must be a number in "
                                     f"[-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {b!r}")
@@ -689,14 +687,21 @@ def tokenize_reply(engine, job: TokenizeJob, model: ServedModel) -> dict:
     return {"tokens": tokens, "count": len(ids), "max_model_len": model.context_size}
 
 
+def check_token_id(token: int, model: ServedModel, where: str) -> None:
+    """A token id a request gives (logit_bias, /detokenize, a prompt of ids): inside the
+    vocabulary, refused naming its field otherwise."""
+    if token < 0 or (model.vocab_size and token >= model.vocab_size):
+        known = f" (0..{model.vocab_size - 1})" if model.vocab_size else ""
+        raise bad(where, f"token id {token} is not in the model's vocabulary{known}")
+
+
 def parse_detokenize_request(body, model: ServedModel) -> list[int]:
     """/detokenize's `tokens` (llama-server's and vLLM's), checked against the vocabulary."""
     tokens = body.get("tokens") if isinstance(body, dict) else None
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad("tokens", "must be a list of token ids (integers)")
     for i, t in enumerate(tokens):
-        if t < 0 or (model.vocab_size and t >= model.vocab_size):
-            raise bad(f"tokens[{i}]", f"token id {t} is not in the model's vocabulary (0..{model.vocab_size - 1})")
+        check_token_id(t, model, f"tokens[{i}]")
     return tokens
 
 
@@ -722,10 +727,8 @@ def parse_completion_request(body, model: ServedModel, limits: RequestLimits) ->
         if isinstance(p, str):
             check_text_fits(where, lambda in_bytes, p=p: _utf8_len(p) if in_bytes else len(p), model)
         else:
-            wrong = next((t for t in p if t < 0 or (model.vocab_size and t >= model.vocab_size)), None)
-            if wrong is not None:  # named here: the engine's own refusal has no field to name
-                known = f" (0..{model.vocab_size - 1})" if model.vocab_size else ""
-                raise bad(where, f"token id {wrong} is outside the vocabulary{known}")
+            for t in p:  # named here: the engine's own refusal has no field to name
+                check_token_id(t, model, where)
             if not fits(len(p), model.context_size):
                 raise context_exceeded(where, len(p), model)
     stream, include_usage = _stream_flags(body)
