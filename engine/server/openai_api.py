@@ -27,8 +27,8 @@ from ..runtime.prompts import fits
 from ..runtime.reasoning import END_THINK, THINK, reasoning_effort_error
 from .errors import ApiError, bad  # noqa: F401 - ApiError: the callers' one import
 from .tools_api import (ToolRequest, legacy_logprobs_json, logprobs_json, parse_tool_calls_field,
-                        parse_tool_message, parse_tool_request, structured_output_grammar, tool_calls_json,
-                        tool_request)
+                        parse_tool_message, parse_tool_request, structured_output_grammar, text_offsets,
+                        tool_calls_json, tool_request)
 
 # OpenAI's sampling defaults where the window has none of its own; temperature stays Mistral's
 # recommended 0.15 (the window's), a client that wants another sends it.
@@ -943,9 +943,8 @@ class Reply:
         if self.chat:
             return logprobs_json(entries)
         start = self._text_offset.get(index, 0)
-        shaped = legacy_logprobs_json(entries, start)
-        self._text_offset[index] = start + len(b"".join(e.token_bytes for e in entries).decode("utf-8", "replace"))
-        return shaped
+        self._text_offset[index] = text_offsets(entries, start)[-1]
+        return legacy_logprobs_json(entries, start)
 
     def closing(self, result: GenerationResult, reason: str | None, index: int = 0) -> list[dict]:
         """The chunk with the finish reason (and the logprobs no piece carried: a held stop

@@ -513,15 +513,21 @@ def legacy_logprobs_json(entries: list[TokenLogprob] | None, start: int = 0) -> 
     first entry's is `start`, a streamed chunk's place in it)."""
     if entries is None:
         return None
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    offsets, at = [], start
-    for e in entries:
-        offsets.append(at)
-        at += len(decoder.decode(e.token_bytes))
+    offsets = text_offsets(entries, start)[:-1]
     # a prompt's first token (nothing before it to predict it): null and null, as OpenAI writes it
     return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": [None if e.logprob is None else _legacy_top(e) for e in entries],
             "text_offset": offsets}
+
+
+def text_offsets(entries: list[TokenLogprob], start: int = 0) -> list[int]:
+    """Where each entry's text begins in the text, counting from `start`, then where the last one
+    ends (a character cut across tokens counts at the token that completes it)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    offsets = [start]
+    for e in entries:
+        offsets.append(offsets[-1] + len(decoder.decode(e.token_bytes)))
+    return offsets
 
 
 def _legacy_top(e: TokenLogprob) -> dict:
