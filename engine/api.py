@@ -214,10 +214,10 @@ class LoggedPiece(str):
     @staticmethod
     def joined(first: str, second: str) -> str:
         """Two consecutive pieces as one, with both pieces' entries."""
-        entries = [e for piece in (first, second) if isinstance(piece, LoggedPiece) for e in piece.logprobs]
         if not isinstance(first, LoggedPiece) and not isinstance(second, LoggedPiece):
             return first + second
-        return LoggedPiece(first + second, entries)
+        return LoggedPiece(first + second, [e for piece in (first, second) if isinstance(piece, LoggedPiece)
+                                            for e in piece.logprobs])
 
 
 PieceCallback = Callable[[str], None]  # answer text (LoggedPiece with logprobs), and ReasoningPiece for a thought
