@@ -443,12 +443,11 @@ def _partial_value(text: str, at: int):
         if word.startswith(text[at:]):
             return _CUT, len(text), True
     number = _NUMBER.match(text, at)
-    if number and number.end() == len(text):  # whole as far as it goes (the anthropic SDK keeps it)
-        return json.loads(number.group()), number.end(), True
-    if number and not re.fullmatch(r"[0-9.eE+-]+", text[number.end():]):
-        return json.loads(number.group()), number.end(), False
-    if re.fullmatch(r"-?[0-9.eE+-]*", text[at:]):  # a number still being written: 1., -, 1.5e
+    rest = text[number.end() if number else at:]
+    if rest and re.fullmatch(r"[0-9.eE+-]+", rest):  # a number still being written: 1., -, 1.5e
         return _CUT, len(text), True
+    if number:  # at the text's end it is whole as far as it goes (the anthropic SDK keeps it)
+        return json.loads(number.group()), number.end(), not rest
     raise ValueError(f"not JSON at {at}")
 
 
@@ -479,7 +478,7 @@ def _partial_container(text: str, at: int):
         elif out:
             raise ValueError(f"expected , or {close} at {at}")
         if is_object:
-            key, at, cut = _partial_string(text, at) if at < len(text) and text[at] == '"' else (_CUT, at, True)
+            key, at, _ = _partial_string(text, at) if at < len(text) and text[at] == '"' else (_CUT, at, True)
             at = _skip_space(text, at)
             if key is _CUT or at == len(text):
                 return out, at, True
