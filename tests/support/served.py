@@ -17,13 +17,22 @@ CONTROL = ("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]", "<SPECIAL_20>")
 
 @contextlib.contextmanager
 def thinking_server(context_length: int = 2048) -> Iterator:
-    """The started OpenAIServer (`.url` ends in /v1; `.engine` is its LocalEngine)."""
+    """The started OpenAIServer on the tiny model made to think, its projector loaded."""
+    with local_server(MODEL, MMPROJ, context_length, thinking_tokenizer(MODEL)) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def local_server(model, mmproj=None, context_length: int = 2048, tokenizer=None) -> Iterator:
+    """This project's OpenAI server on `model`, in process, on a loopback port (`.url` ends in
+    /v1; `.engine` is its LocalEngine, whose tokenizer `tokenizer` replaces when given)."""
     from tramontane.engine.runtime.local import LocalEngine
     from tramontane.engine.server.executor import ThreadExecutor
     from tramontane.engine.server.http import OpenAIServer
 
-    engine = LocalEngine(MODEL, MMPROJ, device="cpu", context_length=context_length)
-    engine.tokenizer = thinking_tokenizer(MODEL)
+    engine = LocalEngine(model, mmproj, device="cpu", context_length=context_length)
+    if tokenizer is not None:
+        engine.tokenizer = tokenizer
     executor = ThreadExecutor(engine)
     server = OpenAIServer(executor, port=0, ollama_port=None).start()
     server.engine = engine

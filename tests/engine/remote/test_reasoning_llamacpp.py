@@ -15,7 +15,6 @@ same model's local reply. serve's cases run without llama.cpp too.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import pytest
@@ -27,6 +26,7 @@ from tramontane.engine.remote.transport import fetch_models
 
 from support.chain_model import build_chain_model
 from support.llama_cpp import llama_server, llama_server_binary, post_json
+from support.served import local_server
 
 QUESTION = "Hello, who are you?"
 PARAMS = SamplingParams(max_tokens=32, temperature=0.0, seed=0)
@@ -45,27 +45,9 @@ def llama_url(chain, tmp_path_factory):
         yield url
 
 
-@contextlib.contextmanager
-def serve(path):
-    """This project's OpenAI server on `path`, in process, on a loopback port (`.url` ends in /v1)."""
-    from tramontane.engine.runtime.local import LocalEngine
-    from tramontane.engine.server.executor import ThreadExecutor
-    from tramontane.engine.server.http import OpenAIServer
-
-    engine = LocalEngine(path, None, device="cpu", context_length=512)
-    executor = ThreadExecutor(engine)
-    server = OpenAIServer(executor, port=0, ollama_port=None).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        executor.shutdown()
-        engine.close()
-
-
 @pytest.fixture(scope="module")
 def serve_url(chain):
-    with serve(chain.path) as server:
+    with local_server(chain.path, context_length=512) as server:
         yield server.url
 
 
