@@ -25,9 +25,9 @@ from gguf import GGUFReader
 
 from support import FIXTURES
 from support.gguf_edit import read_tensor_payload, rewrite_gguf
+from support.thinking import THINKING_SLOTS
 
 SOURCE = FIXTURES / "mistral3_tiny-f32.gguf"
-CONTROL_SLOTS = {32: "[ARGS]", 33: "[CALL_ID]", 34: "[THINK]", 35: "[/THINK]"}
 OUTPUT_SCALE = 10.0  # the successor's logit is this times sqrt(hidden) = 80; every other is 0
 
 # Mistral's v13 shape (Magistral 1.2, Ministral 3 Reasoning): a system prompt, [INST] turns, an
@@ -100,7 +100,7 @@ def build_chain_model(dst: str | Path, src: str | Path = SOURCE) -> Chain:
     eos = int(reader.fields["tokenizer.ggml.eos_token_id"].contents())
     del reader
 
-    for slot, name in CONTROL_SLOTS.items():
+    for slot, name in THINKING_SLOTS.items():
         tokens[slot] = name
     index = {piece: i for i, piece in enumerate(tokens)}
     start, think, end_think = index["[/INST]"], index["[THINK]"], index["[/THINK]"]

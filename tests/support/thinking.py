@@ -10,11 +10,16 @@ from tramontane.engine.gguf import open_gguf
 from tramontane.engine.mistral3.tokenizer import Tokenizer
 
 
+# the tiny vocabulary's <SPECIAL_n> slots given the names later tokenizer versions use there
+THINKING_SLOTS = {32: "[ARGS]", 33: "[CALL_ID]", 34: "[THINK]", 35: "[/THINK]"}
+
+
 def thinking_tokenizer(model_path) -> Tokenizer:
     with open_gguf(model_path) as gf:
         kv = dict(gf.kv)
     tokens = list(kv["tokenizer.ggml.tokens"])
-    tokens[32], tokens[33], tokens[34], tokens[35] = "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"
+    for slot, name in THINKING_SLOTS.items():
+        tokens[slot] = name
     kv["tokenizer.ggml.tokens"] = tokens
     kv["tokenizer.chat_template"] = "[ARGS] [THINK]"
     tok = Tokenizer.from_kv(kv, "tiny-thinking.gguf")
