@@ -104,6 +104,9 @@ _start_on_the_asked_variant()
 Q4_K_REPACKED = 31
 Q6_K_REPACKED = 32
 _REPACKED = {Q4_K: Q4_K_REPACKED, Q6_K: Q6_K_REPACKED}
+# activation rows up to which a repacked matmul runs each row as it runs alone (the narrow tiles,
+# the weights read once per 8 rows): a batch's decode rows, drafted tokens verified at once
+NARROW_MAX_ROWS = _cpu.NARROW_MAX_ROWS if _cpu is not None else 0
 
 
 def repacking_variants() -> list[str]:

@@ -28,6 +28,11 @@ enum {
 #define TQ_QK 256 /* elements per K-quant super-block */
 #define TQ_QB 32  /* elements per legacy block */
 #define TQ_WIDE_MIN_ROWS 3 /* activation rows from which a matmul uses gemm_wide */
+/* activation rows up to which a type whose narrow tile takes many (narrow_many) stays on it: one
+ * pass over the weights per 8 rows beats the wide tiles' setup below this (bench rows 3-12,
+ * K = 2048-5632, Q4_K / Q6_K repacked, 2 threads: 5 rows 1.2-1.4x one row's time, 1.9-3.3x on
+ * the wide tiles; 16 rows: the wide tiles level with it) */
+#define TQ_NARROW_MAX_ROWS 12
 
 /* Activation block for K-quants and IQ4_XS: 256 int8 quants, scale, sums of each 16; padded to
  * 320 bytes (5 cache lines) so that in a 64-byte aligned buffer every block's quants start on a
@@ -188,6 +193,8 @@ typedef struct {
      * repacked types; the AVX2 builds' Q4_K, Q5_K, Q6_K, Q8_0), with its activation quantizer (NULL: gemm) */
     tq_gemm_fn gemm_narrow[TQ_NTYPES];
     tq_quant_fn quant_narrow[TQ_NTYPES];
+    /* 1: gemm_narrow also takes up to TQ_NARROW_MAX_ROWS activation rows (one weight pass per 8) */
+    unsigned char narrow_many[TQ_NTYPES];
     /* [repacked type]: file rows -> that type's rows (n_rows, nb blocks each), where the variant
      * runs them (TQ_Q4_K_R from Q4_K, TQ_Q6_K_R from Q6_K; NULL: not repacked here) */
     tq_repack_fn repack[TQ_NTYPES];

@@ -60,12 +60,14 @@ int run_matmul(mm_job *J) {
         if (!J->xq) return -1;
         J->quant = act == TQ_ACT_Q8K ? K->quant_q8k : K->quant_q8b;
         /* decode on a type with a narrow tile (every repacked type has one: its rows fit no other
-         * tile; the AVX2 builds' Q4_K, Q5_K, Q6_K and Q8_0 read long rows several at a time),
-         * prefill on the wide tiles */
-        if (J->n_x < TQ_WIDE_MIN_ROWS && K->gemm_narrow[J->type]) {
+         * tile; the AVX2 builds' Q4_K, Q5_K, Q6_K and Q8_0 read long rows several at a time), and
+         * on the repacked types also a few rows (a batch's decode rows, drafted tokens checked at
+         * once: the weights read once per 8 rows, each row as it is alone); prefill on the wide tiles */
+        const int narrow_max = K->narrow_many[J->type] ? TQ_NARROW_MAX_ROWS : TQ_WIDE_MIN_ROWS - 1;
+        if (J->n_x <= narrow_max && K->gemm_narrow[J->type]) {
             J->quant = K->quant_narrow[J->type];
             J->gemm = K->gemm_narrow[J->type];
-        } else if (J->n_x >= TQ_WIDE_MIN_ROWS && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
+        } else if (J->n_x > narrow_max && J->k % TQ_QK == 0 && K->gemm_wide[J->type]) {
             J->quant = K->quant_wide[J->type];
             J->gemm = K->gemm_wide[J->type];
         }

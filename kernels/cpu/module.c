@@ -1074,5 +1074,6 @@ PyMODINIT_FUNC PyInit__cpu(void) {
     if (!m) return NULL;
     PyModule_AddIntConstant(m, "Q8K_BLOCK_BYTES", (long)sizeof(tq_q8k));
     PyModule_AddIntConstant(m, "Q8B_BLOCK_BYTES", (long)sizeof(tq_q8b));
+    PyModule_AddIntConstant(m, "NARROW_MAX_ROWS", TQ_NARROW_MAX_ROWS);
     return m;
 }

@@ -231,22 +231,22 @@ NEEDS_REPACKING = pytest.mark.skipif(not REPACKING, reason="no kernel variant he
 @pytest.mark.parametrize("k", [2048, 23 * 256, 65 * 256])  # 65 * 256 > 16384: decode's tiles of 8 / 4 weight rows
 def test_repacked_weights_give_the_file_layouts_products(ggml_type, k):
     """A Q4_K or Q6_K weight planned on a repacking variant runs on its repacked copy (one row or
-    many): the products hold the same bounds against gguf.quants. Q4_K's repacked tile is the file
-    layout's minus the in-register shuffles, so from 3 rows on it is bit for bit the same; Q6_K's
-    sums each sub-block in its own lane (another float order, the same bounds)."""
+    many): the products hold the same bounds against gguf.quants. Q4_K's repacked prefill tile is
+    the file layout's minus the in-register shuffles, so above NARROW_MAX_ROWS rows it is bit for
+    bit the same; Q6_K's sums each sub-block in its own lane (another float order, the same bounds)."""
     cpu_native.use_variant(REPACKING[0])
     rng = np.random.default_rng(k + ggml_type)
     raw, deq = make_weight(ggml_type, 37, k, rng)
     w = QWeight.from_raw(raw, ggml_type, (37, k))
     for threads in (1, 3):
         cpu_native.set_threads(threads)
-        for n in (1, 2, 3, 8, 19):
+        for n in (1, 2, 3, 8, cpu_native.NARROW_MAX_ROWS + 7):
             x = rng.standard_normal((n, k)).astype(np.float32) * np.float32(rng.uniform(0.01, 10))
             y = linear(torch.from_numpy(x), w)
             assert w._native[0] == REPACKED[ggml_type] and w._repacked is not None
             assert not np.array_equal(w._repacked.numpy(), raw)  # really another order
             _check(ggml_type, raw, deq, x, y.numpy())
-            if n >= 3 and ggml_type == gt.Q4_K:
+            if n > cpu_native.NARROW_MAX_ROWS and ggml_type == gt.Q4_K:
                 assert torch.equal(y, cpu_native.matmul(torch.from_numpy(x), gt.Q4_K, torch.from_numpy(raw), 37, k))
 
 
@@ -254,19 +254,22 @@ def test_repacked_weights_give_the_file_layouts_products(ggml_type, k):
 def test_repacked_q6k_prefill_rows_do_not_depend_on_their_neighbours():
     """The Q6_K repacked prefill path unpacks blocks of 16 weight rows per K chunk (of at most 10
     blocks) and runs tiles of 8, 4, then 1-3 activation rows: every product is computed by the same
-    steps wherever it lands, so a row's outputs are bit for bit the same alone in a 3-row call as
-    inside a 21-row one, and a weight row's are the same when the rows before it (which shift the
-    groups of 16) are left out; the gguf.quants bounds hold too."""
+    steps wherever it lands, so a row's outputs are bit for bit the same in a 13- to 15-row call
+    (the fewest past NARROW_MAX_ROWS: the decode tiles take fewer) as inside a 29-row one, and a
+    weight row's are the same when the rows before it (which shift the groups of 16) are left out;
+    the gguf.quants bounds hold too."""
     cpu_native.use_variant(REPACKING[0])
     cpu_native.set_threads(1)
     rng = np.random.default_rng(6)
     k, n_w = 23 * 256, 45  # K chunks of 8, 8 and 7 blocks; weight groups of 16, 16 and 13
     raw, deq = make_weight(gt.Q6_K, n_w, k, rng)
     packed = cpu_native.repack(gt.Q6_K, torch.from_numpy(raw))
-    x = torch.from_numpy(rng.standard_normal((21, k)).astype(np.float32))
-    full = cpu_native.matmul(x, cpu_native.Q6_K_REPACKED, packed, n_w, k)  # tiles of 8, 8, 4, 1
+    x = torch.from_numpy(rng.standard_normal((29, k)).astype(np.float32))
+    full = cpu_native.matmul(x, cpu_native.Q6_K_REPACKED, packed, n_w, k)  # tiles of 8, 8, 8, 4, 1
     _check(gt.Q6_K, raw, deq, x.numpy(), full.numpy())
-    for rows in ([0, 1, 2], [5, 12, 20], [16, 17, 18, 19, 20]):  # 3- and 4-row tiles, other positions
+    assert cpu_native.NARROW_MAX_ROWS < 13
+    # tiles of 8, 4, then 1, 2 or 3 rows, at other positions than in the full call
+    for rows in (list(range(13)), list(range(5, 19)), list(range(16, 29)) + [0, 1]):
         part = cpu_native.matmul(x[rows].contiguous(), cpu_native.Q6_K_REPACKED, packed, n_w, k)
         assert torch.equal(part, full[rows])
     for first in (1, 7, 29):  # the rows after `first` in other groups of 16
@@ -300,6 +303,35 @@ def test_repacked_decode_rows_do_not_depend_on_their_neighbours(ggml_type):
             for j in range(2):
                 assert torch.equal(cpu_native.matmul(x[j:j + 1].contiguous(), REPACKED[ggml_type], packed, n_w, k),
                                    full[j:j + 1])
+
+
+@NEEDS_REPACKING
+@pytest.mark.parametrize("ggml_type", [gt.Q4_K, gt.Q6_K], ids=gt.type_name)
+@pytest.mark.parametrize("k", [2048, 23 * 256, 65 * 256])
+def test_repacked_few_rows_are_each_row_alone(ggml_type, k):
+    """Up to NARROW_MAX_ROWS activation rows (a batch's decode rows, k drafted tokens verified
+    in one pass) run on the decode tiles, one weight pass per 8 rows: every row's outputs are bit
+    for bit what that row gives in a call of its own, so a verified token's logits are the plain
+    decode's. Row counts 3..NARROW_MAX_ROWS (a group of 8, then the rest), 1 and 3 threads, the
+    gguf.quants bounds; one row past the limit (the prefill tiles) still holds the bounds."""
+    cpu_native.use_variant(REPACKING[0])
+    rng = np.random.default_rng(90 + ggml_type + k)
+    n_w, most = 29, cpu_native.NARROW_MAX_ROWS
+    assert most >= 9  # k = 8 drafted tokens and the pending one
+    raw, deq = make_weight(ggml_type, n_w, k, rng)
+    packed = cpu_native.repack(ggml_type, torch.from_numpy(raw))
+    x = torch.from_numpy(rng.standard_normal((most + 1, k)).astype(np.float32) * np.float32(rng.uniform(0.01, 10)))
+    cpu_native.set_threads(1)
+    alone = torch.cat([cpu_native.matmul(x[j:j + 1].contiguous(), REPACKED[ggml_type], packed, n_w, k)
+                       for j in range(most + 1)])
+    _check(ggml_type, raw, deq, x.numpy(), alone.numpy())
+    for threads in (1, 3):
+        cpu_native.set_threads(threads)
+        for n in range(3, most + 1):
+            got = cpu_native.matmul(x[:n].contiguous(), REPACKED[ggml_type], packed, n_w, k)
+            assert torch.equal(got, alone[:n]), f"{n} rows"
+        past = cpu_native.matmul(x, REPACKED[ggml_type], packed, n_w, k)
+        _check(ggml_type, raw, deq, x.numpy(), past.numpy())
 
 
 @pytest.mark.parametrize("variant", ["avx2", "avxvnni"])
